@@ -1,0 +1,3 @@
+module github.com/conclave-ai/conclave/services/bus
+
+go 1.26.8
