@@ -1,0 +1,214 @@
+// Package config loads a deployable's configuration struct once, at start,
+// from flags and the environment, with defaults, and validates it.
+//
+// Each deployable declares one struct whose fields carry tags:
+//
+//	GRPCAddr config.ListenAddr `env:"CONCLAVE_GATEWAY_GRPC_ADDR" default:":50051" help:"agent gRPC listener"`
+//
+// Load derives a flag from every key (--gateway-grpc-addr), so a setting can
+// come from either place; a flag wins over the environment, which wins over
+// the default. Every error names the setting's environment key, so a bad
+// value stops the binary with one line that says what to fix.
+//
+// It is hand-written rather than built on go-envconfig because that library
+// reports errors by Go field name, which an operator never sees.
+package config
+
+import (
+	"context"
+	"encoding"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"reflect"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Lookup reads one environment variable: os.LookupEnv in production, a map in
+// tests, so that Load never reads the process environment on its own.
+type Lookup func(key string) (string, bool)
+
+// Decoder is implemented by setting types that parse and check their own
+// values, such as ListenAddr.
+type Decoder interface {
+	EnvDecode(value string) error
+}
+
+// Validator is implemented by configuration structs with cross-field rules.
+type Validator interface {
+	Validate() error
+}
+
+// ErrHelp is returned when the arguments asked for -h or --help; the usage
+// has already been written.
+var ErrHelp = flag.ErrHelp
+
+// Load fills target (a pointer to a struct) from args and lookup, applies
+// defaults, and runs the Validate methods of target and its nested structs.
+// Usage and flag errors go to usage.
+func Load(_ context.Context, target any, name string, args []string, lookup Lookup, usage io.Writer) error {
+	rv := reflect.ValueOf(target)
+	if rv.Kind() != reflect.Pointer || rv.Elem().Kind() != reflect.Struct {
+		return fmt.Errorf("config: target must be a pointer to a struct, got %T", target)
+	}
+	settings := collect(rv.Elem())
+
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.SetOutput(usage)
+	fromFlags := make(map[string]*string, len(settings))
+	for _, s := range settings {
+		help := fmt.Sprintf("%s (env %s)", s.help, s.env)
+		fromFlags[s.env] = fs.String(FlagName(s.env), s.def, help)
+	}
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return ErrHelp
+		}
+		return fmt.Errorf("%s: %w", name, err)
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("%s: unexpected argument %q", name, fs.Arg(0))
+	}
+	setByFlag := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { setByFlag[f.Name] = true })
+
+	for _, s := range settings {
+		value, ok := s.def, true
+		switch {
+		case setByFlag[FlagName(s.env)]:
+			value = *fromFlags[s.env]
+		default:
+			if v, found := lookup(s.env); found {
+				value = v
+			} else {
+				ok = s.hasDef
+			}
+		}
+		if !ok {
+			continue
+		}
+		if err := decode(s.field, value); err != nil {
+			return fmt.Errorf("invalid setting %s: %w", s.env, err)
+		}
+	}
+	return validate(rv)
+}
+
+// FlagName is the flag a setting's environment key maps to:
+// CONCLAVE_GATEWAY_GRPC_ADDR becomes gateway-grpc-addr.
+func FlagName(envKey string) string {
+	k := strings.TrimPrefix(envKey, "CONCLAVE_")
+	return strings.ReplaceAll(strings.ToLower(k), "_", "-")
+}
+
+type setting struct {
+	env, def, help string
+	hasDef         bool
+	field          reflect.Value
+}
+
+// collect lists the tagged fields of v, descending into untagged structs.
+func collect(v reflect.Value) []setting {
+	var out []setting
+	t := v.Type()
+	for i := range t.NumField() {
+		f := t.Field(i)
+		if !f.IsExported() {
+			continue
+		}
+		env := f.Tag.Get("env")
+		if env == "" {
+			if f.Type.Kind() == reflect.Struct {
+				out = append(out, collect(v.Field(i))...)
+			}
+			continue
+		}
+		def, hasDef := f.Tag.Lookup("default")
+		help := f.Tag.Get("help")
+		if help == "" {
+			help = f.Name
+		}
+		out = append(out, setting{env: env, def: def, hasDef: hasDef, help: help, field: v.Field(i)})
+	}
+	return out
+}
+
+var durationType = reflect.TypeFor[time.Duration]()
+
+func decode(field reflect.Value, value string) error {
+	if d, ok := field.Addr().Interface().(Decoder); ok {
+		return d.EnvDecode(value)
+	}
+	if u, ok := field.Addr().Interface().(encoding.TextUnmarshaler); ok {
+		return u.UnmarshalText([]byte(value))
+	}
+	if field.Type() == durationType {
+		d, err := time.ParseDuration(value)
+		if err != nil {
+			return fmt.Errorf("%q is not a duration such as 30s or 5m", value)
+		}
+		field.SetInt(int64(d))
+		return nil
+	}
+	switch field.Kind() {
+	case reflect.String:
+		field.SetString(value)
+	case reflect.Bool:
+		b, err := strconv.ParseBool(value)
+		if err != nil {
+			return fmt.Errorf("%q is not true or false", value)
+		}
+		field.SetBool(b)
+	case reflect.Int, reflect.Int32, reflect.Int64:
+		n, err := strconv.ParseInt(value, 10, field.Type().Bits())
+		if err != nil {
+			return fmt.Errorf("%q is not a whole number", value)
+		}
+		field.SetInt(n)
+	case reflect.Float64:
+		f, err := strconv.ParseFloat(value, 64)
+		if err != nil {
+			return fmt.Errorf("%q is not a number", value)
+		}
+		field.SetFloat(f)
+	case reflect.Slice:
+		if field.Type().Elem().Kind() != reflect.String {
+			return fmt.Errorf("unsupported setting type %s", field.Type())
+		}
+		var items []string
+		for item := range strings.SplitSeq(value, ",") {
+			if item = strings.TrimSpace(item); item != "" {
+				items = append(items, item)
+			}
+		}
+		field.Set(reflect.ValueOf(items))
+	default:
+		return fmt.Errorf("unsupported setting type %s", field.Type())
+	}
+	return nil
+}
+
+// validate runs Validate on v and on every nested struct, innermost first, so
+// the shared pieces (Common, Storage) check themselves wherever they are used.
+func validate(v reflect.Value) error {
+	if v.Kind() == reflect.Pointer {
+		v = v.Elem()
+	}
+	for i := range v.NumField() {
+		f := v.Field(i)
+		if v.Type().Field(i).IsExported() && f.Kind() == reflect.Struct {
+			if err := validate(f.Addr()); err != nil {
+				return err
+			}
+		}
+	}
+	if val, ok := v.Addr().Interface().(Validator); ok {
+		if err := val.Validate(); err != nil {
+			return fmt.Errorf("invalid setting %w", err)
+		}
+	}
+	return nil
+}

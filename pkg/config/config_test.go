@@ -1,0 +1,132 @@
+package config_test
+
+import (
+	"context"
+	"errors"
+	"io"
+	"strings"
+	"testing"
+
+	"github.com/conclave-ai/conclave/pkg/config"
+)
+
+type testConfig struct {
+	config.Common
+	Storage  config.Storage
+	GRPCAddr config.ListenAddr `env:"CONCLAVE_TEST_GRPC_ADDR" default:":50051" help:"gRPC listen address"`
+	Replicas int               `env:"CONCLAVE_TEST_REPLICAS" default:"1"`
+}
+
+func lookup(m map[string]string) config.Lookup {
+	return func(k string) (string, bool) { v, ok := m[k]; return v, ok }
+}
+
+func TestLoad(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name    string
+		args    []string
+		env     map[string]string
+		check   func(*testing.T, testConfig)
+		wantErr []string // every substring must appear in the error
+	}{
+		{
+			name: "defaults",
+			check: func(t *testing.T, c testConfig) {
+				if c.GRPCAddr != ":50051" || c.Replicas != 1 || c.Storage.Backend != config.BackendEmbedded ||
+					c.LogFormat != "json" || c.LogLevel != "info" || c.Storage.DataDir != ".conclave" {
+					t.Errorf("defaults not applied: %+v", c)
+				}
+			},
+		},
+		{
+			name: "env",
+			env:  map[string]string{"CONCLAVE_TEST_GRPC_ADDR": "127.0.0.1:9", "CONCLAVE_BACKEND": "AWS", "OTEL_EXPORTER_OTLP_ENDPOINT": "localhost:4317"},
+			check: func(t *testing.T, c testConfig) {
+				if c.GRPCAddr != "127.0.0.1:9" || c.Storage.Backend != config.BackendAWS || c.OTLPEndpoint != "localhost:4317" {
+					t.Errorf("env not applied: %+v", c)
+				}
+			},
+		},
+		{
+			name: "flag wins over env",
+			args: []string{"--test-grpc-addr", ":7000", "-log-format=text"},
+			env:  map[string]string{"CONCLAVE_TEST_GRPC_ADDR": ":6000"},
+			check: func(t *testing.T, c testConfig) {
+				if c.GRPCAddr != ":7000" || c.LogFormat != "text" {
+					t.Errorf("flags not applied: %+v", c)
+				}
+			},
+		},
+		{name: "port not a number", env: map[string]string{"CONCLAVE_TEST_GRPC_ADDR": ":http"}, wantErr: []string{"CONCLAVE_TEST_GRPC_ADDR", `port "http"`}},
+		{name: "port out of range", args: []string{"--test-grpc-addr=:70000"}, wantErr: []string{"CONCLAVE_TEST_GRPC_ADDR", "70000"}},
+		{name: "not host:port", env: map[string]string{"CONCLAVE_TEST_GRPC_ADDR": "50051"}, wantErr: []string{"CONCLAVE_TEST_GRPC_ADDR", "host:port"}},
+		{name: "unknown backend", env: map[string]string{"CONCLAVE_BACKEND": "postgres"}, wantErr: []string{"CONCLAVE_BACKEND", `unknown backend "postgres"`}},
+		{name: "int not a number", env: map[string]string{"CONCLAVE_TEST_REPLICAS": "three"}, wantErr: []string{"CONCLAVE_TEST_REPLICAS"}},
+		{name: "bad log format", env: map[string]string{"CONCLAVE_LOG_FORMAT": "xml"}, wantErr: []string{"CONCLAVE_LOG_FORMAT", "xml"}},
+		{name: "bad log level", args: []string{"--log-level=loud"}, wantErr: []string{"CONCLAVE_LOG_LEVEL"}},
+		{name: "unknown flag", args: []string{"--nope"}, wantErr: []string{"nope"}},
+		{name: "stray argument", args: []string{"extra"}, wantErr: []string{`unexpected argument "extra"`}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			var c testConfig
+			err := config.Load(context.Background(), &c, "test", tt.args, lookup(tt.env), io.Discard)
+			if len(tt.wantErr) > 0 {
+				if err == nil {
+					t.Fatalf("Load succeeded, want an error naming %v", tt.wantErr)
+				}
+				if strings.Contains(err.Error(), "\n") {
+					t.Errorf("error spans lines: %q", err)
+				}
+				for _, want := range tt.wantErr {
+					if !strings.Contains(err.Error(), want) {
+						t.Errorf("error %q does not mention %q", err, want)
+					}
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("Load: %v", err)
+			}
+			tt.check(t, c)
+		})
+	}
+}
+
+func TestLoadHelp(t *testing.T) {
+	t.Parallel()
+	var c testConfig
+	var usage strings.Builder
+	err := config.Load(context.Background(), &c, "test", []string{"-h"}, lookup(nil), &usage)
+	if !errors.Is(err, config.ErrHelp) {
+		t.Fatalf("err = %v, want ErrHelp", err)
+	}
+	for _, want := range []string{"-test-grpc-addr", "env CONCLAVE_TEST_GRPC_ADDR", "gRPC listen address", "-otel-exporter-otlp-endpoint"} {
+		if !strings.Contains(usage.String(), want) {
+			t.Errorf("usage lacks %q:\n%s", want, usage.String())
+		}
+	}
+}
+
+func TestLoadRejectsNonStruct(t *testing.T) {
+	t.Parallel()
+	var n int
+	if err := config.Load(context.Background(), &n, "test", nil, lookup(nil), io.Discard); err == nil {
+		t.Fatal("Load accepted a non-struct target")
+	}
+}
+
+func TestFlagName(t *testing.T) {
+	t.Parallel()
+	for in, want := range map[string]string{
+		"CONCLAVE_GATEWAY_GRPC_ADDR":  "gateway-grpc-addr",
+		"OTEL_EXPORTER_OTLP_ENDPOINT": "otel-exporter-otlp-endpoint",
+		"AWS_REGION":                  "aws-region",
+	} {
+		if got := config.FlagName(in); got != want {
+			t.Errorf("FlagName(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
