@@ -1,0 +1,83 @@
+# Conclave's build, test and development entry points. `make help` lists them.
+SHELL := bash
+.SHELLFLAGS := -eu -o pipefail -c
+.DEFAULT_GOAL := help
+
+ROOT      := $(abspath .)
+CACHE     := $(ROOT)/.cache
+BIN       := $(CACHE)/bin
+BUF       := $(ROOT)/node_modules/.bin/buf
+# Every Go module in the workspace, plus the tools module outside it.
+MODULES   := proto pkg services/gateway services/bus services/runner services/bridge functions/librarian cmd/conclave bench
+GO_TOOLS  := protoc-gen-go protoc-gen-go-grpc protoc-gen-grpc-gateway protoc-gen-openapiv2 grpcurl staticcheck
+TEST_FLAGS ?= -race -count=1 -timeout=20m
+
+.PHONY: help
+help: ## List the targets.
+	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  %-16s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+
+# Tool binaries are built once into .cache/bin from the pinned tools module
+# and reused; the stamp depends on the tools module's go.mod and go.sum so a
+# version bump rebuilds them.
+$(BIN)/.stamp: tools/go.mod tools/go.sum
+	@mkdir -p $(BIN)
+	cd tools && GOWORK=off go build -o $(BIN)/ $(addprefix ,$(shell cd tools && GOWORK=off go list -f '{{.ImportPath}}' tool))
+	@touch $@
+
+node_modules/.stamp: package.json package-lock.json
+	npm ci --no-audit --no-fund --loglevel=error
+	@touch $@
+
+.PHONY: tools
+tools: $(BIN)/.stamp node_modules/.stamp ## Build and install every pinned tool the build and tests need.
+
+.PHONY: build
+build: ## Build the conclave binary into bin/.
+	@mkdir -p bin
+	go build -o bin/conclave ./cmd/conclave
+
+.PHONY: run
+run: build ## Build and run `conclave dev`: every service in one process on embedded storage.
+	./bin/conclave dev
+
+.PHONY: test
+test: tools ## Install what the tests need, then run every module's tests with -race.
+	@for m in $(MODULES); do \
+		echo "==> go test $$m"; \
+		(cd $$m && go test $(TEST_FLAGS) ./...) || exit 1; \
+	done
+
+.PHONY: test-short
+test-short: ## Run every module's unit tests only (-short), without real components.
+	@for m in $(MODULES); do (cd $$m && go test -short -count=1 ./...) || exit 1; done
+
+.PHONY: lint
+lint: tools ## go vet and staticcheck in every module, and buf lint.
+	@for m in $(MODULES); do \
+		echo "==> lint $$m"; \
+		(cd $$m && go vet ./... && $(BIN)/staticcheck ./...) || exit 1; \
+	done
+	cd proto && $(BUF) lint
+
+.PHONY: generate
+generate: tools ## Regenerate the protobuf Go code and OpenAPI documents.
+	cd proto && PATH="$(BIN):$$PATH" $(BUF) generate
+
+.PHONY: generate-check
+generate-check: tools ## Fail when the committed generated code differs from a fresh generation.
+	PATH="$(BIN):$$PATH" BUF=$(BUF) scripts/generate-check.sh
+
+.PHONY: tidy
+tidy: ## go mod tidy in every module, the tools module included.
+	@for m in $(MODULES); do echo "==> tidy $$m"; (cd $$m && go mod tidy) || exit 1; done
+	cd tools && GOWORK=off go mod tidy
+
+.PHONY: bench
+bench: ## Run every Go benchmark once, with allocations.
+	@for m in $(MODULES); do \
+		(cd $$m && go test -run='^$$' -bench=. -benchmem -benchtime=1x ./...) || exit 1; \
+	done
+
+.PHONY: clean
+clean: ## Remove build outputs (keeps the tool cache).
+	rm -rf bin
