@@ -47,7 +47,7 @@ type Validator interface {
 var ErrHelp = flag.ErrHelp
 
 // Load fills target (a pointer to a struct) from args and lookup, applies
-// defaults, and runs the Validate methods of target and its nested structs.
+// defaults to the fields still zero, and runs the Validate methods of target and its nested structs.
 // Usage and flag errors go to usage.
 func Load(_ context.Context, target any, name string, args []string, lookup Lookup, usage io.Writer) error {
 	rv := reflect.ValueOf(target)
@@ -60,8 +60,12 @@ func Load(_ context.Context, target any, name string, args []string, lookup Look
 	fs.SetOutput(usage)
 	fromFlags := make(map[string]*string, len(settings))
 	for _, s := range settings {
-		help := fmt.Sprintf("%s (env %s)", s.help, s.env)
-		fromFlags[s.env] = fs.String(FlagName(s.env), s.def, help)
+		// Structs shared by several services (Common) appear more than once
+		// in an all-in-one config; one flag sets them all.
+		if _, dup := fromFlags[s.env]; !dup {
+			help := fmt.Sprintf("%s (env %s)", s.help, s.env)
+			fromFlags[s.env] = fs.String(FlagName(s.env), s.def, help)
+		}
 	}
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -84,7 +88,9 @@ func Load(_ context.Context, target any, name string, args []string, lookup Look
 			if v, found := lookup(s.env); found {
 				value = v
 			} else {
-				ok = s.hasDef
+				// A value the caller set before Load is its own default,
+				// e.g. conclave dev binding loopback addresses.
+				ok = s.hasDef && s.field.IsZero()
 			}
 		}
 		if !ok {

@@ -130,3 +130,23 @@ func TestFlagName(t *testing.T) {
 		}
 	}
 }
+
+func TestLoadSharedKeysAndPresetDefaults(t *testing.T) {
+	t.Parallel()
+	type all struct {
+		A testConfig
+		B testConfig
+	}
+	var c all
+	c.B.GRPCAddr = "127.0.0.1:1"
+	err := config.Load(context.Background(), &c, "test", []string{"--log-level=debug"}, lookup(nil), io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.A.LogLevel != "debug" || c.B.LogLevel != "debug" {
+		t.Errorf("shared flag did not reach both structs: %q %q", c.A.LogLevel, c.B.LogLevel)
+	}
+	if c.A.GRPCAddr != ":50051" || c.B.GRPCAddr != "127.0.0.1:1" {
+		t.Errorf("preset value overwritten or default missing: %q %q", c.A.GRPCAddr, c.B.GRPCAddr)
+	}
+}

@@ -1,0 +1,96 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"text/tabwriter"
+	"time"
+
+	"golang.org/x/sync/errgroup"
+
+	"github.com/conclave-ai/conclave/pkg/config"
+	"github.com/conclave-ai/conclave/pkg/telemetry"
+	gateway "github.com/conclave-ai/conclave/services/gateway/service"
+)
+
+// devConfig is every service's configuration, loaded once; shared keys
+// (logging, telemetry) are set by one flag or variable.
+type devConfig struct {
+	config.Common
+	Storage config.Storage
+	Gateway gateway.Config
+}
+
+// service is what conclave dev runs: each service's own server, in one
+// process.
+type service interface {
+	Run(ctx context.Context) error
+	Ready() <-chan struct{}
+	Endpoints() []gateway.Endpoint
+}
+
+func runDev(ctx context.Context, args []string, lookup config.Lookup, stdout, stderr io.Writer) error {
+	var cfg devConfig
+	// On a laptop the defaults listen on loopback only and log as text.
+	cfg.LogFormat = "text"
+	cfg.Gateway.GRPCAddr = "127.0.0.1:50051"
+	cfg.Gateway.HTTPAddr = "127.0.0.1:8080"
+	cfg.Gateway.ServerID = "dev"
+	if err := config.Load(ctx, &cfg, "conclave dev", args, lookup, stderr); err != nil {
+		return err
+	}
+	logger := cfg.Logger(stderr, "conclave")
+
+	tel, err := telemetry.Setup(ctx, telemetry.Config{
+		ServiceName: "conclave", ServiceVersion: versionString(),
+		OTLPEndpoint: cfg.OTLPEndpoint, OTLPInsecure: cfg.OTLPInsecure,
+	})
+	if err != nil {
+		return err
+	}
+	defer func() {
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		_ = tel.Shutdown(sctx)
+	}()
+
+	gw, err := gateway.New(cfg.Gateway, logger, tel)
+	if err != nil {
+		return err
+	}
+	services := []service{gw}
+
+	g, gctx := errgroup.WithContext(ctx)
+	for _, s := range services {
+		g.Go(func() error { return s.Run(gctx) })
+	}
+	g.Go(func() error {
+		for _, s := range services {
+			select {
+			case <-s.Ready():
+			case <-gctx.Done():
+				return nil
+			}
+		}
+		printEndpoints(stdout, services)
+		logger.InfoContext(gctx, "conclave dev is running; press Ctrl-C to stop")
+		return nil
+	})
+	if err := g.Wait(); err != nil {
+		return err
+	}
+	logger.InfoContext(context.WithoutCancel(ctx), "conclave dev stopped")
+	return nil
+}
+
+func printEndpoints(w io.Writer, services []service) {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "SERVICE\tADDRESS\tSERVES")
+	for _, s := range services {
+		for _, e := range s.Endpoints() {
+			fmt.Fprintf(tw, "%s\t%s\t%s\n", e.Service, e.Address, e.Protocol)
+		}
+	}
+	_ = tw.Flush()
+}

@@ -1,0 +1,59 @@
+// Command conclave is the one binary users meet first: `conclave dev` runs
+// every Conclave service in one process on embedded storage, and the other
+// subcommands are clients and tools.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/conclave-ai/conclave/pkg/config"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	err := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	stop()
+	switch {
+	case err == nil, errors.Is(err, config.ErrHelp):
+	default:
+		fmt.Fprintln(os.Stderr, "conclave:", err)
+		os.Exit(1)
+	}
+}
+
+const usage = `Usage: conclave <command> [flags]
+
+Commands:
+  dev       run every service in one process on embedded storage
+  version   print the version
+  help      show this help
+
+Run 'conclave <command> -h' for a command's flags.
+`
+
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	if len(args) == 0 {
+		fmt.Fprint(stderr, usage)
+		return errors.New("no command given")
+	}
+	switch cmd, rest := args[0], args[1:]; cmd {
+	case "dev":
+		return runDev(ctx, rest, os.LookupEnv, stdout, stderr)
+	case "version", "--version":
+		fmt.Fprintln(stdout, versionString())
+		return nil
+	case "help", "-h", "--help":
+		fmt.Fprint(stdout, usage)
+		return nil
+	default:
+		fmt.Fprint(stderr, usage)
+		return fmt.Errorf("unknown command %q", cmd)
+	}
+}

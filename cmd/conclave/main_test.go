@@ -1,0 +1,203 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"syscall"
+	"testing"
+)
+
+// Paths to real binaries built once for this package's tests: conclave
+// itself, and grpcurl from the pinned tools module.
+var conclaveBin, grpcurlBin string
+
+func TestMain(m *testing.M) {
+	os.Exit(testMain(m))
+}
+
+func testMain(m *testing.M) int {
+	flag.Parse()
+	dir, err := os.MkdirTemp("", "conclave-test")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	defer os.RemoveAll(dir)
+	conclaveBin = filepath.Join(dir, "conclave")
+	if out, err := exec.Command("go", "build", "-o", conclaveBin, ".").CombinedOutput(); err != nil {
+		fmt.Fprintf(os.Stderr, "build conclave: %v\n%s", err, out)
+		return 1
+	}
+	if !testing.Short() {
+		if grpcurlBin, err = toolBinary("grpcurl", "github.com/fullstorydev/grpcurl/cmd/grpcurl"); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+	}
+	return m.Run()
+}
+
+// toolBinary returns the cached tool binary, building it from the tools
+// module when `make tools` has not run yet.
+func toolBinary(name, pkg string) (string, error) {
+	root, err := filepath.Abs("../..")
+	if err != nil {
+		return "", err
+	}
+	bin := filepath.Join(root, ".cache", "bin", name)
+	if _, err := os.Stat(bin); err == nil {
+		return bin, nil
+	}
+	cmd := exec.Command("go", "build", "-o", bin, pkg)
+	cmd.Dir = filepath.Join(root, "tools")
+	cmd.Env = append(os.Environ(), "GOWORK=off")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("build %s: %v\n%s", name, err, out)
+	}
+	return bin, nil
+}
+
+// devProcess starts `conclave dev` on free loopback ports and returns the
+// endpoint table's addresses once it is printed.
+func devProcess(t *testing.T) (*exec.Cmd, map[string]string, *bytes.Buffer) {
+	t.Helper()
+	cmd := exec.Command(conclaveBin, "dev", "--gateway-grpc-addr=127.0.0.1:0", "--gateway-http-addr=127.0.0.1:0",
+		"--data-dir", t.TempDir())
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	addrs := map[string]string{}
+	row := regexp.MustCompile(`^(\w+)\s+(\S+)\s+(gRPC|HTTP)`)
+	sc := bufio.NewScanner(stdout)
+	for sc.Scan() {
+		if m := row.FindStringSubmatch(sc.Text()); m != nil {
+			addrs[m[1]+" "+m[3]] = m[2]
+		}
+		if len(addrs) == 2 {
+			break
+		}
+	}
+	go func() { _, _ = io.Copy(io.Discard, stdout) }()
+	if len(addrs) != 2 {
+		t.Fatalf("endpoint table incomplete: %v\nstderr:\n%s", addrs, stderr.String())
+	}
+	return cmd, addrs, &stderr
+}
+
+func TestDevServesCovenAndHealth(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts the conclave binary and uses grpcurl")
+	}
+	t.Parallel()
+	cmd, addrs, stderr := devProcess(t)
+
+	out, err := exec.Command(grpcurlBin, "-plaintext", addrs["gateway gRPC"], "list").CombinedOutput()
+	if err != nil {
+		t.Fatalf("grpcurl list: %v\n%s", err, out)
+	}
+	for _, want := range []string{"coven.CovenControl", "grpc.health.v1.Health"} {
+		if !strings.Contains(string(out), want) {
+			t.Errorf("grpcurl list lacks %s:\n%s", want, out)
+		}
+	}
+	out, err = exec.Command(grpcurlBin, "-plaintext", addrs["gateway gRPC"], "grpc.health.v1.Health/Check").CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "SERVING") {
+		t.Errorf("health check: %v\n%s", err, out)
+	}
+
+	// Ctrl-C stops it cleanly.
+	if err := cmd.Process.Signal(syscall.SIGINT); err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("conclave dev did not exit cleanly on SIGINT: %v\n%s", err, stderr)
+	}
+	if !strings.Contains(stderr.String(), "conclave dev stopped") {
+		t.Errorf("no stop message:\n%s", stderr)
+	}
+}
+
+func TestBadSettingExitsWithOneLine(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name string
+		args []string
+		env  []string
+		want string
+	}{
+		{"port not a number", nil, []string{"CONCLAVE_GATEWAY_GRPC_ADDR=:abc"}, "CONCLAVE_GATEWAY_GRPC_ADDR"},
+		{"port flag not a number", []string{"--gateway-http-addr=localhost:eighty"}, nil, "CONCLAVE_GATEWAY_HTTP_ADDR"},
+		{"unknown backend", nil, []string{"CONCLAVE_BACKEND=postgres"}, "CONCLAVE_BACKEND"},
+		{"bad duration", nil, []string{"CONCLAVE_GATEWAY_AGENT_TIMEOUT=soon"}, "CONCLAVE_GATEWAY_AGENT_TIMEOUT"},
+		{"negative duration", nil, []string{"CONCLAVE_GATEWAY_AGENT_TIMEOUT=-1s"}, "CONCLAVE_GATEWAY_AGENT_TIMEOUT"},
+		{"bad log level", nil, []string{"CONCLAVE_LOG_LEVEL=chatty"}, "CONCLAVE_LOG_LEVEL"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			cmd := exec.Command(conclaveBin, append([]string{"dev"}, tt.args...)...)
+			cmd.Env = append(os.Environ(), tt.env...)
+			var stdout, stderr bytes.Buffer
+			cmd.Stdout, cmd.Stderr = &stdout, &stderr
+			err := cmd.Run()
+			var exit *exec.ExitError
+			if !errors.As(err, &exit) || exit.ExitCode() == 0 {
+				t.Fatalf("want a non-zero exit, got %v", err)
+			}
+			lines := strings.Split(strings.TrimSpace(stderr.String()), "\n")
+			if len(lines) != 1 || !strings.Contains(lines[0], tt.want) {
+				t.Fatalf("want one line naming %s, got:\n%s", tt.want, stderr.String())
+			}
+			if stdout.Len() != 0 {
+				t.Errorf("nothing should be served or printed: %s", stdout.String())
+			}
+		})
+	}
+}
+
+func TestCommands(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		args    []string
+		wantOut string
+		wantErr string
+	}{
+		{[]string{"version"}, "conclave ", ""},
+		{[]string{"help"}, "Commands:", ""},
+		{nil, "", "no command"},
+		{[]string{"launch-rockets"}, "", `unknown command "launch-rockets"`},
+	}
+	for _, tt := range tests {
+		t.Run(strings.Join(tt.args, " "), func(t *testing.T) {
+			t.Parallel()
+			var stdout, stderr bytes.Buffer
+			err := run(context.Background(), tt.args, &stdout, &stderr)
+			if tt.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+					t.Fatalf("err = %v, want %q", err, tt.wantErr)
+				}
+				return
+			}
+			if err != nil || !strings.Contains(stdout.String(), tt.wantOut) {
+				t.Fatalf("err = %v, stdout = %q", err, stdout.String())
+			}
+		})
+	}
+}

@@ -1,0 +1,58 @@
+// Command gateway runs the coven agent gateway (seed 001).
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/conclave-ai/conclave/pkg/config"
+	"github.com/conclave-ai/conclave/pkg/telemetry"
+	"github.com/conclave-ai/conclave/services/gateway/service"
+)
+
+type appConfig struct {
+	config.Common
+	Gateway service.Config
+}
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, os.Args[1:]); err != nil {
+		if errors.Is(err, config.ErrHelp) {
+			os.Exit(0)
+		}
+		fmt.Fprintln(os.Stderr, "gateway:", err)
+		os.Exit(1)
+	}
+}
+
+func run(ctx context.Context, args []string) error {
+	var cfg appConfig
+	if err := config.Load(ctx, &cfg, "gateway", args, os.LookupEnv, os.Stderr); err != nil {
+		return err
+	}
+	logger := cfg.Logger(os.Stderr, "gateway")
+	tel, err := telemetry.Setup(ctx, telemetry.Config{
+		ServiceName: "conclave-gateway", OTLPEndpoint: cfg.OTLPEndpoint, OTLPInsecure: cfg.OTLPInsecure,
+	})
+	if err != nil {
+		return err
+	}
+	defer func() {
+		// Flush spans after the drain, within a bound of its own.
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		_ = tel.Shutdown(sctx)
+	}()
+	gw, err := service.New(cfg.Gateway, logger, tel)
+	if err != nil {
+		return err
+	}
+	return gw.Run(ctx)
+}
