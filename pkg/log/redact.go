@@ -12,7 +12,7 @@ const Redacted = "[REDACTED]"
 
 // Redact is a slog.HandlerOptions.ReplaceAttr function that hides the values
 // of attributes whose key, or any enclosing group name, looks like it holds a
-// credential: a word "token", "secret", "password", "passwd" or
+// credential: a word "token", "secret(s)", "password(s)", "passwd" or
 // "authorization", or the words "api key", in any case and whether the key is
 // snake_case, kebab-case or camelCase ("access_token", "X-Api-Key",
 // "clientSecret", "Authorization").
@@ -45,7 +45,7 @@ func isSecretKey(key string) bool {
 	words := splitWords(key)
 	for i, w := range words {
 		switch w {
-		case "token", "secret", "password", "passwd", "authorization", "apikey":
+		case "token", "secret", "secrets", "password", "passwords", "passwd", "authorization", "apikey":
 			return true
 		case "api":
 			if i+1 < len(words) && words[i+1] == "key" {

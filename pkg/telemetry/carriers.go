@@ -1,0 +1,149 @@
+package telemetry
+
+import (
+	"context"
+	"maps"
+	"net/http"
+	"slices"
+	"strings"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
+	"go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc"
+	"go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp"
+	"go.opentelemetry.io/otel/propagation"
+	"google.golang.org/grpc"
+)
+
+// GRPCServerOptions instruments a gRPC server: each RPC gets a server span
+// whose parent is the trace context sent by the client, and RPC metrics.
+func (p *Provider) GRPCServerOptions() []grpc.ServerOption {
+	return []grpc.ServerOption{grpc.StatsHandler(otelgrpc.NewServerHandler(p.otelgrpcOptions()...))}
+}
+
+// GRPCDialOptions instruments a gRPC client: each RPC gets a client span
+// whose context is sent to the server in the request metadata.
+func (p *Provider) GRPCDialOptions() []grpc.DialOption {
+	return []grpc.DialOption{grpc.WithStatsHandler(otelgrpc.NewClientHandler(p.otelgrpcOptions()...))}
+}
+
+func (p *Provider) otelgrpcOptions() []otelgrpc.Option {
+	return []otelgrpc.Option{
+		otelgrpc.WithTracerProvider(p.tracerProvider),
+		otelgrpc.WithMeterProvider(p.meterProvider),
+		otelgrpc.WithPropagators(p.propagator),
+	}
+}
+
+// HTTPHandler instruments an HTTP server handler: each request gets a
+// server span named after operation, parented by the request's traceparent
+// header.
+func (p *Provider) HTTPHandler(h http.Handler, operation string) http.Handler {
+	return otelhttp.NewHandler(h, operation, p.otelhttpOptions()...)
+}
+
+// HTTPTransport instruments an HTTP client: each request gets a client span
+// whose context is sent in the traceparent header. A nil rt means
+// http.DefaultTransport.
+func (p *Provider) HTTPTransport(rt http.RoundTripper) http.RoundTripper {
+	return otelhttp.NewTransport(rt, p.otelhttpOptions()...)
+}
+
+func (p *Provider) otelhttpOptions() []otelhttp.Option {
+	return []otelhttp.Option{
+		otelhttp.WithTracerProvider(p.tracerProvider),
+		otelhttp.WithMeterProvider(p.meterProvider),
+		otelhttp.WithPropagators(p.propagator),
+	}
+}
+
+// The message and environment carriers use the W3C trace context propagator
+// alone, not the provider's: their formats are fixed (traceparent and
+// tracestate only) and baggage would cost an extra SQS attribute out of the
+// ten a message may have.
+var w3c propagation.TraceContext
+
+// SQSCarrier adapts SQS message attributes to propagation.TextMapCarrier.
+// Values are written as DataType "String".
+type SQSCarrier map[string]types.MessageAttributeValue
+
+// Get returns the string value of attribute key, or "" if it is absent or
+// not a string.
+func (c SQSCarrier) Get(key string) string {
+	if v := c[key].StringValue; v != nil {
+		return *v
+	}
+	return ""
+}
+
+// Set stores value as a String attribute named key.
+func (c SQSCarrier) Set(key, value string) {
+	c[key] = types.MessageAttributeValue{DataType: aws.String("String"), StringValue: aws.String(value)}
+}
+
+// Keys returns the attribute names.
+func (c SQSCarrier) Keys() []string { return slices.Collect(maps.Keys(c)) }
+
+// InjectSQS writes the trace context of ctx into attrs, which must not be
+// nil, as the attributes "traceparent" and, when ctx has trace state,
+// "tracestate". Any previous values of those attributes are removed first, so
+// a forwarded message never carries a stale parent.
+//
+// SQS allows at most 10 attributes per message and InjectSQS adds at most 2,
+// so producers must keep their own attributes to 8 or fewer. Consumers must
+// ask for these attributes in ReceiveMessage (MessageAttributeNames "All", or
+// "traceparent" and "tracestate"), otherwise SQS does not return them.
+func InjectSQS(ctx context.Context, attrs map[string]types.MessageAttributeValue) {
+	for _, f := range w3c.Fields() {
+		delete(attrs, f)
+	}
+	w3c.Inject(ctx, SQSCarrier(attrs))
+}
+
+// ExtractSQS returns ctx with the remote span context carried by a
+// message's attributes, for the consumer to start its span under. Missing or
+// malformed attributes leave ctx unchanged.
+func ExtractSQS(ctx context.Context, attrs map[string]types.MessageAttributeValue) context.Context {
+	return w3c.Extract(ctx, SQSCarrier(attrs))
+}
+
+// InjectEnv returns a copy of env with TRACEPARENT (and TRACESTATE when ctx
+// has trace state) set from ctx, replacing any inherited values so a child
+// never reports to a stale parent; when ctx has no span context they are just
+// removed. env is not modified. Pass os.Environ() or cmd.Environ() to keep
+// the rest of the environment: the result becomes exec.Cmd.Env, where a
+// non-nil slice replaces the inherited environment.
+func InjectEnv(ctx context.Context, env []string) []string {
+	c := propagation.MapCarrier{}
+	w3c.Inject(ctx, c)
+	out := make([]string, 0, len(env)+len(c))
+	for _, kv := range env {
+		if name, _, _ := strings.Cut(kv, "="); !isTraceEnv(name) {
+			out = append(out, kv)
+		}
+	}
+	// Fields gives a fixed order, which keeps the result deterministic.
+	for _, f := range w3c.Fields() {
+		if v, ok := c[f]; ok {
+			out = append(out, strings.ToUpper(f)+"="+v)
+		}
+	}
+	return out
+}
+
+// ExtractEnv returns ctx with the remote span context carried by the
+// TRACEPARENT and TRACESTATE entries of environ (as from os.Environ()). As in
+// os/exec, a later duplicate entry wins.
+func ExtractEnv(ctx context.Context, environ []string) context.Context {
+	c := propagation.MapCarrier{}
+	for _, kv := range environ {
+		if name, value, ok := strings.Cut(kv, "="); ok && isTraceEnv(name) {
+			c[strings.ToLower(name)] = value
+		}
+	}
+	return w3c.Extract(ctx, c)
+}
+
+func isTraceEnv(name string) bool {
+	return name == "TRACEPARENT" || name == "TRACESTATE"
+}
