@@ -1,0 +1,204 @@
+package server
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+)
+
+// testServer is a Server running in the background for one test.
+type testServer struct {
+	*Server
+	logs   *syncBuffer
+	cancel context.CancelFunc
+	done   chan error
+
+	once   sync.Once
+	runErr error
+}
+
+// startServer builds a server on loopback ports chosen by the kernel, lets
+// setup register routes and services, and runs it until the test ends.
+func startServer(t *testing.T, cfg Config, setup func(*Server), opts ...Option) *testServer {
+	t.Helper()
+	if cfg.Name == "" {
+		cfg.Name = "test"
+	}
+	logs := &syncBuffer{}
+	logger := slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	s, err := New(cfg, logger, opts...)
+	if err != nil {
+		t.Fatalf("New: %v", err)
+	}
+	if setup != nil {
+		setup(s)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	ts := &testServer{Server: s, logs: logs, cancel: cancel, done: make(chan error, 1)}
+	go func() { ts.done <- s.Run(ctx) }()
+	select {
+	case <-s.Ready():
+	case err := <-ts.done:
+		cancel()
+		t.Fatalf("Run returned before Ready: %v", err)
+	}
+	t.Cleanup(func() {
+		// Tests that care about Run's result call stop themselves; any
+		// other failure to drain is still a failure.
+		if err := ts.stop(); err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	})
+	return ts
+}
+
+func bothListeners() Config {
+	return Config{GRPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0"}
+}
+
+// stop cancels Run's context and returns Run's result; later calls return
+// the same result.
+func (ts *testServer) stop() error {
+	ts.once.Do(func() {
+		ts.cancel()
+		ts.runErr = <-ts.done
+	})
+	return ts.runErr
+}
+
+func (ts *testServer) url(path string) string { return "http://" + ts.HTTPAddr() + path }
+
+func (ts *testServer) dial(t *testing.T) *grpc.ClientConn {
+	t.Helper()
+	conn, err := grpc.NewClient(ts.GRPCAddr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatalf("grpc.NewClient: %v", err)
+	}
+	t.Cleanup(func() { _ = conn.Close() })
+	return conn
+}
+
+// waitClosed returns once addr refuses connections, i.e. the server has
+// started closing its listeners. There is no event to wait on from outside.
+func waitClosed(t *testing.T, addr string) {
+	t.Helper()
+	for {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			return
+		}
+		_ = c.Close()
+		time.Sleep(time.Millisecond)
+	}
+}
+
+type httpResult struct {
+	status int
+	body   string
+	err    error
+}
+
+func get(t *testing.T, url string) httpResult {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		return httpResult{err: err}
+	}
+	return readResponse(resp)
+}
+
+func readResponse(resp *http.Response) httpResult {
+	defer func() { _ = resp.Body.Close() }()
+	b, err := io.ReadAll(resp.Body)
+	return httpResult{status: resp.StatusCode, body: string(b), err: err}
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.String()
+}
+
+func (b *syncBuffer) contains(s string) bool { return strings.Contains(b.String(), s) }
+
+// A hand-written gRPC service, so the tests need no generated code: one
+// unary and one bidirectional streaming method on wrapperspb.StringValue.
+const (
+	testServiceName  = "conclave.server.test.Test"
+	testUnaryMethod  = "/" + testServiceName + "/Unary"
+	testStreamMethod = "/" + testServiceName + "/Stream"
+)
+
+type testService struct {
+	unary  func(ctx context.Context, in *wrapperspb.StringValue) (*wrapperspb.StringValue, error)
+	stream func(ss grpc.ServerStream) error
+}
+
+var testServiceDesc = grpc.ServiceDesc{
+	ServiceName: testServiceName,
+	HandlerType: (*any)(nil),
+	Methods: []grpc.MethodDesc{{
+		MethodName: "Unary",
+		Handler: func(srv any, ctx context.Context, dec func(any) error, ic grpc.UnaryServerInterceptor) (any, error) {
+			in := new(wrapperspb.StringValue)
+			if err := dec(in); err != nil {
+				return nil, err
+			}
+			h := func(ctx context.Context, req any) (any, error) {
+				return srv.(*testService).unary(ctx, req.(*wrapperspb.StringValue))
+			}
+			if ic == nil {
+				return h(ctx, in)
+			}
+			return ic(ctx, in, &grpc.UnaryServerInfo{Server: srv, FullMethod: testUnaryMethod}, h)
+		},
+	}},
+	Streams: []grpc.StreamDesc{{
+		StreamName:    "Stream",
+		ServerStreams: true,
+		ClientStreams: true,
+		Handler: func(srv any, ss grpc.ServerStream) error {
+			return srv.(*testService).stream(ss)
+		},
+	}},
+}
+
+func registerTestService(s *Server, svc *testService) {
+	s.GRPC().RegisterService(&testServiceDesc, svc)
+}
+
+func callUnary(ctx context.Context, conn *grpc.ClientConn, in string) (string, error) {
+	out := new(wrapperspb.StringValue)
+	err := conn.Invoke(ctx, testUnaryMethod, wrapperspb.String(in), out)
+	return out.GetValue(), err
+}
+
+func openStream(ctx context.Context, conn *grpc.ClientConn) (grpc.ClientStream, error) {
+	return conn.NewStream(ctx, &testServiceDesc.Streams[0], testStreamMethod)
+}
+
+func echo(_ context.Context, in *wrapperspb.StringValue) (*wrapperspb.StringValue, error) {
+	return in, nil
+}
