@@ -1,0 +1,670 @@
+package jsonrpc
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"runtime/debug"
+	"sync"
+	"sync/atomic"
+)
+
+// ErrClosed is wrapped by every error that reports the end of a connection:
+// Err, and the errors of calls it left unanswered.
+var ErrClosed = errors.New("jsonrpc: connection closed")
+
+// errCancelledByPeer is the cause of a handler's context when the peer
+// cancelled the request, which the handler's error is then reported as.
+var errCancelledByPeer = errors.New("jsonrpc: request cancelled by the peer")
+
+// Handler answers the peer's requests and notifications.
+//
+// Requests are handled concurrently, each on its own goroutine, so a handler
+// may take as long as it needs; its ctx ends when the peer cancels the
+// request or the connection closes. Notifications are handled one at a time
+// in arrival order, on the goroutine that reads the connection, so that
+// streamed updates stay in order; a notification handler that needs to wait
+// (for example on a Call to the same peer) must hand the work to a goroutine,
+// since no response can be read until it returns.
+//
+// The result is encoded with encoding/json, or sent as is if it is a
+// json.RawMessage. An *Error is sent as is; any other error is sent as
+// InternalError with the error's text. The result and error of a
+// notification are dropped, as the spec requires.
+type Handler interface {
+	Handle(ctx context.Context, req *Request) (result any, err error)
+}
+
+// HandlerFunc adapts a function to Handler.
+type HandlerFunc func(ctx context.Context, req *Request) (any, error)
+
+// Handle calls f.
+func (f HandlerFunc) Handle(ctx context.Context, req *Request) (any, error) { return f(ctx, req) }
+
+// Methods is a Handler that dispatches on the method name and answers
+// unknown methods with MethodNotFound.
+type Methods map[string]HandlerFunc
+
+// Handle calls the handler registered for req.Method.
+func (m Methods) Handle(ctx context.Context, req *Request) (any, error) {
+	h, ok := m[req.Method]
+	if !ok {
+		return nil, &Error{Code: MethodNotFound, Message: "Method not found: " + req.Method}
+	}
+	return h(ctx, req)
+}
+
+type connKey struct{}
+
+// ConnFromContext returns the connection whose handler was given ctx, so a
+// handler can call back the peer that called it. The Handler is fixed before
+// the connection exists, so it cannot hold it any other way without racing
+// the first request.
+func ConnFromContext(ctx context.Context) (*Conn, bool) {
+	c, ok := ctx.Value(connKey{}).(*Conn)
+	return c, ok
+}
+
+// Option configures a Conn.
+type Option func(*options)
+
+type options struct {
+	maxInflight   int
+	cancelMethod  string
+	cancelIDField string
+	trace         bool
+	logger        *slog.Logger
+}
+
+// DefaultMaxInflight is how many request handlers a connection runs at once
+// unless WithMaxInflight says otherwise.
+const DefaultMaxInflight = 64
+
+// WithMaxInflight bounds how many of the peer's requests are handled at once
+// (DefaultMaxInflight when n is zero or less). With that many handlers
+// running, the connection stops reading until one returns, which pushes back
+// on a peer sending faster than we answer. It also holds back responses to
+// our own calls, so a handler that waits on a Call to its own peer should
+// have a deadline, or n such handlers stop the connection until they give
+// up.
+//
+// Answers that the peer does not read are bounded too, at 16n: beyond that
+// the connection ends, as the peer has stopped reading while it keeps
+// sending. Stopping reading instead would deadlock two busy peers, each
+// waiting for the other to read.
+func WithMaxInflight(n int) Option {
+	return func(o *options) {
+		if n <= 0 {
+			n = DefaultMaxInflight
+		}
+		o.maxInflight = n
+	}
+}
+
+// WithCancelMethod sets the notification that cancels a request in either
+// direction, and the params member naming the request: ("$/cancelRequest",
+// "id") by default as in LSP, ("$/cancel_request", "requestId") for ACP,
+// ("notifications/cancelled", "requestId") for MCP. An empty method turns
+// cancellation off: a cancelled Call then only stops waiting, and such
+// notifications from the peer reach the Handler like any other.
+func WithCancelMethod(method, idField string) Option {
+	return func(o *options) { o.cancelMethod, o.cancelIDField = method, idField }
+}
+
+// WithTracePropagation turns on or off carrying W3C trace context in
+// params._meta (on by default): injecting it into the params of outgoing
+// requests whose context has a span, and extracting it into the context of
+// handlers.
+func WithTracePropagation(enabled bool) Option {
+	return func(o *options) { o.trace = enabled }
+}
+
+// WithLogger sets where the connection reports what it cannot return to
+// anyone: handler panics, failed notification handlers, responses nobody
+// waits for. The default is slog.Default(); nil discards.
+func WithLogger(l *slog.Logger) Option {
+	return func(o *options) {
+		if l == nil {
+			l = slog.New(slog.DiscardHandler)
+		}
+		o.logger = l
+	}
+}
+
+// Conn is a JSON-RPC 2.0 connection on which both ends may send requests.
+// Its methods are safe for concurrent use.
+type Conn struct {
+	stream  Stream
+	handler Handler
+	opts    options
+
+	// ctx is the parent of every handler's context, and ends with the
+	// connection.
+	ctx    context.Context
+	cancel context.CancelFunc
+
+	// slots holds one token per running request handler.
+	slots chan struct{}
+	// unsent counts replies decided on but not yet written.
+	unsent atomic.Int64
+	seq    atomic.Int64
+
+	mu       sync.Mutex
+	pending  map[int64]chan callResult      // our calls awaiting a response
+	inflight map[ID]context.CancelCauseFunc // the peer's calls being handled
+
+	closeOnce sync.Once
+	closeErr  error
+	done      chan struct{}
+	err       error // why the connection ended; written before done is closed
+}
+
+// callResult is what a pending call receives.
+type callResult struct {
+	result json.RawMessage
+	err    error
+}
+
+// NewConn starts a connection over s, answering the peer with h; a nil h
+// answers every request with MethodNotFound. The connection reads from s
+// until s fails or Close is called.
+func NewConn(s Stream, h Handler, opts ...Option) *Conn {
+	o := options{
+		maxInflight:   DefaultMaxInflight,
+		cancelMethod:  "$/cancelRequest",
+		cancelIDField: "id",
+		trace:         true,
+		logger:        slog.Default(),
+	}
+	for _, opt := range opts {
+		opt(&o)
+	}
+	c := &Conn{
+		stream:   s,
+		handler:  h,
+		opts:     o,
+		slots:    make(chan struct{}, o.maxInflight),
+		pending:  make(map[int64]chan callResult),
+		inflight: make(map[ID]context.CancelCauseFunc),
+		done:     make(chan struct{}),
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	c.ctx, c.cancel = context.WithValue(ctx, connKey{}, c), cancel
+	go c.readLoop()
+	return c
+}
+
+// Call sends a request and waits for its response, decoding the result into
+// result unless result is nil. Params must encode to a JSON object or array,
+// or be nil. A JSON-RPC error from the peer is returned as an *Error.
+//
+// If ctx ends first, Call returns ctx.Err() at once and tells the peer with
+// the cancel notification (see WithCancelMethod). If the connection ends
+// first, it returns an error wrapping ErrClosed.
+func (c *Conn) Call(ctx context.Context, method string, params, result any) error {
+	id := c.seq.Add(1)
+	frame, err := c.encodeRequest(ctx, Int64ID(id), method, params)
+	if err != nil {
+		return err
+	}
+	ch := make(chan callResult, 1)
+	c.mu.Lock()
+	c.pending[id] = ch
+	c.mu.Unlock()
+
+	if err := c.write(ctx, frame); err != nil {
+		c.forget(id)
+		return err
+	}
+	select {
+	case r := <-ch:
+		if r.err != nil {
+			return r.err
+		}
+		if result != nil {
+			if err := json.Unmarshal(r.result, result); err != nil {
+				return fmt.Errorf("jsonrpc: decoding the result of %s: %w", method, err)
+			}
+		}
+		return nil
+	case <-ctx.Done():
+		if c.forget(id) && c.opts.cancelMethod != "" {
+			go c.sendCancel(id)
+		}
+		return ctx.Err()
+	case <-c.done:
+		return c.err
+	}
+}
+
+// forget drops a pending call, reporting whether it was still pending.
+func (c *Conn) forget(id int64) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	_, ok := c.pending[id]
+	delete(c.pending, id)
+	return ok
+}
+
+func (c *Conn) sendCancel(id int64) {
+	params := make([]byte, 0, 32)
+	params = append(params, '{')
+	params = appendString(params, c.opts.cancelIDField)
+	params = append(params, ':')
+	params = appendID(params, Int64ID(id))
+	params = append(params, '}')
+	frame := appendRequest(nil, &Request{Method: c.opts.cancelMethod, Params: params})
+	if err := c.write(c.ctx, frame); err != nil {
+		c.opts.logger.Debug("jsonrpc: sending cancellation", "id", id, "error", err)
+	}
+}
+
+// Notify sends a notification. It returns once the notification is written,
+// which does not mean the peer has handled it.
+func (c *Conn) Notify(ctx context.Context, method string, params any) error {
+	frame, err := c.encodeRequest(ctx, ID{}, method, params)
+	if err != nil {
+		return err
+	}
+	return c.write(ctx, frame)
+}
+
+func (c *Conn) encodeRequest(ctx context.Context, id ID, method string, params any) ([]byte, error) {
+	raw, err := encodeParams(params)
+	if err != nil {
+		return nil, fmt.Errorf("jsonrpc: params of %s: %w", method, err)
+	}
+	if c.opts.trace && raw != nil {
+		raw = injectTrace(ctx, raw)
+	}
+	return appendRequest(make([]byte, 0, 64+len(method)+len(raw)), &Request{ID: id, Method: method, Params: raw}), nil
+}
+
+func encodeParams(params any) (json.RawMessage, error) {
+	var raw []byte
+	switch p := params.(type) {
+	case nil:
+		return nil, nil
+	case json.RawMessage:
+		if len(p) == 0 {
+			return nil, nil
+		}
+		if !json.Valid(p) {
+			return nil, errors.New("not valid JSON")
+		}
+		raw = p
+	default:
+		var err error
+		if raw, err = json.Marshal(p); err != nil {
+			return nil, err
+		}
+	}
+	switch raw[skipSpace(raw, 0)] {
+	case '{', '[':
+		return raw, nil
+	case 'n':
+		return nil, nil
+	}
+	return nil, errors.New("must be a JSON object or array")
+}
+
+// write sends a frame. A failure other than ctx ending before the frame was
+// started breaks the stream, and ends the connection.
+func (c *Conn) write(ctx context.Context, frame []byte) error {
+	select {
+	case <-c.done:
+		return c.err
+	default:
+	}
+	err := c.stream.WriteMessage(ctx, frame)
+	if err == nil {
+		return nil
+	}
+	if ctxErr := ctx.Err(); ctxErr != nil && errors.Is(err, ctxErr) {
+		return err
+	}
+	c.shutdown(fmt.Errorf("writing: %w", err))
+	return c.err
+}
+
+// Close ends the connection: pending calls fail, handlers' contexts are
+// cancelled, and the stream is closed. It returns the stream's Close error.
+func (c *Conn) Close() error {
+	c.shutdown(nil)
+	return c.closeErr
+}
+
+// Done is closed when the connection has ended.
+func (c *Conn) Done() <-chan struct{} { return c.done }
+
+// Err returns nil while the connection is open, and then why it ended, as an
+// error wrapping ErrClosed.
+func (c *Conn) Err() error {
+	select {
+	case <-c.done:
+		return c.err
+	default:
+		return nil
+	}
+}
+
+func (c *Conn) shutdown(cause error) {
+	c.closeOnce.Do(func() {
+		c.err = ErrClosed
+		if cause != nil {
+			c.err = fmt.Errorf("%w: %w", ErrClosed, cause)
+		}
+		c.cancel()
+		c.closeErr = c.stream.Close()
+		close(c.done)
+	})
+}
+
+func (c *Conn) readLoop() {
+	for {
+		// Not c.ctx: Close ends the read by closing the stream, which for a
+		// WebSocket sends a close frame; a cancelled read would instead drop
+		// the connection without one.
+		data, err := c.stream.ReadMessage(context.Background())
+		if err != nil {
+			c.shutdown(fmt.Errorf("reading: %w", err))
+			return
+		}
+		c.handleFrame(data)
+	}
+}
+
+// acquire waits for a handler slot, reporting false if the connection
+// ended first. Only the read loop acquires, so waiting is what stops it
+// reading.
+func (c *Conn) acquire() bool {
+	select {
+	case c.slots <- struct{}{}:
+		return true
+	case <-c.done:
+		return false
+	}
+}
+
+func (c *Conn) release() { <-c.slots }
+
+// unsentPerSlot sets the bound on unsent replies; see WithMaxInflight.
+const unsentPerSlot = 16
+
+// sendReply writes a reply to the peer.
+func (c *Conn) sendReply(frame []byte) {
+	defer c.unsent.Add(-1)
+	if n := c.unsent.Add(1); n > int64(unsentPerSlot*cap(c.slots)) {
+		c.shutdown(fmt.Errorf("the peer is not reading: %d replies unsent", n-1))
+		return
+	}
+	if err := c.write(c.ctx, frame); err != nil {
+		c.opts.logger.Debug("jsonrpc: sending a reply", "error", err)
+	}
+}
+
+func (c *Conn) sendResponse(r *Response) {
+	size := 64 + len(r.Result) // the envelope and a typical id fit in 64 bytes
+	if r.Error != nil {
+		size += len(r.Error.Message) + len(r.Error.Data)
+	}
+	c.sendReply(appendResponse(make([]byte, 0, size), r))
+}
+
+func (c *Conn) handleFrame(data []byte) {
+	msg, derr := decodeFrame(data)
+	if derr != nil {
+		if out := c.handleInvalid(derr); out != nil {
+			// Not written here: the read loop never waits for the peer to
+			// read, or two peers writing to each other could deadlock.
+			go c.sendResponse(out)
+		}
+		return
+	}
+	switch m := msg.(type) {
+	case *Request:
+		if m.IsNotification() {
+			c.handleNotification(m)
+			return
+		}
+		if c.acquire() {
+			c.startCall(m, c.sendResponse)
+		}
+	case *Response:
+		c.deliver(m.ID, callResult{result: m.Result, err: errorOrNil(m.Error)})
+	case *Batch:
+		c.handleBatch(m)
+	}
+}
+
+func errorOrNil(e *Error) error {
+	if e == nil {
+		return nil
+	}
+	return e
+}
+
+// handleInvalid returns the error response for a message that did not
+// decode, or nil if it must not be answered.
+func (c *Conn) handleInvalid(d *DecodeError) *Response {
+	if !d.IsResponse {
+		return &Response{ID: d.ID, Error: d.Err}
+	}
+	// A broken answer to one of our calls fails that call instead of leaving
+	// it to wait for an answer that already came.
+	c.deliver(d.ID, callResult{err: fmt.Errorf("jsonrpc: invalid response from peer: %w", d)})
+	return nil
+}
+
+// deliver hands a response to the call waiting for it.
+func (c *Conn) deliver(id ID, r callResult) {
+	n, ok := id.int64()
+	var ch chan callResult
+	if ok {
+		c.mu.Lock()
+		ch = c.pending[n]
+		delete(c.pending, n)
+		c.mu.Unlock()
+	}
+	if ch == nil {
+		// Usually the answer to a call its caller stopped waiting for.
+		c.opts.logger.Debug("jsonrpc: response to no pending call", "id", id.String(), "error", r.err)
+		return
+	}
+	ch <- r
+}
+
+func (c *Conn) handleNotification(req *Request) {
+	if c.opts.cancelMethod != "" && req.Method == c.opts.cancelMethod {
+		c.cancelInbound(req)
+		return
+	}
+	ctx := c.ctx
+	if c.opts.trace && req.Params != nil {
+		ctx = extractTrace(ctx, req.Params)
+	}
+	c.invoke(ctx, req)
+}
+
+func (c *Conn) cancelInbound(req *Request) {
+	var it iter
+	if len(req.Params) == 0 || req.Params[0] != '{' {
+		return
+	}
+	it.init(req.Params)
+	for it.nextMember() {
+		if string(it.key) != c.opts.cancelIDField {
+			continue
+		}
+		id, ok := parseID(it.val)
+		if !ok {
+			return
+		}
+		c.mu.Lock()
+		cancel := c.inflight[id]
+		c.mu.Unlock()
+		if cancel != nil {
+			cancel(errCancelledByPeer)
+		}
+		return
+	}
+}
+
+// startCall handles one of the peer's calls on its own goroutine, holding a
+// slot the caller acquired until the handler returns, and then passes the
+// response to send.
+func (c *Conn) startCall(req *Request, send func(*Response)) {
+	ctx := c.ctx
+	if c.opts.trace && req.Params != nil {
+		ctx = extractTrace(ctx, req.Params)
+	}
+	ctx, cancel := context.WithCancelCause(ctx)
+	// A null id cannot be cancelled, so it is not tracked, and may repeat.
+	tracked, dup := !req.ID.IsNull(), false
+	if tracked {
+		c.mu.Lock()
+		if _, dup = c.inflight[req.ID]; !dup {
+			c.inflight[req.ID] = cancel
+		}
+		c.mu.Unlock()
+	}
+	go func() {
+		var resp *Response
+		if dup {
+			// A cancellation could not say which of the two it meant.
+			resp = &Response{ID: req.ID, Error: &Error{Code: InvalidRequest, Message: "Invalid Request: id " + req.ID.String() + " is already in use"}}
+		} else {
+			resp = c.invoke(ctx, req)
+			if tracked {
+				c.mu.Lock()
+				delete(c.inflight, req.ID)
+				c.mu.Unlock()
+			}
+		}
+		cancel(nil)
+		c.release()
+		send(resp)
+	}()
+}
+
+// invoke calls the handler and returns the response to send, or nil for a
+// notification. A panic, in the handler or in encoding its result, becomes
+// an InternalError response so that one bad request takes down neither the
+// process nor the connection.
+func (c *Conn) invoke(ctx context.Context, req *Request) (resp *Response) {
+	defer func() {
+		if p := recover(); p != nil {
+			c.opts.logger.Error("jsonrpc: handler panicked", "method", req.Method, "panic", p, "stack", string(debug.Stack()))
+			if !req.IsNotification() {
+				// The panic value stays in our logs: it may hold internals
+				// the peer has no business seeing.
+				resp = &Response{ID: req.ID, Error: &Error{Code: InternalError, Message: "Internal error"}}
+			}
+		}
+	}()
+	var (
+		result any
+		err    error
+	)
+	if c.handler == nil {
+		err = &Error{Code: MethodNotFound, Message: "Method not found: " + req.Method}
+	} else {
+		result, err = c.handler.Handle(ctx, req)
+	}
+	if req.IsNotification() {
+		if err != nil {
+			c.opts.logger.Debug("jsonrpc: notification handler failed", "method", req.Method, "error", err)
+		}
+		return nil
+	}
+	return c.response(ctx, req.ID, result, err)
+}
+
+// response builds the response to a call from what its handler returned.
+func (c *Conn) response(ctx context.Context, id ID, result any, err error) *Response {
+	if err == nil {
+		raw, merr := encodeResult(result)
+		if merr == nil {
+			return &Response{ID: id, Result: raw}
+		}
+		err = fmt.Errorf("encoding the result: %w", merr)
+	}
+	var e *Error
+	switch {
+	case errors.As(err, &e) && e != nil:
+		if len(e.Data) > 0 && !json.Valid(e.Data) {
+			e = &Error{Code: e.Code, Message: e.Message} // invalid data would corrupt the frame
+		}
+	case errors.Is(context.Cause(ctx), errCancelledByPeer):
+		e = &Error{Code: RequestCancelled, Message: "Request cancelled"}
+	default:
+		e = &Error{Code: InternalError, Message: err.Error()}
+	}
+	return &Response{ID: id, Error: e}
+}
+
+func encodeResult(result any) (json.RawMessage, error) {
+	if raw, ok := result.(json.RawMessage); ok {
+		if raw == nil {
+			return nil, nil // encodes as null
+		}
+		if !json.Valid(raw) {
+			return nil, errors.New("not valid JSON")
+		}
+		return raw, nil
+	}
+	return json.Marshal(result)
+}
+
+// handleBatch handles a batch as the spec asks: every call's response goes
+// back in one array, sent once all are ready; a batch needing none gets no
+// reply at all.
+func (c *Conn) handleBatch(b *Batch) {
+	var (
+		mu        sync.Mutex
+		responses []*Response
+		wg        sync.WaitGroup
+	)
+	add := func(r *Response) {
+		mu.Lock()
+		responses = append(responses, r)
+		mu.Unlock()
+	}
+	for _, d := range b.Invalid {
+		if r := c.handleInvalid(d); r != nil {
+			add(r)
+		}
+	}
+	for _, msg := range b.Messages {
+		switch m := msg.(type) {
+		case *Request:
+			if m.IsNotification() {
+				c.handleNotification(m)
+				continue
+			}
+			if !c.acquire() {
+				return
+			}
+			wg.Add(1)
+			c.startCall(m, func(r *Response) { add(r); wg.Done() })
+		case *Response:
+			c.deliver(m.ID, callResult{result: m.Result, err: errorOrNil(m.Error)})
+		}
+	}
+	go func() {
+		wg.Wait()
+		if len(responses) == 0 {
+			return
+		}
+		frame := []byte{'['}
+		for i, r := range responses {
+			if i > 0 {
+				frame = append(frame, ',')
+			}
+			frame = appendResponse(frame, r)
+		}
+		c.sendReply(append(frame, ']'))
+	}()
+}
