@@ -13,12 +13,19 @@ import (
 	"go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp"
 	"go.opentelemetry.io/otel/propagation"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/stats"
 )
 
 // GRPCServerOptions instruments a gRPC server: each RPC gets a server span
 // whose parent is the trace context sent by the client, and RPC metrics.
+// Health checks and reflection are not traced: probes arrive every few
+// seconds and would bury real traces.
 func (p *Provider) GRPCServerOptions() []grpc.ServerOption {
-	return []grpc.ServerOption{grpc.StatsHandler(otelgrpc.NewServerHandler(p.otelgrpcOptions()...))}
+	opts := append(p.otelgrpcOptions(), otelgrpc.WithFilter(func(info *stats.RPCTagInfo) bool {
+		return !strings.HasPrefix(info.FullMethodName, "/grpc.health.v1.") &&
+			!strings.HasPrefix(info.FullMethodName, "/grpc.reflection.")
+	}))
+	return []grpc.ServerOption{grpc.StatsHandler(otelgrpc.NewServerHandler(opts...))}
 }
 
 // GRPCDialOptions instruments a gRPC client: each RPC gets a client span
@@ -38,8 +45,16 @@ func (p *Provider) otelgrpcOptions() []otelgrpc.Option {
 // HTTPHandler instruments an HTTP server handler: each request gets a
 // server span named after operation, parented by the request's traceparent
 // header.
+// Probe and scrape routes (/healthz, /readyz, /metrics) are not traced.
 func (p *Provider) HTTPHandler(h http.Handler, operation string) http.Handler {
-	return otelhttp.NewHandler(h, operation, p.otelhttpOptions()...)
+	opts := append(p.otelhttpOptions(), otelhttp.WithFilter(func(r *http.Request) bool {
+		switch r.URL.Path {
+		case "/healthz", "/readyz", "/metrics":
+			return false
+		}
+		return true
+	}))
+	return otelhttp.NewHandler(h, operation, opts...)
 }
 
 // HTTPTransport instruments an HTTP client: each request gets a client span

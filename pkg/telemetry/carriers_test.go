@@ -16,6 +16,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	testgrpc "google.golang.org/grpc/interop/grpc_testing"
 	"google.golang.org/grpc/test/bufconn"
 
 	"github.com/conclave-ai/conclave/pkg/telemetry"
@@ -73,12 +74,20 @@ func onlySpan(t *testing.T, spans []sdktrace.ReadOnlySpan, kind trace.SpanKind) 
 	return found[0]
 }
 
+type emptyService struct {
+	testgrpc.UnimplementedTestServiceServer
+}
+
+func (emptyService) EmptyCall(context.Context, *testgrpc.Empty) (*testgrpc.Empty, error) {
+	return &testgrpc.Empty{}, nil
+}
+
 func grpcHop(t *testing.T, p *telemetry.Provider) {
 	lis := bufconn.Listen(1 << 20)
 	// WaitForHandlers makes GracefulStop wait until the server span has
 	// ended, so the test needs no sleeping or polling.
 	srv := grpc.NewServer(append(p.GRPCServerOptions(), grpc.WaitForHandlers(true))...)
-	healthpb.RegisterHealthServer(srv, health.NewServer())
+	testgrpc.RegisterTestServiceServer(srv, emptyService{})
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(lis) }()
 
@@ -89,7 +98,7 @@ func grpcHop(t *testing.T, p *telemetry.Provider) {
 	if err != nil {
 		t.Fatalf("dial: %v", err)
 	}
-	_, err = healthpb.NewHealthClient(conn).Check(context.Background(), &healthpb.HealthCheckRequest{})
+	_, err = testgrpc.NewTestServiceClient(conn).EmptyCall(context.Background(), &testgrpc.Empty{})
 	if cerr := conn.Close(); cerr != nil {
 		t.Errorf("close conn: %v", cerr)
 	}
@@ -98,7 +107,7 @@ func grpcHop(t *testing.T, p *telemetry.Provider) {
 		t.Errorf("serve: %v", serr)
 	}
 	if err != nil {
-		t.Fatalf("health check: %v", err)
+		t.Fatalf("EmptyCall: %v", err)
 	}
 }
 
@@ -351,4 +360,41 @@ func BenchmarkSQS(b *testing.B) {
 			telemetry.ExtractSQS(context.Background(), attrs)
 		}
 	})
+}
+
+// TestProbesAreNotTraced checks that health checks and scrapes make no
+// server spans, so probes every few seconds do not bury real traces.
+func TestProbesAreNotTraced(t *testing.T) {
+	t.Parallel()
+	p, rec := newRecordingProvider(t)
+
+	lis := bufconn.Listen(1 << 20)
+	srv := grpc.NewServer(append(p.GRPCServerOptions(), grpc.WaitForHandlers(true))...)
+	healthpb.RegisterHealthServer(srv, health.NewServer())
+	go func() { _ = srv.Serve(lis) }()
+	conn, err := grpc.NewClient("passthrough:///bufconn",
+		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return lis.DialContext(ctx) }),
+		grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := healthpb.NewHealthClient(conn).Check(context.Background(), &healthpb.HealthCheckRequest{}); err != nil {
+		t.Fatal(err)
+	}
+	_ = conn.Close()
+	srv.GracefulStop()
+
+	hs := httptest.NewServer(p.HTTPHandler(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {}), "probe"))
+	for _, path := range []string{"/healthz", "/readyz", "/metrics"} {
+		resp, err := http.Get(hs.URL + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = resp.Body.Close()
+	}
+	hs.Close()
+
+	if spans := rec.Ended(); len(spans) != 0 {
+		t.Fatalf("probes made %d spans, first %q", len(spans), spans[0].Name())
+	}
 }
