@@ -18,8 +18,6 @@ func boltKey(pk, sk string) []byte {
 	return append(b, sk...)
 }
 
-func partitionPrefix(pk string) []byte { return boltKey(pk, "") }
-
 func splitBoltKey(k []byte) (Key, error) {
 	n, w := binary.Uvarint(k)
 	if w <= 0 || uint64(len(k)-w) < n {
