@@ -20,7 +20,8 @@ func boltKey(pk, sk string) []byte {
 
 func splitBoltKey(k []byte) (Key, error) {
 	n, w := binary.Uvarint(k)
-	if w <= 0 || uint64(len(k)-w) < n {
+	// Only the canonical (shortest) length prefix is one boltKey writes.
+	if w <= 0 || w != len(binary.AppendUvarint(nil, n)) || uint64(len(k)-w) < n {
 		return Key{}, errors.New("corrupt key")
 	}
 	return Key{PK: string(k[w : w+int(n)]), SK: string(k[w+int(n):])}, nil
