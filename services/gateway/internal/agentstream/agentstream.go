@@ -38,6 +38,11 @@ type Options struct {
 	// AgentTimeout is how long a registered agent may stay silent (no
 	// heartbeat, no response) before it is deregistered and its stream closed.
 	AgentTimeout time.Duration
+	// QueueDepth is how many requests may wait for a busy agent.
+	QueueDepth int
+	// CancelGrace is how long an agent may take to end a request its caller
+	// abandoned before the next request is sent anyway.
+	CancelGrace time.Duration
 }
 
 // Agent is a registered agent as this replica holds it.
@@ -53,6 +58,17 @@ type Agent struct {
 	lastSeen atomic.Int64 // unix nanoseconds
 	send     func(*covenpb.ServerMessage) error
 	cancel   context.CancelCauseFunc
+
+	queue    chan *request
+	mu       sync.Mutex
+	inflight *request
+}
+
+// Busy reports whether a request is in flight, and how many wait.
+func (a *Agent) Busy() (inflight bool, queued int) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.inflight != nil, len(a.queue)
 }
 
 // LastSeen is when the agent last sent anything.
@@ -70,6 +86,7 @@ type Service struct {
 
 	mu       sync.Mutex
 	agents   map[string]*Agent
+	requests map[string]requestRef
 	draining bool
 	nextID   atomic.Uint64
 
@@ -88,7 +105,13 @@ func New(opts Options, logger *slog.Logger) *Service {
 	if opts.AgentTimeout <= 0 {
 		opts.AgentTimeout = 90 * time.Second
 	}
-	return &Service{opts: opts, log: logger, now: time.Now, agents: map[string]*Agent{}}
+	if opts.QueueDepth <= 0 {
+		opts.QueueDepth = 32
+	}
+	if opts.CancelGrace <= 0 {
+		opts.CancelGrace = 30 * time.Second
+	}
+	return &Service{opts: opts, log: logger, now: time.Now, agents: map[string]*Agent{}, requests: map[string]requestRef{}}
 }
 
 var (
@@ -137,6 +160,7 @@ func (s *Service) AgentStream(stream grpc.BidiStreamingServer[covenpb.AgentMessa
 		ConnectedAt:      s.now(),
 		send:             send,
 		cancel:           cancel,
+		queue:            make(chan *request, s.opts.QueueDepth),
 	}
 	agent.touch(s.now())
 	if err := s.register(agent); err != nil {
@@ -145,7 +169,6 @@ func (s *Service) AgentStream(stream grpc.BidiStreamingServer[covenpb.AgentMessa
 		}})
 		return err
 	}
-	defer s.deregister(agent)
 	log := s.log.With("agent_id", agent.ID, "instance_id", agent.InstanceID)
 	log.InfoContext(ctx, "agent registered", "name", agent.Name, "capabilities", agent.Capabilities)
 
@@ -156,6 +179,12 @@ func (s *Service) AgentStream(stream grpc.BidiStreamingServer[covenpb.AgentMessa
 	}
 
 	go s.watchLiveness(ctx, agent)
+	dispatched := make(chan struct{})
+	go func() { defer close(dispatched); s.dispatch(ctx, agent) }()
+	// Deregistered first, so no new request can be queued; then the
+	// dispatcher fails the pending ones before the stream ends, so no caller
+	// is left waiting and the agent can reconnect at once.
+	defer func() { s.deregister(agent); cancel(nil); <-dispatched }()
 
 	msgs := make(chan *covenpb.AgentMessage)
 	recvErr := make(chan error, 1)
@@ -190,7 +219,7 @@ func (s *Service) AgentStream(stream grpc.BidiStreamingServer[covenpb.AgentMessa
 			return err
 		case m := <-msgs:
 			agent.touch(s.now())
-			s.handle(ctx, log, m)
+			s.handle(ctx, log, agent, m)
 		}
 	}
 }
@@ -222,15 +251,16 @@ func (s *Service) recvFirst(ctx context.Context, stream grpc.BidiStreamingServer
 	}
 }
 
-func (s *Service) handle(ctx context.Context, log *slog.Logger, m *covenpb.AgentMessage) {
+func (s *Service) handle(ctx context.Context, log *slog.Logger, a *Agent, m *covenpb.AgentMessage) {
 	switch p := m.GetPayload().(type) {
 	case *covenpb.AgentMessage_Heartbeat:
 		// Liveness was renewed by the receipt itself.
 	case *covenpb.AgentMessage_Response:
-		// No request is routed to agents yet by this replica, so every
-		// response is for a request it does not know.
-		s.droppedResponses.Add(1)
-		log.WarnContext(ctx, "dropped response for unknown request", "request_id", p.Response.GetRequestId())
+		if !a.route(p.Response) {
+			// Never delivered elsewhere: it may be someone else's.
+			s.droppedResponses.Add(1)
+			log.WarnContext(ctx, "dropped response for a request not in flight", "request_id", p.Response.GetRequestId())
+		}
 	case *covenpb.AgentMessage_Register:
 		log.WarnContext(ctx, "ignored repeated RegisterAgent")
 	default:

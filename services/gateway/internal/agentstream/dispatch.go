@@ -1,0 +1,295 @@
+package agentstream
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	covenpb "github.com/conclave-ai/conclave/proto/coven"
+)
+
+// Event is one step of an agent's reply: a response from the agent, or the
+// error that ended the request without one (the agent disconnected, the
+// gateway shut down).
+type Event struct {
+	Response *covenpb.MessageResponse
+	Err      error
+}
+
+// Request is a caller's view of a message sent to an agent.
+type Request struct {
+	// ID is the gateway-assigned request ID, the one the agent echoes.
+	ID string
+	// Events delivers the reply in order and is closed after the event that
+	// ends it: a response with done, error or cancelled, or an Err.
+	Events <-chan Event
+}
+
+// request is the gateway's side of a Request. The caller's side (events)
+// and the agent's side (agentDone) end separately: a caller may leave or
+// cancel while the agent is still working, and the agent is sent nothing new
+// until it has ended the request too.
+type request struct {
+	msg    *covenpb.SendMessage
+	caller context.Context
+	events chan Event
+
+	sendMu sync.Mutex // serializes deliveries with the close of events
+	closed chan struct{}
+
+	agentDone  chan struct{}
+	agentOnce  sync.Once
+	cancelSent atomic.Bool
+}
+
+func newRequest(ctx context.Context, msg *covenpb.SendMessage) *request {
+	return &request{msg: msg, caller: ctx, events: make(chan Event, 16), closed: make(chan struct{}), agentDone: make(chan struct{})}
+}
+
+// deliver hands ev to the caller, waiting while the caller is slow (which
+// slows the agent through gRPC flow control) but not after it has gone. An
+// event that ends the request closes the caller's side.
+func (r *request) deliver(ev Event) {
+	r.sendMu.Lock()
+	defer r.sendMu.Unlock()
+	select {
+	case <-r.closed:
+		return
+	default:
+	}
+	select {
+	case r.events <- ev:
+	case <-r.caller.Done():
+	}
+	if ev.Err != nil || isTerminal(ev.Response) {
+		close(r.events)
+		close(r.closed)
+	}
+}
+
+func (r *request) callerClosed() bool {
+	select {
+	case <-r.closed:
+		return true
+	default:
+		return r.caller.Err() != nil
+	}
+}
+
+func (r *request) endAgent() { r.agentOnce.Do(func() { close(r.agentDone) }) }
+
+func (r *request) agentEnded() bool {
+	select {
+	case <-r.agentDone:
+		return true
+	default:
+		return false
+	}
+}
+
+func isTerminal(m *covenpb.MessageResponse) bool {
+	switch m.GetEvent().(type) {
+	case *covenpb.MessageResponse_Done, *covenpb.MessageResponse_Error, *covenpb.MessageResponse_Cancelled:
+		return true
+	}
+	return false
+}
+
+func newRequestID(serverID string) string {
+	var b [12]byte
+	_, _ = rand.Read(b[:])
+	return serverID + "." + hex.EncodeToString(b[:])
+}
+
+// Send queues msg for agentID and returns the request whose events carry the
+// agent's reply. The agent handles one request at a time; up to QueueDepth
+// more wait, and past that Send fails with RESOURCE_EXHAUSTED. When ctx ends
+// before the reply does, the caller is detached and, if the agent supports
+// cancellation, the agent is told to stop.
+func (s *Service) Send(ctx context.Context, agentID string, msg *covenpb.SendMessage) (*Request, error) {
+	msg.RequestId = newRequestID(s.opts.ServerID)
+	r := newRequest(ctx, msg)
+	s.mu.Lock()
+	a, ok := s.agents[agentID]
+	switch {
+	case s.draining:
+		s.mu.Unlock()
+		return nil, errDraining
+	case !ok:
+		s.mu.Unlock()
+		return nil, status.Errorf(codes.NotFound, "agent %q is not connected", agentID)
+	}
+	// Queued under the lock deregistration takes, so a request is never
+	// queued for an agent whose dispatcher has already drained its queue.
+	defer s.mu.Unlock()
+	select {
+	case a.queue <- r:
+		s.requests[msg.RequestId] = requestRef{agent: a, req: r}
+		return &Request{ID: msg.RequestId, Events: r.events}, nil
+	default:
+		return nil, status.Errorf(codes.ResourceExhausted, "agent %q has %d requests waiting; try again later", agentID, cap(a.queue))
+	}
+}
+
+type requestRef struct {
+	agent *Agent
+	req   *request
+}
+
+// Cancel cancels a request that is queued or in flight. It reports false
+// when the request is unknown or already finished for its caller.
+func (s *Service) Cancel(ctx context.Context, requestID, reason string) bool {
+	s.mu.Lock()
+	ref, ok := s.requests[requestID]
+	s.mu.Unlock()
+	if !ok || ref.req.callerClosed() {
+		return false
+	}
+	ref.agent.cancelRequest(ref.req, reason)
+	return true
+}
+
+// cancelRequest tells the agent to stop when it can (it answers cancelled,
+// which ends the request); otherwise the caller's side ends here with a
+// cancelled event and the agent's reply is discarded. A queued request never
+// reaches the agent.
+func (a *Agent) cancelRequest(r *request, reason string) {
+	a.mu.Lock()
+	inflight := a.inflight == r
+	a.mu.Unlock()
+	if inflight && a.supports("cancellation") {
+		a.sendCancel(r, reason)
+		return
+	}
+	r.deliver(Event{Response: &covenpb.MessageResponse{
+		RequestId: r.msg.RequestId,
+		Event:     &covenpb.MessageResponse_Cancelled{Cancelled: &covenpb.Cancelled{Reason: reason}},
+	}})
+}
+
+func (a *Agent) sendCancel(r *request, reason string) {
+	if r.cancelSent.Swap(true) {
+		return
+	}
+	_ = a.send(&covenpb.ServerMessage{Payload: &covenpb.ServerMessage_CancelRequest{
+		CancelRequest: &covenpb.CancelRequest{RequestId: r.msg.RequestId, Reason: &reason},
+	}})
+}
+
+func (a *Agent) supports(feature string) bool {
+	return slices.Contains(a.ProtocolFeatures, feature)
+}
+
+// route delivers a response to the request in flight. It reports false for a
+// response to any other request, or to one the agent already ended; those
+// are dropped.
+func (a *Agent) route(m *covenpb.MessageResponse) bool {
+	a.mu.Lock()
+	r := a.inflight
+	a.mu.Unlock()
+	if r == nil || r.msg.GetRequestId() != m.GetRequestId() || r.agentEnded() {
+		return false
+	}
+	if isTerminal(m) {
+		r.endAgent()
+	}
+	r.deliver(Event{Response: m})
+	return true
+}
+
+// dispatch feeds the agent one request at a time until its stream ends, then
+// fails whatever is left.
+func (s *Service) dispatch(ctx context.Context, a *Agent) {
+	defer func() {
+		cause := status.Errorf(codes.Unavailable, "agent %q disconnected", a.ID)
+		if st, ok := status.FromError(context.Cause(ctx)); ok && context.Cause(ctx) != nil {
+			cause = status.Errorf(codes.Unavailable, "agent %q disconnected: %s", a.ID, st.Message())
+		}
+		a.mu.Lock()
+		r := a.inflight
+		a.inflight = nil
+		a.mu.Unlock()
+		if r != nil {
+			r.deliver(Event{Err: cause})
+			s.forget(r)
+		}
+		for {
+			select {
+			case r := <-a.queue:
+				r.deliver(Event{Err: cause})
+				s.forget(r)
+			default:
+				return
+			}
+		}
+	}()
+	for {
+		var r *request
+		select {
+		case <-ctx.Done():
+			return
+		case r = <-a.queue:
+		}
+		if r.callerClosed() {
+			// Cancelled or abandoned while it waited: the agent never sees it.
+			s.forget(r)
+			continue
+		}
+		a.mu.Lock()
+		a.inflight = r
+		a.mu.Unlock()
+		if err := a.send(&covenpb.ServerMessage{Payload: &covenpb.ServerMessage_SendMessage{SendMessage: r.msg}}); err != nil {
+			return // the stream is broken; the deferred cleanup fails r
+		}
+		if !s.await(ctx, a, r) {
+			return
+		}
+		a.mu.Lock()
+		a.inflight = nil
+		a.mu.Unlock()
+		s.forget(r)
+	}
+}
+
+// await waits until the agent ends r, and reports false if the stream ended
+// first. A caller that leaves or cancels early gets the agent asked to
+// cancel (when it supports it) and CancelGrace to end the request, after
+// which the next request is sent regardless.
+func (s *Service) await(ctx context.Context, a *Agent, r *request) bool {
+	select {
+	case <-r.agentDone:
+		return true
+	case <-ctx.Done():
+		return false
+	case <-r.caller.Done():
+	case <-r.closed:
+	}
+	if a.supports("cancellation") {
+		a.sendCancel(r, "the caller went away")
+	}
+	t := time.NewTimer(s.opts.CancelGrace)
+	defer t.Stop()
+	select {
+	case <-r.agentDone:
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		s.log.WarnContext(ctx, "agent did not end an abandoned request in time; sending the next one",
+			"agent_id", a.ID, "request_id", r.msg.RequestId, "grace", s.opts.CancelGrace)
+		r.endAgent()
+	}
+	return true
+}
+
+func (s *Service) forget(r *request) {
+	s.mu.Lock()
+	delete(s.requests, r.msg.GetRequestId())
+	s.mu.Unlock()
+}
