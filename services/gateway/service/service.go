@@ -6,15 +6,22 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/http"
 	"os"
 	"time"
 
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/conclave-ai/conclave/pkg/auth"
 	"github.com/conclave-ai/conclave/pkg/config"
 	"github.com/conclave-ai/conclave/pkg/server"
 	"github.com/conclave-ai/conclave/pkg/telemetry"
+	gatewayv1 "github.com/conclave-ai/conclave/proto/conclave/gateway/v1"
 	covenpb "github.com/conclave-ai/conclave/proto/coven"
 	"github.com/conclave-ai/conclave/services/gateway/internal/agentstream"
+	"github.com/conclave-ai/conclave/services/gateway/internal/clientapi"
 )
 
 // Config is the gateway's configuration.
@@ -25,6 +32,12 @@ type Config struct {
 	RegisterTimeout time.Duration     `env:"CONCLAVE_GATEWAY_REGISTER_TIMEOUT" default:"10s" help:"how long a new stream may wait before RegisterAgent"`
 	AgentTimeout    time.Duration     `env:"CONCLAVE_GATEWAY_AGENT_TIMEOUT" default:"90s" help:"how long a registered agent may stay silent before it is deregistered"`
 	ShutdownTimeout time.Duration     `env:"CONCLAVE_GATEWAY_SHUTDOWN_TIMEOUT" default:"15s" help:"how long in-flight work may drain on shutdown"`
+	QueueDepth      int               `env:"CONCLAVE_GATEWAY_QUEUE_DEPTH" default:"32" help:"requests that may wait for a busy agent before callers get RESOURCE_EXHAUSTED"`
+	CancelGrace     time.Duration     `env:"CONCLAVE_GATEWAY_CANCEL_GRACE" default:"30s" help:"how long an agent may take to end an abandoned request"`
+	ClientTokens    []string          `env:"CONCLAVE_GATEWAY_CLIENT_TOKENS" help:"comma-separated bearer tokens accepted on the client API"`
+	// AllowUnauthenticated opens the client API without tokens; conclave dev
+	// sets it, on loopback only.
+	AllowUnauthenticated bool `env:"CONCLAVE_GATEWAY_ALLOW_UNAUTHENTICATED" default:"false" help:"serve the client API without bearer tokens (development only)"`
 }
 
 // Validate implements config.Validator.
@@ -32,10 +45,17 @@ func (c Config) Validate() error {
 	if c.GRPCAddr == "" {
 		return fmt.Errorf("CONCLAVE_GATEWAY_GRPC_ADDR: the gateway needs a gRPC listener")
 	}
+	if len(c.ClientTokens) == 0 && !c.AllowUnauthenticated {
+		return fmt.Errorf("CONCLAVE_GATEWAY_CLIENT_TOKENS: set at least one client token, or CONCLAVE_GATEWAY_ALLOW_UNAUTHENTICATED=true for development")
+	}
+	if c.QueueDepth < 1 || c.QueueDepth > 10000 {
+		return fmt.Errorf("CONCLAVE_GATEWAY_QUEUE_DEPTH: must be 1..10000, got %d", c.QueueDepth)
+	}
 	for key, d := range map[string]time.Duration{
 		"CONCLAVE_GATEWAY_REGISTER_TIMEOUT": c.RegisterTimeout,
 		"CONCLAVE_GATEWAY_AGENT_TIMEOUT":    c.AgentTimeout,
 		"CONCLAVE_GATEWAY_SHUTDOWN_TIMEOUT": c.ShutdownTimeout,
+		"CONCLAVE_GATEWAY_CANCEL_GRACE":     c.CancelGrace,
 	} {
 		if d <= 0 {
 			return fmt.Errorf("%s: must be positive, got %s", key, d)
@@ -60,8 +80,15 @@ func New(cfg Config, logger *slog.Logger, tel *telemetry.Provider, opts ...serve
 		}
 		serverID = host
 	}
+	grpcOpts := tel.GRPCServerOptions()
+	if !cfg.AllowUnauthenticated {
+		unary, stream := auth.NewTokens(cfg.ClientTokens...).Protect("/" + gatewayv1.GatewayService_ServiceDesc.ServiceName + "/")
+		grpcOpts = append(grpcOpts, grpc.ChainUnaryInterceptor(unary), grpc.ChainStreamInterceptor(stream))
+	} else {
+		logger.Warn("the gateway's client API accepts requests without a bearer token")
+	}
 	opts = append([]server.Option{
-		server.WithGRPCOptions(tel.GRPCServerOptions()...),
+		server.WithGRPCOptions(grpcOpts...),
 		server.WithMetricsHandler(tel.MetricsHandler()),
 		server.WithHTTPMiddleware(func(h http.Handler) http.Handler { return tel.HTTPHandler(h, "gateway") }),
 	}, opts...)
@@ -70,6 +97,8 @@ func New(cfg Config, logger *slog.Logger, tel *telemetry.Provider, opts ...serve
 		GRPCAddr:        string(cfg.GRPCAddr),
 		HTTPAddr:        string(cfg.HTTPAddr),
 		ShutdownTimeout: cfg.ShutdownTimeout,
+		// Attachments of up to 3 MiB arrive base64-encoded in REST bodies.
+		MaxRequestBodyBytes: 5 << 20,
 	}, logger, opts...)
 	if err != nil {
 		return nil, fmt.Errorf("gateway server: %w", err)
@@ -78,8 +107,37 @@ func New(cfg Config, logger *slog.Logger, tel *telemetry.Provider, opts ...serve
 		ServerID:        serverID,
 		RegisterTimeout: cfg.RegisterTimeout,
 		AgentTimeout:    cfg.AgentTimeout,
+		QueueDepth:      cfg.QueueDepth,
+		CancelGrace:     cfg.CancelGrace,
 	}, logger)
 	covenpb.RegisterCovenControlServer(srv.GRPC(), agents)
+	gatewayv1.RegisterGatewayServiceServer(srv.GRPC(), clientapi.New(agents, clientapi.DefaultLimits))
+
+	if cfg.HTTPAddr != "" {
+		// REST goes through this gateway's own gRPC listener, so it passes
+		// the same authentication, limits and tracing as gRPC clients.
+		self, err := grpc.NewClient("passthrough:///gateway-self", append(tel.GRPCDialOptions(),
+			grpc.WithTransportCredentials(insecure.NewCredentials()),
+			grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) {
+				select {
+				case <-srv.Ready():
+				case <-ctx.Done():
+					return nil, ctx.Err()
+				}
+				var d net.Dialer
+				return d.DialContext(ctx, "tcp", srv.GRPCAddr())
+			}))...)
+		if err != nil {
+			return nil, fmt.Errorf("gateway REST client: %w", err)
+		}
+		rest, err := clientapi.NewREST(context.Background(), self)
+		if err != nil {
+			return nil, err
+		}
+		srv.Handle("/v1/", rest)
+		srv.HandleStream("POST /v1/agents/{agent_id}/messages", rest)
+		srv.OnShutdown(func(context.Context) { _ = self.Close() })
+	}
 	srv.OnShutdown(func(ctx context.Context) { agents.Shutdown(ctx, "gateway "+serverID+" is shutting down") })
 	return &Gateway{srv: srv, agents: agents}, nil
 }
@@ -92,9 +150,9 @@ func (g *Gateway) Ready() <-chan struct{} { return g.srv.Ready() }
 
 // Endpoints lists where the gateway listens, once Ready.
 func (g *Gateway) Endpoints() []Endpoint {
-	eps := []Endpoint{{Service: "gateway", Protocol: "gRPC: coven.CovenControl (agents)", Address: g.srv.GRPCAddr()}}
+	eps := []Endpoint{{Service: "gateway", Protocol: "gRPC: coven.CovenControl (agents), conclave.gateway.v1 (clients)", Address: g.srv.GRPCAddr()}}
 	if addr := g.srv.HTTPAddr(); addr != "" {
-		eps = append(eps, Endpoint{Service: "gateway", Protocol: "HTTP: /healthz /readyz /metrics", Address: addr})
+		eps = append(eps, Endpoint{Service: "gateway", Protocol: "HTTP: REST /v1/agents (SSE), /healthz /readyz /metrics", Address: addr})
 	}
 	return eps
 }

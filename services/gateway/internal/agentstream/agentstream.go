@@ -53,6 +53,7 @@ type Agent struct {
 	Metadata         *covenpb.AgentMetadata
 	ProtocolFeatures []string
 	InstanceID       string
+	ServerID         string
 	ConnectedAt      time.Time
 
 	lastSeen atomic.Int64 // unix nanoseconds
@@ -157,6 +158,7 @@ func (s *Service) AgentStream(stream grpc.BidiStreamingServer[covenpb.AgentMessa
 		Metadata:         reg.GetMetadata(),
 		ProtocolFeatures: reg.GetProtocolFeatures(),
 		InstanceID:       fmt.Sprintf("%s-%d", s.opts.ServerID, s.nextID.Add(1)),
+		ServerID:         s.opts.ServerID,
 		ConnectedAt:      s.now(),
 		send:             send,
 		cancel:           cancel,
