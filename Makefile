@@ -29,7 +29,11 @@ node_modules/.stamp: package.json package-lock.json
 	@touch $@
 
 .PHONY: tools
-tools: $(BIN)/.stamp node_modules/.stamp ## Build and install every pinned tool the build and tests need.
+tools: $(BIN)/.stamp node_modules/.stamp ## Build the code generators, grpcurl and staticcheck; install the npm packages.
+
+.PHONY: test-tools
+test-tools: ## Build kube-apiserver, etcd, jaeger-all-in-one and helm into .cache/bin (skips what is up to date).
+	scripts/build-test-tools.sh
 
 .PHONY: build
 build: ## Build the conclave binary into bin/.
@@ -41,7 +45,7 @@ run: build ## Build and run `conclave dev`: every service in one process on embe
 	./bin/conclave dev
 
 .PHONY: test
-test: tools ## Install what the tests need, then run every module's tests with -race.
+test: tools test-tools ## Install what the tests need, then run every module's tests with -race.
 	@for m in $(MODULES); do \
 		echo "==> go test $$m"; \
 		(cd $$m && go test $(TEST_FLAGS) ./...) || exit 1; \
@@ -71,6 +75,7 @@ generate-check: tools ## Fail when the committed generated code differs from a f
 tidy: ## go mod tidy in every module, the tools module included.
 	@for m in $(MODULES); do echo "==> tidy $$m"; (cd $$m && go mod tidy) || exit 1; done
 	cd tools && GOWORK=off go mod tidy
+	@for t in k8s jaeger helm; do echo "==> tidy tools/$$t"; (cd tools/$$t && GOWORK=off go mod tidy) || exit 1; done
 
 .PHONY: bench
 bench: ## Run every Go benchmark once, with allocations.

@@ -1,0 +1,120 @@
+#!/usr/bin/env bash
+# Builds the heavy real components the integration tests run against into
+# .cache/bin, each from its own pinned module under tools/ (outside go.work,
+# so their conflicting dependency versions never meet):
+#
+#   tools/k8s     kube-apiserver, etcd
+#   tools/jaeger  jaeger-all-in-one
+#   tools/helm    helm
+#
+# A tool is rebuilt only when one of its binaries is missing or its module's
+# go.mod/go.sum changed since the last build (a stamp per module holds their
+# sha256). Needs nothing but Go; the module proxy supplies the sources.
+#
+# Usage: scripts/build-test-tools.sh [k8s|jaeger|helm ...]   (default: all)
+# BIN overrides the output directory; FORCE=1 rebuilds regardless of stamps.
+set -euo pipefail
+
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+bin=${BIN:-$root/.cache/bin}
+mkdir -p "$bin"
+
+export GOWORK=off
+# Link without symbol tables and DWARF: it saves a good part of the link time
+# and size of these large binaries, which are never debugged here.
+ldflags_common="-s -w"
+
+# Several test binaries may ask for the tools at once: one builds, the others
+# wait for it and then find everything up to date.
+if command -v flock >/dev/null 2>&1; then
+	exec 9>"$bin/.build-test-tools.lock"
+	flock 9
+fi
+
+now() { date +%s; }
+
+# version MODDIR MODULE prints the version MODDIR's build list selects for MODULE.
+version() { (cd "$1" && go list -m -f '{{.Version}}' "$2"); }
+
+# build NAME OUT=PKG... builds each PKG of tools/NAME into $bin/OUT, with the
+# extra -ldflags in the variable ldflags_OUT (dashes as underscores).
+build() {
+	local name=$1
+	shift
+	local dir=$root/tools/$name
+	local stamp=$bin/.stamp-$name
+	local sum
+	sum=$(cat "$dir/go.mod" "$dir/go.sum" | sha256sum | cut -d' ' -f1)
+
+	local stale=${FORCE:-}
+	[[ -f $stamp && $(<"$stamp") == "$sum" ]] || stale=1
+	local spec
+	for spec in "$@"; do
+		[[ -x $bin/${spec%%=*} ]] || stale=1
+	done
+	if [[ -z $stale ]]; then
+		echo "build-test-tools: $name up to date"
+		return
+	fi
+
+	local start out pkg var t
+	start=$(now)
+	rm -f "$stamp"
+	for spec in "$@"; do
+		out=${spec%%=*}
+		pkg=${spec#*=}
+		var=ldflags_${out//-/_}
+		t=$(now)
+		echo "build-test-tools: building $out from $pkg ..."
+		# Into a temporary name first, so a reader never sees half a binary.
+		(cd "$dir" && go build -trimpath -ldflags="$ldflags_common ${!var:-}" -o "$bin/.$out.tmp.$$" "$pkg")
+		mv -f "$bin/.$out.tmp.$$" "$bin/$out"
+		echo "build-test-tools: built $out in $(($(now) - t))s"
+	done
+	echo "$sum" >"$stamp"
+	echo "build-test-tools: $name done in $(($(now) - start))s"
+}
+
+k8s() {
+	local v
+	v=$(version "$root/tools/k8s" k8s.io/kubernetes)
+	local major=${v#v}
+	major=${major%%.*}
+	local minor=${v#v*.}
+	minor=${minor%%.*}
+	# What kubernetes' own release build stamps: clients (helm's kubeVersion
+	# checks among them) read it through the discovery /version endpoint.
+	local p=k8s.io/component-base/version
+	ldflags_kube_apiserver="-X $p.gitVersion=$v -X $p.gitMajor=$major -X $p.gitMinor=$minor -X $p.gitTreeState=clean"
+	build k8s \
+		kube-apiserver=k8s.io/kubernetes/cmd/kube-apiserver \
+		etcd=go.etcd.io/etcd/server/v3
+}
+
+jaeger() {
+	local v
+	v=$(version "$root/tools/jaeger" github.com/jaegertracing/jaeger)
+	ldflags_jaeger_all_in_one="-X github.com/jaegertracing/jaeger/pkg/version.latestVersion=$v"
+	build jaeger jaeger-all-in-one=github.com/jaegertracing/jaeger/cmd/all-in-one
+}
+
+helm() {
+	local v
+	v=$(version "$root/tools/helm" helm.sh/helm/v3)
+	ldflags_helm="-X helm.sh/helm/v3/internal/version.version=$v -X helm.sh/helm/v3/internal/version.gitTreeState=clean"
+	build helm helm=helm.sh/helm/v3/cmd/helm
+}
+
+total=$(now)
+targets=("$@")
+[[ ${#targets[@]} -gt 0 ]] || targets=(k8s jaeger helm)
+for t in "${targets[@]}"; do
+	case $t in
+	k8s | jaeger | helm) "$t" ;;
+	*)
+		echo "build-test-tools: unknown tool $t (want k8s, jaeger or helm)" >&2
+		exit 2
+		;;
+	esac
+done
+echo "build-test-tools: all done in $(($(now) - total))s"
