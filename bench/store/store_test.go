@@ -13,11 +13,6 @@ import (
 	"sync/atomic"
 	"testing"
 
-	"github.com/aws/aws-sdk-go-v2/aws"
-	awsconfig "github.com/aws/aws-sdk-go-v2/config"
-	"github.com/aws/aws-sdk-go-v2/credentials"
-	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
-
 	"github.com/conclave-ai/conclave/pkg/store"
 	"github.com/conclave-ai/conclave/pkg/testenv"
 )
@@ -49,12 +44,7 @@ func backends(b *testing.B) map[string]store.Store {
 	b.Cleanup(func() { _ = bolt.Close() })
 	out["embedded"] = bolt
 	if dynalite != nil {
-		cfg, err := awsconfig.LoadDefaultConfig(context.Background(), awsconfig.WithRegion("us-east-1"),
-			awsconfig.WithCredentialsProvider(credentials.NewStaticCredentialsProvider("b", "b", "")))
-		if err != nil {
-			b.Fatal(err)
-		}
-		client := dynamodb.NewFromConfig(cfg, func(o *dynamodb.Options) { o.BaseEndpoint = aws.String(dynalite.Endpoint) })
+		client := testenv.DynamoDBClient(dynalite.Endpoint)
 		out["dynamodb"] = store.NewDynamo(client, store.DynamoOptions{TablePrefix: fmt.Sprintf("b%d-", seq.Add(1)), Endpoint: dynalite.Endpoint})
 	}
 	for name, s := range out {

@@ -14,12 +14,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/aws/aws-sdk-go-v2/aws"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/conclave-ai/conclave/pkg/queue"
+	"github.com/conclave-ai/conclave/pkg/testenv"
 )
 
 // backend opens a fresh instance of one Queue implementation and tells the
@@ -44,18 +44,7 @@ func sqsBackend(t *testing.T) (queue.Queue, string) {
 	if fauxqs == nil {
 		t.Skip("-short: fauxqs (a real component) is not started")
 	}
-	return queue.NewSQS(awsConfig(), fauxqs.Endpoint), fauxqs.Endpoint
-}
-
-// awsConfig is what a service would load, with fixed test credentials
-// (fauxqs accepts any) and no environment involved.
-func awsConfig() aws.Config {
-	return aws.Config{
-		Region: "us-east-1",
-		Credentials: aws.CredentialsProviderFunc(func(context.Context) (aws.Credentials, error) {
-			return aws.Credentials{AccessKeyID: "test", SecretAccessKey: "test", Source: "test"}, nil
-		}),
-	}
+	return queue.NewSQS(testenv.AWSConfig(), fauxqs.Endpoint), fauxqs.Endpoint
 }
 
 func TestContract(t *testing.T) {

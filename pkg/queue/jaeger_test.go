@@ -50,7 +50,7 @@ func TestQueueHopIsOneTraceInJaeger(t *testing.T) {
 	defer producer.Shutdown(context.Background())
 	defer consumer.Shutdown(context.Background())
 
-	q := queue.NewSQS(awsConfig(), fauxqs.Endpoint)
+	q := queue.NewSQS(testenv.AWSConfig(), fauxqs.Endpoint)
 	if err := q.Ensure(ctx, queue.Definition{Name: "trace-hop", VisibilityTimeout: 5 * time.Second}); err != nil {
 		t.Fatal(err)
 	}

@@ -13,6 +13,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
 
 	"github.com/conclave-ai/conclave/pkg/queue"
+	"github.com/conclave-ai/conclave/pkg/testenv"
 )
 
 // rawSQS is a plain SDK client on fauxqs, to look at what the backend
@@ -22,7 +23,7 @@ func rawSQS(t *testing.T) *sqs.Client {
 	if fauxqs == nil {
 		t.Skip("-short: fauxqs (a real component) is not started")
 	}
-	return sqs.NewFromConfig(awsConfig(), func(o *sqs.Options) { o.BaseEndpoint = aws.String(fauxqs.Endpoint) })
+	return sqs.NewFromConfig(testenv.AWSConfig(), func(o *sqs.Options) { o.BaseEndpoint = aws.String(fauxqs.Endpoint) })
 }
 
 func attributes(t *testing.T, raw *sqs.Client, name string) map[string]string {
@@ -46,7 +47,7 @@ func attributes(t *testing.T, raw *sqs.Client, name string) map[string]string {
 func TestSQSEnsureConfiguresQueues(t *testing.T) {
 	t.Parallel()
 	raw := rawSQS(t)
-	q := queue.NewSQS(awsConfig(), fauxqs.Endpoint)
+	q := queue.NewSQS(testenv.AWSConfig(), fauxqs.Endpoint)
 	def := newQueue(t, q, queue.Definition{VisibilityTimeout: 1500 * time.Millisecond, MaxReceiveCount: 4, Delay: 2 * time.Second, Retention: time.Hour})
 
 	a := attributes(t, raw, def.Name)
@@ -88,7 +89,7 @@ func TestSQSEnsureConfiguresQueues(t *testing.T) {
 func TestSQSPartialBatchFailureNamesEntries(t *testing.T) {
 	t.Parallel()
 	raw := rawSQS(t)
-	q := queue.NewSQS(awsConfig(), fauxqs.Endpoint)
+	q := queue.NewSQS(testenv.AWSConfig(), fauxqs.Endpoint)
 	def := newQueue(t, q, queue.Definition{})
 	u, err := raw.GetQueueUrl(ctx(t), &sqs.GetQueueUrlInput{QueueName: aws.String(def.Name)})
 	if err != nil {

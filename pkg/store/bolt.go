@@ -118,6 +118,23 @@ func (b *Bolt) current(bk *bolt.Bucket, key Key, now time.Time) (*Item, error) {
 	return &it, nil
 }
 
+// update runs fn in one write transaction with the table's bucket and the
+// live item at key (nil when absent or expired), so that reading the item,
+// checking conditions and writing are atomic.
+func (b *Bolt) update(table string, key Key, fn func(bk *bolt.Bucket, cur *Item) error) error {
+	return b.db.Update(func(tx *bolt.Tx) error {
+		bk, err := b.bucket(tx, table)
+		if err != nil {
+			return err
+		}
+		cur, err := b.current(bk, key, b.now())
+		if err != nil {
+			return err
+		}
+		return fn(bk, cur)
+	})
+}
+
 func checkConditions(conds []Condition, cur *Item, key Key) error {
 	for _, c := range conds {
 		if !c.holds(cur) {
@@ -159,15 +176,7 @@ func (b *Bolt) Put(ctx context.Context, table string, item Item, conds ...Condit
 	if err := validateConditions(conds); err != nil {
 		return Item{}, err
 	}
-	err := b.db.Update(func(tx *bolt.Tx) error {
-		bk, err := b.bucket(tx, table)
-		if err != nil {
-			return err
-		}
-		cur, err := b.current(bk, item.Key, b.now())
-		if err != nil {
-			return err
-		}
+	err := b.update(table, item.Key, func(bk *bolt.Bucket, cur *Item) error {
 		if err := checkConditions(conds, cur, item.Key); err != nil {
 			return err
 		}
@@ -191,15 +200,7 @@ func (b *Bolt) Delete(ctx context.Context, table string, key Key, conds ...Condi
 	if err := validateConditions(conds); err != nil {
 		return err
 	}
-	return b.db.Update(func(tx *bolt.Tx) error {
-		bk, err := b.bucket(tx, table)
-		if err != nil {
-			return err
-		}
-		cur, err := b.current(bk, key, b.now())
-		if err != nil {
-			return err
-		}
+	return b.update(table, key, func(bk *bolt.Bucket, cur *Item) error {
 		if err := checkConditions(conds, cur, key); err != nil {
 			return err
 		}
@@ -213,15 +214,7 @@ func (b *Bolt) Add(ctx context.Context, table string, key Key, delta int64, expi
 		return 0, err
 	}
 	var value int64
-	err := b.db.Update(func(tx *bolt.Tx) error {
-		bk, err := b.bucket(tx, table)
-		if err != nil {
-			return err
-		}
-		cur, err := b.current(bk, key, b.now())
-		if err != nil {
-			return err
-		}
+	err := b.update(table, key, func(bk *bolt.Bucket, cur *Item) error {
 		it := Item{Key: key, Counter: delta, Version: 1, ExpiresAt: expiresAt}
 		if cur != nil {
 			it = *cur

@@ -16,8 +16,6 @@ import (
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
-	awsconfig "github.com/aws/aws-sdk-go-v2/config"
-	"github.com/aws/aws-sdk-go-v2/credentials"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 
 	"github.com/conclave-ai/conclave/pkg/store"
@@ -40,18 +38,6 @@ func TestMain(m *testing.M) {
 	code := m.Run()
 	dynalite.Stop()
 	os.Exit(code)
-}
-
-func dynamoClient(t testing.TB, endpoint string) *dynamodb.Client {
-	t.Helper()
-	cfg, err := awsconfig.LoadDefaultConfig(context.Background(),
-		awsconfig.WithRegion("us-east-1"),
-		awsconfig.WithCredentialsProvider(credentials.NewStaticCredentialsProvider("test", "test", "")),
-	)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return dynamodb.NewFromConfig(cfg, func(o *dynamodb.Options) { o.BaseEndpoint = aws.String(endpoint) })
 }
 
 // clock is a test clock both backends judge expiry by.
@@ -84,7 +70,7 @@ func backends(t *testing.T) []backend {
 	if dynalite != nil {
 		bs = append(bs, backend{"dynamodb", func(t *testing.T, c *clock) store.Store {
 			prefix := fmt.Sprintf("t%d-", tableSeq.Add(1))
-			return store.NewDynamo(dynamoClient(t, dynalite.Endpoint), store.DynamoOptions{
+			return store.NewDynamo(testenv.DynamoDBClient(dynalite.Endpoint), store.DynamoOptions{
 				TablePrefix: prefix, Endpoint: dynalite.Endpoint, Now: c.Now,
 			})
 		}})
@@ -483,7 +469,10 @@ func TestInvalidRequests(t *testing.T) {
 			}()},
 			{"garbage cursor", func() error { _, err := s.Query(ctx, "items", store.Query{PK: "p", Cursor: "!!!"}); return err }()},
 			{"cursor of another partition", func() error { _, err := s.Query(ctx, "items", store.Query{PK: "q", Cursor: page.Cursor}); return err }()},
-			{"prefix and range", func() error { _, err := s.Query(ctx, "items", store.Query{PK: "p", Prefix: "a", From: "b"}); return err }()},
+			{"prefix and range", func() error {
+				_, err := s.Query(ctx, "items", store.Query{PK: "p", Prefix: "a", From: "b"})
+				return err
+			}()},
 			{"limit too big", func() error { _, err := s.Query(ctx, "items", store.Query{PK: "p", Limit: 5000}); return err }()},
 		}
 		for _, b := range bad {
@@ -564,7 +553,7 @@ func TestDynamoUnreachableNamesEndpoint(t *testing.T) {
 		t.Fatal(err)
 	}
 	endpoint := fmt.Sprintf("http://127.0.0.1:%d", port)
-	s := store.NewDynamo(dynamoClient(t, endpoint), store.DynamoOptions{Endpoint: endpoint})
+	s := store.NewDynamo(testenv.DynamoDBClient(endpoint), store.DynamoOptions{Endpoint: endpoint})
 	cctx, cancel := context.WithTimeout(ctx, 3*time.Second)
 	defer cancel()
 	_, err = s.Get(cctx, "items", key("p", "a"))
@@ -578,7 +567,7 @@ func TestDynamoTablesMatchDefinition(t *testing.T) {
 		t.Skip("needs dynalite")
 	}
 	t.Parallel()
-	client := dynamoClient(t, dynalite.Endpoint)
+	client := testenv.DynamoDBClient(dynalite.Endpoint)
 	s := store.NewDynamo(client, store.DynamoOptions{TablePrefix: "def-", Endpoint: dynalite.Endpoint})
 	for range 2 { // idempotent
 		if err := s.EnsureTable(ctx, store.Table{Name: "agents"}); err != nil {
