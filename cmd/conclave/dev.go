@@ -10,6 +10,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/conclave-ai/conclave/pkg/config"
+	"github.com/conclave-ai/conclave/pkg/store"
 	"github.com/conclave-ai/conclave/pkg/telemetry"
 	gateway "github.com/conclave-ai/conclave/services/gateway/service"
 )
@@ -57,7 +58,23 @@ func runDev(ctx context.Context, args []string, lookup config.Lookup, stdout, st
 		_ = tel.Shutdown(sctx)
 	}()
 
-	gw, err := gateway.New(cfg.Gateway, logger, tel)
+	if cfg.Storage.Backend != config.BackendEmbedded {
+		return fmt.Errorf("CONCLAVE_BACKEND: conclave dev runs on the embedded backend; run the services themselves for %q", cfg.Storage.Backend)
+	}
+	// One file for every service's tables: it survives restarts, so agents
+	// and requests known before a restart are still known after it.
+	st, err := store.Open(ctx, cfg.Storage, "")
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+	for _, t := range gateway.Tables {
+		if err := st.EnsureTable(ctx, t); err != nil {
+			return err
+		}
+	}
+
+	gw, err := gateway.New(cfg.Gateway, logger, tel, st)
 	if err != nil {
 		return err
 	}

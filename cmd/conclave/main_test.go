@@ -69,10 +69,10 @@ func toolBinary(name, pkg string) (string, error) {
 
 // devProcess starts `conclave dev` on free loopback ports and returns the
 // endpoint table's addresses once it is printed.
-func devProcess(t *testing.T) (*exec.Cmd, map[string]string, *bytes.Buffer) {
+func devProcess(t *testing.T, dataDir string) (*exec.Cmd, map[string]string, *bytes.Buffer) {
 	t.Helper()
 	cmd := exec.Command(conclaveBin, "dev", "--gateway-grpc-addr=127.0.0.1:0", "--gateway-http-addr=127.0.0.1:0",
-		"--data-dir", t.TempDir())
+		"--data-dir", dataDir)
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -106,7 +106,8 @@ func TestDevServesCovenAndHealth(t *testing.T) {
 		t.Skip("starts the conclave binary and uses grpcurl")
 	}
 	t.Parallel()
-	cmd, addrs, stderr := devProcess(t)
+	dataDir := t.TempDir()
+	cmd, addrs, stderr := devProcess(t, dataDir)
 
 	out, err := exec.Command(grpcurlBin, "-plaintext", addrs["gateway gRPC"], "list").CombinedOutput()
 	if err != nil {
@@ -132,6 +133,9 @@ func TestDevServesCovenAndHealth(t *testing.T) {
 	if !strings.Contains(stderr.String(), "conclave dev stopped") {
 		t.Errorf("no stop message:\n%s", stderr)
 	}
+	if _, err := os.Stat(filepath.Join(dataDir, "state.db")); err != nil {
+		t.Errorf("the embedded store is not in the data directory: %v", err)
+	}
 }
 
 func TestBadSettingExitsWithOneLine(t *testing.T) {
@@ -145,6 +149,7 @@ func TestBadSettingExitsWithOneLine(t *testing.T) {
 		{"port not a number", nil, []string{"CONCLAVE_GATEWAY_GRPC_ADDR=:abc"}, "CONCLAVE_GATEWAY_GRPC_ADDR"},
 		{"port flag not a number", []string{"--gateway-http-addr=localhost:eighty"}, nil, "CONCLAVE_GATEWAY_HTTP_ADDR"},
 		{"unknown backend", nil, []string{"CONCLAVE_BACKEND=postgres"}, "CONCLAVE_BACKEND"},
+		{"dev on aws", nil, []string{"CONCLAVE_BACKEND=aws"}, "CONCLAVE_BACKEND"},
 		{"bad duration", nil, []string{"CONCLAVE_GATEWAY_AGENT_TIMEOUT=soon"}, "CONCLAVE_GATEWAY_AGENT_TIMEOUT"},
 		{"negative duration", nil, []string{"CONCLAVE_GATEWAY_AGENT_TIMEOUT=-1s"}, "CONCLAVE_GATEWAY_AGENT_TIMEOUT"},
 		{"bad log level", nil, []string{"CONCLAVE_LOG_LEVEL=chatty"}, "CONCLAVE_LOG_LEVEL"},

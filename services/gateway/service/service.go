@@ -17,11 +17,13 @@ import (
 	"github.com/conclave-ai/conclave/pkg/auth"
 	"github.com/conclave-ai/conclave/pkg/config"
 	"github.com/conclave-ai/conclave/pkg/server"
+	"github.com/conclave-ai/conclave/pkg/store"
 	"github.com/conclave-ai/conclave/pkg/telemetry"
 	gatewayv1 "github.com/conclave-ai/conclave/proto/conclave/gateway/v1"
 	covenpb "github.com/conclave-ai/conclave/proto/coven"
 	"github.com/conclave-ai/conclave/services/gateway/internal/agentstream"
 	"github.com/conclave-ai/conclave/services/gateway/internal/clientapi"
+	"github.com/conclave-ai/conclave/services/gateway/internal/registry"
 )
 
 // Config is the gateway's configuration.
@@ -34,6 +36,7 @@ type Config struct {
 	ShutdownTimeout time.Duration     `env:"CONCLAVE_GATEWAY_SHUTDOWN_TIMEOUT" default:"15s" help:"how long in-flight work may drain on shutdown"`
 	QueueDepth      int               `env:"CONCLAVE_GATEWAY_QUEUE_DEPTH" default:"32" help:"requests that may wait for a busy agent before callers get RESOURCE_EXHAUSTED"`
 	CancelGrace     time.Duration     `env:"CONCLAVE_GATEWAY_CANCEL_GRACE" default:"30s" help:"how long an agent may take to end an abandoned request"`
+	Lease           time.Duration     `env:"CONCLAVE_GATEWAY_LEASE" default:"15s" help:"how long an agent's cluster-wide registration outlives its replica"`
 	ClientTokens    []string          `env:"CONCLAVE_GATEWAY_CLIENT_TOKENS" help:"comma-separated bearer tokens accepted on the client API"`
 	// AllowUnauthenticated opens the client API without tokens; conclave dev
 	// sets it, on loopback only.
@@ -56,6 +59,7 @@ func (c Config) Validate() error {
 		"CONCLAVE_GATEWAY_AGENT_TIMEOUT":    c.AgentTimeout,
 		"CONCLAVE_GATEWAY_SHUTDOWN_TIMEOUT": c.ShutdownTimeout,
 		"CONCLAVE_GATEWAY_CANCEL_GRACE":     c.CancelGrace,
+		"CONCLAVE_GATEWAY_LEASE":            c.Lease,
 	} {
 		if d <= 0 {
 			return fmt.Errorf("%s: must be positive, got %s", key, d)
@@ -70,8 +74,12 @@ type Gateway struct {
 	agents *agentstream.Service
 }
 
-// New builds the gateway's server and services.
-func New(cfg Config, logger *slog.Logger, tel *telemetry.Provider, opts ...server.Option) (*Gateway, error) {
+// Tables lists the tables the gateway keeps its state in.
+var Tables = []store.Table{registry.Table}
+
+// New builds the gateway's server and services. st holds the cluster-wide
+// agent registry; its Tables must exist.
+func New(cfg Config, logger *slog.Logger, tel *telemetry.Provider, st store.Store, opts ...server.Option) (*Gateway, error) {
 	serverID := cfg.ServerID
 	if serverID == "" {
 		host, err := os.Hostname()
@@ -109,6 +117,8 @@ func New(cfg Config, logger *slog.Logger, tel *telemetry.Provider, opts ...serve
 		AgentTimeout:    cfg.AgentTimeout,
 		QueueDepth:      cfg.QueueDepth,
 		CancelGrace:     cfg.CancelGrace,
+		Registry:        registry.New(st),
+		Lease:           cfg.Lease,
 	}, logger)
 	covenpb.RegisterCovenControlServer(srv.GRPC(), agents)
 	gatewayv1.RegisterGatewayServiceServer(srv.GRPC(), clientapi.New(agents, clientapi.DefaultLimits))

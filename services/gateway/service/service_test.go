@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -17,6 +18,7 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
+	"github.com/conclave-ai/conclave/pkg/store"
 	"github.com/conclave-ai/conclave/pkg/telemetry"
 	gatewayv1 "github.com/conclave-ai/conclave/proto/conclave/gateway/v1"
 	covenpb "github.com/conclave-ai/conclave/proto/coven"
@@ -33,11 +35,21 @@ func startGateway(t *testing.T) (*grpc.ClientConn, string) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	st, err := store.OpenBolt(filepath.Join(t.TempDir(), "state.db"), store.BoltOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = st.Close() })
+	for _, tb := range service.Tables {
+		if err := st.EnsureTable(context.Background(), tb); err != nil {
+			t.Fatal(err)
+		}
+	}
 	gw, err := service.New(service.Config{
 		GRPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", ServerID: "gw-test",
 		RegisterTimeout: 10 * time.Second, AgentTimeout: time.Minute, ShutdownTimeout: 5 * time.Second,
-		QueueDepth: 4, CancelGrace: 5 * time.Second, ClientTokens: []string{token},
-	}, slog.New(slog.DiscardHandler), tel)
+		QueueDepth: 4, CancelGrace: 5 * time.Second, Lease: 15 * time.Second, ClientTokens: []string{token},
+	}, slog.New(slog.DiscardHandler), tel, st)
 	if err != nil {
 		t.Fatal(err)
 	}

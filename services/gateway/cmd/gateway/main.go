@@ -11,13 +11,17 @@ import (
 	"time"
 
 	"github.com/conclave-ai/conclave/pkg/config"
+	"github.com/conclave-ai/conclave/pkg/store"
 	"github.com/conclave-ai/conclave/pkg/telemetry"
 	"github.com/conclave-ai/conclave/services/gateway/service"
 )
 
 type appConfig struct {
 	config.Common
+	Storage config.Storage
 	Gateway service.Config
+	// TablePrefix separates environments sharing one AWS account.
+	TablePrefix string `env:"CONCLAVE_TABLE_PREFIX" default:"conclave-" help:"prefix of the DynamoDB table names"`
 }
 
 func main() {
@@ -50,7 +54,17 @@ func run(ctx context.Context, args []string) error {
 		defer cancel()
 		_ = tel.Shutdown(sctx)
 	}()
-	gw, err := service.New(cfg.Gateway, logger, tel)
+	st, err := store.Open(ctx, cfg.Storage, cfg.TablePrefix)
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+	for _, t := range service.Tables {
+		if err := st.EnsureTable(ctx, t); err != nil {
+			return err
+		}
+	}
+	gw, err := service.New(cfg.Gateway, logger, tel, st)
 	if err != nil {
 		return err
 	}

@@ -20,7 +20,9 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
+	gatewayv1 "github.com/conclave-ai/conclave/proto/conclave/gateway/v1"
 	covenpb "github.com/conclave-ai/conclave/proto/coven"
 )
 
@@ -43,6 +45,21 @@ type Options struct {
 	// CancelGrace is how long an agent may take to end a request its caller
 	// abandoned before the next request is sent anyway.
 	CancelGrace time.Duration
+	// Registry, when set, makes registrations cluster-wide leases.
+	Registry Registry
+	// Lease is how long a registration outlives its last renewal; it is
+	// renewed every third of it while the stream lives, so a crashed
+	// replica's agents are free again within one Lease.
+	Lease time.Duration
+}
+
+// Registry records which connection holds each agent across replicas.
+type Registry interface {
+	// Claim fails with ALREADY_EXISTS while another connection holds a.
+	Claim(ctx context.Context, a *gatewayv1.Agent, lease time.Duration) error
+	// Renew fails with ABORTED once the lease was lost.
+	Renew(ctx context.Context, a *gatewayv1.Agent, lease time.Duration) error
+	Release(ctx context.Context, agentID, instanceID string) error
 }
 
 // Agent is a registered agent as this replica holds it.
@@ -70,6 +87,24 @@ func (a *Agent) Busy() (inflight bool, queued int) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	return a.inflight != nil, len(a.queue)
+}
+
+// Proto is the agent as the client API and the registry show it.
+func (a *Agent) Proto() *gatewayv1.Agent {
+	busy, queued := a.Busy()
+	return &gatewayv1.Agent{
+		AgentId:          a.ID,
+		Name:             a.Name,
+		Capabilities:     a.Capabilities,
+		Metadata:         a.Metadata,
+		ProtocolFeatures: a.ProtocolFeatures,
+		ServerId:         a.ServerID,
+		InstanceId:       a.InstanceID,
+		ConnectedAt:      timestamppb.New(a.ConnectedAt),
+		LastSeenAt:       timestamppb.New(a.LastSeen()),
+		Busy:             busy,
+		QueuedRequests:   int32(queued),
+	}
 }
 
 // LastSeen is when the agent last sent anything.
@@ -111,6 +146,9 @@ func New(opts Options, logger *slog.Logger) *Service {
 	}
 	if opts.CancelGrace <= 0 {
 		opts.CancelGrace = 30 * time.Second
+	}
+	if opts.Lease <= 0 {
+		opts.Lease = 15 * time.Second
 	}
 	return &Service{opts: opts, log: logger, now: time.Now, agents: map[string]*Agent{}, requests: map[string]requestRef{}}
 }
@@ -165,7 +203,7 @@ func (s *Service) AgentStream(stream grpc.BidiStreamingServer[covenpb.AgentMessa
 		queue:            make(chan *request, s.opts.QueueDepth),
 	}
 	agent.touch(s.now())
-	if err := s.register(agent); err != nil {
+	if err := s.register(ctx, agent); err != nil {
 		_ = send(&covenpb.ServerMessage{Payload: &covenpb.ServerMessage_RegistrationError{
 			RegistrationError: &covenpb.RegistrationError{Reason: status.Convert(err).Message()},
 		}})
@@ -181,6 +219,9 @@ func (s *Service) AgentStream(stream grpc.BidiStreamingServer[covenpb.AgentMessa
 	}
 
 	go s.watchLiveness(ctx, agent)
+	if s.opts.Registry != nil {
+		go s.renewLease(ctx, log, agent)
+	}
 	dispatched := make(chan struct{})
 	go func() { defer close(dispatched); s.dispatch(ctx, agent) }()
 	// Deregistered first, so no new request can be queued; then the
@@ -301,24 +342,69 @@ func validateAgentID(id string) error {
 	return nil
 }
 
-func (s *Service) register(a *Agent) error {
+// register claims the agent locally, then cluster-wide.
+func (s *Service) register(ctx context.Context, a *Agent) error {
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	if s.draining {
+		s.mu.Unlock()
 		return errDraining
 	}
 	if _, dup := s.agents[a.ID]; dup {
+		s.mu.Unlock()
 		return status.Errorf(codes.AlreadyExists, "agent %q is already connected", a.ID)
 	}
 	s.agents[a.ID] = a
+	s.mu.Unlock()
+	if s.opts.Registry == nil {
+		return nil
+	}
+	if err := s.opts.Registry.Claim(ctx, a.Proto(), s.opts.Lease); err != nil {
+		s.mu.Lock()
+		delete(s.agents, a.ID)
+		s.mu.Unlock()
+		return err
+	}
 	return nil
 }
 
 func (s *Service) deregister(a *Agent) {
 	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.agents[a.ID] == a {
+	mine := s.agents[a.ID] == a
+	if mine {
 		delete(s.agents, a.ID)
+	}
+	s.mu.Unlock()
+	if mine && s.opts.Registry != nil {
+		// The stream is over; its context is not, so that the lease is
+		// released now rather than left to expire.
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := s.opts.Registry.Release(ctx, a.ID, a.InstanceID); err != nil {
+			s.log.Warn("could not release agent registration; it will expire", "agent_id", a.ID, "error", err)
+		}
+	}
+}
+
+// renewLease keeps the agent's registration alive while its stream lives,
+// and ends the stream if another connection took it over.
+func (s *Service) renewLease(ctx context.Context, log *slog.Logger, a *Agent) {
+	t := time.NewTicker(s.opts.Lease / 3)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		err := s.opts.Registry.Renew(ctx, a.Proto(), s.opts.Lease)
+		switch {
+		case err == nil:
+		case status.Code(err) == codes.Aborted:
+			a.cancel(err)
+			return
+		default:
+			log.WarnContext(ctx, "could not renew agent registration; retrying", "error", err)
+		}
 	}
 }
 

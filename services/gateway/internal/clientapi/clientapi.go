@@ -13,7 +13,6 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
-	"google.golang.org/protobuf/types/known/timestamppb"
 
 	gatewayv1 "github.com/conclave-ai/conclave/proto/conclave/gateway/v1"
 	covenpb "github.com/conclave-ai/conclave/proto/coven"
@@ -61,23 +60,6 @@ func New(agents Agents, limits Limits) *Server {
 	return &Server{agents: agents, limits: limits}
 }
 
-func toProto(a *agentstream.Agent) *gatewayv1.Agent {
-	busy, queued := a.Busy()
-	return &gatewayv1.Agent{
-		AgentId:          a.ID,
-		Name:             a.Name,
-		Capabilities:     a.Capabilities,
-		Metadata:         a.Metadata,
-		ProtocolFeatures: a.ProtocolFeatures,
-		ServerId:         a.ServerID,
-		InstanceId:       a.InstanceID,
-		ConnectedAt:      timestamppb.New(a.ConnectedAt),
-		LastSeenAt:       timestamppb.New(a.LastSeen()),
-		Busy:             busy,
-		QueuedRequests:   int32(queued),
-	}
-}
-
 // ListAgents implements gatewayv1.GatewayServiceServer. Agents are ordered by
 // ID; the page token is the last ID of the previous page.
 func (s *Server) ListAgents(ctx context.Context, req *gatewayv1.ListAgentsRequest) (*gatewayv1.ListAgentsResponse, error) {
@@ -112,7 +94,7 @@ func (s *Server) ListAgents(ctx context.Context, req *gatewayv1.ListAgentsReques
 			resp.NextPageToken = base64.RawURLEncoding.EncodeToString([]byte(resp.Agents[size-1].AgentId))
 			break
 		}
-		resp.Agents = append(resp.Agents, toProto(a))
+		resp.Agents = append(resp.Agents, a.Proto())
 	}
 	return resp, nil
 }
@@ -124,7 +106,7 @@ func (s *Server) GetAgent(ctx context.Context, req *gatewayv1.GetAgentRequest) (
 	}
 	for _, a := range s.agents.Agents() {
 		if a.ID == req.GetAgentId() {
-			return &gatewayv1.GetAgentResponse{Agent: toProto(a)}, nil
+			return &gatewayv1.GetAgentResponse{Agent: a.Proto()}, nil
 		}
 	}
 	return nil, status.Errorf(codes.NotFound, "agent %q is not connected", req.GetAgentId())
