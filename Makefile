@@ -8,7 +8,7 @@ CACHE     := $(ROOT)/.cache
 BIN       := $(CACHE)/bin
 BUF       := $(ROOT)/node_modules/.bin/buf
 # Every Go module in the workspace, plus the tools module outside it.
-MODULES   := proto pkg services/gateway services/bus services/runner services/bridge functions/librarian cmd/conclave bench
+MODULES   := proto pkg services/gateway services/bus services/runner services/bridge functions/librarian cmd/conclave examples/coven-agent bench
 GO_TOOLS  := protoc-gen-go protoc-gen-go-grpc protoc-gen-grpc-gateway protoc-gen-openapiv2 grpcurl staticcheck
 TEST_FLAGS ?= -race -count=1 -timeout=20m
 

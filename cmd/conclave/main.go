@@ -32,6 +32,7 @@ const usage = `Usage: conclave <command> [flags]
 
 Commands:
   dev       run every service in one process on embedded storage
+  agent     talk to connected agents: send a message, list them
   version   print the version
   help      show this help
 
@@ -46,6 +47,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	switch cmd, rest := args[0], args[1:]; cmd {
 	case "dev":
 		return runDev(ctx, rest, os.LookupEnv, stdout, stderr)
+	case "agent":
+		return runAgent(ctx, rest, stdout, stderr)
 	case "version", "--version":
 		fmt.Fprintln(stdout, versionString())
 		return nil

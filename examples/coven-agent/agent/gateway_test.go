@@ -1,0 +1,344 @@
+package agent_test
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+
+	"github.com/conclave-ai/conclave/examples/coven-agent/agent"
+	covenpb "github.com/conclave-ai/conclave/proto/coven"
+)
+
+// These tests run the agent against the real gateway: the conclave binary,
+// built once, serving `conclave dev`.
+var conclaveBin string
+
+func TestMain(m *testing.M) {
+	os.Exit(testMain(m))
+}
+
+func testMain(m *testing.M) int {
+	flag.Parse()
+	if testing.Short() {
+		return m.Run()
+	}
+	dir, err := os.MkdirTemp("", "coven-agent-test")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	defer os.RemoveAll(dir)
+	conclaveBin = filepath.Join(dir, "conclave")
+	build := exec.Command("go", "build", "-o", conclaveBin, "./cmd/conclave")
+	build.Dir = "../../.."
+	if out, err := build.CombinedOutput(); err != nil {
+		fmt.Fprintf(os.Stderr, "build conclave: %v\n%s", err, out)
+		return 1
+	}
+	return m.Run()
+}
+
+// gateway is a running `conclave dev`.
+type gateway struct {
+	cmd    *exec.Cmd
+	addr   string // its gRPC address
+	stderr *bytes.Buffer
+}
+
+// startGateway runs `conclave dev` with its gRPC listener on addr (port 0
+// for a free one) and returns once it prints where it listens.
+func startGateway(t *testing.T, addr string, env ...string) *gateway {
+	t.Helper()
+	cmd := exec.Command(conclaveBin, "dev", "--gateway-grpc-addr="+addr, "--gateway-http-addr=127.0.0.1:0",
+		"--data-dir", t.TempDir())
+	cmd.Env = append(os.Environ(), env...)
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := &gateway{cmd: cmd, stderr: &bytes.Buffer{}}
+	cmd.Stderr = g.stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	row := regexp.MustCompile(`^gateway\s+(\S+)\s+gRPC`)
+	sc := bufio.NewScanner(stdout)
+	for g.addr == "" && sc.Scan() {
+		if m := row.FindStringSubmatch(sc.Text()); m != nil {
+			g.addr = m[1]
+		}
+	}
+	go func() { _, _ = io.Copy(io.Discard, stdout) }()
+	if g.addr == "" {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+		t.Fatalf("conclave dev printed no gRPC address\nstderr:\n%s", g.stderr)
+	}
+	return g
+}
+
+// logs collects an agent's log lines for the test to wait on.
+type logs struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (l *logs) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.buf.Write(p)
+}
+
+func (l *logs) count(s string) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return strings.Count(l.buf.String(), s)
+}
+
+func (l *logs) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.buf.String()
+}
+
+// waitFor polls cond until it holds, failing the test at the deadline.
+func waitFor(t *testing.T, what string, cond func() bool, l *logs) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting until %s\nagent log:\n%s", what, l)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+const registered = `msg="registered with the gateway"`
+
+// startAgent runs the agent with quick reconnects until the test ends.
+func startAgent(t *testing.T, addr, id string) *logs {
+	t.Helper()
+	l := &logs{}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		done <- agent.Run(ctx, agent.Config{
+			Addr: addr, AgentID: id, Name: "test-agent", Heartbeat: 100 * time.Millisecond,
+			MinBackoff: 10 * time.Millisecond, MaxBackoff: 200 * time.Millisecond,
+			Logger: slog.New(slog.NewTextHandler(l, &slog.HandlerOptions{Level: slog.LevelDebug})),
+		})
+	}()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run = %v after a clean stop", err)
+		}
+	})
+	return l
+}
+
+// rawStream registers id on its own stream, as a second agent would.
+type rawStream struct {
+	stream grpc.BidiStreamingClient[covenpb.AgentMessage, covenpb.ServerMessage]
+	cancel context.CancelFunc
+}
+
+func register(t *testing.T, addr, id string) (*rawStream, error) {
+	t.Helper()
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = conn.Close() })
+	ctx, cancel := context.WithCancel(context.Background())
+	st, err := covenpb.NewCovenControlClient(conn).AgentStream(ctx)
+	if err == nil {
+		err = st.Send(&covenpb.AgentMessage{Payload: &covenpb.AgentMessage_Register{Register: &covenpb.RegisterAgent{AgentId: id}}})
+	}
+	var m *covenpb.ServerMessage
+	if err == nil {
+		m, err = st.Recv()
+	}
+	for err == nil && m.GetWelcome() == nil {
+		_, err = st.Recv() // after a RegistrationError comes the status
+	}
+	if err != nil {
+		cancel()
+		return nil, err
+	}
+	return &rawStream{stream: st, cancel: cancel}, nil
+}
+
+// leave closes the stream's side and waits for the gateway to deregister it.
+func (r *rawStream) leave(t *testing.T) {
+	t.Helper()
+	defer r.cancel()
+	if err := r.stream.CloseSend(); err != nil {
+		t.Fatal(err)
+	}
+	for {
+		if _, err := r.stream.Recv(); err != nil {
+			if !errors.Is(err, io.EOF) {
+				t.Fatalf("stream ended with %v, want a clean end", err)
+			}
+			return
+		}
+	}
+}
+
+// assertHeld proves id is registered by someone else: the gateway refuses a
+// second registration with ALREADY_EXISTS.
+func assertHeld(t *testing.T, addr, id string) {
+	t.Helper()
+	r, err := register(t, addr, id)
+	if err == nil {
+		r.leave(t)
+		t.Fatalf("registered %s myself: the agent does not hold it", id)
+	}
+	if status.Code(err) != codes.AlreadyExists {
+		t.Fatalf("second registration = %v, want ALREADY_EXISTS", err)
+	}
+}
+
+func TestAgentRegistersAndLeavesCleanly(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs conclave dev")
+	}
+	t.Parallel()
+	gw := startGateway(t, "127.0.0.1:0")
+	id := agent.NewID()
+	l := &logs{}
+	ctx, stop := context.WithCancel(context.Background())
+	defer stop()
+	done := make(chan error, 1)
+	go func() {
+		done <- agent.Run(ctx, agent.Config{Addr: gw.addr, AgentID: id, Logger: slog.New(slog.NewTextHandler(l, nil))})
+	}()
+	waitFor(t, "the agent registers", func() bool { return l.count(registered) == 1 }, l)
+	assertHeld(t, gw.addr, id)
+
+	stop()
+	if err := <-done; err != nil {
+		t.Fatalf("Run = %v, want nil after ctx ends", err)
+	}
+	// The agent said goodbye before Run returned: its ID is free at once.
+	r, err := register(t, gw.addr, id)
+	if err != nil {
+		t.Fatalf("the agent's ID is still taken after it stopped: %v", err)
+	}
+	r.leave(t)
+}
+
+func TestAgentRetriesWhileItsIDIsTaken(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs conclave dev")
+	}
+	t.Parallel()
+	gw := startGateway(t, "127.0.0.1:0")
+	id := agent.NewID()
+	squatter, err := register(t, gw.addr, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := startAgent(t, gw.addr, id)
+	waitFor(t, "the agent is refused", func() bool { return l.count("AlreadyExists") > 0 }, l)
+
+	squatter.leave(t)
+	waitFor(t, "the agent registers once the ID is free", func() bool { return l.count(registered) == 1 }, l)
+	assertHeld(t, gw.addr, id)
+}
+
+func TestAgentHeartbeatsKeepItRegistered(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs conclave dev")
+	}
+	t.Parallel()
+	gw := startGateway(t, "127.0.0.1:0", "CONCLAVE_GATEWAY_AGENT_TIMEOUT=1s")
+	id := agent.NewID()
+	l := startAgent(t, gw.addr, id)
+	waitFor(t, "the agent registers", func() bool { return l.count(registered) == 1 }, l)
+
+	// A silent agent registered after ours is dropped once the agent timeout
+	// has passed; by then ours has lived longer than that on heartbeats.
+	silent, err := register(t, gw.addr, agent.NewID())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer silent.cancel()
+	if _, err := silent.stream.Recv(); status.Code(err) != codes.DeadlineExceeded {
+		t.Fatalf("silent agent: %v, want DEADLINE_EXCEEDED", err)
+	}
+	assertHeld(t, gw.addr, id)
+	if n := l.count(registered); n != 1 {
+		t.Errorf("the agent registered %d times, want once: heartbeats should have kept it\n%s", n, l)
+	}
+}
+
+func TestAgentReconnectsAfterTheGatewayDies(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs conclave dev")
+	}
+	t.Parallel()
+	first := startGateway(t, "127.0.0.1:0")
+	id := agent.NewID()
+	l := startAgent(t, first.addr, id)
+	waitFor(t, "the agent registers", func() bool { return l.count(registered) == 1 }, l)
+
+	if err := first.cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	_ = first.cmd.Wait()
+	waitFor(t, "the agent notices", func() bool { return l.count("reconnecting") > 0 }, l)
+
+	second := startGateway(t, first.addr)
+	waitFor(t, "the agent registers again", func() bool { return l.count(registered) == 2 }, l)
+	assertHeld(t, second.addr, id)
+}
+
+func TestAgentMovesOnWhenTheGatewayShutsDown(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs conclave dev")
+	}
+	t.Parallel()
+	first := startGateway(t, "127.0.0.1:0")
+	id := agent.NewID()
+	l := startAgent(t, first.addr, id)
+	waitFor(t, "the agent registers", func() bool { return l.count(registered) == 1 }, l)
+
+	// SIGTERM drains the gateway: it sends Shutdown and waits for its agents
+	// to leave. The agent closes its side, so the drain ends cleanly.
+	if err := first.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if err := first.cmd.Wait(); err != nil {
+		t.Fatalf("gateway did not drain cleanly: %v\n%s", err, first.stderr)
+	}
+	const left = `error="gateway asked the agent to leave: gateway dev is shutting down"`
+	waitFor(t, "the agent leaves on Shutdown", func() bool { return l.count(left) == 1 }, l)
+
+	// Behind a load balancer the agent would now reach another replica; here
+	// another gateway takes the address.
+	second := startGateway(t, first.addr)
+	waitFor(t, "the agent registers with the new gateway", func() bool { return l.count(registered) == 2 }, l)
+	assertHeld(t, second.addr, id)
+}
