@@ -6,7 +6,6 @@ package store_test
 
 import (
 	"context"
-	"flag"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -20,17 +19,7 @@ import (
 var dynalite *testenv.Component
 
 func TestMain(m *testing.M) {
-	flag.Parse()
-	if !testing.Short() {
-		var err error
-		if dynalite, err = testenv.Dynalite(context.Background()); err != nil {
-			fmt.Fprintln(os.Stderr, err)
-			os.Exit(1)
-		}
-	}
-	code := m.Run()
-	dynalite.Stop()
-	os.Exit(code)
+	os.Exit(testenv.RunWith(m, testenv.Dynalite, &dynalite))
 }
 
 var seq atomic.Int64

@@ -68,10 +68,8 @@ func runDev(ctx context.Context, args []string, lookup config.Lookup, stdout, st
 		return err
 	}
 	defer st.Close()
-	for _, t := range gateway.Tables {
-		if err := st.EnsureTable(ctx, t); err != nil {
-			return err
-		}
+	if err := store.EnsureTables(ctx, st, gateway.Tables...); err != nil {
+		return err
 	}
 
 	gw, err := gateway.New(cfg.Gateway, logger, tel, st)

@@ -1,9 +1,6 @@
 package queue_test
 
 import (
-	"context"
-	"flag"
-	"fmt"
 	"os"
 	"testing"
 
@@ -15,20 +12,5 @@ import (
 var fauxqs *testenv.Component
 
 func TestMain(m *testing.M) {
-	flag.Parse()
-	os.Exit(run(m))
-}
-
-func run(m *testing.M) int {
-	if testing.Short() {
-		return m.Run()
-	}
-	c, err := testenv.Fauxqs(context.Background())
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "queue tests:", err)
-		return 1
-	}
-	defer c.Stop()
-	fauxqs = c
-	return m.Run()
+	os.Exit(testenv.RunWith(m, testenv.Fauxqs, &fauxqs))
 }

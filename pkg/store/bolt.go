@@ -308,13 +308,8 @@ func queryBounds(q Query) (lower, upper []byte) {
 
 // BatchGet implements Store.
 func (b *Bolt) BatchGet(ctx context.Context, table string, keys []Key) ([]Item, error) {
-	if len(keys) > MaxBatchGet {
-		return nil, fmt.Errorf("%w: %d keys, at most %d", ErrInvalid, len(keys), MaxBatchGet)
-	}
-	for _, k := range keys {
-		if err := validateKey(k); err != nil {
-			return nil, err
-		}
+	if err := validateBatch(keys); err != nil {
+		return nil, err
 	}
 	var out []Item
 	err := b.db.View(func(tx *bolt.Tx) error {

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -27,17 +26,7 @@ import (
 var dynalite *testenv.Component
 
 func TestMain(m *testing.M) {
-	flag.Parse()
-	if !testing.Short() {
-		var err error
-		if dynalite, err = testenv.Dynalite(context.Background()); err != nil {
-			fmt.Fprintln(os.Stderr, err)
-			os.Exit(1)
-		}
-	}
-	code := m.Run()
-	dynalite.Stop()
-	os.Exit(code)
+	os.Exit(testenv.RunWith(m, testenv.Dynalite, &dynalite))
 }
 
 // clock is a test clock both backends judge expiry by.

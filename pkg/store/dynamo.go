@@ -583,15 +583,10 @@ const batchGetMax = 100
 
 // BatchGet implements Store.
 func (d *Dynamo) BatchGet(ctx context.Context, table string, keys []Key) ([]Item, error) {
-	if len(keys) > MaxBatchGet {
-		return nil, fmt.Errorf("%w: %d keys, at most %d", ErrInvalid, len(keys), MaxBatchGet)
+	if err := validateBatch(keys); err != nil {
+		return nil, err
 	}
 	seen := make(map[Key]bool, len(keys))
-	for _, k := range keys {
-		if err := validateKey(k); err != nil {
-			return nil, err
-		}
-	}
 	ctx, cancel := withDeadline(ctx)
 	defer cancel()
 	found := make(map[Key]Item, len(keys))

@@ -206,6 +206,28 @@ func validateKey(k Key) error {
 	return nil
 }
 
+func validateBatch(keys []Key) error {
+	if len(keys) > MaxBatchGet {
+		return fmt.Errorf("%w: %d keys, at most %d", ErrInvalid, len(keys), MaxBatchGet)
+	}
+	for _, k := range keys {
+		if err := validateKey(k); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// EnsureTables creates every table a service defines.
+func EnsureTables(ctx context.Context, s Store, tables ...Table) error {
+	for _, t := range tables {
+		if err := s.EnsureTable(ctx, t); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 func validateItem(it Item) error {
 	if err := validateKey(it.Key); err != nil {
 		return err

@@ -13,6 +13,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"net"
 	"os"
@@ -21,6 +22,7 @@ import (
 	"strconv"
 	"sync"
 	"syscall"
+	"testing"
 	"time"
 )
 
@@ -113,23 +115,24 @@ func FreePort() (int, error) {
 
 // Dynalite starts dynalite, in memory, on a free loopback port.
 func Dynalite(ctx context.Context) (*Component, error) {
-	nm, err := nodeModules()
-	if err != nil {
-		return nil, err
-	}
-	port, err := FreePort()
-	if err != nil {
-		return nil, err
-	}
-	return Start(ctx, "dynalite", port, node(nm), filepath.Join(nm, "dynalite", "cli.js"),
-		"--host", "127.0.0.1", "--port", strconv.Itoa(port),
-		// Tables become ACTIVE at once, as the tests need no CREATING phase.
-		"--createTableMs", "0", "--deleteTableMs", "0", "--updateTableMs", "0")
+	return startNode(ctx, "dynalite", []string{"dynalite", "cli.js"}, func(port string) []any {
+		return []any{"--host", "127.0.0.1", "--port", port,
+			// Tables become ACTIVE at once, as the tests need no CREATING phase.
+			"--createTableMs", "0", "--deleteTableMs", "0", "--updateTableMs", "0"}
+	})
 }
 
 // Fauxqs starts fauxqs, in memory, on a free port. fauxqs always binds all
 // interfaces; tests only ever address it on loopback.
 func Fauxqs(ctx context.Context) (*Component, error) {
+	return startNode(ctx, "fauxqs", []string{"fauxqs", "dist", "cli.js"}, func(port string) []any {
+		return []any{Env{"FAUXQS_PORT=" + port, "FAUXQS_HOST=127.0.0.1", "FAUXQS_LOGGER=false"}}
+	})
+}
+
+// startNode runs a script from node_modules with the pinned Node.js on a
+// free port; args builds its arguments for that port.
+func startNode(ctx context.Context, name string, script []string, args func(port string) []any) (*Component, error) {
 	nm, err := nodeModules()
 	if err != nil {
 		return nil, err
@@ -138,8 +141,26 @@ func Fauxqs(ctx context.Context) (*Component, error) {
 	if err != nil {
 		return nil, err
 	}
-	return Start(ctx, "fauxqs", port, node(nm), filepath.Join(nm, "fauxqs", "dist", "cli.js"),
-		Env{"FAUXQS_PORT=" + strconv.Itoa(port), "FAUXQS_HOST=127.0.0.1", "FAUXQS_LOGGER=false"})
+	argv := append([]any{filepath.Join(append([]string{nm}, script...)...)}, args(strconv.Itoa(port))...)
+	return Start(ctx, name, port, node(nm), argv...)
+}
+
+// RunWith runs a package's tests with one component started for them all
+// (unless -short, where c stays nil), and stops it after. Call it from
+// TestMain: os.Exit(testenv.RunWith(m, testenv.Dynalite, &dynalite)).
+func RunWith(m *testing.M, start func(context.Context) (*Component, error), c **Component) int {
+	flag.Parse()
+	if testing.Short() {
+		return m.Run()
+	}
+	comp, err := start(context.Background())
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	defer comp.Stop()
+	*c = comp
+	return m.Run()
 }
 
 // Env is an argument to Start holding extra environment variables.

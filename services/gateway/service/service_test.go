@@ -40,10 +40,8 @@ func startGateway(t *testing.T) (*grpc.ClientConn, string) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = st.Close() })
-	for _, tb := range service.Tables {
-		if err := st.EnsureTable(context.Background(), tb); err != nil {
-			t.Fatal(err)
-		}
+	if err := store.EnsureTables(context.Background(), st, service.Tables...); err != nil {
+		t.Fatal(err)
 	}
 	gw, err := service.New(service.Config{
 		GRPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", ServerID: "gw-test",

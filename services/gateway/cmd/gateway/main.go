@@ -59,10 +59,8 @@ func run(ctx context.Context, args []string) error {
 		return err
 	}
 	defer st.Close()
-	for _, t := range service.Tables {
-		if err := st.EnsureTable(ctx, t); err != nil {
-			return err
-		}
+	if err := store.EnsureTables(ctx, st, service.Tables...); err != nil {
+		return err
 	}
 	gw, err := service.New(cfg.Gateway, logger, tel, st)
 	if err != nil {

@@ -2,7 +2,6 @@ package registry_test
 
 import (
 	"context"
-	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -31,17 +30,7 @@ import (
 var dynalite *testenv.Component
 
 func TestMain(m *testing.M) {
-	flag.Parse()
-	if !testing.Short() {
-		var err error
-		if dynalite, err = testenv.Dynalite(context.Background()); err != nil {
-			fmt.Fprintln(os.Stderr, err)
-			os.Exit(1)
-		}
-	}
-	code := m.Run()
-	dynalite.Stop()
-	os.Exit(code)
+	os.Exit(testenv.RunWith(m, testenv.Dynalite, &dynalite))
 }
 
 var seq atomic.Int64
