@@ -37,6 +37,7 @@ type Config struct {
 	QueueDepth      int               `env:"CONCLAVE_GATEWAY_QUEUE_DEPTH" default:"32" help:"requests that may wait for a busy agent before callers get RESOURCE_EXHAUSTED"`
 	CancelGrace     time.Duration     `env:"CONCLAVE_GATEWAY_CANCEL_GRACE" default:"30s" help:"how long an agent may take to end an abandoned request"`
 	Lease           time.Duration     `env:"CONCLAVE_GATEWAY_LEASE" default:"15s" help:"how long an agent's cluster-wide registration outlives its replica"`
+	AdvertiseAddr   string            `env:"CONCLAVE_GATEWAY_ADVERTISE_ADDR" help:"host:port other replicas reach this one's gRPC listener at (default: the listener's address, or the host name and port)"`
 	ClientTokens    []string          `env:"CONCLAVE_GATEWAY_CLIENT_TOKENS" help:"comma-separated bearer tokens accepted on the client API"`
 	// AllowUnauthenticated opens the client API without tokens; conclave dev
 	// sets it, on loopback only.
@@ -70,8 +71,12 @@ func (c Config) Validate() error {
 
 // Gateway is a configured, not yet running, gateway.
 type Gateway struct {
-	srv    *server.Server
-	agents *agentstream.Service
+	srv      *server.Server
+	agents   *agentstream.Service
+	registry *registry.Registry
+	serverID string
+	cfg      Config
+	log      *slog.Logger
 }
 
 // Tables lists the tables the gateway keeps its state in.
@@ -111,17 +116,20 @@ func New(cfg Config, logger *slog.Logger, tel *telemetry.Provider, st store.Stor
 	if err != nil {
 		return nil, fmt.Errorf("gateway server: %w", err)
 	}
+	reg := registry.New(st)
 	agents := agentstream.New(agentstream.Options{
 		ServerID:        serverID,
 		RegisterTimeout: cfg.RegisterTimeout,
 		AgentTimeout:    cfg.AgentTimeout,
 		QueueDepth:      cfg.QueueDepth,
 		CancelGrace:     cfg.CancelGrace,
-		Registry:        registry.New(st),
+		Registry:        reg,
 		Lease:           cfg.Lease,
 	}, logger)
 	covenpb.RegisterCovenControlServer(srv.GRPC(), agents)
-	gatewayv1.RegisterGatewayServiceServer(srv.GRPC(), clientapi.New(agents, clientapi.DefaultLimits))
+	peers := clientapi.NewPeers(serverID, tel.GRPCDialOptions()...)
+	gatewayv1.RegisterGatewayServiceServer(srv.GRPC(), clientapi.New(agents, clientapi.DefaultLimits, serverID, reg, peers))
+	srv.OnShutdown(func(context.Context) { _ = peers.Close() })
 
 	if cfg.HTTPAddr != "" {
 		// REST goes through this gateway's own gRPC listener, so it passes
@@ -148,12 +156,61 @@ func New(cfg Config, logger *slog.Logger, tel *telemetry.Provider, st store.Stor
 		srv.HandleStream("POST /v1/agents/{agent_id}/messages", rest)
 		srv.OnShutdown(func(context.Context) { _ = self.Close() })
 	}
-	srv.OnShutdown(func(ctx context.Context) { agents.Shutdown(ctx, "gateway "+serverID+" is shutting down") })
-	return &Gateway{srv: srv, agents: agents}, nil
+	srv.OnShutdown(func(ctx context.Context) {
+		agents.Shutdown(ctx, "gateway "+serverID+" is shutting down")
+		if err := reg.Withdraw(ctx, serverID); err != nil {
+			logger.WarnContext(ctx, "could not withdraw this replica's address; it will expire", "error", err)
+		}
+	})
+	return &Gateway{srv: srv, agents: agents, registry: reg, serverID: serverID, cfg: cfg, log: logger}, nil
 }
 
-// Run serves until ctx is cancelled, then drains.
-func (g *Gateway) Run(ctx context.Context) error { return g.srv.Run(ctx) }
+// Run serves until ctx is cancelled, then drains. While it serves, it keeps
+// this replica's address in the registry for the others to forward to.
+func (g *Gateway) Run(ctx context.Context) error {
+	advertising, stop := context.WithCancel(ctx)
+	defer stop()
+	go g.advertise(advertising)
+	return g.srv.Run(ctx)
+}
+
+func (g *Gateway) advertise(ctx context.Context) {
+	select {
+	case <-g.srv.Ready():
+	case <-ctx.Done():
+		return
+	}
+	addr := g.cfg.AdvertiseAddr
+	if addr == "" {
+		addr = advertisedAddr(g.srv.GRPCAddr())
+	}
+	t := time.NewTicker(g.cfg.Lease / 3)
+	defer t.Stop()
+	for {
+		if err := g.registry.Advertise(ctx, g.serverID, addr, g.cfg.Lease); err != nil && ctx.Err() == nil {
+			g.log.WarnContext(ctx, "could not advertise this replica; others cannot forward to it", "error", err)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// advertisedAddr turns a listener address into one other hosts can dial: a
+// wildcard host becomes this host's name.
+func advertisedAddr(listen string) string {
+	host, port, err := net.SplitHostPort(listen)
+	if err != nil || (host != "" && host != "::" && host != "0.0.0.0") {
+		return listen
+	}
+	name, err := os.Hostname()
+	if err != nil {
+		return listen
+	}
+	return net.JoinHostPort(name, port)
+}
 
 // Ready is closed once the listeners are bound.
 func (g *Gateway) Ready() <-chan struct{} { return g.srv.Ready() }

@@ -27,14 +27,19 @@ import (
 
 const token = "test-token"
 
-// startGateway runs a real gateway on loopback ports and returns its gRPC
-// connection and HTTP base URL.
+// startGateway runs a real gateway on loopback ports, on its own store, and
+// returns its gRPC connection and HTTP base URL.
 func startGateway(t *testing.T) (*grpc.ClientConn, string) {
 	t.Helper()
 	tel, err := telemetry.New(context.Background(), telemetry.Config{ServiceName: "gateway-test"})
 	if err != nil {
 		t.Fatal(err)
 	}
+	return startReplica(t, "gw-test", openStore(t), tel)
+}
+
+func openStore(t *testing.T) store.Store {
+	t.Helper()
 	st, err := store.OpenBolt(filepath.Join(t.TempDir(), "state.db"), store.BoltOptions{})
 	if err != nil {
 		t.Fatal(err)
@@ -43,8 +48,15 @@ func startGateway(t *testing.T) (*grpc.ClientConn, string) {
 	if err := store.EnsureTables(context.Background(), st, service.Tables...); err != nil {
 		t.Fatal(err)
 	}
+	return st
+}
+
+// startReplica runs one gateway replica named id over a store it may share
+// with other replicas.
+func startReplica(t *testing.T, id string, st store.Store, tel *telemetry.Provider) (*grpc.ClientConn, string) {
+	t.Helper()
 	gw, err := service.New(service.Config{
-		GRPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", ServerID: "gw-test",
+		GRPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", ServerID: id,
 		RegisterTimeout: 10 * time.Second, AgentTimeout: time.Minute, ShutdownTimeout: 5 * time.Second,
 		QueueDepth: 4, CancelGrace: 5 * time.Second, Lease: 15 * time.Second, ClientTokens: []string{token},
 	}, slog.New(slog.DiscardHandler), tel, st)
@@ -69,7 +81,7 @@ func startGateway(t *testing.T) (*grpc.ClientConn, string) {
 			httpAddr = e.Address
 		}
 	}
-	conn, err := grpc.NewClient(grpcAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	conn, err := grpc.NewClient(grpcAddr, append(tel.GRPCDialOptions(), grpc.WithTransportCredentials(insecure.NewCredentials()))...)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -49,15 +49,37 @@ const (
 // Server implements gatewayv1.GatewayServiceServer.
 type Server struct {
 	gatewayv1.UnimplementedGatewayServiceServer
-	agents Agents
-	limits Limits
+	agents   Agents
+	limits   Limits
+	serverID string
+	cluster  Cluster
+	peers    *Peers
 }
 
 var _ gatewayv1.GatewayServiceServer = (*Server)(nil)
 
-// New returns a Server over agents.
-func New(agents Agents, limits Limits) *Server {
-	return &Server{agents: agents, limits: limits}
+// New returns a Server over this replica's agents. With a cluster and peers
+// it lists every replica's agents and forwards requests for agents held
+// elsewhere to their replica.
+func New(agents Agents, limits Limits, serverID string, cluster Cluster, peers *Peers) *Server {
+	return &Server{agents: agents, limits: limits, serverID: serverID, cluster: cluster, peers: peers}
+}
+
+// local indexes this replica's agents, whose live state (busy, queued) the
+// registry does not keep.
+func (s *Server) local() map[string]*agentstream.Agent {
+	m := map[string]*agentstream.Agent{}
+	for _, a := range s.agents.Agents() {
+		m[a.ID] = a
+	}
+	return m
+}
+
+func (s *Server) withLocalState(a *gatewayv1.Agent, local map[string]*agentstream.Agent) *gatewayv1.Agent {
+	if l, ok := local[a.GetAgentId()]; ok && l.InstanceID == a.GetInstanceId() {
+		return l.Proto()
+	}
+	return a
 }
 
 // ListAgents implements gatewayv1.GatewayServiceServer. Agents are ordered by
@@ -71,6 +93,9 @@ func (s *Server) ListAgents(ctx context.Context, req *gatewayv1.ListAgentsReques
 		size = defaultPageSize
 	case size > maxPageSize:
 		size = maxPageSize
+	}
+	if s.cluster != nil {
+		return s.listCluster(ctx, req, size)
 	}
 	after := ""
 	if tok := req.GetPageToken(); tok != "" {
@@ -99,10 +124,41 @@ func (s *Server) ListAgents(ctx context.Context, req *gatewayv1.ListAgentsReques
 	return resp, nil
 }
 
+// listCluster pages through every replica's agents in the registry; the
+// page token is the registry's cursor.
+func (s *Server) listCluster(ctx context.Context, req *gatewayv1.ListAgentsRequest, size int) (*gatewayv1.ListAgentsResponse, error) {
+	local := s.local()
+	resp := &gatewayv1.ListAgentsResponse{}
+	cursor := req.GetPageToken()
+	for {
+		agents, next, err := s.cluster.List(ctx, size-len(resp.Agents), cursor)
+		if err != nil {
+			return nil, err
+		}
+		for _, a := range agents {
+			if c := req.GetCapability(); c == "" || slices.Contains(a.GetCapabilities(), c) {
+				resp.Agents = append(resp.Agents, s.withLocalState(a, local))
+			}
+		}
+		if next == "" || len(resp.Agents) == size {
+			resp.NextPageToken = next
+			return resp, nil
+		}
+		cursor = next
+	}
+}
+
 // GetAgent implements gatewayv1.GatewayServiceServer.
 func (s *Server) GetAgent(ctx context.Context, req *gatewayv1.GetAgentRequest) (*gatewayv1.GetAgentResponse, error) {
 	if req.GetAgentId() == "" {
 		return nil, status.Error(codes.InvalidArgument, "agent_id is required")
+	}
+	if s.cluster != nil {
+		a, err := s.cluster.Get(ctx, req.GetAgentId())
+		if err != nil {
+			return nil, err
+		}
+		return &gatewayv1.GetAgentResponse{Agent: s.withLocalState(a, s.local())}, nil
 	}
 	for _, a := range s.agents.Agents() {
 		if a.ID == req.GetAgentId() {
@@ -145,6 +201,9 @@ func (s *Server) SendMessage(req *gatewayv1.SendMessageRequest, stream grpc.Serv
 	r, err := s.agents.Send(stream.Context(), req.GetAgentId(), &covenpb.SendMessage{
 		ThreadId: req.GetThreadId(), Sender: req.GetSender(), Content: req.GetContent(), Attachments: req.GetAttachments(),
 	})
+	if status.Code(err) == codes.NotFound && s.cluster != nil && !forwarded(stream.Context()) {
+		return s.forwardSend(req, stream)
+	}
 	if err != nil {
 		return err
 	}
@@ -167,6 +226,13 @@ func (s *Server) CancelMessage(ctx context.Context, req *gatewayv1.CancelMessage
 	reason := req.GetReason()
 	if reason == "" {
 		reason = "cancelled by client"
+	}
+	if owner := requestReplica(req.GetRequestId()); s.cluster != nil && owner != "" && owner != s.serverID && !forwarded(ctx) {
+		peer, err := s.peerFor(ctx, owner)
+		if err != nil {
+			return nil, err
+		}
+		return peer.CancelMessage(s.peers.outgoing(ctx), &gatewayv1.CancelMessageRequest{RequestId: req.GetRequestId(), Reason: reason})
 	}
 	return &gatewayv1.CancelMessageResponse{Cancelled: s.agents.Cancel(ctx, req.GetRequestId(), reason)}, nil
 }

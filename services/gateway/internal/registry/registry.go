@@ -138,3 +138,37 @@ func decode(it store.Item) (*gatewayv1.Agent, error) {
 	}
 	return a, nil
 }
+
+// replicas holds each live replica's internal address, for forwarding.
+const replicas = "replicas"
+
+// Advertise records (or renews) where replica serverID can be reached.
+func (r *Registry) Advertise(ctx context.Context, serverID, addr string, lease time.Duration) error {
+	_, err := r.store.Put(ctx, Table.Name, store.Item{
+		Key:       store.Key{PK: replicas, SK: serverID},
+		Attrs:     map[string]string{"addr": addr},
+		ExpiresAt: r.now().Add(lease),
+	})
+	if err != nil {
+		return fmt.Errorf("registry: advertise replica %q: %w", serverID, err)
+	}
+	return nil
+}
+
+// Withdraw removes a replica's address when it shuts down.
+func (r *Registry) Withdraw(ctx context.Context, serverID string) error {
+	return r.store.Delete(ctx, Table.Name, store.Key{PK: replicas, SK: serverID})
+}
+
+// ReplicaAddr returns where replica serverID can be reached, or UNAVAILABLE
+// when it has not advertised itself within its lease (it is gone).
+func (r *Registry) ReplicaAddr(ctx context.Context, serverID string) (string, error) {
+	it, err := r.store.Get(ctx, Table.Name, store.Key{PK: replicas, SK: serverID})
+	if errors.Is(err, store.ErrNotFound) {
+		return "", status.Errorf(codes.Unavailable, "gateway replica %q is gone", serverID)
+	}
+	if err != nil {
+		return "", status.Errorf(codes.Unavailable, "looking up gateway replica %q: %v", serverID, err)
+	}
+	return it.Attrs["addr"], nil
+}
