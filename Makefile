@@ -31,6 +31,10 @@ node_modules/.stamp: package.json package-lock.json
 .PHONY: tools
 tools: $(BIN)/.stamp node_modules/.stamp ## Build the code generators, grpcurl and staticcheck; install the npm packages.
 
+.PHONY: test-deps
+test-deps: ## Install the Debian packages the integration tests use (nginx).
+	scripts/install-test-deps.sh
+
 .PHONY: test-tools
 test-tools: ## Build kube-apiserver, etcd, jaeger-all-in-one and helm into .cache/bin (skips what is up to date).
 	scripts/build-test-tools.sh
@@ -45,7 +49,7 @@ run: build ## Build and run `conclave dev`: every service in one process on embe
 	./bin/conclave dev
 
 .PHONY: test
-test: tools test-tools ## Install what the tests need, then run every module's tests with -race.
+test: tools test-tools test-deps ## Install what the tests need, then run every module's tests with -race.
 	@for m in $(MODULES); do \
 		echo "==> go test $$m"; \
 		(cd $$m && go test $(TEST_FLAGS) ./...) || exit 1; \

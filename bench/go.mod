@@ -8,7 +8,10 @@ require (
 	github.com/aws/aws-sdk-go-v2/credentials v1.20.15
 	github.com/aws/aws-sdk-go-v2/service/dynamodb v1.73.1
 	github.com/conclave-ai/conclave/pkg v0.0.0-00010101000000-000000000000
+	github.com/conclave-ai/conclave/proto v0.0.0-00010101000000-000000000000
+	github.com/conclave-ai/conclave/services/gateway v0.0.0-00010101000000-000000000000
 	github.com/sourcegraph/jsonrpc2 v0.2.3
+	google.golang.org/grpc v1.85.0
 )
 
 require (
@@ -93,7 +96,6 @@ require (
 	golang.org/x/time v0.9.0 // indirect
 	google.golang.org/genproto/googleapis/api v0.0.0-20261026165753-2ffab32bce7e // indirect
 	google.golang.org/genproto/googleapis/rpc v0.0.0-20261019180522-ce908d29299b // indirect
-	google.golang.org/grpc v1.85.0 // indirect
 	google.golang.org/protobuf v1.36.12 // indirect
 	gopkg.in/evanphx/json-patch.v4 v4.12.0 // indirect
 	gopkg.in/inf.v0 v0.9.1 // indirect
@@ -114,4 +116,5 @@ require (
 replace (
 	github.com/conclave-ai/conclave/pkg => ../pkg
 	github.com/conclave-ai/conclave/proto => ../proto
+	github.com/conclave-ai/conclave/services/gateway => ../services/gateway
 )

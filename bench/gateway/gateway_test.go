@@ -1,0 +1,338 @@
+// Package gateway_test measures the coven gateway (services/gateway, started
+// through service.New as cmd/gateway does) side by side with a relay floor:
+// the least gRPC code that forwards GatewayService.SendMessage to an agent's
+// CovenControl stream. Clients, agents and servers share this process and
+// talk over real loopback TCP.
+//
+//	go test -run '^$' -bench . -benchmem -benchtime 2s ./gateway/
+//
+// See README.md for the method and the figures.
+package gateway_test
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"runtime"
+	"runtime/debug"
+	"slices"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/connectivity"
+	"google.golang.org/grpc/credentials/insecure"
+
+	gatewayv1 "github.com/conclave-ai/conclave/proto/conclave/gateway/v1"
+)
+
+func envInt(name string, def int) int {
+	if v, err := strconv.Atoi(os.Getenv(name)); err == nil && v > 0 {
+		return v
+	}
+	return def
+}
+
+// BenchmarkRoundTrip: one SendMessage answered by one text event and done,
+// read to the end of the stream, one caller at a time.
+func BenchmarkRoundTrip(b *testing.B) {
+	for _, start := range []func(*testing.B) *target{startGateway, startRelay} {
+		tg := start(b)
+		b.Cleanup(tg.stop)
+		ctx, cancel := context.WithCancel(context.Background())
+		b.Cleanup(cancel)
+		agentConn := dial(b, tg.addr)
+		b.Cleanup(func() { _ = agentConn.Close() })
+		startAgent(b, ctx, agentConn, "echo")
+		clientConn := dial(b, tg.addr)
+		b.Cleanup(func() { _ = clientConn.Close() })
+		client := gatewayv1.NewGatewayServiceClient(clientConn)
+		callCtx := authed(ctx)
+		// Warm both connections before timing.
+		for range 100 {
+			if _, err := send(callCtx, client, "echo", "1"); err != nil {
+				b.Fatalf("%s: %v", tg.name, err)
+			}
+		}
+		b.Run(tg.name, func(b *testing.B) {
+			b.ReportAllocs()
+			lat := make([]time.Duration, 0, 1<<16)
+			for b.Loop() {
+				t0 := time.Now()
+				n, err := send(callCtx, client, "echo", "1")
+				lat = append(lat, time.Since(t0))
+				if err != nil || n != 2 {
+					b.Fatalf("%d events, %v", n, err)
+				}
+			}
+			reportPercentiles(b, lat)
+		})
+	}
+}
+
+func reportPercentiles(b *testing.B, lat []time.Duration) {
+	if len(lat) == 0 {
+		return
+	}
+	slices.Sort(lat)
+	at := func(q float64) float64 {
+		return float64(lat[min(len(lat)-1, int(q*float64(len(lat))))].Nanoseconds()) / 1e3
+	}
+	b.ReportMetric(at(0.50), "p50-µs")
+	b.ReportMetric(at(0.99), "p99-µs")
+}
+
+// BenchmarkEvents: streamed events per second from agents to clients.
+//
+//	1x1:  one agent answers each request with 1,000 text events and done;
+//	      one op is one request read to its end.
+//	many: BENCH_MANY_AGENTS agents (default 1,000), each with its own client
+//	      goroutine; one op is one round in which every client sends one
+//	      request to its own agent, answered with 100 text events and done,
+//	      all at once.
+//
+// Each case runs against the gateway and against the relay floor.
+func BenchmarkEvents(b *testing.B) {
+	const perConn = 10 // agents, or clients, sharing one connection
+	many := envInt("BENCH_MANY_AGENTS", 1000)
+	for _, start := range []func(*testing.B) *target{startGateway, startRelay} {
+		tg := start(b)
+		b.Cleanup(tg.stop)
+		ctx, cancel := context.WithCancel(context.Background())
+		b.Cleanup(cancel)
+		var agentConns, clientConns []*grpc.ClientConn
+		for range (many + perConn - 1) / perConn {
+			a, c := dial(b, tg.addr), dial(b, tg.addr)
+			b.Cleanup(func() { _ = a.Close(); _ = c.Close() })
+			agentConns, clientConns = append(agentConns, a), append(clientConns, c)
+		}
+		var wg sync.WaitGroup
+		for i := range many {
+			wg.Go(func() { startAgent(b, ctx, agentConns[i/perConn], fmt.Sprintf("agent-%d", i)) })
+		}
+		wg.Wait()
+		callCtx := authed(ctx)
+		suffix := ""
+		if tg.name != "gateway" {
+			suffix = "-" + tg.name
+		}
+
+		b.Run("1x1"+suffix, func(b *testing.B) {
+			b.ReportAllocs()
+			const n = 1000
+			client := gatewayv1.NewGatewayServiceClient(clientConns[0])
+			for b.Loop() {
+				if got, err := send(callCtx, client, "agent-0", strconv.Itoa(n)); err != nil || got != n+1 {
+					b.Fatalf("%d events, %v", got, err)
+				}
+			}
+			b.ReportMetric(float64(n*b.N)/b.Elapsed().Seconds(), "events/s")
+		})
+
+		b.Run("many"+suffix, func(b *testing.B) {
+			b.ReportAllocs()
+			const n = 100
+			start := make([]chan struct{}, many)
+			finished := make(chan error, many)
+			wctx, stop := context.WithCancel(callCtx)
+			defer stop()
+			for i := range many {
+				start[i] = make(chan struct{})
+				go func() {
+					client := gatewayv1.NewGatewayServiceClient(clientConns[i/perConn])
+					agent := fmt.Sprintf("agent-%d", i)
+					for {
+						select {
+						case <-start[i]:
+						case <-wctx.Done():
+							return
+						}
+						got, err := send(wctx, client, agent, strconv.Itoa(n))
+						if err == nil && got != n+1 {
+							err = fmt.Errorf("%s: %d events", agent, got)
+						}
+						finished <- err
+					}
+				}()
+			}
+			for b.Loop() {
+				for _, s := range start {
+					s <- struct{}{}
+				}
+				for range many {
+					if err := <-finished; err != nil {
+						b.Fatal(err)
+					}
+				}
+			}
+			b.ReportMetric(float64(n*many*b.N)/b.Elapsed().Seconds(), "events/s")
+			b.ReportMetric(float64(many), "agents")
+		})
+	}
+}
+
+type memSample struct {
+	heap, stack uint64
+	goroutines  int
+}
+
+func sample() memSample {
+	runtime.GC()
+	debug.FreeOSMemory()
+	runtime.GC()
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	return memSample{heap: ms.HeapInuse, stack: ms.StackInuse, goroutines: runtime.NumGoroutine()}
+}
+
+type idleResult struct {
+	heap, stack, goroutines float64 // per agent
+}
+
+// idleCost starts tg in this process and k idle agents in a child process
+// (this test binary, see TestMain), k/perConn agents per connection. Memory
+// is sampled after the child's connections are up and again once every
+// agent is registered, so the difference is the server's cost of k idle
+// agent streams and nothing of the agents' own.
+func idleCost(b *testing.B, start func(*testing.B) *target, k, perConn int) idleResult {
+	tg := start(b)
+	defer tg.stop()
+	cmd := exec.Command(os.Args[0], "-test.run=^$", "-test.bench=^$")
+	cmd.Env = append(os.Environ(), "BENCH_GATEWAY_IDLE_CLIENT="+tg.addr,
+		"BENCH_GATEWAY_IDLE_K="+strconv.Itoa(k), "BENCH_GATEWAY_IDLE_PER_CONN="+strconv.Itoa(perConn))
+	cmd.Stderr = os.Stderr
+	in, err := cmd.StdinPipe()
+	if err != nil {
+		b.Fatal(err)
+	}
+	outPipe, err := cmd.StdoutPipe()
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		b.Fatal(err)
+	}
+	defer func() { _ = in.Close(); _ = cmd.Wait() }()
+	out := bufio.NewScanner(outPipe)
+	expect := func(line string) {
+		for out.Scan() {
+			if out.Text() == line {
+				return
+			}
+		}
+		b.Fatalf("%s: agent process ended before %q: %v", tg.name, line, out.Err())
+	}
+	expect("connected")
+	time.Sleep(500 * time.Millisecond)
+	before := sample()
+	if _, err := io.WriteString(in, "go\n"); err != nil {
+		b.Fatal(err)
+	}
+	expect("ready")
+	time.Sleep(time.Second) // let every per-agent goroutine settle
+	after := sample()
+	r := idleResult{
+		heap:       (float64(after.heap) - float64(before.heap)) / float64(k),
+		stack:      (float64(after.stack) - float64(before.stack)) / float64(k),
+		goroutines: float64(after.goroutines-before.goroutines) / float64(k),
+	}
+	b.Logf("%s: %d idle agents over %d connections: heap %+.0f B/agent, stacks %+.0f B/agent, %+.2f goroutines/agent (HeapInuse %d -> %d, StackInuse %d -> %d)",
+		tg.name, k, (k+perConn-1)/perConn, r.heap, r.stack, r.goroutines, before.heap, after.heap, before.stack, after.stack)
+	return r
+}
+
+// TestMain doubles as the idle agents' process for BenchmarkIdleAgentMemory.
+func TestMain(m *testing.M) {
+	if addr := os.Getenv("BENCH_GATEWAY_IDLE_CLIENT"); addr != "" {
+		if err := idleAgents(addr, envInt("BENCH_GATEWAY_IDLE_K", 1), envInt("BENCH_GATEWAY_IDLE_PER_CONN", 100)); err != nil {
+			fmt.Fprintln(os.Stderr, "idle agents:", err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
+
+// idleAgents connects, says "connected", waits for a line on stdin,
+// registers k agents, says "ready", and holds them until stdin closes.
+func idleAgents(addr string, k, perConn int) error {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var conns []*grpc.ClientConn
+	for range (k + perConn - 1) / perConn {
+		c, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		c.Connect()
+		for s := c.GetState(); s != connectivity.Ready; s = c.GetState() {
+			if !c.WaitForStateChange(ctx, s) {
+				return ctx.Err()
+			}
+		}
+		conns = append(conns, c)
+	}
+	stdin := bufio.NewReader(os.Stdin)
+	fmt.Println("connected")
+	if _, err := stdin.ReadString('\n'); err != nil {
+		return err
+	}
+	streams := make([]any, k)
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, 256)
+	var firstErr error
+	var mu sync.Mutex
+	for i := range k {
+		sem <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			s, err := register(ctx, conns[i/perConn], fmt.Sprintf("idle-%d", i))
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil && firstErr == nil {
+				firstErr = err
+			}
+			streams[i] = s
+		})
+	}
+	wg.Wait()
+	if firstErr != nil {
+		return firstErr
+	}
+	fmt.Println("ready")
+	_, _ = io.Copy(io.Discard, stdin)
+	runtime.KeepAlive(streams)
+	return nil
+}
+
+var idleOnce struct {
+	sync.Once
+	gw, floor idleResult
+	k         int
+}
+
+// BenchmarkIdleAgentMemory connects BENCH_IDLE_AGENTS idle agents (default
+// 10,000) from a child process, 100 streams per client connection, first to
+// the relay floor and then to the gateway, and reports the server's memory
+// per agent (heap in use plus goroutine stacks, after GC). The measurement is
+// made once, however often the framework calls the function.
+func BenchmarkIdleAgentMemory(b *testing.B) {
+	idleOnce.Do(func() {
+		idleOnce.k = envInt("BENCH_IDLE_AGENTS", 10000)
+		idleOnce.floor = idleCost(b, startRelay, idleOnce.k, 100)
+		idleOnce.gw = idleCost(b, startGateway, idleOnce.k, 100)
+	})
+	gw, fl := idleOnce.gw, idleOnce.floor
+	b.ReportMetric(gw.heap+gw.stack, "bytes/agent")
+	b.ReportMetric(gw.heap, "heap-bytes/agent")
+	b.ReportMetric(gw.stack, "stack-bytes/agent")
+	b.ReportMetric(gw.goroutines, "goroutines/agent")
+	b.ReportMetric(fl.heap+fl.stack, "floor-bytes/agent")
+	b.ReportMetric(float64(idleOnce.k), "agents")
+}

@@ -1,0 +1,290 @@
+package gateway_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+
+	"github.com/conclave-ai/conclave/pkg/store"
+	"github.com/conclave-ai/conclave/pkg/telemetry"
+	gatewayv1 "github.com/conclave-ai/conclave/proto/conclave/gateway/v1"
+	covenpb "github.com/conclave-ai/conclave/proto/coven"
+	"github.com/conclave-ai/conclave/services/gateway/service"
+)
+
+const token = "bench-token"
+
+// target is one server under test: the real gateway or the relay floor.
+type target struct {
+	name string
+	addr string
+	stop func()
+}
+
+// tempDir prefers tmpfs, so that the registry's bbolt commits (one fsync per
+// agent registration) measure the gateway rather than the virtual disk.
+func tempDir(b *testing.B) string {
+	if st, err := os.Stat("/dev/shm"); err == nil && st.IsDir() {
+		d, err := os.MkdirTemp("/dev/shm", "conclave-bench-gateway-")
+		if err == nil {
+			b.Cleanup(func() { _ = os.RemoveAll(d) })
+			return d
+		}
+	}
+	return b.TempDir()
+}
+
+// startGateway runs a real gateway (service.New, as cmd/gateway does) on
+// loopback with an embedded store and bearer-token authentication.
+func startGateway(b *testing.B) *target {
+	b.Helper()
+	tel, err := telemetry.New(context.Background(), telemetry.Config{ServiceName: "gateway-bench"})
+	if err != nil {
+		b.Fatal(err)
+	}
+	st, err := store.OpenBolt(filepath.Join(tempDir(b), "state.db"), store.BoltOptions{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := store.EnsureTables(context.Background(), st, service.Tables...); err != nil {
+		b.Fatal(err)
+	}
+	gw, err := service.New(service.Config{
+		GRPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", ServerID: "gw-bench",
+		// Liveness and lease figures long enough that no renewal or timeout
+		// happens during a run; otherwise the defaults of cmd/gateway.
+		RegisterTimeout: 10 * time.Second, AgentTimeout: 30 * time.Minute, ShutdownTimeout: 5 * time.Second,
+		QueueDepth: 32, CancelGrace: 30 * time.Second, Lease: 30 * time.Minute, ClientTokens: []string{token},
+	}, slog.New(slog.DiscardHandler), tel, st)
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- gw.Run(ctx) }()
+	<-gw.Ready()
+	var addr string
+	for _, e := range gw.Endpoints() {
+		if strings.HasPrefix(e.Protocol, "gRPC") {
+			addr = e.Address
+		}
+	}
+	return &target{name: "gateway", addr: addr, stop: func() {
+		cancel()
+		if err := <-done; err != nil {
+			b.Errorf("gateway run: %v", err)
+		}
+		_ = st.Close()
+		_ = tel.Shutdown(context.Background())
+	}}
+}
+
+func dial(b *testing.B, addr string) *grpc.ClientConn {
+	b.Helper()
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		b.Fatal(err)
+	}
+	conn.Connect()
+	return conn
+}
+
+func authed(ctx context.Context) context.Context {
+	return metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+token)
+}
+
+// register opens an AgentStream and registers id; it returns once welcomed.
+func register(ctx context.Context, conn *grpc.ClientConn, id string) (grpc.BidiStreamingClient[covenpb.AgentMessage, covenpb.ServerMessage], error) {
+	stream, err := covenpb.NewCovenControlClient(conn).AgentStream(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if err := stream.Send(&covenpb.AgentMessage{Payload: &covenpb.AgentMessage_Register{Register: &covenpb.RegisterAgent{
+		AgentId: id, Name: "bench", Capabilities: []string{"chat"},
+	}}}); err != nil {
+		return nil, err
+	}
+	m, err := stream.Recv()
+	if err != nil {
+		return nil, err
+	}
+	if m.GetWelcome() == nil {
+		return nil, fmt.Errorf("register %s: got %v", id, m)
+	}
+	return stream, nil
+}
+
+// startAgent registers id and answers every SendMessage with n text events
+// and done, n being the request's content as a number (1 if it is not one).
+func startAgent(b *testing.B, ctx context.Context, conn *grpc.ClientConn, id string) {
+	b.Helper()
+	stream, err := register(ctx, conn, id)
+	if err != nil {
+		b.Fatal(err)
+	}
+	go func() {
+		text := &covenpb.AgentMessage{}
+		for {
+			m, err := stream.Recv()
+			if err != nil {
+				return
+			}
+			req := m.GetSendMessage()
+			if req == nil {
+				continue
+			}
+			n, err := strconv.Atoi(req.Content)
+			if err != nil {
+				n = 1
+			}
+			text.Payload = &covenpb.AgentMessage_Response{Response: &covenpb.MessageResponse{
+				RequestId: req.RequestId, Event: &covenpb.MessageResponse_Text{Text: "event text, about forty bytes long..."},
+			}}
+			for range n {
+				if stream.Send(text) != nil {
+					return
+				}
+			}
+			if stream.Send(&covenpb.AgentMessage{Payload: &covenpb.AgentMessage_Response{Response: &covenpb.MessageResponse{
+				RequestId: req.RequestId, Event: &covenpb.MessageResponse_Done{Done: &covenpb.Done{FullResponse: "done"}},
+			}}}) != nil {
+				return
+			}
+		}
+	}()
+}
+
+// send makes one SendMessage call and reads its stream to the end; it
+// returns the number of events received.
+func send(ctx context.Context, client gatewayv1.GatewayServiceClient, agent, content string) (int, error) {
+	stream, err := client.SendMessage(ctx, &gatewayv1.SendMessageRequest{AgentId: agent, Content: content})
+	if err != nil {
+		return 0, err
+	}
+	n := 0
+	for {
+		_, err := stream.Recv()
+		if errors.Is(err, io.EOF) {
+			return n, nil
+		}
+		if err != nil {
+			return n, err
+		}
+		n++
+	}
+}
+
+// relay is the floor: the least code that serves GatewayService.SendMessage
+// by forwarding to an agent's CovenControl stream. One request at a time per
+// agent, responses matched by request_id; no registry, auth, limits,
+// queueing, telemetry, logging or interceptors.
+type relay struct {
+	gatewayv1.UnimplementedGatewayServiceServer
+	covenpb.UnimplementedCovenControlServer
+
+	mu     sync.Mutex
+	agents map[string]*relayAgent
+	seq    atomic.Uint64
+}
+
+type relayAgent struct {
+	stream grpc.BidiStreamingServer[covenpb.AgentMessage, covenpb.ServerMessage]
+	turn   chan struct{} // one request at a time
+	mu     sync.Mutex
+	reqID  string
+	events chan *covenpb.MessageResponse
+}
+
+func (r *relay) AgentStream(stream grpc.BidiStreamingServer[covenpb.AgentMessage, covenpb.ServerMessage]) error {
+	m, err := stream.Recv()
+	if err != nil {
+		return err
+	}
+	id := m.GetRegister().GetAgentId()
+	a := &relayAgent{stream: stream, turn: make(chan struct{}, 1), events: make(chan *covenpb.MessageResponse, 16)}
+	r.mu.Lock()
+	r.agents[id] = a
+	r.mu.Unlock()
+	defer func() { r.mu.Lock(); delete(r.agents, id); r.mu.Unlock() }()
+	if err := stream.Send(&covenpb.ServerMessage{Payload: &covenpb.ServerMessage_Welcome{Welcome: &covenpb.Welcome{ServerId: "relay", AgentId: id}}}); err != nil {
+		return err
+	}
+	for {
+		m, err := stream.Recv()
+		if err != nil {
+			return err
+		}
+		resp := m.GetResponse()
+		if resp == nil {
+			continue
+		}
+		a.mu.Lock()
+		match := resp.RequestId == a.reqID
+		a.mu.Unlock()
+		if match {
+			a.events <- resp
+		}
+	}
+}
+
+func (r *relay) SendMessage(req *gatewayv1.SendMessageRequest, out grpc.ServerStreamingServer[gatewayv1.SendMessageResponse]) error {
+	r.mu.Lock()
+	a := r.agents[req.AgentId]
+	r.mu.Unlock()
+	if a == nil {
+		return status.Error(codes.NotFound, "no such agent")
+	}
+	a.turn <- struct{}{}
+	defer func() { <-a.turn }()
+	id := strconv.FormatUint(r.seq.Add(1), 10)
+	a.mu.Lock()
+	a.reqID = id
+	a.mu.Unlock()
+	if err := a.stream.Send(&covenpb.ServerMessage{Payload: &covenpb.ServerMessage_SendMessage{SendMessage: &covenpb.SendMessage{
+		RequestId: id, Content: req.Content,
+	}}}); err != nil {
+		return err
+	}
+	for ev := range a.events {
+		if err := out.Send(&gatewayv1.SendMessageResponse{RequestId: id, Event: ev}); err != nil {
+			return err
+		}
+		if ev.GetDone() != nil || ev.GetError() != "" {
+			return nil
+		}
+	}
+	return nil
+}
+
+// startRelay serves the relay floor on loopback with a bare grpc.Server.
+func startRelay(b *testing.B) *target {
+	b.Helper()
+	srv := grpc.NewServer()
+	r := &relay{agents: map[string]*relayAgent{}}
+	gatewayv1.RegisterGatewayServiceServer(srv, r)
+	covenpb.RegisterCovenControlServer(srv, r)
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() { defer close(done); _ = srv.Serve(lis) }()
+	return &target{name: "relay-floor", addr: lis.Addr().String(), stop: func() { srv.Stop(); <-done }}
+}

@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Installs the Debian packages the integration tests use: nginx, which
+# load-balances gRPC across gateway replicas. Idempotent; needs root (CI and
+# the development machines run as root) or sudo.
+set -euo pipefail
+packages=(nginx)
+missing=()
+for p in "${packages[@]}"; do
+	command -v "$p" >/dev/null 2>&1 || [ -x "/usr/sbin/$p" ] || missing+=("$p")
+done
+[ ${#missing[@]} -eq 0 ] && exit 0
+sudo=""
+[ "$(id -u)" -eq 0 ] || sudo="sudo"
+export DEBIAN_FRONTEND=noninteractive
+$sudo apt-get update -qq
+# The tests start nginx themselves on free loopback ports; the package's own
+# service is never started (there is no init system here to start it).
+$sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
