@@ -74,14 +74,23 @@ func TestForwardingBetweenReplicas(t *testing.T) {
 	// Every server span of the call, on both replicas, is in the client's
 	// trace: B's handling and A's, reached through B's forwarding client.
 	traceID := span.SpanContext().TraceID()
-	var servers []string
-	for _, s := range rec.Ended() {
-		if s.SpanContext().TraceID() == traceID && s.SpanKind() == oteltrace.SpanKindServer && strings.HasSuffix(s.Name(), "/SendMessage") {
-			servers = append(servers, s.Name())
+	serverSpans := func() []string {
+		var names []string
+		for _, s := range rec.Ended() {
+			if s.SpanContext().TraceID() == traceID && s.SpanKind() == oteltrace.SpanKindServer && strings.HasSuffix(s.Name(), "/SendMessage") {
+				names = append(names, s.Name())
+			}
 		}
+		return names
 	}
-	if len(servers) != 2 {
-		t.Fatalf("want the SendMessage server spans of both replicas in trace %s, got %v", traceID, servers)
+	// A server span ends after its status is sent, so the client may see
+	// the end of the stream first: wait for both to be recorded.
+	deadline := time.Now().Add(30 * time.Second)
+	for len(serverSpans()) < 2 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if got := serverSpans(); len(got) != 2 {
+		t.Fatalf("want the SendMessage server spans of both replicas in trace %s, got %v", traceID, got)
 	}
 
 	// A cancellation sent to B for a request A assigned reaches A.
@@ -103,7 +112,7 @@ func TestForwardingBetweenReplicas(t *testing.T) {
 
 	// When the agent leaves A, B answers NOT_FOUND.
 	cancel()
-	deadline := time.Now().Add(30 * time.Second)
+	deadline = time.Now().Add(30 * time.Second)
 	for {
 		s, err := clientB.SendMessage(authed(context.Background()), &gatewayv1.SendMessageRequest{AgentId: "far-agent"})
 		if err == nil {

@@ -222,12 +222,12 @@ func (s *Service) AgentStream(stream grpc.BidiStreamingServer[covenpb.AgentMessa
 	if s.opts.Registry != nil {
 		go s.renewLease(ctx, log, agent)
 	}
-	dispatched := make(chan struct{})
-	go func() { defer close(dispatched); s.dispatch(ctx, agent) }()
+	dispatched, stopDispatch := make(chan struct{}), make(chan struct{})
+	go func() { defer close(dispatched); s.dispatch(ctx, stopDispatch, agent) }()
 	// Deregistered first, so no new request can be queued; then the
 	// dispatcher fails the pending ones before the stream ends, so no caller
 	// is left waiting and the agent can reconnect at once.
-	defer func() { s.deregister(agent); cancel(nil); <-dispatched }()
+	defer func() { s.deregister(agent); close(stopDispatch); cancel(nil); <-dispatched }()
 
 	msgs := make(chan *covenpb.AgentMessage)
 	recvErr := make(chan error, 1)

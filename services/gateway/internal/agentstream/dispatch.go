@@ -204,57 +204,57 @@ func (a *Agent) route(m *covenpb.MessageResponse) bool {
 	return true
 }
 
-// dispatch feeds the agent one request at a time until its stream ends, then
-// fails whatever is left.
-func (s *Service) dispatch(ctx context.Context, a *Agent) {
-	defer func() {
-		cause := status.Errorf(codes.Unavailable, "agent %q disconnected", a.ID)
+// dispatch feeds the agent one request at a time. It runs until stop, which
+// is closed only once the agent is deregistered, so that every request that
+// could still be queued is seen here: while the stream is gone but the agent
+// not yet deregistered, requests are failed rather than left waiting.
+func (s *Service) dispatch(ctx context.Context, stop <-chan struct{}, a *Agent) {
+	gone := func() error {
 		if st, ok := status.FromError(context.Cause(ctx)); ok && context.Cause(ctx) != nil {
-			cause = status.Errorf(codes.Unavailable, "agent %q disconnected: %s", a.ID, st.Message())
+			return status.Errorf(codes.Unavailable, "agent %q disconnected: %s", a.ID, st.Message())
 		}
-		a.mu.Lock()
-		r := a.inflight
-		a.inflight = nil
-		a.mu.Unlock()
-		if r != nil {
-			r.deliver(Event{Err: cause})
-			s.forget(r)
-		}
-		for {
-			select {
-			case r := <-a.queue:
-				r.deliver(Event{Err: cause})
-				s.forget(r)
-			default:
-				return
-			}
-		}
-	}()
+		return status.Errorf(codes.Unavailable, "agent %q disconnected", a.ID)
+	}
+	fail := func(r *request, err error) {
+		r.deliver(Event{Err: err})
+		s.forget(r)
+	}
 	for {
 		var r *request
 		select {
-		case <-ctx.Done():
-			return
+		case <-stop:
+			for {
+				select {
+				case r := <-a.queue:
+					fail(r, gone())
+				default:
+					return
+				}
+			}
 		case r = <-a.queue:
 		}
-		if r.callerClosed() {
+		switch {
+		case r.callerClosed():
 			// Cancelled or abandoned while it waited: the agent never sees it.
 			s.forget(r)
+			continue
+		case ctx.Err() != nil:
+			fail(r, gone())
 			continue
 		}
 		a.mu.Lock()
 		a.inflight = r
 		a.mu.Unlock()
 		if err := a.send(&covenpb.ServerMessage{Payload: &covenpb.ServerMessage_SendMessage{SendMessage: r.msg}}); err != nil {
-			return // the stream is broken; the deferred cleanup fails r
-		}
-		if !s.await(ctx, a, r) {
-			return
+			fail(r, status.Errorf(codes.Unavailable, "sending to agent %q: %v", a.ID, err))
+		} else if !s.await(ctx, a, r) {
+			fail(r, gone())
+		} else {
+			s.forget(r)
 		}
 		a.mu.Lock()
 		a.inflight = nil
 		a.mu.Unlock()
-		s.forget(r)
 	}
 }
 

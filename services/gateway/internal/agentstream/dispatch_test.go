@@ -2,6 +2,7 @@ package agentstream_test
 
 import (
 	"context"
+	"fmt"
 	"testing"
 
 	"google.golang.org/grpc"
@@ -218,5 +219,41 @@ func TestQueuedRequestCancelledNeverReachesAgent(t *testing.T) {
 	respond(t, agent, done(first.ID))
 	if got := nextRequest(t, agent); got.GetRequestId() != third.ID {
 		t.Fatalf("agent got %s after a cancelled queued request, want %s", got.GetRequestId(), third.ID)
+	}
+}
+
+// TestSendRacingDisconnectNeverHangs sends requests while the agent goes
+// away: each one is either refused or ends, none waits forever. (It once
+// could: a request queued after the dispatcher stopped but before the agent
+// was deregistered was never answered.)
+func TestSendRacingDisconnectNeverHangs(t *testing.T) {
+	t.Parallel()
+	svc, c := start(t, agentstream.Options{})
+	for round := range 30 {
+		ctx, cancel := context.WithCancel(context.Background())
+		s, err := c.AgentStream(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		id := fmt.Sprint("racer-", round)
+		_ = s.Send(&covenpb.AgentMessage{Payload: &covenpb.AgentMessage_Register{Register: &covenpb.RegisterAgent{AgentId: id}}})
+		if m, err := s.Recv(); err != nil || m.GetWelcome() == nil {
+			t.Fatalf("register: %v %v", m, err)
+		}
+		var accepted []*agentstream.Request
+		cancel()
+		for {
+			req, err := svc.Send(context.Background(), id, &covenpb.SendMessage{Content: "x"})
+			if err != nil {
+				break
+			}
+			accepted = append(accepted, req)
+		}
+		for _, r := range accepted {
+			evs := collect(r)
+			if last := evs[len(evs)-1]; status.Code(last.Err) != codes.Unavailable {
+				t.Fatalf("round %d: request ended with %v, want UNAVAILABLE", round, last)
+			}
+		}
 	}
 }

@@ -1,0 +1,366 @@
+package service_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+
+	"github.com/conclave-ai/conclave/pkg/testenv"
+	gatewayv1 "github.com/conclave-ai/conclave/proto/conclave/gateway/v1"
+	covenpb "github.com/conclave-ai/conclave/proto/coven"
+)
+
+// Real components for the cluster test: dynalite as the shared store and
+// the gateway binary, built once.
+var (
+	dynalite   *testenv.Component
+	gatewayBin string
+)
+
+func TestMain(m *testing.M) {
+	os.Exit(testenv.RunWith(m, func(ctx context.Context) (*testenv.Component, error) {
+		dir, err := os.MkdirTemp("", "gateway-bin")
+		if err != nil {
+			return nil, err
+		}
+		gatewayBin = filepath.Join(dir, "gateway")
+		if out, err := exec.Command("go", "build", "-o", gatewayBin, "../cmd/gateway").CombinedOutput(); err != nil {
+			return nil, fmt.Errorf("build gateway: %v\n%s", err, out)
+		}
+		return testenv.Dynalite(ctx)
+	}, &dynalite))
+}
+
+type replicaProc struct {
+	id, grpcAddr string
+	cmd          *exec.Cmd
+	out          *bytes.Buffer
+	done         chan struct{}
+}
+
+// startReplicaProcess runs the gateway binary as replica id over dynalite.
+func startReplicaProcess(t *testing.T, id, tablePrefix string) *replicaProc {
+	t.Helper()
+	gp, err := testenv.FreePort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	hp, err := testenv.FreePort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := fmt.Sprintf("127.0.0.1:%d", gp)
+	cmd := exec.Command(gatewayBin)
+	cmd.Env = append(os.Environ(),
+		"CONCLAVE_BACKEND=aws", "CONCLAVE_AWS_ENDPOINT="+dynalite.Endpoint, "CONCLAVE_TABLE_PREFIX="+tablePrefix,
+		"AWS_ACCESS_KEY_ID=test", "AWS_SECRET_ACCESS_KEY=test", "AWS_REGION=us-east-1",
+		"CONCLAVE_GATEWAY_GRPC_ADDR="+addr, fmt.Sprintf("CONCLAVE_GATEWAY_HTTP_ADDR=127.0.0.1:%d", hp),
+		"CONCLAVE_GATEWAY_SERVER_ID="+id, "CONCLAVE_GATEWAY_CLIENT_TOKENS="+token,
+		"CONCLAVE_GATEWAY_LEASE=2s", "CONCLAVE_GATEWAY_SHUTDOWN_TIMEOUT=2s",
+	)
+	r := &replicaProc{id: id, grpcAddr: addr, cmd: cmd, out: &bytes.Buffer{}, done: make(chan struct{})}
+	cmd.Stdout, cmd.Stderr = r.out, r.out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = cmd.Wait(); close(r.done) }()
+	t.Cleanup(func() { _ = cmd.Process.Kill(); <-r.done })
+	deadline := time.Now().Add(time.Minute)
+	for {
+		if c, err := net.Dial("tcp", addr); err == nil {
+			c.Close()
+			return r
+		}
+		select {
+		case <-r.done:
+			t.Fatalf("replica %s exited:\n%s", id, r.out)
+		case <-time.After(50 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("replica %s never listened:\n%s", id, r.out)
+		}
+	}
+}
+
+// clusterAgent is a coven agent that keeps itself connected through the
+// load balancer: when its stream breaks it reconnects and re-registers,
+// retrying while its old registration has not expired. Messages with
+// content "hold" are never answered, to have requests in flight.
+type clusterAgent struct {
+	id string
+
+	mu       sync.Mutex
+	serverID string
+	welcomes int
+	changed  chan struct{}
+}
+
+func (a *clusterAgent) state() (string, int) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.serverID, a.welcomes
+}
+
+func (a *clusterAgent) run(ctx context.Context, conn *grpc.ClientConn) {
+	client := covenpb.NewCovenControlClient(conn)
+	for ctx.Err() == nil {
+		a.session(ctx, client)
+		select {
+		case <-ctx.Done():
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+func (a *clusterAgent) session(ctx context.Context, client covenpb.CovenControlClient) {
+	sctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stream, err := client.AgentStream(sctx)
+	if err != nil {
+		return
+	}
+	if stream.Send(&covenpb.AgentMessage{Payload: &covenpb.AgentMessage_Register{Register: &covenpb.RegisterAgent{
+		AgentId: a.id, Capabilities: []string{"chat"},
+	}}}) != nil {
+		return
+	}
+	m, err := stream.Recv()
+	if err != nil || m.GetWelcome() == nil {
+		return
+	}
+	a.mu.Lock()
+	a.serverID = m.GetWelcome().GetServerId()
+	a.welcomes++
+	a.mu.Unlock()
+	select {
+	case a.changed <- struct{}{}:
+	default:
+	}
+	for {
+		m, err := stream.Recv()
+		if err != nil {
+			return
+		}
+		req := m.GetSendMessage()
+		if req == nil || req.GetContent() == "hold" {
+			continue
+		}
+		for _, r := range []*covenpb.MessageResponse{
+			{RequestId: req.RequestId, Event: &covenpb.MessageResponse_Text{Text: a.id + ":" + req.Content}},
+			{RequestId: req.RequestId, Event: &covenpb.MessageResponse_Done{Done: &covenpb.Done{}}},
+		} {
+			if stream.Send(&covenpb.AgentMessage{Payload: &covenpb.AgentMessage_Response{Response: r}}) != nil {
+				return
+			}
+		}
+	}
+}
+
+// ask sends content to agentID through the load balancer and returns the
+// text of the reply.
+func ask(ctx context.Context, client gatewayv1.GatewayServiceClient, agentID, content string) (string, error) {
+	stream, err := client.SendMessage(authed(ctx), &gatewayv1.SendMessageRequest{AgentId: agentID, Content: content})
+	if err != nil {
+		return "", err
+	}
+	var text string
+	for {
+		m, err := stream.Recv()
+		if errors.Is(err, io.EOF) {
+			return text, nil
+		}
+		if err != nil {
+			return text, err
+		}
+		text += m.GetEvent().GetText()
+	}
+}
+
+func dialLB(t *testing.T, addr string) *grpc.ClientConn {
+	t.Helper()
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = conn.Close() })
+	return conn
+}
+
+// TestClusterBehindNginx runs three gateway replica processes on one
+// dynalite behind nginx (grpc_pass): agents and clients spread over the
+// replicas, every client reaches every agent, a duplicate registration is
+// refused across replicas, and when one replica is killed its agents
+// reconnect through nginx and re-register, while the clients whose requests
+// were cut get a clear error and nothing else is lost.
+func TestClusterBehindNginx(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs three gateway processes, nginx and dynalite")
+	}
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+
+	prefix := fmt.Sprintf("cluster%d-", time.Now().UnixNano())
+	var replicas []*replicaProc
+	var upstreams []string
+	for i := range 3 {
+		r := startReplicaProcess(t, fmt.Sprintf("gw-%d", i), prefix)
+		replicas = append(replicas, r)
+		upstreams = append(upstreams, r.grpcAddr)
+	}
+	lb, err := testenv.NginxGRPC(ctx, t.TempDir(), upstreams, "2s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(lb.Stop)
+
+	// Agents, each on its own connection through nginx.
+	const agentCount = 9
+	agents := make([]*clusterAgent, agentCount)
+	agentsCtx, stopAgents := context.WithCancel(ctx)
+	defer stopAgents()
+	for i := range agents {
+		agents[i] = &clusterAgent{id: fmt.Sprintf("agent-%d", i), changed: make(chan struct{}, 1)}
+		go agents[i].run(agentsCtx, dialLB(t, lb.Addr))
+	}
+	waitFor(t, ctx, "every agent registered", func() bool {
+		for _, a := range agents {
+			if s, _ := a.state(); s == "" {
+				return false
+			}
+		}
+		return true
+	})
+	held := map[string]int{}
+	for _, a := range agents {
+		s, _ := a.state()
+		held[s]++
+	}
+	if len(held) < 2 {
+		t.Fatalf("nginx put every agent on one replica: %v", held)
+	}
+
+	// Clients, each on its own connection through nginx: every client
+	// reaches every agent, wherever each landed.
+	var clients []gatewayv1.GatewayServiceClient
+	for range 3 {
+		clients = append(clients, gatewayv1.NewGatewayServiceClient(dialLB(t, lb.Addr)))
+	}
+	for ci, c := range clients {
+		for _, a := range agents {
+			got, err := ask(ctx, c, a.id, fmt.Sprint("hi from ", ci))
+			if err != nil || got != fmt.Sprintf("%s:hi from %d", a.id, ci) {
+				t.Fatalf("client %d to %s: %q, %v", ci, a.id, got, err)
+			}
+		}
+	}
+	list, err := clients[0].ListAgents(authed(ctx), &gatewayv1.ListAgentsRequest{})
+	if err != nil || len(list.Agents) != agentCount {
+		t.Fatalf("list through nginx: %d agents, %v", len(list.GetAgents()), err)
+	}
+
+	// A duplicate registration through nginx is refused, whichever replica
+	// it reaches.
+	for range 3 {
+		dup, err := covenpb.NewCovenControlClient(dialLB(t, lb.Addr)).AgentStream(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = dup.Send(&covenpb.AgentMessage{Payload: &covenpb.AgentMessage_Register{Register: &covenpb.RegisterAgent{AgentId: agents[0].id}}})
+		for {
+			_, err = dup.Recv()
+			if err != nil {
+				break
+			}
+		}
+		if status.Code(err) != codes.AlreadyExists {
+			t.Fatalf("duplicate registration through nginx: %v", err)
+		}
+	}
+
+	// Kill the replica holding agent-0, with a request in flight to it.
+	victimID, _ := agents[0].state()
+	var victim *replicaProc
+	for _, r := range replicas {
+		if r.id == victimID {
+			victim = r
+		}
+	}
+	cut := make(chan error, 1)
+	go func() {
+		_, err := ask(ctx, clients[1], agents[0].id, "hold")
+		cut <- err
+	}()
+	waitFor(t, ctx, "the held request to reach agent-0", func() bool {
+		a, err := clients[2].GetAgent(authed(ctx), &gatewayv1.GetAgentRequest{AgentId: agents[0].id})
+		return err == nil && a.Agent.GetBusy()
+	})
+	_, before := agents[0].state()
+	if err := victim.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	<-victim.done
+
+	select {
+	case err := <-cut:
+		if code := status.Code(err); code != codes.Unavailable || status.Convert(err).Message() == "" {
+			t.Fatalf("the cut request ended with %v, want UNAVAILABLE with a reason", err)
+		}
+	case <-ctx.Done():
+		t.Fatal("the cut request never ended")
+	}
+
+	// Its agents come back through nginx on the surviving replicas, once
+	// their leases on the dead one have expired.
+	waitFor(t, ctx, "agent-0 re-registered elsewhere", func() bool {
+		s, n := agents[0].state()
+		return n > before && s != victimID
+	})
+	for _, a := range agents {
+		a := a
+		waitFor(t, ctx, a.id+" on a live replica", func() bool {
+			s, _ := a.state()
+			return s != victimID && s != ""
+		})
+	}
+	// Nothing else was lost: every agent answers every client again.
+	for ci, c := range clients {
+		for _, a := range agents {
+			var got string
+			waitFor(t, ctx, fmt.Sprintf("client %d reaching %s", ci, a.id), func() bool {
+				got, err = ask(ctx, c, a.id, "again")
+				return err == nil
+			})
+			if got != a.id+":again" {
+				t.Fatalf("client %d to %s after the kill: %q", ci, a.id, got)
+			}
+		}
+	}
+}
+
+// waitFor polls cond until it holds; the test's context bounds the wait.
+func waitFor(t *testing.T, ctx context.Context, what string, cond func() bool) {
+	t.Helper()
+	for !cond() {
+		select {
+		case <-ctx.Done():
+			t.Fatalf("timed out waiting for %s", what)
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
