@@ -61,8 +61,7 @@ func runDev(ctx context.Context, args []string, lookup config.Lookup, stdout, st
 	if cfg.Storage.Backend != config.BackendEmbedded {
 		return fmt.Errorf("CONCLAVE_BACKEND: conclave dev runs on the embedded backend; run the services themselves for %q", cfg.Storage.Backend)
 	}
-	// One file for every service's tables: it survives restarts, so agents
-	// and requests known before a restart are still known after it.
+	// One file holds every service's tables, and survives restarts.
 	st, err := store.Open(ctx, cfg.Storage, "")
 	if err != nil {
 		return err

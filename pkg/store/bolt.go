@@ -229,11 +229,7 @@ func (b *Bolt) Add(ctx context.Context, table string, key Key, delta int64, expi
 
 // Query implements Store.
 func (b *Bolt) Query(ctx context.Context, table string, q Query) (Page, error) {
-	q, err := normalizeQuery(q)
-	if err != nil {
-		return Page{}, err
-	}
-	after, err := decodeCursor(q.Cursor, q.PK)
+	q, after, err := prepareQuery(q)
 	if err != nil {
 		return Page{}, err
 	}

@@ -512,11 +512,7 @@ func (d *Dynamo) Add(ctx context.Context, table string, key Key, delta int64, ex
 
 // Query implements Store.
 func (d *Dynamo) Query(ctx context.Context, table string, q Query) (Page, error) {
-	q, err := normalizeQuery(q)
-	if err != nil {
-		return Page{}, err
-	}
-	after, err := decodeCursor(q.Cursor, q.PK)
+	q, after, err := prepareQuery(q)
 	if err != nil {
 		return Page{}, err
 	}

@@ -285,6 +285,17 @@ func normalizeQuery(q Query) (Query, error) {
 	return q, nil
 }
 
+// prepareQuery validates q, applies its defaults and decodes its cursor into
+// the sort key to continue after.
+func prepareQuery(q Query) (Query, string, error) {
+	q, err := normalizeQuery(q)
+	if err != nil {
+		return q, "", err
+	}
+	after, err := decodeCursor(q.Cursor, q.PK)
+	return q, after, err
+}
+
 // cursor is the position after the last item a page returned. It names its
 // partition so it cannot be replayed against another one.
 type cursor struct {
