@@ -1,0 +1,116 @@
+package service_test
+
+import (
+	"context"
+	"io"
+	"strings"
+	"testing"
+	"time"
+
+	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracegrpc"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+
+	"github.com/conclave-ai/conclave/pkg/telemetry"
+	"github.com/conclave-ai/conclave/pkg/testenv"
+	gatewayv1 "github.com/conclave-ai/conclave/proto/conclave/gateway/v1"
+)
+
+// TestForwardedRequestIsOneTraceInJaeger sends a client's message through
+// replica B, which forwards it to replica A holding the agent, and finds the
+// client's span, B's and A's server spans and B's forwarding call in one
+// trace in a real Jaeger, A's server span a child of B's call.
+func TestForwardedRequestIsOneTraceInJaeger(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts Jaeger")
+	}
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	j, err := testenv.StartJaeger(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Registered first, so it stops last: the replicas export spans while
+	// they shut down.
+	t.Cleanup(j.Stop)
+	provider := func(service string) *telemetry.Provider {
+		exp, err := otlptracegrpc.New(ctx, otlptracegrpc.WithEndpoint(j.OTLPEndpoint), otlptracegrpc.WithInsecure())
+		if err != nil {
+			t.Fatal(err)
+		}
+		// Exported as each span ends, so the trace is complete in Jaeger
+		// without waiting for a batch.
+		p, err := telemetry.New(ctx, telemetry.Config{ServiceName: service, SpanProcessors: []sdktrace.SpanProcessor{sdktrace.NewSimpleSpanProcessor(exp)}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = p.Shutdown(context.Background()) })
+		return p
+	}
+	st := openStore(t)
+	connA, _ := startReplica(t, "gw-a", st, provider("gateway-a"))
+	connB, _ := startReplica(t, "gw-b", st, provider("gateway-b"))
+	agentCtx, stopAgent := context.WithCancel(ctx)
+	defer stopAgent()
+	echoAgent(t, agentCtx, connA, "traced-agent")
+
+	client := provider("client")
+	callCtx, span := client.TracerProvider().Tracer("client").Start(authed(ctx), "ask traced-agent")
+	stream, err := gatewayv1.NewGatewayServiceClient(connB).SendMessage(callCtx, &gatewayv1.SendMessageRequest{AgentId: "traced-agent", Content: "trace me"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for {
+		if _, err := stream.Recv(); err == io.EOF {
+			break
+		} else if err != nil {
+			t.Fatal(err)
+		}
+	}
+	span.End()
+	traceID := span.SpanContext().TraceID().String()
+
+	// client span, B's server span, B's forwarding client span, A's server span.
+	tr, err := j.WaitTrace(ctx, traceID, 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	byID := map[string]testenv.JaegerSpan{}
+	for _, s := range tr.Spans {
+		byID[s.SpanID] = s
+	}
+	var serverA, serverB *testenv.JaegerSpan
+	for i, s := range tr.Spans {
+		if !strings.HasSuffix(s.OperationName, "/SendMessage") || s.Tags["span.kind"] != "server" {
+			continue
+		}
+		switch s.ServiceName {
+		case "gateway-a":
+			serverA = &tr.Spans[i]
+		case "gateway-b":
+			serverB = &tr.Spans[i]
+		}
+	}
+	if serverA == nil || serverB == nil {
+		t.Fatalf("trace %s lacks a replica's server span: %+v", traceID, tr.Spans)
+	}
+	// descends reports whether span id has ancestor among its parents.
+	descends := func(id, ancestor string) bool {
+		for seen := 0; id != "" && seen < len(tr.Spans); seen++ {
+			if id = byID[id].ParentSpanID; id == ancestor {
+				return true
+			}
+		}
+		return false
+	}
+	root := span.SpanContext().SpanID().String()
+	if !descends(serverB.SpanID, root) {
+		t.Errorf("B's server span does not descend from the client's span %s: %+v", root, tr.Spans)
+	}
+	if !descends(serverA.SpanID, serverB.SpanID) {
+		t.Errorf("A's server span does not descend from B's server span: %+v", tr.Spans)
+	}
+	if parent := byID[serverA.ParentSpanID]; parent.ServiceName != "gateway-b" || parent.Tags["span.kind"] != "client" {
+		t.Errorf("A's server span's parent is %+v, want B's forwarding call", parent)
+	}
+}
