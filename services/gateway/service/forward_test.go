@@ -2,7 +2,6 @@ package service_test
 
 import (
 	"context"
-	"io"
 	"strings"
 	"testing"
 	"time"
@@ -47,27 +46,9 @@ func TestForwardingBetweenReplicas(t *testing.T) {
 
 	tracer := tel.TracerProvider().Tracer("client")
 	spanCtx, span := tracer.Start(authed(ctx), "client call")
-	stream, err := clientB.SendMessage(spanCtx, &gatewayv1.SendMessageRequest{AgentId: "far-agent", Content: "over there"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var texts []string
-	var requestID string
-	for {
-		m, err := stream.Recv()
-		if err == io.EOF {
-			break
-		}
-		if err != nil {
-			t.Fatalf("forwarded stream: %v", err)
-		}
-		requestID = m.GetRequestId()
-		if txt := m.GetEvent().GetText(); txt != "" {
-			texts = append(texts, txt)
-		}
-	}
+	texts, requestID := readReply(t, spanCtx, clientB, &gatewayv1.SendMessageRequest{AgentId: "far-agent", Content: "over there"})
 	span.End()
-	if strings.Join(texts, "") != "echo: over there" || !strings.HasPrefix(requestID, "gw-a.") {
+	if strings.Join(texts, "|") != "echo: over there|done:over there" || !strings.HasPrefix(requestID, "gw-a.") {
 		t.Fatalf("reply %v for request %s", texts, requestID)
 	}
 

@@ -2,7 +2,6 @@ package service_test
 
 import (
 	"context"
-	"io"
 	"strings"
 	"testing"
 	"time"
@@ -56,17 +55,7 @@ func TestForwardedRequestIsOneTraceInJaeger(t *testing.T) {
 
 	client := provider("client")
 	callCtx, span := client.TracerProvider().Tracer("client").Start(authed(ctx), "ask traced-agent")
-	stream, err := gatewayv1.NewGatewayServiceClient(connB).SendMessage(callCtx, &gatewayv1.SendMessageRequest{AgentId: "traced-agent", Content: "trace me"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	for {
-		if _, err := stream.Recv(); err == io.EOF {
-			break
-		} else if err != nil {
-			t.Fatal(err)
-		}
-	}
+	readReply(t, callCtx, gatewayv1.NewGatewayServiceClient(connB), &gatewayv1.SendMessageRequest{AgentId: "traced-agent", Content: "trace me"})
 	span.End()
 	traceID := span.SpanContext().TraceID().String()
 

@@ -127,6 +127,34 @@ func echoAgent(t *testing.T, ctx context.Context, conn *grpc.ClientConn, id stri
 	}()
 }
 
+// readReply sends req and reads the reply to its end: the text events, then
+// "done:<full_response>", and the request ID.
+func readReply(t *testing.T, ctx context.Context, client gatewayv1.GatewayServiceClient, req *gatewayv1.SendMessageRequest) ([]string, string) {
+	t.Helper()
+	stream, err := client.SendMessage(ctx, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	var requestID string
+	for {
+		m, err := stream.Recv()
+		if err == io.EOF {
+			return got, requestID
+		}
+		if err != nil {
+			t.Fatalf("reply stream: %v", err)
+		}
+		requestID = m.GetRequestId()
+		switch {
+		case m.GetEvent().GetText() != "":
+			got = append(got, m.GetEvent().GetText())
+		case m.GetEvent().GetDone() != nil:
+			got = append(got, "done:"+m.GetEvent().GetDone().GetFullResponse())
+		}
+	}
+}
+
 func authed(ctx context.Context) context.Context {
 	return metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+token)
 }
@@ -153,28 +181,7 @@ func TestClientAPIOverGRPC(t *testing.T) {
 		t.Fatalf("unknown agent: %v", err)
 	}
 
-	stream, err := client.SendMessage(authed(ctx), &gatewayv1.SendMessageRequest{AgentId: "echo-1", Content: "hello"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var got []string
-	var requestID string
-	for {
-		m, err := stream.Recv()
-		if err == io.EOF {
-			break
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		requestID = m.RequestId
-		switch {
-		case m.Event.GetText() != "":
-			got = append(got, m.Event.GetText())
-		case m.Event.GetDone() != nil:
-			got = append(got, "done:"+m.Event.GetDone().GetFullResponse())
-		}
-	}
+	got, requestID := readReply(t, authed(ctx), client, &gatewayv1.SendMessageRequest{AgentId: "echo-1", Content: "hello"})
 	if strings.Join(got, "|") != "echo: hello|done:hello" || !strings.HasPrefix(requestID, "gw-test.") {
 		t.Fatalf("stream = %v (request %s)", got, requestID)
 	}
