@@ -3,6 +3,7 @@ package testenv
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -63,11 +64,23 @@ var jaegerPorts = []struct {
 // it first with scripts/build-test-tools.sh when it is missing or
 // tools/jaeger changed (see Kube about that build and ctx), and waits until
 // it reports itself ready, for at most 2 minutes.
+//
+// Jaeger binds a dozen ports, each picked free a moment before; when another
+// process takes one first Jaeger exits, and it is started again on new ports.
 func StartJaeger(ctx context.Context) (*Jaeger, error) {
 	bin, err := toolBinaries(ctx, "jaeger", "jaeger-all-in-one")
 	if err != nil {
 		return nil, err
 	}
+	for attempt := 1; ; attempt++ {
+		j, err := startJaeger(ctx, bin)
+		if err == nil || !errors.Is(err, ErrExited) || attempt == 3 {
+			return j, err
+		}
+	}
+}
+
+func startJaeger(ctx context.Context, bin string) (*Jaeger, error) {
 	addrs := make(map[string]string, len(jaegerPorts))
 	args := []any{
 		Env{
@@ -124,7 +137,7 @@ func (j *Jaeger) waitReady(ctx context.Context) error {
 		}
 		select {
 		case <-j.c.done:
-			return fmt.Errorf("testenv: jaeger exited before it was ready:\n%s", j.Output())
+			return fmt.Errorf("testenv: jaeger %w (it was not yet ready):\n%s", ErrExited, j.Output())
 		case <-ctx.Done():
 			return fmt.Errorf("testenv: jaeger not ready (%s): %w\n%s", last, ctx.Err(), j.Output())
 		case <-time.After(50 * time.Millisecond):

@@ -163,6 +163,10 @@ func RunWith(m *testing.M, start func(context.Context) (*Component, error), c **
 	return m.Run()
 }
 
+// ErrExited is returned by Start when the component exits before it listens,
+// e.g. because a port FreePort handed out was taken again in the meantime.
+var ErrExited = errors.New("exited before listening")
+
 // Env is an argument to Start holding extra environment variables.
 type Env []string
 
@@ -205,7 +209,7 @@ func Start(ctx context.Context, name string, port int, bin string, args ...any) 
 		}
 		select {
 		case <-c.done:
-			return nil, fmt.Errorf("testenv: %s exited before listening on %s:\n%s", name, addr, out)
+			return nil, fmt.Errorf("testenv: %s %w on %s:\n%s", name, ErrExited, addr, out)
 		case <-ctx.Done():
 			c.Stop()
 			return nil, fmt.Errorf("testenv: %s not listening on %s: %w\n%s", name, addr, ctx.Err(), out)
