@@ -5,13 +5,11 @@ import (
 	"fmt"
 	"io"
 	"text/tabwriter"
-	"time"
 
 	"golang.org/x/sync/errgroup"
 
 	"github.com/conclave-ai/conclave/pkg/config"
 	"github.com/conclave-ai/conclave/pkg/store"
-	"github.com/conclave-ai/conclave/pkg/telemetry"
 	gateway "github.com/conclave-ai/conclave/services/gateway/service"
 )
 
@@ -45,22 +43,15 @@ func runDev(ctx context.Context, args []string, lookup config.Lookup, stdout, st
 	}
 	logger := cfg.Logger(stderr, "conclave")
 
-	tel, err := telemetry.Setup(ctx, telemetry.Config{
-		ServiceName: "conclave", ServiceVersion: versionString(),
-		OTLPEndpoint: cfg.OTLPEndpoint, OTLPInsecure: cfg.OTLPInsecure,
-	})
-	if err != nil {
-		return err
-	}
-	defer func() {
-		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-		defer cancel()
-		_ = tel.Shutdown(sctx)
-	}()
-
 	if cfg.Storage.Backend != config.BackendEmbedded {
 		return fmt.Errorf("CONCLAVE_BACKEND: conclave dev runs on the embedded backend; run the services themselves for %q", cfg.Storage.Backend)
 	}
+	tel, stopTelemetry, err := cfg.Telemetry(ctx, "conclave", versionString())
+	if err != nil {
+		return err
+	}
+	defer stopTelemetry()
+
 	// One file holds every service's tables, and survives restarts.
 	st, err := store.Open(ctx, cfg.Storage, "")
 	if err != nil {

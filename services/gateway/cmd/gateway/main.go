@@ -8,11 +8,9 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
-	"time"
 
 	"github.com/conclave-ai/conclave/pkg/config"
 	"github.com/conclave-ai/conclave/pkg/store"
-	"github.com/conclave-ai/conclave/pkg/telemetry"
 	"github.com/conclave-ai/conclave/services/gateway/service"
 )
 
@@ -42,18 +40,11 @@ func run(ctx context.Context, args []string) error {
 		return err
 	}
 	logger := cfg.Logger(os.Stderr, "gateway")
-	tel, err := telemetry.Setup(ctx, telemetry.Config{
-		ServiceName: "conclave-gateway", OTLPEndpoint: cfg.OTLPEndpoint, OTLPInsecure: cfg.OTLPInsecure,
-	})
+	tel, stopTelemetry, err := cfg.Telemetry(ctx, "conclave-gateway", "")
 	if err != nil {
 		return err
 	}
-	defer func() {
-		// Flush spans after the drain, within a bound of its own.
-		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-		defer cancel()
-		_ = tel.Shutdown(sctx)
-	}()
+	defer stopTelemetry()
 	st, err := store.Open(ctx, cfg.Storage, cfg.TablePrefix)
 	if err != nil {
 		return err
