@@ -419,6 +419,14 @@ func (s *Service) Agents() []*Agent {
 	return out
 }
 
+// Holds reports whether agentID is connected to this replica.
+func (s *Service) Holds(agentID string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	_, ok := s.agents[agentID]
+	return ok
+}
+
 // DroppedResponses counts responses for unknown requests.
 func (s *Service) DroppedResponses() uint64 { return s.droppedResponses.Load() }
 

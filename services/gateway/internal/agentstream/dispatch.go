@@ -30,7 +30,14 @@ type Request struct {
 	// Events delivers the reply in order and is closed after the event that
 	// ends it: a response with done, error or cancelled, or an Err.
 	Events <-chan Event
+
+	req *request
 }
+
+// Dispatched reports whether the message was written to the agent's stream.
+// A request that ended without being dispatched never reached the agent, so
+// sending it again cannot make the agent see it twice.
+func (r *Request) Dispatched() bool { return r.req.dispatched.Load() }
 
 // request is the gateway's side of a Request. The caller's side (events)
 // and the agent's side (agentDone) end separately: a caller may leave or
@@ -47,6 +54,7 @@ type request struct {
 	agentDone  chan struct{}
 	agentOnce  sync.Once
 	cancelSent atomic.Bool
+	dispatched atomic.Bool
 }
 
 func newRequest(ctx context.Context, msg *covenpb.SendMessage) *request {
@@ -102,7 +110,9 @@ func isTerminal(m *covenpb.MessageResponse) bool {
 	return false
 }
 
-func newRequestID(serverID string) string {
+// NewRequestID returns a fresh request ID naming serverID as the replica
+// that assigned it, which is where CancelMessage is routed.
+func NewRequestID(serverID string) string {
 	var b [12]byte
 	_, _ = rand.Read(b[:])
 	return serverID + "." + hex.EncodeToString(b[:])
@@ -112,9 +122,12 @@ func newRequestID(serverID string) string {
 // agent's reply. The agent handles one request at a time; up to QueueDepth
 // more wait, and past that Send fails with RESOURCE_EXHAUSTED. When ctx ends
 // before the reply does, the caller is detached and, if the agent supports
-// cancellation, the agent is told to stop.
+// cancellation, the agent is told to stop. A msg.RequestId already set (from
+// NewRequestID) is kept; otherwise one is assigned.
 func (s *Service) Send(ctx context.Context, agentID string, msg *covenpb.SendMessage) (*Request, error) {
-	msg.RequestId = newRequestID(s.opts.ServerID)
+	if msg.RequestId == "" {
+		msg.RequestId = NewRequestID(s.opts.ServerID)
+	}
 	r := newRequest(ctx, msg)
 	s.mu.Lock()
 	a, ok := s.agents[agentID]
@@ -132,7 +145,7 @@ func (s *Service) Send(ctx context.Context, agentID string, msg *covenpb.SendMes
 	select {
 	case a.queue <- r:
 		s.requests[msg.RequestId] = requestRef{agent: a, req: r}
-		return &Request{ID: msg.RequestId, Events: r.events}, nil
+		return &Request{ID: msg.RequestId, Events: r.events, req: r}, nil
 	default:
 		return nil, status.Errorf(codes.ResourceExhausted, "agent %q has %d requests waiting; try again later", agentID, cap(a.queue))
 	}
@@ -245,6 +258,7 @@ func (s *Service) dispatch(ctx context.Context, stop <-chan struct{}, a *Agent) 
 		a.mu.Lock()
 		a.inflight = r
 		a.mu.Unlock()
+		r.dispatched.Store(true)
 		if err := a.send(&covenpb.ServerMessage{Payload: &covenpb.ServerMessage_SendMessage{SendMessage: r.msg}}); err != nil {
 			fail(r, status.Errorf(codes.Unavailable, "sending to agent %q: %v", a.ID, err))
 		} else if !s.await(ctx, a, r) {
