@@ -20,6 +20,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
+	"google.golang.org/grpc/tap"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	gatewayv1 "github.com/conclave-ai/conclave/proto/conclave/gateway/v1"
@@ -51,6 +52,15 @@ type Options struct {
 	// renewed every third of it while the stream lives, so a crashed
 	// replica's agents are free again within one Lease.
 	Lease time.Duration
+	// MaxHeartbeats bounds the heartbeats (and other messages that are not
+	// responses) an agent may send in one second; past it the stream ends
+	// with RESOURCE_EXHAUSTED. Responses are not counted: a streaming reply
+	// legitimately sends thousands a second.
+	MaxHeartbeats int
+	// Authenticate, when set, checks a registering agent's credentials (the
+	// stream's metadata) against its agent_id; its error, a gRPC status, ends
+	// the stream after a RegistrationError.
+	Authenticate func(ctx context.Context, agentID string) error
 }
 
 // Registry records which connection holds each agent across replicas.
@@ -74,19 +84,32 @@ type Agent struct {
 	ConnectedAt      time.Time
 
 	lastSeen atomic.Int64 // unix nanoseconds
-	send     func(*covenpb.ServerMessage) error
-	cancel   context.CancelCauseFunc
+	ctx      context.Context
+	conn     *agentConn
+	closer   *streamCloser
+	log      *slog.Logger
 
-	queue    chan *request
-	mu       sync.Mutex
-	inflight *request
+	// Owned by the replica's keeper loop.
+	renewAt  time.Time
+	renewing atomic.Bool
+
+	// Owned by the stream's receive loop.
+	heartbeatWindow int64 // unix seconds
+	heartbeats      int
+
+	mu          sync.Mutex
+	pending     []*request // waiting behind inflight; nil when idle, so an idle agent costs nothing here
+	inflight    *request
+	dispatching bool // a dispatcher goroutine is running; true whenever pending is not empty
+	stopped     bool // deregistered: nothing new is queued, and the dispatcher fails what is left
+	dispatchers sync.WaitGroup
 }
 
 // Busy reports whether a request is in flight, and how many wait.
 func (a *Agent) Busy() (inflight bool, queued int) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	return a.inflight != nil, len(a.queue)
+	return a.inflight != nil, len(a.pending)
 }
 
 // Proto is the agent as the client API and the registry show it.
@@ -107,6 +130,14 @@ func (a *Agent) Proto() *gatewayv1.Agent {
 	}
 }
 
+func (a *Agent) send(m *covenpb.ServerMessage) error { return a.conn.send(m) }
+
+// closeStream ends the agent's stream with reason, also sent as the
+// closeReasonTrailer trailer; timeout marks a stream closed for silence.
+func (a *Agent) closeStream(reason error, timeout bool) {
+	a.closer.close(a.conn.stream, reason, timeout)
+}
+
 // LastSeen is when the agent last sent anything.
 func (a *Agent) LastSeen() time.Time { return time.Unix(0, a.lastSeen.Load()) }
 
@@ -124,6 +155,7 @@ type Service struct {
 	agents   map[string]*Agent
 	requests map[string]requestRef
 	draining bool
+	keeping  bool // the keeper loop runs; it does while any agent is registered
 	nextID   atomic.Uint64
 
 	// droppedResponses counts MessageResponses for requests this replica does
@@ -150,6 +182,9 @@ func New(opts Options, logger *slog.Logger) *Service {
 	if opts.Lease <= 0 {
 		opts.Lease = 15 * time.Second
 	}
+	if opts.MaxHeartbeats <= 0 {
+		opts.MaxHeartbeats = 50
+	}
 	return &Service{opts: opts, log: logger, now: time.Now, agents: map[string]*Agent{}, requests: map[string]requestRef{}}
 }
 
@@ -159,36 +194,192 @@ var (
 	errSilent           = status.Error(codes.DeadlineExceeded, "agent sent nothing within the agent timeout; deregistered")
 )
 
-// AgentStream runs one agent's connection.
-func (s *Service) AgentStream(stream grpc.BidiStreamingServer[covenpb.AgentMessage, covenpb.ServerMessage]) error {
+type streamCloserKey struct{}
+
+// streamCloser is an AgentStream's context, made by ServerOption before the
+// stream starts: the gateway cancels it to end a stream whose handler is
+// blocked in Recv (a silent agent, a lost lease), which spares a second
+// goroutine per agent to wait for that decision. gRPC reports a stream
+// ended that way with the context's error, so Err says DeadlineExceeded
+// for a stream ended by a timeout; the specific reason travels in the
+// closeReasonTrailer trailer.
+type streamCloser struct {
+	context.Context
+	cancel  context.CancelCauseFunc
+	timeout atomic.Bool
+}
+
+// Err is DeadlineExceeded for a stream closed by a timeout.
+func (c *streamCloser) Err() error {
+	err := c.Context.Err()
+	if err != nil && c.timeout.Load() {
+		return context.DeadlineExceeded
+	}
+	return err
+}
+
+// Value finds the closer itself under streamCloserKey.
+func (c *streamCloser) Value(key any) any {
+	if key == (streamCloserKey{}) {
+		return c
+	}
+	return c.Context.Value(key)
+}
+
+// close ends stream with reason, a status, also sent as the
+// closeReasonTrailer trailer; timeout makes gRPC report DEADLINE_EXCEEDED
+// rather than CANCELLED.
+func (c *streamCloser) close(stream agentStream, reason error, timeout bool) {
+	stream.SetTrailer(metadata.Pairs(closeReasonTrailer, status.Convert(reason).Message()))
+	if timeout {
+		c.timeout.Store(true)
+	}
+	c.cancel(reason)
+}
+
+// closeReasonTrailer carries, in the trailers, why the gateway ended an
+// agent's stream while it waited for the agent: gRPC's own status message
+// for such a stream is only "context canceled" or "context deadline
+// exceeded".
+const closeReasonTrailer = "conclave-close-reason"
+
+// ServerOption gives every AgentStream a context the gateway can cancel;
+// AgentStream needs it. gRPC makes the context returned by the tap handle
+// the stream's own, so cancelling it wakes a blocked Recv.
+func ServerOption() grpc.ServerOption {
+	return grpc.InTapHandle(func(ctx context.Context, info *tap.Info) (context.Context, error) {
+		if info.FullMethodName != covenpb.CovenControl_AgentStream_FullMethodName {
+			return ctx, nil
+		}
+		c := &streamCloser{}
+		c.Context, c.cancel = context.WithCancelCause(ctx)
+		return c, nil
+	})
+}
+
+var errNoServerOption = status.Error(codes.Internal, "gateway misconfigured: the gRPC server lacks agentstream.ServerOption")
+
+type agentStream = grpc.BidiStreamingServer[covenpb.AgentMessage, covenpb.ServerMessage]
+
+// AgentStream runs one agent's connection. An idle agent costs one
+// goroutine, this one, blocked in Recv: liveness and leases are kept by one
+// loop per replica, which ends a stream through its streamCloser, and a
+// dispatcher runs only while requests wait.
+func (s *Service) AgentStream(stream agentStream) error {
+	closer, ok := stream.Context().Value(streamCloserKey{}).(*streamCloser)
+	if !ok {
+		return errNoServerOption
+	}
 	// Seed 001: headers go out as soon as the stream opens, before the agent
 	// speaks, so clients that wait for them do not deadlock.
 	if err := stream.SendHeader(metadata.MD{}); err != nil {
 		return err
 	}
-	ctx, cancel := context.WithCancelCause(stream.Context())
-	defer cancel(nil)
+	// ctx ends with the stream, or earlier when the handler returns, which
+	// tells the dispatcher the agent is gone.
+	ctx, cancel := context.WithCancel(stream.Context())
+	defer cancel()
 
-	first, err := s.recvFirst(ctx, stream)
+	reg, err := s.awaitRegister(ctx, closer, stream)
 	if err != nil {
 		return err
 	}
-	reg := first.GetRegister()
+	// Registration runs the deepest code an agent's stream meets (the
+	// store's client, logging); on a goroutine of its own, it does not
+	// leave this long-lived goroutine with a stack grown for it.
+	type admission struct {
+		agent *Agent
+		err   error
+	}
+	admitted := make(chan admission, 1)
+	go func() {
+		a, err := s.admit(ctx, closer, stream, reg)
+		admitted <- admission{a, err}
+	}()
+	adm := <-admitted
+	if adm.err != nil {
+		return adm.err
+	}
+	// Deregistered first, so no new request can be queued; then the
+	// dispatcher fails the pending ones before the stream ends, so no caller
+	// is left waiting and the agent can reconnect at once.
+	defer func() {
+		s.deregister(adm.agent)
+		adm.agent.stop()
+		cancel()
+		adm.agent.dispatchers.Wait()
+	}()
+	return s.serve(ctx, adm.agent, stream)
+}
+
+// awaitRegister reads the first message, which must be a valid
+// RegisterAgent, within RegisterTimeout: a stream left open and silent does
+// not hold a slot for long.
+func (s *Service) awaitRegister(ctx context.Context, closer *streamCloser, stream agentStream) (*covenpb.RegisterAgent, error) {
+	timer := time.AfterFunc(s.opts.RegisterTimeout, func() {
+		closer.close(stream, status.Errorf(codes.DeadlineExceeded, "no RegisterAgent within %s", s.opts.RegisterTimeout), true)
+	})
+	m, err := stream.Recv()
+	timer.Stop()
+	switch {
+	case errors.Is(err, io.EOF):
+		return nil, status.Error(codes.FailedPrecondition, "stream closed before RegisterAgent")
+	case err != nil:
+		return nil, closedBecause(ctx, err)
+	}
+	reg := m.GetRegister()
 	if reg == nil {
-		return errNotRegisterFirst
+		return nil, errNotRegisterFirst
 	}
 	if err := validateAgentID(reg.GetAgentId()); err != nil {
+		return nil, err
+	}
+	return reg, nil
+}
+
+// closedBecause says why Recv failed: the gateway's reason when it closed
+// the stream, else recvErr.
+func closedBecause(ctx context.Context, recvErr error) error {
+	if cause := context.Cause(ctx); cause != nil {
+		if _, ok := status.FromError(cause); ok {
+			return cause
+		}
+		return status.FromContextError(cause).Err()
+	}
+	return recvErr
+}
+
+// agentConn serializes sends: the dispatcher, cancellations and Shutdown
+// all send, and a gRPC stream allows one sender at a time.
+type agentConn struct {
+	mu     sync.Mutex
+	stream agentStream
+}
+
+func (c *agentConn) send(m *covenpb.ServerMessage) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.stream.Send(m)
+}
+
+// admit authenticates and registers the agent and welcomes it; a refused
+// agent is sent RegistrationError, and admit returns the status that ends
+// its stream.
+func (s *Service) admit(ctx context.Context, closer *streamCloser, stream agentStream, reg *covenpb.RegisterAgent) (*Agent, error) {
+	conn := &agentConn{stream: stream}
+	refuse := func(err error) error {
+		_ = conn.send(&covenpb.ServerMessage{Payload: &covenpb.ServerMessage_RegistrationError{
+			RegistrationError: &covenpb.RegistrationError{Reason: status.Convert(err).Message()},
+		}})
 		return err
 	}
-
-	// Sends happen from this goroutine's callers and from Shutdown; gRPC
-	// streams allow one concurrent sender.
-	var sendMu sync.Mutex
-	send := func(m *covenpb.ServerMessage) error {
-		sendMu.Lock()
-		defer sendMu.Unlock()
-		return stream.Send(m)
+	if s.opts.Authenticate != nil {
+		if err := s.opts.Authenticate(ctx, reg.GetAgentId()); err != nil {
+			s.log.WarnContext(ctx, "agent registration refused", "agent_id", reg.GetAgentId(), "error", err)
+			return nil, refuse(err)
+		}
 	}
+	now := s.now()
 	agent := &Agent{
 		ID:               reg.GetAgentId(),
 		Name:             reg.GetName(),
@@ -197,135 +388,74 @@ func (s *Service) AgentStream(stream grpc.BidiStreamingServer[covenpb.AgentMessa
 		ProtocolFeatures: reg.GetProtocolFeatures(),
 		InstanceID:       fmt.Sprintf("%s-%d", s.opts.ServerID, s.nextID.Add(1)),
 		ServerID:         s.opts.ServerID,
-		ConnectedAt:      s.now(),
-		send:             send,
-		cancel:           cancel,
-		queue:            make(chan *request, s.opts.QueueDepth),
+		ConnectedAt:      now,
+		ctx:              ctx,
+		conn:             conn,
+		closer:           closer,
+		renewAt:          now.Add(s.opts.Lease / 3),
 	}
-	agent.touch(s.now())
+	agent.log = s.log.With("agent_id", agent.ID, "instance_id", agent.InstanceID)
+	agent.touch(now)
 	if err := s.register(ctx, agent); err != nil {
-		_ = send(&covenpb.ServerMessage{Payload: &covenpb.ServerMessage_RegistrationError{
-			RegistrationError: &covenpb.RegistrationError{Reason: status.Convert(err).Message()},
-		}})
-		return err
+		return nil, refuse(err)
 	}
-	log := s.log.With("agent_id", agent.ID, "instance_id", agent.InstanceID)
-	log.InfoContext(ctx, "agent registered", "name", agent.Name, "capabilities", agent.Capabilities)
-
-	if err := send(&covenpb.ServerMessage{Payload: &covenpb.ServerMessage_Welcome{Welcome: &covenpb.Welcome{
+	agent.log.InfoContext(ctx, "agent registered", "name", agent.Name, "capabilities", agent.Capabilities)
+	if err := conn.send(&covenpb.ServerMessage{Payload: &covenpb.ServerMessage_Welcome{Welcome: &covenpb.Welcome{
 		ServerId: s.opts.ServerID, AgentId: agent.ID, InstanceId: agent.InstanceID,
 	}}}); err != nil {
-		return err
+		s.deregister(agent)
+		return nil, closedBecause(ctx, err)
 	}
+	return agent, nil
+}
 
-	go s.watchLiveness(ctx, agent)
-	if s.opts.Registry != nil {
-		go s.renewLease(ctx, log, agent)
-	}
-	dispatched, stopDispatch := make(chan struct{}), make(chan struct{})
-	go func() { defer close(dispatched); s.dispatch(ctx, stopDispatch, agent) }()
-	// Deregistered first, so no new request can be queued; then the
-	// dispatcher fails the pending ones before the stream ends, so no caller
-	// is left waiting and the agent can reconnect at once.
-	defer func() { s.deregister(agent); close(stopDispatch); cancel(nil); <-dispatched }()
-
-	msgs := make(chan *covenpb.AgentMessage)
-	recvErr := make(chan error, 1)
-	go func() {
-		for {
-			m, err := stream.Recv()
-			if err != nil {
-				recvErr <- err
-				return
-			}
-			select {
-			case msgs <- m:
-			case <-ctx.Done():
-				return
-			}
-		}
-	}()
+// serve reads the registered agent's messages until the stream ends.
+func (s *Service) serve(ctx context.Context, agent *Agent, stream agentStream) error {
 	for {
-		select {
-		case <-ctx.Done():
-			cause := context.Cause(ctx)
-			if _, ok := status.FromError(cause); ok {
-				log.InfoContext(ctx, "agent stream closed by gateway", "reason", cause)
-				return cause
-			}
-			return status.FromContextError(ctx.Err()).Err()
-		case err := <-recvErr:
-			if errors.Is(err, io.EOF) {
-				log.InfoContext(ctx, "agent disconnected")
-				return nil
-			}
-			return err
-		case m := <-msgs:
-			agent.touch(s.now())
-			s.handle(ctx, log, agent, m)
-		}
-	}
-}
-
-// recvFirst waits for the first message, bounded by RegisterTimeout so that a
-// stream left open and silent does not hold a slot forever.
-func (s *Service) recvFirst(ctx context.Context, stream grpc.BidiStreamingServer[covenpb.AgentMessage, covenpb.ServerMessage]) (*covenpb.AgentMessage, error) {
-	type result struct {
-		m   *covenpb.AgentMessage
-		err error
-	}
-	ch := make(chan result, 1)
-	go func() {
 		m, err := stream.Recv()
-		ch <- result{m, err}
-	}()
-	timer := time.NewTimer(s.opts.RegisterTimeout)
-	defer timer.Stop()
-	select {
-	case r := <-ch:
-		if errors.Is(r.err, io.EOF) {
-			return nil, status.Error(codes.FailedPrecondition, "stream closed before RegisterAgent")
+		switch {
+		case errors.Is(err, io.EOF):
+			agent.log.InfoContext(ctx, "agent disconnected")
+			return nil
+		case err != nil:
+			err = closedBecause(ctx, err)
+			agent.log.InfoContext(ctx, "agent stream ended", "reason", err)
+			return err
 		}
-		return r.m, r.err
-	case <-timer.C:
-		return nil, status.Errorf(codes.DeadlineExceeded, "no RegisterAgent within %s", s.opts.RegisterTimeout)
-	case <-ctx.Done():
-		return nil, status.FromContextError(ctx.Err()).Err()
+		agent.touch(s.now())
+		if err := s.handle(ctx, agent, m); err != nil {
+			agent.log.WarnContext(ctx, "agent stream closed by the gateway", "reason", err)
+			return err
+		}
 	}
 }
 
-func (s *Service) handle(ctx context.Context, log *slog.Logger, a *Agent, m *covenpb.AgentMessage) {
-	switch p := m.GetPayload().(type) {
-	case *covenpb.AgentMessage_Heartbeat:
-		// Liveness was renewed by the receipt itself.
-	case *covenpb.AgentMessage_Response:
+// handle acts on one message from a registered agent. Its error, a status,
+// ends the stream.
+func (s *Service) handle(ctx context.Context, a *Agent, m *covenpb.AgentMessage) error {
+	if p, ok := m.GetPayload().(*covenpb.AgentMessage_Response); ok {
 		if !a.route(p.Response) {
 			// Never delivered elsewhere: it may be someone else's.
 			s.droppedResponses.Add(1)
-			log.WarnContext(ctx, "dropped response for a request not in flight", "request_id", p.Response.GetRequestId())
+			a.log.WarnContext(ctx, "dropped response for a request not in flight", "request_id", p.Response.GetRequestId())
 		}
+		return nil
+	}
+	if sec := s.now().Unix(); sec != a.heartbeatWindow {
+		a.heartbeatWindow, a.heartbeats = sec, 0
+	}
+	if a.heartbeats++; a.heartbeats > s.opts.MaxHeartbeats {
+		return status.Errorf(codes.ResourceExhausted, "agent %q sent more than %d heartbeats in one second; one every few seconds is plenty", a.ID, s.opts.MaxHeartbeats)
+	}
+	switch m.GetPayload().(type) {
+	case *covenpb.AgentMessage_Heartbeat:
+		// Liveness was renewed by the receipt itself.
 	case *covenpb.AgentMessage_Register:
-		log.WarnContext(ctx, "ignored repeated RegisterAgent")
+		a.log.WarnContext(ctx, "ignored repeated RegisterAgent")
 	default:
-		log.WarnContext(ctx, "ignored empty AgentMessage")
+		a.log.WarnContext(ctx, "ignored empty AgentMessage")
 	}
-}
-
-func (s *Service) watchLiveness(ctx context.Context, a *Agent) {
-	for {
-		wait := time.Until(a.LastSeen().Add(s.opts.AgentTimeout))
-		if wait <= 0 {
-			a.cancel(errSilent)
-			return
-		}
-		t := time.NewTimer(wait)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return
-		case <-t.C:
-		}
-	}
+	return nil
 }
 
 func validateAgentID(id string) error {
@@ -354,6 +484,10 @@ func (s *Service) register(ctx context.Context, a *Agent) error {
 		return status.Errorf(codes.AlreadyExists, "agent %q is already connected", a.ID)
 	}
 	s.agents[a.ID] = a
+	if !s.keeping {
+		s.keeping = true
+		go s.keep()
+	}
 	s.mu.Unlock()
 	if s.opts.Registry == nil {
 		return nil
@@ -385,27 +519,80 @@ func (s *Service) deregister(a *Agent) {
 	}
 }
 
-// renewLease keeps the agent's registration alive while its stream lives,
-// and ends the stream if another connection took it over.
-func (s *Service) renewLease(ctx context.Context, log *slog.Logger, a *Agent) {
-	t := time.NewTicker(s.opts.Lease / 3)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		err := s.opts.Registry.Renew(ctx, a.Proto(), s.opts.Lease)
-		switch {
-		case err == nil:
-		case status.Code(err) == codes.Aborted:
-			a.cancel(err)
-			return
-		default:
-			log.WarnContext(ctx, "could not renew agent registration; retrying", "error", err)
-		}
+// keep is the replica's one liveness and lease loop: it closes the streams
+// of agents silent for AgentTimeout and renews registrations every third of
+// Lease, ending a stream whose lease another connection took over. One loop
+// instead of two timers per agent keeps an idle agent cheap; it runs while
+// any agent is registered.
+func (s *Service) keep() {
+	period := s.opts.AgentTimeout
+	if s.opts.Registry != nil {
+		period = min(period, s.opts.Lease/3)
 	}
+	t := time.NewTicker(min(max(period/8, 5*time.Millisecond), time.Second))
+	defer t.Stop()
+	// Renewals are store round trips; a bounded number run at once, so a
+	// slow store delays renewals rather than piling up goroutines.
+	renewals := make(chan struct{}, 32)
+	var agents []*Agent
+	for range t.C {
+		s.mu.Lock()
+		if len(s.agents) == 0 {
+			s.keeping = false
+			s.mu.Unlock()
+			return
+		}
+		agents = agents[:0]
+		for _, a := range s.agents {
+			agents = append(agents, a)
+		}
+		s.mu.Unlock()
+		now := s.now()
+		for _, a := range agents {
+			if now.Sub(a.LastSeen()) >= s.opts.AgentTimeout {
+				a.closeStream(errSilent, true)
+				continue
+			}
+			// renewing is checked first: while it is set, the renewal
+			// owns renewAt.
+			if s.opts.Registry == nil || a.renewing.Load() || now.Before(a.renewAt) {
+				continue
+			}
+			select {
+			case renewals <- struct{}{}:
+			default:
+				continue // due, and tried again on the next tick
+			}
+			a.renewAt = now.Add(s.opts.Lease / 3)
+			a.renewing.Store(true)
+			go func() {
+				if !s.renew(a) {
+					a.renewAt = time.Time{}
+				}
+				a.renewing.Store(false)
+				<-renewals
+			}()
+		}
+		clear(agents)
+	}
+}
+
+// renew extends a's lease. It reports false when the renewal should be
+// retried at once: the lease outlives two missed renewals.
+func (s *Service) renew(a *Agent) bool {
+	err := s.opts.Registry.Renew(a.ctx, a.Proto(), s.opts.Lease)
+	switch {
+	case err == nil, a.ctx.Err() != nil:
+	case status.Code(err) == codes.Aborted:
+		// Shutdown tells the agent to reconnect, as it should: its
+		// registration expired and another connection holds it now.
+		_ = a.send(&covenpb.ServerMessage{Payload: &covenpb.ServerMessage_Shutdown{Shutdown: &covenpb.Shutdown{Reason: status.Convert(err).Message()}}})
+		a.closeStream(err, false)
+	default:
+		a.log.WarnContext(a.ctx, "could not renew agent registration; retrying", "error", err)
+		return false
+	}
+	return true
 }
 
 // Agents returns the agents connected to this replica.

@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/grpc/test/bufconn"
 
@@ -26,7 +27,7 @@ func start(t *testing.T, opts agentstream.Options) (*agentstream.Service, covenp
 	}
 	svc := agentstream.New(opts, slog.New(slog.DiscardHandler))
 	lis := bufconn.Listen(1 << 20)
-	srv := grpc.NewServer()
+	srv := grpc.NewServer(agentstream.ServerOption())
 	covenpb.RegisterCovenControlServer(srv, svc)
 	go func() { _ = srv.Serve(lis) }()
 	t.Cleanup(srv.Stop)
@@ -187,6 +188,9 @@ func TestSilentStreamBeforeRegistration(t *testing.T) {
 	if code, _ := finalStatus(s); code != codes.DeadlineExceeded {
 		t.Fatalf("status = %v, want DeadlineExceeded", code)
 	}
+	if reason := s.Trailer().Get("conclave-close-reason"); len(reason) != 1 || !strings.Contains(reason[0], "RegisterAgent") {
+		t.Fatalf("conclave-close-reason trailer = %q, want the register timeout explained", reason)
+	}
 }
 
 func TestSilentAgentDeregistered(t *testing.T) {
@@ -196,6 +200,9 @@ func TestSilentAgentDeregistered(t *testing.T) {
 	if code, _ := finalStatus(s); code != codes.DeadlineExceeded {
 		t.Fatalf("status = %v, want DeadlineExceeded", code)
 	}
+	if reason := s.Trailer().Get("conclave-close-reason"); len(reason) != 1 || !strings.Contains(reason[0], "agent timeout") {
+		t.Fatalf("conclave-close-reason trailer = %q, want the silence explained", reason)
+	}
 	if n := len(svc.Agents()); n != 0 {
 		t.Fatalf("silent agent still registered")
 	}
@@ -203,13 +210,9 @@ func TestSilentAgentDeregistered(t *testing.T) {
 
 func TestHeartbeatFloodAndUnknownResponses(t *testing.T) {
 	t.Parallel()
-	svc, c := start(t, agentstream.Options{})
+	svc, c := start(t, agentstream.Options{MaxHeartbeats: 5})
+	calm := connect(t, c, "calm")
 	s := connect(t, c, "busy")
-	for i := range 1000 {
-		if err := s.Send(&covenpb.AgentMessage{Payload: &covenpb.AgentMessage_Heartbeat{Heartbeat: &covenpb.Heartbeat{TimestampMs: int64(i)}}}); err != nil {
-			t.Fatal(err)
-		}
-	}
 	for range 3 {
 		if err := s.Send(&covenpb.AgentMessage{Payload: &covenpb.AgentMessage_Response{Response: &covenpb.MessageResponse{
 			RequestId: "someone-else", Event: &covenpb.MessageResponse_Text{Text: "x"},
@@ -217,14 +220,84 @@ func TestHeartbeatFloodAndUnknownResponses(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if err := s.CloseSend(); err != nil {
-		t.Fatal(err)
+	// Sends fail with EOF once the gateway has ended the stream.
+	for i := range 1000 {
+		if err := s.Send(&covenpb.AgentMessage{Payload: &covenpb.AgentMessage_Heartbeat{Heartbeat: &covenpb.Heartbeat{TimestampMs: int64(i)}}}); err != nil {
+			break
+		}
 	}
-	if code, _ := finalStatus(s); code != codes.OK {
-		t.Fatalf("status = %v", code)
+	code, _ := finalStatus(s)
+	if code != codes.ResourceExhausted {
+		t.Fatalf("heartbeat flood: status = %v, want ResourceExhausted", code)
 	}
 	if got := svc.DroppedResponses(); got != 3 {
 		t.Fatalf("dropped = %d, want 3", got)
+	}
+	// The flood cost only the flooding agent its stream.
+	req, err := svc.Send(context.Background(), "calm", &covenpb.SendMessage{Content: "still there?"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	respond(t, calm, done(nextRequest(t, calm).GetRequestId()))
+	if evs := collect(req); len(evs) != 1 || evs[0].Response.GetDone() == nil {
+		t.Fatalf("calm agent's reply = %v", evs)
+	}
+	// A flooding agent may come back, and heartbeats within the limit are fine.
+	again := connect(t, c, "busy")
+	for range 3 {
+		if err := again.Send(&covenpb.AgentMessage{Payload: &covenpb.AgentMessage_Heartbeat{Heartbeat: &covenpb.Heartbeat{}}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := again.CloseSend(); err != nil {
+		t.Fatal(err)
+	}
+	if code, _ := finalStatus(again); code != codes.OK {
+		t.Fatalf("status after 3 heartbeats = %v, want OK", code)
+	}
+}
+
+func TestAuthenticate(t *testing.T) {
+	t.Parallel()
+	_, c := start(t, agentstream.Options{Authenticate: func(ctx context.Context, agentID string) error {
+		md, _ := metadata.FromIncomingContext(ctx)
+		if v := md.Get("authorization"); len(v) != 1 || v[0] != "Bearer "+agentID+"-secret" {
+			return status.Errorf(codes.Unauthenticated, "bad token for %s", agentID)
+		}
+		return nil
+	}})
+	tests := []struct {
+		name, agentID, token string
+		want                 codes.Code
+	}{
+		{"own token", "a1", "Bearer a1-secret", codes.OK},
+		{"another agent's token", "a2", "Bearer a1-secret", codes.Unauthenticated},
+		{"no token", "a3", "", codes.Unauthenticated},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			if tt.token != "" {
+				ctx = metadata.AppendToOutgoingContext(ctx, "authorization", tt.token)
+			}
+			s, err := c.AgentStream(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := s.Send(register(tt.agentID)); err != nil {
+				t.Fatal(err)
+			}
+			_ = s.CloseSend()
+			code, msgs := finalStatus(s)
+			if code != tt.want {
+				t.Fatalf("status = %v, want %v", code, tt.want)
+			}
+			if tt.want != codes.OK && (len(msgs) != 1 || msgs[0].GetRegistrationError() == nil) {
+				t.Fatalf("refused agent got %v, want one RegistrationError", msgs)
+			}
+		})
 	}
 }
 
@@ -249,5 +322,27 @@ func TestShutdown(t *testing.T) {
 	}
 	if code, _ := finalStatus(late); code != codes.Unavailable {
 		t.Fatalf("registration while draining = %v, want Unavailable", code)
+	}
+}
+
+func TestServerWithoutServerOptionSaysSo(t *testing.T) {
+	t.Parallel()
+	svc := agentstream.New(agentstream.Options{ServerID: "gw-test"}, slog.New(slog.DiscardHandler))
+	lis := bufconn.Listen(1 << 20)
+	srv := grpc.NewServer()
+	covenpb.RegisterCovenControlServer(srv, svc)
+	go func() { _ = srv.Serve(lis) }()
+	t.Cleanup(srv.Stop)
+	conn, err := grpc.NewClient("passthrough:///bufnet",
+		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return lis.DialContext(ctx) }),
+		grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = conn.Close() })
+	s := open(t, covenpb.NewCovenControlClient(conn))
+	_ = s.Send(register("a"))
+	if _, err := s.Recv(); status.Code(err) != codes.Internal || !strings.Contains(err.Error(), "ServerOption") {
+		t.Fatalf("stream on a misconfigured server = %v, want INTERNAL naming ServerOption", err)
 	}
 }

@@ -140,15 +140,54 @@ func (s *Service) Send(ctx context.Context, agentID string, msg *covenpb.SendMes
 		return nil, status.Errorf(codes.NotFound, "agent %q is not connected", agentID)
 	}
 	// Queued under the lock deregistration takes, so a request is never
-	// queued for an agent whose dispatcher has already drained its queue.
+	// queued for an agent whose dispatcher has already failed what was left.
 	defer s.mu.Unlock()
-	select {
-	case a.queue <- r:
-		s.requests[msg.RequestId] = requestRef{agent: a, req: r}
-		return &Request{ID: msg.RequestId, Events: r.events, req: r}, nil
-	default:
-		return nil, status.Errorf(codes.ResourceExhausted, "agent %q has %d requests waiting; try again later", agentID, cap(a.queue))
+	if err := a.enqueue(s, r, s.opts.QueueDepth); err != nil {
+		return nil, err
 	}
+	s.requests[msg.RequestId] = requestRef{agent: a, req: r}
+	return &Request{ID: msg.RequestId, Events: r.events, req: r}, nil
+}
+
+// enqueue adds r behind the request in flight, starting a dispatcher if none
+// runs.
+func (a *Agent) enqueue(s *Service, r *request, depth int) error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if len(a.pending) >= depth {
+		return status.Errorf(codes.ResourceExhausted, "agent %q has %d requests waiting; try again later", a.ID, depth)
+	}
+	a.pending = append(a.pending, r)
+	if !a.dispatching {
+		a.dispatching = true
+		a.dispatchers.Add(1)
+		go s.dispatch(a)
+	}
+	return nil
+}
+
+// next takes the request to send next; ok is false when none waits, and the
+// dispatcher must then exit.
+func (a *Agent) next() (r *request, stopped, ok bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if len(a.pending) == 0 {
+		a.dispatching = false
+		a.pending = nil
+		return nil, a.stopped, false
+	}
+	r = a.pending[0]
+	a.pending[0] = nil
+	a.pending = a.pending[1:]
+	return r, a.stopped, true
+}
+
+// stop marks a deregistered agent: its dispatcher, if one runs, fails every
+// request still waiting.
+func (a *Agent) stop() {
+	a.mu.Lock()
+	a.stopped = true
+	a.mu.Unlock()
 }
 
 type requestRef struct {
@@ -217,11 +256,12 @@ func (a *Agent) route(m *covenpb.MessageResponse) bool {
 	return true
 }
 
-// dispatch feeds the agent one request at a time. It runs until stop, which
-// is closed only once the agent is deregistered, so that every request that
-// could still be queued is seen here: while the stream is gone but the agent
-// not yet deregistered, requests are failed rather than left waiting.
-func (s *Service) dispatch(ctx context.Context, stop <-chan struct{}, a *Agent) {
+// dispatch feeds the agent one request at a time, while any wait. Every
+// request queued is seen here: one queued after the stream ended (but before
+// the agent was deregistered) is failed rather than left waiting.
+func (s *Service) dispatch(a *Agent) {
+	defer a.dispatchers.Done()
+	ctx := a.ctx
 	gone := func() error {
 		if st, ok := status.FromError(context.Cause(ctx)); ok && context.Cause(ctx) != nil {
 			return status.Errorf(codes.Unavailable, "agent %q disconnected: %s", a.ID, st.Message())
@@ -233,25 +273,15 @@ func (s *Service) dispatch(ctx context.Context, stop <-chan struct{}, a *Agent) 
 		s.forget(r)
 	}
 	for {
-		var r *request
-		select {
-		case <-stop:
-			for {
-				select {
-				case r := <-a.queue:
-					fail(r, gone())
-				default:
-					return
-				}
-			}
-		case r = <-a.queue:
-		}
+		r, stopped, ok := a.next()
 		switch {
+		case !ok:
+			return
 		case r.callerClosed():
 			// Cancelled or abandoned while it waited: the agent never sees it.
 			s.forget(r)
 			continue
-		case ctx.Err() != nil:
+		case stopped || ctx.Err() != nil:
 			fail(r, gone())
 			continue
 		}

@@ -32,7 +32,7 @@ func fuzzTarget(f *testing.F) (*agentstream.Service, covenpb.CovenControlClient)
 	fuzzGateway.once.Do(func() {
 		svc := agentstream.New(agentstream.Options{ServerID: "fuzz"}, slog.New(slog.DiscardHandler))
 		lis := bufconn.Listen(1 << 20)
-		srv := grpc.NewServer()
+		srv := grpc.NewServer(agentstream.ServerOption())
 		covenpb.RegisterCovenControlServer(srv, svc)
 		go func() { _ = srv.Serve(lis) }()
 		conn, err := grpc.NewClient("passthrough:///fuzz",

@@ -62,7 +62,7 @@ func replica(t *testing.T, id string, reg *registry.Registry, lease time.Duratio
 	t.Helper()
 	svc := agentstream.New(agentstream.Options{ServerID: id, Registry: reg, Lease: lease}, slog.New(slog.DiscardHandler))
 	lis := bufconn.Listen(1 << 20)
-	srv := grpc.NewServer()
+	srv := grpc.NewServer(agentstream.ServerOption())
 	covenpb.RegisterCovenControlServer(srv, svc)
 	go func() { _ = srv.Serve(lis) }()
 	t.Cleanup(srv.Stop)
@@ -202,8 +202,17 @@ func TestLostLeaseEndsStream(t *testing.T) {
 			if err := reg.Claim(context.Background(), thief, time.Minute); err != nil {
 				t.Fatal(err)
 			}
-			if err := drain(s); status.Code(err) != codes.Aborted {
-				t.Fatalf("stream ended with %v, want ABORTED", err)
+			// The agent is told to reconnect, and why; gRPC reports a stream
+			// the gateway cancels as CANCELLED.
+			m, err := s.Recv()
+			if err != nil || !strings.Contains(m.GetShutdown().GetReason(), "stolen") {
+				t.Fatalf("want Shutdown naming the agent, got %v, %v", m, err)
+			}
+			if err := drain(s); status.Code(err) != codes.Canceled {
+				t.Fatalf("stream ended with %v, want CANCELLED", err)
+			}
+			if reason := s.Trailer().Get("conclave-close-reason"); len(reason) != 1 || !strings.Contains(reason[0], "stolen") {
+				t.Fatalf("conclave-close-reason trailer = %q, want the lost lease explained", reason)
 			}
 			got, err := reg.Get(context.Background(), "stolen")
 			if err != nil || got.GetServerId() != "gw-z" {
