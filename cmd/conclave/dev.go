@@ -36,8 +36,11 @@ func runDev(ctx context.Context, args []string, lookup config.Lookup, stdout, st
 	cfg.Gateway.GRPCAddr = "127.0.0.1:50051"
 	cfg.Gateway.HTTPAddr = "127.0.0.1:8080"
 	cfg.Gateway.ServerID = "dev"
-	// Loopback only, so the client API needs no token in development.
+	// Loopback only, so neither clients nor agents need a token in
+	// development; an agent given one in CONCLAVE_GATEWAY_AGENT_TOKENS must
+	// still present it.
 	cfg.Gateway.AllowUnauthenticated = true
+	cfg.Gateway.AllowAgentsWithoutTokens = true
 	if err := config.Load(ctx, &cfg, "conclave dev", args, lookup, stderr); err != nil {
 		return err
 	}

@@ -9,6 +9,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"crypto/subtle"
+	"encoding/hex"
 	"strings"
 
 	"google.golang.org/grpc"
@@ -97,6 +98,7 @@ func (t *Tokens) Protect(prefixes ...string) (grpc.UnaryServerInterceptor, grpc.
 			if err := t.Check(ctx); err != nil {
 				return nil, err
 			}
+			ctx = withClientID(ctx)
 		}
 		return h(ctx, req)
 	}
@@ -105,8 +107,47 @@ func (t *Tokens) Protect(prefixes ...string) (grpc.UnaryServerInterceptor, grpc.
 			if err := t.Check(ss.Context()); err != nil {
 				return err
 			}
+			ss = identifiedStream{ServerStream: ss, ctx: withClientID(ss.Context())}
 		}
 		return h(srv, ss)
 	}
 	return unary, stream
 }
+
+// Anonymous is the ClientID of every request whose token was not checked:
+// all of them, on a server that accepts requests without a token.
+const Anonymous = "anonymous"
+
+// TokenID names the holder of token without revealing it: "token:" and the
+// first 16 hex digits of its SHA-256. It is safe to log and to store.
+func TokenID(token string) string {
+	d := sha256.Sum256([]byte(token))
+	return "token:" + hex.EncodeToString(d[:8])
+}
+
+type clientIDKey struct{}
+
+func withClientID(ctx context.Context) context.Context {
+	tok, _ := FromIncomingContext(ctx)
+	return context.WithValue(ctx, clientIDKey{}, TokenID(tok))
+}
+
+// ClientID names the caller of a request, for per-client limits and
+// records: the TokenID of the bearer token Protect accepted, or Anonymous
+// when Protect did not check the request. A token that was not checked
+// never becomes an identity, so there are only as many identities as
+// accepted tokens, plus Anonymous.
+func ClientID(ctx context.Context) string {
+	if id, ok := ctx.Value(clientIDKey{}).(string); ok {
+		return id
+	}
+	return Anonymous
+}
+
+// identifiedStream carries the ClientID in the stream's context.
+type identifiedStream struct {
+	grpc.ServerStream
+	ctx context.Context
+}
+
+func (s identifiedStream) Context() context.Context { return s.ctx }

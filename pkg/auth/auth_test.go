@@ -70,3 +70,52 @@ type fakeStream struct {
 }
 
 func (f fakeStream) Context() context.Context { return f.ctx }
+
+func TestClientID(t *testing.T) {
+	t.Parallel()
+	unary, stream := auth.NewTokens("s3cret", "other").Protect("/conclave.gateway.v1.")
+	withToken := func(tok string) context.Context {
+		return metadata.NewIncomingContext(context.Background(), metadata.Pairs("authorization", "Bearer "+tok))
+	}
+	// sha256("s3cret") begins 1ec1c26b50d5d3c5; the ID is those 16 hex digits.
+	const s3cretID = "token:1ec1c26b50d5d3c5"
+	tests := []struct {
+		name   string
+		ctx    context.Context
+		method string
+		want   string
+	}{
+		{"accepted token", withToken("s3cret"), "/conclave.gateway.v1.GatewayService/ListAgents", s3cretID},
+		{"another accepted token", withToken("other"), "/conclave.gateway.v1.GatewayService/ListAgents", auth.TokenID("other")},
+		// An unguarded method's token is never checked, so it names no one.
+		{"unchecked token", withToken("made-up"), "/grpc.health.v1.Health/Check", auth.Anonymous},
+		{"no token, unguarded", context.Background(), "/grpc.health.v1.Health/Check", auth.Anonymous},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			var got string
+			_, err := unary(tt.ctx, nil, &grpc.UnaryServerInfo{FullMethod: tt.method}, func(ctx context.Context, _ any) (any, error) {
+				got = auth.ClientID(ctx)
+				return nil, nil
+			})
+			if err != nil || got != tt.want {
+				t.Errorf("unary: ClientID = %q (%v), want %q", got, err, tt.want)
+			}
+			got = ""
+			err = stream(nil, fakeStream{ctx: tt.ctx}, &grpc.StreamServerInfo{FullMethod: tt.method}, func(_ any, ss grpc.ServerStream) error {
+				got = auth.ClientID(ss.Context())
+				return nil
+			})
+			if err != nil || got != tt.want {
+				t.Errorf("stream: ClientID = %q (%v), want %q", got, err, tt.want)
+			}
+		})
+	}
+	if id := auth.TokenID("s3cret"); id != s3cretID || auth.TokenID("other") == id {
+		t.Errorf("TokenID(s3cret) = %q; want %q, distinct from other tokens'", id, s3cretID)
+	}
+	if id := auth.ClientID(context.Background()); id != auth.Anonymous {
+		t.Errorf("a context Protect never saw has ClientID %q, want %q", id, auth.Anonymous)
+	}
+}

@@ -15,6 +15,7 @@ type testConfig struct {
 	Storage  config.Storage
 	GRPCAddr config.ListenAddr `env:"CONCLAVE_TEST_GRPC_ADDR" default:":50051" help:"gRPC listen address"`
 	Replicas int               `env:"CONCLAVE_TEST_REPLICAS" default:"1"`
+	Rate     float64           `env:"CONCLAVE_TEST_RATE" default:"0.5"`
 }
 
 func lookup(m map[string]string) config.Lookup {
@@ -63,6 +64,29 @@ func TestLoad(t *testing.T) {
 		{name: "not host:port", env: map[string]string{"CONCLAVE_TEST_GRPC_ADDR": "50051"}, wantErr: []string{"CONCLAVE_TEST_GRPC_ADDR", "host:port"}},
 		{name: "unknown backend", env: map[string]string{"CONCLAVE_BACKEND": "postgres"}, wantErr: []string{"CONCLAVE_BACKEND", `unknown backend "postgres"`}},
 		{name: "int not a number", env: map[string]string{"CONCLAVE_TEST_REPLICAS": "three"}, wantErr: []string{"CONCLAVE_TEST_REPLICAS"}},
+		{
+			name: "float flag",
+			args: []string{"--test-rate=2.25"},
+			check: func(t *testing.T, c testConfig) {
+				if c.Rate != 2.25 {
+					t.Errorf("float flag not applied: %v", c.Rate)
+				}
+			},
+		},
+		{
+			name: "float default",
+			check: func(t *testing.T, c testConfig) {
+				if c.Rate != 0.5 {
+					t.Errorf("float default not applied: %v", c.Rate)
+				}
+			},
+		},
+		{name: "float from env", env: map[string]string{"CONCLAVE_TEST_RATE": "1e-3"}, check: func(t *testing.T, c testConfig) {
+			if c.Rate != 0.001 {
+				t.Errorf("float env not applied: %v", c.Rate)
+			}
+		}},
+		{name: "float not a number", env: map[string]string{"CONCLAVE_TEST_RATE": "fast"}, wantErr: []string{"CONCLAVE_TEST_RATE", `"fast" is not a number`}},
 		{name: "bad log format", env: map[string]string{"CONCLAVE_LOG_FORMAT": "xml"}, wantErr: []string{"CONCLAVE_LOG_FORMAT", "xml"}},
 		{name: "bad log level", args: []string{"--log-level=loud"}, wantErr: []string{"CONCLAVE_LOG_LEVEL"}},
 		{name: "unknown flag", args: []string{"--nope"}, wantErr: []string{"nope"}},

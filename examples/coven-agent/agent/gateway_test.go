@@ -249,6 +249,41 @@ func TestAgentRegistersAndLeavesCleanly(t *testing.T) {
 	r.leave(t)
 }
 
+func TestAgentPresentsItsToken(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs conclave dev")
+	}
+	t.Parallel()
+	id := agent.NewID()
+	gw := startGateway(t, "127.0.0.1:0", "CONCLAVE_GATEWAY_AGENT_TOKENS="+id+"=right-token")
+	tests := []struct {
+		name, token string
+		want        codes.Code
+	}{
+		{"wrong token", "wrong-token", codes.Unauthenticated},
+		{"no token", "", codes.Unauthenticated},
+		{"right token", "right-token", codes.OK},
+	}
+	for _, tt := range tests {
+		l := &logs{}
+		ctx, stop := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() {
+			done <- agent.Run(ctx, agent.Config{Addr: gw.addr, AgentID: id, Token: tt.token, Logger: slog.New(slog.NewTextHandler(l, nil))})
+		}()
+		if tt.want == codes.OK {
+			waitFor(t, "the agent registers", func() bool { return l.count(registered) == 1 }, l)
+			stop()
+		}
+		// A refused token is not retried: Run returns the gateway's status.
+		err := <-done
+		stop()
+		if status.Code(err) != tt.want {
+			t.Fatalf("%s: Run = %v, want %v", tt.name, err, tt.want)
+		}
+	}
+}
+
 func TestAgentRetriesWhileItsIDIsTaken(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs conclave dev")

@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -18,6 +19,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
 	"github.com/conclave-ai/conclave/pkg/testenv"
@@ -72,6 +74,7 @@ func startReplicaProcess(t *testing.T, id, tablePrefix string) *replicaProc {
 		"CONCLAVE_GATEWAY_GRPC_ADDR="+addr, fmt.Sprintf("CONCLAVE_GATEWAY_HTTP_ADDR=127.0.0.1:%d", hp),
 		"CONCLAVE_GATEWAY_SERVER_ID="+id, "CONCLAVE_GATEWAY_CLIENT_TOKENS="+token,
 		"CONCLAVE_GATEWAY_LEASE=2s", "CONCLAVE_GATEWAY_SHUTDOWN_TIMEOUT=2s",
+		"CONCLAVE_GATEWAY_AGENT_TOKENS="+strings.Join(clusterAgentTokens, ","),
 	)
 	r := &replicaProc{id: id, grpcAddr: addr, cmd: cmd, out: &bytes.Buffer{}, done: make(chan struct{})}
 	cmd.Stdout, cmd.Stderr = r.out, r.out
@@ -95,6 +98,23 @@ func startReplicaProcess(t *testing.T, id, tablePrefix string) *replicaProc {
 			t.Fatalf("replica %s never listened:\n%s", id, r.out)
 		}
 	}
+}
+
+const clusterAgentCount = 9
+
+// clusterAgentTokens are the replicas' agent_id=token pairs: every agent of
+// the cluster test authenticates its stream.
+var clusterAgentTokens = func() []string {
+	pairs := make([]string, clusterAgentCount)
+	for i := range pairs {
+		pairs[i] = fmt.Sprintf("agent-%d=agent-%d-secret", i, i)
+	}
+	return pairs
+}()
+
+// withAgentToken carries id's token on an AgentStream.
+func withAgentToken(ctx context.Context, id string) context.Context {
+	return metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+id+"-secret")
 }
 
 // clusterAgent is a coven agent that keeps itself connected through the
@@ -130,7 +150,7 @@ func (a *clusterAgent) run(ctx context.Context, conn *grpc.ClientConn) {
 func (a *clusterAgent) session(ctx context.Context, client covenpb.CovenControlClient) {
 	sctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	stream, err := client.AgentStream(sctx)
+	stream, err := client.AgentStream(withAgentToken(sctx, a.id))
 	if err != nil {
 		return
 	}
@@ -230,7 +250,7 @@ func TestClusterBehindNginx(t *testing.T) {
 	t.Cleanup(lb.Stop)
 
 	// Agents, each on its own connection through nginx.
-	const agentCount = 9
+	const agentCount = clusterAgentCount
 	agents := make([]*clusterAgent, agentCount)
 	agentsCtx, stopAgents := context.WithCancel(ctx)
 	defer stopAgents()
@@ -275,21 +295,28 @@ func TestClusterBehindNginx(t *testing.T) {
 	}
 
 	// A duplicate registration through nginx is refused, whichever replica
-	// it reaches.
-	for range 3 {
-		dup, err := covenpb.NewCovenControlClient(dialLB(t, lb.Addr)).AgentStream(ctx)
+	// it reaches; so is an agent with another agent's token, or none.
+	register := func(ctx context.Context, id string) error {
+		s, err := covenpb.NewCovenControlClient(dialLB(t, lb.Addr)).AgentStream(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}
-		_ = dup.Send(&covenpb.AgentMessage{Payload: &covenpb.AgentMessage_Register{Register: &covenpb.RegisterAgent{AgentId: agents[0].id}}})
+		_ = s.Send(&covenpb.AgentMessage{Payload: &covenpb.AgentMessage_Register{Register: &covenpb.RegisterAgent{AgentId: id}}})
 		for {
-			_, err = dup.Recv()
-			if err != nil {
-				break
+			if _, err = s.Recv(); err != nil {
+				return err
 			}
 		}
-		if status.Code(err) != codes.AlreadyExists {
+	}
+	for range 3 {
+		if err := register(withAgentToken(ctx, agents[0].id), agents[0].id); status.Code(err) != codes.AlreadyExists {
 			t.Fatalf("duplicate registration through nginx: %v", err)
+		}
+		if err := register(withAgentToken(ctx, agents[1].id), "agent-x"); status.Code(err) != codes.PermissionDenied {
+			t.Fatalf("registration of an agent with no token: %v", err)
+		}
+		if err := register(ctx, agents[2].id); status.Code(err) != codes.Unauthenticated {
+			t.Fatalf("registration without a token: %v", err)
 		}
 	}
 

@@ -6,6 +6,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"math"
 	"net"
 	"net/http"
 	"os"
@@ -39,9 +40,18 @@ type Config struct {
 	Lease           time.Duration     `env:"CONCLAVE_GATEWAY_LEASE" default:"15s" help:"how long an agent's cluster-wide registration outlives its replica"`
 	AdvertiseAddr   string            `env:"CONCLAVE_GATEWAY_ADVERTISE_ADDR" help:"host:port other replicas reach this one's gRPC listener at (default: the listener's address, or the host name and port)"`
 	ClientTokens    []string          `env:"CONCLAVE_GATEWAY_CLIENT_TOKENS" help:"comma-separated bearer tokens accepted on the client API"`
+	ClientRate      float64           `env:"CONCLAVE_GATEWAY_CLIENT_RATE" default:"50" help:"client API requests per second each client (bearer token) may make on one replica"`
+	ClientBurst     int               `env:"CONCLAVE_GATEWAY_CLIENT_BURST" default:"100" help:"client API requests each client may make at once, above its rate"`
+	ClientStreams   int               `env:"CONCLAVE_GATEWAY_CLIENT_STREAMS" default:"64" help:"SendMessage streams each client may hold open on one replica"`
+	IdempotencyTTL  time.Duration     `env:"CONCLAVE_GATEWAY_IDEMPOTENCY_TTL" default:"24h" help:"how long a SendMessage idempotency_key is remembered"`
 	// AllowUnauthenticated opens the client API without tokens; conclave dev
 	// sets it, on loopback only.
-	AllowUnauthenticated bool `env:"CONCLAVE_GATEWAY_ALLOW_UNAUTHENTICATED" default:"false" help:"serve the client API without bearer tokens (development only)"`
+	AllowUnauthenticated bool     `env:"CONCLAVE_GATEWAY_ALLOW_UNAUTHENTICATED" default:"false" help:"serve the client API without bearer tokens (development only)"`
+	AgentTokens          []string `env:"CONCLAVE_GATEWAY_AGENT_TOKENS" help:"comma-separated agent_id=token pairs; an agent sends its token as authorization: Bearer metadata on AgentStream"`
+	// AllowAgentsWithoutTokens lets agents without a configured token
+	// register; agents listed in AgentTokens must still present theirs.
+	AllowAgentsWithoutTokens bool `env:"CONCLAVE_GATEWAY_ALLOW_AGENTS_WITHOUT_TOKENS" default:"false" help:"let agents with no token in CONCLAVE_GATEWAY_AGENT_TOKENS register (development only)"`
+	MaxHeartbeats            int  `env:"CONCLAVE_GATEWAY_MAX_HEARTBEATS" default:"50" help:"heartbeats an agent may send in one second before its stream is closed"`
 }
 
 // Validate implements config.Validator.
@@ -52,6 +62,24 @@ func (c Config) Validate() error {
 	if len(c.ClientTokens) == 0 && !c.AllowUnauthenticated {
 		return fmt.Errorf("CONCLAVE_GATEWAY_CLIENT_TOKENS: set at least one client token, or CONCLAVE_GATEWAY_ALLOW_UNAUTHENTICATED=true for development")
 	}
+	if _, err := auth.ParseAgentTokens(c.AgentTokens, !c.AllowAgentsWithoutTokens); err != nil {
+		return fmt.Errorf("CONCLAVE_GATEWAY_AGENT_TOKENS: %w", err)
+	}
+	if len(c.AgentTokens) == 0 && !c.AllowAgentsWithoutTokens {
+		return fmt.Errorf("CONCLAVE_GATEWAY_AGENT_TOKENS: set a token for each agent, or CONCLAVE_GATEWAY_ALLOW_AGENTS_WITHOUT_TOKENS=true for development")
+	}
+	if c.MaxHeartbeats < 1 {
+		return fmt.Errorf("CONCLAVE_GATEWAY_MAX_HEARTBEATS: must be positive, got %d", c.MaxHeartbeats)
+	}
+	if !(c.ClientRate > 0) || math.IsInf(c.ClientRate, 0) {
+		return fmt.Errorf("CONCLAVE_GATEWAY_CLIENT_RATE: must be a positive number, got %g", c.ClientRate)
+	}
+	if c.ClientBurst < 1 {
+		return fmt.Errorf("CONCLAVE_GATEWAY_CLIENT_BURST: must be positive, got %d", c.ClientBurst)
+	}
+	if c.ClientStreams < 1 {
+		return fmt.Errorf("CONCLAVE_GATEWAY_CLIENT_STREAMS: must be positive, got %d", c.ClientStreams)
+	}
 	if c.QueueDepth < 1 || c.QueueDepth > 10000 {
 		return fmt.Errorf("CONCLAVE_GATEWAY_QUEUE_DEPTH: must be 1..10000, got %d", c.QueueDepth)
 	}
@@ -61,6 +89,7 @@ func (c Config) Validate() error {
 		"CONCLAVE_GATEWAY_SHUTDOWN_TIMEOUT": c.ShutdownTimeout,
 		"CONCLAVE_GATEWAY_CANCEL_GRACE":     c.CancelGrace,
 		"CONCLAVE_GATEWAY_LEASE":            c.Lease,
+		"CONCLAVE_GATEWAY_IDEMPOTENCY_TTL":  c.IdempotencyTTL,
 	} {
 		if d <= 0 {
 			return fmt.Errorf("%s: must be positive, got %s", key, d)
@@ -80,7 +109,7 @@ type Gateway struct {
 }
 
 // Tables lists the tables the gateway keeps its state in.
-var Tables = []store.Table{registry.Table}
+var Tables = []store.Table{registry.Table, clientapi.IdempotencyTable}
 
 // New builds the gateway's server and services. st holds the cluster-wide
 // agent registry; its Tables must exist.
@@ -93,13 +122,20 @@ func New(cfg Config, logger *slog.Logger, tel *telemetry.Provider, st store.Stor
 		}
 		serverID = host
 	}
-	grpcOpts := tel.GRPCServerOptions()
+	grpcOpts := append(tel.GRPCServerOptions(), agentstream.ServerOption())
 	if !cfg.AllowUnauthenticated {
 		unary, stream := auth.NewTokens(cfg.ClientTokens...).Protect("/" + gatewayv1.GatewayService_ServiceDesc.ServiceName + "/")
 		grpcOpts = append(grpcOpts, grpc.ChainUnaryInterceptor(unary), grpc.ChainStreamInterceptor(stream))
 	} else {
 		logger.Warn("the gateway's client API accepts requests without a bearer token")
 	}
+	// After authentication, so that only accepted callers spend tokens, each
+	// from its own bucket. Zero limits (a Config not loaded from the
+	// environment) take clientapi's defaults, the same as the settings'.
+	limitUnary, limitStream := clientapi.NewLimiter(clientapi.RateLimits{
+		Rate: cfg.ClientRate, Burst: cfg.ClientBurst, Streams: cfg.ClientStreams,
+	}).Interceptors()
+	grpcOpts = append(grpcOpts, grpc.ChainUnaryInterceptor(limitUnary), grpc.ChainStreamInterceptor(limitStream))
 	opts = append([]server.Option{
 		server.WithGRPCOptions(grpcOpts...),
 		server.WithMetricsHandler(tel.MetricsHandler()),
@@ -116,8 +152,17 @@ func New(cfg Config, logger *slog.Logger, tel *telemetry.Provider, st store.Stor
 	if err != nil {
 		return nil, fmt.Errorf("gateway server: %w", err)
 	}
+	agentTokens, err := auth.ParseAgentTokens(cfg.AgentTokens, !cfg.AllowAgentsWithoutTokens)
+	if err != nil {
+		return nil, fmt.Errorf("CONCLAVE_GATEWAY_AGENT_TOKENS: %w", err)
+	}
+	if cfg.AllowAgentsWithoutTokens {
+		logger.Warn("agents without a configured token may register", "agents_with_tokens", agentTokens.Len())
+	}
 	reg := registry.New(st)
 	agents := agentstream.New(agentstream.Options{
+		Authenticate:    agentTokens.Check,
+		MaxHeartbeats:   cfg.MaxHeartbeats,
 		ServerID:        serverID,
 		RegisterTimeout: cfg.RegisterTimeout,
 		AgentTimeout:    cfg.AgentTimeout,
@@ -128,7 +173,8 @@ func New(cfg Config, logger *slog.Logger, tel *telemetry.Provider, st store.Stor
 	}, logger)
 	covenpb.RegisterCovenControlServer(srv.GRPC(), agents)
 	peers := clientapi.NewPeers(serverID, tel.GRPCDialOptions()...)
-	gatewayv1.RegisterGatewayServiceServer(srv.GRPC(), clientapi.New(agents, clientapi.DefaultLimits, serverID, reg, peers))
+	gatewayv1.RegisterGatewayServiceServer(srv.GRPC(), clientapi.New(agents, clientapi.DefaultLimits, serverID, reg, peers,
+		clientapi.WithIdempotency(st, cfg.IdempotencyTTL), clientapi.WithLogger(logger)))
 	srv.OnShutdown(func(context.Context) { _ = peers.Close() })
 
 	if cfg.HTTPAddr != "" {

@@ -59,6 +59,7 @@ func startReplica(t *testing.T, id string, st store.Store, tel *telemetry.Provid
 		GRPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", ServerID: id,
 		RegisterTimeout: 10 * time.Second, AgentTimeout: time.Minute, ShutdownTimeout: 5 * time.Second,
 		QueueDepth: 4, CancelGrace: 5 * time.Second, Lease: 15 * time.Second, ClientTokens: []string{token},
+		AllowAgentsWithoutTokens: true,
 	}, slog.New(slog.DiscardHandler), tel, st)
 	if err != nil {
 		t.Fatal(err)

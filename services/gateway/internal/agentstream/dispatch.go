@@ -34,10 +34,20 @@ type Request struct {
 	req *request
 }
 
-// Dispatched reports whether the message was written to the agent's stream.
-// A request that ended without being dispatched never reached the agent, so
-// sending it again cannot make the agent see it twice.
-func (r *Request) Dispatched() bool { return r.req.dispatched.Load() }
+// Abandon makes sure the message is never sent to the agent, if it has not
+// been yet, and reports whether it was not: then the agent never saw it,
+// and sending it again cannot make the agent see it twice.
+func (r *Request) Abandon() bool {
+	return r.req.state.CompareAndSwap(requestQueued, requestAbandoned) || r.req.state.Load() == requestAbandoned
+}
+
+// A request's state moves from queued to dispatched (the dispatcher took it)
+// or to abandoned (its caller gave it up first), never back.
+const (
+	requestQueued int32 = iota
+	requestDispatched
+	requestAbandoned
+)
 
 // request is the gateway's side of a Request. The caller's side (events)
 // and the agent's side (agentDone) end separately: a caller may leave or
@@ -54,7 +64,7 @@ type request struct {
 	agentDone  chan struct{}
 	agentOnce  sync.Once
 	cancelSent atomic.Bool
-	dispatched atomic.Bool
+	state      atomic.Int32
 }
 
 func newRequest(ctx context.Context, msg *covenpb.SendMessage) *request {
@@ -279,16 +289,20 @@ func (s *Service) dispatch(a *Agent) {
 			return
 		case r.callerClosed():
 			// Cancelled or abandoned while it waited: the agent never sees it.
+			r.state.CompareAndSwap(requestQueued, requestAbandoned)
 			s.forget(r)
 			continue
 		case stopped || ctx.Err() != nil:
 			fail(r, gone())
 			continue
 		}
+		if !r.state.CompareAndSwap(requestQueued, requestDispatched) {
+			s.forget(r) // its caller abandoned it just now
+			continue
+		}
 		a.mu.Lock()
 		a.inflight = r
 		a.mu.Unlock()
-		r.dispatched.Store(true)
 		if err := a.send(&covenpb.ServerMessage{Payload: &covenpb.ServerMessage_SendMessage{SendMessage: r.msg}}); err != nil {
 			fail(r, status.Errorf(codes.Unavailable, "sending to agent %q: %v", a.ID, err))
 		} else if !s.await(ctx, a, r) {

@@ -222,6 +222,26 @@ func TestQueuedRequestCancelledNeverReachesAgent(t *testing.T) {
 	}
 }
 
+func TestAbandonedRequestNeverReachesAgent(t *testing.T) {
+	t.Parallel()
+	svc, c := start(t, agentstream.Options{})
+	agent := connectWith(t, c, "a1")
+	first, _ := svc.Send(context.Background(), "a1", &covenpb.SendMessage{Content: "1"})
+	abandoned, _ := svc.Send(context.Background(), "a1", &covenpb.SendMessage{Content: "2"})
+	third, _ := svc.Send(context.Background(), "a1", &covenpb.SendMessage{Content: "3"})
+	nextRequest(t, agent)
+	if first.Abandon() {
+		t.Fatal("Abandon of the request in flight reported it unsent")
+	}
+	if !abandoned.Abandon() || !abandoned.Abandon() {
+		t.Fatal("Abandon of a queued request reported it sent")
+	}
+	respond(t, agent, done(first.ID))
+	if got := nextRequest(t, agent); got.GetRequestId() != third.ID {
+		t.Fatalf("agent got %s after an abandoned request, want %s", got.GetRequestId(), third.ID)
+	}
+}
+
 // TestSendRacingDisconnectNeverHangs sends requests while the agent goes
 // away: each one is either refused or ends, none waits forever. (It once
 // could: a request queued after the dispatcher stopped but before the agent

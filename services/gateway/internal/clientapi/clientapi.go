@@ -7,6 +7,7 @@ import (
 	"context"
 	"encoding/base64"
 	"fmt"
+	"log/slog"
 	"slices"
 	"strings"
 
@@ -24,6 +25,8 @@ type Agents interface {
 	Agents() []*agentstream.Agent
 	Send(ctx context.Context, agentID string, msg *covenpb.SendMessage) (*agentstream.Request, error)
 	Cancel(ctx context.Context, requestID, reason string) bool
+	// Holds reports whether agentID is connected to this replica.
+	Holds(agentID string) bool
 }
 
 var _ Agents = (*agentstream.Service)(nil)
@@ -54,6 +57,8 @@ type Server struct {
 	serverID string
 	cluster  Cluster
 	peers    *Peers
+	idem     *idempotency // nil: idempotency keys are refused
+	log      *slog.Logger
 }
 
 var _ gatewayv1.GatewayServiceServer = (*Server)(nil)
@@ -61,9 +66,17 @@ var _ gatewayv1.GatewayServiceServer = (*Server)(nil)
 // New returns a Server over this replica's agents. With a cluster and peers
 // it lists every replica's agents and forwards requests for agents held
 // elsewhere to their replica.
-func New(agents Agents, limits Limits, serverID string, cluster Cluster, peers *Peers) *Server {
-	return &Server{agents: agents, limits: limits, serverID: serverID, cluster: cluster, peers: peers}
+func New(agents Agents, limits Limits, serverID string, cluster Cluster, peers *Peers, opts ...Option) *Server {
+	s := &Server{agents: agents, limits: limits, serverID: serverID, cluster: cluster, peers: peers, log: slog.New(slog.DiscardHandler)}
+	for _, o := range opts {
+		o(s)
+	}
+	return s
 }
+
+// WithLogger logs what the client cannot be told, such as a key that could
+// not be given back.
+func WithLogger(l *slog.Logger) Option { return func(s *Server) { s.log = l } }
 
 // local indexes this replica's agents, whose live state (busy, queued) the
 // registry does not keep.
@@ -188,34 +201,102 @@ func (s *Server) validate(req *gatewayv1.SendMessageRequest) error {
 	if total > s.limits.MaxAttachmentBytes {
 		return status.Errorf(codes.InvalidArgument, "attachments total %d bytes; at most %d are allowed", total, s.limits.MaxAttachmentBytes)
 	}
+	if key := req.GetIdempotencyKey(); key != "" {
+		if err := validateIdempotencyKey(key); err != nil {
+			return err
+		}
+		if s.idem == nil {
+			return status.Error(codes.Unimplemented, "this gateway keeps no idempotency records; send without idempotency_key")
+		}
+	}
 	return nil
 }
 
 // SendMessage implements gatewayv1.GatewayServiceServer: it streams the
 // agent's events until one ends the request. When the client goes away the
 // agent is told to cancel.
+//
+// A message with an idempotency key is recorded only by the replica that
+// holds the agent, just before it is queued, so that a forwarded request is
+// recorded once. The record is given back when the agent never received the
+// message (it could not be queued, or it ended before it was dispatched),
+// so that a retry is sent.
 func (s *Server) SendMessage(req *gatewayv1.SendMessageRequest, stream grpc.ServerStreamingServer[gatewayv1.SendMessageResponse]) error {
 	if err := s.validate(req); err != nil {
 		return err
 	}
-	r, err := s.agents.Send(stream.Context(), req.GetAgentId(), &covenpb.SendMessage{
+	ctx, agentID, key := stream.Context(), req.GetAgentId(), req.GetIdempotencyKey()
+	msg := &covenpb.SendMessage{
 		ThreadId: req.GetThreadId(), Sender: req.GetSender(), Content: req.GetContent(), Attachments: req.GetAttachments(),
-	})
-	if status.Code(err) == codes.NotFound && s.cluster != nil && !forwarded(stream.Context()) {
-		return s.forwardSend(req, stream)
 	}
+	var c *claim
+	if key != "" {
+		if !s.agents.Holds(agentID) {
+			// Never sent from here without a claim: the holder claims it.
+			return s.sendElsewhere(req, stream)
+		}
+		msg.RequestId = agentstream.NewRequestID(s.serverID)
+		var err error
+		if c, err = s.idem.claim(ctx, agentID, key, msg.RequestId); err != nil {
+			return err
+		}
+	}
+	r, err := s.agents.Send(ctx, agentID, msg)
 	if err != nil {
+		if c != nil {
+			s.release(c)
+		}
+		if status.Code(err) == codes.NotFound {
+			// The agent left between Holds and Send.
+			return s.sendElsewhere(req, stream)
+		}
 		return err
 	}
-	for ev := range r.Events {
-		if ev.Err != nil {
-			return ev.Err
-		}
-		if err := stream.Send(&gatewayv1.SendMessageResponse{RequestId: r.ID, Event: ev.Response}); err != nil {
-			return fmt.Errorf("streaming to client: %w", err)
+	err = s.relay(ctx, r, stream)
+	if c != nil && r.Abandon() {
+		// The request ended, or its caller left, while it waited: the agent
+		// never saw it and, abandoned, never will.
+		s.release(c)
+	}
+	return err
+}
+
+// sendElsewhere forwards a request for an agent this replica does not hold
+// to the replica that does, or answers NOT_FOUND.
+func (s *Server) sendElsewhere(req *gatewayv1.SendMessageRequest, stream grpc.ServerStreamingServer[gatewayv1.SendMessageResponse]) error {
+	if s.cluster != nil && !forwarded(stream.Context()) {
+		return s.forwardSend(req, stream)
+	}
+	return status.Errorf(codes.NotFound, "agent %q is not connected", req.GetAgentId())
+}
+
+// relay streams r's events to the client until the request ends or the
+// client goes away. A request abandoned while it waits in the queue gets no
+// further event, so the client's context ends the wait.
+func (s *Server) relay(ctx context.Context, r *agentstream.Request, stream grpc.ServerStreamingServer[gatewayv1.SendMessageResponse]) error {
+	for {
+		select {
+		case ev, ok := <-r.Events:
+			if !ok {
+				return ctx.Err()
+			}
+			if ev.Err != nil {
+				return ev.Err
+			}
+			if err := stream.Send(&gatewayv1.SendMessageResponse{RequestId: r.ID, Event: ev.Response}); err != nil {
+				return fmt.Errorf("streaming to client: %w", err)
+			}
+		case <-ctx.Done():
+			return status.FromContextError(ctx.Err()).Err()
 		}
 	}
-	return stream.Context().Err()
+}
+
+func (s *Server) release(c *claim) {
+	if err := c.release(); err != nil {
+		s.log.Warn("could not give back an idempotency key; retries with it are refused until it expires",
+			"agent_id", c.agentID, "request_id", c.requestID, "error", err)
+	}
 }
 
 // CancelMessage implements gatewayv1.GatewayServiceServer.

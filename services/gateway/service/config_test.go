@@ -1,0 +1,60 @@
+package service_test
+
+import (
+	"context"
+	"io"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/conclave-ai/conclave/pkg/config"
+	"github.com/conclave-ai/conclave/services/gateway/service"
+)
+
+// TestClientLimitSettings loads the per-client limit and idempotency
+// settings as cmd/gateway does, from the environment.
+func TestClientLimitSettings(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name    string
+		env     map[string]string
+		check   func(service.Config) bool
+		wantErr string // the error's prefix: the setting it is about
+	}{
+		{name: "defaults", check: func(c service.Config) bool {
+			return c.ClientRate == 50 && c.ClientBurst == 100 && c.ClientStreams == 64 && c.IdempotencyTTL == 24*time.Hour
+		}},
+		{name: "fractional rate", env: map[string]string{"CONCLAVE_GATEWAY_CLIENT_RATE": "0.5", "CONCLAVE_GATEWAY_IDEMPOTENCY_TTL": "1h"},
+			check: func(c service.Config) bool { return c.ClientRate == 0.5 && c.IdempotencyTTL == time.Hour }},
+		{name: "zero rate", env: map[string]string{"CONCLAVE_GATEWAY_CLIENT_RATE": "0"}, wantErr: "CONCLAVE_GATEWAY_CLIENT_RATE: "},
+		{name: "negative rate", env: map[string]string{"CONCLAVE_GATEWAY_CLIENT_RATE": "-1"}, wantErr: "CONCLAVE_GATEWAY_CLIENT_RATE: "},
+		{name: "NaN rate", env: map[string]string{"CONCLAVE_GATEWAY_CLIENT_RATE": "NaN"}, wantErr: "CONCLAVE_GATEWAY_CLIENT_RATE: "},
+		{name: "infinite rate", env: map[string]string{"CONCLAVE_GATEWAY_CLIENT_RATE": "+Inf"}, wantErr: "CONCLAVE_GATEWAY_CLIENT_RATE: "},
+		{name: "zero burst", env: map[string]string{"CONCLAVE_GATEWAY_CLIENT_BURST": "0"}, wantErr: "CONCLAVE_GATEWAY_CLIENT_BURST: "},
+		{name: "negative streams", env: map[string]string{"CONCLAVE_GATEWAY_CLIENT_STREAMS": "-1"}, wantErr: "CONCLAVE_GATEWAY_CLIENT_STREAMS: "},
+		{name: "zero TTL", env: map[string]string{"CONCLAVE_GATEWAY_IDEMPOTENCY_TTL": "0s"}, wantErr: "CONCLAVE_GATEWAY_IDEMPOTENCY_TTL: "},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			env := map[string]string{
+				"CONCLAVE_GATEWAY_CLIENT_TOKENS":               token,
+				"CONCLAVE_GATEWAY_ALLOW_AGENTS_WITHOUT_TOKENS": "true",
+			}
+			for k, v := range tt.env {
+				env[k] = v
+			}
+			var c service.Config
+			err := config.Load(context.Background(), &c, "gateway", nil, func(k string) (string, bool) { v, ok := env[k]; return v, ok }, io.Discard)
+			if tt.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+					t.Fatalf("Load: %v, want an error starting %q", err, tt.wantErr)
+				}
+				return
+			}
+			if err != nil || !tt.check(c) {
+				t.Fatalf("Load: %+v, %v", c, err)
+			}
+		})
+	}
+}

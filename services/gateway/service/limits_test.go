@@ -1,0 +1,406 @@
+package service_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+
+	"github.com/conclave-ai/conclave/pkg/store"
+	"github.com/conclave-ai/conclave/pkg/telemetry"
+	gatewayv1 "github.com/conclave-ai/conclave/proto/conclave/gateway/v1"
+	covenpb "github.com/conclave-ai/conclave/proto/coven"
+	"github.com/conclave-ai/conclave/services/gateway/service"
+)
+
+// otherToken is a second client's token on gateways startTuned runs.
+const otherToken = "other-token"
+
+// startTuned runs a real gateway replica named id on st, like startReplica,
+// with two client tokens (token and otherToken) and cfg adjusted by tune.
+func startTuned(t *testing.T, id string, st store.Store, tune func(*service.Config)) (*grpc.ClientConn, string) {
+	t.Helper()
+	tel, err := telemetry.New(context.Background(), telemetry.Config{ServiceName: "gateway-test"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := service.Config{
+		GRPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", ServerID: id,
+		// Test agents that hold a message send no heartbeats meanwhile.
+		RegisterTimeout: 10 * time.Second, AgentTimeout: 10 * time.Minute, ShutdownTimeout: 5 * time.Second,
+		QueueDepth: 4, CancelGrace: 5 * time.Second, Lease: 15 * time.Second, ClientTokens: []string{token, otherToken},
+		AllowAgentsWithoutTokens: true,
+		// Generous unless a test tunes them: these tests are about other
+		// things, and parallel subtests share a client's bucket.
+		ClientRate: 1e6, ClientBurst: 1e6, ClientStreams: 64,
+	}
+	if tune != nil {
+		tune(&cfg)
+	}
+	gw, err := service.New(cfg, slog.New(slog.DiscardHandler), tel, st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- gw.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("gateway run: %v", err)
+		}
+	})
+	<-gw.Ready()
+	var grpcAddr, httpAddr string
+	for _, e := range gw.Endpoints() {
+		if strings.HasPrefix(e.Protocol, "gRPC") {
+			grpcAddr = e.Address
+		} else {
+			httpAddr = e.Address
+		}
+	}
+	conn, err := grpc.NewClient(grpcAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = conn.Close() })
+	return conn, "http://" + httpAddr
+}
+
+func as(ctx context.Context, tok string) context.Context {
+	if tok == "" {
+		return ctx
+	}
+	return metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+tok)
+}
+
+// testAgent is a coven agent that records what it receives. Each message
+// gets a "working: <content>" text event at once; then done, at once or,
+// when the agent holds, only once finish is sent a value.
+type testAgent struct {
+	finish chan struct{}
+
+	mu       sync.Mutex
+	received []string // contents, in the order the agent got them
+	gotOne   chan struct{}
+}
+
+func startAgent(t *testing.T, ctx context.Context, conn *grpc.ClientConn, id string, hold bool) *testAgent {
+	t.Helper()
+	a := &testAgent{finish: make(chan struct{}), gotOne: make(chan struct{}, 100)}
+	stream, err := covenpb.NewCovenControlClient(conn).AgentStream(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := stream.Send(&covenpb.AgentMessage{Payload: &covenpb.AgentMessage_Register{Register: &covenpb.RegisterAgent{
+		AgentId: id, Name: id, Capabilities: []string{"chat"},
+	}}}); err != nil {
+		t.Fatal(err)
+	}
+	if m, err := stream.Recv(); err != nil || m.GetWelcome() == nil {
+		t.Fatalf("register %s: %v %v", id, m, err)
+	}
+	respond := func(r *covenpb.MessageResponse) bool {
+		return stream.Send(&covenpb.AgentMessage{Payload: &covenpb.AgentMessage_Response{Response: r}}) == nil
+	}
+	go func() {
+		for {
+			m, err := stream.Recv()
+			if err != nil {
+				return
+			}
+			req := m.GetSendMessage()
+			if req == nil {
+				continue
+			}
+			a.mu.Lock()
+			a.received = append(a.received, req.Content)
+			a.mu.Unlock()
+			a.gotOne <- struct{}{}
+			if !respond(&covenpb.MessageResponse{RequestId: req.RequestId, Event: &covenpb.MessageResponse_Text{Text: "working: " + req.Content}}) {
+				return
+			}
+			if hold {
+				select {
+				case <-a.finish:
+				case <-ctx.Done():
+					return
+				}
+			}
+			if !respond(&covenpb.MessageResponse{RequestId: req.RequestId, Event: &covenpb.MessageResponse_Done{Done: &covenpb.Done{FullResponse: req.Content}}}) {
+				return
+			}
+		}
+	}()
+	return a
+}
+
+// done lets a holding agent end the message it works on.
+func (a *testAgent) done(t *testing.T) {
+	t.Helper()
+	select {
+	case a.finish <- struct{}{}:
+	case <-time.After(time.Minute):
+		t.Fatal("the agent is not working on anything to end")
+	}
+}
+
+// await receives from ch, failing the test rather than hanging when nothing
+// comes within a minute.
+func await[T any](t *testing.T, ch <-chan T, what string) T {
+	t.Helper()
+	select {
+	case v := <-ch:
+		return v
+	case <-time.After(time.Minute):
+		t.Fatalf("%s: nothing within a minute", what)
+		panic("unreachable")
+	}
+}
+
+func (a *testAgent) got() []string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return append([]string(nil), a.received...)
+}
+
+// reply is what a SendMessage call returned: its events' texts ("done" for
+// done, "cancelled" for cancelled), its request ID and the error that ended
+// it (nil for a clean end).
+type reply struct {
+	events    []string
+	requestID string
+	err       error
+}
+
+func send(ctx context.Context, client gatewayv1.GatewayServiceClient, req *gatewayv1.SendMessageRequest) reply {
+	var r reply
+	stream, err := client.SendMessage(ctx, req)
+	if err != nil {
+		r.err = err
+		return r
+	}
+	for {
+		m, err := stream.Recv()
+		if errors.Is(err, io.EOF) {
+			return r
+		}
+		if err != nil {
+			r.err = err
+			return r
+		}
+		r.requestID = m.GetRequestId()
+		switch ev := m.GetEvent(); {
+		case ev.GetDone() != nil:
+			r.events = append(r.events, "done")
+		case ev.GetCancelled() != nil:
+			r.events = append(r.events, "cancelled")
+		default:
+			r.events = append(r.events, ev.GetText())
+		}
+	}
+}
+
+// eventually retries f until it reports true, failing the test after a
+// minute; it is for effects that follow a client's departure, which no
+// reply announces.
+func eventually(t *testing.T, what string, f func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(time.Minute); !f(); {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not within a minute", what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestClientRateLimitOverGRPCAndREST spends a client's burst over gRPC and
+// REST alike (REST calls pass through the same gRPC interceptors), and
+// checks that each token has its own bucket.
+func TestClientRateLimitOverGRPCAndREST(t *testing.T) {
+	t.Parallel()
+	conn, base := startTuned(t, "gw-rate", openStore(t), func(c *service.Config) {
+		// A rate this low refills nothing while the test runs: only the
+		// burst counts.
+		c.ClientRate, c.ClientBurst = 1e-6, 3
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	client := gatewayv1.NewGatewayServiceClient(conn)
+
+	type result struct {
+		code    codes.Code
+		message string
+	}
+	grpcList := func(tok string) result {
+		_, err := client.ListAgents(as(ctx, tok), &gatewayv1.ListAgentsRequest{})
+		return result{status.Code(err), status.Convert(err).Message()}
+	}
+	grpcSend := func(tok string) result {
+		err := send(as(ctx, tok), client, &gatewayv1.SendMessageRequest{AgentId: "nobody", Content: "x"}).err
+		return result{status.Code(err), status.Convert(err).Message()}
+	}
+	// restGet returns the gRPC code grpc-gateway's JSON error body carries,
+	// after checking the HTTP status agrees with it.
+	restGet := func(tok string) result {
+		req, _ := http.NewRequestWithContext(ctx, "GET", base+"/v1/agents", nil)
+		req.Header.Set("Authorization", "Bearer "+tok)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		if resp.StatusCode == http.StatusOK {
+			return result{code: codes.OK}
+		}
+		var body struct {
+			Code    codes.Code `json:"code"`
+			Message string     `json:"message"`
+		}
+		if ct := resp.Header.Get("Content-Type"); !strings.HasPrefix(ct, "application/json") {
+			t.Errorf("REST error with Content-Type %q, want JSON", ct)
+		}
+		if err := json.NewDecoder(resp.Body).Decode(&body); err != nil {
+			t.Fatalf("REST error body is not JSON: %v", err)
+		}
+		wantHTTP := map[codes.Code]int{codes.ResourceExhausted: http.StatusTooManyRequests, codes.Unauthenticated: http.StatusUnauthorized}[body.Code]
+		if resp.StatusCode != wantHTTP {
+			t.Errorf("REST %v answered HTTP %d, want %d", body.Code, resp.StatusCode, wantHTTP)
+		}
+		return result{body.Code, body.Message}
+	}
+
+	const limitMsg = "client rate limit of 1e-06 requests/s (burst 3) exceeded; retry later"
+	steps := []struct {
+		name string
+		call func(string) result
+		tok  string
+		want codes.Code
+	}{
+		{"gRPC call 1", grpcList, token, codes.OK},
+		{"REST call 2", restGet, token, codes.OK},
+		{"SendMessage call 3 (to no agent)", grpcSend, token, codes.NotFound},
+		{"gRPC over the burst", grpcList, token, codes.ResourceExhausted},
+		{"SendMessage over the burst", grpcSend, token, codes.ResourceExhausted},
+		{"REST over the burst is 429", restGet, token, codes.ResourceExhausted},
+		{"a wrong token is refused before any bucket", restGet, "wrong", codes.Unauthenticated},
+		{"another token has its own bucket", grpcList, otherToken, codes.OK},
+		{"its REST call", restGet, otherToken, codes.OK},
+		{"its third", grpcList, otherToken, codes.OK},
+		{"and it too runs out", restGet, otherToken, codes.ResourceExhausted},
+	}
+	// In order: each step spends what the next ones find.
+	for _, s := range steps {
+		got := s.call(s.tok)
+		if got.code != s.want {
+			t.Fatalf("%s: %v %q, want %v", s.name, got.code, got.message, s.want)
+		}
+		if s.want == codes.ResourceExhausted && got.message != limitMsg {
+			t.Errorf("%s: message %q, want %q", s.name, got.message, limitMsg)
+		}
+	}
+}
+
+// TestClientRateLimitWithoutTokens: on a gateway without authentication
+// every caller is "anonymous", whatever token it sends, so made-up tokens
+// neither get fresh buckets nor grow the limiter.
+func TestClientRateLimitWithoutTokens(t *testing.T) {
+	t.Parallel()
+	conn, _ := startTuned(t, "gw-anon", openStore(t), func(c *service.Config) {
+		c.ClientTokens, c.AllowUnauthenticated = nil, true
+		c.ClientRate, c.ClientBurst = 1e-6, 2
+	})
+	client := gatewayv1.NewGatewayServiceClient(conn)
+	for i, tok := range []string{"", "made-up", "made-up-too"} {
+		_, err := client.ListAgents(as(context.Background(), tok), &gatewayv1.ListAgentsRequest{})
+		want := codes.OK
+		if i == 2 {
+			want = codes.ResourceExhausted
+		}
+		if status.Code(err) != want {
+			t.Fatalf("call %d (token %q): %v, want %v", i+1, tok, err, want)
+		}
+	}
+}
+
+// TestClientStreamCap holds SendMessage streams open on agents that do not
+// finish, and checks the per-client cap on open streams.
+func TestClientStreamCap(t *testing.T) {
+	t.Parallel()
+	conn, base := startTuned(t, "gw-streams", openStore(t), func(c *service.Config) { c.ClientStreams = 2 })
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	client := gatewayv1.NewGatewayServiceClient(conn)
+	startAgent(t, ctx, conn, "slow-1", true)
+	startAgent(t, ctx, conn, "slow-2", true)
+	startAgent(t, ctx, conn, "slow-3", true)
+	startAgent(t, ctx, conn, "quick", false)
+
+	// open starts a stream and waits for the agent's first event, so the
+	// stream is certainly open on the gateway.
+	open := func(tok, agent string) context.CancelFunc {
+		t.Helper()
+		sctx, scancel := context.WithCancel(as(ctx, tok))
+		stream, err := client.SendMessage(sctx, &gatewayv1.SendMessageRequest{AgentId: agent, Content: "hold"})
+		if err == nil {
+			_, err = stream.Recv()
+		}
+		if err != nil {
+			t.Fatalf("stream to %s: %v", agent, err)
+		}
+		return scancel
+	}
+	closeFirst := open(token, "slow-1")
+	open(token, "slow-2")
+
+	const capMsg = "client limit of 2 concurrent SendMessage streams exceeded; retry later"
+	if r := send(as(ctx, token), client, &gatewayv1.SendMessageRequest{AgentId: "quick", Content: "third"}); status.Code(r.err) != codes.ResourceExhausted || status.Convert(r.err).Message() != capMsg {
+		t.Fatalf("a third stream: %v, want RESOURCE_EXHAUSTED %q", r.err, capMsg)
+	}
+	// Over REST as well: 429.
+	req, _ := http.NewRequestWithContext(ctx, "POST", base+"/v1/agents/quick/messages", strings.NewReader(`{"content":"third"}`))
+	req.Header.Set("Authorization", "Bearer "+token)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusTooManyRequests || !strings.Contains(string(body), capMsg) {
+		t.Fatalf("a third stream over REST: %d %s", resp.StatusCode, body)
+	}
+	// Unary calls are not streams.
+	if _, err := client.ListAgents(as(ctx, token), &gatewayv1.ListAgentsRequest{}); err != nil {
+		t.Fatalf("ListAgents at the stream cap: %v", err)
+	}
+	// Another client has streams of its own.
+	open(otherToken, "slow-3")
+
+	// A stream that ends gives its place back; the gateway learns of the
+	// client's departure after the client does, hence the retries.
+	closeFirst()
+	eventually(t, "a stream after one ended", func() bool {
+		r := send(as(ctx, token), client, &gatewayv1.SendMessageRequest{AgentId: "quick", Content: "again"})
+		if r.err != nil && status.Code(r.err) != codes.ResourceExhausted {
+			t.Fatalf("a stream after one ended: %v", r.err)
+		}
+		return r.err == nil && strings.Join(r.events, "|") == "working: again|done"
+	})
+}
+
+func (r reply) String() string {
+	return fmt.Sprintf("events %q, request %q, error %v", r.events, r.requestID, r.err)
+}
