@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
 	"net/http"
 	"strings"
 	"sync"
@@ -15,7 +14,6 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
@@ -37,47 +35,17 @@ func startTuned(t *testing.T, id string, st store.Store, tune func(*service.Conf
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg := service.Config{
-		GRPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", ServerID: id,
-		// Test agents that hold a message send no heartbeats meanwhile.
-		RegisterTimeout: 10 * time.Second, AgentTimeout: 10 * time.Minute, ShutdownTimeout: 5 * time.Second,
-		QueueDepth: 4, CancelGrace: 5 * time.Second, Lease: 15 * time.Second, ClientTokens: []string{token, otherToken},
-		AllowAgentsWithoutTokens: true,
-		// Generous unless a test tunes them: these tests are about other
-		// things, and parallel subtests share a client's bucket.
-		ClientRate: 1e6, ClientBurst: 1e6, ClientStreams: 64,
-	}
+	cfg := testConfig(id)
+	// Test agents that hold a message send no heartbeats meanwhile.
+	cfg.AgentTimeout = 10 * time.Minute
+	cfg.ClientTokens = []string{token, otherToken}
+	// Generous unless a test tunes them: these tests are about other
+	// things, and parallel subtests share a client's bucket.
+	cfg.ClientRate, cfg.ClientBurst, cfg.ClientStreams = 1e6, 1e6, 64
 	if tune != nil {
 		tune(&cfg)
 	}
-	gw, err := service.New(cfg, slog.New(slog.DiscardHandler), tel, st)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- gw.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("gateway run: %v", err)
-		}
-	})
-	<-gw.Ready()
-	var grpcAddr, httpAddr string
-	for _, e := range gw.Endpoints() {
-		if strings.HasPrefix(e.Protocol, "gRPC") {
-			grpcAddr = e.Address
-		} else {
-			httpAddr = e.Address
-		}
-	}
-	conn, err := grpc.NewClient(grpcAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = conn.Close() })
-	return conn, "http://" + httpAddr
+	return startWith(t, cfg, st, tel)
 }
 
 func as(ctx context.Context, tok string) context.Context {

@@ -51,16 +51,28 @@ func openStore(t *testing.T) store.Store {
 	return st
 }
 
-// startReplica runs one gateway replica named id over a store it may share
-// with other replicas.
-func startReplica(t *testing.T, id string, st store.Store, tel *telemetry.Provider) (*grpc.ClientConn, string) {
-	t.Helper()
-	gw, err := service.New(service.Config{
+// testConfig is the replicas' configuration in these tests.
+func testConfig(id string) service.Config {
+	return service.Config{
 		GRPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", ServerID: id,
 		RegisterTimeout: 10 * time.Second, AgentTimeout: time.Minute, ShutdownTimeout: 5 * time.Second,
 		QueueDepth: 4, CancelGrace: 5 * time.Second, Lease: 15 * time.Second, ClientTokens: []string{token},
 		AllowAgentsWithoutTokens: true,
-	}, slog.New(slog.DiscardHandler), tel, st)
+	}
+}
+
+// startReplica runs one gateway replica named id over a store it may share
+// with other replicas.
+func startReplica(t *testing.T, id string, st store.Store, tel *telemetry.Provider) (*grpc.ClientConn, string) {
+	t.Helper()
+	return startWith(t, testConfig(id), st, tel)
+}
+
+// startWith runs a gateway configured as cfg and returns its gRPC
+// connection and HTTP base URL.
+func startWith(t *testing.T, cfg service.Config, st store.Store, tel *telemetry.Provider) (*grpc.ClientConn, string) {
+	t.Helper()
+	gw, err := service.New(cfg, slog.New(slog.DiscardHandler), tel, st)
 	if err != nil {
 		t.Fatal(err)
 	}
