@@ -25,7 +25,9 @@ func parseConfig(args []string, getenv func(string) string, usage io.Writer) (ag
 	id := fs.String("agent-id", env("COVEN_AGENT_ID", agent.NewID()), "agent ID, kept across reconnects (env COVEN_AGENT_ID; default random)")
 	name := fs.String("name", env("COVEN_AGENT_NAME", "coven-agent"), "human-readable name (env COVEN_AGENT_NAME)")
 	caps := fs.String("capabilities", env("COVEN_AGENT_CAPABILITIES", "chat"), "comma-separated capabilities (env COVEN_AGENT_CAPABILITIES)")
-	token := fs.String("token", env("COVEN_AGENT_TOKEN", ""), "bearer token for the gateway (env COVEN_AGENT_TOKEN)")
+	// The variable is read after parsing, not made the flag's default, so
+	// that usage text (printed on -h and on a bad flag) never shows it.
+	token := fs.String("token", "", "bearer token for the gateway (env COVEN_AGENT_TOKEN)")
 	heartbeat := fs.String("heartbeat", env("COVEN_AGENT_HEARTBEAT", "20s"), "heartbeat interval (env COVEN_AGENT_HEARTBEAT)")
 	delay := fs.String("step-delay", env("COVEN_AGENT_STEP_DELAY", "150ms"), "pause between a reply's events, to watch it stream (env COVEN_AGENT_STEP_DELAY)")
 	if err := fs.Parse(args); err != nil {
@@ -33,6 +35,9 @@ func parseConfig(args []string, getenv func(string) string, usage io.Writer) (ag
 	}
 	if fs.NArg() > 0 {
 		return agent.Config{}, fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	}
+	if *token == "" {
+		*token = getenv("COVEN_AGENT_TOKEN")
 	}
 	hb, err := time.ParseDuration(*heartbeat)
 	if err != nil || hb <= 0 {

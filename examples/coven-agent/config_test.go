@@ -66,3 +66,24 @@ func TestParseConfigRejects(t *testing.T) {
 		t.Errorf("-h = %v, want flag.ErrHelp", err)
 	}
 }
+
+func TestUsageNeverShowsTheToken(t *testing.T) {
+	t.Parallel()
+	getenv := func(k string) string {
+		if k == "COVEN_AGENT_TOKEN" {
+			return "s3cret-from-env"
+		}
+		return ""
+	}
+	for _, args := range [][]string{{"-h"}, {"--nope"}} {
+		var usage strings.Builder
+		_, _ = parseConfig(args, getenv, &usage)
+		if strings.Contains(usage.String(), "s3cret") {
+			t.Errorf("%q: usage text shows the token:\n%s", args, usage.String())
+		}
+	}
+	cfg, err := parseConfig(nil, getenv, io.Discard)
+	if err != nil || cfg.Token != "s3cret-from-env" {
+		t.Fatalf("token from the environment = %q, %v", cfg.Token, err)
+	}
+}

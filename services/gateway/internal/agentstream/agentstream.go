@@ -52,10 +52,11 @@ type Options struct {
 	// renewed every third of it while the stream lives, so a crashed
 	// replica's agents are free again within one Lease.
 	Lease time.Duration
-	// MaxHeartbeats bounds the heartbeats (and other messages that are not
-	// responses) an agent may send in one second; past it the stream ends
-	// with RESOURCE_EXHAUSTED. Responses are not counted: a streaming reply
-	// legitimately sends thousands a second.
+	// MaxHeartbeats bounds the heartbeats (and other messages that carry no
+	// reply: responses to requests not in flight, repeated registrations)
+	// an agent may send in one second; past it the stream ends with
+	// RESOURCE_EXHAUSTED. Replies are not counted: a streaming reply
+	// legitimately sends thousands of responses a second.
 	MaxHeartbeats int
 	// Authenticate, when set, checks a registering agent's credentials (the
 	// stream's metadata) against its agent_id; its error, a gRPC status, ends
@@ -92,6 +93,7 @@ type Agent struct {
 	// Owned by the replica's keeper loop.
 	renewAt  time.Time
 	renewing atomic.Bool
+	evicting atomic.Bool
 
 	// Owned by the stream's receive loop.
 	heartbeatWindow int64 // unix seconds
@@ -152,11 +154,14 @@ type Service struct {
 	now  func() time.Time
 
 	mu       sync.Mutex
-	agents   map[string]*Agent
+	agents   map[string]*Agent // routable: welcomed
+	joining  map[string]*Agent // reserved, not yet welcomed
 	requests map[string]requestRef
 	draining bool
-	keeping  bool // the keeper loop runs; it does while any agent is registered
-	nextID   atomic.Uint64
+	// shutdownReason is Shutdown's reason, once draining.
+	shutdownReason string
+	keeping        bool // the keeper loop runs; it does while any agent is registered
+	nextID         atomic.Uint64
 
 	// droppedResponses counts MessageResponses for requests this replica does
 	// not know; they are never delivered elsewhere.
@@ -185,7 +190,7 @@ func New(opts Options, logger *slog.Logger) *Service {
 	if opts.MaxHeartbeats <= 0 {
 		opts.MaxHeartbeats = 50
 	}
-	return &Service{opts: opts, log: logger, now: time.Now, agents: map[string]*Agent{}, requests: map[string]requestRef{}}
+	return &Service{opts: opts, log: logger, now: time.Now, agents: map[string]*Agent{}, joining: map[string]*Agent{}, requests: map[string]requestRef{}}
 }
 
 var (
@@ -207,6 +212,7 @@ type streamCloser struct {
 	context.Context
 	cancel  context.CancelCauseFunc
 	timeout atomic.Bool
+	closed  atomic.Bool
 }
 
 // Err is DeadlineExceeded for a stream closed by a timeout.
@@ -230,6 +236,9 @@ func (c *streamCloser) Value(key any) any {
 // closeReasonTrailer trailer; timeout makes gRPC report DEADLINE_EXCEEDED
 // rather than CANCELLED.
 func (c *streamCloser) close(stream agentStream, reason error, timeout bool) {
+	if !c.closed.CompareAndSwap(false, true) {
+		return // the first reason stands
+	}
 	stream.SetTrailer(metadata.Pairs(closeReasonTrailer, status.Convert(reason).Message()))
 	if timeout {
 		c.timeout.Store(true)
@@ -297,7 +306,7 @@ func (s *Service) AgentStream(stream agentStream) error {
 		admitted <- admission{a, err}
 	}()
 	adm := <-admitted
-	if adm.err != nil {
+	if adm.agent == nil {
 		return adm.err
 	}
 	// Deregistered first, so no new request can be queued; then the
@@ -309,6 +318,9 @@ func (s *Service) AgentStream(stream agentStream) error {
 		cancel()
 		adm.agent.dispatchers.Wait()
 	}()
+	if adm.err != nil {
+		return adm.err
+	}
 	return s.serve(ctx, adm.agent, stream)
 }
 
@@ -320,7 +332,10 @@ func (s *Service) awaitRegister(ctx context.Context, closer *streamCloser, strea
 		closer.close(stream, status.Errorf(codes.DeadlineExceeded, "no RegisterAgent within %s", s.opts.RegisterTimeout), true)
 	})
 	m, err := stream.Recv()
-	timer.Stop()
+	if !timer.Stop() {
+		// The timeout closed the stream as the message arrived.
+		return nil, closedBecause(ctx, status.Error(codes.DeadlineExceeded, "no RegisterAgent in time"))
+	}
 	switch {
 	case errors.Is(err, io.EOF):
 		return nil, status.Error(codes.FailedPrecondition, "stream closed before RegisterAgent")
@@ -362,9 +377,10 @@ func (c *agentConn) send(m *covenpb.ServerMessage) error {
 	return c.stream.Send(m)
 }
 
-// admit authenticates and registers the agent and welcomes it; a refused
-// agent is sent RegistrationError, and admit returns the status that ends
-// its stream.
+// admit authenticates and registers the agent and welcomes it. A refused
+// agent is sent RegistrationError, and admit returns no agent and the
+// status that ends its stream; an error with an agent means it was
+// registered and must be deregistered.
 func (s *Service) admit(ctx context.Context, closer *streamCloser, stream agentStream, reg *covenpb.RegisterAgent) (*Agent, error) {
 	conn := &agentConn{stream: stream}
 	refuse := func(err error) error {
@@ -396,15 +412,24 @@ func (s *Service) admit(ctx context.Context, closer *streamCloser, stream agentS
 	}
 	agent.log = s.log.With("agent_id", agent.ID, "instance_id", agent.InstanceID)
 	agent.touch(now)
-	if err := s.register(ctx, agent); err != nil {
+	if err := s.reserve(ctx, agent); err != nil {
 		return nil, refuse(err)
 	}
-	agent.log.InfoContext(ctx, "agent registered", "name", agent.Name, "capabilities", agent.Capabilities)
-	if err := conn.send(&covenpb.ServerMessage{Payload: &covenpb.ServerMessage_Welcome{Welcome: &covenpb.Welcome{
+	// Routable from here on; holding the send lock makes Welcome the first
+	// message the agent gets, before any request.
+	conn.mu.Lock()
+	draining := s.promote(agent)
+	err := stream.Send(&covenpb.ServerMessage{Payload: &covenpb.ServerMessage_Welcome{Welcome: &covenpb.Welcome{
 		ServerId: s.opts.ServerID, AgentId: agent.ID, InstanceId: agent.InstanceID,
-	}}}); err != nil {
-		s.deregister(agent)
-		return nil, closedBecause(ctx, err)
+	}}})
+	conn.mu.Unlock()
+	if err != nil {
+		return agent, closedBecause(ctx, err)
+	}
+	agent.log.InfoContext(ctx, "agent registered", "name", agent.Name, "capabilities", agent.Capabilities)
+	if draining {
+		// Shutdown began after the reservation; this agent missed it.
+		_ = agent.send(s.shutdownMessage())
 	}
 	return agent, nil
 }
@@ -434,12 +459,13 @@ func (s *Service) serve(ctx context.Context, agent *Agent, stream agentStream) e
 // ends the stream.
 func (s *Service) handle(ctx context.Context, a *Agent, m *covenpb.AgentMessage) error {
 	if p, ok := m.GetPayload().(*covenpb.AgentMessage_Response); ok {
-		if !a.route(p.Response) {
-			// Never delivered elsewhere: it may be someone else's.
-			s.droppedResponses.Add(1)
-			a.log.WarnContext(ctx, "dropped response for a request not in flight", "request_id", p.Response.GetRequestId())
+		if a.route(p.Response) {
+			return nil
 		}
-		return nil
+		// Never delivered elsewhere: it may be someone else's. Counted
+		// below with heartbeats, so that a flood of them is bounded too.
+		s.droppedResponses.Add(1)
+		a.log.WarnContext(ctx, "dropped response for a request not in flight", "request_id", p.Response.GetRequestId())
 	}
 	if sec := s.now().Unix(); sec != a.heartbeatWindow {
 		a.heartbeatWindow, a.heartbeats = sec, 0
@@ -448,7 +474,7 @@ func (s *Service) handle(ctx context.Context, a *Agent, m *covenpb.AgentMessage)
 		return status.Errorf(codes.ResourceExhausted, "agent %q sent more than %d heartbeats in one second; one every few seconds is plenty", a.ID, s.opts.MaxHeartbeats)
 	}
 	switch m.GetPayload().(type) {
-	case *covenpb.AgentMessage_Heartbeat:
+	case *covenpb.AgentMessage_Heartbeat, *covenpb.AgentMessage_Response:
 		// Liveness was renewed by the receipt itself.
 	case *covenpb.AgentMessage_Register:
 		a.log.WarnContext(ctx, "ignored repeated RegisterAgent")
@@ -472,40 +498,58 @@ func validateAgentID(id string) error {
 	return nil
 }
 
-// register claims the agent locally, then cluster-wide.
-func (s *Service) register(ctx context.Context, a *Agent) error {
+// reserve claims a.ID for a, on this replica and then cluster-wide. A
+// reserved agent is not yet routable: nothing is sent to it before
+// Welcome, which promote follows.
+func (s *Service) reserve(ctx context.Context, a *Agent) error {
 	s.mu.Lock()
 	if s.draining {
 		s.mu.Unlock()
 		return errDraining
 	}
-	if _, dup := s.agents[a.ID]; dup {
+	if _, dup := s.agents[a.ID]; dup || s.joining[a.ID] != nil {
 		s.mu.Unlock()
 		return status.Errorf(codes.AlreadyExists, "agent %q is already connected", a.ID)
 	}
-	s.agents[a.ID] = a
-	if !s.keeping {
-		s.keeping = true
-		go s.keep()
-	}
+	s.joining[a.ID] = a
 	s.mu.Unlock()
 	if s.opts.Registry == nil {
 		return nil
 	}
 	if err := s.opts.Registry.Claim(ctx, a.Proto(), s.opts.Lease); err != nil {
 		s.mu.Lock()
-		delete(s.agents, a.ID)
+		delete(s.joining, a.ID)
 		s.mu.Unlock()
 		return err
 	}
 	return nil
 }
 
+// promote makes a welcomed agent routable and watched by the keeper. It
+// reports whether the gateway began draining meanwhile, in which case the
+// agent has not been told to go elsewhere yet.
+func (s *Service) promote(a *Agent) (draining bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.joining, a.ID)
+	s.agents[a.ID] = a
+	if !s.keeping {
+		s.keeping = true
+		go s.keep()
+	}
+	return s.draining
+}
+
+// deregister removes a, reserved or routable, and releases its lease. It is
+// idempotent.
 func (s *Service) deregister(a *Agent) {
 	s.mu.Lock()
-	mine := s.agents[a.ID] == a
-	if mine {
+	mine := s.agents[a.ID] == a || s.joining[a.ID] == a
+	if s.agents[a.ID] == a {
 		delete(s.agents, a.ID)
+	}
+	if s.joining[a.ID] == a {
+		delete(s.joining, a.ID)
 	}
 	s.mu.Unlock()
 	if mine && s.opts.Registry != nil {
@@ -531,8 +575,9 @@ func (s *Service) keep() {
 	}
 	t := time.NewTicker(min(max(period/8, 5*time.Millisecond), time.Second))
 	defer t.Stop()
-	// Renewals are store round trips; a bounded number run at once, so a
-	// slow store delays renewals rather than piling up goroutines.
+	// Renewals are store round trips; a bounded number run at once, each
+	// bounded in time, so a slow store delays renewals rather than piling up
+	// goroutines.
 	renewals := make(chan struct{}, 32)
 	var agents []*Agent
 	for range t.C {
@@ -550,7 +595,9 @@ func (s *Service) keep() {
 		now := s.now()
 		for _, a := range agents {
 			if now.Sub(a.LastSeen()) >= s.opts.AgentTimeout {
-				a.closeStream(errSilent, true)
+				if !a.evicting.Load() {
+					go s.evict(a, errSilent, true)
+				}
 				continue
 			}
 			// renewing is checked first: while it is set, the renewal
@@ -566,33 +613,56 @@ func (s *Service) keep() {
 			a.renewAt = now.Add(s.opts.Lease / 3)
 			a.renewing.Store(true)
 			go func() {
-				if !s.renew(a) {
-					a.renewAt = time.Time{}
+				err := s.renew(a)
+				if err != nil && status.Code(err) != codes.Aborted {
+					a.renewAt = time.Time{} // retried on the next tick
 				}
 				a.renewing.Store(false)
 				<-renewals
+				if status.Code(err) == codes.Aborted {
+					s.moveOn(a, err)
+				}
 			}()
 		}
 		clear(agents)
 	}
 }
 
-// renew extends a's lease. It reports false when the renewal should be
-// retried at once: the lease outlives two missed renewals.
-func (s *Service) renew(a *Agent) bool {
-	err := s.opts.Registry.Renew(a.ctx, a.Proto(), s.opts.Lease)
+// renew extends a's lease, within a third of it: the lease outlives two
+// missed renewals, so a retry is worth more than a long wait.
+func (s *Service) renew(a *Agent) error {
+	ctx, cancel := context.WithTimeout(a.ctx, s.opts.Lease/3)
+	defer cancel()
+	err := s.opts.Registry.Renew(ctx, a.Proto(), s.opts.Lease)
 	switch {
 	case err == nil, a.ctx.Err() != nil:
-	case status.Code(err) == codes.Aborted:
-		// Shutdown tells the agent to reconnect, as it should: its
-		// registration expired and another connection holds it now.
-		_ = a.send(&covenpb.ServerMessage{Payload: &covenpb.ServerMessage_Shutdown{Shutdown: &covenpb.Shutdown{Reason: status.Convert(err).Message()}}})
-		a.closeStream(err, false)
-	default:
+		return nil
+	case status.Code(err) != codes.Aborted:
 		a.log.WarnContext(a.ctx, "could not renew agent registration; retrying", "error", err)
-		return false
 	}
-	return true
+	return err
+}
+
+// moveOn ends the stream of an agent whose registration another connection
+// took over (after a partition long enough for the lease to expire), with
+// Shutdown first to tell it to reconnect. An agent that does not read gets
+// its stream closed anyway, after a moment.
+func (s *Service) moveOn(a *Agent, reason error) {
+	force := time.AfterFunc(5*time.Second, func() { s.evict(a, reason, false) })
+	defer force.Stop()
+	_ = a.send(&covenpb.ServerMessage{Payload: &covenpb.ServerMessage_Shutdown{Shutdown: &covenpb.Shutdown{Reason: status.Convert(reason).Message()}}})
+	s.evict(a, reason, false)
+}
+
+// evict deregisters a, then ends its stream with reason: deregistered
+// first, because gRPC ends a stream closed this way at once, and the agent
+// may reconnect at once.
+func (s *Service) evict(a *Agent, reason error, timeout bool) {
+	if !a.evicting.CompareAndSwap(false, true) {
+		return
+	}
+	s.deregister(a)
+	a.closeStream(reason, timeout)
 }
 
 // Agents returns the agents connected to this replica.
@@ -617,6 +687,13 @@ func (s *Service) Holds(agentID string) bool {
 // DroppedResponses counts responses for unknown requests.
 func (s *Service) DroppedResponses() uint64 { return s.droppedResponses.Load() }
 
+func (s *Service) shutdownMessage() *covenpb.ServerMessage {
+	s.mu.Lock()
+	reason := s.shutdownReason
+	s.mu.Unlock()
+	return &covenpb.ServerMessage{Payload: &covenpb.ServerMessage_Shutdown{Shutdown: &covenpb.Shutdown{Reason: reason}}}
+}
+
 // Shutdown refuses new registrations and sends Shutdown{reason} to every
 // connected agent, so they reconnect through the load balancer to another
 // replica. It does not close the streams: agents finish and disconnect, and
@@ -624,12 +701,13 @@ func (s *Service) DroppedResponses() uint64 { return s.droppedResponses.Load() }
 func (s *Service) Shutdown(ctx context.Context, reason string) {
 	s.mu.Lock()
 	s.draining = true
+	s.shutdownReason = reason
 	agents := make([]*Agent, 0, len(s.agents))
 	for _, a := range s.agents {
 		agents = append(agents, a)
 	}
 	s.mu.Unlock()
-	msg := &covenpb.ServerMessage{Payload: &covenpb.ServerMessage_Shutdown{Shutdown: &covenpb.Shutdown{Reason: reason}}}
+	msg := s.shutdownMessage()
 	for _, a := range agents {
 		if err := a.send(msg); err != nil {
 			s.log.WarnContext(ctx, "could not send Shutdown", "agent_id", a.ID, "error", err)

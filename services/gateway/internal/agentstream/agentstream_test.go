@@ -16,6 +16,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/grpc/test/bufconn"
 
+	gatewayv1 "github.com/conclave-ai/conclave/proto/conclave/gateway/v1"
 	covenpb "github.com/conclave-ai/conclave/proto/coven"
 	"github.com/conclave-ai/conclave/services/gateway/internal/agentstream"
 )
@@ -344,5 +345,80 @@ func TestServerWithoutServerOptionSaysSo(t *testing.T) {
 	_ = s.Send(register("a"))
 	if _, err := s.Recv(); status.Code(err) != codes.Internal || !strings.Contains(err.Error(), "ServerOption") {
 		t.Fatalf("stream on a misconfigured server = %v, want INTERNAL naming ServerOption", err)
+	}
+}
+
+// gatedRegistry holds every Claim until gate is closed, then answers with
+// claimErr.
+type gatedRegistry struct {
+	gate     chan struct{}
+	claiming chan struct{}
+	claimErr error
+}
+
+func (r *gatedRegistry) Claim(ctx context.Context, _ *gatewayv1.Agent, _ time.Duration) error {
+	r.claiming <- struct{}{}
+	<-r.gate
+	return r.claimErr
+}
+func (r *gatedRegistry) Renew(context.Context, *gatewayv1.Agent, time.Duration) error { return nil }
+func (r *gatedRegistry) Release(context.Context, string, string) error                { return nil }
+
+// TestNothingReachesAnAgentBeforeWelcome sends to an agent while its
+// cluster-wide claim is pending: it is not routable yet, so the request is
+// refused rather than sent ahead of Welcome (or sent to an agent the claim
+// then refuses).
+func TestNothingReachesAnAgentBeforeWelcome(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct {
+		name     string
+		claimErr error
+	}{
+		{"claim succeeds", nil},
+		{"claim refused", status.Error(codes.AlreadyExists, "held elsewhere")},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			reg := &gatedRegistry{gate: make(chan struct{}), claiming: make(chan struct{}, 1), claimErr: tt.claimErr}
+			svc, c := start(t, agentstream.Options{Registry: reg})
+			s := open(t, c)
+			if err := s.Send(register("early")); err != nil {
+				t.Fatal(err)
+			}
+			<-reg.claiming
+			if _, err := svc.Send(context.Background(), "early", &covenpb.SendMessage{Content: "too soon"}); status.Code(err) != codes.NotFound {
+				t.Fatalf("Send while the claim is pending = %v, want NotFound", err)
+			}
+			if svc.Holds("early") || len(svc.Agents()) != 0 {
+				t.Fatal("an agent whose claim is pending is listed")
+			}
+			// A second registration of the same ID is refused meanwhile.
+			dup := open(t, c)
+			_ = dup.Send(register("early"))
+			if code, _ := finalStatus(dup); code != codes.AlreadyExists {
+				t.Fatalf("duplicate while the claim is pending = %v, want AlreadyExists", code)
+			}
+			close(reg.gate)
+			m, err := s.Recv()
+			if tt.claimErr != nil {
+				if err != nil || m.GetRegistrationError() == nil {
+					t.Fatalf("refused agent's first message = %v, %v; want RegistrationError", m, err)
+				}
+				if code, msgs := finalStatus(s); code != codes.AlreadyExists || len(msgs) != 0 {
+					t.Fatalf("refused agent: %v then %v", msgs, code)
+				}
+				return
+			}
+			if err != nil || m.GetWelcome() == nil {
+				t.Fatalf("first message = %v, %v; want Welcome", m, err)
+			}
+			req, err := svc.Send(context.Background(), "early", &covenpb.SendMessage{Content: "now"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := nextRequest(t, s); got.GetRequestId() != req.ID {
+				t.Fatalf("agent got %v, want request %s", got, req.ID)
+			}
+		})
 	}
 }

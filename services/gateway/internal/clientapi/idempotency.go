@@ -103,6 +103,10 @@ func (i *idempotency) claim(ctx context.Context, agentID, key, requestID string)
 			return c, nil
 		}
 		if !errors.Is(err, store.ErrConditionFailed) {
+			// The write may have landed all the same (a timeout after the
+			// store applied it); the message is not sent, so the key must
+			// not stay taken by it.
+			_ = c.release()
 			return nil, status.Errorf(codes.Unavailable, "recording idempotency_key: %v", err)
 		}
 		cur, err := i.store.Get(ctx, IdempotencyTable.Name, c.key)
