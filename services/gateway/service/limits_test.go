@@ -69,18 +69,7 @@ type testAgent struct {
 func startAgent(t *testing.T, ctx context.Context, conn *grpc.ClientConn, id string, hold bool) *testAgent {
 	t.Helper()
 	a := &testAgent{finish: make(chan struct{}), gotOne: make(chan struct{}, 100)}
-	stream, err := covenpb.NewCovenControlClient(conn).AgentStream(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := stream.Send(&covenpb.AgentMessage{Payload: &covenpb.AgentMessage_Register{Register: &covenpb.RegisterAgent{
-		AgentId: id, Name: id, Capabilities: []string{"chat"},
-	}}}); err != nil {
-		t.Fatal(err)
-	}
-	if m, err := stream.Recv(); err != nil || m.GetWelcome() == nil {
-		t.Fatalf("register %s: %v %v", id, m, err)
-	}
+	stream := registerAgent(t, ctx, conn, id)
 	respond := func(r *covenpb.MessageResponse) bool {
 		return stream.Send(&covenpb.AgentMessage{Payload: &covenpb.AgentMessage_Response{Response: r}}) == nil
 	}

@@ -102,22 +102,29 @@ func startWith(t *testing.T, cfg service.Config, st store.Store, tel *telemetry.
 	return conn, "http://" + httpAddr
 }
 
-// echoAgent registers id and answers every message with its content as text
-// followed by done, until ctx ends.
-func echoAgent(t *testing.T, ctx context.Context, conn *grpc.ClientConn, id string) {
+// registerAgent opens an AgentStream for id and waits for its Welcome.
+func registerAgent(t *testing.T, ctx context.Context, conn *grpc.ClientConn, id string) grpc.BidiStreamingClient[covenpb.AgentMessage, covenpb.ServerMessage] {
 	t.Helper()
 	stream, err := covenpb.NewCovenControlClient(conn).AgentStream(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if err := stream.Send(&covenpb.AgentMessage{Payload: &covenpb.AgentMessage_Register{Register: &covenpb.RegisterAgent{
-		AgentId: id, Name: "echo", Capabilities: []string{"chat"},
+		AgentId: id, Name: id, Capabilities: []string{"chat"},
 	}}}); err != nil {
 		t.Fatal(err)
 	}
 	if m, err := stream.Recv(); err != nil || m.GetWelcome() == nil {
-		t.Fatalf("register: %v %v", m, err)
+		t.Fatalf("register %s: %v %v", id, m, err)
 	}
+	return stream
+}
+
+// echoAgent registers id and answers every message with its content as text
+// followed by done, until ctx ends.
+func echoAgent(t *testing.T, ctx context.Context, conn *grpc.ClientConn, id string) {
+	t.Helper()
+	stream := registerAgent(t, ctx, conn, id)
 	go func() {
 		for {
 			m, err := stream.Recv()

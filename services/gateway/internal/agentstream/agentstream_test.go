@@ -27,8 +27,14 @@ func start(t *testing.T, opts agentstream.Options) (*agentstream.Service, covenp
 		opts.ServerID = "gw-test"
 	}
 	svc := agentstream.New(opts, slog.New(slog.DiscardHandler))
+	return svc, serve(t, svc, agentstream.ServerOption())
+}
+
+// serve runs svc on an in-memory gRPC server built with opts.
+func serve(t *testing.T, svc *agentstream.Service, opts ...grpc.ServerOption) covenpb.CovenControlClient {
+	t.Helper()
 	lis := bufconn.Listen(1 << 20)
-	srv := grpc.NewServer(agentstream.ServerOption())
+	srv := grpc.NewServer(opts...)
 	covenpb.RegisterCovenControlServer(srv, svc)
 	go func() { _ = srv.Serve(lis) }()
 	t.Cleanup(srv.Stop)
@@ -39,7 +45,7 @@ func start(t *testing.T, opts agentstream.Options) (*agentstream.Service, covenp
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = conn.Close() })
-	return svc, covenpb.NewCovenControlClient(conn)
+	return covenpb.NewCovenControlClient(conn)
 }
 
 func register(id string) *covenpb.AgentMessage {
@@ -329,19 +335,7 @@ func TestShutdown(t *testing.T) {
 func TestServerWithoutServerOptionSaysSo(t *testing.T) {
 	t.Parallel()
 	svc := agentstream.New(agentstream.Options{ServerID: "gw-test"}, slog.New(slog.DiscardHandler))
-	lis := bufconn.Listen(1 << 20)
-	srv := grpc.NewServer()
-	covenpb.RegisterCovenControlServer(srv, svc)
-	go func() { _ = srv.Serve(lis) }()
-	t.Cleanup(srv.Stop)
-	conn, err := grpc.NewClient("passthrough:///bufnet",
-		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return lis.DialContext(ctx) }),
-		grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = conn.Close() })
-	s := open(t, covenpb.NewCovenControlClient(conn))
+	s := open(t, serve(t, svc))
 	_ = s.Send(register("a"))
 	if _, err := s.Recv(); status.Code(err) != codes.Internal || !strings.Contains(err.Error(), "ServerOption") {
 		t.Fatalf("stream on a misconfigured server = %v, want INTERNAL naming ServerOption", err)
