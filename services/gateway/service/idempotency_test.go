@@ -127,15 +127,23 @@ func TestIdempotencyKey(t *testing.T) {
 		}
 	})
 
-	t.Run("a message cancelled while queued can be sent again", func(t *testing.T) {
-		t.Parallel()
-		agent := startAgent(t, ctx, conn, "idem-queue", true)
-		// The agent works on "busy" and holds it, so what follows waits.
+	// startBusy starts an agent that holds its messages and keeps it busy
+	// with one, so that what is sent next waits in its queue; busy delivers
+	// that first message's reply.
+	startBusy := func(t *testing.T, id string) (*testAgent, chan reply) {
+		t.Helper()
+		agent := startAgent(t, ctx, conn, id, true)
 		busy := make(chan reply, 1)
 		go func() {
-			busy <- send(as(ctx, token), client, &gatewayv1.SendMessageRequest{AgentId: "idem-queue", Content: "busy"})
+			busy <- send(as(ctx, token), client, &gatewayv1.SendMessageRequest{AgentId: id, Content: "busy"})
 		}()
 		await(t, agent.gotOne, "the agent gets busy")
+		return agent, busy
+	}
+
+	t.Run("a message cancelled while queued can be sent again", func(t *testing.T) {
+		t.Parallel()
+		agent, busy := startBusy(t, "idem-queue")
 
 		req := &gatewayv1.SendMessageRequest{AgentId: "idem-queue", Content: "queued", IdempotencyKey: "q-1"}
 		queued := make(chan reply, 1)
@@ -184,12 +192,7 @@ func TestIdempotencyKey(t *testing.T) {
 
 	t.Run("a message whose caller left while it was queued can be sent again", func(t *testing.T) {
 		t.Parallel()
-		agent := startAgent(t, ctx, conn, "idem-left", true)
-		busy := make(chan reply, 1)
-		go func() {
-			busy <- send(as(ctx, token), client, &gatewayv1.SendMessageRequest{AgentId: "idem-left", Content: "busy"})
-		}()
-		await(t, agent.gotOne, "the agent gets busy")
+		agent, busy := startBusy(t, "idem-left")
 
 		req := &gatewayv1.SendMessageRequest{AgentId: "idem-left", Content: "abandoned", IdempotencyKey: "left-1"}
 		leaving, leave := context.WithCancel(as(ctx, token))

@@ -124,7 +124,7 @@ func New(cfg Config, logger *slog.Logger, tel *telemetry.Provider, st store.Stor
 	}
 	grpcOpts := append(tel.GRPCServerOptions(), agentstream.ServerOption())
 	if !cfg.AllowUnauthenticated {
-		unary, stream := auth.NewTokens(cfg.ClientTokens...).Protect("/" + gatewayv1.GatewayService_ServiceDesc.ServiceName + "/")
+		unary, stream := auth.NewTokens(cfg.ClientTokens...).Protect(clientapi.ServicePrefix)
 		grpcOpts = append(grpcOpts, grpc.ChainUnaryInterceptor(unary), grpc.ChainStreamInterceptor(stream))
 	} else {
 		logger.Warn("the gateway's client API accepts requests without a bearer token")

@@ -152,7 +152,7 @@ func (s *Service) Send(ctx context.Context, agentID string, msg *covenpb.SendMes
 	// Queued under the lock deregistration takes, so a request is never
 	// queued for an agent whose dispatcher has already failed what was left.
 	defer s.mu.Unlock()
-	if err := a.enqueue(s, r, s.opts.QueueDepth); err != nil {
+	if err := a.enqueue(s, r); err != nil {
 		return nil, err
 	}
 	s.requests[msg.RequestId] = requestRef{agent: a, req: r}
@@ -161,7 +161,8 @@ func (s *Service) Send(ctx context.Context, agentID string, msg *covenpb.SendMes
 
 // enqueue adds r behind the request in flight, starting a dispatcher if none
 // runs.
-func (a *Agent) enqueue(s *Service, r *request, depth int) error {
+func (a *Agent) enqueue(s *Service, r *request) error {
+	depth := s.opts.QueueDepth
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if len(a.pending) >= depth {
@@ -288,8 +289,8 @@ func (s *Service) dispatch(a *Agent) {
 		case !ok:
 			return
 		case r.callerClosed():
-			// Cancelled or abandoned while it waited: the agent never sees it.
-			r.state.CompareAndSwap(requestQueued, requestAbandoned)
+			// Cancelled or abandoned while it waited: the agent never sees it,
+			// and it stays queued for Abandon to report so.
 			s.forget(r)
 			continue
 		case stopped || ctx.Err() != nil:

@@ -207,40 +207,43 @@ func TestCallerLeavingCancelsAgentWork(t *testing.T) {
 	}
 }
 
-func TestQueuedRequestCancelledNeverReachesAgent(t *testing.T) {
+// TestRequestTakenOutOfLineNeverReachesAgent takes the second of three
+// queued requests out of line, by cancelling or abandoning it: the agent
+// gets the third next.
+func TestRequestTakenOutOfLineNeverReachesAgent(t *testing.T) {
 	t.Parallel()
-	svc, c := start(t, agentstream.Options{})
-	agent := connectWith(t, c, "a1")
-	first, _ := svc.Send(context.Background(), "a1", &covenpb.SendMessage{Content: "1"})
-	queued, _ := svc.Send(context.Background(), "a1", &covenpb.SendMessage{Content: "2"})
-	third, _ := svc.Send(context.Background(), "a1", &covenpb.SendMessage{Content: "3"})
-	nextRequest(t, agent)
-	svc.Cancel(context.Background(), queued.ID, "changed my mind")
-	respond(t, agent, done(first.ID))
-	if got := nextRequest(t, agent); got.GetRequestId() != third.ID {
-		t.Fatalf("agent got %s after a cancelled queued request, want %s", got.GetRequestId(), third.ID)
-	}
-}
-
-func TestAbandonedRequestNeverReachesAgent(t *testing.T) {
-	t.Parallel()
-	svc, c := start(t, agentstream.Options{})
-	agent := connectWith(t, c, "a1")
-	first, _ := svc.Send(context.Background(), "a1", &covenpb.SendMessage{Content: "1"})
-	abandoned, _ := svc.Send(context.Background(), "a1", &covenpb.SendMessage{Content: "2"})
-	third, _ := svc.Send(context.Background(), "a1", &covenpb.SendMessage{Content: "3"})
-	nextRequest(t, agent)
-	if first.Abandon() {
-		t.Fatal("Abandon of the request in flight reported it unsent")
-	}
-	for range 2 { // and again: abandoned stays abandoned
-		if !abandoned.Abandon() {
-			t.Fatal("Abandon of a queued request reported it sent")
-		}
-	}
-	respond(t, agent, done(first.ID))
-	if got := nextRequest(t, agent); got.GetRequestId() != third.ID {
-		t.Fatalf("agent got %s after an abandoned request, want %s", got.GetRequestId(), third.ID)
+	for _, tt := range []struct {
+		name    string
+		takeOut func(t *testing.T, svc *agentstream.Service, first, queued *agentstream.Request)
+	}{
+		{"cancelled", func(t *testing.T, svc *agentstream.Service, _, queued *agentstream.Request) {
+			svc.Cancel(context.Background(), queued.ID, "changed my mind")
+		}},
+		{"abandoned", func(t *testing.T, _ *agentstream.Service, first, queued *agentstream.Request) {
+			if first.Abandon() {
+				t.Fatal("Abandon of the request in flight reported it unsent")
+			}
+			for range 2 { // and again: abandoned stays abandoned
+				if !queued.Abandon() {
+					t.Fatal("Abandon of a queued request reported it sent")
+				}
+			}
+		}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			svc, c := start(t, agentstream.Options{})
+			agent := connectWith(t, c, "a1")
+			first, _ := svc.Send(context.Background(), "a1", &covenpb.SendMessage{Content: "1"})
+			queued, _ := svc.Send(context.Background(), "a1", &covenpb.SendMessage{Content: "2"})
+			third, _ := svc.Send(context.Background(), "a1", &covenpb.SendMessage{Content: "3"})
+			nextRequest(t, agent)
+			tt.takeOut(t, svc, first, queued)
+			respond(t, agent, done(first.ID))
+			if got := nextRequest(t, agent); got.GetRequestId() != third.ID {
+				t.Fatalf("agent got %s after a %s queued request, want %s", got.GetRequestId(), tt.name, third.ID)
+			}
+		})
 	}
 }
 

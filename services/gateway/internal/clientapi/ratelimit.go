@@ -113,15 +113,16 @@ func (l *Limiter) openStream(c *clientState) (func(), error) {
 	}, nil
 }
 
-// servicePrefix is every GatewayService method's full name's prefix.
-var servicePrefix = "/" + gatewayv1.GatewayService_ServiceDesc.ServiceName + "/"
+// ServicePrefix starts the full name of every GatewayService method: what
+// authentication and the limits guard.
+var ServicePrefix = "/" + gatewayv1.GatewayService_ServiceDesc.ServiceName + "/"
 
 // Interceptors apply the limits to every GatewayService method. Install
 // them after authentication, so that only accepted callers spend tokens
 // and every caller is named by its own token.
 func (l *Limiter) Interceptors() (grpc.UnaryServerInterceptor, grpc.StreamServerInterceptor) {
 	unary := func(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
-		if strings.HasPrefix(info.FullMethod, servicePrefix) {
+		if strings.HasPrefix(info.FullMethod, ServicePrefix) {
 			if _, err := l.allow(ctx); err != nil {
 				return nil, err
 			}
@@ -129,7 +130,7 @@ func (l *Limiter) Interceptors() (grpc.UnaryServerInterceptor, grpc.StreamServer
 		return h(ctx, req)
 	}
 	stream := func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
-		if !strings.HasPrefix(info.FullMethod, servicePrefix) {
+		if !strings.HasPrefix(info.FullMethod, ServicePrefix) {
 			return h(srv, ss)
 		}
 		c, err := l.allow(ss.Context())
