@@ -9,6 +9,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/conclave-ai/conclave/pkg/config"
+	"github.com/conclave-ai/conclave/pkg/server"
 	"github.com/conclave-ai/conclave/pkg/store"
 	gateway "github.com/conclave-ai/conclave/services/gateway/service"
 )
@@ -26,7 +27,7 @@ type devConfig struct {
 type service interface {
 	Run(ctx context.Context) error
 	Ready() <-chan struct{}
-	Endpoints() []gateway.Endpoint
+	Endpoints() []server.Endpoint
 }
 
 func runDev(ctx context.Context, args []string, lookup config.Lookup, stdout, stderr io.Writer) error {
@@ -103,4 +104,5 @@ func printEndpoints(w io.Writer, services []service) {
 		}
 	}
 	_ = tw.Flush()
+	fmt.Fprintln(w) // an empty line ends the table, for programs reading it
 }

@@ -67,12 +67,13 @@ func toolBinary(name, pkg string) (string, error) {
 	return bin, nil
 }
 
-// devProcess starts `conclave dev` on free loopback ports and returns the
-// endpoint table's addresses once it is printed.
-func devProcess(t *testing.T, dataDir string) (*exec.Cmd, map[string]string, *bytes.Buffer) {
+// devProcess starts `conclave dev` on free loopback ports, with extra flags,
+// and returns the endpoint table's addresses ("gateway gRPC", "gateway
+// HTTP", ...) once it is printed.
+func devProcess(t *testing.T, dataDir string, extra ...string) (*exec.Cmd, map[string]string, *bytes.Buffer) {
 	t.Helper()
-	cmd := exec.Command(conclaveBin, "dev", "--gateway-grpc-addr=127.0.0.1:0", "--gateway-http-addr=127.0.0.1:0",
-		"--data-dir", dataDir)
+	cmd := exec.Command(conclaveBin, append([]string{"dev", "--gateway-grpc-addr=127.0.0.1:0", "--gateway-http-addr=127.0.0.1:0",
+		"--data-dir", dataDir}, extra...)...)
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -84,18 +85,20 @@ func devProcess(t *testing.T, dataDir string) (*exec.Cmd, map[string]string, *by
 	}
 	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
 	addrs := map[string]string{}
-	row := regexp.MustCompile(`^(\w+)\s+(\S+)\s+(gRPC|HTTP)`)
+	row := regexp.MustCompile(`^(\w+)\s+(\S+)\s+([\w-]+)`)
 	sc := bufio.NewScanner(stdout)
+	complete := false
 	for sc.Scan() {
-		if m := row.FindStringSubmatch(sc.Text()); m != nil {
-			addrs[m[1]+" "+m[3]] = m[2]
-		}
-		if len(addrs) == 2 {
+		if sc.Text() == "" { // the table ends with an empty line
+			complete = true
 			break
+		}
+		if m := row.FindStringSubmatch(sc.Text()); m != nil && m[1] != "SERVICE" {
+			addrs[m[1]+" "+m[3]] = m[2]
 		}
 	}
 	go func() { _, _ = io.Copy(io.Discard, stdout) }()
-	if len(addrs) != 2 {
+	if !complete || addrs["gateway gRPC"] == "" {
 		t.Fatalf("endpoint table incomplete: %v\nstderr:\n%s", addrs, stderr.String())
 	}
 	return cmd, addrs, &stderr
@@ -107,7 +110,8 @@ func TestDevServesCovenAndHealth(t *testing.T) {
 	}
 	t.Parallel()
 	dataDir := t.TempDir()
-	cmd, addrs, stderr := devProcess(t, dataDir)
+	// A boolean flag works bare.
+	cmd, addrs, stderr := devProcess(t, dataDir, "--gateway-allow-unauthenticated")
 
 	out, err := exec.Command(grpcurlBin, "-plaintext", addrs["gateway gRPC"], "list").CombinedOutput()
 	if err != nil {
@@ -174,6 +178,26 @@ func TestBadSettingExitsWithOneLine(t *testing.T) {
 				t.Errorf("nothing should be served or printed: %s", stdout.String())
 			}
 		})
+	}
+}
+
+// -h shows each setting's real type and default, booleans as bare flags,
+// and conclave dev's own defaults where it overrides a service's.
+func TestDevHelpShowsTypesAndDefaults(t *testing.T) {
+	t.Parallel()
+	out, err := exec.Command(conclaveBin, "dev", "-h").CombinedOutput()
+	if err != nil {
+		t.Fatalf("conclave dev -h: %v\n%s", err, out)
+	}
+	for _, want := range []string{
+		"--gateway-allow-unauthenticated\n", "(env CONCLAVE_GATEWAY_ALLOW_UNAUTHENTICATED, default true)",
+		"--gateway-lease duration\n", "(env CONCLAVE_GATEWAY_LEASE, default 15s)",
+		"--gateway-grpc-addr host:port\n", "default 127.0.0.1:50051)",
+		"--gateway-queue-depth int\n", "--gateway-client-rate float\n", "--gateway-client-tokens list\n",
+	} {
+		if !strings.Contains(string(out), want) {
+			t.Errorf("conclave dev -h lacks %q:\n%s", want, out)
+		}
 	}
 }
 

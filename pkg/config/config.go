@@ -58,15 +58,19 @@ func Load(_ context.Context, target any, name string, args []string, lookup Look
 
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	fs.SetOutput(usage)
-	fromFlags := make(map[string]*string, len(settings))
+	fromFlags := make(map[string]*flagValue, len(settings))
+	var listed []setting
 	for _, s := range settings {
 		// Structs shared by several services (Common) appear more than once
 		// in an all-in-one config; one flag sets them all.
 		if _, dup := fromFlags[s.env]; !dup {
-			help := fmt.Sprintf("%s (env %s)", s.help, s.env)
-			fromFlags[s.env] = fs.String(FlagName(s.env), s.def, help)
+			v := &flagValue{isBool: s.field.Kind() == reflect.Bool}
+			fromFlags[s.env] = v
+			fs.Var(v, FlagName(s.env), s.help)
+			listed = append(listed, s)
 		}
 	}
+	fs.Usage = func() { printUsage(usage, name, listed) }
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return ErrHelp
@@ -83,7 +87,7 @@ func Load(_ context.Context, target any, name string, args []string, lookup Look
 		value, ok := s.def, true
 		switch {
 		case setByFlag[FlagName(s.env)]:
-			value = *fromFlags[s.env]
+			value = fromFlags[s.env].raw
 		default:
 			if v, found := lookup(s.env); found {
 				value = v
@@ -101,6 +105,93 @@ func Load(_ context.Context, target any, name string, args []string, lookup Look
 		}
 	}
 	return validate(rv)
+}
+
+// flagValue holds a flag's text until Load decodes it into its field, so
+// that a bad value is reported with the setting's environment key, the same
+// way whether it came from a flag or the environment. A boolean setting's
+// flag works bare: --x means --x=true.
+type flagValue struct {
+	raw    string
+	isBool bool
+}
+
+func (v *flagValue) String() string {
+	if v == nil {
+		return ""
+	}
+	return v.raw
+}
+
+func (v *flagValue) Set(s string) error { v.raw = s; return nil }
+
+// IsBoolFlag tells the flag package that the flag needs no value.
+func (v *flagValue) IsBoolFlag() bool { return v.isBool }
+
+// FlagTyper is implemented by setting types that name their own kind of
+// value in the usage text, such as ListenAddr's host:port.
+type FlagTyper interface {
+	FlagType() string
+}
+
+// flagType is what -h shows a setting takes.
+func flagType(field reflect.Value) string {
+	if t, ok := field.Addr().Interface().(FlagTyper); ok {
+		return t.FlagType()
+	}
+	if field.Type() == durationType {
+		return "duration"
+	}
+	switch field.Kind() {
+	case reflect.Bool:
+		return "" // a bare flag; the default says which way it goes
+	case reflect.Int, reflect.Int32, reflect.Int64:
+		return "int"
+	case reflect.Float64:
+		return "float"
+	case reflect.Slice:
+		return "list"
+	}
+	return "string"
+}
+
+// printUsage lists every flag with the kind of value it takes, its default,
+// and its environment key.
+func printUsage(w io.Writer, name string, settings []setting) {
+	fmt.Fprintf(w, "Usage of %s:\n", name)
+	for _, s := range settings {
+		line := "  --" + FlagName(s.env)
+		if t := flagType(s.field); t != "" {
+			line += " " + t
+		}
+		def := s.def
+		switch {
+		case !s.field.IsZero():
+			def = presetText(s.field) // set by the caller before Load, e.g. conclave dev's loopback addresses
+		case !s.hasDef && s.field.Kind() == reflect.Bool:
+			def = "false"
+		}
+		details := "env " + s.env
+		if def != "" {
+			details += ", default " + def
+		}
+		fmt.Fprintf(w, "%s\n    \t%s (%s)\n", line, s.help, details)
+	}
+}
+
+// presetText renders a value the caller set before Load as -h shows it.
+func presetText(field reflect.Value) string {
+	if field.Type() == durationType {
+		return time.Duration(field.Int()).String()
+	}
+	if field.Kind() == reflect.Slice {
+		parts := make([]string, field.Len())
+		for i := range parts {
+			parts[i] = fmt.Sprint(field.Index(i).Interface())
+		}
+		return strings.Join(parts, ",")
+	}
+	return fmt.Sprint(field.Interface())
 }
 
 // FlagName is the flag a setting's environment key maps to:

@@ -6,6 +6,7 @@ import (
 	"io"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/conclave-ai/conclave/pkg/config"
 )
@@ -16,6 +17,9 @@ type testConfig struct {
 	GRPCAddr config.ListenAddr `env:"CONCLAVE_TEST_GRPC_ADDR" default:":50051" help:"gRPC listen address"`
 	Replicas int               `env:"CONCLAVE_TEST_REPLICAS" default:"1"`
 	Rate     float64           `env:"CONCLAVE_TEST_RATE" default:"0.5"`
+	Open     bool              `env:"CONCLAVE_TEST_OPEN" default:"false" help:"open to everyone"`
+	Wait     time.Duration     `env:"CONCLAVE_TEST_WAIT" default:"15s" help:"how long to wait"`
+	Tokens   []string          `env:"CONCLAVE_TEST_TOKENS" help:"accepted tokens"`
 }
 
 func lookup(m map[string]string) config.Lookup {
@@ -89,6 +93,18 @@ func TestLoad(t *testing.T) {
 		{name: "float not a number", env: map[string]string{"CONCLAVE_TEST_RATE": "fast"}, wantErr: []string{"CONCLAVE_TEST_RATE", `"fast" is not a number`}},
 		{name: "bad log format", env: map[string]string{"CONCLAVE_LOG_FORMAT": "xml"}, wantErr: []string{"CONCLAVE_LOG_FORMAT", "xml"}},
 		{name: "bad log level", args: []string{"--log-level=loud"}, wantErr: []string{"CONCLAVE_LOG_LEVEL"}},
+		{name: "bare boolean flag", args: []string{"--test-open"}, check: func(t *testing.T, c testConfig) {
+			if !c.Open {
+				t.Error("--test-open did not set the boolean")
+			}
+		}},
+		{name: "boolean flag with a value", args: []string{"--test-open=false", "--test-wait", "2m"}, env: map[string]string{"CONCLAVE_TEST_OPEN": "true"}, check: func(t *testing.T, c testConfig) {
+			if c.Open || c.Wait != 2*time.Minute {
+				t.Errorf("flags not applied: open=%v wait=%v", c.Open, c.Wait)
+			}
+		}},
+		{name: "boolean flag not a boolean", args: []string{"--test-open=maybe"}, wantErr: []string{"CONCLAVE_TEST_OPEN", `"maybe" is not true or false`}},
+		{name: "duration flag not a duration", args: []string{"--test-wait=soon"}, wantErr: []string{"CONCLAVE_TEST_WAIT", "duration"}},
 		{name: "unknown flag", args: []string{"--nope"}, wantErr: []string{"nope"}},
 		{name: "stray argument", args: []string{"extra"}, wantErr: []string{`unexpected argument "extra"`}},
 	}
@@ -127,7 +143,29 @@ func TestLoadHelp(t *testing.T) {
 	if !errors.Is(err, config.ErrHelp) {
 		t.Fatalf("err = %v, want ErrHelp", err)
 	}
-	for _, want := range []string{"-test-grpc-addr", "env CONCLAVE_TEST_GRPC_ADDR", "gRPC listen address", "-otel-exporter-otlp-endpoint"} {
+	for _, want := range []string{
+		"--test-grpc-addr host:port\n", "gRPC listen address (env CONCLAVE_TEST_GRPC_ADDR, default :50051)",
+		"--test-open\n", "open to everyone (env CONCLAVE_TEST_OPEN, default false)",
+		"--test-wait duration\n", "(env CONCLAVE_TEST_WAIT, default 15s)",
+		"--test-replicas int\n", "--test-rate float\n", "--test-tokens list\n", "--backend embedded|aws\n",
+		"--otel-exporter-otlp-endpoint string\n",
+	} {
+		if !strings.Contains(usage.String(), want) {
+			t.Errorf("usage lacks %q:\n%s", want, usage.String())
+		}
+	}
+}
+
+// A value set before Load (conclave dev's loopback addresses, its open
+// client API) is the default -h shows.
+func TestLoadHelpShowsPresets(t *testing.T) {
+	t.Parallel()
+	c := testConfig{Open: true, GRPCAddr: "127.0.0.1:1", Wait: time.Second}
+	var usage strings.Builder
+	if err := config.Load(context.Background(), &c, "test", []string{"--help"}, lookup(nil), &usage); !errors.Is(err, config.ErrHelp) {
+		t.Fatalf("err = %v, want ErrHelp", err)
+	}
+	for _, want := range []string{"CONCLAVE_TEST_OPEN, default true)", "CONCLAVE_TEST_GRPC_ADDR, default 127.0.0.1:1)", "CONCLAVE_TEST_WAIT, default 1s)"} {
 		if !strings.Contains(usage.String(), want) {
 			t.Errorf("usage lacks %q:\n%s", want, usage.String())
 		}

@@ -39,6 +39,9 @@ func (a *ListenAddr) EnvDecode(val string) error {
 
 func (a ListenAddr) String() string { return string(a) }
 
+// FlagType implements FlagTyper.
+func (*ListenAddr) FlagType() string { return "host:port" }
+
 // StoreBackend names where a service keeps its state and queues.
 type StoreBackend string
 
@@ -60,6 +63,9 @@ func (b *StoreBackend) EnvDecode(val string) error {
 	*b = v
 	return nil
 }
+
+// FlagType implements FlagTyper.
+func (*StoreBackend) FlagType() string { return "embedded|aws" }
 
 // Common holds the settings every deployable shares.
 type Common struct {

@@ -132,6 +132,13 @@ func New(cfg Config, logger *slog.Logger, opts ...Option) (*Server, error) {
 	return s, nil
 }
 
+// Endpoint is one listening address of a deployable, as `conclave dev`
+// prints it in its endpoint table: the service, where it listens, and what
+// it serves there.
+type Endpoint struct {
+	Service, Protocol, Address string
+}
+
 // GRPC returns the gRPC server for service registration. Register before Run.
 func (s *Server) GRPC() *grpc.Server { return s.grpcServer }
 

@@ -262,15 +262,10 @@ func advertisedAddr(listen string) string {
 func (g *Gateway) Ready() <-chan struct{} { return g.srv.Ready() }
 
 // Endpoints lists where the gateway listens, once Ready.
-func (g *Gateway) Endpoints() []Endpoint {
-	eps := []Endpoint{{Service: "gateway", Protocol: "gRPC: coven.CovenControl (agents), conclave.gateway.v1 (clients)", Address: g.srv.GRPCAddr()}}
+func (g *Gateway) Endpoints() []server.Endpoint {
+	eps := []server.Endpoint{{Service: "gateway", Protocol: "gRPC: coven.CovenControl (agents), conclave.gateway.v1 (clients)", Address: g.srv.GRPCAddr()}}
 	if addr := g.srv.HTTPAddr(); addr != "" {
-		eps = append(eps, Endpoint{Service: "gateway", Protocol: "HTTP: REST /v1/agents (SSE), /healthz /readyz /metrics", Address: addr})
+		eps = append(eps, server.Endpoint{Service: "gateway", Protocol: "HTTP: REST /v1/agents (SSE), /healthz /readyz /metrics", Address: addr})
 	}
 	return eps
-}
-
-// Endpoint is one listening address, for the endpoint table.
-type Endpoint struct {
-	Service, Protocol, Address string
 }
