@@ -12,6 +12,8 @@ import (
 	"time"
 
 	bolt "go.etcd.io/bbolt"
+
+	"github.com/conclave-ai/conclave/pkg/internal/boltgroup"
 )
 
 // Embedded is the Queue backend for `conclave dev` and single-node use: all
@@ -29,9 +31,8 @@ type Embedded struct {
 	// it to reach retention limits without waiting.
 	now func() time.Time
 
-	ops       chan op
+	writes    *boltgroup.Writer
 	closing   chan struct{}
-	stopped   chan struct{}
 	closeOnce sync.Once
 	closeErr  error
 
@@ -78,9 +79,7 @@ func OpenEmbedded(path string) (*Embedded, error) {
 		db:      db,
 		path:    path,
 		now:     time.Now,
-		ops:     make(chan op),
 		closing: make(chan struct{}),
-		stopped: make(chan struct{}),
 		defs:    map[string]Definition{},
 		wake:    map[string]chan struct{}{},
 	}
@@ -102,7 +101,7 @@ func OpenEmbedded(path string) (*Embedded, error) {
 		db.Close()
 		return nil, fmt.Errorf("queue: load %s: %w", path, err)
 	}
-	go e.writer()
+	e.writes = boltgroup.Start(db, maxGroup)
 	return e, nil
 }
 
@@ -111,79 +110,21 @@ func OpenEmbedded(path string) (*Embedded, error) {
 func (e *Embedded) Close() error {
 	e.closeOnce.Do(func() {
 		close(e.closing)
-		<-e.stopped
+		e.writes.Stop()
 		e.closeErr = e.db.Close()
 	})
 	return e.closeErr
 }
 
-// op is one call's transaction function, run by the writer.
-type op struct {
-	fn   func(*bolt.Tx) error
-	done chan error
-}
-
 // update runs fn in a write transaction shared with the calls that queue up
-// meanwhile. fn may run twice (see commit), so it must set its results from
-// scratch each time.
+// meanwhile. fn may run twice (see boltgroup), so it must set its results
+// from scratch each time.
 func (e *Embedded) update(ctx context.Context, fn func(*bolt.Tx) error) error {
-	o := op{fn: fn, done: make(chan error, 1)}
-	select {
-	case e.ops <- o:
-	case <-e.closing:
+	err := e.writes.Update(ctx, fn)
+	if errors.Is(err, boltgroup.ErrClosed) {
 		return errClosed
-	case <-ctx.Done():
-		return ctx.Err()
 	}
-	// Once handed over the commit is not abandoned: it is short, and its
-	// caller must learn whether it happened.
-	return <-o.done
-}
-
-func (e *Embedded) writer() {
-	defer close(e.stopped)
-	for {
-		var group []op
-		select {
-		case o := <-e.ops:
-			group = append(group, o)
-		case <-e.closing:
-			return
-		}
-	more:
-		for len(group) < maxGroup {
-			select {
-			case o := <-e.ops:
-				group = append(group, o)
-			default:
-				break more
-			}
-		}
-		e.commit(group)
-	}
-}
-
-// commit runs a group in one transaction. If any call fails, the whole
-// transaction is rolled back and each call is run in its own, so that a
-// failing call neither undoes the others nor gets their result.
-func (e *Embedded) commit(group []op) {
-	err := e.db.Update(func(tx *bolt.Tx) error {
-		for _, o := range group {
-			if err := o.fn(tx); err != nil {
-				return err
-			}
-		}
-		return nil
-	})
-	if err != nil && len(group) > 1 {
-		for _, o := range group {
-			o.done <- e.db.Update(o.fn)
-		}
-		return
-	}
-	for _, o := range group {
-		o.done <- err
-	}
+	return err
 }
 
 // definition returns the queue's definition, or ErrQueueNotFound.

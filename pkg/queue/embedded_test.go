@@ -149,39 +149,6 @@ func TestEmbeddedCloseEndsLongPoll(t *testing.T) {
 	}
 }
 
-// TestEmbeddedGroupCommitIsolatesFailures checks that one failing call in a
-// shared commit neither undoes the others nor is reported as theirs.
-func TestEmbeddedGroupCommitIsolatesFailures(t *testing.T) {
-	t.Parallel()
-	e := openTemp(t, filepath.Join(t.TempDir(), "q.db"))
-	boom := errors.New("boom")
-	put := func(k string) func(*bolt.Tx) error {
-		return func(tx *bolt.Tx) error { return tx.Bucket(bucketDefs).Put([]byte(k), []byte("{}")) }
-	}
-	group := []op{
-		{fn: put("a"), done: make(chan error, 1)},
-		{fn: func(tx *bolt.Tx) error { _ = put("partial")(tx); return boom }, done: make(chan error, 1)},
-		{fn: put("b"), done: make(chan error, 1)},
-	}
-	// Run on the writer's side of the channel, as the writer would.
-	e.commit(group)
-	for i, want := range []error{nil, boom, nil} {
-		if err := <-group[i].done; !errors.Is(err, want) {
-			t.Errorf("call %d: %v, want %v", i, err, want)
-		}
-	}
-	err := e.db.View(func(tx *bolt.Tx) error {
-		b := tx.Bucket(bucketDefs)
-		if b.Get([]byte("a")) == nil || b.Get([]byte("b")) == nil || b.Get([]byte("partial")) != nil {
-			t.Error("the good calls' writes must stay and the failing call's must not")
-		}
-		return nil
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-}
-
 func TestEmbeddedCorruptRecordIsReported(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()

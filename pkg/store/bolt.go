@@ -12,14 +12,19 @@ import (
 	"time"
 
 	bolt "go.etcd.io/bbolt"
+
+	"github.com/conclave-ai/conclave/pkg/internal/boltgroup"
 )
 
 // Bolt is the embedded backend: one bbolt file, a bucket per table. Every
-// write is one bbolt transaction, so conditional writes are atomic and a
-// restart loses nothing that was acknowledged.
+// write runs in a bbolt transaction, so conditional writes are atomic and a
+// restart loses nothing that was acknowledged. Concurrent writes share
+// commits (boltgroup), so a burst of them, such as thousands of agents
+// registering at once, costs one fsync per round rather than one each.
 type Bolt struct {
-	db   *bolt.DB
-	path string
+	db     *bolt.DB
+	writes *boltgroup.Writer
+	path   string
 	now  func() time.Time
 	log  *slog.Logger
 
@@ -51,7 +56,7 @@ func OpenBolt(path string, opts BoltOptions) (*Bolt, error) {
 	if err != nil {
 		return nil, fmt.Errorf("store: open %s: %w", path, err)
 	}
-	b := &Bolt{db: db, path: path, now: opts.Now, log: opts.Logger, stop: make(chan struct{})}
+	b := &Bolt{db: db, writes: boltgroup.Start(db, maxGroup), path: path, now: opts.Now, log: opts.Logger, stop: make(chan struct{})}
 	if b.now == nil {
 		b.now = time.Now
 	}
@@ -78,6 +83,7 @@ func (b *Bolt) Close() error {
 	}
 	close(b.stop)
 	b.wg.Wait()
+	b.writes.Stop()
 	return b.db.Close()
 }
 
@@ -118,21 +124,41 @@ func (b *Bolt) current(bk *bolt.Bucket, key Key, now time.Time) (*Item, error) {
 	return &it, nil
 }
 
-// update runs fn in one write transaction with the table's bucket and the
-// live item at key (nil when absent or expired), so that reading the item,
-// checking conditions and writing are atomic.
-func (b *Bolt) update(table string, key Key, fn func(bk *bolt.Bucket, cur *Item) error) error {
-	return b.db.Update(func(tx *bolt.Tx) error {
+// maxGroup bounds how many writes share one commit.
+const maxGroup = 1000
+
+// update runs fn in a write transaction with the table's bucket and the live
+// item at key (nil when absent or expired), so that reading the item,
+// checking conditions and writing are atomic. fn must check before it
+// writes: a missing table or a failed condition is this call's own result,
+// not a failure of the commit it shares with others.
+func (b *Bolt) update(ctx context.Context, table string, key Key, fn func(bk *bolt.Bucket, cur *Item) error) error {
+	var result error
+	err := b.writes.Update(ctx, func(tx *bolt.Tx) error {
+		result = nil
 		bk, err := b.bucket(tx, table)
 		if err != nil {
-			return err
+			result = err
+			return nil
 		}
 		cur, err := b.current(bk, key, b.now())
 		if err != nil {
 			return err
 		}
-		return fn(bk, cur)
+		err = fn(bk, cur)
+		if errors.Is(err, ErrConditionFailed) {
+			result = err
+			return nil
+		}
+		return err
 	})
+	if errors.Is(err, boltgroup.ErrClosed) {
+		return fmt.Errorf("store: %s is closed: %w", b.path, err)
+	}
+	if err != nil {
+		return err
+	}
+	return result
 }
 
 func checkConditions(conds []Condition, cur *Item, key Key) error {
@@ -176,7 +202,7 @@ func (b *Bolt) Put(ctx context.Context, table string, item Item, conds ...Condit
 	if err := validateConditions(conds); err != nil {
 		return Item{}, err
 	}
-	err := b.update(table, item.Key, func(bk *bolt.Bucket, cur *Item) error {
+	err := b.update(ctx, table, item.Key, func(bk *bolt.Bucket, cur *Item) error {
 		if err := checkConditions(conds, cur, item.Key); err != nil {
 			return err
 		}
@@ -200,7 +226,7 @@ func (b *Bolt) Delete(ctx context.Context, table string, key Key, conds ...Condi
 	if err := validateConditions(conds); err != nil {
 		return err
 	}
-	return b.update(table, key, func(bk *bolt.Bucket, cur *Item) error {
+	return b.update(ctx, table, key, func(bk *bolt.Bucket, cur *Item) error {
 		if err := checkConditions(conds, cur, key); err != nil {
 			return err
 		}
@@ -214,7 +240,7 @@ func (b *Bolt) Add(ctx context.Context, table string, key Key, delta int64, expi
 		return 0, err
 	}
 	var value int64
-	err := b.update(table, key, func(bk *bolt.Bucket, cur *Item) error {
+	err := b.update(ctx, table, key, func(bk *bolt.Bucket, cur *Item) error {
 		it := Item{Key: key, Counter: delta, Version: 1, ExpiresAt: expiresAt}
 		if cur != nil {
 			it = *cur

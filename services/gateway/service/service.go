@@ -37,7 +37,7 @@ type Config struct {
 	ShutdownTimeout time.Duration     `env:"CONCLAVE_GATEWAY_SHUTDOWN_TIMEOUT" default:"15s" help:"how long in-flight work may drain on shutdown"`
 	QueueDepth      int               `env:"CONCLAVE_GATEWAY_QUEUE_DEPTH" default:"32" help:"requests that may wait for a busy agent before callers get RESOURCE_EXHAUSTED"`
 	CancelGrace     time.Duration     `env:"CONCLAVE_GATEWAY_CANCEL_GRACE" default:"30s" help:"how long an agent may take to end an abandoned request"`
-	Lease           time.Duration     `env:"CONCLAVE_GATEWAY_LEASE" default:"15s" help:"how long an agent's cluster-wide registration outlives its replica"`
+	Lease           time.Duration     `env:"CONCLAVE_GATEWAY_LEASE" default:"15s" help:"how long a replica's lease (and so its agents' registrations) outlives its last renewal in the store"`
 	AdvertiseAddr   string            `env:"CONCLAVE_GATEWAY_ADVERTISE_ADDR" help:"host:port other replicas reach this one's gRPC listener at (default: the listener's address, or the host name and port)"`
 	ClientTokens    []string          `env:"CONCLAVE_GATEWAY_CLIENT_TOKENS" help:"comma-separated bearer tokens accepted on the client API"`
 	ClientRate      float64           `env:"CONCLAVE_GATEWAY_CLIENT_RATE" default:"50" help:"client API requests per second each client (bearer token) may make on one replica"`
@@ -102,7 +102,7 @@ func (c Config) Validate() error {
 type Gateway struct {
 	srv      *server.Server
 	agents   *agentstream.Service
-	registry *registry.Registry
+	replica  *registry.Replica
 	serverID string
 	cfg      Config
 	log      *slog.Logger
@@ -160,17 +160,27 @@ func New(cfg Config, logger *slog.Logger, tel *telemetry.Provider, st store.Stor
 		logger.Warn("agents without a configured token may register", "agents_with_tokens", agentTokens.Len())
 	}
 	reg := registry.New(st)
-	agents := agentstream.New(agentstream.Options{
+	var agents *agentstream.Service
+	replica := reg.Replica(serverID, registry.ReplicaOptions{
+		Lease:    cfg.Lease,
+		Holdings: func() []*gatewayv1.Agent { return agents.Holdings() },
+		Lost:     func(agentID, instanceID string, reason error) { agents.Lost(agentID, instanceID, reason) },
+		Logger:   logger,
+	})
+	agents = agentstream.New(agentstream.Options{
 		Authenticate:    agentTokens.Check,
 		MaxHeartbeats:   cfg.MaxHeartbeats,
 		ServerID:        serverID,
+		InstancePrefix:  serverID + "-" + replica.Boot(),
 		RegisterTimeout: cfg.RegisterTimeout,
 		AgentTimeout:    cfg.AgentTimeout,
 		QueueDepth:      cfg.QueueDepth,
 		CancelGrace:     cfg.CancelGrace,
-		Registry:        reg,
-		Lease:           cfg.Lease,
+		Registry:        replica,
 	}, logger)
+	// A replica that cannot renew its lease takes no new agents; the load
+	// balancer should send them elsewhere meanwhile. Those it holds stay.
+	srv.AddReadinessCheck("lease", func(context.Context) error { return replica.Healthy() })
 	covenpb.RegisterCovenControlServer(srv.GRPC(), agents)
 	peers := clientapi.NewPeers(serverID, tel.GRPCDialOptions()...)
 	gatewayv1.RegisterGatewayServiceServer(srv.GRPC(), clientapi.New(agents, clientapi.DefaultLimits, serverID, reg, peers,
@@ -204,44 +214,34 @@ func New(cfg Config, logger *slog.Logger, tel *telemetry.Provider, st store.Stor
 	}
 	srv.OnShutdown(func(ctx context.Context) {
 		agents.Shutdown(ctx, "gateway "+serverID+" is shutting down")
-		if err := reg.Withdraw(ctx, serverID); err != nil {
-			logger.WarnContext(ctx, "could not withdraw this replica's address; it will expire", "error", err)
+		// Its agents' registrations are free at once, for them to
+		// reconnect through another replica.
+		if err := replica.Withdraw(ctx); err != nil {
+			logger.WarnContext(ctx, "could not give up this replica's lease; its agents are free when it expires", "error", err)
 		}
 	})
-	return &Gateway{srv: srv, agents: agents, registry: reg, serverID: serverID, cfg: cfg, log: logger}, nil
+	return &Gateway{srv: srv, agents: agents, replica: replica, serverID: serverID, cfg: cfg, log: logger}, nil
 }
 
 // Run serves until ctx is cancelled, then drains. While it serves, it keeps
-// this replica's address in the registry for the others to forward to.
+// this replica's lease, which holds its agents' registrations and its
+// address for the others to forward to.
 func (g *Gateway) Run(ctx context.Context) error {
-	advertising, stop := context.WithCancel(ctx)
+	leasing, stop := context.WithCancel(ctx)
 	defer stop()
-	go g.advertise(advertising)
-	return g.srv.Run(ctx)
-}
-
-func (g *Gateway) advertise(ctx context.Context) {
-	select {
-	case <-g.srv.Ready():
-	case <-ctx.Done():
-		return
-	}
-	addr := g.cfg.AdvertiseAddr
-	if addr == "" {
-		addr = advertisedAddr(g.srv.GRPCAddr())
-	}
-	t := time.NewTicker(g.cfg.Lease / 3)
-	defer t.Stop()
-	for {
-		if err := g.registry.Advertise(ctx, g.serverID, addr, g.cfg.Lease); err != nil && ctx.Err() == nil {
-			g.log.WarnContext(ctx, "could not advertise this replica; others cannot forward to it", "error", err)
-		}
+	go func() {
 		select {
-		case <-ctx.Done():
+		case <-g.srv.Ready():
+		case <-leasing.Done():
 			return
-		case <-t.C:
 		}
-	}
+		addr := g.cfg.AdvertiseAddr
+		if addr == "" {
+			addr = advertisedAddr(g.srv.GRPCAddr())
+		}
+		g.replica.Run(leasing, addr)
+	}()
+	return g.srv.Run(ctx)
 }
 
 // advertisedAddr turns a listener address into one other hosts can dial: a

@@ -46,12 +46,11 @@ type Options struct {
 	// CancelGrace is how long an agent may take to end a request its caller
 	// abandoned before the next request is sent anyway.
 	CancelGrace time.Duration
-	// Registry, when set, makes registrations cluster-wide leases.
+	// Registry, when set, makes registrations cluster-wide.
 	Registry Registry
-	// Lease is how long a registration outlives its last renewal; it is
-	// renewed every third of it while the stream lives, so a crashed
-	// replica's agents are free again within one Lease.
-	Lease time.Duration
+	// InstancePrefix starts every connection's instance ID; ServerID when
+	// empty. Connection IDs must not repeat across restarts of a replica.
+	InstancePrefix string
 	// MaxHeartbeats bounds the heartbeats (and other messages that carry no
 	// reply: responses to requests not in flight, repeated registrations)
 	// an agent may send in one second; past it the stream ends with
@@ -64,12 +63,13 @@ type Options struct {
 	Authenticate func(ctx context.Context, agentID string) error
 }
 
-// Registry records which connection holds each agent across replicas.
+// Registry records which connection holds each agent across replicas. It
+// keeps the registrations alive itself, by a lease per replica, and tells
+// the Service through Lost when one was taken away.
 type Registry interface {
-	// Claim fails with ALREADY_EXISTS while another connection holds a.
-	Claim(ctx context.Context, a *gatewayv1.Agent, lease time.Duration) error
-	// Renew fails with ABORTED once the lease was lost.
-	Renew(ctx context.Context, a *gatewayv1.Agent, lease time.Duration) error
+	// Claim fails with ALREADY_EXISTS while another connection holds a,
+	// and with UNAVAILABLE while the replica cannot keep registrations.
+	Claim(ctx context.Context, a *gatewayv1.Agent) error
 	Release(ctx context.Context, agentID, instanceID string) error
 }
 
@@ -90,9 +90,6 @@ type Agent struct {
 	closer   *streamCloser
 	log      *slog.Logger
 
-	// Owned by the replica's keeper loop.
-	renewAt  time.Time
-	renewing atomic.Bool
 	evicting atomic.Bool
 
 	// Owned by the stream's receive loop.
@@ -184,8 +181,8 @@ func New(opts Options, logger *slog.Logger) *Service {
 	if opts.CancelGrace <= 0 {
 		opts.CancelGrace = 30 * time.Second
 	}
-	if opts.Lease <= 0 {
-		opts.Lease = 15 * time.Second
+	if opts.InstancePrefix == "" {
+		opts.InstancePrefix = opts.ServerID
 	}
 	if opts.MaxHeartbeats <= 0 {
 		opts.MaxHeartbeats = 50
@@ -402,13 +399,12 @@ func (s *Service) admit(ctx context.Context, closer *streamCloser, stream agentS
 		Capabilities:     reg.GetCapabilities(),
 		Metadata:         reg.GetMetadata(),
 		ProtocolFeatures: reg.GetProtocolFeatures(),
-		InstanceID:       fmt.Sprintf("%s-%d", s.opts.ServerID, s.nextID.Add(1)),
+		InstanceID:       fmt.Sprintf("%s-%d", s.opts.InstancePrefix, s.nextID.Add(1)),
 		ServerID:         s.opts.ServerID,
 		ConnectedAt:      now,
 		ctx:              ctx,
 		conn:             conn,
 		closer:           closer,
-		renewAt:          now.Add(s.opts.Lease / 3),
 	}
 	agent.log = s.log.With("agent_id", agent.ID, "instance_id", agent.InstanceID)
 	agent.touch(now)
@@ -516,7 +512,7 @@ func (s *Service) reserve(ctx context.Context, a *Agent) error {
 	if s.opts.Registry == nil {
 		return nil
 	}
-	if err := s.opts.Registry.Claim(ctx, a.Proto(), s.opts.Lease); err != nil {
+	if err := s.opts.Registry.Claim(ctx, a.Proto()); err != nil {
 		s.mu.Lock()
 		delete(s.joining, a.ID)
 		s.mu.Unlock()
@@ -563,22 +559,13 @@ func (s *Service) deregister(a *Agent) {
 	}
 }
 
-// keep is the replica's one liveness and lease loop: it closes the streams
-// of agents silent for AgentTimeout and renews registrations every third of
-// Lease, ending a stream whose lease another connection took over. One loop
-// instead of two timers per agent keeps an idle agent cheap; it runs while
-// any agent is registered.
+// keep is the replica's one liveness loop: it closes the streams of agents
+// silent for AgentTimeout. One loop instead of a timer per agent keeps an
+// idle agent cheap; it runs while any agent is registered. (Registrations
+// need no renewal per agent: the registry keeps one lease per replica.)
 func (s *Service) keep() {
-	period := s.opts.AgentTimeout
-	if s.opts.Registry != nil {
-		period = min(period, s.opts.Lease/3)
-	}
-	t := time.NewTicker(min(max(period/8, 5*time.Millisecond), time.Second))
+	t := time.NewTicker(min(max(s.opts.AgentTimeout/8, 5*time.Millisecond), time.Second))
 	defer t.Stop()
-	// Renewals are store round trips; a bounded number run at once, each
-	// bounded in time, so a slow store delays renewals rather than piling up
-	// goroutines.
-	renewals := make(chan struct{}, 32)
 	var agents []*Agent
 	for range t.C {
 		s.mu.Lock()
@@ -594,53 +581,44 @@ func (s *Service) keep() {
 		s.mu.Unlock()
 		now := s.now()
 		for _, a := range agents {
-			if now.Sub(a.LastSeen()) >= s.opts.AgentTimeout {
-				if !a.evicting.Load() {
-					go s.evict(a, errSilent, true)
-				}
-				continue
+			if now.Sub(a.LastSeen()) >= s.opts.AgentTimeout && !a.evicting.Load() {
+				go s.evict(a, errSilent, true)
 			}
-			// renewing is checked first: while it is set, the renewal
-			// owns renewAt.
-			if s.opts.Registry == nil || a.renewing.Load() || now.Before(a.renewAt) {
-				continue
-			}
-			select {
-			case renewals <- struct{}{}:
-			default:
-				continue // due, and tried again on the next tick
-			}
-			a.renewAt = now.Add(s.opts.Lease / 3)
-			a.renewing.Store(true)
-			go func() {
-				err := s.renew(a)
-				if err != nil && status.Code(err) != codes.Aborted {
-					a.renewAt = time.Time{} // retried on the next tick
-				}
-				a.renewing.Store(false)
-				<-renewals
-				if status.Code(err) == codes.Aborted {
-					s.moveOn(a, err)
-				}
-			}()
 		}
 		clear(agents)
 	}
 }
 
-// renew extends a's lease, within a third of it: the lease outlives two
-// missed renewals, so a retry is worth more than a long wait.
-func (s *Service) renew(a *Agent) error {
-	ctx, cancel := context.WithTimeout(a.ctx, s.opts.Lease/3)
-	defer cancel()
-	err := s.opts.Registry.Renew(ctx, a.Proto(), s.opts.Lease)
-	switch {
-	case err == nil, a.ctx.Err() != nil:
-		return nil
-	case status.Code(err) != codes.Aborted:
-		a.log.WarnContext(a.ctx, "could not renew agent registration; retrying", "error", err)
+// Holdings lists the agents this replica holds or is registering, for the
+// registry to register again under a new lease.
+func (s *Service) Holdings() []*gatewayv1.Agent {
+	s.mu.Lock()
+	held := make([]*Agent, 0, len(s.agents)+len(s.joining))
+	for _, a := range s.agents {
+		held = append(held, a)
 	}
-	return err
+	for _, a := range s.joining {
+		held = append(held, a)
+	}
+	s.mu.Unlock()
+	out := make([]*gatewayv1.Agent, len(held))
+	for i, a := range held {
+		out[i] = a.Proto()
+	}
+	return out
+}
+
+// Lost ends the stream of the agent connection whose registration another
+// connection took (while this replica's lease had expired), telling the
+// agent to reconnect. A connection still registering needs nothing: its
+// own claim fails.
+func (s *Service) Lost(agentID, instanceID string, reason error) {
+	s.mu.Lock()
+	a := s.agents[agentID]
+	s.mu.Unlock()
+	if a != nil && a.InstanceID == instanceID {
+		go s.moveOn(a, reason)
+	}
 }
 
 // moveOn ends the stream of an agent whose registration another connection

@@ -350,13 +350,12 @@ type gatedRegistry struct {
 	claimErr error
 }
 
-func (r *gatedRegistry) Claim(ctx context.Context, _ *gatewayv1.Agent, _ time.Duration) error {
+func (r *gatedRegistry) Claim(ctx context.Context, _ *gatewayv1.Agent) error {
 	r.claiming <- struct{}{}
 	<-r.gate
 	return r.claimErr
 }
-func (r *gatedRegistry) Renew(context.Context, *gatewayv1.Agent, time.Duration) error { return nil }
-func (r *gatedRegistry) Release(context.Context, string, string) error                { return nil }
+func (r *gatedRegistry) Release(context.Context, string, string) error { return nil }
 
 // TestNothingReachesAnAgentBeforeWelcome sends to an agent while its
 // cluster-wide claim is pending: it is not routable yet, so the request is

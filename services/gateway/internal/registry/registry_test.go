@@ -2,12 +2,14 @@ package registry_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -57,10 +59,73 @@ func stores(t *testing.T) map[string]store.Store {
 	return out
 }
 
-// replica runs one gateway replica's agent side over reg.
-func replica(t *testing.T, id string, reg *registry.Registry, lease time.Duration) covenpb.CovenControlClient {
+// faultyStore is a real store that one replica reaches through a path
+// which can be made slow or cut; it counts the writes that get through.
+type faultyStore struct {
+	store.Store
+	delay        atomic.Int64 // nanoseconds added before every write
+	down         atomic.Bool
+	agentWrites  atomic.Int64
+	replicaWrite atomic.Int64
+}
+
+var errCut = errors.New("connection to the store cut")
+
+func (f *faultyStore) write(ctx context.Context, pk string) error {
+	if d := time.Duration(f.delay.Load()); d > 0 {
+		select {
+		case <-time.After(d):
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	if f.down.Load() {
+		return errCut
+	}
+	if pk == "agents" {
+		f.agentWrites.Add(1)
+	} else {
+		f.replicaWrite.Add(1)
+	}
+	return nil
+}
+
+func (f *faultyStore) Put(ctx context.Context, table string, it store.Item, conds ...store.Condition) (store.Item, error) {
+	if err := f.write(ctx, it.PK); err != nil {
+		return store.Item{}, err
+	}
+	return f.Store.Put(ctx, table, it, conds...)
+}
+
+func (f *faultyStore) Delete(ctx context.Context, table string, k store.Key, conds ...store.Condition) error {
+	if err := f.write(ctx, k.PK); err != nil {
+		return err
+	}
+	return f.Store.Delete(ctx, table, k, conds...)
+}
+
+type gateway struct {
+	client  covenpb.CovenControlClient
+	replica *registry.Replica
+	store   *faultyStore
+	stop    context.CancelFunc // stops the lease, as a crash would
+}
+
+// replica runs one gateway replica's agent side and its lease over st.
+func replica(t *testing.T, id string, st store.Store, lease time.Duration) *gateway {
 	t.Helper()
-	svc := agentstream.New(agentstream.Options{ServerID: id, Registry: reg, Lease: lease}, slog.New(slog.DiscardHandler))
+	fs := &faultyStore{Store: st}
+	reg := registry.New(fs)
+	var svc *agentstream.Service
+	rep := reg.Replica(id, registry.ReplicaOptions{
+		Lease:    lease,
+		Holdings: func() []*gatewayv1.Agent { return svc.Holdings() },
+		Lost:     func(agentID, instanceID string, reason error) { svc.Lost(agentID, instanceID, reason) },
+	})
+	svc = agentstream.New(agentstream.Options{ServerID: id, InstancePrefix: id + "-" + rep.Boot(), Registry: rep}, slog.New(slog.DiscardHandler))
+	ctx, stop := context.WithCancel(context.Background())
+	go rep.Run(ctx, "addr-"+id)
+	t.Cleanup(stop)
 	lis := bufconn.Listen(1 << 20)
 	srv := grpc.NewServer(agentstream.ServerOption())
 	covenpb.RegisterCovenControlServer(srv, svc)
@@ -73,7 +138,45 @@ func replica(t *testing.T, id string, reg *registry.Registry, lease time.Duratio
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = conn.Close() })
-	return covenpb.NewCovenControlClient(conn)
+	return &gateway{client: covenpb.NewCovenControlClient(conn), replica: rep, store: fs, stop: stop}
+}
+
+// registerEventually retries a registration refused with UNAVAILABLE (a
+// replica still taking its lease) or ALREADY_EXISTS (a lease still to
+// expire), within a minute.
+func registerEventually(t *testing.T, c covenpb.CovenControlClient, id string, retry ...codes.Code) agentStream {
+	t.Helper()
+	deadline := time.Now().Add(time.Minute)
+	for {
+		s, err := register(t, c, id)
+		if err == nil {
+			return s
+		}
+		if !slices.Contains(append(retry, codes.Unavailable), status.Code(err)) || time.Now().After(deadline) {
+			t.Fatalf("register %s: %v", id, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// listed returns the IDs the cluster view shows, and their replicas.
+func listed(t *testing.T, reg *registry.Registry) map[string]string {
+	t.Helper()
+	out := map[string]string{}
+	cursor := ""
+	for {
+		page, next, err := reg.List(context.Background(), 1000, cursor)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, a := range page {
+			out[a.GetAgentId()] = a.GetServerId()
+		}
+		if next == "" {
+			return out
+		}
+		cursor = next
+	}
 }
 
 type agentStream = grpc.BidiStreamingClient[covenpb.AgentMessage, covenpb.ServerMessage]
@@ -119,12 +222,9 @@ func TestDuplicateRefusedAcrossReplicas(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
 			reg := registry.New(st)
-			a, b := replica(t, "gw-a", reg, 15*time.Second), replica(t, "gw-b", reg, 15*time.Second)
-			first, err := register(t, a, "agent-1")
-			if err != nil {
-				t.Fatal(err)
-			}
-			_, err = register(t, b, "agent-1")
+			a, b := replica(t, "gw-a", st, 15*time.Second), replica(t, "gw-b", st, 15*time.Second)
+			first := registerEventually(t, a.client, "agent-1")
+			_, err := register(t, b.client, "agent-1")
 			if status.Code(err) != codes.AlreadyExists || !strings.Contains(err.Error(), "gw-a") {
 				t.Fatalf("duplicate on another replica: %v, want ALREADY_EXISTS naming gw-a", err)
 			}
@@ -132,92 +232,214 @@ func TestDuplicateRefusedAcrossReplicas(t *testing.T) {
 			if err != nil || got.GetServerId() != "gw-a" {
 				t.Fatalf("registry entry: %v %v", got, err)
 			}
-			// Disconnecting releases the lease at once: the agent can come
-			// back through another replica without waiting for expiry.
+			// Disconnecting releases the registration at once: the agent can
+			// come back through another replica without waiting for expiry.
 			_ = first.CloseSend()
 			if err := drain(first); err != nil {
 				t.Fatal(err)
 			}
-			if _, err := register(t, b, "agent-1"); err != nil {
-				t.Fatalf("re-registration on another replica: %v", err)
+			registerEventually(t, b.client, "agent-1")
+			if got := listed(t, reg); len(got) != 1 || got["agent-1"] != "gw-b" {
+				t.Fatalf("list = %v", got)
 			}
-			list, _, err := reg.List(context.Background(), 10, "")
-			if err != nil || len(list) != 1 || list[0].GetServerId() != "gw-b" {
-				t.Fatalf("list = %v, %v", list, err)
+			if addr, err := reg.ReplicaAddr(context.Background(), "gw-b"); err != nil || addr != "addr-gw-b" {
+				t.Fatalf("ReplicaAddr = %q, %v", addr, err)
 			}
 		})
 	}
 }
 
-// TestCrashedReplicaLeaseExpires claims an agent as a replica that then
-// dies (nothing renews or releases it): once the lease runs out, the agent
-// registers elsewhere.
-func TestCrashedReplicaLeaseExpires(t *testing.T) {
+// TestCrashedReplicaFreesAgents stops a replica's lease without a word, as
+// a crash would: its agents stay registered until the lease expires, and
+// are then free, together, for another replica.
+func TestCrashedReplicaFreesAgents(t *testing.T) {
 	t.Parallel()
 	for name, st := range stores(t) {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
 			reg := registry.New(st)
-			crashed := &gatewayv1.Agent{AgentId: "orphan", ServerId: "gw-dead", InstanceId: "gw-dead-1"}
-			if err := reg.Claim(context.Background(), crashed, 500*time.Millisecond); err != nil {
-				t.Fatal(err)
+			dead := replica(t, "gw-dead", st, 600*time.Millisecond)
+			for _, id := range []string{"orphan-1", "orphan-2"} {
+				registerEventually(t, dead.client, id)
 			}
-			b := replica(t, "gw-b", reg, 15*time.Second)
-			if _, err := register(t, b, "orphan"); status.Code(err) != codes.AlreadyExists {
-				t.Fatalf("while the dead replica's lease lives: %v", err)
+			dead.stop()
+			b := replica(t, "gw-b", st, 15*time.Second)
+			registerEventually(t, b.client, "orphan-1", codes.AlreadyExists)
+			registerEventually(t, b.client, "orphan-2", codes.AlreadyExists)
+			if got := listed(t, reg); got["orphan-1"] != "gw-b" || got["orphan-2"] != "gw-b" {
+				t.Fatalf("after the crash: %v", got)
 			}
-			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-			defer cancel()
+			if _, err := reg.ReplicaAddr(context.Background(), "gw-dead"); status.Code(err) != codes.Unavailable {
+				t.Fatalf("a dead replica's address: %v, want UNAVAILABLE", err)
+			}
+		})
+	}
+}
+
+// TestStaleRecordsAreSwept: registrations whose replica is gone are
+// invisible at once and deleted by a sweep; live ones stay.
+func TestStaleRecordsAreSwept(t *testing.T) {
+	t.Parallel()
+	for name, st := range stores(t) {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			reg := registry.New(st)
+			dead, live := replica(t, "gw-dead", st, 400*time.Millisecond), replica(t, "gw-live", st, 15*time.Second)
+			registerEventually(t, dead.client, "gone")
+			registerEventually(t, live.client, "here")
+			dead.stop()
+			deadline := time.Now().Add(time.Minute)
+			for len(listed(t, reg)) != 1 {
+				if time.Now().After(deadline) {
+					t.Fatal("the dead replica's agent is still listed")
+				}
+				time.Sleep(50 * time.Millisecond)
+			}
+			n, err := reg.Sweep(context.Background())
+			if err != nil || n != 1 {
+				t.Fatalf("Sweep = %d, %v; want 1 record swept", n, err)
+			}
+			if _, err := st.Get(context.Background(), registry.Table.Name, store.Key{PK: "agents", SK: "gone"}); !errors.Is(err, store.ErrNotFound) {
+				t.Fatalf("stale record still stored: %v", err)
+			}
+			if got := listed(t, reg); got["here"] != "gw-live" {
+				t.Fatalf("the live agent was swept: %v", got)
+			}
+		})
+	}
+}
+
+// TestIdleAgentsCostNoWrites: once registered, agents cost the store
+// nothing; the replica's one lease is all that is written.
+func TestIdleAgentsCostNoWrites(t *testing.T) {
+	t.Parallel()
+	st := stores(t)["embedded"]
+	gw := replica(t, "gw-a", st, 300*time.Millisecond)
+	for i := range 50 {
+		registerEventually(t, gw.client, fmt.Sprintf("idle-%d", i))
+	}
+	agentWrites, leaseWrites := gw.store.agentWrites.Load(), gw.store.replicaWrite.Load()
+	for gw.store.replicaWrite.Load() < leaseWrites+9 { // three lease periods of renewals
+		time.Sleep(50 * time.Millisecond)
+	}
+	if n := gw.store.agentWrites.Load() - agentWrites; n != 0 {
+		t.Fatalf("%d agent writes while 50 agents sat idle for three leases; want none", n)
+	}
+	if got := listed(t, registry.New(st)); len(got) != 50 {
+		t.Fatalf("cluster view shows %d agents, want 50", len(got))
+	}
+}
+
+// TestSlowStoreEvictsNoAgent makes every write of a replica take longer
+// than its renewal interval (a third of the lease), though less than half
+// the lease, for over a lease: renewals are late, none fails, and no agent
+// is evicted or hidden.
+func TestSlowStoreEvictsNoAgent(t *testing.T) {
+	t.Parallel()
+	st := stores(t)["embedded"]
+	const lease = 3 * time.Second
+	gw := replica(t, "gw-slow", st, lease)
+	var streams []agentStream
+	for i := range 20 {
+		streams = append(streams, registerEventually(t, gw.client, fmt.Sprintf("patient-%d", i)))
+	}
+	gw.store.delay.Store(int64(lease * 5 / 12))
+	before := gw.store.replicaWrite.Load()
+	for gw.store.replicaWrite.Load() < before+3 { // slow renewals spanning more than a lease
+		time.Sleep(50 * time.Millisecond)
+	}
+	gw.store.delay.Store(0)
+	if err := gw.replica.Healthy(); err != nil {
+		t.Fatalf("after a slow lease period: %v", err)
+	}
+	if got := listed(t, registry.New(st)); len(got) != 20 {
+		t.Fatalf("cluster view shows %d agents, want 20: %v", len(got), got)
+	}
+	assertNothingReceived(t, streams)
+}
+
+// assertNothingReceived checks that no stream was sent anything (a
+// Shutdown, an error) by sending a heartbeat-free probe: each stream is
+// still open and quiet.
+func assertNothingReceived(t *testing.T, streams []agentStream) {
+	t.Helper()
+	for i, s := range streams {
+		got := make(chan error, 1)
+		go func() { _, err := s.Recv(); got <- err }()
+		select {
+		case err := <-got:
+			t.Fatalf("stream %d was sent something or ended: %v", i, err)
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// TestStoreOutage cuts a replica off from the store for longer than its
+// lease. While cut, it refuses new agents with UNAVAILABLE and keeps those
+// it holds; meanwhile another replica takes one of them (a second
+// connection of the same agent). When the store is back, the replica takes
+// a new lease, its agents are registered again, and the one taken is told
+// to reconnect.
+func TestStoreOutage(t *testing.T) {
+	t.Parallel()
+	for name, st := range stores(t) {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			reg := registry.New(st)
+			const lease = 900 * time.Millisecond
+			a, b := replica(t, "gw-a", st, lease), replica(t, "gw-b", st, 15*time.Second)
+			kept := registerEventually(t, a.client, "kept")
+			taken := registerEventually(t, a.client, "taken")
+
+			a.store.down.Store(true)
+			deadline := time.Now().Add(time.Minute)
+			for a.replica.Healthy() == nil {
+				if time.Now().After(deadline) {
+					t.Fatal("the replica never noticed the outage")
+				}
+				time.Sleep(10 * time.Millisecond)
+			}
+			_, err := register(t, a.client, "newcomer")
+			if status.Code(err) != codes.Unavailable || !strings.Contains(err.Error(), "gw-a") {
+				t.Fatalf("registration while cut off: %v, want UNAVAILABLE naming the replica", err)
+			}
+			// Once a's lease has expired, its agents are free elsewhere.
+			registerEventually(t, b.client, "taken", codes.AlreadyExists)
+
+			a.store.down.Store(false)
+			m, err := taken.Recv()
+			if err != nil || !strings.Contains(m.GetShutdown().GetReason(), "another connection") {
+				t.Fatalf("the agent taken elsewhere: %v, %v; want Shutdown", m, err)
+			}
+			if err := drain(taken); status.Code(err) != codes.Canceled {
+				t.Fatalf("its stream ended with %v, want CANCELLED", err)
+			}
 			for {
-				_, err := register(t, b, "orphan")
-				if err == nil {
+				got := listed(t, reg)
+				if got["kept"] == "gw-a" && got["taken"] == "gw-b" && len(got) == 2 {
 					break
 				}
-				if status.Code(err) != codes.AlreadyExists || ctx.Err() != nil {
-					t.Fatalf("after the lease: %v", err)
+				if time.Now().After(deadline) {
+					t.Fatalf("cluster view after the outage: %v", got)
 				}
-				time.Sleep(100 * time.Millisecond)
+				time.Sleep(20 * time.Millisecond)
 			}
+			registerEventually(t, a.client, "newcomer")
+			assertNothingReceived(t, []agentStream{kept})
 		})
 	}
 }
 
-// TestLostLeaseEndsStream takes an agent's registration away behind its
-// replica's back; at the next renewal the replica ends the stream.
-func TestLostLeaseEndsStream(t *testing.T) {
+// TestSameServerIDRefused: a second replica under a server ID already
+// holding a live lease takes no agents, and says why.
+func TestSameServerIDRefused(t *testing.T) {
 	t.Parallel()
-	for name, st := range stores(t) {
-		t.Run(name, func(t *testing.T) {
-			t.Parallel()
-			reg := registry.New(st)
-			a := replica(t, "gw-a", reg, 600*time.Millisecond)
-			s, err := register(t, a, "stolen")
-			if err != nil {
-				t.Fatal(err)
-			}
-			thief := &gatewayv1.Agent{AgentId: "stolen", ServerId: "gw-z", InstanceId: "gw-z-9"}
-			if err := reg.Release(context.Background(), "stolen", "gw-a-1"); err != nil {
-				t.Fatal(err)
-			}
-			if err := reg.Claim(context.Background(), thief, time.Minute); err != nil {
-				t.Fatal(err)
-			}
-			// The agent is told to reconnect, and why; gRPC reports a stream
-			// the gateway cancels as CANCELLED.
-			m, err := s.Recv()
-			if err != nil || !strings.Contains(m.GetShutdown().GetReason(), "stolen") {
-				t.Fatalf("want Shutdown naming the agent, got %v, %v", m, err)
-			}
-			if err := drain(s); status.Code(err) != codes.Canceled {
-				t.Fatalf("stream ended with %v, want CANCELLED", err)
-			}
-			if reason := s.Trailer().Get("conclave-close-reason"); len(reason) != 1 || !strings.Contains(reason[0], "stolen") {
-				t.Fatalf("conclave-close-reason trailer = %q, want the lost lease explained", reason)
-			}
-			got, err := reg.Get(context.Background(), "stolen")
-			if err != nil || got.GetServerId() != "gw-z" {
-				t.Fatalf("the new holder's entry was disturbed: %v %v", got, err)
-			}
-		})
+	st := stores(t)["embedded"]
+	first := replica(t, "gw-twin", st, 15*time.Second)
+	registerEventually(t, first.client, "one")
+	second := replica(t, "gw-twin", st, 15*time.Second)
+	_, err := register(t, second.client, "two")
+	if status.Code(err) != codes.Unavailable || !strings.Contains(err.Error(), "CONCLAVE_GATEWAY_SERVER_ID") {
+		t.Fatalf("registration at a twin replica: %v, want UNAVAILABLE naming the setting", err)
 	}
 }
