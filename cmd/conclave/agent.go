@@ -26,6 +26,7 @@ const agentUsage = `Usage: conclave agent <command> [flags]
 Commands:
   send    send a message to an agent and stream its reply
   list    list the connected agents
+  swarm   hold many idle agents on the gateway, for load tests
 
 Run 'conclave agent <command> -h' for a command's flags.
 `
@@ -49,6 +50,12 @@ func runAgent(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 			return err
 		}
 		return agentList(ctx, opts, stdout)
+	case "swarm":
+		opts, err := parseSwarmArgs(rest, stderr)
+		if err != nil {
+			return err
+		}
+		return runSwarm(ctx, opts, os.Stdin, stdout)
 	case "help", "-h", "--help":
 		fmt.Fprint(stdout, agentUsage)
 		return nil
