@@ -12,15 +12,19 @@ package gateway_test
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"runtime"
 	"runtime/debug"
 	"slices"
 	"strconv"
 	"sync"
+
 	"testing"
 	"time"
 
@@ -29,6 +33,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	gatewayv1 "github.com/conclave-ai/conclave/proto/conclave/gateway/v1"
+	covenpb "github.com/conclave-ai/conclave/proto/coven"
 )
 
 func envInt(name string, def int) int {
@@ -192,6 +197,9 @@ func sample() memSample {
 
 type idleResult struct {
 	heap, stack, goroutines float64 // per agent
+	// writesPerSecond is the store's write rate while the agents sit idle
+	// (the gateway only).
+	writesPerSecond float64
 }
 
 // idleCost starts tg in this process and k idle agents in a child process
@@ -243,6 +251,19 @@ func idleCost(b *testing.B, start func(*testing.B) *target, k, perConn int) idle
 	}
 	b.Logf("%s: %d idle agents over %d connections: heap %+.0f B/agent, stacks %+.0f B/agent, %+.2f goroutines/agent (HeapInuse %d -> %d, StackInuse %d -> %d)",
 		tg.name, k, (k+perConn-1)/perConn, r.heap, r.stack, r.goroutines, before.heap, after.heap, before.stack, after.stack)
+	if tg.writes != nil {
+		// Two leases of idleness on default settings: the writes that
+		// keep k agents registered.
+		const window = 30 * time.Second
+		w0 := tg.writes()
+		time.Sleep(window)
+		r.writesPerSecond = float64(tg.writes()-w0) / window.Seconds()
+		if _, err := io.WriteString(in, "status\n"); err != nil {
+			b.Fatal(err)
+		}
+		expect(fmt.Sprintf("held %d", k))
+		b.Logf("%s: %.2f store writes/s while %d agents sat idle for %s; all %d still held", tg.name, r.writesPerSecond, k, window, k)
+	}
 	return r
 }
 
@@ -259,7 +280,9 @@ func TestMain(m *testing.M) {
 }
 
 // idleAgents connects, says "connected", waits for a line on stdin,
-// registers k agents, says "ready", and holds them until stdin closes.
+// registers k agents, says "ready", and holds them until stdin closes,
+// with a heartbeat every 30s as coven agents send. Each further line on
+// stdin makes it say "held N": how many streams the gateway has not ended.
 func idleAgents(addr string, k, perConn int) error {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -283,7 +306,7 @@ func idleAgents(addr string, k, perConn int) error {
 	if _, err := stdin.ReadString('\n'); err != nil {
 		return err
 	}
-	streams := make([]any, k)
+	streams := make([]grpc.BidiStreamingClient[covenpb.AgentMessage, covenpb.ServerMessage], k)
 	var wg sync.WaitGroup
 	sem := make(chan struct{}, 256)
 	var firstErr error
@@ -306,8 +329,30 @@ func idleAgents(addr string, k, perConn int) error {
 		return firstErr
 	}
 	fmt.Println("ready")
-	_, _ = io.Copy(io.Discard, stdin)
-	runtime.KeepAlive(streams)
+	// One sender per stream at a time: the heartbeat loop and the status
+	// check share this.
+	var sendMu sync.Mutex
+	beat := &covenpb.AgentMessage{Payload: &covenpb.AgentMessage_Heartbeat{Heartbeat: &covenpb.Heartbeat{}}}
+	held := func() int {
+		sendMu.Lock()
+		defer sendMu.Unlock()
+		n := 0
+		for _, s := range streams {
+			if s.Send(beat) == nil { // the gateway ended it if Send says io.EOF
+				n++
+			}
+		}
+		return n
+	}
+	go func() {
+		for range time.Tick(30 * time.Second) {
+			held()
+		}
+	}()
+	sc := bufio.NewScanner(stdin)
+	for sc.Scan() {
+		fmt.Printf("held %d\n", held())
+	}
 	return nil
 }
 
@@ -335,4 +380,79 @@ func BenchmarkIdleAgentMemory(b *testing.B) {
 	b.ReportMetric(gw.goroutines, "goroutines/agent")
 	b.ReportMetric(fl.heap+fl.stack, "floor-bytes/agent")
 	b.ReportMetric(float64(idleOnce.k), "agents")
+	b.ReportMetric(gw.writesPerSecond, "store-writes/s")
+}
+
+// BenchmarkReconnect holds BENCH_RECONNECT_AGENTS agents (default 10,000)
+// with `conclave agent swarm --reconnect`, restarts the gateway (a graceful
+// shutdown, then a new process on the same address and store, as a rolling
+// update does), and reports how long the agents took to be registered
+// again, from the new gateway's start.
+func BenchmarkReconnect(b *testing.B) {
+	reconnectOnce.Do(func() { reconnectOnce.seconds, reconnectOnce.k = reconnect(b) })
+	b.ReportMetric(reconnectOnce.seconds, "s-to-reregister")
+	b.ReportMetric(float64(reconnectOnce.k), "agents")
+}
+
+var reconnectOnce struct {
+	sync.Once
+	seconds float64
+	k       int
+}
+
+func reconnect(b *testing.B) (float64, int) {
+	k := envInt("BENCH_RECONNECT_AGENTS", 10000)
+	dir := tempDir(b)
+	bin := filepath.Join(dir, "conclave")
+	if out, err := exec.Command("go", "build", "-o", bin, "github.com/conclave-ai/conclave/cmd/conclave").CombinedOutput(); err != nil {
+		b.Fatalf("build conclave: %v\n%s", err, out)
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	addr := l.Addr().String()
+	_ = l.Close()
+	path := filepath.Join(dir, "state.db")
+	gw := startGatewayAt(b, addr, path)
+	swarm := exec.Command(bin, "agent", "swarm", "--addr", addr, "--count", strconv.Itoa(k), "--reconnect", "--report", "100ms")
+	swarm.Stderr = os.Stderr
+	in, err := swarm.StdinPipe()
+	if err != nil {
+		b.Fatal(err)
+	}
+	outPipe, err := swarm.StdoutPipe()
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := swarm.Start(); err != nil {
+		b.Fatal(err)
+	}
+	defer func() { _ = in.Close(); _ = swarm.Wait() }()
+	lines := bufio.NewScanner(outPipe)
+	var st struct {
+		Event      string  `json:"event"`
+		Registered int     `json:"registered"`
+		Seconds    float64 `json:"seconds"`
+	}
+	next := func() {
+		if !lines.Scan() {
+			b.Fatalf("swarm ended: %v", lines.Err())
+		}
+		if err := json.Unmarshal(lines.Bytes(), &st); err != nil {
+			b.Fatal(err)
+		}
+	}
+	for next(); st.Event != "registered"; next() {
+	}
+	b.Logf("%d agents registered in %.2fs", k, st.Seconds)
+	gw.stop()
+	start := time.Now()
+	gw = startGatewayAt(b, addr, path)
+	defer gw.stop()
+	for next(); st.Registered < k; next() {
+	}
+	took := time.Since(start).Seconds()
+	b.Logf("after a restart, %d agents registered again in %.2fs", k, took)
+	return took, k
 }

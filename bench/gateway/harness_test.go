@@ -22,6 +22,7 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
+	"github.com/conclave-ai/conclave/pkg/config"
 	"github.com/conclave-ai/conclave/pkg/store"
 	"github.com/conclave-ai/conclave/pkg/telemetry"
 	gatewayv1 "github.com/conclave-ai/conclave/proto/conclave/gateway/v1"
@@ -36,6 +37,30 @@ type target struct {
 	name string
 	addr string
 	stop func()
+	// writes counts the writes the gateway sent its store (nil for the
+	// floor, which has none).
+	writes func() int64
+}
+
+// countingStore counts the writes that reach the real store.
+type countingStore struct {
+	store.Store
+	n atomic.Int64
+}
+
+func (c *countingStore) Put(ctx context.Context, table string, it store.Item, conds ...store.Condition) (store.Item, error) {
+	c.n.Add(1)
+	return c.Store.Put(ctx, table, it, conds...)
+}
+
+func (c *countingStore) Delete(ctx context.Context, table string, k store.Key, conds ...store.Condition) error {
+	c.n.Add(1)
+	return c.Store.Delete(ctx, table, k, conds...)
+}
+
+func (c *countingStore) Add(ctx context.Context, table string, k store.Key, delta int64, exp time.Time) (int64, error) {
+	c.n.Add(1)
+	return c.Store.Add(ctx, table, k, delta, exp)
 }
 
 // tempDir prefers tmpfs, so that the registry's bbolt commits (one fsync per
@@ -55,23 +80,29 @@ func tempDir(b *testing.B) string {
 // loopback with an embedded store and bearer-token authentication.
 func startGateway(b *testing.B) *target {
 	b.Helper()
+	return startGatewayAt(b, "127.0.0.1:0", filepath.Join(tempDir(b), "state.db"))
+}
+
+// startGatewayAt runs the gateway on grpcAddr with its store at path, on
+// cmd/gateway's default timings (lease 15s, agent timeout 90s).
+func startGatewayAt(b *testing.B, grpcAddr, path string) *target {
+	b.Helper()
 	tel, err := telemetry.New(context.Background(), telemetry.Config{ServiceName: "gateway-bench"})
 	if err != nil {
 		b.Fatal(err)
 	}
-	st, err := store.OpenBolt(filepath.Join(tempDir(b), "state.db"), store.BoltOptions{})
+	bolt, err := store.OpenBolt(path, store.BoltOptions{})
 	if err != nil {
 		b.Fatal(err)
 	}
+	st := &countingStore{Store: bolt}
 	if err := store.EnsureTables(context.Background(), st, service.Tables...); err != nil {
 		b.Fatal(err)
 	}
 	gw, err := service.New(service.Config{
-		GRPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", ServerID: "gw-bench",
-		// Liveness and lease figures long enough that no renewal or timeout
-		// happens during a run; otherwise the defaults of cmd/gateway.
-		RegisterTimeout: 10 * time.Second, AgentTimeout: 30 * time.Minute, ShutdownTimeout: 5 * time.Second,
-		QueueDepth: 32, CancelGrace: 30 * time.Second, Lease: 30 * time.Minute, ClientTokens: []string{token},
+		GRPCAddr: config.ListenAddr(grpcAddr), HTTPAddr: "127.0.0.1:0", ServerID: "gw-bench",
+		RegisterTimeout: 10 * time.Second, AgentTimeout: 90 * time.Second, ShutdownTimeout: 5 * time.Second,
+		QueueDepth: 32, CancelGrace: 30 * time.Second, Lease: 15 * time.Second, ClientTokens: []string{token},
 		AllowAgentsWithoutTokens: true,
 		// Every bench client shares one token; the per-client limits are
 		// set out of reach so that the bench measures the gateway, not them.
@@ -90,7 +121,7 @@ func startGateway(b *testing.B) *target {
 			addr = e.Address
 		}
 	}
-	return &target{name: "gateway", addr: addr, stop: func() {
+	return &target{name: "gateway", addr: addr, writes: st.n.Load, stop: func() {
 		cancel()
 		if err := <-done; err != nil {
 			b.Errorf("gateway run: %v", err)
