@@ -24,6 +24,7 @@ import (
 	covenpb "github.com/conclave-ai/conclave/proto/coven"
 	"github.com/conclave-ai/conclave/services/gateway/internal/agentstream"
 	"github.com/conclave-ai/conclave/services/gateway/internal/clientapi"
+	"github.com/conclave-ai/conclave/services/gateway/internal/metrics"
 	"github.com/conclave-ai/conclave/services/gateway/internal/registry"
 )
 
@@ -122,6 +123,7 @@ func New(cfg Config, logger *slog.Logger, tel *telemetry.Provider, st store.Stor
 		}
 		serverID = host
 	}
+	m := metrics.New(tel.Meter("gateway"), serverID)
 	grpcOpts := append(tel.GRPCServerOptions(), agentstream.ServerOption())
 	if !cfg.AllowUnauthenticated {
 		unary, stream := auth.NewTokens(cfg.ClientTokens...).Protect(clientapi.ServicePrefix)
@@ -134,7 +136,7 @@ func New(cfg Config, logger *slog.Logger, tel *telemetry.Provider, st store.Stor
 	// environment) take clientapi's defaults, the same as the settings'.
 	limitUnary, limitStream := clientapi.NewLimiter(clientapi.RateLimits{
 		Rate: cfg.ClientRate, Burst: cfg.ClientBurst, Streams: cfg.ClientStreams,
-	}).Interceptors()
+	}).Interceptors(m)
 	grpcOpts = append(grpcOpts, grpc.ChainUnaryInterceptor(limitUnary), grpc.ChainStreamInterceptor(limitStream))
 	opts = append([]server.Option{
 		server.WithGRPCOptions(grpcOpts...),
@@ -166,6 +168,7 @@ func New(cfg Config, logger *slog.Logger, tel *telemetry.Provider, st store.Stor
 		Holdings: func() []*gatewayv1.Agent { return agents.Holdings() },
 		Lost:     func(agentID, instanceID string, reason error) { agents.Lost(agentID, instanceID, reason) },
 		Logger:   logger,
+		Observe:  m.Lease,
 	})
 	agents = agentstream.New(agentstream.Options{
 		Authenticate:    agentTokens.Check,
@@ -177,6 +180,7 @@ func New(cfg Config, logger *slog.Logger, tel *telemetry.Provider, st store.Stor
 		QueueDepth:      cfg.QueueDepth,
 		CancelGrace:     cfg.CancelGrace,
 		Registry:        replica,
+		Metrics:         m,
 	}, logger)
 	// A replica that cannot renew its lease takes no new agents; the load
 	// balancer should send them elsewhere meanwhile. Those it holds stay.
@@ -184,7 +188,7 @@ func New(cfg Config, logger *slog.Logger, tel *telemetry.Provider, st store.Stor
 	covenpb.RegisterCovenControlServer(srv.GRPC(), agents)
 	peers := clientapi.NewPeers(serverID, tel.GRPCDialOptions()...)
 	gatewayv1.RegisterGatewayServiceServer(srv.GRPC(), clientapi.New(agents, clientapi.DefaultLimits, serverID, reg, peers,
-		clientapi.WithIdempotency(st, cfg.IdempotencyTTL), clientapi.WithLogger(logger)))
+		clientapi.WithIdempotency(st, cfg.IdempotencyTTL), clientapi.WithLogger(logger), clientapi.WithMetrics(m)))
 	srv.OnShutdown(func(context.Context) { _ = peers.Close() })
 
 	if cfg.HTTPAddr != "" {

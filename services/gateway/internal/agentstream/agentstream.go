@@ -25,6 +25,7 @@ import (
 
 	gatewayv1 "github.com/conclave-ai/conclave/proto/conclave/gateway/v1"
 	covenpb "github.com/conclave-ai/conclave/proto/coven"
+	"github.com/conclave-ai/conclave/services/gateway/internal/metrics"
 )
 
 // MaxAgentIDLen bounds agent_id: IDs are keys in logs, metrics and the
@@ -57,6 +58,8 @@ type Options struct {
 	// RESOURCE_EXHAUSTED. Replies are not counted: a streaming reply
 	// legitimately sends thousands of responses a second.
 	MaxHeartbeats int
+	// Metrics receive the agent side's measurements; none are kept when nil.
+	Metrics *metrics.Metrics
 	// Authenticate, when set, checks a registering agent's credentials (the
 	// stream's metadata) against its agent_id; its error, a gRPC status, ends
 	// the stream after a RegistrationError.
@@ -88,7 +91,10 @@ type Agent struct {
 	ctx      context.Context
 	conn     *agentConn
 	closer   *streamCloser
-	log      *slog.Logger
+	// base is the replica's logger; log adds the agent's attributes only
+	// when something is logged, which spares every idle agent a logger of
+	// its own.
+	base *slog.Logger
 
 	evicting atomic.Bool
 
@@ -137,6 +143,10 @@ func (a *Agent) closeStream(reason error, timeout bool) {
 	a.closer.close(a.conn.stream, reason, timeout)
 }
 
+func (a *Agent) log() *slog.Logger {
+	return a.base.With("agent_id", a.ID, "instance_id", a.InstanceID)
+}
+
 // LastSeen is when the agent last sent anything.
 func (a *Agent) LastSeen() time.Time { return time.Unix(0, a.lastSeen.Load()) }
 
@@ -146,9 +156,10 @@ func (a *Agent) touch(now time.Time) { a.lastSeen.Store(now.UnixNano()) }
 type Service struct {
 	covenpb.UnimplementedCovenControlServer
 
-	opts Options
-	log  *slog.Logger
-	now  func() time.Time
+	opts    Options
+	log     *slog.Logger
+	now     func() time.Time
+	metrics *metrics.Metrics
 
 	mu       sync.Mutex
 	agents   map[string]*Agent // routable: welcomed
@@ -187,7 +198,10 @@ func New(opts Options, logger *slog.Logger) *Service {
 	if opts.MaxHeartbeats <= 0 {
 		opts.MaxHeartbeats = 50
 	}
-	return &Service{opts: opts, log: logger, now: time.Now, agents: map[string]*Agent{}, joining: map[string]*Agent{}, requests: map[string]requestRef{}}
+	if opts.Metrics == nil {
+		opts.Metrics = metrics.Discard()
+	}
+	return &Service{opts: opts, log: logger, now: time.Now, metrics: opts.Metrics, agents: map[string]*Agent{}, joining: map[string]*Agent{}, requests: map[string]requestRef{}}
 }
 
 var (
@@ -288,6 +302,7 @@ func (s *Service) AgentStream(stream agentStream) error {
 
 	reg, err := s.awaitRegister(ctx, closer, stream)
 	if err != nil {
+		s.metrics.Registered(metrics.Invalid)
 		return err
 	}
 	// Registration runs the deepest code an agent's stream meets (the
@@ -389,6 +404,11 @@ func (s *Service) admit(ctx context.Context, closer *streamCloser, stream agentS
 	if s.opts.Authenticate != nil {
 		if err := s.opts.Authenticate(ctx, reg.GetAgentId()); err != nil {
 			s.log.WarnContext(ctx, "agent registration refused", "agent_id", reg.GetAgentId(), "error", err)
+			if status.Code(err) == codes.Unauthenticated {
+				s.metrics.Registered(metrics.Unauthenticated)
+			} else {
+				s.metrics.Registered(metrics.Denied)
+			}
 			return nil, refuse(err)
 		}
 	}
@@ -406,9 +426,14 @@ func (s *Service) admit(ctx context.Context, closer *streamCloser, stream agentS
 		conn:             conn,
 		closer:           closer,
 	}
-	agent.log = s.log.With("agent_id", agent.ID, "instance_id", agent.InstanceID)
+	agent.base = s.log
 	agent.touch(now)
 	if err := s.reserve(ctx, agent); err != nil {
+		if status.Code(err) == codes.AlreadyExists {
+			s.metrics.Registered(metrics.Duplicate)
+		} else {
+			s.metrics.Registered(metrics.Unavailable)
+		}
 		return nil, refuse(err)
 	}
 	// Routable from here on; holding the send lock makes Welcome the first
@@ -422,7 +447,8 @@ func (s *Service) admit(ctx context.Context, closer *streamCloser, stream agentS
 	if err != nil {
 		return agent, closedBecause(ctx, err)
 	}
-	agent.log.InfoContext(ctx, "agent registered", "name", agent.Name, "capabilities", agent.Capabilities)
+	s.metrics.Registered(metrics.Welcome)
+	agent.log().InfoContext(ctx, "agent registered", "name", agent.Name, "capabilities", agent.Capabilities)
 	if draining {
 		// Shutdown began after the reservation; this agent missed it.
 		_ = agent.send(s.shutdownMessage())
@@ -436,16 +462,16 @@ func (s *Service) serve(ctx context.Context, agent *Agent, stream agentStream) e
 		m, err := stream.Recv()
 		switch {
 		case errors.Is(err, io.EOF):
-			agent.log.InfoContext(ctx, "agent disconnected")
+			agent.log().InfoContext(ctx, "agent disconnected")
 			return nil
 		case err != nil:
 			err = closedBecause(ctx, err)
-			agent.log.InfoContext(ctx, "agent stream ended", "reason", err)
+			agent.log().InfoContext(ctx, "agent stream ended", "reason", err)
 			return err
 		}
 		agent.touch(s.now())
 		if err := s.handle(ctx, agent, m); err != nil {
-			agent.log.WarnContext(ctx, "agent stream closed by the gateway", "reason", err)
+			agent.log().WarnContext(ctx, "agent stream closed by the gateway", "reason", err)
 			return err
 		}
 	}
@@ -461,21 +487,23 @@ func (s *Service) handle(ctx context.Context, a *Agent, m *covenpb.AgentMessage)
 		// Never delivered elsewhere: it may be someone else's. Counted
 		// below with heartbeats, so that a flood of them is bounded too.
 		s.droppedResponses.Add(1)
-		a.log.WarnContext(ctx, "dropped response for a request not in flight", "request_id", p.Response.GetRequestId())
+		s.metrics.Dropped()
+		a.log().WarnContext(ctx, "dropped response for a request not in flight", "request_id", p.Response.GetRequestId())
 	}
 	if sec := s.now().Unix(); sec != a.heartbeatWindow {
 		a.heartbeatWindow, a.heartbeats = sec, 0
 	}
 	if a.heartbeats++; a.heartbeats > s.opts.MaxHeartbeats {
+		s.metrics.Evicted(metrics.HeartbeatFlood)
 		return status.Errorf(codes.ResourceExhausted, "agent %q sent more than %d heartbeats in one second; one every few seconds is plenty", a.ID, s.opts.MaxHeartbeats)
 	}
 	switch m.GetPayload().(type) {
 	case *covenpb.AgentMessage_Heartbeat, *covenpb.AgentMessage_Response:
 		// Liveness was renewed by the receipt itself.
 	case *covenpb.AgentMessage_Register:
-		a.log.WarnContext(ctx, "ignored repeated RegisterAgent")
+		a.log().WarnContext(ctx, "ignored repeated RegisterAgent")
 	default:
-		a.log.WarnContext(ctx, "ignored empty AgentMessage")
+		a.log().WarnContext(ctx, "ignored empty AgentMessage")
 	}
 	return nil
 }
@@ -529,6 +557,7 @@ func (s *Service) promote(a *Agent) (draining bool) {
 	defer s.mu.Unlock()
 	delete(s.joining, a.ID)
 	s.agents[a.ID] = a
+	s.metrics.Connected(1)
 	if !s.keeping {
 		s.keeping = true
 		go s.keep()
@@ -543,6 +572,7 @@ func (s *Service) deregister(a *Agent) {
 	mine := s.agents[a.ID] == a || s.joining[a.ID] == a
 	if s.agents[a.ID] == a {
 		delete(s.agents, a.ID)
+		s.metrics.Connected(-1)
 	}
 	if s.joining[a.ID] == a {
 		delete(s.joining, a.ID)
@@ -638,6 +668,11 @@ func (s *Service) moveOn(a *Agent, reason error) {
 func (s *Service) evict(a *Agent, reason error, timeout bool) {
 	if !a.evicting.CompareAndSwap(false, true) {
 		return
+	}
+	if timeout {
+		s.metrics.Evicted(metrics.Silent)
+	} else {
+		s.metrics.Evicted(metrics.LeaseLost)
 	}
 	s.deregister(a)
 	a.closeStream(reason, timeout)

@@ -169,6 +169,7 @@ func (a *Agent) enqueue(s *Service, r *request) error {
 		return status.Errorf(codes.ResourceExhausted, "agent %q has %d requests waiting; try again later", a.ID, depth)
 	}
 	a.pending = append(a.pending, r)
+	s.metrics.Queued(1)
 	if !a.dispatching {
 		a.dispatching = true
 		a.dispatchers.Add(1)
@@ -285,6 +286,9 @@ func (s *Service) dispatch(a *Agent) {
 	}
 	for {
 		r, stopped, ok := a.next()
+		if ok {
+			s.metrics.Queued(-1)
+		}
 		switch {
 		case !ok:
 			return

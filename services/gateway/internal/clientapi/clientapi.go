@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"slices"
 	"strings"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -18,6 +19,7 @@ import (
 	gatewayv1 "github.com/conclave-ai/conclave/proto/conclave/gateway/v1"
 	covenpb "github.com/conclave-ai/conclave/proto/coven"
 	"github.com/conclave-ai/conclave/services/gateway/internal/agentstream"
+	"github.com/conclave-ai/conclave/services/gateway/internal/metrics"
 )
 
 // Agents is what the client API needs of the agent side.
@@ -59,6 +61,7 @@ type Server struct {
 	peers    *Peers
 	idem     *idempotency // nil: idempotency keys are refused
 	log      *slog.Logger
+	metrics  *metrics.Metrics
 }
 
 var _ gatewayv1.GatewayServiceServer = (*Server)(nil)
@@ -67,7 +70,8 @@ var _ gatewayv1.GatewayServiceServer = (*Server)(nil)
 // it lists every replica's agents and forwards requests for agents held
 // elsewhere to their replica.
 func New(agents Agents, limits Limits, serverID string, cluster Cluster, peers *Peers, opts ...Option) *Server {
-	s := &Server{agents: agents, limits: limits, serverID: serverID, cluster: cluster, peers: peers, log: slog.New(slog.DiscardHandler)}
+	s := &Server{agents: agents, limits: limits, serverID: serverID, cluster: cluster, peers: peers,
+		log: slog.New(slog.DiscardHandler), metrics: metrics.Discard()}
 	for _, o := range opts {
 		o(s)
 	}
@@ -77,6 +81,9 @@ func New(agents Agents, limits Limits, serverID string, cluster Cluster, peers *
 // WithLogger logs what the client cannot be told, such as a key that could
 // not be given back.
 func WithLogger(l *slog.Logger) Option { return func(s *Server) { s.log = l } }
+
+// WithMetrics counts requests, their outcomes and durations, and forwarding.
+func WithMetrics(m *metrics.Metrics) Option { return func(s *Server) { s.metrics = m } }
 
 // local indexes this replica's agents, whose live state (busy, queued) the
 // registry does not keep.
@@ -223,6 +230,7 @@ func (s *Server) validate(req *gatewayv1.SendMessageRequest) error {
 // so that a retry is sent.
 func (s *Server) SendMessage(req *gatewayv1.SendMessageRequest, stream grpc.ServerStreamingServer[gatewayv1.SendMessageResponse]) error {
 	if err := s.validate(req); err != nil {
+		s.metrics.Request(metrics.Refused)
 		return err
 	}
 	ctx, agentID, key := stream.Context(), req.GetAgentId(), req.GetIdempotencyKey()
@@ -238,21 +246,32 @@ func (s *Server) SendMessage(req *gatewayv1.SendMessageRequest, stream grpc.Serv
 		msg.RequestId = agentstream.NewRequestID(s.serverID)
 		var err error
 		if c, err = s.idem.claim(ctx, agentID, key, msg.RequestId); err != nil {
+			if status.Code(err) == codes.AlreadyExists {
+				s.metrics.Request(metrics.IdempotentRepeat)
+			} else {
+				s.metrics.Request(metrics.Refused)
+			}
 			return err
 		}
 	}
+	start := time.Now()
 	r, err := s.agents.Send(ctx, agentID, msg)
 	if err != nil {
 		if c != nil {
 			s.release(c)
 		}
-		if status.Code(err) == codes.NotFound {
+		switch status.Code(err) {
+		case codes.NotFound:
 			// The agent left between Holds and Send.
 			return s.sendElsewhere(req, stream)
+		case codes.ResourceExhausted:
+			s.metrics.Request(metrics.QueueFull)
+		default:
+			s.metrics.Request(metrics.Refused)
 		}
 		return err
 	}
-	err = s.relay(ctx, r, stream)
+	err = s.relay(ctx, start, r, stream)
 	if c != nil && r.Abandon() {
 		// The request ended, or its caller left, while it waited: the agent
 		// never saw it and, abandoned, never will.
@@ -265,15 +284,30 @@ func (s *Server) SendMessage(req *gatewayv1.SendMessageRequest, stream grpc.Serv
 // to the replica that does, or answers NOT_FOUND.
 func (s *Server) sendElsewhere(req *gatewayv1.SendMessageRequest, stream grpc.ServerStreamingServer[gatewayv1.SendMessageResponse]) error {
 	if s.cluster != nil && !forwarded(stream.Context()) {
-		return s.forwardSend(req, stream)
+		err := s.forwardSend(req, stream)
+		if status.Code(err) == codes.NotFound {
+			s.metrics.Request(metrics.NotFound)
+		} else {
+			s.metrics.Forwarded(err == nil)
+		}
+		return err
 	}
+	s.metrics.Request(metrics.NotFound)
 	return status.Errorf(codes.NotFound, "agent %q is not connected", req.GetAgentId())
 }
 
 // relay streams r's events to the client until the request ends or the
 // client goes away. A request abandoned while it waits in the queue gets no
-// further event, so the client's context ends the wait.
-func (s *Server) relay(ctx context.Context, r *agentstream.Request, stream grpc.ServerStreamingServer[gatewayv1.SendMessageResponse]) error {
+// further event, so the client's context ends the wait. It counts the
+// request's outcome and times it from start.
+func (s *Server) relay(ctx context.Context, start time.Time, r *agentstream.Request, stream grpc.ServerStreamingServer[gatewayv1.SendMessageResponse]) error {
+	// Only a terminal event changes the outcome; a request that ends
+	// otherwise, without the agent going away, ended by its caller leaving.
+	outcome, first := metrics.CallerLeft, true
+	defer func() {
+		s.metrics.Request(outcome)
+		s.metrics.Finished(time.Since(start))
+	}()
 	for {
 		select {
 		case ev, ok := <-r.Events:
@@ -281,11 +315,25 @@ func (s *Server) relay(ctx context.Context, r *agentstream.Request, stream grpc.
 				return ctx.Err()
 			}
 			if ev.Err != nil {
+				outcome = metrics.AgentGone
 				return ev.Err
+			}
+			if first {
+				first = false
+				s.metrics.FirstEvent(time.Since(start))
+			}
+			switch ev.Response.GetEvent().(type) {
+			case *covenpb.MessageResponse_Done:
+				outcome = metrics.Done
+			case *covenpb.MessageResponse_Error:
+				outcome = metrics.AgentError
+			case *covenpb.MessageResponse_Cancelled:
+				outcome = metrics.Cancelled
 			}
 			if err := stream.Send(&gatewayv1.SendMessageResponse{RequestId: r.ID, Event: ev.Response}); err != nil {
 				return fmt.Errorf("streaming to client: %w", err)
 			}
+			s.metrics.Relayed()
 		case <-ctx.Done():
 			return status.FromContextError(ctx.Err()).Err()
 		}

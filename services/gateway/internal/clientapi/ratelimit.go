@@ -12,6 +12,7 @@ import (
 
 	"github.com/conclave-ai/conclave/pkg/auth"
 	gatewayv1 "github.com/conclave-ai/conclave/proto/conclave/gateway/v1"
+	"github.com/conclave-ai/conclave/services/gateway/internal/metrics"
 )
 
 // RateLimits bound what one client (one bearer token, or every caller
@@ -117,10 +118,11 @@ func (l *Limiter) openStream(c *clientState) (func(), error) {
 // authentication and the limits guard.
 var ServicePrefix = "/" + gatewayv1.GatewayService_ServiceDesc.ServiceName + "/"
 
-// Interceptors apply the limits to every GatewayService method. Install
-// them after authentication, so that only accepted callers spend tokens
-// and every caller is named by its own token.
-func (l *Limiter) Interceptors() (grpc.UnaryServerInterceptor, grpc.StreamServerInterceptor) {
+// Interceptors apply the limits to every GatewayService method, counting
+// refused SendMessage requests in m. Install them after authentication, so
+// that only accepted callers spend tokens and every caller is named by its
+// own token.
+func (l *Limiter) Interceptors(m *metrics.Metrics) (grpc.UnaryServerInterceptor, grpc.StreamServerInterceptor) {
 	unary := func(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
 		if strings.HasPrefix(info.FullMethod, ServicePrefix) {
 			if _, err := l.allow(ctx); err != nil {
@@ -133,15 +135,20 @@ func (l *Limiter) Interceptors() (grpc.UnaryServerInterceptor, grpc.StreamServer
 		if !strings.HasPrefix(info.FullMethod, ServicePrefix) {
 			return h(srv, ss)
 		}
+		send := info.FullMethod == gatewayv1.GatewayService_SendMessage_FullMethodName
 		c, err := l.allow(ss.Context())
 		if err != nil {
+			if send {
+				m.Request(metrics.RateLimited)
+			}
 			return err
 		}
-		if info.FullMethod == gatewayv1.GatewayService_SendMessage_FullMethodName {
+		if send {
 			// A SendMessage stream holds a place in an agent's queue for
 			// as long as the agent works, so open ones are counted too.
 			done, err := l.openStream(c)
 			if err != nil {
+				m.Request(metrics.RateLimited)
 				return err
 			}
 			defer done()

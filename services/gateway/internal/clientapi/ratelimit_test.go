@@ -14,6 +14,7 @@ import (
 	"github.com/conclave-ai/conclave/pkg/auth"
 	gatewayv1 "github.com/conclave-ai/conclave/proto/conclave/gateway/v1"
 	"github.com/conclave-ai/conclave/services/gateway/internal/clientapi"
+	"github.com/conclave-ai/conclave/services/gateway/internal/metrics"
 )
 
 const servicePrefix = "/conclave.gateway.v1.GatewayService/"
@@ -28,7 +29,7 @@ type chain struct {
 func newChain(limits clientapi.RateLimits, tokens ...string) chain {
 	var c chain
 	c.authU, c.authS = auth.NewTokens(tokens...).Protect(servicePrefix)
-	c.limU, c.limS = clientapi.NewLimiter(limits).Interceptors()
+	c.limU, c.limS = clientapi.NewLimiter(limits).Interceptors(metrics.Discard())
 	return c
 }
 
@@ -107,7 +108,7 @@ func TestRateLimitAnonymousShareOneBucket(t *testing.T) {
 	// Without authentication (no Protect), a token is never checked, so it
 	// names no one: every caller is auth.Anonymous and the limiter's map
 	// cannot grow with made-up tokens.
-	unary, _ := clientapi.NewLimiter(clientapi.RateLimits{Rate: 1e-9, Burst: 2, Streams: 1}).Interceptors()
+	unary, _ := clientapi.NewLimiter(clientapi.RateLimits{Rate: 1e-9, Burst: 2, Streams: 1}).Interceptors(metrics.Discard())
 	info := &grpc.UnaryServerInfo{FullMethod: servicePrefix + "ListAgents"}
 	ok := func(context.Context, any) (any, error) { return nil, nil }
 	for i, tok := range []string{"made-up-1", "made-up-2", "made-up-3"} {
