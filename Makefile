@@ -9,6 +9,10 @@ BIN       := $(CACHE)/bin
 BUF       := $(ROOT)/node_modules/.bin/buf
 # Every Go module in the workspace, plus the tools module outside it.
 MODULES   := proto pkg services/gateway services/bus services/runner services/bridge functions/librarian cmd/conclave examples/coven-agent bench
+# Modules outside go.work (GOWORK=off): their build lists must not reach the
+# services'. deploy/observability checks the dashboards and alert rules with
+# Prometheus' own parsers.
+STANDALONE := deploy/observability
 GO_TOOLS  := protoc-gen-go protoc-gen-go-grpc protoc-gen-grpc-gateway protoc-gen-openapiv2 grpcurl staticcheck
 TEST_FLAGS ?= -race -count=1 -timeout=20m
 
@@ -54,16 +58,25 @@ test: tools test-tools test-deps ## Install what the tests need, then run every 
 		echo "==> go test $$m"; \
 		(cd $$m && go test $(TEST_FLAGS) ./...) || exit 1; \
 	done
+	@for m in $(STANDALONE); do \
+		echo "==> go test $$m (GOWORK=off)"; \
+		(cd $$m && GOWORK=off go test $(TEST_FLAGS) ./...) || exit 1; \
+	done
 
 .PHONY: test-short
 test-short: ## Run every module's unit tests only (-short), without real components.
 	@for m in $(MODULES); do (cd $$m && go test -short -count=1 ./...) || exit 1; done
+	@for m in $(STANDALONE); do (cd $$m && GOWORK=off go test -short -count=1 ./...) || exit 1; done
 
 .PHONY: lint
 lint: tools ## go vet and staticcheck in every module, and buf lint.
 	@for m in $(MODULES); do \
 		echo "==> lint $$m"; \
 		(cd $$m && go vet ./... && $(BIN)/staticcheck ./...) || exit 1; \
+	done
+	@for m in $(STANDALONE); do \
+		echo "==> lint $$m (GOWORK=off)"; \
+		(cd $$m && GOWORK=off go vet ./... && GOWORK=off $(BIN)/staticcheck ./...) || exit 1; \
 	done
 	cd proto && $(BUF) lint
 
@@ -79,6 +92,7 @@ generate-check: tools ## Fail when the committed generated code differs from a f
 tidy: ## go mod tidy in every module, the tools module included.
 	@for m in $(MODULES); do echo "==> tidy $$m"; (cd $$m && go mod tidy) || exit 1; done
 	cd tools && GOWORK=off go mod tidy
+	@for m in $(STANDALONE); do echo "==> tidy $$m"; (cd $$m && GOWORK=off go mod tidy) || exit 1; done
 	@for t in k8s jaeger helm; do echo "==> tidy tools/$$t"; (cd tools/$$t && GOWORK=off go mod tidy) || exit 1; done
 
 .PHONY: bench
