@@ -21,6 +21,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"runtime/debug"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"sync"
@@ -244,6 +245,17 @@ func idleCost(b *testing.B, start func(*testing.B) *target, k, perConn int) idle
 	expect("ready")
 	time.Sleep(time.Second) // let every per-agent goroutine settle
 	after := sample()
+	if dir := os.Getenv("BENCH_HEAP_PROFILE_DIR"); dir != "" {
+		// What the held agents keep alive, for `go tool pprof -sample_index=inuse_space`.
+		f, err := os.Create(filepath.Join(dir, tg.name+".heap"))
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := pprof.WriteHeapProfile(f); err != nil {
+			b.Fatal(err)
+		}
+		_ = f.Close()
+	}
 	r := idleResult{
 		heap:       (float64(after.heap) - float64(before.heap)) / float64(k),
 		stack:      (float64(after.stack) - float64(before.stack)) / float64(k),
