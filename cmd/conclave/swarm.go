@@ -169,6 +169,9 @@ func (s *swarm) agent(ctx context.Context, client covenpb.CovenControlClient, id
 		<-sem
 		if err != nil {
 			cancel()
+			if ctx.Err() != nil {
+				return
+			}
 			switch status.Code(err) {
 			case codes.Unavailable, codes.AlreadyExists, codes.DeadlineExceeded, codes.ResourceExhausted:
 				select {
