@@ -98,9 +98,7 @@ func New(o Options) *Handler {
 	h.mux.HandleFunc("POST /reviews/{request_id}/decision", h.reviewer(h.decideReview))
 	h.mux.HandleFunc("GET /docs", h.docs)
 	h.mux.HandleFunc("GET /metrics", h.authed(h.metrics))
-	h.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		writeError(w, &apiError{Status: http.StatusNotFound, Code: "not_found", Message: fmt.Sprintf("no route for %s %s", r.Method, r.URL.Path)})
-	})
+	h.mux.HandleFunc("/", h.noRoute)
 	return h
 }
 
@@ -112,6 +110,25 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	defer cancel()
 	w.Header().Set("X-Content-Type-Options", "nosniff")
 	h.mux.ServeHTTP(w, r.WithContext(ctx))
+}
+
+// noRoute answers what no route matched: 405 with Allow when the path
+// exists for another method, else 404, both as JSON.
+func (h *Handler) noRoute(w http.ResponseWriter, r *http.Request) {
+	var allowed []string
+	for _, m := range []string{http.MethodGet, http.MethodPost} {
+		probe := r.Clone(r.Context())
+		probe.Method = m
+		if _, pattern := h.mux.Handler(probe); pattern != "/" {
+			allowed = append(allowed, m)
+		}
+	}
+	if len(allowed) > 0 {
+		h.fail(w, r, &apiError{Status: http.StatusMethodNotAllowed, Code: "method_not_allowed", Message: fmt.Sprintf("%s takes %s", r.URL.Path, strings.Join(allowed, ", ")),
+			Headers: map[string]string{"Allow": strings.Join(allowed, ", ")}})
+		return
+	}
+	h.fail(w, r, &apiError{Status: http.StatusNotFound, Code: "not_found", Message: fmt.Sprintf("no route for %s %s", r.Method, clip(r.URL.Path))})
 }
 
 type nopObserver struct{}
@@ -324,3 +341,6 @@ func clip(s string) string {
 	}
 	return s
 }
+
+// HTTPStatus is the status the error is answered with.
+func (e *apiError) HTTPStatus() int { return e.Status }
