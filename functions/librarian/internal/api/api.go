@@ -41,17 +41,17 @@ type Stats interface {
 
 // Options are the handler's dependencies.
 type Options struct {
-	Policy    *policy.Policy
-	Pipeline  *governance.Pipeline
-	Limiter   governance.Limiter
-	Requests  *requests.Store
-	Graph     *graph.Graph
-	Tokens    *access.Tokens
-	Static    *access.Static
-	Events    Publisher
-	Stats     Stats
-	Observer  Observer
-	Logger    *slog.Logger
+	Policy   *policy.Policy
+	Pipeline *governance.Pipeline
+	Limiter  governance.Limiter
+	Requests *requests.Store
+	Graph    *graph.Graph
+	Tokens   *access.Tokens
+	Static   *access.Static
+	Events   Publisher
+	Stats    Stats
+	Observer Observer
+	Logger   *slog.Logger
 	// BaseURL is where the review pages are, for human_review_url; when
 	// empty it is derived from each request's Host.
 	BaseURL string
@@ -134,8 +134,8 @@ func (h *Handler) noRoute(w http.ResponseWriter, r *http.Request) {
 type nopObserver struct{}
 
 func (nopObserver) Decided(context.Context, string, string, time.Duration) {}
-func (nopObserver) Refused(context.Context, int)                          {}
-func (nopObserver) Published(context.Context, int, error)                 {}
+func (nopObserver) Refused(context.Context, int)                           {}
+func (nopObserver) Published(context.Context, int, error)                  {}
 
 // apiError is an error with its HTTP answer.
 type apiError struct {

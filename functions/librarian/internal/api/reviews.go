@@ -132,4 +132,3 @@ func (h *Handler) Authenticate(r *http.Request, token string) (access.Principal,
 	}
 	return h.o.Tokens.Verify(r.Context(), token)
 }
-
