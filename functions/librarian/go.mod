@@ -18,6 +18,8 @@ require (
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect
 	github.com/chromedp/cdproto v0.159.0 // indirect
 	github.com/chromedp/chromedp v0.23.0 // indirect
+	github.com/conclave-ai/conclave/pkg v0.0.0-00010101000000-000000000000
+	github.com/conclave-ai/conclave/proto v0.0.0-00010101000000-000000000000
 	github.com/go-json-experiment/json v0.0.0-20260213210345-44df1a37e875 // indirect
 	github.com/go-logr/logr v1.4.4 // indirect
 	github.com/go-logr/stdr v1.2.2 // indirect
@@ -27,4 +29,9 @@ require (
 	go.opentelemetry.io/otel v1.45.0 // indirect
 	go.opentelemetry.io/otel/metric v1.45.0 // indirect
 	go.opentelemetry.io/otel/trace v1.45.0 // indirect
+)
+
+replace (
+	github.com/conclave-ai/conclave/pkg => ../../pkg
+	github.com/conclave-ai/conclave/proto => ../../proto
 )
