@@ -21,7 +21,7 @@ import (
 // (logging, telemetry) are set by one flag or variable.
 type devConfig struct {
 	config.Common
-	Storage config.Storage
+	Storage   config.Storage
 	Gateway   gateway.Config
 	Librarian librarian.Config
 }

@@ -41,7 +41,10 @@ func TestLibrarianCommands(t *testing.T) {
 	if out, err := run("import", seed); err != nil || !strings.Contains(out, "imported 1 nodes") {
 		t.Fatalf("import: %s %v", out, err)
 	}
-	tokenOf := func(out string) string { lines := strings.Split(strings.TrimSpace(out), "\n"); return lines[len(lines)-1] }
+	tokenOf := func(out string) string {
+		lines := strings.Split(strings.TrimSpace(out), "\n")
+		return lines[len(lines)-1]
+	}
 	out, err := run("tokens", "create", "--agent", "claude-3")
 	if err != nil {
 		t.Fatal(err)
