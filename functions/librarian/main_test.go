@@ -318,3 +318,70 @@ func TestInitMakesNoNetworkCall(t *testing.T) {
 		t.Fatalf("response %s, %d dials", res.Payload, dials.Load())
 	}
 }
+
+// TestTraceInJaeger: an invocation continues the trace API Gateway sent in
+// traceparent, with otellambda's span, the handler's, and otelaws' spans of
+// the DynamoDB and SQS calls, all in one trace in a real Jaeger.
+func TestTraceInJaeger(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs the bootstrap binary and Jaeger")
+	}
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	jaeger, err := testenv.StartJaeger(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer jaeger.Stop()
+	env, _, _, _ := deployment(t)
+	rt := startFunction(t, append(env, "OTEL_EXPORTER_OTLP_ENDPOINT=http://"+jaeger.OTLPEndpoint, "OTEL_EXPORTER_OTLP_INSECURE=true",
+		"AWS_LAMBDA_FUNCTION_NAME=librarian"))
+	if err := rt.Ready(ctx); err != nil {
+		t.Fatal(err)
+	}
+	res, err := rt.Invoke(ctx, fixture(t, "request-approval.json"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(res.Payload), `"statusCode":200`) {
+		t.Fatalf("invocation: %s %s", res.Payload, res.Error)
+	}
+	const traceID = "4bf92f3577b34da6a3ce929d0e0e4736" // events/request-approval.json's traceparent
+	var trace *testenv.JaegerTrace
+	for {
+		trace, err = jaeger.WaitTrace(ctx, traceID, 3)
+		if err != nil {
+			t.Fatalf("%v\n%s", err, rt.Output())
+		}
+		if has(trace, "DynamoDB") && has(trace, "SQS") {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("spans %v", names(trace))
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+	root := trace.Span("librarian")
+	if root == nil || root.ParentSpanID != "00f067aa0ba902b7" || root.ServiceName != "conclave-librarian" {
+		t.Fatalf("no otellambda span continuing API Gateway's: %v", names(trace))
+	}
+}
+
+func has(trace *testenv.JaegerTrace, prefix string) bool {
+	for _, s := range trace.Spans {
+		if strings.HasPrefix(s.OperationName, prefix) {
+			return true
+		}
+	}
+	return false
+}
+
+func names(trace *testenv.JaegerTrace) []string {
+	var out []string
+	for _, s := range trace.Spans {
+		out = append(out, s.ServiceName+":"+s.OperationName)
+	}
+	return out
+}
