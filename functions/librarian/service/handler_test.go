@@ -84,9 +84,14 @@ func newEnv(t *testing.T, mod func(*service.Config)) *env {
 			t.Fatal(err)
 		}
 	}
+	return &env{srv: newServer(t, lib), lib: lib, st: st, queue: q}
+}
+
+func newServer(t *testing.T, lib *service.Librarian) *httptest.Server {
+	t.Helper()
 	srv := httptest.NewServer(lib.Handler)
 	t.Cleanup(srv.Close)
-	return &env{srv: srv, lib: lib, st: st, queue: q}
+	return srv
 }
 
 type reply struct {
