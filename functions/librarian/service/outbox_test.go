@@ -17,11 +17,13 @@ import (
 // flakyQueue is the real embedded queue with an outage switch.
 type flakyQueue struct {
 	queue.Queue
-	down atomic.Bool
+	down     atomic.Bool
+	failures atomic.Int32
 }
 
 func (f *flakyQueue) Send(ctx context.Context, name string, msgs ...queue.Outgoing) ([]string, error) {
 	if f.down.Load() {
+		f.failures.Add(1)
 		return nil, errors.New("queue unreachable")
 	}
 	return f.Queue.Send(ctx, name, msgs...)
@@ -61,6 +63,10 @@ func TestEventsSurviveAQueueOutage(t *testing.T) {
 	resp := e.do(t, "POST", "/agent/request", copilotToken, map[string]any{"agent_id": "copilot-2", "request_type": "QUERY", "content": "auth"}).response(t)
 	if got := e.events(t); len(got) != 0 {
 		t.Fatalf("events sent while the queue was down: %v", types(got))
+	}
+	// The send was tried 1 + max_retry_attempts (3) times.
+	if n := q.failures.Load(); n != 4 {
+		t.Fatalf("%d sends during the outage, want 4", n)
 	}
 	q.down.Store(false)
 	for range 2 {

@@ -232,7 +232,7 @@ func (h *Handler) flush(ctx context.Context, id string) {
 		}
 		envs = append(envs, env)
 	}
-	err = h.o.Events.Publish(ctx, envs...)
+	err = h.publish(ctx, envs)
 	h.o.Observer.Published(ctx, len(envs), err)
 	if err != nil {
 		h.o.Logger.WarnContext(ctx, "events not published yet; they stay staged", "request_id", id, "events", len(envs), "error", err)
@@ -246,6 +246,24 @@ func (h *Handler) flush(ctx context.Context, id string) {
 	})
 	if err != nil {
 		h.o.Logger.WarnContext(ctx, "published events stay staged and will be sent again", "request_id", id, "error", err)
+	}
+}
+
+// publish sends envelopes, retrying a failed send max_retry_attempts times
+// with a doubling pause, within the request's deadline.
+func (h *Handler) publish(ctx context.Context, envs []*eventsv1.Envelope) error {
+	pause := 25 * time.Millisecond
+	var err error
+	for attempt := 0; ; attempt++ {
+		if err = h.o.Events.Publish(ctx, envs...); err == nil || attempt >= h.o.Policy.Protocol.Limits.MaxRetryAttempts {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(pause):
+		}
+		pause *= 2
 	}
 }
 
