@@ -321,3 +321,20 @@ func TestSlugAndIDs(t *testing.T) {
 		t.Fatalf("ids %q %q", a, b)
 	}
 }
+
+type tiedLimiter struct{}
+
+func (tiedLimiter) Take(context.Context, policy.Agent) ([]governance.Allowance, error) {
+	reset := time.Date(2026, 1, 1, 13, 0, 0, 0, time.UTC)
+	return []governance.Allowance{{Name: "api", Limit: 60, Reset: reset}, {Name: "agent", Limit: 100, Reset: reset}}, nil
+}
+
+// TestRateLimitTie: when the minute and the hour end together, the 429
+// names the agent's own limit, whatever the timing.
+func TestRateLimitTie(t *testing.T) {
+	t.Parallel()
+	out, err := governance.RateLimits{Limiter: tiedLimiter{}}.Check(context.Background(), &governance.Input{})
+	if err != nil || out.Denial == nil || out.Denial.Allowance.Name != "agent" {
+		t.Fatalf("%+v %v", out.Denial, err)
+	}
+}

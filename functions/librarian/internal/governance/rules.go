@@ -124,10 +124,12 @@ func (r RateLimits) Check(ctx context.Context, in *Input) (Outcome, error) {
 	if err != nil {
 		return Outcome{}, err
 	}
-	// The limit that frees up last is the one to wait for.
+	// The limit that frees up last is the one to wait for; on a tie (an
+	// hour and a minute ending together) the later one listed, the
+	// agent's own.
 	var worst *Allowance
 	for i := range all {
-		if !all[i].Allowed && (worst == nil || all[i].Reset.After(worst.Reset)) {
+		if !all[i].Allowed && (worst == nil || !worst.Reset.After(all[i].Reset)) {
 			worst = &all[i]
 		}
 	}
