@@ -86,10 +86,10 @@ type Deps struct {
 type Librarian struct {
 	// Handler serves every route.
 	Handler http.Handler
-	API     *api.Handler
-	Policy  *policy.Policy
-	Graph   *graph.Graph
-	Tokens  *access.Tokens
+	// Policy is the loaded agents.yaml and protocol.yaml.
+	Policy *policy.Policy
+	// Graph is the knowledge graph, for seeding it.
+	Graph *graph.Graph
 }
 
 // NewHandler loads the configuration files and builds the handler. It
@@ -149,7 +149,7 @@ func NewHandler(cfg Config, d Deps) (*Librarian, error) {
 	if d.Telemetry != nil {
 		handler = d.Telemetry.HTTPHandler(h, "librarian")
 	}
-	return &Librarian{Handler: handler, API: h, Policy: pol, Graph: g, Tokens: tokens}, nil
+	return &Librarian{Handler: handler, Policy: pol, Graph: g}, nil
 }
 
 // Service is the Librarian served over HTTP.
