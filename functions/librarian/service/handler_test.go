@@ -502,3 +502,22 @@ func TestComplianceSwitchesFromConfigDir(t *testing.T) {
 		t.Fatalf("a bad protocol.yaml: %v", err)
 	}
 }
+
+// TestReadLimit: reads have their own budget per caller; past it, 429 with
+// the read limit's headers, and another caller is not affected.
+func TestReadLimit(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, func(c *service.Config) { c.ReadRate = "3/minute" })
+	for i := range 3 {
+		if r := e.do(t, "GET", "/agent/capabilities", copilotToken, nil); r.status != 200 {
+			t.Fatalf("read %d: %d", i, r.status)
+		}
+	}
+	r := e.do(t, "GET", "/agent/capabilities", copilotToken, nil)
+	if r.status != 429 || r.errorCode(t) != "rate_limited" || r.header.Get("X-RateLimit-Scope") != "read" || r.header.Get("X-RateLimit-Limit") != "3" || r.header.Get("Retry-After") == "" {
+		t.Fatalf("fourth read: %d %v %s", r.status, r.header, r.body)
+	}
+	if r := e.do(t, "GET", "/agent/capabilities", claudeToken, nil); r.status != 200 {
+		t.Fatalf("another agent's read: %d", r.status)
+	}
+}

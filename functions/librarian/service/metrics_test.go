@@ -75,10 +75,17 @@ func TestMetrics(t *testing.T) {
 	if code := call("POST", "/agent/request", query); code != http.StatusOK {
 		t.Fatalf("query: %d", code)
 	}
-	// 10,000 distinct request ids, all unknown: one series.
+	if code := call("GET", "/agent/status/req-aaaaaaaaaaaaaaaa", ""); code != http.StatusNotFound {
+		t.Fatalf("status: %d", code)
+	}
+	// 10,000 distinct tokens and request ids, all refused: one series.
 	for i := range 10000 {
-		if code := call("GET", fmt.Sprintf("/agent/status/req-%016d", i), ""); code != http.StatusNotFound {
-			t.Fatalf("status: %d", code)
+		req := httptest.NewRequest("GET", fmt.Sprintf("/agent/status/req-%016d", i), nil)
+		req.Header.Set("Authorization", fmt.Sprintf("Bearer lib_%016x_%043d", i, i))
+		rec := httptest.NewRecorder()
+		lib.Handler.ServeHTTP(rec, req)
+		if rec.Code != http.StatusUnauthorized {
+			t.Fatalf("status with a made-up token: %d", rec.Code)
 		}
 	}
 	// With the queue gone, events stay staged.
@@ -95,8 +102,8 @@ func TestMetrics(t *testing.T) {
 	if after.Value("conclave_librarian_events_published_total", "outcome", "staged") != 2 {
 		t.Errorf("staged events: %v", after.Value("conclave_librarian_events_published_total", "outcome", "staged"))
 	}
-	if n := after.Series("conclave_librarian_refusals_total"); n != 1 {
-		t.Errorf("10,000 request ids made %d refusal series", n)
+	if n := after.Series("conclave_librarian_refusals_total"); n != 2 {
+		t.Errorf("10,000 tokens and request ids made %d refusal series, want 2 (401 and 404)", n)
 	}
 	names := make([]string, 0, len(tested))
 	for n := range tested {

@@ -39,6 +39,7 @@ type Config struct {
 	ConfigDir       string               `env:"CONCLAVE_LIBRARIAN_CONFIG_DIR" help:"directory holding agents.yaml and protocol.yaml (default: the files built in)"`
 	BaseURL         string               `env:"CONCLAVE_LIBRARIAN_BASE_URL" help:"public URL of the API, for human_review_url (default: from each request's Host)"`
 	APIRate         string               `env:"CONCLAVE_LIBRARIAN_API_RATE" default:"60/minute" help:"requests each agent may make to the API, beside its own registry limit"`
+	ReadRate        string               `env:"CONCLAVE_LIBRARIAN_READ_RATE" default:"600/minute" help:"reads (status, capabilities, reviews, metrics) each caller may make"`
 	AgentTokens     []string             `env:"CONCLAVE_LIBRARIAN_AGENT_TOKENS" help:"comma-separated agent_id=token pairs accepted beside the tokens in the store"`
 	ReviewerTokens  []string             `env:"CONCLAVE_LIBRARIAN_REVIEWER_TOKENS" help:"comma-separated name=token pairs of reviewers, beside the tokens in the store"`
 	ShutdownTimeout time.Duration        `env:"CONCLAVE_LIBRARIAN_SHUTDOWN_TIMEOUT" default:"10s" help:"how long in-flight requests may drain on shutdown"`
@@ -51,6 +52,9 @@ type Config struct {
 func (c Config) Validate() error {
 	if _, err := policy.ParseRate(c.APIRate); err != nil {
 		return fmt.Errorf("CONCLAVE_LIBRARIAN_API_RATE: %w", err)
+	}
+	if _, err := policy.ParseRate(c.ReadRate); err != nil {
+		return fmt.Errorf("CONCLAVE_LIBRARIAN_READ_RATE: %w", err)
 	}
 	var s access.Static
 	if err := access.ParseStatic(c.AgentTokens, access.RoleAgent, &s); err != nil {
@@ -113,6 +117,12 @@ func NewHandler(cfg Config, d Deps) (*Librarian, error) {
 	if err != nil {
 		return nil, fmt.Errorf("CONCLAVE_LIBRARIAN_API_RATE: %w", err)
 	}
+	readRate := policy.Rate{Count: 600, Window: time.Minute}
+	if cfg.ReadRate != "" {
+		if readRate, err = policy.ParseRate(cfg.ReadRate); err != nil {
+			return nil, fmt.Errorf("CONCLAVE_LIBRARIAN_READ_RATE: %w", err)
+		}
+	}
 	var static access.Static
 	if err := access.ParseStatic(cfg.AgentTokens, access.RoleAgent, &static); err != nil {
 		return nil, fmt.Errorf("CONCLAVE_LIBRARIAN_AGENT_TOKENS: %w", err)
@@ -140,7 +150,7 @@ func NewHandler(cfg Config, d Deps) (*Librarian, error) {
 	h := api.New(api.Options{
 		Policy:   pol,
 		Pipeline: governance.NewPipeline(governance.Deps{Graph: g, Limiter: limiter, Requests: reqs, Templates: tpl}),
-		Limiter:  limiter, Requests: reqs, Graph: g, Tokens: tokens, Static: &static,
+		Limiter:  limiter, Reads: limiter, ReadRate: readRate, Requests: reqs, Graph: g, Tokens: tokens, Static: &static,
 		Events: events.NewPublisher(d.Queue), Stats: stats.New(d.Store), Observer: observer, Logger: logger,
 		BaseURL: cfg.BaseURL, AllowUnauthenticated: cfg.AllowUnauthenticated,
 	})

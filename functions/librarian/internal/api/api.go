@@ -44,6 +44,9 @@ type Options struct {
 	Policy   *policy.Policy
 	Pipeline *governance.Pipeline
 	Limiter  governance.Limiter
+	// Reads counts GETs per caller against ReadRate.
+	Reads    ReadLimiter
+	ReadRate policy.Rate
 	Requests *requests.Store
 	Graph    *graph.Graph
 	Tokens   *access.Tokens
@@ -59,6 +62,11 @@ type Options struct {
 	// agent_id they name, and as a reviewer (conclave dev, on loopback).
 	AllowUnauthenticated bool
 	Now                  func() time.Time
+}
+
+// ReadLimiter counts reads.
+type ReadLimiter interface {
+	TakeRead(ctx context.Context, subject string, rate policy.Rate) (governance.Allowance, error)
 }
 
 // Observer is told about each decision, for metrics.
@@ -266,10 +274,30 @@ func (h *Handler) authed(fn handlerFunc) http.HandlerFunc {
 			return
 		}
 		r = r.WithContext(context.WithValue(r.Context(), principalKey{}, p))
+		if r.Method == http.MethodGet && h.o.Reads != nil {
+			if err := h.takeRead(r.Context(), p); err != nil {
+				h.fail(w, r, err)
+				return
+			}
+		}
 		if err := fn(w, r); err != nil {
 			h.fail(w, r, err)
 		}
 	}
+}
+
+// takeRead spends one read of the caller's budget: 429 when it is gone.
+func (h *Handler) takeRead(ctx context.Context, p access.Principal) error {
+	subject := p.Role + ":" + p.Subject
+	a, err := h.o.Reads.TakeRead(ctx, subject, h.o.ReadRate)
+	if err != nil {
+		return err
+	}
+	if !a.Allowed {
+		return &governance.Denial{Status: http.StatusTooManyRequests, Code: "rate_limited", Allowance: &a,
+			Reason: fmt.Sprintf("read limit exceeded: %d reads per %s; retry after %s", a.Limit, h.o.ReadRate.Window, a.Reset.UTC().Format("15:04:05Z"))}
+	}
+	return nil
 }
 
 // agent admits agents (and, in development, anyone).

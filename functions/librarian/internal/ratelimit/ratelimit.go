@@ -37,6 +37,21 @@ func New(st store.Store, api policy.Rate, now func() time.Time) *Limiter {
 	return &Limiter{st: st, api: api, now: now}
 }
 
+// TakeRead counts one read (status, capabilities, reviews, metrics) by
+// subject, an agent or a reviewer, against rate: reads are cheaper than
+// requests and have their own, larger budget.
+func (l *Limiter) TakeRead(ctx context.Context, subject string, rate policy.Rate) (governance.Allowance, error) {
+	now := l.now()
+	start := now.Truncate(rate.Window)
+	reset := start.Add(rate.Window)
+	k := store.Key{PK: "rate#" + subject + "#read", SK: strconv.FormatInt(start.Unix(), 10)}
+	n, err := l.st.Add(ctx, Table.Name, k, 1, reset.Add(time.Minute))
+	if err != nil {
+		return governance.Allowance{}, fmt.Errorf("ratelimit: count reads of %s: %w", subject, err)
+	}
+	return governance.Allowance{Name: "read", Limit: rate.Count, Remaining: max(0, rate.Count-int(n)), Reset: reset, Allowed: n <= int64(rate.Count)}, nil
+}
+
 // Take counts one request of agent against both limits.
 func (l *Limiter) Take(ctx context.Context, agent policy.Agent) ([]governance.Allowance, error) {
 	now := l.now()
