@@ -36,7 +36,7 @@ node_modules/.stamp: package.json package-lock.json
 tools: $(BIN)/.stamp node_modules/.stamp ## Build the code generators, grpcurl and staticcheck; install the npm packages.
 
 .PHONY: test-deps
-test-deps: ## Install the Debian packages the integration tests use (nginx).
+test-deps: ## Install the Debian packages the integration tests use (nginx, chromium).
 	scripts/install-test-deps.sh
 
 .PHONY: test-tools

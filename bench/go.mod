@@ -3,15 +3,19 @@ module github.com/conclave-ai/conclave/bench
 go 1.26.8
 
 require (
+	github.com/aws/aws-lambda-go v1.55.1
 	github.com/aws/aws-sdk-go-v2 v1.47.7
-	github.com/aws/aws-sdk-go-v2/config v1.33.15
-	github.com/aws/aws-sdk-go-v2/credentials v1.20.15
-	github.com/aws/aws-sdk-go-v2/service/dynamodb v1.73.1
 	github.com/conclave-ai/conclave/pkg v0.0.0-00010101000000-000000000000
 	github.com/conclave-ai/conclave/proto v0.0.0-00010101000000-000000000000
 	github.com/conclave-ai/conclave/services/gateway v0.0.0-00010101000000-000000000000
 	github.com/sourcegraph/jsonrpc2 v0.2.3
 	google.golang.org/grpc v1.85.0
+)
+
+require (
+	github.com/aws/aws-sdk-go-v2/config v1.33.15 // indirect
+	github.com/aws/aws-sdk-go-v2/credentials v1.20.15 // indirect
+	github.com/aws/aws-sdk-go-v2/service/dynamodb v1.73.1 // indirect
 )
 
 require (
@@ -32,6 +36,7 @@ require (
 	github.com/cenkalti/backoff/v5 v5.0.3 // indirect
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect
 	github.com/coder/websocket v1.8.15 // indirect
+	github.com/conclave-ai/conclave/functions/librarian v0.0.0-00010101000000-000000000000
 	github.com/davecgh/go-spew v1.1.1 // indirect
 	github.com/emicklei/go-restful/v3 v3.12.2 // indirect
 	github.com/evanphx/json-patch/v5 v5.9.11 // indirect
@@ -87,7 +92,7 @@ require (
 	go.opentelemetry.io/otel/trace v1.47.0 // indirect
 	go.opentelemetry.io/proto/otlp v1.11.0 // indirect
 	go.yaml.in/yaml/v2 v2.4.4 // indirect
-	go.yaml.in/yaml/v3 v3.0.5 // indirect
+	go.yaml.in/yaml/v3 v3.0.6 // indirect
 	golang.org/x/net v0.61.0 // indirect
 	golang.org/x/oauth2 v0.37.0 // indirect
 	golang.org/x/sys v0.49.0 // indirect
@@ -118,3 +123,5 @@ replace (
 	github.com/conclave-ai/conclave/proto => ../proto
 	github.com/conclave-ai/conclave/services/gateway => ../services/gateway
 )
+
+replace github.com/conclave-ai/conclave/functions/librarian => ../functions/librarian

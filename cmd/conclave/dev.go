@@ -4,11 +4,14 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"path/filepath"
 	"text/tabwriter"
 
 	"golang.org/x/sync/errgroup"
 
+	librarian "github.com/conclave-ai/conclave/functions/librarian/service"
 	"github.com/conclave-ai/conclave/pkg/config"
+	"github.com/conclave-ai/conclave/pkg/queue"
 	"github.com/conclave-ai/conclave/pkg/server"
 	"github.com/conclave-ai/conclave/pkg/store"
 	gateway "github.com/conclave-ai/conclave/services/gateway/service"
@@ -18,8 +21,9 @@ import (
 // (logging, telemetry) are set by one flag or variable.
 type devConfig struct {
 	config.Common
-	Storage config.Storage
-	Gateway gateway.Config
+	Storage   config.Storage
+	Gateway   gateway.Config
+	Librarian librarian.Config
 }
 
 // service is what conclave dev runs: each service's own server, in one
@@ -42,6 +46,8 @@ func runDev(ctx context.Context, args []string, lookup config.Lookup, stdout, st
 	// still present it.
 	cfg.Gateway.AllowUnauthenticated = true
 	cfg.Gateway.AllowAgentsWithoutTokens = true
+	cfg.Librarian.HTTPAddr = "127.0.0.1:8081"
+	cfg.Librarian.AllowUnauthenticated = true
 	if err := config.Load(ctx, &cfg, "conclave dev", args, lookup, stderr); err != nil {
 		return err
 	}
@@ -62,15 +68,29 @@ func runDev(ctx context.Context, args []string, lookup config.Lookup, stdout, st
 		return err
 	}
 	defer st.Close()
-	if err := store.EnsureTables(ctx, st, gateway.Tables...); err != nil {
+	if err := store.EnsureTables(ctx, st, append(gateway.Tables, librarian.Tables...)...); err != nil {
 		return err
+	}
+	q, err := queue.OpenEmbedded(filepath.Join(cfg.Storage.DataDir, "queue.db"))
+	if err != nil {
+		return err
+	}
+	defer q.Close()
+	for _, d := range librarian.Queues {
+		if err := q.Ensure(ctx, d); err != nil {
+			return err
+		}
 	}
 
 	gw, err := gateway.New(cfg.Gateway, logger, tel, st)
 	if err != nil {
 		return err
 	}
-	services := []service{gw}
+	lib, err := librarian.New(cfg.Librarian, librarian.Deps{Store: st, Queue: q, Logger: logger, Telemetry: tel})
+	if err != nil {
+		return err
+	}
+	services := []service{gw, lib}
 
 	g, gctx := errgroup.WithContext(ctx)
 	for _, s := range services {

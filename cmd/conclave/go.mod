@@ -23,6 +23,8 @@ require (
 	github.com/aws/aws-sdk-go-v2/service/ssooidc v1.44.3 // indirect
 	github.com/aws/aws-sdk-go-v2/service/sts v1.51.8 // indirect
 	go.etcd.io/bbolt v1.5.0 // indirect
+	go.yaml.in/yaml/v3 v3.0.6 // indirect
+	golang.org/x/time v0.9.0 // indirect
 )
 
 require (
@@ -32,6 +34,7 @@ require (
 	github.com/beorn7/perks v1.0.1 // indirect
 	github.com/cenkalti/backoff/v5 v5.0.3 // indirect
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect
+	github.com/conclave-ai/conclave/functions/librarian v0.0.0-00010101000000-000000000000
 	github.com/conclave-ai/conclave/proto v0.0.0-00010101000000-000000000000
 	github.com/felixge/httpsnoop v1.1.0 // indirect
 	github.com/go-logr/logr v1.4.4 // indirect
@@ -73,3 +76,5 @@ replace (
 	github.com/conclave-ai/conclave/proto => ../../proto
 	github.com/conclave-ai/conclave/services/gateway => ../../services/gateway
 )
+
+replace github.com/conclave-ai/conclave/functions/librarian => ../../functions/librarian

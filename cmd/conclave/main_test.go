@@ -8,6 +8,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -73,7 +74,7 @@ func toolBinary(name, pkg string) (string, error) {
 func devProcess(t *testing.T, dataDir string, extra ...string) (*exec.Cmd, map[string]string, *bytes.Buffer) {
 	t.Helper()
 	cmd := exec.Command(conclaveBin, append([]string{"dev", "--gateway-grpc-addr=127.0.0.1:0", "--gateway-http-addr=127.0.0.1:0",
-		"--data-dir", dataDir}, extra...)...)
+		"--librarian-http-addr=127.0.0.1:0", "--data-dir", dataDir}, extra...)...)
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -125,6 +126,17 @@ func TestDevServesCovenAndHealth(t *testing.T) {
 	out, err = exec.Command(grpcurlBin, "-plaintext", addrs["gateway gRPC"], "grpc.health.v1.Health/Check").CombinedOutput()
 	if err != nil || !strings.Contains(string(out), "SERVING") {
 		t.Errorf("health check: %v\n%s", err, out)
+	}
+
+	// The Librarian is open on loopback: no token, the caller names its agent.
+	resp, err := http.Get("http://" + addrs["librarian HTTP"] + "/agent/capabilities?agent_id=claude-3")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || !strings.Contains(string(body), `"agent_type":"code-generator"`) {
+		t.Errorf("librarian capabilities: %d %s", resp.StatusCode, body)
 	}
 
 	// Ctrl-C stops it cleanly.

@@ -1,0 +1,240 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"os"
+	"strings"
+	"time"
+
+	librarian "github.com/conclave-ai/conclave/functions/librarian/service"
+	"github.com/conclave-ai/conclave/pkg/config"
+	"github.com/conclave-ai/conclave/pkg/store"
+)
+
+const librarianUsage = `Usage: conclave librarian <command> [flags]
+
+Client commands (HTTP; --url or CONCLAVE_LIBRARIAN_URL, --token or CONCLAVE_LIBRARIAN_TOKEN):
+  request FILE|-            submit an AgentRequest (JSON) and print the decision
+  status REQUEST_ID         print a request's status
+  query TEXT                rank the knowledge graph's nodes for TEXT
+  review list               list the requests waiting for a human
+  review approve|reject ID -m COMMENT
+                            decide an escalated request (reviewer token)
+
+Operator commands (on the store: CONCLAVE_BACKEND, CONCLAVE_DATA_DIR, CONCLAVE_TABLE_PREFIX):
+  tokens create --agent ID | --reviewer NAME
+                            issue a bearer token (printed once; only its hash is kept)
+  tokens revoke TOKEN_ID    revoke a token
+  import DIR                load a seed knowledge graph from Markdown files
+`
+
+func runLibrarian(ctx context.Context, args []string, lookup config.Lookup, stdout, stderr io.Writer) error {
+	if len(args) == 0 {
+		fmt.Fprint(stderr, librarianUsage)
+		return errors.New("librarian: no command given")
+	}
+	cmd, rest := args[0], args[1:]
+	switch cmd {
+	case "help", "-h", "--help":
+		fmt.Fprint(stdout, librarianUsage)
+		return nil
+	case "tokens", "import":
+		return librarianAdmin(ctx, cmd, rest, lookup, stdout, stderr)
+	}
+	fs := flag.NewFlagSet("conclave librarian "+cmd, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	baseURL := fs.String("url", envOr(lookup, "CONCLAVE_LIBRARIAN_URL", "http://127.0.0.1:8081"), "the Librarian's URL")
+	token := fs.String("token", envOr(lookup, "CONCLAVE_LIBRARIAN_TOKEN", ""), "bearer token (an agent's, or a reviewer's for review)")
+	comment := fs.String("m", "", "review comment")
+	// Flags may follow the positional arguments.
+	var positional []string
+	for {
+		if err := fs.Parse(rest); err != nil {
+			return err
+		}
+		if fs.NArg() == 0 {
+			break
+		}
+		positional = append(positional, fs.Arg(0))
+		rest = fs.Args()[1:]
+	}
+	c := &libClient{base: strings.TrimSuffix(*baseURL, "/"), token: *token, http: &http.Client{Timeout: 30 * time.Second}}
+	need := func(n int, what string) error {
+		if len(positional) != n {
+			return fmt.Errorf("librarian %s: expected %s", cmd, what)
+		}
+		return nil
+	}
+	switch cmd {
+	case "request":
+		if err := need(1, "a file name, or - for standard input"); err != nil {
+			return err
+		}
+		var body []byte
+		var err error
+		if positional[0] == "-" {
+			body, err = io.ReadAll(io.LimitReader(os.Stdin, 16<<20))
+		} else {
+			body, err = os.ReadFile(positional[0])
+		}
+		if err != nil {
+			return err
+		}
+		return c.do(ctx, http.MethodPost, "/agent/request", body, stdout)
+	case "status":
+		if err := need(1, "a request id"); err != nil {
+			return err
+		}
+		return c.do(ctx, http.MethodGet, "/agent/status/"+url.PathEscape(positional[0]), nil, stdout)
+	case "query":
+		if len(positional) == 0 {
+			return errors.New("librarian query: expected the query text")
+		}
+		body, _ := json.Marshal(map[string]any{"query": strings.Join(positional, " ")})
+		return c.do(ctx, http.MethodPost, "/agent/context", body, stdout)
+	case "review":
+		if len(positional) == 1 && positional[0] == "list" {
+			return c.do(ctx, http.MethodGet, "/reviews?status=escalated", nil, stdout)
+		}
+		if len(positional) != 2 || (positional[0] != "approve" && positional[0] != "reject") {
+			return errors.New("librarian review: expected list, or approve|reject REQUEST_ID -m COMMENT")
+		}
+		body, _ := json.Marshal(map[string]string{"decision": positional[0], "comment": *comment})
+		return c.do(ctx, http.MethodPost, "/reviews/"+url.PathEscape(positional[1])+"/decision", body, stdout)
+	default:
+		fmt.Fprint(stderr, librarianUsage)
+		return fmt.Errorf("librarian: unknown command %q", cmd)
+	}
+}
+
+func envOr(lookup config.Lookup, key, def string) string {
+	if v, ok := lookup(key); ok && v != "" {
+		return v
+	}
+	return def
+}
+
+type libClient struct {
+	base, token string
+	http        *http.Client
+}
+
+// do sends one request and prints the JSON answer; a 4xx or 5xx is an
+// error carrying the Librarian's message.
+func (c *libClient) do(ctx context.Context, method, path string, body []byte, stdout io.Writer) error {
+	req, err := http.NewRequestWithContext(ctx, method, c.base+path, bytes.NewReader(body))
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	if c.token != "" {
+		req.Header.Set("Authorization", "Bearer "+c.token)
+	}
+	resp, err := c.http.Do(req)
+	if err != nil {
+		return fmt.Errorf("librarian: %w", err)
+	}
+	defer resp.Body.Close()
+	raw, err := io.ReadAll(io.LimitReader(resp.Body, 16<<20))
+	if err != nil {
+		return fmt.Errorf("librarian: reading the answer: %w", err)
+	}
+	if resp.StatusCode >= 400 {
+		var e struct {
+			Error struct {
+				Status  string `json:"status"`
+				Message string `json:"message"`
+			} `json:"error"`
+		}
+		if json.Unmarshal(raw, &e) == nil && e.Error.Message != "" {
+			return fmt.Errorf("librarian: %d %s: %s", resp.StatusCode, e.Error.Status, e.Error.Message)
+		}
+		return fmt.Errorf("librarian: %s", resp.Status)
+	}
+	var pretty bytes.Buffer
+	if json.Indent(&pretty, raw, "", "  ") != nil {
+		pretty.Reset()
+		pretty.Write(raw)
+	}
+	pretty.WriteByte('\n')
+	_, err = stdout.Write(pretty.Bytes())
+	return err
+}
+
+type adminConfig struct {
+	Storage     config.Storage
+	TablePrefix string `env:"CONCLAVE_TABLE_PREFIX" default:"conclave-" help:"prefix of the DynamoDB table names"`
+}
+
+func librarianAdmin(ctx context.Context, cmd string, args []string, lookup config.Lookup, stdout, stderr io.Writer) error {
+	var positional []string
+	var agent, reviewer string
+	for i := 0; i < len(args); i++ {
+		switch a := args[i]; {
+		case (a == "--agent" || a == "--reviewer") && i+1 < len(args):
+			if a == "--agent" {
+				agent = args[i+1]
+			} else {
+				reviewer = args[i+1]
+			}
+			i++
+		case strings.HasPrefix(a, "-"):
+			return fmt.Errorf("librarian %s: unknown flag %s", cmd, a)
+		default:
+			positional = append(positional, a)
+		}
+	}
+	var cfg adminConfig
+	if err := config.Load(ctx, &cfg, "conclave librarian "+cmd, nil, lookup, stderr); err != nil {
+		return err
+	}
+	tablePrefix := cfg.TablePrefix
+	if cfg.Storage.Backend == config.BackendEmbedded {
+		tablePrefix = "" // conclave dev's one file has no prefixes
+	}
+	st, err := store.Open(ctx, cfg.Storage, tablePrefix)
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+	if err := store.EnsureTables(ctx, st, librarian.Tables...); err != nil {
+		return err
+	}
+	admin := librarian.NewAdmin(st)
+	switch {
+	case cmd == "import" && len(positional) == 1:
+		n, err := admin.Import(ctx, positional[0])
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(stdout, "imported %d nodes from %s\n", n, positional[0])
+		return nil
+	case cmd == "tokens" && len(positional) == 1 && positional[0] == "create" && (agent == "") != (reviewer == ""):
+		subject, role := agent, librarian.RoleAgent
+		if reviewer != "" {
+			subject, role = reviewer, librarian.RoleReviewer
+		}
+		token, id, err := admin.CreateToken(ctx, subject, role)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(stdout, "token %s for %s %s (shown once):\n%s\n", id, role, subject, token)
+		return nil
+	case cmd == "tokens" && len(positional) == 2 && positional[0] == "revoke":
+		if err := admin.RevokeToken(ctx, positional[1]); err != nil {
+			return err
+		}
+		fmt.Fprintf(stdout, "revoked %s\n", positional[1])
+		return nil
+	}
+	fmt.Fprint(stderr, librarianUsage)
+	return fmt.Errorf("librarian %s: bad arguments %q", cmd, args)
+}

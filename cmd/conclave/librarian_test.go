@@ -1,0 +1,135 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	librarian "github.com/conclave-ai/conclave/functions/librarian/service"
+	"github.com/conclave-ai/conclave/pkg/queue"
+	"github.com/conclave-ai/conclave/pkg/store"
+)
+
+// TestLibrarianCommands: the operator issues tokens and imports a seed
+// graph on the store, then an agent and a reviewer use the client
+// commands against a running Librarian.
+func TestLibrarianCommands(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	dir := t.TempDir()
+	seed := filepath.Join(dir, "seed")
+	if err := os.MkdirAll(filepath.Join(seed, "architecture"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(seed, "architecture", "auth.md"), []byte("---\nid: arch-001\n---\n# Authentication\n\nOAuth tokens everywhere.\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	env := map[string]string{"CONCLAVE_DATA_DIR": filepath.Join(dir, "data")}
+	lookup := func(k string) (string, bool) { v, ok := env[k]; return v, ok }
+	run := func(args ...string) (string, error) {
+		var out, errOut bytes.Buffer
+		err := runLibrarian(ctx, args, lookup, &out, &errOut)
+		return out.String() + errOut.String(), err
+	}
+	if out, err := run("import", seed); err != nil || !strings.Contains(out, "imported 1 nodes") {
+		t.Fatalf("import: %s %v", out, err)
+	}
+	tokenOf := func(out string) string {
+		lines := strings.Split(strings.TrimSpace(out), "\n")
+		return lines[len(lines)-1]
+	}
+	out, err := run("tokens", "create", "--agent", "claude-3")
+	if err != nil {
+		t.Fatal(err)
+	}
+	agentToken := tokenOf(out)
+	out, err = run("tokens", "create", "--reviewer", "alice")
+	if err != nil {
+		t.Fatal(err)
+	}
+	reviewerToken := tokenOf(out)
+	out, err = run("tokens", "create", "--agent", "copilot-2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	revoked := tokenOf(out)
+	if _, err := run("tokens", "revoke", revoked); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := run("tokens", "create"); err == nil {
+		t.Fatal("a token for nobody")
+	}
+
+	// The Librarian, on the same store file.
+	st, err := store.OpenBolt(filepath.Join(dir, "data", "state.db"), store.BoltOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	q, err := queue.OpenEmbedded(filepath.Join(dir, "queue.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer q.Close()
+	for _, d := range librarian.Queues {
+		if err := q.Ensure(ctx, d); err != nil {
+			t.Fatal(err)
+		}
+	}
+	svc, err := librarian.New(librarian.Config{HTTPAddr: "127.0.0.1:0", APIRate: "60/minute", ShutdownTimeout: time.Second},
+		librarian.Deps{Store: st, Queue: q, Logger: discardLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sctx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- svc.Run(sctx) }()
+	defer func() { stop(); <-done }()
+	<-svc.Ready()
+	env["CONCLAVE_LIBRARIAN_URL"] = "http://" + svc.Endpoints()[0].Address
+
+	req := filepath.Join(dir, "req.json")
+	body, _ := json.Marshal(map[string]any{"agent_id": "claude-3", "request_type": "APPROVAL", "action": "create", "target_type": "architecture",
+		"content": "# Sessions\n\n## Context\nx\n\n## Decision\ny\n\n## Consequences\nz\n", "rationale": "US-9", "references": []string{"arch-001"},
+		"risk_assessment": "high"})
+	if err := os.WriteFile(req, body, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out, err = run("request", req, "--token", agentToken)
+	if err != nil || !strings.Contains(out, `"status": "escalated"`) {
+		t.Fatalf("request: %s %v", out, err)
+	}
+	var resp struct {
+		RequestID string `json:"request_id"`
+	}
+	if err := json.Unmarshal([]byte(out), &resp); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := run("status", resp.RequestID, "--token", agentToken); err != nil || !strings.Contains(out, `"escalated"`) {
+		t.Fatalf("status: %s %v", out, err)
+	}
+	if out, err := run("query", "oauth", "tokens", "--token", agentToken); err != nil || !strings.Contains(out, "arch-001") {
+		t.Fatalf("query: %s %v", out, err)
+	}
+	if out, err := run("review", "list", "--token", reviewerToken); err != nil || !strings.Contains(out, resp.RequestID) {
+		t.Fatalf("review list: %s %v", out, err)
+	}
+	if _, err := run("review", "approve", resp.RequestID, "-m", "ok", "--token", agentToken); err == nil || !strings.Contains(err.Error(), "403") {
+		t.Fatalf("an agent approved: %v", err)
+	}
+	if out, err := run("review", "approve", resp.RequestID, "-m", "Looks right.", "--token", reviewerToken); err != nil || !strings.Contains(out, `"approved"`) {
+		t.Fatalf("approve: %s %v", out, err)
+	}
+	if _, err := run("status", resp.RequestID, "--token", revoked); err == nil || !strings.Contains(err.Error(), "401") {
+		t.Fatalf("a revoked token: %v", err)
+	}
+}
+
+func discardLogger() *slog.Logger { return slog.New(slog.DiscardHandler) }

@@ -1,0 +1,93 @@
+// Package lambdafn is the Librarian Lambda's cold start: settings from the
+// environment, the DynamoDB store and SQS queue clients (traced with
+// otelaws), the handler, and the API Gateway adapter traced with
+// otellambda. It makes no network call: clients connect on first use, and
+// the tables and queue are created by infra/, not here.
+package lambdafn
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	awsconfig "github.com/aws/aws-sdk-go-v2/config"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+	"go.opentelemetry.io/contrib/instrumentation/github.com/aws/aws-lambda-go/otellambda"
+	"go.opentelemetry.io/contrib/instrumentation/github.com/aws/aws-sdk-go-v2/otelaws"
+	"go.opentelemetry.io/otel/propagation"
+
+	"github.com/conclave-ai/conclave/functions/librarian/internal/apigw"
+	"github.com/conclave-ai/conclave/functions/librarian/service"
+	"github.com/conclave-ai/conclave/pkg/config"
+	"github.com/conclave-ai/conclave/pkg/queue"
+	"github.com/conclave-ai/conclave/pkg/store"
+)
+
+// Settings are the Lambda's environment.
+type Settings struct {
+	config.Common
+	Storage   config.Storage
+	Librarian service.Config
+	// TablePrefix separates environments sharing one AWS account.
+	TablePrefix string `env:"CONCLAVE_TABLE_PREFIX" default:"conclave-" help:"prefix of the DynamoDB table names"`
+	// QueueEndpoint overrides SQS alone, for a local SQS beside a local
+	// DynamoDB on another port.
+	QueueEndpoint string `env:"CONCLAVE_LIBRARIAN_QUEUE_ENDPOINT" help:"override the SQS endpoint only (default: CONCLAVE_AWS_ENDPOINT)"`
+}
+
+// Validate implements config.Validator.
+func (s Settings) Validate() error {
+	if s.Storage.Backend != config.BackendAWS {
+		return fmt.Errorf("CONCLAVE_BACKEND: the Lambda keeps its state in DynamoDB; set it to aws (got %q)", s.Storage.Backend)
+	}
+	return nil
+}
+
+// Init builds the Lambda handler; stop flushes telemetry.
+func Init(ctx context.Context, lookup config.Lookup, stderr io.Writer) (handler any, stop func(), err error) {
+	var s Settings
+	// Lambda logs are read by machines: JSON by default.
+	if err := config.Load(ctx, &s, "librarian", nil, lookup, stderr); err != nil {
+		if errors.Is(err, config.ErrHelp) {
+			return nil, nil, err
+		}
+		return nil, nil, err
+	}
+	logger := s.Logger(stderr, "librarian")
+	tel, stopTelemetry, err := s.Telemetry(ctx, "conclave-librarian", "")
+	if err != nil {
+		return nil, nil, err
+	}
+	awsCfg, err := awsconfig.LoadDefaultConfig(ctx, awsconfig.WithRegion(s.Storage.AWSRegion))
+	if err != nil {
+		stopTelemetry()
+		return nil, nil, fmt.Errorf("AWS configuration: %w", err)
+	}
+	otelaws.AppendMiddlewares(&awsCfg.APIOptions, otelaws.WithTracerProvider(tel.TracerProvider()),
+		otelaws.WithTextMapPropagator(propagation.TraceContext{}))
+	ddb := dynamodb.NewFromConfig(awsCfg, func(o *dynamodb.Options) {
+		if s.Storage.AWSEndpoint != "" {
+			o.BaseEndpoint = aws.String(s.Storage.AWSEndpoint)
+		}
+	})
+	st := store.NewDynamo(ddb, store.DynamoOptions{TablePrefix: s.TablePrefix, Endpoint: s.Storage.AWSEndpoint})
+	queueEndpoint := s.QueueEndpoint
+	if queueEndpoint == "" {
+		queueEndpoint = s.Storage.AWSEndpoint
+	}
+	q := queue.NewSQS(awsCfg, queueEndpoint)
+	lib, err := service.NewHandler(s.Librarian, service.Deps{Store: st, Queue: q, Logger: logger, Telemetry: tel})
+	if err != nil {
+		stopTelemetry()
+		return nil, nil, err
+	}
+	opts := []otellambda.Option{otellambda.WithTracerProvider(tel.TracerProvider()),
+		otellambda.WithPropagator(propagation.TraceContext{}), otellambda.WithEventToCarrier(apigw.EventCarrier)}
+	if f, ok := tel.TracerProvider().(otellambda.Flusher); ok {
+		// A frozen execution environment must not hold spans back.
+		opts = append(opts, otellambda.WithFlusher(f))
+	}
+	return otellambda.InstrumentHandler(apigw.Handler(lib.Handler), opts...), stopTelemetry, nil
+}

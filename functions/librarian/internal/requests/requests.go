@@ -1,0 +1,280 @@
+// Package requests keeps the Librarian's requests and their decisions in
+// the store. A request is one item changed only by conditional writes on
+// its version, so two Lambda instances deciding the same request cannot
+// both win; requests waiting for a human are also listed in an index
+// partition per state, which readers check against the request itself.
+package requests
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/base32"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"google.golang.org/protobuf/encoding/protojson"
+
+	"github.com/conclave-ai/conclave/functions/librarian/internal/governance"
+	"github.com/conclave-ai/conclave/pkg/store"
+	librarianv1 "github.com/conclave-ai/conclave/proto/conclave/librarian/v1"
+)
+
+// Table holds requests (partition "req#<id>") and the state index
+// (partition "state#<STATE>", sorted by creation time).
+var Table = store.Table{Name: "librarian-requests"}
+
+// Errors callers test with errors.Is.
+var (
+	ErrNotFound = errors.New("no such request")
+	// ErrConflict is returned when the request kept changing underneath an
+	// update.
+	ErrConflict = errors.New("the request changed concurrently")
+)
+
+// Review is a human's decision on an escalated request.
+type Review struct {
+	Reviewer string    `json:"reviewer"`
+	Decision string    `json:"decision"`
+	Comment  string    `json:"comment"`
+	At       time.Time `json:"at"`
+}
+
+// Report is what the agent reported after an approval.
+type Report struct {
+	Completed   bool      `json:"completed"`
+	ChangesMade []string  `json:"changes_made"`
+	Content     string    `json:"content,omitempty"`
+	At          time.Time `json:"at"`
+}
+
+// Record is a stored request.
+type Record struct {
+	ID       string                         `json:"id"`
+	AgentID  string                         `json:"agent_id"`
+	State    governance.State               `json:"state"`
+	Request  *librarianv1.AgentRequest      `json:"-"`
+	Response *librarianv1.LibrarianResponse `json:"-"`
+	Results  []governance.RuleResult        `json:"results,omitempty"`
+	Review   *Review                        `json:"review,omitempty"`
+	Reports  []Report                       `json:"reports,omitempty"`
+	// Subject and Location are the graph node the request is about and
+	// where an approved create goes.
+	Subject  string `json:"subject,omitempty"`
+	Location string `json:"location,omitempty"`
+	// Outbox holds the events of the last changes (encoded envelopes) until
+	// they are published; it is written with the change itself, so an
+	// event is never lost between the two.
+	Outbox    []json.RawMessage `json:"outbox,omitempty"`
+	CreatedAt time.Time         `json:"created_at"`
+	UpdatedAt time.Time         `json:"updated_at"`
+	// Version is the store's, for conditional updates.
+	Version int64 `json:"-"`
+}
+
+// stored is a Record as it is written: the protobuf messages as protojson.
+type stored struct {
+	Record
+	RequestJSON  json.RawMessage `json:"request"`
+	ResponseJSON json.RawMessage `json:"response,omitempty"`
+}
+
+var marshal = protojson.MarshalOptions{UseProtoNames: true}
+
+func encode(r Record) ([]byte, error) {
+	s := stored{Record: r}
+	var err error
+	if s.RequestJSON, err = marshal.Marshal(r.Request); err != nil {
+		return nil, err
+	}
+	if r.Response != nil {
+		if s.ResponseJSON, err = marshal.Marshal(r.Response); err != nil {
+			return nil, err
+		}
+	}
+	return json.Marshal(s)
+}
+
+func decode(it store.Item) (Record, error) {
+	var s stored
+	if err := json.Unmarshal(it.Data, &s); err != nil {
+		return Record{}, fmt.Errorf("request %s is corrupt: %w", it.PK, err)
+	}
+	r := s.Record
+	r.Request, r.Response = &librarianv1.AgentRequest{}, &librarianv1.LibrarianResponse{}
+	if err := protojson.Unmarshal(s.RequestJSON, r.Request); err != nil {
+		return Record{}, fmt.Errorf("request %s is corrupt: %w", it.PK, err)
+	}
+	if len(s.ResponseJSON) > 0 {
+		if err := protojson.Unmarshal(s.ResponseJSON, r.Response); err != nil {
+			return Record{}, fmt.Errorf("request %s is corrupt: %w", it.PK, err)
+		}
+	}
+	r.Version = it.Version
+	return r, nil
+}
+
+// Store keeps requests.
+type Store struct {
+	st  store.Store
+	now func() time.Time
+}
+
+// New returns a Store over st; Table must exist.
+func New(st store.Store) *Store { return &Store{st: st, now: time.Now} }
+
+// NewID returns a fresh request id.
+func NewID() string {
+	b := make([]byte, 10)
+	_, _ = rand.Read(b)
+	return "req-" + strings.ToLower(base32.StdEncoding.WithPadding(base32.NoPadding).EncodeToString(b))
+}
+
+// ValidID reports whether id could be a request id, so that client input
+// never reaches the store as an unbounded key.
+func ValidID(id string) bool {
+	if len(id) != 4+16 || !strings.HasPrefix(id, "req-") {
+		return false
+	}
+	for _, c := range id[4:] {
+		if !(c >= 'a' && c <= 'z' || c >= '2' && c <= '7') {
+			return false
+		}
+	}
+	return true
+}
+
+func key(id string) store.Key { return store.Key{PK: "req#" + id, SK: "req"} }
+
+func indexKey(state governance.State, created time.Time, id string) store.Key {
+	return store.Key{PK: "state#" + string(state), SK: created.UTC().Format(time.RFC3339Nano) + "#" + id}
+}
+
+// indexed are the states listed by List.
+var indexed = map[governance.State]bool{governance.Escalated: true}
+
+// Create stores a new request.
+func (s *Store) Create(ctx context.Context, r Record) (Record, error) {
+	now := s.now().UTC()
+	r.CreatedAt, r.UpdatedAt = now, now
+	data, err := encode(r)
+	if err != nil {
+		return r, fmt.Errorf("requests: encode %s: %w", r.ID, err)
+	}
+	it, err := s.st.Put(ctx, Table.Name, store.Item{Key: key(r.ID), Data: data, Attrs: map[string]string{"agent": r.AgentID, "state": string(r.State)}}, store.IfNotExists())
+	if err != nil {
+		return r, fmt.Errorf("requests: create %s: %w", r.ID, err)
+	}
+	r.Version = it.Version
+	return r, s.index(ctx, "", r)
+}
+
+// index adds r to its state's index and removes it from the one it left.
+// Without transactions this is a second write; a crash between the two
+// leaves a stale entry that List skips, or a missing one that the next
+// update of the request repairs.
+func (s *Store) index(ctx context.Context, from governance.State, r Record) error {
+	if from != r.State && indexed[from] {
+		if err := s.st.Delete(ctx, Table.Name, indexKey(from, r.CreatedAt, r.ID)); err != nil {
+			return fmt.Errorf("requests: unindex %s: %w", r.ID, err)
+		}
+	}
+	if indexed[r.State] {
+		if _, err := s.st.Put(ctx, Table.Name, store.Item{Key: indexKey(r.State, r.CreatedAt, r.ID), Attrs: map[string]string{"id": r.ID}}); err != nil {
+			return fmt.Errorf("requests: index %s: %w", r.ID, err)
+		}
+	}
+	return nil
+}
+
+// Get returns the request with id.
+func (s *Store) Get(ctx context.Context, id string) (Record, error) {
+	if !ValidID(id) {
+		return Record{}, fmt.Errorf("%w: %q", ErrNotFound, id)
+	}
+	it, err := s.st.Get(ctx, Table.Name, key(id))
+	if errors.Is(err, store.ErrNotFound) {
+		return Record{}, fmt.Errorf("%w: %s", ErrNotFound, id)
+	}
+	if err != nil {
+		return Record{}, fmt.Errorf("requests: read %s: %w", id, err)
+	}
+	return decode(it)
+}
+
+// Owner implements governance.Requests.
+func (s *Store) Owner(ctx context.Context, id string) (string, bool, error) {
+	r, err := s.Get(ctx, id)
+	if errors.Is(err, ErrNotFound) {
+		return "", false, nil
+	}
+	if err != nil {
+		return "", false, err
+	}
+	return r.AgentID, true, nil
+}
+
+// Update applies change to the request, retrying on a concurrent write.
+// change sees the current record; an error from it (such as an illegal
+// transition) is returned as it is, and nothing is written.
+func (s *Store) Update(ctx context.Context, id string, change func(*Record) error) (Record, error) {
+	for range 5 {
+		cur, err := s.Get(ctx, id)
+		if err != nil {
+			return cur, err
+		}
+		next := cur
+		if err := change(&next); err != nil {
+			return cur, err
+		}
+		next.UpdatedAt = s.now().UTC()
+		data, err := encode(next)
+		if err != nil {
+			return cur, fmt.Errorf("requests: encode %s: %w", id, err)
+		}
+		it, err := s.st.Put(ctx, Table.Name, store.Item{Key: key(id), Data: data, Attrs: map[string]string{"agent": next.AgentID, "state": string(next.State)}},
+			store.IfVersion(cur.Version))
+		if errors.Is(err, store.ErrConditionFailed) {
+			continue
+		}
+		if err != nil {
+			return cur, fmt.Errorf("requests: write %s: %w", id, err)
+		}
+		next.Version = it.Version
+		return next, s.index(ctx, cur.State, next)
+	}
+	return Record{}, fmt.Errorf("%w: %s", ErrConflict, id)
+}
+
+// List returns up to limit requests in state (only ESCALATED is indexed),
+// oldest first.
+func (s *Store) List(ctx context.Context, state governance.State, limit int) ([]Record, error) {
+	if !indexed[state] {
+		return nil, fmt.Errorf("requests: %s requests are not listed", state)
+	}
+	page, err := s.st.Query(ctx, Table.Name, store.Query{PK: "state#" + string(state), Limit: limit})
+	if err != nil {
+		return nil, fmt.Errorf("requests: list %s: %w", state, err)
+	}
+	keys := make([]store.Key, 0, len(page.Items))
+	for _, it := range page.Items {
+		keys = append(keys, key(it.Attrs["id"]))
+	}
+	items, err := s.st.BatchGet(ctx, Table.Name, keys)
+	if err != nil {
+		return nil, fmt.Errorf("requests: list %s: %w", state, err)
+	}
+	out := make([]Record, 0, len(items))
+	for _, it := range items {
+		r, err := decode(it)
+		if err != nil {
+			return nil, err
+		}
+		if r.State == state { // an entry left behind by an interrupted update
+			out = append(out, r)
+		}
+	}
+	return out, nil
+}

@@ -1,0 +1,118 @@
+package service_test
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/conclave-ai/conclave/functions/librarian/service"
+	"github.com/conclave-ai/conclave/pkg/queue"
+	"github.com/conclave-ai/conclave/pkg/store"
+	"github.com/conclave-ai/conclave/pkg/telemetry"
+	"github.com/conclave-ai/conclave/pkg/telemetry/metricstest"
+)
+
+// TestMetrics drives every event of docs/metrics.md's librarian table and
+// checks each metric moved, that the table and the test cover the same
+// metrics, and that 10,000 distinct request ids add no series.
+func TestMetrics(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	tel, err := telemetry.New(ctx, telemetry.Config{ServiceName: "librarian-test"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tel.Shutdown(ctx) }()
+	dir := t.TempDir()
+	st, err := store.OpenBolt(filepath.Join(dir, "state.db"), store.BoltOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	q, err := queue.OpenEmbedded(filepath.Join(dir, "queue.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := store.EnsureTables(ctx, st, service.Tables...); err != nil {
+		t.Fatal(err)
+	}
+	if err := q.Ensure(ctx, service.Queues[0]); err != nil {
+		t.Fatal(err)
+	}
+	lib, err := service.NewHandler(service.Config{APIRate: "100000/minute", AgentTokens: []string{"copilot-2=" + copilotToken}},
+		service.Deps{Store: st, Queue: q, Telemetry: tel})
+	if err != nil {
+		t.Fatal(err)
+	}
+	call := func(method, path, body string) int {
+		req := httptest.NewRequest(method, path, strings.NewReader(body))
+		req.Header.Set("Authorization", "Bearer "+copilotToken)
+		rec := httptest.NewRecorder()
+		lib.Handler.ServeHTTP(rec, req)
+		return rec.Code
+	}
+	query := `{"agent_id":"copilot-2","request_type":"QUERY","content":"auth"}`
+	tested := map[string]func(f metricstest.Families) float64{
+		"conclave_librarian_decisions_total": func(f metricstest.Families) float64 {
+			return f.Value("conclave_librarian_decisions_total", "request_type", "QUERY", "status", "approved")
+		},
+		"conclave_librarian_validation_duration_seconds": func(f metricstest.Families) float64 {
+			return f.Value("conclave_librarian_validation_duration_seconds")
+		},
+		"conclave_librarian_refusals_total": func(f metricstest.Families) float64 {
+			return f.Value("conclave_librarian_refusals_total", "code", "404")
+		},
+		"conclave_librarian_events_published_total": func(f metricstest.Families) float64 {
+			return f.Value("conclave_librarian_events_published_total", "outcome", "sent") + 10*f.Value("conclave_librarian_events_published_total", "outcome", "staged")
+		},
+	}
+	before := metricstest.ScrapeHandler(t, tel.MetricsHandler())
+	if code := call("POST", "/agent/request", query); code != http.StatusOK {
+		t.Fatalf("query: %d", code)
+	}
+	if code := call("GET", "/agent/status/req-aaaaaaaaaaaaaaaa", ""); code != http.StatusNotFound {
+		t.Fatalf("status: %d", code)
+	}
+	// 10,000 distinct tokens and request ids, all refused: one series.
+	for i := range 10000 {
+		req := httptest.NewRequest("GET", fmt.Sprintf("/agent/status/req-%016d", i), nil)
+		req.Header.Set("Authorization", fmt.Sprintf("Bearer lib_%016x_%043d", i, i))
+		rec := httptest.NewRecorder()
+		lib.Handler.ServeHTTP(rec, req)
+		if rec.Code != http.StatusUnauthorized {
+			t.Fatalf("status with a made-up token: %d", rec.Code)
+		}
+	}
+	// With the queue gone, events stay staged.
+	_ = q.Close()
+	if code := call("POST", "/agent/request", query); code != http.StatusOK {
+		t.Fatalf("query with the queue down: %d", code)
+	}
+	after := metricstest.ScrapeHandler(t, tel.MetricsHandler())
+	for name, value := range tested {
+		if value(after) <= value(before) {
+			t.Errorf("%s did not move", name)
+		}
+	}
+	if after.Value("conclave_librarian_events_published_total", "outcome", "staged") != 2 {
+		t.Errorf("staged events: %v", after.Value("conclave_librarian_events_published_total", "outcome", "staged"))
+	}
+	if n := after.Series("conclave_librarian_refusals_total"); n != 2 {
+		t.Errorf("10,000 tokens and request ids made %d refusal series, want 2 (401 and 404)", n)
+	}
+	names := make([]string, 0, len(tested))
+	for n := range tested {
+		names = append(names, n)
+	}
+	documented := metricstest.DocumentedNames(t, "librarian")
+	slices.Sort(names)
+	slices.Sort(documented)
+	if !slices.Equal(names, documented) {
+		t.Fatalf("tested %v, documented %v", names, documented)
+	}
+}
