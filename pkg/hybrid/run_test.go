@@ -42,8 +42,8 @@ func agent(t *testing.T, source string) *Agent {
 	}
 	return &Agent{
 		Name: "test_agent", Interpreter: python3(t), Script: script, Dir: dir,
-		Env:   []string{"PYTHONPATH=" + dir, "PATH=/usr/bin:/bin"},
-		Flags: []Flag{{"issue_number", "--issue"}, {"repo_name", "--repo"}, {"dry_run", "--dry-run"}},
+		Env:     []string{"PYTHONPATH=" + dir, "PATH=/usr/bin:/bin"},
+		Flags:   []Flag{{"issue_number", "--issue"}, {"repo_name", "--repo"}, {"dry_run", "--dry-run"}},
 		Timeout: time.Minute, ValidateInputs: true,
 	}
 }
