@@ -51,6 +51,10 @@ type Error struct {
 	// Rule names the validation rule that failed (repo_name, issue_number,
 	// sources, string_length, type), for KindValidation only.
 	Rule string
+	// Subject (workspace, interpreter, script) and Reason (missing,
+	// not_in_path, directory, not_executable, not_readable) say what is
+	// wrong, for KindNotFound only.
+	Subject, Reason string
 	// Details is additional context: the agent's own error for a non-zero
 	// exit, the start of unparsable output.
 	Details string

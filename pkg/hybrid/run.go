@@ -11,6 +11,7 @@ import (
 	"io/fs"
 	"os"
 	"os/exec"
+	"strings"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -57,35 +58,70 @@ type Agent struct {
 	Stderr func(line string)
 }
 
-// Check reports whether the agent can be started: the interpreter exists and
-// is executable, the script exists, is a regular file and is readable (and
-// executable when there is no interpreter). The error, of KindNotFound, says
-// which and why.
+// Check reports whether the agent can be started: the workspace is a
+// directory, the interpreter exists and is executable, the script exists, is
+// a regular file and is readable (and executable when there is no
+// interpreter). The error, of KindNotFound, says which and why.
 func (a *Agent) Check() error {
-	if a.Interpreter != "" {
-		if err := checkFile(a.Interpreter, "interpreter", true); err != nil {
-			return err
-		}
+	if p := a.Problems(); len(p) > 0 {
+		return p[0]
 	}
-	return checkFile(a.Script, "script", a.Interpreter == "")
+	return nil
 }
 
-func checkFile(path, what string, executable bool) error {
-	notFound := func(format string, args ...any) error {
-		return &Error{Kind: KindNotFound, Message: fmt.Sprintf(what+" "+format, args...), ExitCode: -1}
+// Problems is every reason the agent cannot be started, for health checks
+// and diagnosis; Check returns the first.
+func (a *Agent) Problems() []*Error {
+	var problems []*Error
+	if a.Dir != "" {
+		if fi, err := os.Stat(a.Dir); err != nil || !fi.IsDir() {
+			problems = append(problems, &Error{Kind: KindNotFound, Subject: SubjectWorkspace, Reason: ReasonMissing, ExitCode: -1,
+				Message: fmt.Sprintf("workspace %s is not an accessible directory", a.Dir)})
+		}
+	}
+	if a.Interpreter != "" {
+		if err := checkFile(a.Interpreter, SubjectInterpreter, true); err != nil {
+			problems = append(problems, err)
+		}
+	}
+	if err := checkFile(a.Script, SubjectScript, a.Interpreter == ""); err != nil {
+		problems = append(problems, err)
+	}
+	return problems
+}
+
+// What a KindNotFound Error is about (Error.Subject) and why (Error.Reason).
+const (
+	SubjectWorkspace   = "workspace"
+	SubjectInterpreter = "interpreter"
+	SubjectScript      = "script"
+
+	ReasonMissing       = "missing"
+	ReasonNotInPath     = "not_in_path"
+	ReasonDirectory     = "directory"
+	ReasonNotExecutable = "not_executable"
+	ReasonNotReadable   = "not_readable"
+)
+
+func checkFile(path, what string, executable bool) *Error {
+	notFound := func(reason, format string, args ...any) *Error {
+		return &Error{Kind: KindNotFound, Subject: what, Reason: reason, ExitCode: -1, Message: fmt.Sprintf(what+" "+format, args...)}
+	}
+	if !strings.ContainsRune(path, '/') {
+		return notFound(ReasonNotInPath, "%s was not found in PATH", path)
 	}
 	fi, err := os.Stat(path)
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
-		return notFound("%s does not exist", path)
+		return notFound(ReasonMissing, "%s does not exist", path)
 	case err != nil:
-		return notFound("%s cannot be examined: %v", path, err)
+		return notFound(ReasonNotReadable, "%s cannot be examined: %v", path, err)
 	case fi.IsDir():
-		return notFound("%s is a directory", path)
+		return notFound(ReasonDirectory, "%s is a directory", path)
 	case executable && syscall.Access(path, 0x1) != nil:
-		return notFound("%s is not executable (chmod +x %s)", path, path)
+		return notFound(ReasonNotExecutable, "%s is not executable (chmod +x %s)", path, path)
 	case !executable && syscall.Access(path, 0x4) != nil:
-		return notFound("%s is not readable (chmod +r %s)", path, path)
+		return notFound(ReasonNotReadable, "%s is not readable (chmod +r %s)", path, path)
 	}
 	return nil
 }

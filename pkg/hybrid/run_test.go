@@ -187,6 +187,8 @@ func TestRunNotFound(t *testing.T) {
 		{"missing interpreter", Agent{Interpreter: filepath.Join(dir, "venv/bin/python"), Script: script}, "interpreter " + filepath.Join(dir, "venv/bin/python") + " does not exist"},
 		{"interpreter not executable", Agent{Interpreter: script, Script: script}, "is not executable"},
 		{"script not executable without interpreter", Agent{Script: script}, "is not executable"},
+		{"interpreter not in PATH", Agent{Interpreter: "python3.99", Script: script}, "interpreter python3.99 was not found in PATH"},
+		{"workspace missing", Agent{Interpreter: python3(t), Script: script, Dir: filepath.Join(dir, "gone")}, "workspace " + filepath.Join(dir, "gone") + " is not an accessible directory"},
 		{"script is a directory", Agent{Interpreter: python3(t), Script: dir}, "is a directory"},
 	}
 	if os.Geteuid() != 0 { // root reads everything
@@ -200,7 +202,10 @@ func TestRunNotFound(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
 			a := tt.a
-			a.Name, a.Dir = "x", dir
+			a.Name = "x"
+			if a.Dir == "" {
+				a.Dir = dir
+			}
 			_, err := Run(context.Background(), &a, nil)
 			if KindOf(err) != KindNotFound || !strings.Contains(err.Error(), tt.msg) || !strings.HasPrefix(err.Error(), "Agent not found: ") {
 				t.Fatalf("Run = %v, want Agent not found with %q", err, tt.msg)
