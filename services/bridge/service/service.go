@@ -7,6 +7,7 @@ package service
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -176,7 +177,11 @@ func ServeStdio(ctx context.Context, cfg Config, logger *slog.Logger, tel *telem
 	if ctx.Err() != nil || isClosedPipe(err) {
 		return nil
 	}
-	return err
+	var syntax *json.SyntaxError
+	if errors.As(err, &syntax) {
+		return fmt.Errorf("mcp stdio: the client sent a line that is not valid JSON (%v); the session is over", err)
+	}
+	return fmt.Errorf("mcp stdio: %w", err)
 }
 
 // Call runs tool name with args (a JSON object) once and returns the JSON
