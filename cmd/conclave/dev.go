@@ -11,6 +11,7 @@ import (
 	"github.com/conclave-ai/conclave/pkg/config"
 	"github.com/conclave-ai/conclave/pkg/server"
 	"github.com/conclave-ai/conclave/pkg/store"
+	bridge "github.com/conclave-ai/conclave/services/bridge/service"
 	gateway "github.com/conclave-ai/conclave/services/gateway/service"
 )
 
@@ -20,6 +21,7 @@ type devConfig struct {
 	config.Common
 	Storage config.Storage
 	Gateway gateway.Config
+	Bridge  bridge.Config
 }
 
 // service is what conclave dev runs: each service's own server, in one
@@ -42,6 +44,10 @@ func runDev(ctx context.Context, args []string, lookup config.Lookup, stdout, st
 	// still present it.
 	cfg.Gateway.AllowUnauthenticated = true
 	cfg.Gateway.AllowAgentsWithoutTokens = true
+	// The example tool agents, run from the repository's root.
+	cfg.Bridge.HTTPAddr = "127.0.0.1:8083"
+	cfg.Bridge.ConfigFile = "examples/tool-agents/config.yaml"
+	cfg.Bridge.AllowUnauthenticated = true
 	if err := config.Load(ctx, &cfg, "conclave dev", args, lookup, stderr); err != nil {
 		return err
 	}
@@ -70,7 +76,12 @@ func runDev(ctx context.Context, args []string, lookup config.Lookup, stdout, st
 	if err != nil {
 		return err
 	}
-	services := []service{gw}
+	cfg.Bridge.Env, cfg.Bridge.Version = lookup, versionString()
+	br, err := bridge.New(cfg.Bridge, logger, tel)
+	if err != nil {
+		return err
+	}
+	services := []service{gw, br}
 
 	g, gctx := errgroup.WithContext(ctx)
 	for _, s := range services {

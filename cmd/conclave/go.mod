@@ -4,6 +4,7 @@ go 1.26.8
 
 require (
 	github.com/conclave-ai/conclave/pkg v0.0.0-00010101000000-000000000000
+	github.com/conclave-ai/conclave/services/bridge v0.0.0-00010101000000-000000000000
 	github.com/conclave-ai/conclave/services/gateway v0.0.0-00010101000000-000000000000
 )
 
@@ -22,7 +23,15 @@ require (
 	github.com/aws/aws-sdk-go-v2/service/sso v1.39.3 // indirect
 	github.com/aws/aws-sdk-go-v2/service/ssooidc v1.44.3 // indirect
 	github.com/aws/aws-sdk-go-v2/service/sts v1.51.8 // indirect
+	github.com/google/jsonschema-go v0.4.3 // indirect
+	github.com/modelcontextprotocol/go-sdk v1.6.1 // indirect
+	github.com/segmentio/asm v1.1.3 // indirect
+	github.com/segmentio/encoding v0.5.4 // indirect
+	github.com/yosida95/uritemplate/v3 v3.0.2 // indirect
 	go.etcd.io/bbolt v1.5.0 // indirect
+	go.yaml.in/yaml/v3 v3.0.6 // indirect
+	golang.org/x/oauth2 v0.37.0 // indirect
+	golang.org/x/time v0.9.0 // indirect
 )
 
 require (
@@ -71,5 +80,6 @@ require (
 replace (
 	github.com/conclave-ai/conclave/pkg => ../../pkg
 	github.com/conclave-ai/conclave/proto => ../../proto
+	github.com/conclave-ai/conclave/services/bridge => ../../services/bridge
 	github.com/conclave-ai/conclave/services/gateway => ../../services/gateway
 )

@@ -33,6 +33,7 @@ const usage = `Usage: conclave <command> [flags]
 Commands:
   dev       run every service in one process on embedded storage
   agent     talk to connected agents: send a message, list them
+  bridge    the tool bridge: run, list, health, diagnose, mcp (stdio)
   version   print the version
   help      show this help
 
@@ -49,6 +50,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return runDev(ctx, rest, os.LookupEnv, stdout, stderr)
 	case "agent":
 		return runAgent(ctx, rest, stdout, stderr)
+	case "bridge":
+		return runBridge(ctx, rest, stdout, stderr)
 	case "version", "--version":
 		fmt.Fprintln(stdout, versionString())
 		return nil
