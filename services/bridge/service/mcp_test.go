@@ -305,7 +305,7 @@ func TestHTTPBadRequests(t *testing.T) {
 	if code, body := post(`{"jsonrpc":"2.0","id":1,"method":`); code != http.StatusBadRequest {
 		t.Errorf("bad JSON: %d %s", code, body)
 	}
-	if code, body := post(`{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"pad":"` + strings.Repeat("a", 128<<10) + `"}}`); code != http.StatusRequestEntityTooLarge && code != http.StatusBadRequest {
+	if code, body := post(`{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"pad":"` + strings.Repeat("a", 128<<10) + `"}}`); code != http.StatusRequestEntityTooLarge {
 		t.Errorf("oversized body: %d %s", code, body)
 	}
 }
@@ -417,3 +417,40 @@ func TestProgressNotifications(t *testing.T) {
 }
 
 type serviceConfig = service.Config
+
+// The SDK negotiates the version: a supported one is echoed, an unknown one
+// gets the server's own latest, never a fixed one.
+func TestProtocolVersionNegotiated(t *testing.T) {
+	t.Parallel()
+	cfg := workspace(t)
+	for _, tt := range []struct{ asked, wantPrefix string }{
+		{"2025-03-26", "2025-03-26"},
+		{"2025-06-18", "2025-06-18"},
+		{"1999-01-01", "20"},
+	} {
+		cmd := exec.Command(bridgeBin, "mcp", "--bridge-config", cfg)
+		stdin, _ := cmd.StdinPipe()
+		stdout, _ := cmd.StdoutPipe()
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		// The pipe stays open until the answer is in: closing stdin is how a
+		// stdio client says it is gone, and in-flight requests are dropped.
+		_, _ = io.WriteString(stdin, `{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"`+tt.asked+`","capabilities":{},"clientInfo":{"name":"raw","version":"1"}}}`+"\n")
+		line, err := bufio.NewReader(stdout).ReadBytes('\n')
+		stdin.Close()
+		if werr := cmd.Wait(); err != nil || werr != nil {
+			t.Fatalf("bridge mcp: %v, exit %v", err, werr)
+		}
+		var resp struct {
+			Result struct{ ProtocolVersion string }
+		}
+		if err := json.Unmarshal(line, &resp); err != nil {
+			t.Fatalf("%s: %v", line, err)
+		}
+		got := resp.Result.ProtocolVersion
+		if !strings.HasPrefix(got, tt.wantPrefix) || (tt.asked == "1999-01-01" && got == tt.asked) {
+			t.Errorf("asked %s, got %q", tt.asked, got)
+		}
+	}
+}
