@@ -210,7 +210,11 @@ func (a *Agent) exec(ctx context.Context, args []string, input []byte) (*Respons
 	cmd := &exec.Cmd{
 		Path: path, Args: argv, Dir: a.Dir, Env: a.Env,
 		Stdin: p.stdinR, Stdout: p.stdoutW, Stderr: p.stderrW,
-		SysProcAttr: &syscall.SysProcAttr{Setpgid: true},
+		// Its own group, so that it and its children are killed together;
+		// and killed if the bridge dies first, so that a crashed bridge
+		// leaves no agent running unsupervised (its children still get the
+		// group kill only from a live bridge).
+		SysProcAttr: &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL},
 	}
 	if cmd.Env == nil {
 		cmd.Env = []string{}

@@ -80,6 +80,13 @@ with open("grandchild.pid.tmp", "w") as f:
 os.rename("grandchild.pid.tmp", "grandchild.pid")
 print(json.dumps({"status": "success", "data": child.pid}))
 `,
+	"hang_with_child.py": `import os, subprocess, time
+child = subprocess.Popen(["sleep", "1000"])
+with open("hang_child.pid.tmp", "w") as f:
+    f.write(str(child.pid) + "\n")
+os.rename("hang_child.pid.tmp", "hang_child.pid")
+time.sleep(1000)
+`,
 	"debug_print.py": `import json
 print("DEBUG: got here")
 print(json.dumps({"status": "success", "data": 1}))
@@ -144,6 +151,9 @@ agents:
     timeout: 2
   grandchild:
     path: grandchild.py
+    python: %[1]s
+  hang_with_child:
+    path: hang_with_child.py
     python: %[1]s
   debug_print:
     path: debug_print.py

@@ -379,7 +379,44 @@ func TestGrandchildIsKilledWithTheGroup(t *testing.T) {
 	if err != nil || res.IsError {
 		t.Fatalf("grandchild: %+v %v", res, err)
 	}
-	pid := int(resultJSON(t, res)["data"].(float64))
+	waitGone(t, int(resultJSON(t, res)["data"].(float64)))
+}
+
+// A client that gives up on a call (cancels it, or drops its connection)
+// gets the agent and its children killed.
+func TestCancelledCallKillsAgent(t *testing.T) {
+	t.Parallel()
+	b := startHTTP(t, nil)
+	cs := connectHTTP(t, b, nil)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		_, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "hang_with_child", Arguments: map[string]any{}})
+		done <- err
+	}()
+	pidFile := filepath.Join(b.dir, "hang_child.pid")
+	var pid int
+	for range 1200 {
+		if raw, err := os.ReadFile(pidFile); err == nil {
+			pid, _ = strconv.Atoi(strings.TrimSpace(string(raw)))
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if pid == 0 {
+		t.Fatal("the agent never started its child")
+	}
+	cancel()
+	if err := <-done; err == nil {
+		t.Fatal("a cancelled call returned no error")
+	}
+	waitGone(t, pid)
+}
+
+// waitGone waits until pid no longer runs (a zombie no init reaps counts as
+// gone).
+func waitGone(t *testing.T, pid int) {
+	t.Helper()
 	for range 600 {
 		stat, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
 		if err != nil {
@@ -390,7 +427,7 @@ func TestGrandchildIsKilledWithTheGroup(t *testing.T) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	t.Fatalf("grandchild %d outlived the call", pid)
+	t.Fatalf("process %d outlived the call", pid)
 }
 
 func TestProgressNotifications(t *testing.T) {

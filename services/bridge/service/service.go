@@ -145,7 +145,6 @@ func New(cfg Config, logger *slog.Logger, tel *telemetry.Provider, opts ...serve
 	// A tool call lasts as long as its agent (up to its timeout), and GET
 	// /mcp is a server-sent event stream: both outlive a unary deadline.
 	srv.HandleStream(MCPPath, protected)
-	srv.OnShutdown(func(context.Context) { mcpSrv.RemoveTools(runner.Names()...) })
 	return &Bridge{srv: srv, runner: runner}, nil
 }
 
