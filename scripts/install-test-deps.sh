@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Installs the Debian packages the integration tests use: nginx, which
-# load-balances gRPC across gateway replicas. Idempotent; needs root (CI and
+# load-balances gRPC across gateway replicas, and python3, which runs the
+# bridge's example tool agents. Idempotent; needs root (CI and
 # the development machines run as root) or sudo.
 set -euo pipefail
-packages=(nginx)
+packages=(nginx python3)
 missing=()
 for p in "${packages[@]}"; do
 	command -v "$p" >/dev/null 2>&1 || [ -x "/usr/sbin/$p" ] || missing+=("$p")

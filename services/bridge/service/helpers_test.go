@@ -81,6 +81,9 @@ os.rename("grandchild.pid.tmp", "grandchild.pid")
 print(json.dumps({"status": "success", "data": child.pid}))
 `,
 	"hang_with_child.py": `import os, subprocess, time
+with open("hang_agent.pid.tmp", "w") as f:
+    f.write(str(os.getpid()) + "\n")
+os.rename("hang_agent.pid.tmp", "hang_agent.pid")
 child = subprocess.Popen(["sleep", "1000"])
 with open("hang_child.pid.tmp", "w") as f:
     f.write(str(child.pid) + "\n")

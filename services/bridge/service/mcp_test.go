@@ -16,6 +16,7 @@ import (
 	"strconv"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -411,6 +412,46 @@ func TestCancelledCallKillsAgent(t *testing.T) {
 		t.Fatal("a cancelled call returned no error")
 	}
 	waitGone(t, pid)
+}
+
+// readPID waits for an agent to write its pid file.
+func readPID(t *testing.T, path string) int {
+	t.Helper()
+	for range 1200 {
+		if raw, err := os.ReadFile(path); err == nil {
+			if pid, err := strconv.Atoi(strings.TrimSpace(string(raw))); err == nil {
+				return pid
+			}
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Fatalf("%s never appeared", path)
+	return 0
+}
+
+// A bridge killed with SIGKILL takes its running agents with it.
+func TestKilledBridgeKillsAgents(t *testing.T) {
+	t.Parallel()
+	cfg := workspace(t)
+	cmd := exec.Command(bridgeBin, "mcp", "--bridge-config", cfg)
+	client := mcp.NewClient(&mcp.Implementation{Name: "bridge-test", Version: "1"}, nil)
+	cs, err := client.Connect(context.Background(), &mcp.CommandTransport{Command: cmd}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cs.Close()
+	go func() {
+		_, _ = cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "hang_with_child", Arguments: map[string]any{}})
+	}()
+	dir := filepath.Dir(cfg)
+	agent := readPID(t, filepath.Join(dir, "hang_agent.pid"))
+	child := readPID(t, filepath.Join(dir, "hang_child.pid"))
+	// The agent's own child is out of a dead bridge's reach (docs/bridge.md).
+	t.Cleanup(func() { _ = syscall.Kill(child, syscall.SIGKILL) })
+	if err := cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	waitGone(t, agent)
 }
 
 // waitGone waits until pid no longer runs (a zombie no init reaps counts as
