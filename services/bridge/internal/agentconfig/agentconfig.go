@@ -58,6 +58,7 @@ type file struct {
 type agentFile struct {
 	Path           string            `yaml:"path"`
 	Python         string            `yaml:"python"`
+	Executable     bool              `yaml:"executable"`
 	Timeout        *seconds          `yaml:"timeout"`
 	Description    string            `yaml:"description"`
 	Parameters     map[string]any    `yaml:"parameters"`
@@ -294,12 +295,16 @@ func resolveAgent(cfg *Config, name string, af agentFile, pass []string, getenv 
 		}
 	}
 	python := af.Python
-	if python == "" {
+	if af.Executable && python != "" {
+		return nil, bad("executable", "an executable script runs by itself; remove python: %s or executable: true", python)
+	}
+	if python == "" && !af.Executable {
 		python = "python3"
 	}
 	a.Python = python
 	interp := python
 	switch {
+	case python == "": // executable: the script's #! line picks the interpreter
 	case filepath.IsAbs(python):
 	case strings.ContainsRune(python, '/'):
 		interp = filepath.Join(cfg.Workspace, python)

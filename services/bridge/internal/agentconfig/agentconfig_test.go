@@ -46,13 +46,16 @@ agents:
   quick:
     path: /abs/quick.py
     timeout: 1m30s
+  tool:
+    path: bin/tool
+    executable: true
 `)
 	cfg, err := Load(path, "", env(map[string]string{"PATH": "/bin", "GITHUB_TOKEN": "t", "SECRET": "s"}))
 	if err != nil {
 		t.Fatal(err)
 	}
 	ws := filepath.Join(filepath.Dir(path), "ws")
-	if cfg.Workspace != ws || cfg.ValidateInputs || cfg.MaxParamLength != 500 || len(cfg.Agents) != 2 {
+	if cfg.Workspace != ws || cfg.ValidateInputs || cfg.MaxParamLength != 500 || len(cfg.Agents) != 3 {
 		t.Fatalf("config = %+v", cfg)
 	}
 	a, ok := cfg.Agent("label_github_issue")
@@ -73,6 +76,9 @@ agents:
 	q, _ := cfg.Agent("quick")
 	if q.Run.Script != "/abs/quick.py" || q.Run.Timeout != 90*time.Second || string(q.InputSchema) != `{"type":"object"}` || q.Description == "" {
 		t.Fatalf("quick = %+v", q)
+	}
+	if tool, _ := cfg.Agent("tool"); tool.Run.Interpreter != "" || tool.Run.Script != filepath.Join(ws, "bin/tool") {
+		t.Fatalf("executable agent = %+v", tool.Run)
 	}
 	if _, ok := cfg.Agent("nope"); ok {
 		t.Fatal("unknown agent found")
@@ -121,6 +127,7 @@ func TestLoadErrors(t *testing.T) {
 		{"bad flag", "agents:\n  a:\n    path: a.py\n    args: {repo_name: 'repo; rm'}\n", "agents.a.args.repo_name"},
 		{"bad env", "agents:\n  a:\n    path: a.py\n    env: ['A=B']\n", "agents.a.env[0]"},
 		{"bad pass", "environment: {pass: ['1X']}\nagents:\n  a:\n    path: a.py\n", "environment.pass[0]"},
+		{"executable with python", "agents:\n  a:\n    path: a\n    executable: true\n    python: python3\n", "agents.a.executable: an executable script runs by itself"},
 		{"bad max output", "agents:\n  a:\n    path: a.py\n    max_output_bytes: 0\n", "agents.a.max_output_bytes"},
 	}
 	for _, tt := range tests {
