@@ -194,7 +194,8 @@ func Call(ctx context.Context, cfg Config, logger *slog.Logger, name string, arg
 	}
 	resp, err := runner.Call(ctx, name, args)
 	if err != nil {
-		if he, ok := err.(*hybrid.Error); ok {
+		var he *hybrid.Error
+		if errors.As(err, &he) {
 			return he.Response(), err
 		}
 		return nil, fmt.Errorf("%w; configured tools: %v", err, runner.Names())

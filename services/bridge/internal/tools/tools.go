@@ -6,6 +6,7 @@ package tools
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
 	"slices"
@@ -107,8 +108,7 @@ func (r *Runner) Call(ctx context.Context, name string, args json.RawMessage) (*
 	r.seconds.Record(ctx, elapsed.Seconds(), attrs)
 	if err != nil {
 		var e *hybrid.Error
-		if hybrid.KindOf(err) == hybrid.KindValidation {
-			e = err.(*hybrid.Error)
+		if errors.As(err, &e) && e.Kind == hybrid.KindValidation {
 			r.invalid.Add(ctx, 1, metric.WithAttributes(attribute.String("rule", e.Rule)))
 		}
 		r.log.WarnContext(ctx, "tool call failed", "tool", name, "outcome", outcome, "duration", elapsed, "error", err)
