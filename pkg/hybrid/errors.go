@@ -27,10 +27,13 @@ const (
 	KindOutputTooLarge Kind = "output_too_large"
 	// KindCancelled: the caller went away before the agent finished.
 	KindCancelled Kind = "cancelled"
+	// KindBusy: the caller's limit of agents running at once was reached;
+	// nothing was started.
+	KindBusy Kind = "busy"
 )
 
 // Kinds lists every Kind, for documentation and metrics tests.
-var Kinds = []Kind{KindValidation, KindNotFound, KindTimeout, KindInvalidJSON, KindExecution, KindOutputTooLarge, KindCancelled}
+var Kinds = []Kind{KindValidation, KindNotFound, KindTimeout, KindInvalidJSON, KindExecution, KindOutputTooLarge, KindCancelled, KindBusy}
 
 var prefixes = map[Kind]string{
 	KindValidation:     "Validation error",
@@ -40,6 +43,7 @@ var prefixes = map[Kind]string{
 	KindExecution:      "Execution error",
 	KindOutputTooLarge: "Output too large",
 	KindCancelled:      "Cancelled",
+	KindBusy:           "Busy",
 }
 
 // Error is a bridge-side failure. Its message is the seed's error string,

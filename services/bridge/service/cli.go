@@ -33,6 +33,7 @@ type cliConfig struct {
 	ConfigFile       string        `env:"CONCLAVE_BRIDGE_CONFIG" default:"config.yaml" help:"path of the bridge's config.yaml (agents, security, workspace)"`
 	Workspace        string        `env:"CONCLAVE_BRIDGE_WORKSPACE" help:"workspace root the agents run in, overriding config.yaml's workspace"`
 	ProgressInterval time.Duration `env:"CONCLAVE_BRIDGE_PROGRESS_INTERVAL" default:"5s" help:"how often a running tool call sends a progress notification to a client that asked for them"`
+	MaxRunning       int           `env:"CONCLAVE_BRIDGE_MAX_RUNNING" default:"16" help:"agents that may run at once; calls beyond are refused with a Busy error"`
 }
 
 // IO is a command's standard streams.
@@ -74,7 +75,7 @@ func Main(ctx context.Context, name string, args []string, lookup config.Lookup,
 	if err := config.Load(ctx, &cc, name+" "+cmd, rest, lookup, std.Stderr); err != nil {
 		return err
 	}
-	cfg := Config{ConfigFile: cc.ConfigFile, Workspace: cc.Workspace, ProgressInterval: cc.ProgressInterval, Env: lookup, Version: version}
+	cfg := Config{ConfigFile: cc.ConfigFile, Workspace: cc.Workspace, ProgressInterval: cc.ProgressInterval, MaxRunning: cc.MaxRunning, Env: lookup, Version: version}
 	logger := cc.Logger(std.Stderr, "bridge")
 	switch cmd {
 	case "run":

@@ -15,7 +15,7 @@ import (
 func TestConfigValidate(t *testing.T) {
 	t.Parallel()
 	valid := service.Config{ConfigFile: "c.yaml", HTTPAddr: ":8083", Tokens: []string{"t"}, ShutdownTimeout: time.Second,
-		ProgressInterval: time.Second, MaxRequestBytes: 4096, Rate: 1, Burst: 1}
+		ProgressInterval: time.Second, MaxRequestBytes: 4096, Rate: 1, Burst: 1, MaxRunning: 1}
 	if err := valid.Validate(); err != nil {
 		t.Fatal(err)
 	}
@@ -32,6 +32,7 @@ func TestConfigValidate(t *testing.T) {
 		{"body", func(c *service.Config) { c.MaxRequestBytes = 10 }, "CONCLAVE_BRIDGE_MAX_REQUEST_BYTES"},
 		{"rate", func(c *service.Config) { c.Rate = 0 }, "CONCLAVE_BRIDGE_RATE"},
 		{"burst", func(c *service.Config) { c.Burst = 0 }, "CONCLAVE_BRIDGE_BURST"},
+		{"max running", func(c *service.Config) { c.MaxRunning = 0 }, "CONCLAVE_BRIDGE_MAX_RUNNING"},
 	} {
 		c := valid
 		tt.mutate(&c)
@@ -55,7 +56,7 @@ func TestConfigFromEnvironment(t *testing.T) {
 		t.Fatal(err)
 	}
 	b := cfg.Bridge
-	if b.HTTPAddr != ":8083" || b.ConfigFile != "/etc/bridge.yaml" || len(b.Tokens) != 2 || b.ProgressInterval != 5*time.Second || b.AllowUnauthenticated {
+	if b.HTTPAddr != ":8083" || b.ConfigFile != "/etc/bridge.yaml" || len(b.Tokens) != 2 || b.ProgressInterval != 5*time.Second || b.MaxRunning != 16 || b.AllowUnauthenticated {
 		t.Fatalf("config = %+v", b)
 	}
 }

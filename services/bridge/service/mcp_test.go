@@ -532,3 +532,32 @@ func TestProtocolVersionNegotiated(t *testing.T) {
 		}
 	}
 }
+
+// Beyond CONCLAVE_BRIDGE_MAX_RUNNING agents at once, calls are refused at
+// once with a Busy error, and run again when a slot is free.
+func TestBusy(t *testing.T) {
+	t.Parallel()
+	b := startHTTP(t, func(c *serviceConfig) { c.MaxRunning = 1 })
+	cs := connectHTTP(t, b, nil)
+	ctx := context.Background()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_, _ = cs.CallTool(ctx, &mcp.CallToolParams{Name: "slow", Arguments: map[string]any{}})
+	}()
+	for metricsValue(t, b, "conclave_bridge_agents_running") != 1 {
+		select {
+		case <-done:
+			t.Fatal("the slow call ended before it was seen running")
+		default:
+		}
+	}
+	res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "echo", Arguments: map[string]any{}})
+	if err != nil || !res.IsError || !strings.HasPrefix(resultJSON(t, res)["error"].(string), "Busy: 1 agents are running already") {
+		t.Fatalf("second call while one runs: %+v %v", res, err)
+	}
+	<-done
+	if res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "echo", Arguments: map[string]any{}}); err != nil || res.IsError {
+		t.Fatalf("call after the slot freed: %+v %v", res, err)
+	}
+}

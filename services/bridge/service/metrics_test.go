@@ -12,6 +12,11 @@ import (
 	"github.com/conclave-ai/conclave/pkg/telemetry/metricstest"
 )
 
+func metricsValue(t testing.TB, b *httpBridge, name string, labels ...string) float64 {
+	t.Helper()
+	return metricstest.Scrape(t, b.metrics).Value(name, labels...)
+}
+
 // Every metric of docs/metrics.md's bridge table moves when its event
 // happens, and no input grows the number of series.
 func TestMetrics(t *testing.T) {

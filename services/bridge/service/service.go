@@ -26,6 +26,10 @@ import (
 	"github.com/conclave-ai/conclave/services/bridge/internal/tools"
 )
 
+// defaultMaxRunning is CONCLAVE_BRIDGE_MAX_RUNNING's default, for a Config
+// not loaded from the environment.
+const defaultMaxRunning = 16
+
 // MCPPath is where the streamable HTTP endpoint is served.
 const MCPPath = "/mcp"
 
@@ -42,6 +46,7 @@ type Config struct {
 	MaxRequestBytes  int64         `env:"CONCLAVE_BRIDGE_MAX_REQUEST_BYTES" default:"4194304" help:"largest MCP request body accepted over HTTP"`
 	Rate             float64       `env:"CONCLAVE_BRIDGE_RATE" default:"20" help:"MCP requests per second each client (bearer token, or address without tokens) may make"`
 	Burst            int           `env:"CONCLAVE_BRIDGE_BURST" default:"40" help:"MCP requests each client may make at once, above its rate"`
+	MaxRunning       int           `env:"CONCLAVE_BRIDGE_MAX_RUNNING" default:"16" help:"agents that may run at once; calls beyond are refused with a Busy error"`
 	// AllowUnauthenticated opens /mcp without tokens; conclave dev sets it,
 	// on loopback only.
 	AllowUnauthenticated bool `env:"CONCLAVE_BRIDGE_ALLOW_UNAUTHENTICATED" default:"false" help:"serve /mcp without bearer tokens (development only)"`
@@ -81,6 +86,9 @@ func (c Config) Validate() error {
 	if c.Burst < 1 {
 		return fmt.Errorf("CONCLAVE_BRIDGE_BURST: must be positive, got %d", c.Burst)
 	}
+	if c.MaxRunning < 1 {
+		return fmt.Errorf("CONCLAVE_BRIDGE_MAX_RUNNING: must be positive, got %d", c.MaxRunning)
+	}
 	return nil
 }
 
@@ -103,7 +111,11 @@ func loadRunner(cfg Config, logger *slog.Logger, meter metric.Meter) (*tools.Run
 	if err != nil {
 		return nil, err
 	}
-	return tools.New(agents, logger, meter)
+	maxRunning := cfg.MaxRunning
+	if maxRunning < 1 {
+		maxRunning = defaultMaxRunning
+	}
+	return tools.New(agents, logger, meter, maxRunning)
 }
 
 // Bridge is a configured, not yet running, bridge HTTP server.

@@ -46,14 +46,22 @@ type Runner struct {
 	seconds metric.Float64Histogram
 	invalid metric.Int64Counter
 	running metric.Int64UpDownCounter
+	// slots holds one token per agent running; a call that finds it full is
+	// refused rather than queued, so a burst of calls cannot fork without
+	// bound and the client learns at once.
+	slots chan struct{}
 }
 
-// New returns a Runner for cfg. meter may be nil (no metrics).
-func New(cfg *agentconfig.Config, logger *slog.Logger, meter metric.Meter) (*Runner, error) {
+// New returns a Runner for cfg that runs at most maxRunning agents at once.
+// meter may be nil (no metrics).
+func New(cfg *agentconfig.Config, logger *slog.Logger, meter metric.Meter, maxRunning int) (*Runner, error) {
 	if meter == nil {
 		meter = noop.NewMeterProvider().Meter("bridge")
 	}
-	r := &Runner{cfg: cfg, log: logger}
+	if maxRunning < 1 {
+		maxRunning = 1
+	}
+	r := &Runner{cfg: cfg, log: logger, slots: make(chan struct{}, maxRunning)}
 	var err error
 	if r.calls, err = meter.Int64Counter(telemetry.MetricName("bridge", "tool_calls"),
 		metric.WithDescription("Tool calls by tool and outcome."), metric.WithUnit("{call}")); err != nil {
@@ -149,6 +157,13 @@ func (r *Runner) call(ctx context.Context, a *agentconfig.Agent, args json.RawMe
 	sort.Strings(keys)
 	// Parameter names only: values may be anything, secrets included.
 	r.log.InfoContext(ctx, "dispatching tool", "tool", a.Name, "params", keys, "bytes", len(args))
+	select {
+	case r.slots <- struct{}{}:
+	default:
+		return nil, &hybrid.Error{Kind: hybrid.KindBusy, ExitCode: -1,
+			Message: fmt.Sprintf("%d agents are running already, the limit (CONCLAVE_BRIDGE_MAX_RUNNING); retry later", cap(r.slots))}
+	}
+	defer func() { <-r.slots }()
 	r.running.Add(ctx, 1)
 	defer r.running.Add(context.WithoutCancel(ctx), -1)
 	return hybrid.Run(ctx, &run, params)
