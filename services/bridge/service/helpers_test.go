@@ -190,7 +190,10 @@ func startHTTP(t testing.TB, mutate func(*service.Config)) *httpBridge {
 	cfgPath := workspace(t)
 	cfg := service.Config{
 		ConfigFile: cfgPath, HTTPAddr: "127.0.0.1:0", Tokens: []string{testToken},
-		ShutdownTimeout: 5 * time.Second, ProgressInterval: 100 * time.Millisecond,
+		// net/http's Shutdown counts a connection on which no request has
+		// arrived yet as busy for 5 s; a client transport may hold such a
+		// spare connection, so the drain gets longer than that.
+		ShutdownTimeout: 15 * time.Second, ProgressInterval: 100 * time.Millisecond,
 		MaxRequestBytes: 4 << 20, Rate: 1000, Burst: 1000, Env: os.LookupEnv, Version: "test",
 	}
 	if mutate != nil {
@@ -212,6 +215,8 @@ func startHTTP(t testing.TB, mutate func(*service.Config)) *httpBridge {
 	done := make(chan error, 1)
 	go func() { done <- b.Run(ctx) }()
 	t.Cleanup(func() {
+		// Spare client connections would otherwise hold the drain.
+		http.DefaultTransport.(*http.Transport).CloseIdleConnections()
 		cancel()
 		if err := <-done; err != nil {
 			t.Errorf("bridge Run: %v", err)
