@@ -21,7 +21,8 @@ func metricsValue(t testing.TB, b *httpBridge, name string, labels ...string) fl
 // happens, and no input grows the number of series.
 func TestMetrics(t *testing.T) {
 	t.Parallel()
-	b := startHTTP(t, nil)
+	// 10,000 calls below, as fast as the machine goes: no rate limit.
+	b := startHTTP(t, func(c *serviceConfig) { c.Rate, c.Burst = 1e9, 1e9 })
 	cs := connectHTTP(t, b, nil)
 	ctx := context.Background()
 	call := func(tool string, args map[string]any) {
