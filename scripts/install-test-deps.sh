@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Installs the Debian packages the integration tests use: nginx, which
-# load-balances gRPC across gateway replicas, and chromium, the headless
-# browser that drives the Librarian's review page. Idempotent; needs root (CI and
-# the development machines run as root) or sudo.
+# load-balances gRPC across gateway replicas; chromium, the headless browser
+# that drives the Librarian's review page; and python3, which runs the
+# bridge's example tool agents. Idempotent; needs root (CI and the
+# development machines run as root) or sudo.
 set -euo pipefail
-packages=(nginx chromium)
+packages=(nginx chromium python3)
 missing=()
 for p in "${packages[@]}"; do
 	command -v "$p" >/dev/null 2>&1 || [ -x "/usr/sbin/$p" ] || missing+=("$p")

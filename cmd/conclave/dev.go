@@ -14,6 +14,7 @@ import (
 	"github.com/conclave-ai/conclave/pkg/queue"
 	"github.com/conclave-ai/conclave/pkg/server"
 	"github.com/conclave-ai/conclave/pkg/store"
+	bridge "github.com/conclave-ai/conclave/services/bridge/service"
 	gateway "github.com/conclave-ai/conclave/services/gateway/service"
 )
 
@@ -24,6 +25,7 @@ type devConfig struct {
 	Storage   config.Storage
 	Gateway   gateway.Config
 	Librarian librarian.Config
+	Bridge    bridge.Config
 }
 
 // service is what conclave dev runs: each service's own server, in one
@@ -48,6 +50,10 @@ func runDev(ctx context.Context, args []string, lookup config.Lookup, stdout, st
 	cfg.Gateway.AllowAgentsWithoutTokens = true
 	cfg.Librarian.HTTPAddr = "127.0.0.1:8081"
 	cfg.Librarian.AllowUnauthenticated = true
+	// The example tool agents, run from the repository's root.
+	cfg.Bridge.HTTPAddr = "127.0.0.1:8083"
+	cfg.Bridge.ConfigFile = "examples/tool-agents/config.yaml"
+	cfg.Bridge.AllowUnauthenticated = true
 	if err := config.Load(ctx, &cfg, "conclave dev", args, lookup, stderr); err != nil {
 		return err
 	}
@@ -90,7 +96,12 @@ func runDev(ctx context.Context, args []string, lookup config.Lookup, stdout, st
 	if err != nil {
 		return err
 	}
-	services := []service{gw, lib}
+	cfg.Bridge.Env, cfg.Bridge.Version = lookup, versionString()
+	br, err := bridge.New(cfg.Bridge, logger, tel)
+	if err != nil {
+		return err
+	}
+	services := []service{gw, lib, br}
 
 	g, gctx := errgroup.WithContext(ctx)
 	for _, s := range services {

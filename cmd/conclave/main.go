@@ -34,6 +34,7 @@ Commands:
   dev       run every service in one process on embedded storage
   agent     talk to connected agents: send a message, list them
   librarian ask the Librarian for approval, query it, review, manage tokens
+  bridge    the tool bridge: run, list, health, diagnose, mcp (stdio)
   version   print the version
   help      show this help
 
@@ -52,6 +53,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return runAgent(ctx, rest, stdout, stderr)
 	case "librarian":
 		return runLibrarian(ctx, rest, os.LookupEnv, stdout, stderr)
+	case "bridge":
+		return runBridge(ctx, rest, stdout, stderr)
 	case "version", "--version":
 		fmt.Fprintln(stdout, versionString())
 		return nil

@@ -74,7 +74,8 @@ func toolBinary(name, pkg string) (string, error) {
 func devProcess(t *testing.T, dataDir string, extra ...string) (*exec.Cmd, map[string]string, *bytes.Buffer) {
 	t.Helper()
 	cmd := exec.Command(conclaveBin, append([]string{"dev", "--gateway-grpc-addr=127.0.0.1:0", "--gateway-http-addr=127.0.0.1:0",
-		"--librarian-http-addr=127.0.0.1:0", "--data-dir", dataDir}, extra...)...)
+		"--librarian-http-addr=127.0.0.1:0", "--bridge-http-addr=127.0.0.1:0", "--bridge-config=../../examples/tool-agents/config.yaml",
+		"--data-dir", dataDir}, extra...)...)
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)

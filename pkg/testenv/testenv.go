@@ -234,3 +234,14 @@ func (l *lockedBuffer) String() string {
 	defer l.mu.Unlock()
 	return l.b.String()
 }
+
+// NodeScript returns the pinned Node.js binary and the absolute path of a
+// script in node_modules, installing the lock file first, for tests that
+// run an npm tool (an MCP client, a conformance suite) as a command.
+func NodeScript(script ...string) (nodeBin, path string, err error) {
+	nm, err := nodeModules()
+	if err != nil {
+		return "", "", err
+	}
+	return node(nm), filepath.Join(append([]string{nm}, script...)...), nil
+}

@@ -1,0 +1,75 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"io"
+	"net/http"
+	"os/exec"
+	"strings"
+	"testing"
+)
+
+func TestDevServesBridge(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts the conclave binary")
+	}
+	t.Parallel()
+	_, addrs, stderr := devProcess(t, t.TempDir())
+	addr := addrs["bridge HTTP"]
+	if addr == "" {
+		t.Fatalf("no bridge row in the endpoint table: %v\n%s", addrs, stderr)
+	}
+	// conclave dev opens the MCP endpoint without a token, on loopback.
+	req, _ := http.NewRequest(http.MethodPost, "http://"+addr+"/mcp", strings.NewReader(
+		`{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"t","version":"1"}}}`))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Accept", "application/json, text/event-stream")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || !strings.Contains(string(body), `"conclave-bridge"`) {
+		t.Fatalf("initialize: %d %s", resp.StatusCode, body)
+	}
+}
+
+func TestBridgeCommands(t *testing.T) {
+	t.Parallel()
+	cfg := "--bridge-config=../../examples/tool-agents/config.yaml"
+	tests := []struct {
+		args    []string
+		wantOut string
+		wantErr bool
+	}{
+		{[]string{"bridge", "list", cfg}, "label_github_issue", false},
+		{[]string{"bridge", "health", cfg}, `"healthy": true`, false},
+		{[]string{"bridge", "diagnose", cfg}, "no problems found", false},
+		{[]string{"bridge", "run", "label_github_issue", `{"repo_name":"a/b","issue_number":2}`, cfg}, `"labels": ["triage", "bug"]`, false},
+		{[]string{"bridge", "run", "label_github_issue", `{"repo_name":"a b","issue_number":2}`, cfg}, `"error":"Validation error: Invalid repo_name format`, true},
+		{[]string{"bridge", "run", "always_fails", cfg}, `Execution error: always_fails exited with code 1`, true},
+		{[]string{"bridge", "run", "nope", cfg}, "", true},
+		{[]string{"bridge", "list", "--bridge-config=/nonexistent/config.yaml"}, "", true},
+		{[]string{"bridge", "launch"}, "", true},
+	}
+	for _, tt := range tests {
+		t.Run(strings.Join(tt.args[:2], " "), func(t *testing.T) {
+			t.Parallel()
+			cmd := exec.Command(conclaveBin, tt.args...)
+			var stdout, stderr bytes.Buffer
+			cmd.Stdout, cmd.Stderr = &stdout, &stderr
+			err := cmd.Run()
+			if (err != nil) != tt.wantErr || !strings.Contains(stdout.String(), tt.wantOut) {
+				t.Fatalf("conclave %v: err %v\nstdout %s\nstderr %s", tt.args, err, stdout.String(), stderr.String())
+			}
+			if tt.wantErr && !strings.Contains(stderr.String(), "conclave:") {
+				t.Fatalf("no error line on stderr: %s", stderr.String())
+			}
+			if tt.args[1] == "run" && stdout.Len() > 0 && !json.Valid(bytes.TrimSpace(stdout.Bytes())) {
+				t.Fatalf("run printed non-JSON: %s", stdout.String())
+			}
+		})
+	}
+}

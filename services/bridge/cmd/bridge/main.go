@@ -1,0 +1,55 @@
+// Command bridge runs the tool bridge (seed 000): `bridge` serves MCP over
+// streamable HTTP; `bridge run|list|health|diagnose|mcp` are the same
+// commands as `conclave bridge`.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/conclave-ai/conclave/pkg/config"
+	"github.com/conclave-ai/conclave/services/bridge/service"
+)
+
+type appConfig struct {
+	config.Common
+	Bridge service.Config
+}
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, os.Args[1:]); err != nil {
+		if errors.Is(err, config.ErrHelp) {
+			os.Exit(0)
+		}
+		fmt.Fprintln(os.Stderr, "bridge:", err)
+		os.Exit(1)
+	}
+}
+
+func run(ctx context.Context, args []string) error {
+	if len(args) > 0 && args[0] != "" && args[0][0] != '-' {
+		return service.Main(ctx, "bridge", args, os.LookupEnv, service.IO{Stdin: os.Stdin, Stdout: os.Stdout, Stderr: os.Stderr}, "dev")
+	}
+	var cfg appConfig
+	if err := config.Load(ctx, &cfg, "bridge", args, os.LookupEnv, os.Stderr); err != nil {
+		return err
+	}
+	cfg.Bridge.Env = os.LookupEnv
+	logger := cfg.Logger(os.Stderr, "bridge")
+	tel, stopTelemetry, err := cfg.Telemetry(ctx, "conclave-bridge", "")
+	if err != nil {
+		return err
+	}
+	defer stopTelemetry()
+	b, err := service.New(cfg.Bridge, logger, tel)
+	if err != nil {
+		return err
+	}
+	return b.Run(ctx)
+}

@@ -1,0 +1,258 @@
+package service_test
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/conclave-ai/conclave/pkg/server"
+	"github.com/conclave-ai/conclave/pkg/telemetry"
+	"github.com/conclave-ai/conclave/services/bridge/service"
+)
+
+// bridgeBin is the bridge binary, built once: `bridge mcp` is the same code
+// as `conclave bridge mcp`.
+var bridgeBin string
+
+func TestMain(m *testing.M) {
+	os.Exit(func() int {
+		dir, err := os.MkdirTemp("", "bridge-bin")
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+		defer os.RemoveAll(dir)
+		bridgeBin = filepath.Join(dir, "bridge")
+		if out, err := exec.Command("go", "build", "-o", bridgeBin, "../cmd/bridge").CombinedOutput(); err != nil {
+			fmt.Fprintf(os.Stderr, "build bridge: %v\n%s", err, out)
+			return 1
+		}
+		return m.Run()
+	}())
+}
+
+// systemPython is the real interpreter behind python3 (version managers put
+// slow shell shims on PATH).
+var systemPython = sync.OnceValues(func() (string, error) {
+	out, err := exec.Command("python3", "-c", "import sys; print(sys.executable)").Output()
+	return strings.TrimSpace(string(out)), err
+})
+
+func examplesDir(t testing.TB) string {
+	t.Helper()
+	dir, err := filepath.Abs("../../../examples/tool-agents")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+// testAgents are agents that misbehave, beside the four examples.
+var testAgents = map[string]string{
+	"echo.py": `import json, sys
+params = json.load(sys.stdin)
+print(json.dumps({"status": "success", "data": {"params": params, "argv": sys.argv[1:]}}))
+`,
+	"flood.py": `import sys
+chunk = "x" * (1 << 20)
+for _ in range(100):
+    sys.stdout.write(chunk)
+`,
+	"hang.py": `import time
+time.sleep(1000)
+`,
+	"grandchild.py": `import json, os, subprocess, sys
+child = subprocess.Popen(["sleep", "1000"])
+with open("grandchild.pid.tmp", "w") as f:
+    f.write(str(child.pid) + "\n")
+os.rename("grandchild.pid.tmp", "grandchild.pid")
+print(json.dumps({"status": "success", "data": child.pid}))
+`,
+	"hang_with_child.py": `import os, subprocess, time
+with open("hang_agent.pid.tmp", "w") as f:
+    f.write(str(os.getpid()) + "\n")
+os.rename("hang_agent.pid.tmp", "hang_agent.pid")
+child = subprocess.Popen(["sleep", "1000"])
+with open("hang_child.pid.tmp", "w") as f:
+    f.write(str(child.pid) + "\n")
+os.rename("hang_child.pid.tmp", "hang_child.pid")
+time.sleep(1000)
+`,
+	"debug_print.py": `import json
+print("DEBUG: got here")
+print(json.dumps({"status": "success", "data": 1}))
+`,
+	"slow.py": `import json, sys, time
+time.sleep(1.5)
+print(json.dumps({"status": "success", "data": "slow"}))
+`,
+}
+
+// workspace writes a config.yaml naming the example agents and the
+// misbehaving ones into a fresh directory, and returns its path.
+func workspace(t testing.TB) string {
+	t.Helper()
+	dir := t.TempDir()
+	for name, src := range testAgents {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(src), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	py, err := systemPython()
+	if err != nil {
+		t.Fatalf("python3 is required: %v", err)
+	}
+	ex := examplesDir(t)
+	cfg := fmt.Sprintf(`workspace: .
+security: {validate_inputs: true, max_param_length: 10000}
+agents:
+  label_github_issue:
+    path: %[2]s/agents/stdin_agent.py
+    python: %[1]s
+    args: {issue_number: --issue, repo_name: --repo, dry_run: --dry-run}
+    parameters:
+      type: object
+      properties:
+        repo_name: {type: string}
+        issue_number: {type: integer}
+        dry_run: {type: boolean}
+      required: [repo_name, issue_number]
+  triage_cli:
+    path: %[2]s/agents/cli_agent.py
+    python: %[1]s
+    args: {issue_number: --issue, repo_name: --repo, dry_run: --dry-run}
+  watch_collect:
+    path: %[2]s/agents/hybrid_agent.py
+    python: %[1]s
+    args: {repo_name: --repo}
+  always_fails:
+    path: %[2]s/agents/failing_agent.py
+    python: %[1]s
+  echo:
+    path: echo.py
+    python: %[1]s
+    args: {query: --query}
+  flood:
+    path: flood.py
+    python: %[1]s
+    max_output_bytes: 1048576
+  hang:
+    path: hang.py
+    python: %[1]s
+    timeout: 2
+  grandchild:
+    path: grandchild.py
+    python: %[1]s
+  hang_with_child:
+    path: hang_with_child.py
+    python: %[1]s
+  debug_print:
+    path: debug_print.py
+    python: %[1]s
+  slow:
+    path: slow.py
+    python: %[1]s
+  missing:
+    path: not_there.py
+    python: %[1]s
+`, py, ex)
+	path := filepath.Join(dir, "config.yaml")
+	if err := os.WriteFile(path, []byte(cfg), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+const testToken = "bridge-test-token"
+
+type httpBridge struct {
+	url     string // the MCP endpoint
+	base    string
+	metrics string
+	dir     string
+}
+
+// startHTTP runs the bridge's HTTP server in process on a loopback port.
+func startHTTP(t testing.TB, mutate func(*service.Config)) *httpBridge {
+	t.Helper()
+	cfgPath := workspace(t)
+	cfg := service.Config{
+		ConfigFile: cfgPath, HTTPAddr: "127.0.0.1:0", Tokens: []string{testToken},
+		// net/http's Shutdown counts a connection on which no request has
+		// arrived yet as busy for 5 s; a client transport may hold such a
+		// spare connection, so the drain gets longer than that.
+		ShutdownTimeout: 15 * time.Second, ProgressInterval: 100 * time.Millisecond,
+		MaxRequestBytes: 4 << 20, Rate: 1000, Burst: 1000, Env: os.LookupEnv, Version: "test",
+	}
+	if mutate != nil {
+		mutate(&cfg)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	tel, err := telemetry.New(ctx, telemetry.Config{ServiceName: "bridge-test"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := service.New(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)), tel, server.WithHTTPListener(l))
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- b.Run(ctx) }()
+	t.Cleanup(func() {
+		// Spare client connections would otherwise hold the drain.
+		http.DefaultTransport.(*http.Transport).CloseIdleConnections()
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("bridge Run: %v", err)
+		}
+		_ = tel.Shutdown(context.Background())
+	})
+	<-b.Ready()
+	base := "http://" + l.Addr().String()
+	return &httpBridge{url: base + service.MCPPath, base: base, metrics: base + "/metrics", dir: filepath.Dir(cfgPath)}
+}
+
+// bearer adds the test token to every request.
+type bearer struct {
+	token string
+	next  http.RoundTripper
+}
+
+func (b bearer) RoundTrip(r *http.Request) (*http.Response, error) {
+	r = r.Clone(r.Context())
+	r.Header.Set("Authorization", "Bearer "+b.token)
+	return b.next.RoundTrip(r)
+}
+
+// connectHTTP opens an MCP client session with the Go SDK's streamable HTTP
+// client.
+func connectHTTP(t testing.TB, b *httpBridge, opts *mcp.ClientOptions) *mcp.ClientSession {
+	t.Helper()
+	client := mcp.NewClient(&mcp.Implementation{Name: "bridge-test", Version: "1"}, opts)
+	cs, err := client.Connect(context.Background(), &mcp.StreamableClientTransport{
+		Endpoint:   b.url,
+		HTTPClient: &http.Client{Transport: bearer{testToken, http.DefaultTransport}},
+		MaxRetries: -1,
+	}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cs.Close() })
+	return cs
+}

@@ -1,0 +1,563 @@
+package service_test
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"github.com/conclave-ai/conclave/services/bridge/service"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+)
+
+// resultJSON is a tool result's structured content, decoded.
+func resultJSON(t testing.TB, res *mcp.CallToolResult) map[string]any {
+	t.Helper()
+	b, err := json.Marshal(res.StructuredContent)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var m map[string]any
+	if err := json.Unmarshal(b, &m); err != nil {
+		t.Fatalf("structured content %s: %v", b, err)
+	}
+	if len(res.Content) != 1 {
+		t.Fatalf("content has %d items, want 1", len(res.Content))
+	}
+	var text map[string]any
+	if err := json.Unmarshal([]byte(res.Content[0].(*mcp.TextContent).Text), &text); err != nil {
+		t.Fatalf("text content is not the JSON response: %v", err)
+	}
+	return m
+}
+
+// The stdio server, as Gemini CLI and Claude Code run it: the Go SDK's
+// client starts `bridge mcp` and talks over its pipes.
+func TestStdio(t *testing.T) {
+	t.Parallel()
+	cfg := workspace(t)
+	var stderr bytes.Buffer
+	cmd := exec.Command(bridgeBin, "mcp", "--bridge-config", cfg)
+	cmd.Stderr = &stderr
+	client := mcp.NewClient(&mcp.Implementation{Name: "bridge-test", Version: "1"}, nil)
+	cs, err := client.Connect(context.Background(), &mcp.CommandTransport{Command: cmd}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v := cs.InitializeResult().ProtocolVersion; v == "" || cs.InitializeResult().ServerInfo.Name != "conclave-bridge" {
+		t.Fatalf("initialize result %+v", cs.InitializeResult())
+	}
+	checkTools(t, cs)
+	// The failing agent logs to stderr: that must reach the bridge's log,
+	// and stdout must still carry only frames (the client would fail on
+	// anything else).
+	res, err := cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "always_fails", Arguments: map[string]any{"reason": "on purpose"}})
+	if err != nil || !res.IsError {
+		t.Fatalf("always_fails: %+v %v", res, err)
+	}
+	if got := resultJSON(t, res)["error"].(string); !strings.Contains(got, "Unexpected error: on purpose") {
+		t.Fatalf("always_fails error = %q", got)
+	}
+	// Closing the client's pipe ends the server cleanly.
+	if err := cs.Close(); err != nil {
+		t.Fatalf("close: %v\n%s", err, stderr.String())
+	}
+	if cmd.ProcessState == nil || !cmd.ProcessState.Success() {
+		t.Fatalf("bridge mcp did not exit cleanly: %v\n%s", cmd.ProcessState, stderr.String())
+	}
+	if !strings.Contains(stderr.String(), "giving up: on purpose") {
+		t.Fatalf("agent stderr not in the bridge log:\n%s", stderr.String())
+	}
+}
+
+// Raw stdio: stdout carries nothing but frames, and a frame that is not
+// JSON ends the session with a clear error on stderr (the SDK's stdio
+// transport cannot resynchronise after a bad line).
+func TestStdioBadJSONAndCleanStdout(t *testing.T) {
+	t.Parallel()
+	cmd := exec.Command(bridgeBin, "mcp", "--bridge-config", workspace(t))
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stdoutPipe, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	out := bufio.NewReader(stdoutPipe)
+	send := func(s string) {
+		if _, err := io.WriteString(stdin, s+"\n"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	frame := func() map[string]any {
+		line, err := out.ReadBytes('\n')
+		if err != nil {
+			t.Fatalf("reading a frame: %v\nstderr:\n%s", err, stderr.String())
+		}
+		var m map[string]any
+		if err := json.Unmarshal(line, &m); err != nil || m["jsonrpc"] != "2.0" {
+			t.Fatalf("stdout line is not a JSON-RPC frame: %q", line)
+		}
+		return m
+	}
+	send(`{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"raw","version":"1"}}}`)
+	if m := frame(); m["id"] != float64(1) || m["result"].(map[string]any)["protocolVersion"] != "2025-06-18" {
+		t.Fatalf("initialize answered %v", m)
+	}
+	send(`{"jsonrpc":"2.0","method":"notifications/initialized"}`)
+	// The failing agent writes to stderr; none of it may reach stdout.
+	send(`{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"always_fails","arguments":{}}}`)
+	if m := frame(); m["id"] != float64(2) || m["result"].(map[string]any)["isError"] != true {
+		t.Fatalf("tools/call answered %v", m)
+	}
+	send("this is not json")
+	stdin.Close()
+	rest, _ := io.ReadAll(out)
+	err = cmd.Wait()
+	if len(bytes.TrimSpace(rest)) > 0 {
+		for _, l := range bytes.Split(bytes.TrimSpace(rest), []byte("\n")) {
+			if !json.Valid(l) {
+				t.Fatalf("stdout line is not a JSON-RPC frame: %q", l)
+			}
+		}
+	}
+	if err == nil || !strings.Contains(stderr.String(), "not valid JSON") {
+		t.Fatalf("bad JSON: exit %v, stderr:\n%s", err, stderr.String())
+	}
+}
+
+// checkTools lists and calls tools through cs.
+func checkTools(t *testing.T, cs *mcp.ClientSession) {
+	t.Helper()
+	ctx := context.Background()
+	list, err := cs.ListTools(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, tool := range list.Tools {
+		names = append(names, tool.Name)
+		schema, _ := json.Marshal(tool.InputSchema)
+		if !strings.Contains(string(schema), `"type":"object"`) {
+			t.Errorf("tool %s has input schema %s", tool.Name, schema)
+		}
+	}
+	for _, want := range []string{"label_github_issue", "triage_cli", "watch_collect", "always_fails", "health_check"} {
+		if !slices.Contains(names, want) {
+			t.Errorf("tools/list lacks %s: %v", want, names)
+		}
+	}
+	res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "label_github_issue", Arguments: map[string]any{"repo_name": "facebook/react", "issue_number": 42}})
+	if err != nil || res.IsError {
+		t.Fatalf("label_github_issue: %+v %v", res, err)
+	}
+	got := resultJSON(t, res)
+	data := got["data"].(map[string]any)
+	if got["status"] != "success" || data["repo_name"] != "facebook/react" || data["issue_number"] != float64(42) {
+		t.Fatalf("label_github_issue = %v", got)
+	}
+	// CLI-only agent: gets its parameters from the arguments.
+	res, err = cs.CallTool(ctx, &mcp.CallToolParams{Name: "triage_cli", Arguments: map[string]any{"repo_name": "a/b", "issue_number": 7, "dry_run": true}})
+	if err != nil || res.IsError {
+		t.Fatalf("triage_cli: %+v %v", res, err)
+	}
+	if r := resultJSON(t, res)["result"].(map[string]any); r["repo"] != "a/b" || r["issue"] != float64(7) || r["dry_run"] != true {
+		t.Fatalf("triage_cli = %v", r)
+	}
+	// Hybrid agent: the CLI argument wins, and it came from the arguments.
+	res, err = cs.CallTool(ctx, &mcp.CallToolParams{Name: "watch_collect", Arguments: map[string]any{"repo_name": "a/b", "sources": []string{"npm", "pypi"}}})
+	if err != nil || res.IsError {
+		t.Fatalf("watch_collect: %+v %v", res, err)
+	}
+	if d := resultJSON(t, res)["data"].(map[string]any); d["repo_from"] != "cli" || len(d["mentions"].(map[string]any)) != 2 {
+		t.Fatalf("watch_collect = %v", d)
+	}
+	// Validation failure: an error result in the seed's form.
+	res, err = cs.CallTool(ctx, &mcp.CallToolParams{Name: "label_github_issue", Arguments: map[string]any{"repo_name": "not a repo", "issue_number": 1}})
+	if err != nil || !res.IsError {
+		t.Fatalf("invalid repo_name: %+v %v", res, err)
+	}
+	if e := resultJSON(t, res)["error"].(string); !strings.HasPrefix(e, "Validation error: Invalid repo_name format") {
+		t.Fatalf("invalid repo_name error = %q", e)
+	}
+	// Unknown tool: a JSON-RPC error.
+	if _, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "no_such_tool", Arguments: map[string]any{}}); err == nil || !strings.Contains(err.Error(), "unknown tool") {
+		t.Fatalf("unknown tool: %v", err)
+	}
+	// health_check: the missing agent of the test config is reported.
+	res, err = cs.CallTool(ctx, &mcp.CallToolParams{Name: "health_check", Arguments: map[string]any{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := resultJSON(t, res)["data"].(map[string]any)["agents"].(map[string]any)
+	if h["label_github_issue"].(map[string]any)["healthy"] != true || h["missing"].(map[string]any)["healthy"] != false || !res.IsError {
+		t.Fatalf("health_check = %v", h)
+	}
+}
+
+func TestStreamableHTTP(t *testing.T) {
+	t.Parallel()
+	b := startHTTP(t, nil)
+	checkTools(t, connectHTTP(t, b, nil))
+}
+
+func TestHTTPAuthentication(t *testing.T) {
+	t.Parallel()
+	b := startHTTP(t, nil)
+	init := `{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"raw","version":"1"}}}`
+	for _, tt := range []struct {
+		name, auth string
+		want       int
+	}{
+		{"no token", "", http.StatusUnauthorized},
+		{"wrong token", "Bearer nope", http.StatusUnauthorized},
+		{"not bearer", "Basic " + testToken, http.StatusUnauthorized},
+		{"valid", "Bearer " + testToken, http.StatusOK},
+	} {
+		req, _ := http.NewRequest(http.MethodPost, b.url, strings.NewReader(init))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Accept", "application/json, text/event-stream")
+		if tt.auth != "" {
+			req.Header.Set("Authorization", tt.auth)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != tt.want {
+			t.Errorf("%s: status %d, want %d: %s", tt.name, resp.StatusCode, tt.want, body)
+		}
+		if tt.want == http.StatusUnauthorized && (!strings.Contains(string(body), `"code":401`) || resp.Header.Get("WWW-Authenticate") == "") {
+			t.Errorf("%s: 401 without the JSON error body or WWW-Authenticate: %s", tt.name, body)
+		}
+	}
+}
+
+func TestHTTPUnauthenticatedWhenAllowed(t *testing.T) {
+	t.Parallel()
+	b := startHTTP(t, func(c *serviceConfig) { c.Tokens, c.AllowUnauthenticated = nil, true })
+	client := mcp.NewClient(&mcp.Implementation{Name: "t", Version: "1"}, nil)
+	cs, err := client.Connect(context.Background(), &mcp.StreamableClientTransport{Endpoint: b.url, MaxRetries: -1}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cs.Close()
+	if _, err := cs.ListTools(context.Background(), nil); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestHTTPRateLimit(t *testing.T) {
+	t.Parallel()
+	b := startHTTP(t, func(c *serviceConfig) { c.Rate, c.Burst = 0.001, 2 })
+	codes := map[int]int{}
+	for range 4 {
+		req, _ := http.NewRequest(http.MethodPost, b.url, strings.NewReader(`{}`))
+		req.Header.Set("Authorization", "Bearer "+testToken)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		codes[resp.StatusCode]++
+	}
+	if codes[http.StatusTooManyRequests] != 2 {
+		t.Fatalf("status codes %v, want 2 of them 429", codes)
+	}
+}
+
+func TestHTTPBadRequests(t *testing.T) {
+	t.Parallel()
+	b := startHTTP(t, func(c *serviceConfig) { c.MaxRequestBytes = 64 << 10 })
+	post := func(body string) (int, string) {
+		req, _ := http.NewRequest(http.MethodPost, b.url, strings.NewReader(body))
+		req.Header.Set("Authorization", "Bearer "+testToken)
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Accept", "application/json, text/event-stream")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		out, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(out)
+	}
+	if code, body := post(`{"jsonrpc":"2.0","id":1,"method":`); code != http.StatusBadRequest {
+		t.Errorf("bad JSON: %d %s", code, body)
+	}
+	if code, body := post(`{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"pad":"` + strings.Repeat("a", 128<<10) + `"}}`); code != http.StatusRequestEntityTooLarge {
+		t.Errorf("oversized body: %d %s", code, body)
+	}
+}
+
+// Every kind of bad input and misbehaving agent gets a clear error result.
+func TestBadInput(t *testing.T) {
+	t.Parallel()
+	b := startHTTP(t, nil)
+	cs := connectHTTP(t, b, nil)
+	tests := []struct {
+		name, tool string
+		args       any
+		want       string
+	}{
+		{"wrong type", "label_github_issue", map[string]any{"repo_name": "a/b", "issue_number": "twelve"}, "Validation error: Invalid issue_number"},
+		{"schema type", "label_github_issue", map[string]any{"repo_name": "a/b", "issue_number": 1, "dry_run": "yes"}, "Validation error: parameters do not match label_github_issue's schema"},
+		{"missing required", "label_github_issue", map[string]any{"repo_name": "a/b"}, "Validation error: parameters do not match"},
+		{"issue out of range", "label_github_issue", map[string]any{"repo_name": "a/b", "issue_number": 1000000000}, "Validation error: Invalid issue_number: 1000000000 is out of range"},
+		{"bad source", "watch_collect", map[string]any{"repo_name": "a/b", "sources": []string{"gitlab"}}, `Validation error: Invalid sources: item 0 is "gitlab"`},
+		{"one megabyte string", "echo", map[string]any{"query": strings.Repeat("a", 1<<20)}, "Validation error: parameter query is 1048576 characters long"},
+		{"arguments not an object", "echo", []int{1, 2}, "Validation error: parameters must be a JSON object"},
+		{"100 MB of output", "flood", map[string]any{}, "Output too large: flood wrote more than 1048576 bytes"},
+		{"never exits", "hang", map[string]any{}, "Timeout: hang did not finish within its timeout of 2s"},
+		{"debug print", "debug_print", map[string]any{}, "Invalid JSON: the agent printed text to stdout before its JSON object"},
+		{"missing script", "missing", map[string]any{}, "Agent not found: script"},
+		{"agent failure", "always_fails", map[string]any{}, "Execution error: always_fails exited with code 1: Unexpected error"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			res, err := cs.CallTool(context.Background(), &mcp.CallToolParams{Name: tt.tool, Arguments: tt.args})
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := resultJSON(t, res)
+			if !res.IsError || got["status"] != "error" || !strings.HasPrefix(got["error"].(string), tt.want) {
+				t.Fatalf("%s: %v, want an error starting %q", tt.tool, got, tt.want)
+			}
+		})
+	}
+}
+
+// Shell metacharacters reach the agent as literals, on its command line and
+// on stdin, and nothing a shell would do with them happens.
+func TestMetacharactersAreLiteral(t *testing.T) {
+	t.Parallel()
+	b := startHTTP(t, nil)
+	cs := connectHTTP(t, b, nil)
+	marker := filepath.Join(b.dir, "pwned")
+	evil := "; touch " + marker + " && $(touch " + marker + ") `touch " + marker + "` | tee " + marker + " > " + marker + " *"
+	res, err := cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "echo", Arguments: map[string]any{"query": evil}})
+	if err != nil || res.IsError {
+		t.Fatalf("echo: %+v %v", res, err)
+	}
+	data := resultJSON(t, res)["data"].(map[string]any)
+	if argv := data["argv"].([]any); len(argv) != 1 || argv[0] != "--query="+evil {
+		t.Fatalf("argv = %q", argv)
+	}
+	if data["params"].(map[string]any)["query"] != evil {
+		t.Fatalf("stdin params = %v", data["params"])
+	}
+	if _, err := os.Stat(marker); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("a metacharacter was interpreted: %s exists", marker)
+	}
+}
+
+func TestGrandchildIsKilledWithTheGroup(t *testing.T) {
+	t.Parallel()
+	b := startHTTP(t, nil)
+	cs := connectHTTP(t, b, nil)
+	res, err := cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "grandchild", Arguments: map[string]any{}})
+	if err != nil || res.IsError {
+		t.Fatalf("grandchild: %+v %v", res, err)
+	}
+	waitGone(t, int(resultJSON(t, res)["data"].(float64)))
+}
+
+// A client that gives up on a call (cancels it, or drops its connection)
+// gets the agent and its children killed.
+func TestCancelledCallKillsAgent(t *testing.T) {
+	t.Parallel()
+	b := startHTTP(t, nil)
+	cs := connectHTTP(t, b, nil)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		_, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "hang_with_child", Arguments: map[string]any{}})
+		done <- err
+	}()
+	pidFile := filepath.Join(b.dir, "hang_child.pid")
+	var pid int
+	for range 1200 {
+		if raw, err := os.ReadFile(pidFile); err == nil {
+			pid, _ = strconv.Atoi(strings.TrimSpace(string(raw)))
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if pid == 0 {
+		t.Fatal("the agent never started its child")
+	}
+	cancel()
+	if err := <-done; err == nil {
+		t.Fatal("a cancelled call returned no error")
+	}
+	waitGone(t, pid)
+}
+
+// readPID waits for an agent to write its pid file.
+func readPID(t *testing.T, path string) int {
+	t.Helper()
+	for range 1200 {
+		if raw, err := os.ReadFile(path); err == nil {
+			if pid, err := strconv.Atoi(strings.TrimSpace(string(raw))); err == nil {
+				return pid
+			}
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Fatalf("%s never appeared", path)
+	return 0
+}
+
+// A bridge killed with SIGKILL takes its running agents with it.
+func TestKilledBridgeKillsAgents(t *testing.T) {
+	t.Parallel()
+	cfg := workspace(t)
+	cmd := exec.Command(bridgeBin, "mcp", "--bridge-config", cfg)
+	client := mcp.NewClient(&mcp.Implementation{Name: "bridge-test", Version: "1"}, nil)
+	cs, err := client.Connect(context.Background(), &mcp.CommandTransport{Command: cmd}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cs.Close()
+	go func() {
+		_, _ = cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "hang_with_child", Arguments: map[string]any{}})
+	}()
+	dir := filepath.Dir(cfg)
+	agent := readPID(t, filepath.Join(dir, "hang_agent.pid"))
+	child := readPID(t, filepath.Join(dir, "hang_child.pid"))
+	// The agent's own child is out of a dead bridge's reach (docs/bridge.md).
+	t.Cleanup(func() { _ = syscall.Kill(child, syscall.SIGKILL) })
+	if err := cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	waitGone(t, agent)
+}
+
+// waitGone waits until pid no longer runs (a zombie no init reaps counts as
+// gone).
+func waitGone(t *testing.T, pid int) {
+	t.Helper()
+	for range 600 {
+		stat, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+		if err != nil {
+			return
+		}
+		if f := strings.Fields(string(stat[bytes.LastIndexByte(stat, ')')+1:])); len(f) > 0 && (f[0] == "Z" || f[0] == "X") {
+			return
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Fatalf("process %d outlived the call", pid)
+}
+
+func TestProgressNotifications(t *testing.T) {
+	t.Parallel()
+	b := startHTTP(t, nil)
+	var progress atomic.Int32
+	var last atomic.Value
+	cs := connectHTTP(t, b, &mcp.ClientOptions{ProgressNotificationHandler: func(_ context.Context, req *mcp.ProgressNotificationClientRequest) {
+		progress.Add(1)
+		last.Store(req.Params.Message)
+	}})
+	params := &mcp.CallToolParams{Name: "slow", Arguments: map[string]any{}}
+	params.SetProgressToken("slow-call")
+	res, err := cs.CallTool(context.Background(), params)
+	if err != nil || res.IsError {
+		t.Fatalf("slow: %+v %v", res, err)
+	}
+	if progress.Load() == 0 {
+		t.Fatal("no progress notification during a 1.5 s call with a 100 ms interval")
+	}
+	if msg, _ := last.Load().(string); !strings.Contains(msg, "slow running for") {
+		t.Fatalf("progress message %q", msg)
+	}
+}
+
+type serviceConfig = service.Config
+
+// The SDK negotiates the version: a supported one is echoed, an unknown one
+// gets the server's own latest, never a fixed one.
+func TestProtocolVersionNegotiated(t *testing.T) {
+	t.Parallel()
+	cfg := workspace(t)
+	for _, tt := range []struct{ asked, wantPrefix string }{
+		{"2025-03-26", "2025-03-26"},
+		{"2025-06-18", "2025-06-18"},
+		{"1999-01-01", "20"},
+	} {
+		cmd := exec.Command(bridgeBin, "mcp", "--bridge-config", cfg)
+		stdin, _ := cmd.StdinPipe()
+		stdout, _ := cmd.StdoutPipe()
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		// The pipe stays open until the answer is in: closing stdin is how a
+		// stdio client says it is gone, and in-flight requests are dropped.
+		_, _ = io.WriteString(stdin, `{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"`+tt.asked+`","capabilities":{},"clientInfo":{"name":"raw","version":"1"}}}`+"\n")
+		line, err := bufio.NewReader(stdout).ReadBytes('\n')
+		stdin.Close()
+		if werr := cmd.Wait(); err != nil || werr != nil {
+			t.Fatalf("bridge mcp: %v, exit %v", err, werr)
+		}
+		var resp struct {
+			Result struct{ ProtocolVersion string }
+		}
+		if err := json.Unmarshal(line, &resp); err != nil {
+			t.Fatalf("%s: %v", line, err)
+		}
+		got := resp.Result.ProtocolVersion
+		if !strings.HasPrefix(got, tt.wantPrefix) || (tt.asked == "1999-01-01" && got == tt.asked) {
+			t.Errorf("asked %s, got %q", tt.asked, got)
+		}
+	}
+}
+
+// Beyond CONCLAVE_BRIDGE_MAX_RUNNING agents at once, calls are refused at
+// once with a Busy error, and run again when a slot is free.
+func TestBusy(t *testing.T) {
+	t.Parallel()
+	b := startHTTP(t, func(c *serviceConfig) { c.MaxRunning = 1 })
+	cs := connectHTTP(t, b, nil)
+	ctx := context.Background()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_, _ = cs.CallTool(ctx, &mcp.CallToolParams{Name: "slow", Arguments: map[string]any{}})
+	}()
+	for metricsValue(t, b, "conclave_bridge_agents_running") != 1 {
+		select {
+		case <-done:
+			t.Fatal("the slow call ended before it was seen running")
+		default:
+		}
+	}
+	res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "echo", Arguments: map[string]any{}})
+	if err != nil || !res.IsError || !strings.HasPrefix(resultJSON(t, res)["error"].(string), "Busy: 1 agents are running already") {
+		t.Fatalf("second call while one runs: %+v %v", res, err)
+	}
+	<-done
+	if res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "echo", Arguments: map[string]any{}}); err != nil || res.IsError {
+		t.Fatalf("call after the slot freed: %+v %v", res, err)
+	}
+}

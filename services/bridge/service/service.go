@@ -1,0 +1,256 @@
+// Package service wires the tool bridge (seed 000) into a runnable server:
+// the configured agents as MCP tools over streamable HTTP, and the same
+// tools over stdio and from the command line for `conclave bridge`. It is
+// the one entry point shared by cmd/bridge and `conclave dev`.
+package service
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+	"go.opentelemetry.io/otel/metric"
+
+	"github.com/conclave-ai/conclave/pkg/config"
+	"github.com/conclave-ai/conclave/pkg/hybrid"
+	"github.com/conclave-ai/conclave/pkg/server"
+	"github.com/conclave-ai/conclave/pkg/telemetry"
+	"github.com/conclave-ai/conclave/services/bridge/internal/agentconfig"
+	"github.com/conclave-ai/conclave/services/bridge/internal/mcpserver"
+	"github.com/conclave-ai/conclave/services/bridge/internal/tools"
+)
+
+// defaultMaxRunning is CONCLAVE_BRIDGE_MAX_RUNNING's default, for a Config
+// not loaded from the environment.
+const defaultMaxRunning = 16
+
+// MCPPath is where the streamable HTTP endpoint is served.
+const MCPPath = "/mcp"
+
+// Config is the bridge's configuration. The agents themselves are in the
+// config.yaml that ConfigFile names.
+type Config struct {
+	ConfigFile      string            `env:"CONCLAVE_BRIDGE_CONFIG" default:"config.yaml" help:"path of the bridge's config.yaml (agents, security, workspace)"`
+	Workspace       string            `env:"CONCLAVE_BRIDGE_WORKSPACE" help:"workspace root the agents run in, overriding config.yaml's workspace"`
+	HTTPAddr        config.ListenAddr `env:"CONCLAVE_BRIDGE_HTTP_ADDR" default:":8083" help:"HTTP listener: MCP streamable HTTP on /mcp, health and metrics"`
+	Tokens          []string          `env:"CONCLAVE_BRIDGE_TOKENS" help:"comma-separated bearer tokens accepted on /mcp"`
+	ShutdownTimeout time.Duration     `env:"CONCLAVE_BRIDGE_SHUTDOWN_TIMEOUT" default:"15s" help:"how long running tool calls may drain on shutdown"`
+	// ProgressInterval paces the notifications of long calls.
+	ProgressInterval time.Duration `env:"CONCLAVE_BRIDGE_PROGRESS_INTERVAL" default:"5s" help:"how often a running tool call sends a progress notification to a client that asked for them"`
+	MaxRequestBytes  int64         `env:"CONCLAVE_BRIDGE_MAX_REQUEST_BYTES" default:"4194304" help:"largest MCP request body accepted over HTTP"`
+	Rate             float64       `env:"CONCLAVE_BRIDGE_RATE" default:"20" help:"MCP requests per second each client (bearer token, or address without tokens) may make"`
+	Burst            int           `env:"CONCLAVE_BRIDGE_BURST" default:"40" help:"MCP requests each client may make at once, above its rate"`
+	MaxRunning       int           `env:"CONCLAVE_BRIDGE_MAX_RUNNING" default:"16" help:"agents that may run at once; calls beyond are refused with a Busy error"`
+	// AllowUnauthenticated opens /mcp without tokens; conclave dev sets it,
+	// on loopback only.
+	AllowUnauthenticated bool `env:"CONCLAVE_BRIDGE_ALLOW_UNAUTHENTICATED" default:"false" help:"serve /mcp without bearer tokens (development only)"`
+
+	// Env supplies the variables agents may inherit (config.yaml's
+	// environment.pass and each agent's env); nil passes none.
+	Env config.Lookup
+	// Version is reported to MCP clients.
+	Version string
+}
+
+// Validate implements config.Validator.
+func (c Config) Validate() error {
+	if c.ConfigFile == "" {
+		return fmt.Errorf("CONCLAVE_BRIDGE_CONFIG: the bridge needs its config.yaml")
+	}
+	if len(c.Tokens) == 0 && !c.AllowUnauthenticated && c.HTTPAddr != "" {
+		return fmt.Errorf("CONCLAVE_BRIDGE_TOKENS: set at least one bearer token, or CONCLAVE_BRIDGE_ALLOW_UNAUTHENTICATED=true for development")
+	}
+	for _, t := range c.Tokens {
+		if t == "" {
+			return fmt.Errorf("CONCLAVE_BRIDGE_TOKENS: empty token in the list")
+		}
+	}
+	if c.ShutdownTimeout <= 0 {
+		return fmt.Errorf("CONCLAVE_BRIDGE_SHUTDOWN_TIMEOUT: must be positive, got %s", c.ShutdownTimeout)
+	}
+	if c.ProgressInterval <= 0 {
+		return fmt.Errorf("CONCLAVE_BRIDGE_PROGRESS_INTERVAL: must be positive, got %s", c.ProgressInterval)
+	}
+	if c.MaxRequestBytes < 1024 {
+		return fmt.Errorf("CONCLAVE_BRIDGE_MAX_REQUEST_BYTES: must be at least 1024, got %d", c.MaxRequestBytes)
+	}
+	if !(c.Rate > 0) {
+		return fmt.Errorf("CONCLAVE_BRIDGE_RATE: must be a positive number, got %g", c.Rate)
+	}
+	if c.Burst < 1 {
+		return fmt.Errorf("CONCLAVE_BRIDGE_BURST: must be positive, got %d", c.Burst)
+	}
+	if c.MaxRunning < 1 {
+		return fmt.Errorf("CONCLAVE_BRIDGE_MAX_RUNNING: must be positive, got %d", c.MaxRunning)
+	}
+	return nil
+}
+
+func (c Config) lookup(key string) (string, bool) {
+	if c.Env == nil {
+		return "", false
+	}
+	return c.Env(key)
+}
+
+func (c Config) progressInterval() time.Duration {
+	if c.ProgressInterval <= 0 {
+		return 5 * time.Second
+	}
+	return c.ProgressInterval
+}
+
+func loadRunner(cfg Config, logger *slog.Logger, meter metric.Meter) (*tools.Runner, error) {
+	agents, err := agentconfig.Load(cfg.ConfigFile, cfg.Workspace, cfg.lookup)
+	if err != nil {
+		return nil, err
+	}
+	maxRunning := cfg.MaxRunning
+	if maxRunning < 1 {
+		maxRunning = defaultMaxRunning
+	}
+	return tools.New(agents, logger, meter, maxRunning)
+}
+
+// Bridge is a configured, not yet running, bridge HTTP server.
+type Bridge struct {
+	srv    *server.Server
+	runner *tools.Runner
+}
+
+// New loads config.yaml and builds the HTTP server: streamable HTTP MCP on
+// MCPPath behind bearer tokens and a per-client rate limit.
+func New(cfg Config, logger *slog.Logger, tel *telemetry.Provider, opts ...server.Option) (*Bridge, error) {
+	runner, err := loadRunner(cfg, logger, tel.Meter("bridge"))
+	if err != nil {
+		return nil, err
+	}
+	opts = append([]server.Option{
+		server.WithMetricsHandler(tel.MetricsHandler()),
+		server.WithHTTPMiddleware(func(h http.Handler) http.Handler { return tel.HTTPHandler(h, "bridge") }),
+	}, opts...)
+	srv, err := server.New(server.Config{
+		Name:                "bridge",
+		HTTPAddr:            string(cfg.HTTPAddr),
+		ShutdownTimeout:     cfg.ShutdownTimeout,
+		MaxRequestBodyBytes: cfg.MaxRequestBytes,
+	}, logger, opts...)
+	if err != nil {
+		return nil, fmt.Errorf("bridge server: %w", err)
+	}
+	mcpSrv := mcpserver.New(runner, mcpserver.Options{Version: cfg.Version, ProgressInterval: cfg.progressInterval(), Logger: logger})
+	handler := mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return mcpSrv }, &mcp.StreamableHTTPOptions{
+		Logger: logger,
+		// Idle sessions are dropped, so abandoned clients free their state.
+		SessionTimeout: 30 * time.Minute,
+	})
+	if cfg.AllowUnauthenticated {
+		logger.Warn("the bridge's MCP endpoint accepts requests without a bearer token")
+	}
+	protected := guard(cfg, handler)
+	// A tool call lasts as long as its agent (up to its timeout), and GET
+	// /mcp is a server-sent event stream: both outlive a unary deadline.
+	srv.HandleStream(MCPPath, protected)
+	return &Bridge{srv: srv, runner: runner}, nil
+}
+
+// Run serves until ctx is cancelled, then drains.
+func (b *Bridge) Run(ctx context.Context) error { return b.srv.Run(ctx) }
+
+// Ready is closed once the listener is bound.
+func (b *Bridge) Ready() <-chan struct{} { return b.srv.Ready() }
+
+// Endpoints lists where the bridge listens, once Ready.
+func (b *Bridge) Endpoints() []server.Endpoint {
+	addr := b.srv.HTTPAddr()
+	if addr == "" {
+		return nil
+	}
+	return []server.Endpoint{{Service: "bridge", Protocol: fmt.Sprintf("HTTP: MCP streamable HTTP %s (%d tools), /healthz /readyz /metrics", MCPPath, len(b.runner.Names())+1), Address: addr}}
+}
+
+// ServeStdio serves MCP on in and out (a client's pipes) until the client
+// closes in or ctx ends. Nothing but protocol frames is written to out; logs
+// go to logger.
+func ServeStdio(ctx context.Context, cfg Config, logger *slog.Logger, tel *telemetry.Provider, in io.ReadCloser, out io.WriteCloser) error {
+	runner, err := loadRunner(cfg, logger, tel.Meter("bridge"))
+	if err != nil {
+		return err
+	}
+	s := mcpserver.New(runner, mcpserver.Options{Version: cfg.Version, ProgressInterval: cfg.progressInterval(), Logger: logger})
+	err = s.Run(ctx, &mcp.IOTransport{Reader: in, Writer: out})
+	if ctx.Err() != nil || isClosedPipe(err) {
+		return nil
+	}
+	var syntax *json.SyntaxError
+	if errors.As(err, &syntax) {
+		return fmt.Errorf("mcp stdio: the client sent a line that is not valid JSON (%v); the session is over", err)
+	}
+	return fmt.Errorf("mcp stdio: %w", err)
+}
+
+// Call runs tool name with args (a JSON object) once and returns the JSON
+// object to print: the agent's response, or the bridge's error in the same
+// form. err is non-nil for an unknown tool and a broken configuration, and
+// for every failed call, so that a command can exit non-zero.
+func Call(ctx context.Context, cfg Config, logger *slog.Logger, name string, args json.RawMessage) (json.RawMessage, error) {
+	runner, err := loadRunner(cfg, logger, nil)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := runner.Call(ctx, name, args)
+	if err != nil {
+		var he *hybrid.Error
+		if errors.As(err, &he) {
+			return he.Response(), err
+		}
+		return nil, fmt.Errorf("%w; configured tools: %v", err, runner.Names())
+	}
+	if resp.Status == hybrid.StatusError {
+		return resp.Object, fmt.Errorf("%s answered with an error: %s", name, resp.Error)
+	}
+	return resp.Object, nil
+}
+
+// Tool describes one configured tool.
+type Tool struct {
+	Name        string          `json:"name"`
+	Description string          `json:"description"`
+	Script      string          `json:"script"`
+	Interpreter string          `json:"interpreter"`
+	Timeout     string          `json:"timeout"`
+	InputSchema json.RawMessage `json:"inputSchema"`
+}
+
+// List returns the configured tools.
+func List(cfg Config) ([]Tool, error) {
+	agents, err := agentconfig.Load(cfg.ConfigFile, cfg.Workspace, cfg.lookup)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]Tool, 0, len(agents.Agents))
+	for _, a := range agents.Agents {
+		out = append(out, Tool{Name: a.Name, Description: a.Description, Script: a.Run.Script,
+			Interpreter: a.Run.Interpreter, Timeout: a.Run.Timeout.String(), InputSchema: a.InputSchema})
+	}
+	return out, nil
+}
+
+// Health is the bridge's health report, as the health_check tool returns it.
+type Health = tools.Health
+
+// CheckHealth reports whether every agent's script and interpreter exist and
+// are usable.
+func CheckHealth(cfg Config, logger *slog.Logger) (Health, error) {
+	runner, err := loadRunner(cfg, logger, nil)
+	if err != nil {
+		return Health{}, err
+	}
+	return runner.Health(), nil
+}
