@@ -98,7 +98,11 @@ func startBus(t *testing.T, cfg service.Config, o busOption) *testBus {
 		}
 		o.tel = tel
 	}
-	b, err := service.New(cfg, slog.New(slog.DiscardHandler), o.tel, o.st, o.q, o.launcher)
+	logger := slog.New(slog.DiscardHandler)
+	if testing.Verbose() {
+		logger = slog.New(slog.NewTextHandler(tWriter{t}, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
+	b, err := service.New(cfg, logger, o.tel, o.st, o.q, o.launcher)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -146,7 +150,7 @@ func (w *wire) send(frame string) {
 	ctx, cancel := context.WithTimeout(context.Background(), guard)
 	defer cancel()
 	if err := w.c.Write(ctx, websocket.MessageText, []byte(frame)); err != nil {
-		w.t.Fatalf("send %s: %v", frame, err)
+		w.t.Fatalf("send %.200s: %v", frame, err)
 	}
 }
 
@@ -304,3 +308,13 @@ func mustJSON(t *testing.T, v any) string {
 }
 
 func contains(s, sub string) bool { return strings.Contains(s, sub) }
+
+func jsonUnmarshal(data []byte, v any) error { return json.Unmarshal(data, v) }
+
+// tWriter sends the bus's log to the test's, with -v.
+type tWriter struct{ t *testing.T }
+
+func (w tWriter) Write(p []byte) (int, error) {
+	w.t.Log(strings.TrimSpace(string(p)))
+	return len(p), nil
+}

@@ -43,7 +43,8 @@ var _ jsonrpc.Stream = (*Stream)(nil)
 
 // New returns a stream over c. Frames over maxFrame bytes close the
 // connection with 1009; at most buffered frames wait to be written, and a
-// write taking longer than writeTimeout also counts as a peer not reading.
+// full buffer or one write that stays stuck for writeTimeout means the peer
+// is not reading.
 func New(c *websocket.Conn, maxFrame, buffered int, writeTimeout time.Duration) *Stream {
 	c.SetReadLimit(int64(maxFrame))
 	s := &Stream{c: c, max: maxFrame, out: make(chan []byte, buffered), writeTimeout: writeTimeout,
@@ -61,19 +62,29 @@ func (s *Stream) ReadMessage(ctx context.Context) ([]byte, error) {
 	return data, err
 }
 
-// WriteMessage queues a frame. It never waits for the peer: a full buffer
-// fails the write, which ends the connection.
-func (s *Stream) WriteMessage(_ context.Context, data []byte) error {
+// WriteMessage queues a frame. When the buffer is full it waits for room,
+// so a burst (every pending call failing at once) passes, but not for
+// longer than the write timeout: a peer that lets the buffer stay full
+// that long is not reading, and the connection ends.
+func (s *Stream) WriteMessage(ctx context.Context, data []byte) error {
 	frame := append([]byte(nil), data...) // the caller may reuse data
 	select {
 	case <-s.closed:
 		return errClosed
-	default:
-	}
-	select {
 	case s.out <- frame:
 		return nil
 	default:
+	}
+	t := time.NewTimer(s.writeTimeout)
+	defer t.Stop()
+	select {
+	case s.out <- frame:
+		return nil
+	case <-s.closed:
+		return errClosed
+	case <-ctx.Done():
+		return ctx.Err() // nothing was written: the frame is simply not sent
+	case <-t.C:
 		s.fail(StatusSlowReader, "slow reader: outbound buffer full")
 		return ErrSlowReader
 	}
