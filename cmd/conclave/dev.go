@@ -9,8 +9,10 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/conclave-ai/conclave/pkg/config"
+	"github.com/conclave-ai/conclave/pkg/queue"
 	"github.com/conclave-ai/conclave/pkg/server"
 	"github.com/conclave-ai/conclave/pkg/store"
+	bus "github.com/conclave-ai/conclave/services/bus/service"
 	gateway "github.com/conclave-ai/conclave/services/gateway/service"
 )
 
@@ -20,6 +22,7 @@ type devConfig struct {
 	config.Common
 	Storage config.Storage
 	Gateway gateway.Config
+	Bus     bus.Config
 }
 
 // service is what conclave dev runs: each service's own server, in one
@@ -42,6 +45,9 @@ func runDev(ctx context.Context, args []string, lookup config.Lookup, stdout, st
 	// still present it.
 	cfg.Gateway.AllowUnauthenticated = true
 	cfg.Gateway.AllowAgentsWithoutTokens = true
+	cfg.Bus.Addr = "127.0.0.1:7892"
+	cfg.Bus.ServerID = "dev"
+	cfg.Bus.AllowUnauthenticated = true
 	if err := config.Load(ctx, &cfg, "conclave dev", args, lookup, stderr); err != nil {
 		return err
 	}
@@ -62,7 +68,15 @@ func runDev(ctx context.Context, args []string, lookup config.Lookup, stdout, st
 		return err
 	}
 	defer st.Close()
-	if err := store.EnsureTables(ctx, st, gateway.Tables...); err != nil {
+	if err := store.EnsureTables(ctx, st, append(gateway.Tables, bus.Tables...)...); err != nil {
+		return err
+	}
+	q, err := queue.Open(ctx, cfg.Storage)
+	if err != nil {
+		return err
+	}
+	defer q.Close()
+	if err := bus.EnsureQueues(ctx, q); err != nil {
 		return err
 	}
 
@@ -70,7 +84,13 @@ func runDev(ctx context.Context, args []string, lookup config.Lookup, stdout, st
 	if err != nil {
 		return err
 	}
-	services := []service{gw}
+	// No runner yet: without a launcher, a message no subscriber matches is
+	// answered with success false instead of going to the default handler.
+	b, err := bus.New(cfg.Bus, logger, tel, st, q, nil)
+	if err != nil {
+		return err
+	}
+	services := []service{gw, b}
 
 	g, gctx := errgroup.WithContext(ctx)
 	for _, s := range services {

@@ -3,7 +3,9 @@ module github.com/conclave-ai/conclave/cmd/conclave
 go 1.26.8
 
 require (
+	github.com/coder/websocket v1.8.15
 	github.com/conclave-ai/conclave/pkg v0.0.0-00010101000000-000000000000
+	github.com/conclave-ai/conclave/services/bus v0.0.0-00010101000000-000000000000
 	github.com/conclave-ai/conclave/services/gateway v0.0.0-00010101000000-000000000000
 )
 
@@ -23,6 +25,7 @@ require (
 	github.com/aws/aws-sdk-go-v2/service/ssooidc v1.44.3 // indirect
 	github.com/aws/aws-sdk-go-v2/service/sts v1.51.8 // indirect
 	go.etcd.io/bbolt v1.5.0 // indirect
+	golang.org/x/time v0.9.0 // indirect
 )
 
 require (
@@ -71,5 +74,6 @@ require (
 replace (
 	github.com/conclave-ai/conclave/pkg => ../../pkg
 	github.com/conclave-ai/conclave/proto => ../../proto
+	github.com/conclave-ai/conclave/services/bus => ../../services/bus
 	github.com/conclave-ai/conclave/services/gateway => ../../services/gateway
 )

@@ -15,6 +15,9 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
+
+	"github.com/coder/websocket"
 )
 
 // Paths to real binaries built once for this package's tests: conclave
@@ -73,7 +76,7 @@ func toolBinary(name, pkg string) (string, error) {
 func devProcess(t *testing.T, dataDir string, extra ...string) (*exec.Cmd, map[string]string, *bytes.Buffer) {
 	t.Helper()
 	cmd := exec.Command(conclaveBin, append([]string{"dev", "--gateway-grpc-addr=127.0.0.1:0", "--gateway-http-addr=127.0.0.1:0",
-		"--data-dir", dataDir}, extra...)...)
+		"--bus-addr=127.0.0.1:0", "--data-dir", dataDir}, extra...)...)
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -126,6 +129,9 @@ func TestDevServesCovenAndHealth(t *testing.T) {
 	if err != nil || !strings.Contains(string(out), "SERVING") {
 		t.Errorf("health check: %v\n%s", err, out)
 	}
+
+	// The bus answers a client written from seed 004, without a token.
+	checkBus(t, "ws://"+addrs["bus WebSocket"])
 
 	// Ctrl-C stops it cleanly.
 	if err := cmd.Process.Signal(syscall.SIGINT); err != nil {
@@ -228,5 +234,33 @@ func TestCommands(t *testing.T) {
 				t.Fatalf("err = %v, stdout = %q", err, stdout.String())
 			}
 		})
+	}
+}
+
+// checkBus initializes on the bus at url as the seed's first example does
+// and pings it.
+func checkBus(t *testing.T, url string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	c, _, err := websocket.Dial(ctx, url, nil)
+	if err != nil {
+		t.Fatalf("dial the bus at %s: %v", url, err)
+	}
+	defer c.CloseNow()
+	for _, frame := range []string{
+		`{"jsonrpc":"2.0","method":"initialize","params":{"clientId":"agent-1","clientInfo":{"name":"bub","version":"0.2.0"}},"id":1}`,
+		`{"jsonrpc":"2.0","method":"ping","params":{},"id":100}`,
+	} {
+		if err := c.Write(ctx, websocket.MessageText, []byte(frame)); err != nil {
+			t.Fatal(err)
+		}
+		_, answer, err := c.Read(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(string(answer), `"result"`) {
+			t.Errorf("bus answered %s to %s", answer, frame)
+		}
 	}
 }
