@@ -33,6 +33,7 @@ const usage = `Usage: conclave <command> [flags]
 Commands:
   dev       run every service in one process on embedded storage
   agent     talk to connected agents: send a message, list them
+  bus       the bus's command line (bub): send-message, subscribe, dlq, serve
   version   print the version
   help      show this help
 
@@ -49,6 +50,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return runDev(ctx, rest, os.LookupEnv, stdout, stderr)
 	case "agent":
 		return runAgent(ctx, rest, stdout, stderr)
+	case "bus":
+		return runBus(ctx, rest, stdout, stderr)
 	case "version", "--version":
 		fmt.Fprintln(stdout, versionString())
 		return nil

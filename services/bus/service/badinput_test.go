@@ -185,4 +185,3 @@ func TestBadInput(t *testing.T) {
 		}
 	})
 }
-

@@ -90,12 +90,12 @@ func (c Config) Validate() error {
 		return fmt.Errorf("CONCLAVE_BUS_RATE: must be positive, got %g", c.Rate)
 	}
 	for key, d := range map[string]time.Duration{
-		"CONCLAVE_BUS_DELIVERY_TIMEOUT":   c.DeliveryTimeout,
-		"CONCLAVE_BUS_WRITE_TIMEOUT":      c.WriteTimeout,
-		"CONCLAVE_BUS_RETRY_BASE_DELAY":   c.RetryBaseDelay,
-		"CONCLAVE_BUS_RETRY_MAX_DELAY":    c.RetryMaxDelay,
-		"CONCLAVE_BUS_SPAWN_TIMEOUT":      c.SpawnTimeout,
-		"CONCLAVE_BUS_SHUTDOWN_TIMEOUT":   c.ShutdownTimeout,
+		"CONCLAVE_BUS_DELIVERY_TIMEOUT": c.DeliveryTimeout,
+		"CONCLAVE_BUS_WRITE_TIMEOUT":    c.WriteTimeout,
+		"CONCLAVE_BUS_RETRY_BASE_DELAY": c.RetryBaseDelay,
+		"CONCLAVE_BUS_RETRY_MAX_DELAY":  c.RetryMaxDelay,
+		"CONCLAVE_BUS_SPAWN_TIMEOUT":    c.SpawnTimeout,
+		"CONCLAVE_BUS_SHUTDOWN_TIMEOUT": c.ShutdownTimeout,
 	} {
 		if d <= 0 {
 			return fmt.Errorf("%s: must be positive, got %s", key, d)
