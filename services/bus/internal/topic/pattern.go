@@ -1,12 +1,10 @@
 // Package topic matches bus topics against subscription patterns.
 //
 // Patterns are fnmatch-style globs, case-sensitive, as the public bub
-// implementation uses them (Python's fnmatchcase):
-//
-//   - any run of characters, including none and including ':'
-//     ?        exactly one character
-//     [seq]    one character in seq (ranges such as a-z allowed)
-//     [!seq]   one character not in seq
+// implementation uses them (Python's fnmatchcase): a star matches any run
+// of characters, including none and including ':'; '?' matches exactly one
+// character; "[seq]" one character in seq (ranges such as a-z allowed);
+// "[!seq]" one character not in seq.
 //
 // A '[' without a closing ']' is an ordinary character. A pattern without
 // wildcards matches only an equal topic: the seed's bare-prefix form (where
