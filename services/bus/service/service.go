@@ -163,7 +163,7 @@ func New(cfg Config, logger *slog.Logger, tel *telemetry.Provider, st store.Stor
 	}
 	b := &Bus{cfg: cfg, access: access, log: logger, tls: cfg.TLSCert != ""}
 	b.retries = broker.NewRetries(q, st, broker.RetryPolicy{MaxAttempts: cfg.RetryAttempts,
-		BaseDelay: cfg.RetryBaseDelay, MaxDelay: cfg.RetryMaxDelay}, logger)
+		BaseDelay: cfg.RetryBaseDelay, MaxDelay: cfg.RetryMaxDelay}, tel.TracerProvider(), logger)
 	var dh *broker.DefaultHandler
 	if launcher != nil {
 		dh = broker.NewDefaultHandler(launcher, cfg.Workspace, b.URL, cfg.SpawnTimeout, logger)

@@ -8,6 +8,8 @@ import (
 	"log/slog"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/conclave-ai/conclave/pkg/queue"
 	"github.com/conclave-ai/conclave/pkg/store"
 )
@@ -52,12 +54,14 @@ type Retries struct {
 	st     store.Store
 	policy RetryPolicy
 	log    *slog.Logger
+	tp     trace.TracerProvider
 	broker *Broker
 }
 
 // NewRetries returns the retry machinery; RetryQueue and DeadLetterTable
-// must exist.
-func NewRetries(q queue.Queue, st store.Store, policy RetryPolicy, logger *slog.Logger) *Retries {
+// must exist. tp makes the spans of retried deliveries, which continue the
+// publisher's trace.
+func NewRetries(q queue.Queue, st store.Store, policy RetryPolicy, tp trace.TracerProvider, logger *slog.Logger) *Retries {
 	if policy.MaxAttempts <= 0 {
 		policy.MaxAttempts = 3
 	}
@@ -67,7 +71,7 @@ func NewRetries(q queue.Queue, st store.Store, policy RetryPolicy, logger *slog.
 	if policy.MaxDelay <= 0 || policy.MaxDelay > queue.MaxDelay {
 		policy.MaxDelay = queue.MaxDelay
 	}
-	return &Retries{q: q, st: st, policy: policy, log: logger}
+	return &Retries{q: q, st: st, policy: policy, tp: tp, log: logger}
 }
 
 // retryJob is a retry queue message's body.
@@ -161,7 +165,7 @@ func (r *Retries) deadLetter(ctx context.Context, job retryJob, reason string) e
 // Run consumes the retry queue until ctx ends.
 func (r *Retries) Run(ctx context.Context) error {
 	return queue.Consume(ctx, r.q, RetryQueue.Name, r.handle, queue.ConsumerOptions{
-		Workers: 4, Visibility: RetryQueue.VisibilityTimeout, Logger: r.log})
+		Workers: 4, Visibility: RetryQueue.VisibilityTimeout, Logger: r.log, TracerProvider: r.tp})
 }
 
 // handle makes one more attempt. It returns an error only when neither the
