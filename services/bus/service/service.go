@@ -111,7 +111,7 @@ func (c Config) Validate() error {
 var Tables = []store.Table{broker.DeadLetterTable}
 
 // Queues lists the queues the bus owns.
-var Queues = []queue.Definition{broker.RetryQueue}
+var Queues = []queue.Definition{broker.RetryQueue, broker.EventsQueue}
 
 // EnsureQueues creates the bus's queues.
 func EnsureQueues(ctx context.Context, q queue.Queue) error {
@@ -134,6 +134,7 @@ type Bus struct {
 	srv     *server.Server
 	broker  *broker.Broker
 	retries *broker.Retries
+	events  *broker.Events
 	access  *broker.Access
 	cfg     Config
 	tls     bool
@@ -175,6 +176,7 @@ func New(cfg Config, logger *slog.Logger, tel *telemetry.Provider, st store.Stor
 		Metrics: metrics, Tracer: tel.TracerProvider().Tracer("github.com/conclave-ai/conclave/services/bus"),
 		Logger: logger,
 	})
+	b.events = broker.NewEvents(q, b.broker, tel.TracerProvider(), logger)
 	if cfg.AllowUnauthenticated {
 		logger.Warn("the bus accepts clients without a bearer token, with every permission")
 	}
@@ -255,6 +257,7 @@ func (b *Bus) Run(ctx context.Context) error {
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return b.srv.Run(gctx) })
 	g.Go(func() error { return b.retries.Run(gctx) })
+	g.Go(func() error { return b.events.Run(gctx) })
 	return g.Wait()
 }
 

@@ -57,3 +57,21 @@ func FuzzHandle(f *testing.F) {
 		call(MethodUnsubscribe, params)
 	})
 }
+
+// FuzzDecodeEnvelope feeds arbitrary queue bodies to the events decoder: it
+// returns an envelope or an error, and a decoded envelope always has a
+// topic.
+func FuzzDecodeEnvelope(f *testing.F) {
+	f.Add([]byte("CgRldi0xEhpydW5uZXIudGFzay5zdGF0dXNfY2hhbmdlZA=="))
+	f.Add([]byte("not base64"))
+	f.Add([]byte(""))
+	f.Fuzz(func(t *testing.T, body []byte) {
+		env, err := DecodeEnvelope(body)
+		if err != nil {
+			return
+		}
+		if EventTopic(env) == "" {
+			t.Fatalf("envelope %v has no topic", env)
+		}
+	})
+}
