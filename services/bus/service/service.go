@@ -53,6 +53,9 @@ type Config struct {
 	Workspace            string        `env:"CONCLAVE_BUS_WORKSPACE" help:"BUB_WORKSPACE of agents the default handler launches"`
 	PublicURL            string        `env:"CONCLAVE_BUS_PUBLIC_URL" help:"BUB_BUS_URL given to launched agents (default: ws:// or wss:// and the listener's address)"`
 	SpawnTimeout         time.Duration `env:"CONCLAVE_BUS_SPAWN_TIMEOUT" default:"60s" help:"how long the default handler waits for a launched agent to subscribe"`
+	PeerToken            string        `env:"CONCLAVE_BUS_PEER_TOKEN" help:"shared secret of the replicas; when set, each replica forwards messages to the others (listed in the store) and accepts theirs on /internal/v1/deliver"`
+	AdvertiseAddr        string        `env:"CONCLAVE_BUS_ADVERTISE_ADDR" help:"host:port other replicas reach this one at (default: the listener's address)"`
+	Lease                time.Duration `env:"CONCLAVE_BUS_LEASE" default:"15s" help:"how long a replica stays listed after its last renewal"`
 	ShutdownTimeout      time.Duration `env:"CONCLAVE_BUS_SHUTDOWN_TIMEOUT" default:"15s" help:"how long in-flight work may drain on shutdown"`
 }
 
@@ -96,10 +99,14 @@ func (c Config) Validate() error {
 		"CONCLAVE_BUS_RETRY_MAX_DELAY":  c.RetryMaxDelay,
 		"CONCLAVE_BUS_SPAWN_TIMEOUT":    c.SpawnTimeout,
 		"CONCLAVE_BUS_SHUTDOWN_TIMEOUT": c.ShutdownTimeout,
+		"CONCLAVE_BUS_LEASE":            c.Lease,
 	} {
 		if d <= 0 {
 			return fmt.Errorf("%s: must be positive, got %s", key, d)
 		}
+	}
+	if c.PeerToken != "" && len(c.PeerToken) < 16 {
+		return errors.New("CONCLAVE_BUS_PEER_TOKEN: must be at least 16 characters")
 	}
 	if c.RetryMaxDelay > queue.MaxDelay {
 		return fmt.Errorf("CONCLAVE_BUS_RETRY_MAX_DELAY: at most %s (the longest queue delay), got %s", queue.MaxDelay, c.RetryMaxDelay)
@@ -108,7 +115,7 @@ func (c Config) Validate() error {
 }
 
 // Tables lists the tables the bus keeps its state in.
-var Tables = []store.Table{broker.DeadLetterTable}
+var Tables = []store.Table{broker.DeadLetterTable, ReplicaTable}
 
 // Queues lists the queues the bus owns.
 var Queues = []queue.Definition{broker.RetryQueue, broker.EventsQueue}
@@ -135,6 +142,7 @@ type Bus struct {
 	broker  *broker.Broker
 	retries *broker.Retries
 	events  *broker.Events
+	cluster *cluster
 	access  *broker.Access
 	cfg     Config
 	tls     bool
@@ -169,10 +177,26 @@ func New(cfg Config, logger *slog.Logger, tel *telemetry.Provider, st store.Stor
 	if launcher != nil {
 		dh = broker.NewDefaultHandler(launcher, cfg.Workspace, b.URL, cfg.SpawnTimeout, logger)
 	}
+	var forwarder broker.Forwarder
+	if cfg.PeerToken != "" {
+		scheme := "http"
+		if b.tls {
+			scheme = "https"
+		}
+		b.cluster = &cluster{st: st, serverID: serverID, token: cfg.PeerToken, scheme: scheme, lease: cfg.Lease, log: logger,
+			client: &http.Client{Transport: tel.HTTPTransport(http.DefaultTransport), Timeout: cfg.DeliveryTimeout + 10*time.Second}}
+		b.cluster.addr = func() string {
+			if cfg.AdvertiseAddr != "" {
+				return cfg.AdvertiseAddr
+			}
+			return b.srv.HTTPAddr()
+		}
+		forwarder = b.cluster
+	}
 	b.broker = broker.New(broker.Options{
 		ServerID: serverID, Version: "0.1.0", DefaultPolicy: policy, ClientPolicies: cfg.ClientPolicies,
 		DeliveryTimeout: cfg.DeliveryTimeout, MaxSubscriptions: cfg.MaxSubscriptions,
-		Rate: cfg.Rate, Burst: cfg.Burst, Retries: b.retries, DefaultHandler: dh,
+		Rate: cfg.Rate, Burst: cfg.Burst, Retries: b.retries, DefaultHandler: dh, Forwarder: forwarder,
 		Metrics: metrics, Tracer: tel.TracerProvider().Tracer("github.com/conclave-ai/conclave/services/bus"),
 		Logger: logger,
 	})
@@ -203,6 +227,10 @@ func New(cfg Config, logger *slog.Logger, tel *telemetry.Provider, st store.Stor
 	}
 	srv.HandleStream("GET /{$}", http.HandlerFunc(b.serveWebSocket))
 	b.routeDeadLetters(srv)
+	if b.cluster != nil {
+		b.cluster.bus = b.broker
+		srv.HandleStream("POST /internal/v1/deliver", http.HandlerFunc(b.cluster.serveDeliver))
+	}
 	b.srv = srv
 	return b, nil
 }
@@ -258,6 +286,16 @@ func (b *Bus) Run(ctx context.Context) error {
 	g.Go(func() error { return b.srv.Run(gctx) })
 	g.Go(func() error { return b.retries.Run(gctx) })
 	g.Go(func() error { return b.events.Run(gctx) })
+	if b.cluster != nil {
+		g.Go(func() error {
+			select {
+			case <-b.srv.Ready():
+				b.cluster.advertise(gctx)
+			case <-gctx.Done():
+			}
+			return nil
+		})
+	}
 	return g.Wait()
 }
 

@@ -43,6 +43,8 @@ type Options struct {
 	Retries *Retries
 	// DefaultHandler, when set, takes messages no subscriber matches.
 	DefaultHandler *DefaultHandler
+	// Forwarder, when set, carries messages to the other replicas.
+	Forwarder Forwarder
 	Metrics        *Metrics
 	Tracer         trace.Tracer
 	Logger         *slog.Logger
@@ -172,6 +174,86 @@ type message struct {
 	publisher string
 }
 
+// Forwarded is a message one replica hands another: to route among its own
+// subscribers, or, with ClientID, to deliver to that agent (a retry).
+type Forwarded struct {
+	MessageID string          `json:"message_id"`
+	Topic     string          `json:"topic"`
+	Payload   json.RawMessage `json:"payload"`
+	Publisher string          `json:"publisher,omitempty"`
+	ClientID  string          `json:"client_id,omitempty"`
+	Attempt   int             `json:"attempt,omitempty"`
+}
+
+// Forwarded's answer: the acks of the replica's subscribers, whether any
+// matched, and whether one stopped propagation.
+type ForwardResult struct {
+	Acks   []Ack `json:"acks"`
+	Routed bool  `json:"routed"`
+	Stop   bool  `json:"stop"`
+}
+
+// Forwarder carries a message to every other live replica and merges
+// their answers.
+type Forwarder interface {
+	Forward(ctx context.Context, f Forwarded) ForwardResult
+}
+
+// DeliverForwarded routes a message another replica forwarded among this
+// replica's subscribers only: no default handler, no further forwarding.
+func (b *Broker) DeliverForwarded(ctx context.Context, f Forwarded) (ForwardResult, error) {
+	msg := &message{id: f.MessageID, topic: f.Topic, payload: f.Payload, publisher: f.Publisher}
+	ctx = context.WithoutCancel(ctx)
+	if f.ClientID != "" {
+		s := b.agentFor(f.ClientID, f.Topic)
+		if s == nil {
+			return ForwardResult{Acks: []Ack{}}, nil
+		}
+		out := b.deliver(ctx, s, msg, max(f.Attempt, 1))
+		return ForwardResult{Acks: []Ack{out.ack}, Routed: true}, nil
+	}
+	routes := b.route(f.Topic)
+	if err := b.checkTyped(routes, f.Payload); err != nil {
+		return ForwardResult{}, err
+	}
+	acks, stop, _ := b.deliverAll(ctx, msg, routes)
+	return ForwardResult{Acks: acks, Routed: len(routes) > 0, Stop: stop}, nil
+}
+
+func (b *Broker) checkTyped(routes []*subscription, payload json.RawMessage) error {
+	if payloadType(payload) != "" {
+		return nil
+	}
+	for _, r := range routes {
+		if r.session.isAgent() {
+			return errUntyped(fmt.Sprintf("subscriber %q is an agent, delivered with processMessage", r.session.ClientID()))
+		}
+	}
+	return nil
+}
+
+// deliverAll delivers to routes in order under their policies, and
+// reports whether one stopped propagation, and whether that left some
+// route out.
+func (b *Broker) deliverAll(ctx context.Context, msg *message, routes []*subscription) (acks []Ack, stop, skipped bool) {
+	acks = make([]Ack, 0, len(routes))
+	for i := 0; i < len(routes); {
+		// A run of continueAll subscribers cannot stop propagation, so
+		// they are delivered to at once.
+		j := i + 1
+		for routes[i].policy == ContinueAll && j < len(routes) && routes[j].policy == ContinueAll {
+			j++
+		}
+		group, stop := b.deliverGroup(ctx, msg, routes[i:j])
+		acks = append(acks, group...)
+		if stop {
+			return acks, true, j < len(routes)
+		}
+		i = j
+	}
+	return acks, false, false
+}
+
 // errUntyped rejects a payload without a type where delivery needs one.
 func errUntyped(why string) *jsonrpc.Error {
 	return invalidParams("payload.type (a string) is required: %s", why)
@@ -190,46 +272,37 @@ func (b *Broker) Publish(ctx context.Context, publisher, t string, payload json.
 	ctx = context.WithoutCancel(ctx)
 
 	routes := b.route(t)
-	typed := payloadType(payload) != ""
-	if !typed {
-		for _, r := range routes {
-			if r.session.isAgent() {
-				b.opts.Metrics.published(ctx, "rejected")
-				return nil, errUntyped(fmt.Sprintf("subscriber %q is an agent, delivered with processMessage", r.session.ClientID()))
-			}
-		}
+	if err := b.checkTyped(routes, payload); err != nil {
+		b.opts.Metrics.published(ctx, "rejected")
+		return nil, err
 	}
-	if len(routes) == 0 {
-		if b.opts.DefaultHandler == nil {
-			b.opts.Metrics.published(ctx, "unrouted")
-			return &SendResult{Success: false, Acks: []Ack{}}, nil
-		}
-		if !typed {
-			b.opts.Metrics.published(ctx, "rejected")
-			return nil, errUntyped("no subscriber matches, and the default handler delivers to a new agent with processMessage")
-		}
-		b.opts.Metrics.published(ctx, "default_handler")
-		ack := b.opts.DefaultHandler.take(ctx, msg)
-		return &SendResult{Success: true, Acks: []Ack{ack}}, nil
-	}
-	b.opts.Metrics.published(ctx, "routed")
-	res := &SendResult{Success: true, Acks: make([]Ack, 0, len(routes))}
-	for i := 0; i < len(routes); {
-		// A run of continueAll subscribers cannot stop propagation, so
-		// they are delivered to at once.
-		j := i + 1
-		for routes[i].policy == ContinueAll && j < len(routes) && routes[j].policy == ContinueAll {
-			j++
-		}
-		acks, stop := b.deliverGroup(ctx, msg, routes[i:j])
-		res.Acks = append(res.Acks, acks...)
+	// This replica's subscribers first, then the other replicas'.
+	acks, stop, skipped := b.deliverAll(ctx, msg, routes)
+	routed := len(routes) > 0
+	if b.opts.Forwarder != nil {
 		if stop {
-			res.StopPropagation = j < len(routes)
-			break
+			skipped = true // the other replicas' subscribers are left out
+		} else {
+			remote := b.opts.Forwarder.Forward(ctx, Forwarded{MessageID: msg.id, Topic: t, Payload: payload, Publisher: publisher})
+			acks = append(acks, remote.Acks...)
+			routed = routed || remote.Routed
 		}
-		i = j
 	}
-	return res, nil
+	if routed {
+		b.opts.Metrics.published(ctx, "routed")
+		return &SendResult{Success: true, StopPropagation: skipped, Acks: acks}, nil
+	}
+	if b.opts.DefaultHandler == nil {
+		b.opts.Metrics.published(ctx, "unrouted")
+		return &SendResult{Success: false, Acks: []Ack{}}, nil
+	}
+	if payloadType(payload) == "" {
+		b.opts.Metrics.published(ctx, "rejected")
+		return nil, errUntyped("no subscriber matches, and the default handler delivers to a new agent with processMessage")
+	}
+	b.opts.Metrics.published(ctx, "default_handler")
+	ack := b.opts.DefaultHandler.take(ctx, msg)
+	return &SendResult{Success: true, Acks: []Ack{ack}}, nil
 }
 
 func (b *Broker) deliverGroup(ctx context.Context, msg *message, group []*subscription) ([]Ack, bool) {

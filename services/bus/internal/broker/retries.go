@@ -191,6 +191,15 @@ func (r *Retries) handle(ctx context.Context, m queue.Message) error {
 		}
 	}
 	s := r.broker.agentFor(job.ClientID, job.Topic)
+	if s == nil && r.broker.opts.Forwarder != nil {
+		// The agent may be connected to another replica, which then
+		// delivers and schedules what follows itself.
+		res := r.broker.opts.Forwarder.Forward(ctx, Forwarded{MessageID: job.MessageID, Topic: job.Topic,
+			Payload: job.Payload, Publisher: job.Publisher, ClientID: job.ClientID, Attempt: job.Attempts})
+		if res.Routed {
+			return nil
+		}
+	}
 	var out outcome
 	if s == nil {
 		out = outcome{failed: true, err: fmt.Sprintf("agent %q is not connected and subscribed to %q", job.ClientID, job.Topic)}
