@@ -6,6 +6,7 @@ require (
 	github.com/coder/websocket v1.8.15
 	github.com/conclave-ai/conclave/pkg v0.0.0-00010101000000-000000000000
 	github.com/conclave-ai/conclave/proto v0.0.0-00010101000000-000000000000
+	github.com/go-telegram/bot v1.19.0
 	go.opentelemetry.io/otel v1.47.0
 	go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracegrpc v1.47.0
 	go.opentelemetry.io/otel/metric v1.47.0
