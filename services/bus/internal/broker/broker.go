@@ -152,16 +152,25 @@ func (b *Broker) snapshot() []*subscription {
 // sessions allowed to receive t.
 func (b *Broker) route(t string) []*subscription {
 	subs := b.snapshot()
-	var out []*subscription
+	var (
+		out  []*subscription
+		seen map[*Session]struct{}
+	)
 	for i := len(subs) - 1; i >= 0; i-- {
 		s := subs[i]
-		if !s.pattern.Match(t) || !s.session.mayReceive(t) {
+		if !s.pattern.Match(t) {
 			continue
 		}
-		if slices.ContainsFunc(out, func(o *subscription) bool { return o.session == s.session }) {
+		if seen == nil {
+			seen = map[*Session]struct{}{}
+		}
+		if _, dup := seen[s.session]; dup {
 			continue
 		}
-		out = append(out, s)
+		seen[s.session] = struct{}{}
+		if s.session.mayReceive(t) {
+			out = append(out, s)
+		}
 	}
 	return out
 }
