@@ -271,6 +271,7 @@ func (b *Bus) serveWebSocket(w http.ResponseWriter, r *http.Request) {
 	session := b.broker.NewSession(sessionAuth)
 	conn := jsonrpc.NewConn(stream, session, jsonrpc.WithMaxInflight(b.cfg.MaxInflight), jsonrpc.WithLogger(b.log))
 	session.Attach(conn)
+	defer session.Close()
 	select {
 	case <-conn.Done():
 	case <-r.Context().Done():

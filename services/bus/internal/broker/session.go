@@ -63,19 +63,17 @@ func (b *Broker) NewSession(auth SessionAuth) *Session {
 	}
 }
 
-// Attach binds the session to its connection and removes its
-// subscriptions once the connection ends.
+// Attach binds the session to its connection.
 func (s *Session) Attach(c *jsonrpc.Conn) {
 	s.mu.Lock()
 	s.conn = c
 	s.mu.Unlock()
-	go func() {
-		<-c.Done()
-		s.close()
-	}()
 }
 
-func (s *Session) close() {
+// Close removes the session's subscriptions; the connection's owner calls
+// it once the connection has ended (no goroutine per idle connection waits
+// for that here).
+func (s *Session) Close() {
 	s.mu.Lock()
 	s.subs = nil
 	s.mu.Unlock()
