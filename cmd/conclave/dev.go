@@ -4,7 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"path/filepath"
+	"slices"
 	"text/tabwriter"
 
 	"golang.org/x/sync/errgroup"
@@ -15,6 +15,7 @@ import (
 	"github.com/conclave-ai/conclave/pkg/server"
 	"github.com/conclave-ai/conclave/pkg/store"
 	bridge "github.com/conclave-ai/conclave/services/bridge/service"
+	bus "github.com/conclave-ai/conclave/services/bus/service"
 	gateway "github.com/conclave-ai/conclave/services/gateway/service"
 )
 
@@ -26,6 +27,7 @@ type devConfig struct {
 	Gateway   gateway.Config
 	Librarian librarian.Config
 	Bridge    bridge.Config
+	Bus       bus.Config
 }
 
 // service is what conclave dev runs: each service's own server, in one
@@ -54,6 +56,9 @@ func runDev(ctx context.Context, args []string, lookup config.Lookup, stdout, st
 	cfg.Bridge.HTTPAddr = "127.0.0.1:8083"
 	cfg.Bridge.ConfigFile = "examples/tool-agents/config.yaml"
 	cfg.Bridge.AllowUnauthenticated = true
+	cfg.Bus.Addr = "127.0.0.1:7892"
+	cfg.Bus.ServerID = "dev"
+	cfg.Bus.AllowUnauthenticated = true
 	if err := config.Load(ctx, &cfg, "conclave dev", args, lookup, stderr); err != nil {
 		return err
 	}
@@ -74,14 +79,18 @@ func runDev(ctx context.Context, args []string, lookup config.Lookup, stdout, st
 		return err
 	}
 	defer st.Close()
-	if err := store.EnsureTables(ctx, st, append(gateway.Tables, librarian.Tables...)...); err != nil {
+	if err := store.EnsureTables(ctx, st, slices.Concat(gateway.Tables, librarian.Tables, bus.Tables)...); err != nil {
 		return err
 	}
-	q, err := queue.OpenEmbedded(filepath.Join(cfg.Storage.DataDir, "queue.db"))
+	q, err := queue.Open(ctx, cfg.Storage)
 	if err != nil {
 		return err
 	}
 	defer q.Close()
+	if err := bus.EnsureQueues(ctx, q); err != nil {
+		return err
+	}
+	// One queue file, too, for every service's queues.
 	for _, d := range librarian.Queues {
 		if err := q.Ensure(ctx, d); err != nil {
 			return err
@@ -101,7 +110,13 @@ func runDev(ctx context.Context, args []string, lookup config.Lookup, stdout, st
 	if err != nil {
 		return err
 	}
-	services := []service{gw, lib, br}
+	// No runner yet: without a launcher, a message no subscriber matches is
+	// answered with success false instead of going to the default handler.
+	b, err := bus.New(cfg.Bus, logger, tel, st, q, nil)
+	if err != nil {
+		return err
+	}
+	services := []service{gw, lib, br, b}
 
 	g, gctx := errgroup.WithContext(ctx)
 	for _, s := range services {

@@ -3,8 +3,10 @@ module github.com/conclave-ai/conclave/cmd/conclave
 go 1.26.8
 
 require (
+	github.com/coder/websocket v1.8.15
 	github.com/conclave-ai/conclave/pkg v0.0.0-00010101000000-000000000000
 	github.com/conclave-ai/conclave/services/bridge v0.0.0-00010101000000-000000000000
+	github.com/conclave-ai/conclave/services/bus v0.0.0-00010101000000-000000000000
 	github.com/conclave-ai/conclave/services/gateway v0.0.0-00010101000000-000000000000
 )
 
@@ -126,6 +128,7 @@ replace (
 	github.com/conclave-ai/conclave/pkg => ../../pkg
 	github.com/conclave-ai/conclave/proto => ../../proto
 	github.com/conclave-ai/conclave/services/bridge => ../../services/bridge
+	github.com/conclave-ai/conclave/services/bus => ../../services/bus
 	github.com/conclave-ai/conclave/services/gateway => ../../services/gateway
 )
 

@@ -35,6 +35,7 @@ Commands:
   agent     talk to connected agents: send a message, list them
   librarian ask the Librarian for approval, query it, review, manage tokens
   bridge    the tool bridge: run, list, health, diagnose, mcp (stdio)
+  bus       the bus's command line (bub): send-message, subscribe, dlq, serve
   version   print the version
   help      show this help
 
@@ -55,6 +56,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return runLibrarian(ctx, rest, os.LookupEnv, stdout, stderr)
 	case "bridge":
 		return runBridge(ctx, rest, stdout, stderr)
+	case "bus":
+		return runBus(ctx, rest, stdout, stderr)
 	case "version", "--version":
 		fmt.Fprintln(stdout, versionString())
 		return nil

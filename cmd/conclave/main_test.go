@@ -16,6 +16,9 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
+
+	"github.com/coder/websocket"
 )
 
 // Paths to real binaries built once for this package's tests: conclave
@@ -75,7 +78,7 @@ func devProcess(t *testing.T, dataDir string, extra ...string) (*exec.Cmd, map[s
 	t.Helper()
 	cmd := exec.Command(conclaveBin, append([]string{"dev", "--gateway-grpc-addr=127.0.0.1:0", "--gateway-http-addr=127.0.0.1:0",
 		"--librarian-http-addr=127.0.0.1:0", "--bridge-http-addr=127.0.0.1:0", "--bridge-config=../../examples/tool-agents/config.yaml",
-		"--data-dir", dataDir}, extra...)...)
+		"--bus-addr=127.0.0.1:0", "--data-dir", dataDir}, extra...)...)
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -139,6 +142,8 @@ func TestDevServesCovenAndHealth(t *testing.T) {
 	if resp.StatusCode != http.StatusOK || !strings.Contains(string(body), `"agent_type":"code-generator"`) {
 		t.Errorf("librarian capabilities: %d %s", resp.StatusCode, body)
 	}
+	// The bus answers a client written from seed 004, without a token.
+	checkBus(t, "ws://"+addrs["bus WebSocket"])
 
 	// Ctrl-C stops it cleanly.
 	if err := cmd.Process.Signal(syscall.SIGINT); err != nil {
@@ -241,5 +246,33 @@ func TestCommands(t *testing.T) {
 				t.Fatalf("err = %v, stdout = %q", err, stdout.String())
 			}
 		})
+	}
+}
+
+// checkBus initializes on the bus at url as the seed's first example does
+// and pings it.
+func checkBus(t *testing.T, url string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	c, _, err := websocket.Dial(ctx, url, nil)
+	if err != nil {
+		t.Fatalf("dial the bus at %s: %v", url, err)
+	}
+	defer c.CloseNow()
+	for _, frame := range []string{
+		`{"jsonrpc":"2.0","method":"initialize","params":{"clientId":"agent-1","clientInfo":{"name":"bub","version":"0.2.0"}},"id":1}`,
+		`{"jsonrpc":"2.0","method":"ping","params":{},"id":100}`,
+	} {
+		if err := c.Write(ctx, websocket.MessageText, []byte(frame)); err != nil {
+			t.Fatal(err)
+		}
+		_, answer, err := c.Read(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(string(answer), `"result"`) {
+			t.Errorf("bus answered %s to %s", answer, frame)
+		}
 	}
 }

@@ -1,5 +1,6 @@
-// Package bus will hold the WebSocket JSON-RPC 2.0 bus of seed 004 (bub):
-// publish/subscribe over fnmatch-style topic patterns on :7892, with retries
-// and dead letters through SQS. Only the module exists so far; see
-// docs/architecture.md for what it may import.
+// Package bus is the WebSocket JSON-RPC 2.0 agent bus of seed 004 (bub):
+// publish/subscribe over fnmatch-style topic patterns on :7892, agent
+// delivery with processMessage, durable retries and dead letters, a
+// default handler that launches agents, and access control per bearer
+// token. See docs/bus.md; the entry point is package service.
 package bus

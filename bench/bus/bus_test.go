@@ -1,0 +1,296 @@
+// Package bus benchmarks the bus against its floor (a raw WebSocket relay
+// built here) and NATS request/reply (nats-server in process), side by side
+// in one run. Run:
+//
+//	cd bench && go test -run '^$' -bench . -benchmem -benchtime 3s ./bus/
+package bus
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"path/filepath"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/coder/websocket"
+	natsserver "github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+
+	"github.com/conclave-ai/conclave/pkg/config"
+	"github.com/conclave-ai/conclave/pkg/jsonrpc"
+	"github.com/conclave-ai/conclave/pkg/queue"
+	"github.com/conclave-ai/conclave/pkg/store"
+	"github.com/conclave-ai/conclave/pkg/telemetry"
+	"github.com/conclave-ai/conclave/services/bus/service"
+)
+
+var payload = json.RawMessage(`{"type":"task_request","task_id":"task-789","description":"Analyze the log file"}`)
+
+// startBus runs a bus in process on a loopback port, open, without rate
+// limits, and returns its URL.
+func startBus(b *testing.B) string {
+	b.Helper()
+	var cfg struct{ Bus service.Config }
+	env := map[string]string{"CONCLAVE_BUS_ALLOW_UNAUTHENTICATED": "true", "CONCLAVE_BUS_RATE": "1e9", "CONCLAVE_BUS_BURST": "1000000000"}
+	if err := config.Load(context.Background(), &cfg, "bus", nil, func(k string) (string, bool) { v, ok := env[k]; return v, ok }, io.Discard); err != nil {
+		b.Fatal(err)
+	}
+	cfg.Bus.Addr = "127.0.0.1:0"
+	dir := b.TempDir()
+	st, err := store.OpenBolt(filepath.Join(dir, "state.db"), store.BoltOptions{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = st.Close() })
+	q, err := queue.OpenEmbedded(filepath.Join(dir, "queues.db"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = q.Close() })
+	ctx := context.Background()
+	if err := store.EnsureTables(ctx, st, service.Tables...); err != nil {
+		b.Fatal(err)
+	}
+	if err := service.EnsureQueues(ctx, q); err != nil {
+		b.Fatal(err)
+	}
+	tel, err := telemetry.New(ctx, telemetry.Config{ServiceName: "bench"})
+	if err != nil {
+		b.Fatal(err)
+	}
+	bus, err := service.New(cfg.Bus, slog.New(slog.DiscardHandler), tel, st, q, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	runCtx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { _ = bus.Run(runCtx); close(done) }()
+	b.Cleanup(func() { cancel(); <-done })
+	<-bus.Ready()
+	return "ws://" + bus.Endpoints()[0].Address
+}
+
+func dial(b *testing.B, url string, h jsonrpc.Handler) *jsonrpc.Conn {
+	b.Helper()
+	ws, _, err := websocket.Dial(context.Background(), url, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	c := jsonrpc.NewConn(jsonrpc.NewWebSocketStream(ws, 0), h, jsonrpc.WithTracePropagation(false))
+	b.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+func mustCall(b *testing.B, c *jsonrpc.Conn, method string, params any) {
+	b.Helper()
+	if err := c.Call(context.Background(), method, params, nil); err != nil {
+		b.Fatalf("%s: %v", method, err)
+	}
+}
+
+// percentiles reports p50 and p99 of the measured round trips.
+func percentiles(b *testing.B, d []time.Duration) {
+	if len(d) == 0 {
+		return
+	}
+	slices.Sort(d)
+	b.ReportMetric(float64(d[len(d)/2].Microseconds()), "p50-µs")
+	b.ReportMetric(float64(d[len(d)*99/100].Microseconds()), "p99-µs")
+}
+
+// BenchmarkRoundTrip measures publisher sendMessage → bus → subscriber
+// processMessage → ack → publisher, against the same exchange through a
+// raw WebSocket relay and through NATS request/reply.
+func BenchmarkRoundTrip(b *testing.B) {
+	b.Run("bus", func(b *testing.B) {
+		url := startBus(b)
+		agent := dial(b, url, jsonrpc.Methods{"processMessage": func(context.Context, *jsonrpc.Request) (any, error) {
+			return json.RawMessage(`{"processed":true,"should_retry":false,"retry_seconds":0,"message":"ok"}`), nil
+		}})
+		mustCall(b, agent, "initialize", map[string]any{"clientId": "agent", "capabilities": map[string]bool{"processMessage": true}})
+		mustCall(b, agent, "subscribe", map[string]string{"topic": "agent:bench"})
+		pub := dial(b, url, nil)
+		mustCall(b, pub, "initialize", map[string]string{"clientId": "pub"})
+		params := map[string]any{"topic": "agent:bench", "payload": payload}
+		times := make([]time.Duration, 0, b.N)
+		b.ReportAllocs()
+		b.ResetTimer()
+		for b.Loop() {
+			start := time.Now()
+			var res json.RawMessage
+			if err := pub.Call(context.Background(), "sendMessage", params, &res); err != nil {
+				b.Fatal(err)
+			}
+			times = append(times, time.Since(start))
+		}
+		percentiles(b, times)
+	})
+
+	b.Run("relay", func(b *testing.B) {
+		url := startRelay(b)
+		sub, _, err := websocket.Dial(context.Background(), url+"?role=sub", nil)
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer sub.CloseNow()
+		go func() { // the subscriber answers every frame
+			for {
+				_, data, err := sub.Read(context.Background())
+				if err != nil {
+					return
+				}
+				_ = data
+				if sub.Write(context.Background(), websocket.MessageText, []byte(`{"processed":true,"message":"ok"}`)) != nil {
+					return
+				}
+			}
+		}()
+		pub, _, err := websocket.Dial(context.Background(), url+"?role=pub", nil)
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer pub.CloseNow()
+		frame := []byte(`{"topic":"agent:bench","payload":` + string(payload) + `}`)
+		times := make([]time.Duration, 0, b.N)
+		b.ReportAllocs()
+		b.ResetTimer()
+		for b.Loop() {
+			start := time.Now()
+			if err := pub.Write(context.Background(), websocket.MessageText, frame); err != nil {
+				b.Fatal(err)
+			}
+			if _, _, err := pub.Read(context.Background()); err != nil {
+				b.Fatal(err)
+			}
+			times = append(times, time.Since(start))
+		}
+		percentiles(b, times)
+	})
+
+	b.Run("nats", func(b *testing.B) {
+		ns, err := natsserver.NewServer(&natsserver.Options{Host: "127.0.0.1", Port: -1, NoLog: true, NoSigs: true})
+		if err != nil {
+			b.Fatal(err)
+		}
+		go ns.Start()
+		defer ns.Shutdown()
+		if !ns.ReadyForConnections(10 * time.Second) {
+			b.Fatal("nats-server not ready")
+		}
+		sub, err := nats.Connect(ns.ClientURL())
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer sub.Close()
+		reply := []byte(`{"processed":true,"message":"ok"}`)
+		if _, err := sub.Subscribe("agent.bench", func(m *nats.Msg) { _ = m.Respond(reply) }); err != nil {
+			b.Fatal(err)
+		}
+		_ = sub.Flush()
+		pub, err := nats.Connect(ns.ClientURL())
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer pub.Close()
+		times := make([]time.Duration, 0, b.N)
+		b.ReportAllocs()
+		b.ResetTimer()
+		for b.Loop() {
+			start := time.Now()
+			if _, err := pub.Request("agent.bench", payload, 10*time.Second); err != nil {
+				b.Fatal(err)
+			}
+			times = append(times, time.Since(start))
+		}
+		percentiles(b, times)
+	})
+}
+
+// startRelay is the floor: a WebSocket server that passes each publisher
+// frame to the subscriber and the subscriber's answer back, with nothing
+// else (no JSON-RPC, no routing, no policies).
+func startRelay(b *testing.B) string {
+	b.Helper()
+	var (
+		mu   sync.Mutex
+		sub  *websocket.Conn
+		subQ = make(chan struct{})
+	)
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		c, err := websocket.Accept(w, r, nil)
+		if err != nil {
+			return
+		}
+		if r.URL.Query().Get("role") == "sub" {
+			mu.Lock()
+			sub = c
+			mu.Unlock()
+			close(subQ)
+			<-r.Context().Done()
+			return
+		}
+		<-subQ
+		mu.Lock()
+		s := sub
+		mu.Unlock()
+		for {
+			_, data, err := c.Read(context.Background())
+			if err != nil {
+				return
+			}
+			if s.Write(context.Background(), websocket.MessageText, data) != nil {
+				return
+			}
+			_, answer, err := s.Read(context.Background())
+			if err != nil {
+				return
+			}
+			if c.Write(context.Background(), websocket.MessageText, answer) != nil {
+				return
+			}
+		}
+	})
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	srv := &http.Server{Handler: h}
+	go func() { _ = srv.Serve(l) }()
+	b.Cleanup(func() { _ = srv.Close() })
+	return "ws://" + l.Addr().String()
+}
+
+// BenchmarkFanOut1000 publishes to 1,000 subscribers (continueAll, so they
+// are delivered to at once) and reports deliveries per second.
+func BenchmarkFanOut1000(b *testing.B) {
+	url := startBus(b)
+	var delivered atomic.Int64
+	for i := range 1000 {
+		c := dial(b, url, jsonrpc.Methods{"sendMessage": func(context.Context, *jsonrpc.Request) (any, error) {
+			delivered.Add(1)
+			return json.RawMessage(`{"success":true}`), nil
+		}})
+		mustCall(b, c, "initialize", map[string]string{"clientId": fmt.Sprintf("sub-%d", i)})
+		mustCall(b, c, "subscribe", map[string]string{"topic": "fan:*", "policy": "continueAll"})
+	}
+	pub := dial(b, url, nil)
+	mustCall(b, pub, "initialize", map[string]string{"clientId": "pub"})
+	params := map[string]any{"topic": "fan:1", "payload": payload}
+	b.ReportAllocs()
+	b.ResetTimer()
+	start := time.Now()
+	for b.Loop() {
+		if err := pub.Call(context.Background(), "sendMessage", params, nil); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportMetric(float64(delivered.Load())/time.Since(start).Seconds(), "deliveries/s")
+}

@@ -1,0 +1,473 @@
+package broker
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"sync"
+	"time"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/noop"
+
+	"github.com/conclave-ai/conclave/pkg/jsonrpc"
+	"github.com/conclave-ai/conclave/services/bus/internal/topic"
+)
+
+// Options configures a Broker. Zero values take the defaults noted.
+type Options struct {
+	// ServerID and Version are reported by initialize.
+	ServerID string
+	Version  string
+	// DefaultPolicy applies to subscriptions that suggest none, and to all
+	// when ClientPolicies is false.
+	DefaultPolicy Policy
+	// ClientPolicies lets a client's suggested policy stand.
+	ClientPolicies bool
+	// DeliveryTimeout bounds each delivery to a subscriber (default 30s).
+	DeliveryTimeout time.Duration
+	// MaxSubscriptions bounds one client's subscriptions (default 100).
+	MaxSubscriptions int
+	// Rate and Burst bound each client's requests per second (defaults 200
+	// and 400).
+	Rate  float64
+	Burst int
+	// Retries, when set, makes failed agent deliveries durable.
+	Retries *Retries
+	// DefaultHandler, when set, takes messages no subscriber matches.
+	DefaultHandler *DefaultHandler
+	// Forwarder, when set, carries messages to the other replicas.
+	Forwarder Forwarder
+	Metrics        *Metrics
+	Tracer         trace.Tracer
+	Logger         *slog.Logger
+}
+
+// Broker routes messages between the sessions of connected clients.
+type Broker struct {
+	opts Options
+	log  *slog.Logger
+
+	mu sync.RWMutex
+	// subs is every subscription in subscription order. It is replaced, not
+	// changed in place, so a publish can route over a snapshot.
+	subs []*subscription
+	seq  uint64
+	// waiters are told about each new subscription (the default handler
+	// waits for a spawned agent's).
+	waiters map[chan *subscription]struct{}
+}
+
+type subscription struct {
+	seq     uint64
+	pattern topic.Pattern
+	policy  Policy
+	session *Session
+}
+
+// New returns a broker.
+func New(opts Options) *Broker {
+	if opts.DefaultPolicy == "" {
+		opts.DefaultPolicy = StopOnProcessed
+	}
+	if opts.DeliveryTimeout <= 0 {
+		opts.DeliveryTimeout = 30 * time.Second
+	}
+	if opts.MaxSubscriptions <= 0 {
+		opts.MaxSubscriptions = 100
+	}
+	if opts.Rate <= 0 {
+		opts.Rate = 200
+	}
+	if opts.Burst <= 0 {
+		opts.Burst = 400
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	if opts.Tracer == nil {
+		opts.Tracer = noop.NewTracerProvider().Tracer("")
+	}
+	if opts.Metrics == nil {
+		opts.Metrics = nopMetrics()
+	}
+	b := &Broker{opts: opts, log: opts.Logger, waiters: map[chan *subscription]struct{}{}}
+	if opts.Retries != nil {
+		opts.Retries.broker = b
+	}
+	if opts.DefaultHandler != nil {
+		opts.DefaultHandler.broker = b
+	}
+	return b
+}
+
+func newMessageID() string {
+	var b [12]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+func (b *Broker) addSubscription(s *subscription) {
+	b.mu.Lock()
+	b.seq++
+	s.seq = b.seq
+	subs := make([]*subscription, len(b.subs), len(b.subs)+1)
+	copy(subs, b.subs)
+	b.subs = append(subs, s)
+	waiters := make([]chan *subscription, 0, len(b.waiters))
+	for w := range b.waiters {
+		waiters = append(waiters, w)
+	}
+	b.mu.Unlock()
+	for _, w := range waiters {
+		select {
+		case w <- s:
+		default: // a waiter that is behind re-checks the table itself
+		}
+	}
+}
+
+func (b *Broker) removeSubscriptions(remove func(*subscription) bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.subs = slices.DeleteFunc(slices.Clone(b.subs), remove)
+}
+
+func (b *Broker) snapshot() []*subscription {
+	b.mu.RLock()
+	defer b.mu.RUnlock()
+	return b.subs
+}
+
+// route returns the subscriptions a message on t goes to, in delivery
+// order: last subscribed first ("last match wins"), one per session (a
+// session's latest matching subscription stands for it), and only to
+// sessions allowed to receive t.
+func (b *Broker) route(t string) []*subscription {
+	subs := b.snapshot()
+	var (
+		out  []*subscription
+		seen map[*Session]struct{}
+	)
+	for i := len(subs) - 1; i >= 0; i-- {
+		s := subs[i]
+		if !s.pattern.Match(t) {
+			continue
+		}
+		if seen == nil {
+			seen = map[*Session]struct{}{}
+		}
+		if _, dup := seen[s.session]; dup {
+			continue
+		}
+		seen[s.session] = struct{}{}
+		if s.session.mayReceive(t) {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+// message is one published message on its way.
+type message struct {
+	id        string
+	topic     string
+	payload   json.RawMessage
+	publisher string
+}
+
+// Forwarded is a message one replica hands another: to route among its own
+// subscribers, or, with ClientID, to deliver to that agent (a retry).
+type Forwarded struct {
+	MessageID string          `json:"message_id"`
+	Topic     string          `json:"topic"`
+	Payload   json.RawMessage `json:"payload"`
+	Publisher string          `json:"publisher,omitempty"`
+	ClientID  string          `json:"client_id,omitempty"`
+	Attempt   int             `json:"attempt,omitempty"`
+}
+
+// Forwarded's answer: the acks of the replica's subscribers, whether any
+// matched, and whether one stopped propagation.
+type ForwardResult struct {
+	Acks   []Ack `json:"acks"`
+	Routed bool  `json:"routed"`
+	Stop   bool  `json:"stop"`
+}
+
+// Forwarder carries a message to every other live replica and merges
+// their answers.
+type Forwarder interface {
+	Forward(ctx context.Context, f Forwarded) ForwardResult
+}
+
+// DeliverForwarded routes a message another replica forwarded among this
+// replica's subscribers only: no default handler, no further forwarding.
+func (b *Broker) DeliverForwarded(ctx context.Context, f Forwarded) (ForwardResult, error) {
+	msg := &message{id: f.MessageID, topic: f.Topic, payload: f.Payload, publisher: f.Publisher}
+	ctx = context.WithoutCancel(ctx)
+	if f.ClientID != "" {
+		s := b.agentFor(f.ClientID, f.Topic)
+		if s == nil {
+			return ForwardResult{Acks: []Ack{}}, nil
+		}
+		out := b.deliver(ctx, s, msg, max(f.Attempt, 1))
+		return ForwardResult{Acks: []Ack{out.ack}, Routed: true}, nil
+	}
+	routes := b.route(f.Topic)
+	if err := b.checkTyped(routes, f.Payload); err != nil {
+		return ForwardResult{}, err
+	}
+	acks, stop, _ := b.deliverAll(ctx, msg, routes)
+	return ForwardResult{Acks: acks, Routed: len(routes) > 0, Stop: stop}, nil
+}
+
+func (b *Broker) checkTyped(routes []*subscription, payload json.RawMessage) error {
+	if payloadType(payload) != "" {
+		return nil
+	}
+	for _, r := range routes {
+		if r.session.isAgent() {
+			return errUntyped(fmt.Sprintf("subscriber %q is an agent, delivered with processMessage", r.session.ClientID()))
+		}
+	}
+	return nil
+}
+
+// deliverAll delivers to routes in order under their policies, and
+// reports whether one stopped propagation, and whether that left some
+// route out.
+func (b *Broker) deliverAll(ctx context.Context, msg *message, routes []*subscription) (acks []Ack, stop, skipped bool) {
+	acks = make([]Ack, 0, len(routes))
+	for i := 0; i < len(routes); {
+		// A run of continueAll subscribers cannot stop propagation, so
+		// they are delivered to at once.
+		j := i + 1
+		for routes[i].policy == ContinueAll && j < len(routes) && routes[j].policy == ContinueAll {
+			j++
+		}
+		group, stop := b.deliverGroup(ctx, msg, routes[i:j])
+		acks = append(acks, group...)
+		if stop {
+			return acks, true, j < len(routes)
+		}
+		i = j
+	}
+	return acks, false, false
+}
+
+// errUntyped rejects a payload without a type where delivery needs one.
+func errUntyped(why string) *jsonrpc.Error {
+	return invalidParams("payload.type (a string) is required: %s", why)
+}
+
+// Publish delivers a message to the subscribers of its topic and returns
+// the aggregated result.
+func (b *Broker) Publish(ctx context.Context, publisher, t string, payload json.RawMessage) (*SendResult, error) {
+	msg := &message{id: newMessageID(), topic: t, payload: payload, publisher: publisher}
+	ctx, span := b.opts.Tracer.Start(ctx, "bus publish", trace.WithSpanKind(trace.SpanKindServer),
+		trace.WithAttributes(attribute.String("messaging.system", "conclave-bus"),
+			attribute.String("messaging.destination.name", t),
+			attribute.String("messaging.message.id", msg.id)))
+	defer span.End()
+	// The publisher leaving does not take back an accepted message.
+	ctx = context.WithoutCancel(ctx)
+
+	routes := b.route(t)
+	if err := b.checkTyped(routes, payload); err != nil {
+		b.opts.Metrics.published(ctx, "rejected")
+		return nil, err
+	}
+	// This replica's subscribers first, then the other replicas'.
+	acks, stop, skipped := b.deliverAll(ctx, msg, routes)
+	routed := len(routes) > 0
+	if b.opts.Forwarder != nil {
+		if stop {
+			skipped = true // the other replicas' subscribers are left out
+		} else {
+			remote := b.opts.Forwarder.Forward(ctx, Forwarded{MessageID: msg.id, Topic: t, Payload: payload, Publisher: publisher})
+			acks = append(acks, remote.Acks...)
+			routed = routed || remote.Routed
+		}
+	}
+	if routed {
+		b.opts.Metrics.published(ctx, "routed")
+		return &SendResult{Success: true, StopPropagation: skipped, Acks: acks}, nil
+	}
+	if b.opts.DefaultHandler == nil {
+		b.opts.Metrics.published(ctx, "unrouted")
+		return &SendResult{Success: false, Acks: []Ack{}}, nil
+	}
+	if payloadType(payload) == "" {
+		b.opts.Metrics.published(ctx, "rejected")
+		return nil, errUntyped("no subscriber matches, and the default handler delivers to a new agent with processMessage")
+	}
+	b.opts.Metrics.published(ctx, "default_handler")
+	ack := b.opts.DefaultHandler.take(ctx, msg)
+	return &SendResult{Success: true, Acks: []Ack{ack}}, nil
+}
+
+func (b *Broker) deliverGroup(ctx context.Context, msg *message, group []*subscription) ([]Ack, bool) {
+	if len(group) == 1 {
+		out := b.deliver(ctx, group[0].session, msg, 1)
+		return []Ack{out.ack}, group[0].policy.stops(out.processed, out.stop)
+	}
+	acks := make([]Ack, len(group))
+	var wg sync.WaitGroup
+	for k, s := range group {
+		wg.Go(func() { acks[k] = b.deliver(ctx, s.session, msg, 1).ack })
+	}
+	wg.Wait()
+	return acks, false
+}
+
+// outcome is one delivery's result.
+type outcome struct {
+	ack       Ack
+	processed bool
+	stop      bool
+	// failed: the subscriber did not answer usefully (timeout, error,
+	// disconnect), so the attempt counts as failed.
+	failed     bool
+	retry      bool
+	retryAfter time.Duration
+	err        string
+}
+
+// deliver calls a subscriber, and for an agent schedules the retry its
+// answer or failure asks for. attempt counts from 1.
+func (b *Broker) deliver(ctx context.Context, s *Session, msg *message, attempt int) outcome {
+	out := b.call(ctx, s, msg, attempt)
+	if s.isAgent() && (out.failed || out.retry) && b.opts.Retries != nil {
+		out.ack.Message = b.opts.Retries.afterAttempt(ctx, msg, s.ClientID(), attempt, out)
+	}
+	return out
+}
+
+// call delivers once: processMessage to an agent, sendMessage to a
+// base-protocol subscriber.
+func (b *Broker) call(ctx context.Context, s *Session, msg *message, attempt int) outcome {
+	method := MethodSendMessage
+	params := deliveryParams(msg.topic, msg.payload)
+	if s.isAgent() {
+		method = MethodProcessMessage
+		params = processParams(msg, attempt)
+	}
+	ctx, span := b.opts.Tracer.Start(ctx, "bus deliver "+method, trace.WithSpanKind(trace.SpanKindClient),
+		trace.WithAttributes(attribute.String("messaging.destination.name", msg.topic),
+			attribute.String("messaging.message.id", msg.id),
+			attribute.String("bus.client_id", s.ClientID()),
+			attribute.Int("bus.attempt", attempt)))
+	defer span.End()
+	ctx, cancel := context.WithTimeout(ctx, b.opts.DeliveryTimeout)
+	defer cancel()
+
+	out := outcome{ack: Ack{ClientID: s.ClientID()}}
+	var ans subscriberAnswer
+	err := s.call(ctx, method, params, &ans)
+	switch {
+	case err == nil:
+		out.processed = ans.Processed != nil && *ans.Processed
+		out.stop = ans.StopPropagation
+		out.ack.Processed = out.processed || (ans.Processed == nil && ans.Success != nil && *ans.Success)
+		out.ack.Message = ans.Message
+		if ans.ShouldRetry && !out.processed {
+			out.retry = true
+			out.retryAfter = time.Duration(ans.RetrySeconds * float64(time.Second))
+			out.err = "the subscriber asked for a retry"
+			if ans.Message != "" {
+				out.err += ": " + ans.Message
+			}
+		}
+		b.opts.Metrics.delivered(ctx, method, outcomeLabel(out))
+		return out
+	case errors.Is(err, context.DeadlineExceeded):
+		out.err = fmt.Sprintf("no answer within the delivery timeout of %s", b.opts.DeliveryTimeout)
+	case errors.Is(err, jsonrpc.ErrClosed):
+		out.err = "the subscriber disconnected before answering"
+	default:
+		var rpcErr *jsonrpc.Error
+		if errors.As(err, &rpcErr) {
+			out.err = fmt.Sprintf("the subscriber answered with error %d: %s", rpcErr.Code, rpcErr.Message)
+		} else {
+			out.err = err.Error()
+		}
+	}
+	out.failed = true
+	out.ack.Message = out.err
+	span.SetStatus(codes.Error, out.err)
+	b.opts.Metrics.delivered(ctx, method, "failed")
+	return out
+}
+
+func outcomeLabel(o outcome) string {
+	switch {
+	case o.processed:
+		return "processed"
+	case o.retry:
+		return "retry"
+	}
+	return "answered"
+}
+
+func processParams(msg *message, attempt int) json.RawMessage {
+	p := deliveryParams(msg.topic, msg.payload)
+	extra, _ := json.Marshal(struct {
+		MessageID string `json:"message_id"`
+		Attempt   int    `json:"attempt"`
+	}{msg.id, attempt})
+	// Splice the extra members into the object.
+	return append(append(p[:len(p)-1:len(p)-1], ','), extra[1:]...)
+}
+
+// anyAgentFor returns the agent session a message on t would go to first.
+func (b *Broker) anyAgentFor(t string) *Session {
+	for _, r := range b.route(t) {
+		if r.session.isAgent() {
+			return r.session
+		}
+	}
+	return nil
+}
+
+// agentFor returns the connected agent session of clientID subscribed to a
+// pattern matching t.
+func (b *Broker) agentFor(clientID, t string) *Session {
+	for _, r := range b.route(t) {
+		if r.session.ClientID() == clientID && r.session.isAgent() {
+			return r.session
+		}
+	}
+	return nil
+}
+
+// waitForSubscriber waits until some agent session named clientID
+// subscribes to a pattern matching t, or ctx ends.
+func (b *Broker) waitForSubscriber(ctx context.Context, clientID, t string) (*Session, error) {
+	w := make(chan *subscription, 16)
+	b.mu.Lock()
+	b.waiters[w] = struct{}{}
+	b.mu.Unlock()
+	defer func() {
+		b.mu.Lock()
+		delete(b.waiters, w)
+		b.mu.Unlock()
+	}()
+	for {
+		if s := b.agentFor(clientID, t); s != nil {
+			return s, nil
+		}
+		select {
+		case <-w:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+}

@@ -1,0 +1,77 @@
+package broker
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"log/slog"
+	"testing"
+
+	"github.com/conclave-ai/conclave/pkg/jsonrpc"
+)
+
+// FuzzHandle feeds arbitrary params to every method of a session, before
+// and after initialize: each call must return a result or a JSON-RPC error
+// with one of the protocol's codes, never panic.
+func FuzzHandle(f *testing.F) {
+	for _, seed := range []string{
+		`{"clientId":"agent-1","clientInfo":{"name":"bub","version":"0.2.0"}}`,
+		`{"topic":"inbound:chat-*"}`, `{"topic":"inbound:*","policy":"continueAll"}`,
+		`{"topic":"inbound:chat-1","payload":{"chat_id":"chat-1","text":"hello"}}`,
+		`{"payload":{"type":"x"}}`, `{}`, `[]`, `null`, `{"topic":1}`, `{"clientId":"\u0000"}`,
+		`{"topic":"` + string(make([]byte, 300)) + `"}`, `{"capabilities":[],"clientId":"a"}`,
+	} {
+		for m := range 6 {
+			f.Add(uint8(m), []byte(seed))
+		}
+	}
+	methods := []string{MethodInitialize, MethodSubscribe, MethodUnsubscribe, MethodSendMessage, MethodPing, "other"}
+	codes := map[int]bool{
+		jsonrpc.InvalidParams: true, jsonrpc.MethodNotFound: true, CodeNotInitialized: true,
+		CodeAlreadyInitialized: true, CodeInvalidClientInfo: true, CodeAlreadySubscribed: true,
+		CodeSubscriptionNotFound: true, CodeForbidden: true, CodeTooManySubscriptions: true, CodeRateLimited: true,
+	}
+	f.Fuzz(func(t *testing.T, method uint8, params []byte) {
+		if !json.Valid(params) {
+			return // the framing layer answers those with -32700 before any handler
+		}
+		b := New(Options{Logger: slog.New(slog.DiscardHandler), Rate: 1e9, Burst: 1e9})
+		s := b.NewSession(SessionAuth{Open: true})
+		ctx := context.Background()
+		call := func(m string, p []byte) {
+			_, err := s.Handle(ctx, &jsonrpc.Request{ID: jsonrpc.Int64ID(1), Method: m, Params: p})
+			if err == nil {
+				return
+			}
+			var rpcErr *jsonrpc.Error
+			if !errors.As(err, &rpcErr) || !codes[rpcErr.Code] {
+				t.Fatalf("%s %s: error %v is not one of the protocol's", m, p, err)
+			}
+		}
+		m := methods[int(method)%len(methods)]
+		call(m, params)
+		call(MethodInitialize, []byte(`{"clientId":"fuzz"}`))
+		call(m, params)
+		call(MethodSubscribe, params)
+		call(MethodSendMessage, params)
+		call(MethodUnsubscribe, params)
+	})
+}
+
+// FuzzDecodeEnvelope feeds arbitrary queue bodies to the events decoder: it
+// returns an envelope or an error, and a decoded envelope always has a
+// topic.
+func FuzzDecodeEnvelope(f *testing.F) {
+	f.Add([]byte("CgRldi0xEhpydW5uZXIudGFzay5zdGF0dXNfY2hhbmdlZA=="))
+	f.Add([]byte("not base64"))
+	f.Add([]byte(""))
+	f.Fuzz(func(t *testing.T, body []byte) {
+		env, err := DecodeEnvelope(body)
+		if err != nil {
+			return
+		}
+		if EventTopic(env) == "" {
+			t.Fatalf("envelope %v has no topic", env)
+		}
+	})
+}

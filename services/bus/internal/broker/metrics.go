@@ -1,0 +1,81 @@
+package broker
+
+import (
+	"context"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/metric/noop"
+
+	"github.com/conclave-ai/conclave/pkg/telemetry"
+)
+
+// Metrics are the bus's domain metrics (docs/metrics.md, ## bus). Labels
+// come from fixed sets only; topics and client ids never become labels.
+type Metrics struct {
+	connGauge        metric.Int64UpDownCounter
+	publishedTotal   metric.Int64Counter
+	deliveriesTotal  metric.Int64Counter
+	retriesTotal     metric.Int64Counter
+	deadLettersTotal metric.Int64Counter
+	spawnsTotal      metric.Int64Counter
+}
+
+// NewMetrics makes the instruments from the bus's meter.
+func NewMetrics(m metric.Meter) (*Metrics, error) {
+	var (
+		out Metrics
+		err error
+	)
+	name := func(thing string) string { return telemetry.MetricName("bus", thing) }
+	if out.connGauge, err = m.Int64UpDownCounter(name("connections"), metric.WithUnit("{connection}"),
+		metric.WithDescription("WebSocket connections open")); err != nil {
+		return nil, err
+	}
+	if out.publishedTotal, err = m.Int64Counter(name("messages_published"), metric.WithUnit("{message}"),
+		metric.WithDescription("sendMessage calls accepted or rejected, by outcome")); err != nil {
+		return nil, err
+	}
+	if out.deliveriesTotal, err = m.Int64Counter(name("deliveries"), metric.WithUnit("{delivery}"),
+		metric.WithDescription("deliveries to subscribers, by method and outcome")); err != nil {
+		return nil, err
+	}
+	if out.retriesTotal, err = m.Int64Counter(name("retries_scheduled"), metric.WithUnit("{message}"),
+		metric.WithDescription("agent deliveries scheduled for another attempt")); err != nil {
+		return nil, err
+	}
+	if out.deadLettersTotal, err = m.Int64Counter(name("dead_letters"), metric.WithUnit("{message}"),
+		metric.WithDescription("messages moved to the dead-letter table, by reason")); err != nil {
+		return nil, err
+	}
+	if out.spawnsTotal, err = m.Int64Counter(name("agent_spawns"), metric.WithUnit("{agent}"),
+		metric.WithDescription("agents the default handler asked the runner to launch, by outcome")); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
+func nopMetrics() *Metrics {
+	m, _ := NewMetrics(noop.NewMeterProvider().Meter("")) // noop instruments cannot fail
+	return m
+}
+
+func (m *Metrics) connected(delta int64) { m.connGauge.Add(context.Background(), delta) }
+
+func (m *Metrics) published(ctx context.Context, outcome string) {
+	m.publishedTotal.Add(ctx, 1, metric.WithAttributes(attribute.String("outcome", outcome)))
+}
+
+func (m *Metrics) delivered(ctx context.Context, method, outcome string) {
+	m.deliveriesTotal.Add(ctx, 1, metric.WithAttributes(attribute.String("method", method), attribute.String("outcome", outcome)))
+}
+
+func (m *Metrics) retried(ctx context.Context) { m.retriesTotal.Add(ctx, 1) }
+
+func (m *Metrics) deadLettered(ctx context.Context, reason string) {
+	m.deadLettersTotal.Add(ctx, 1, metric.WithAttributes(attribute.String("reason", reason)))
+}
+
+func (m *Metrics) spawned(ctx context.Context, outcome string) {
+	m.spawnsTotal.Add(ctx, 1, metric.WithAttributes(attribute.String("outcome", outcome)))
+}

@@ -1,0 +1,156 @@
+// Package broker is the bus itself: sessions speaking the seed-004 protocol
+// over JSON-RPC 2.0, the ordered subscription table, fan-out with the three
+// propagation policies, agent delivery with processMessage, durable retries
+// and dead letters.
+package broker
+
+import (
+	"encoding/json"
+	"fmt"
+
+	"github.com/conclave-ai/conclave/pkg/jsonrpc"
+)
+
+// Error codes. The first four after the standard ones are the seed's table;
+// the rest are ours, in the range JSON-RPC reserves for server errors, and
+// documented in docs/bus.md.
+const (
+	CodeNotInitialized       = -32000
+	CodeAlreadyInitialized   = -32001
+	CodeInvalidClientInfo    = -32002
+	CodeAlreadySubscribed    = -32003
+	CodeSubscriptionNotFound = -32004
+	CodeForbidden            = -32005
+	CodeTooManySubscriptions = -32006
+	CodeRateLimited          = -32007
+)
+
+// Methods of the protocol.
+const (
+	MethodInitialize     = "initialize"
+	MethodSubscribe      = "subscribe"
+	MethodUnsubscribe    = "unsubscribe"
+	MethodSendMessage    = "sendMessage"
+	MethodProcessMessage = "processMessage"
+	MethodPing           = "ping"
+)
+
+// Policy decides when a message stops propagating to further subscribers.
+type Policy string
+
+// The seed's three policies.
+const (
+	StopOnProcessed Policy = "stopPropagationOnProcessed"
+	StopOnStop      Policy = "stopPropagationOnStop"
+	ContinueAll     Policy = "continueAll"
+)
+
+// ParsePolicy checks a policy name.
+func ParsePolicy(s string) (Policy, error) {
+	switch p := Policy(s); p {
+	case StopOnProcessed, StopOnStop, ContinueAll:
+		return p, nil
+	}
+	return "", fmt.Errorf("unknown policy %q (want %s, %s or %s)", s, StopOnProcessed, StopOnStop, ContinueAll)
+}
+
+// stops reports whether a subscriber's answer ends propagation under p.
+// Base-protocol subscribers answer {success, stopPropagation}; only an
+// explicit processed: true counts as processed, so that under the default
+// policy they all still receive a broadcast, as the base protocol says.
+func (p Policy) stops(processed, stop bool) bool {
+	switch p {
+	case StopOnProcessed:
+		return processed || stop
+	case StopOnStop:
+		return stop
+	}
+	return false
+}
+
+func rpcError(code int, format string, args ...any) *jsonrpc.Error {
+	return jsonrpc.NewError(code, fmt.Sprintf(format, args...))
+}
+
+func invalidParams(format string, args ...any) *jsonrpc.Error {
+	return rpcError(jsonrpc.InvalidParams, "Invalid params: "+format, args...)
+}
+
+// ServerInfo names the server in the initialize result.
+type ServerInfo struct {
+	Name    string `json:"name"`
+	Version string `json:"version"`
+}
+
+// InitializeResult is the seed's initialize result, with the extensions
+// this bus adds (processMessage, defaultTopic).
+type InitializeResult struct {
+	ServerID     string       `json:"serverId"`
+	ServerInfo   ServerInfo   `json:"serverInfo"`
+	Capabilities Capabilities `json:"capabilities"`
+}
+
+// Capabilities tells a client what the bus offers.
+type Capabilities struct {
+	Subscribe      bool     `json:"subscribe"`
+	Publish        bool     `json:"publish"`
+	Topics         []string `json:"topics"`
+	ProcessMessage bool     `json:"processMessage"`
+	DefaultTopic   string   `json:"defaultTopic,omitempty"`
+}
+
+// Ack is one subscriber's acknowledgement in a sendMessage result.
+type Ack struct {
+	ClientID  string `json:"client_id"`
+	Processed bool   `json:"processed"`
+	Message   string `json:"message,omitempty"`
+}
+
+// SendResult is what a publisher's sendMessage returns.
+type SendResult struct {
+	// Success: the message was routed to at least one subscriber (or taken
+	// by the default handler).
+	Success bool `json:"success"`
+	// StopPropagation: a subscriber stopped propagation before every
+	// matching subscriber was reached.
+	StopPropagation bool  `json:"stopPropagation"`
+	Acks            []Ack `json:"acks"`
+}
+
+// subscriberAnswer is what a subscriber returns to sendMessage (base
+// protocol) or processMessage (extended). Every field is optional.
+type subscriberAnswer struct {
+	Success         *bool   `json:"success"`
+	Processed       *bool   `json:"processed"`
+	StopPropagation bool    `json:"stopPropagation"`
+	ShouldRetry     bool    `json:"should_retry"`
+	RetrySeconds    float64 `json:"retry_seconds"`
+	Message         string  `json:"message"`
+}
+
+// deliveryParams encodes {topic, payload} by hand: payload is already JSON.
+func deliveryParams(topic string, payload json.RawMessage) json.RawMessage {
+	t, _ := json.Marshal(topic) // a string cannot fail
+	out := make([]byte, 0, len(t)+len(payload)+24)
+	out = append(out, `{"topic":`...)
+	out = append(out, t...)
+	out = append(out, `,"payload":`...)
+	out = append(out, payload...)
+	return append(out, '}')
+}
+
+// payloadType returns the payload's string "type" member, or "" when the
+// payload has none (or it is not a string).
+func payloadType(payload json.RawMessage) string {
+	var typed struct {
+		Type json.RawMessage `json:"type"`
+	}
+	if json.Unmarshal(payload, &typed) != nil || len(typed.Type) == 0 {
+		return ""
+	}
+	var s string
+	if json.Unmarshal(typed.Type, &s) != nil {
+		return ""
+	}
+	return s
+}

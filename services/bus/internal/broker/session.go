@@ -1,0 +1,385 @@
+package broker
+
+import (
+	"context"
+	"encoding/json"
+	"slices"
+	"sync"
+	"time"
+	"unicode"
+
+	"golang.org/x/time/rate"
+
+	"github.com/conclave-ai/conclave/pkg/jsonrpc"
+	"github.com/conclave-ai/conclave/services/bus/internal/topic"
+)
+
+// MaxClientIDLen bounds a clientId.
+const MaxClientIDLen = 128
+
+// Session is one client connection: the JSON-RPC handler of its requests,
+// and the subscriber the broker delivers to.
+type Session struct {
+	b       *Broker
+	limiter *rate.Limiter
+	// grant is what the token presented at the WebSocket upgrade allows;
+	// nil when none was presented, and tokens are then expected in
+	// initialize (unless open is set).
+	grant *Grant
+	// access resolves a token sent in initialize; nil with open.
+	access *Access
+	open   bool
+
+	mu           sync.Mutex
+	conn         *jsonrpc.Conn
+	initialized  bool
+	clientID     string
+	agent        bool
+	defaultTopic string
+	perms        *permissions
+	subs         []*subscription
+}
+
+// SessionAuth is how a new session is authenticated.
+type SessionAuth struct {
+	// Open: no token is required (conclave dev); every client gets OpenGrant.
+	Open bool
+	// Grant is the grant of the token presented at the upgrade, if any.
+	Grant *Grant
+	// Access resolves a token sent in initialize instead.
+	Access *Access
+}
+
+// NewSession returns the handler of a new connection. Bind it to its
+// jsonrpc.Conn with Attach.
+func (b *Broker) NewSession(auth SessionAuth) *Session {
+	b.opts.Metrics.connected(1)
+	return &Session{
+		b:       b,
+		limiter: rate.NewLimiter(rate.Limit(b.opts.Rate), b.opts.Burst),
+		grant:   auth.Grant,
+		access:  auth.Access,
+		open:    auth.Open,
+	}
+}
+
+// Attach binds the session to its connection.
+func (s *Session) Attach(c *jsonrpc.Conn) {
+	s.mu.Lock()
+	s.conn = c
+	s.mu.Unlock()
+}
+
+// Close removes the session's subscriptions; the connection's owner calls
+// it once the connection has ended (no goroutine per idle connection waits
+// for that here).
+func (s *Session) Close() {
+	s.mu.Lock()
+	s.subs = nil
+	s.mu.Unlock()
+	s.b.removeSubscriptions(func(sub *subscription) bool { return sub.session == s })
+	s.b.opts.Metrics.connected(-1)
+}
+
+// ClientID is the id the client initialized with.
+func (s *Session) ClientID() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.clientID
+}
+
+func (s *Session) isAgent() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.agent
+}
+
+func (s *Session) mayReceive(t string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.perms != nil && s.perms.mayReceive(t)
+}
+
+func (s *Session) call(ctx context.Context, method string, params json.RawMessage, result any) error {
+	s.mu.Lock()
+	c := s.conn
+	s.mu.Unlock()
+	if c == nil {
+		return jsonrpc.ErrClosed
+	}
+	return c.Call(ctx, method, params, result)
+}
+
+// Handle implements jsonrpc.Handler.
+func (s *Session) Handle(ctx context.Context, req *jsonrpc.Request) (any, error) {
+	if !s.limiter.Allow() {
+		return nil, rpcError(CodeRateLimited, "Rate limited: more than %g requests a second", s.b.opts.Rate)
+	}
+	switch req.Method {
+	case MethodInitialize, MethodSubscribe, MethodUnsubscribe, MethodSendMessage, MethodPing:
+	default:
+		return nil, rpcError(jsonrpc.MethodNotFound, "Method not found: %s", req.Method)
+	}
+	if req.IsNotification() {
+		// Nothing could be returned; a publish needs its acks read.
+		return nil, nil
+	}
+	if req.Method == MethodInitialize {
+		return s.initialize(ctx, req)
+	}
+	s.mu.Lock()
+	ok := s.initialized
+	s.mu.Unlock()
+	if !ok {
+		return nil, rpcError(CodeNotInitialized, "Not initialized: send initialize first")
+	}
+	switch req.Method {
+	case MethodSubscribe:
+		return s.subscribe(req)
+	case MethodUnsubscribe:
+		return s.unsubscribe(req)
+	case MethodSendMessage:
+		return s.sendMessage(ctx, req)
+	default:
+		return map[string]string{"timestamp": time.Now().UTC().Format(time.RFC3339)}, nil
+	}
+}
+
+// objectParams decodes params that must be a JSON object (or absent) into
+// its members.
+func objectParams(req *jsonrpc.Request) (map[string]json.RawMessage, *jsonrpc.Error) {
+	members := map[string]json.RawMessage{}
+	if len(req.Params) == 0 {
+		return members, nil
+	}
+	if err := json.Unmarshal(req.Params, &members); err != nil || members == nil {
+		return nil, invalidParams("params must be a JSON object")
+	}
+	return members, nil
+}
+
+func stringMember(m map[string]json.RawMessage, name string) (value string, present bool, err *jsonrpc.Error) {
+	raw, ok := m[name]
+	if !ok || string(raw) == "null" {
+		return "", false, nil
+	}
+	if json.Unmarshal(raw, &value) != nil {
+		return "", true, invalidParams("%s must be a string", name)
+	}
+	return value, true, nil
+}
+
+type clientInfo struct {
+	Name    string `json:"name"`
+	Version string `json:"version"`
+}
+
+func (s *Session) initialize(ctx context.Context, req *jsonrpc.Request) (any, error) {
+	m, perr := objectParams(req)
+	if perr != nil {
+		return nil, rpcError(CodeInvalidClientInfo, "Invalid client info: params must be a JSON object")
+	}
+	clientID, ok, _ := stringMember(m, "clientId")
+	if !ok || clientID == "" || len(clientID) > MaxClientIDLen || slices.ContainsFunc([]rune(clientID), unicode.IsControl) {
+		return nil, rpcError(CodeInvalidClientInfo, "Invalid client info: clientId must be a non-empty string of at most %d characters without control characters", MaxClientIDLen)
+	}
+	if raw, ok := m["clientInfo"]; ok && string(raw) != "null" {
+		var ci clientInfo
+		dec := json.Unmarshal(raw, &ci)
+		if dec != nil || raw[0] != '{' {
+			return nil, rpcError(CodeInvalidClientInfo, "Invalid client info: clientInfo must be an object with string name and version")
+		}
+	}
+	var caps struct {
+		ProcessMessage bool `json:"processMessage"`
+	}
+	if raw, ok := m["capabilities"]; ok && string(raw) != "null" {
+		if json.Unmarshal(raw, &caps) != nil {
+			return nil, rpcError(CodeInvalidClientInfo, "Invalid client info: capabilities must be an object")
+		}
+	}
+	defaultTopic, _, derr := stringMember(m, "defaultTopic")
+	if derr != nil {
+		return nil, rpcError(CodeInvalidClientInfo, "Invalid client info: defaultTopic must be a string")
+	}
+	token, _, terr := stringMember(m, "token")
+	if terr != nil {
+		return nil, rpcError(CodeInvalidClientInfo, "Invalid client info: token must be a string")
+	}
+
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.initialized {
+		return nil, rpcError(CodeAlreadyInitialized, "Already initialized")
+	}
+	grant, gerr := s.resolveGrant(token)
+	if gerr != nil {
+		return nil, gerr
+	}
+	if grant.ClientID != "" && grant.ClientID != clientID {
+		return nil, rpcError(CodeForbidden, "Forbidden: this token may only initialize as clientId %q", grant.ClientID)
+	}
+	perms, err := compileGrant(grant, clientID)
+	if err != nil {
+		return nil, rpcError(CodeInvalidClientInfo, "Invalid client info: %v", err)
+	}
+	agent := caps.ProcessMessage
+	if spawnedTopic, ok := s.b.spawnedAgent(clientID); ok {
+		// An agent the default handler launched is an agent whatever it
+		// says, and its default topic is the one it was launched for.
+		agent, defaultTopic = true, spawnedTopic
+	}
+	if defaultTopic == "" {
+		defaultTopic = perms.defaultTopic
+	}
+	if defaultTopic != "" {
+		if err := topic.Validate(defaultTopic); err != nil {
+			return nil, rpcError(CodeInvalidClientInfo, "Invalid client info: defaultTopic: %v", err)
+		}
+	}
+	s.initialized, s.clientID, s.agent, s.defaultTopic, s.perms = true, clientID, agent, defaultTopic, perms
+	if s.conn == nil {
+		s.conn, _ = jsonrpc.ConnFromContext(ctx)
+	}
+	return InitializeResult{
+		ServerID:   s.b.opts.ServerID,
+		ServerInfo: ServerInfo{Name: "conclave-bus", Version: s.b.opts.Version},
+		Capabilities: Capabilities{
+			Subscribe: true, Publish: true,
+			Topics:         []string{"inbound:*", "outbound:*", "agent:*", "tg:*", "task:*", "system:*"},
+			ProcessMessage: true,
+			DefaultTopic:   defaultTopic,
+		},
+	}, nil
+}
+
+// resolveGrant finds the grant of the session: open, from the upgrade, or
+// from the token in initialize. s.mu is held.
+func (s *Session) resolveGrant(token string) (Grant, *jsonrpc.Error) {
+	switch {
+	case s.open:
+		return OpenGrant, nil
+	case s.grant != nil:
+		return *s.grant, nil
+	case token == "":
+		return Grant{}, rpcError(CodeForbidden, "Unauthenticated: send a bearer token in the Authorization header of the WebSocket upgrade or as token in initialize")
+	case s.access == nil:
+		return Grant{}, rpcError(CodeForbidden, "Unauthenticated: no tokens are configured")
+	}
+	g, err := s.access.Lookup(token)
+	if err != nil {
+		return Grant{}, rpcError(CodeForbidden, "Unauthenticated: unknown token")
+	}
+	return g, nil
+}
+
+func (s *Session) topicParam(m map[string]json.RawMessage) (string, *jsonrpc.Error) {
+	t, ok, err := stringMember(m, "topic")
+	if err != nil {
+		return "", err
+	}
+	if !ok {
+		return "", invalidParams("missing topic")
+	}
+	if verr := topic.Validate(t); verr != nil {
+		return "", invalidParams("topic: %v", verr)
+	}
+	return t, nil
+}
+
+func (s *Session) subscribe(req *jsonrpc.Request) (any, error) {
+	m, perr := objectParams(req)
+	if perr != nil {
+		return nil, perr
+	}
+	t, terr := s.topicParam(m)
+	if terr != nil {
+		return nil, terr
+	}
+	pattern, _ := topic.Compile(t) // validated by topicParam
+	policy := s.b.opts.DefaultPolicy
+	suggested, ok, serr := stringMember(m, "policy")
+	if serr != nil {
+		return nil, serr
+	}
+	if ok {
+		p, err := ParsePolicy(suggested)
+		if err != nil {
+			return nil, invalidParams("%v", err)
+		}
+		if s.b.opts.ClientPolicies {
+			policy = p
+		}
+	}
+	s.mu.Lock()
+	if !s.perms.maySubscribe(t) {
+		s.mu.Unlock()
+		return nil, rpcError(CodeForbidden, "Forbidden: client %q may not subscribe to %q", s.clientID, t)
+	}
+	if slices.ContainsFunc(s.subs, func(sub *subscription) bool { return sub.pattern.String() == t }) {
+		s.mu.Unlock()
+		return nil, rpcError(CodeAlreadySubscribed, "Already subscribed to %q", t)
+	}
+	if len(s.subs) >= s.b.opts.MaxSubscriptions {
+		s.mu.Unlock()
+		return nil, rpcError(CodeTooManySubscriptions, "Too many subscriptions: a client may hold at most %d", s.b.opts.MaxSubscriptions)
+	}
+	sub := &subscription{pattern: pattern, policy: policy, session: s}
+	s.subs = append(s.subs, sub)
+	s.mu.Unlock()
+	s.b.addSubscription(sub)
+	return map[string]any{"success": true, "policy": policy}, nil
+}
+
+func (s *Session) unsubscribe(req *jsonrpc.Request) (any, error) {
+	m, perr := objectParams(req)
+	if perr != nil {
+		return nil, perr
+	}
+	t, terr := s.topicParam(m)
+	if terr != nil {
+		return nil, terr
+	}
+	s.mu.Lock()
+	i := slices.IndexFunc(s.subs, func(sub *subscription) bool { return sub.pattern.String() == t })
+	if i < 0 {
+		s.mu.Unlock()
+		return nil, rpcError(CodeSubscriptionNotFound, "Subscription not found: %q", t)
+	}
+	sub := s.subs[i]
+	s.subs = slices.Delete(s.subs, i, i+1)
+	s.mu.Unlock()
+	s.b.removeSubscriptions(func(o *subscription) bool { return o == sub })
+	return map[string]bool{"success": true}, nil
+}
+
+func (s *Session) sendMessage(ctx context.Context, req *jsonrpc.Request) (any, error) {
+	m, perr := objectParams(req)
+	if perr != nil {
+		return nil, perr
+	}
+	t, ok, terr := stringMember(m, "topic")
+	if terr != nil {
+		return nil, terr
+	}
+	s.mu.Lock()
+	clientID, defaultTopic, perms := s.clientID, s.defaultTopic, s.perms
+	s.mu.Unlock()
+	if !ok {
+		if defaultTopic == "" {
+			return nil, invalidParams("missing topic, and this client has no default topic")
+		}
+		t = defaultTopic
+	}
+	if err := topic.Validate(t); err != nil {
+		return nil, invalidParams("topic: %v", err)
+	}
+	payload, ok := m["payload"]
+	if !ok || len(payload) == 0 || payload[0] != '{' {
+		return nil, invalidParams("payload must be a JSON object")
+	}
+	if !perms.mayPublish(t) {
+		return nil, rpcError(CodeForbidden, "Forbidden: client %q may not publish to %q", clientID, t)
+	}
+	return s.b.Publish(ctx, clientID, t, payload)
+}

@@ -1,0 +1,165 @@
+package service
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/conclave-ai/conclave/pkg/auth"
+	"github.com/conclave-ai/conclave/pkg/jsonrpc"
+	"github.com/conclave-ai/conclave/pkg/server"
+	"github.com/conclave-ai/conclave/pkg/store"
+	"github.com/conclave-ai/conclave/services/bus/internal/broker"
+)
+
+// ReplicaTable lists the live replicas: each advertises its internal
+// address under a lease it renews.
+var ReplicaTable = store.Table{Name: "bus_replicas"}
+
+const replicaPK = "replica"
+
+// cluster connects replicas. Every replica routes a message among its own
+// subscribers, then forwards it to every other live replica over HTTP,
+// which routes it among theirs: subscriptions stay in memory where their
+// connections are, and no per-subscription state has to be kept in the
+// store in step with connections coming and going.
+type cluster struct {
+	st       store.Store
+	serverID string
+	addr     func() string
+	token    string
+	scheme   string
+	lease    time.Duration
+	client   *http.Client
+	log      *slog.Logger
+	bus      *broker.Broker
+}
+
+// advertise keeps this replica in ReplicaTable until ctx ends, then
+// withdraws it.
+func (c *cluster) advertise(ctx context.Context) {
+	t := time.NewTicker(c.lease / 3)
+	defer t.Stop()
+	for {
+		_, err := c.st.Put(ctx, ReplicaTable.Name, store.Item{Key: store.Key{PK: replicaPK, SK: c.serverID},
+			Data: []byte(c.addr()), ExpiresAt: time.Now().Add(c.lease)})
+		if err != nil && ctx.Err() == nil {
+			c.log.WarnContext(ctx, "bus: could not advertise this replica; others will not forward to it", "error", err)
+		}
+		select {
+		case <-ctx.Done():
+			_ = c.st.Delete(context.WithoutCancel(ctx), ReplicaTable.Name, store.Key{PK: replicaPK, SK: c.serverID})
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// peers returns the other live replicas' addresses.
+func (c *cluster) peers(ctx context.Context) ([]string, error) {
+	page, err := c.st.Query(ctx, ReplicaTable.Name, store.Query{PK: replicaPK, Limit: 1000})
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	for _, it := range page.Items {
+		if it.SK != c.serverID {
+			out = append(out, string(it.Data))
+		}
+	}
+	return out, nil
+}
+
+// Forward implements broker.Forwarder: every other replica at once. A
+// replica that cannot be reached costs its subscribers this message (they
+// get no ack), which the log records; it does not fail the publish.
+func (c *cluster) Forward(ctx context.Context, f broker.Forwarded) broker.ForwardResult {
+	peers, err := c.peers(ctx)
+	if err != nil {
+		c.log.WarnContext(ctx, "bus: could not list the other replicas", "error", err)
+		return broker.ForwardResult{}
+	}
+	body, err := json.Marshal(f)
+	if err != nil {
+		return broker.ForwardResult{}
+	}
+	var (
+		mu  sync.Mutex
+		res broker.ForwardResult
+		wg  sync.WaitGroup
+	)
+	for _, addr := range peers {
+		wg.Go(func() {
+			r, err := c.forwardTo(ctx, addr, body)
+			if err != nil {
+				c.log.WarnContext(ctx, "bus: forwarding to a replica failed", "replica", addr, "topic", f.Topic, "error", err)
+				return
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			res.Acks = append(res.Acks, r.Acks...)
+			res.Routed = res.Routed || r.Routed
+			res.Stop = res.Stop || r.Stop
+		})
+	}
+	wg.Wait()
+	return res
+}
+
+func (c *cluster) forwardTo(ctx context.Context, addr string, body []byte) (broker.ForwardResult, error) {
+	req, err := http.NewRequestWithContext(ctx, "POST", c.scheme+"://"+addr+"/internal/v1/deliver", bytes.NewReader(body))
+	if err != nil {
+		return broker.ForwardResult{}, err
+	}
+	req.Header.Set("Authorization", "Bearer "+c.token)
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := c.client.Do(req)
+	if err != nil {
+		return broker.ForwardResult{}, err
+	}
+	defer resp.Body.Close()
+	data, err := io.ReadAll(io.LimitReader(resp.Body, 16<<20))
+	if err != nil {
+		return broker.ForwardResult{}, err
+	}
+	if resp.StatusCode != http.StatusOK {
+		return broker.ForwardResult{}, fmt.Errorf("%s: %s", resp.Status, bytes.TrimSpace(data))
+	}
+	var r broker.ForwardResult
+	return r, json.Unmarshal(data, &r)
+}
+
+// serveDeliver is the receiving end of Forward.
+func (c *cluster) serveDeliver(w http.ResponseWriter, r *http.Request) {
+	token, ok := auth.Bearer(r.Header.Get("Authorization"))
+	if !ok || !auth.NewTokens(c.token).Valid(token) {
+		server.WriteError(w, http.StatusUnauthorized, "bus: forwarding needs the replicas' peer token")
+		return
+	}
+	var f broker.Forwarded
+	if err := json.NewDecoder(r.Body).Decode(&f); err != nil {
+		server.WriteError(w, http.StatusBadRequest, "bus: "+err.Error())
+		return
+	}
+	res, err := c.bus.DeliverForwarded(r.Context(), f)
+	var rpcErr *jsonrpc.Error
+	if errors.As(err, &rpcErr) {
+		// Refused here (an untyped payload for this replica's agent): its
+		// subscribers are told in the acks.
+		res = broker.ForwardResult{Acks: []broker.Ack{{ClientID: "replica " + c.serverID, Message: rpcErr.Message}}}
+	} else if err != nil {
+		server.WriteError(w, http.StatusInternalServerError, "bus: "+err.Error())
+		return
+	}
+	if res.Acks == nil {
+		res.Acks = []broker.Ack{}
+	}
+	writeJSON(w, res)
+}

@@ -1,0 +1,332 @@
+package service_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/conclave-ai/conclave/services/bus/internal/broker"
+)
+
+// TestSeedConformance walks every example of seed 004, message by message,
+// against the real bus over a real WebSocket, with frames written as the
+// seed writes them.
+func TestSeedConformance(t *testing.T) {
+	if testing.Short() {
+		t.Skip("integration test: starts a bus")
+	}
+	t.Parallel()
+	bus := startBus(t, defaultConfig(t, nil), busOption{})
+
+	t.Run("initialize", func(t *testing.T) {
+		t.Parallel()
+		w := dial(t, bus.url, nil)
+		w.send(`{
+  "jsonrpc": "2.0",
+  "method": "initialize",
+  "params": {
+    "clientId": "agent-1",
+    "clientInfo": {
+      "name": "bub",
+      "version": "0.2.0"
+    }
+  },
+  "id": 1
+}`)
+		m := w.recv()
+		if m["id"] != float64(1) {
+			t.Fatalf("id %v, want 1", m["id"])
+		}
+		res := m["result"].(map[string]any)
+		if res["serverId"] != "bus-1" {
+			t.Errorf("serverId %v", res["serverId"])
+		}
+		info := res["serverInfo"].(map[string]any)
+		if info["name"] == "" || info["version"] == "" {
+			t.Errorf("serverInfo %v", info)
+		}
+		caps := res["capabilities"].(map[string]any)
+		if caps["subscribe"] != true || caps["publish"] != true {
+			t.Errorf("capabilities %v", caps)
+		}
+		topics := mustJSON(t, caps["topics"])
+		for _, want := range []string{`"inbound:*"`, `"outbound:*"`, `"agent:*"`} {
+			if !contains(topics, want) {
+				t.Errorf("capabilities.topics %s lacks %s", topics, want)
+			}
+		}
+		// Error -32001: already initialized.
+		if code, _ := w.callError(2, "initialize", `{"clientId":"agent-1"}`); code != broker.CodeAlreadyInitialized {
+			t.Errorf("second initialize: code %d, want -32001", code)
+		}
+	})
+
+	t.Run("invalid client info", func(t *testing.T) {
+		t.Parallel()
+		for _, params := range []string{
+			`{}`, `{"clientId":""}`, `{"clientId":42}`, `{"clientId":"a","clientInfo":"bub"}`,
+			`{"clientId":"a","clientInfo":{"name":1}}`, `[1,2]`,
+		} {
+			w := dial(t, bus.url, nil)
+			if code, msg := w.callError(1, "initialize", params); code != broker.CodeInvalidClientInfo {
+				t.Errorf("initialize %s: code %d (%s), want -32002", params, code, msg)
+			}
+			// The failed initialize left the client uninitialized; a good
+			// one still works.
+			w.initialize("agent-ok", "")
+		}
+	})
+
+	t.Run("requests before initialize", func(t *testing.T) {
+		t.Parallel()
+		w := dial(t, bus.url, nil)
+		for i, method := range []string{"subscribe", "unsubscribe", "sendMessage", "ping"} {
+			if code, msg := w.callError(i+1, method, `{"topic":"inbound:chat-1","payload":{}}`); code != broker.CodeNotInitialized {
+				t.Errorf("%s before initialize: code %d (%s), want %d", method, code, msg, broker.CodeNotInitialized)
+			}
+		}
+	})
+
+	t.Run("subscribe and unsubscribe", func(t *testing.T) {
+		t.Parallel()
+		w := bus.client(t, "sub-1", "")
+		w.send(`{
+  "jsonrpc": "2.0",
+  "method": "subscribe",
+  "params": {
+    "topic": "inbound:chat-*"
+  },
+  "id": 2
+}`)
+		if res := w.response(2)["result"].(map[string]any); res["success"] != true {
+			t.Fatalf("subscribe: %v", res)
+		}
+		if code, _ := w.callError(3, "subscribe", `{"topic":"inbound:chat-*"}`); code != broker.CodeAlreadySubscribed {
+			t.Errorf("duplicate subscribe: code %d, want -32003", code)
+		}
+		if code, _ := w.callError(4, "subscribe", `{}`); code != -32602 {
+			t.Errorf("subscribe without topic: code %d, want -32602", code)
+		}
+		if code, _ := w.callError(5, "subscribe", `{"topic":"inbound:*","policy":"whenever"}`); code != -32602 {
+			t.Errorf("subscribe with an unknown policy: code %d, want -32602", code)
+		}
+		w.send(`{
+  "jsonrpc": "2.0",
+  "method": "unsubscribe",
+  "params": {
+    "topic": "inbound:chat-*"
+  },
+  "id": 3
+}`)
+		if res := w.response(3)["result"].(map[string]any); res["success"] != true {
+			t.Fatalf("unsubscribe: %v", res)
+		}
+		if code, _ := w.callError(6, "unsubscribe", `{"topic":"inbound:chat-*"}`); code != broker.CodeSubscriptionNotFound {
+			t.Errorf("unsubscribe again: code %d, want -32004", code)
+		}
+		if code, _ := w.callError(7, "unsubscribe", `{}`); code != -32602 {
+			t.Errorf("unsubscribe without topic: code %d, want -32602", code)
+		}
+	})
+
+	t.Run("sendMessage fan-out", func(t *testing.T) {
+		t.Parallel()
+		sub := bus.client(t, "bridge-fanout", "")
+		sub.subscribe(2, "inbound:chat-*", "")
+		pub := bus.client(t, "publisher-fanout", "")
+		pub.send(`{
+  "jsonrpc": "2.0",
+  "method": "sendMessage",
+  "params": {
+    "topic": "inbound:chat-1",
+    "payload": {
+      "chat_id": "chat-1",
+      "text": "hello",
+      "from": "user-1"
+    }
+  },
+  "id": 4
+}`)
+		id, params := sub.expectRequest("sendMessage")
+		if params["topic"] != "inbound:chat-1" {
+			t.Errorf("delivered topic %v", params["topic"])
+		}
+		payload := params["payload"].(map[string]any)
+		if payload["chat_id"] != "chat-1" || payload["text"] != "hello" || payload["from"] != "user-1" {
+			t.Errorf("delivered payload %v", payload)
+		}
+		sub.reply(id, `{"success": true, "stopPropagation": false}`)
+		res := pub.response(4)["result"].(map[string]any)
+		if res["success"] != true {
+			t.Errorf("publisher's result %v", res)
+		}
+		acks := res["acks"].([]any)
+		if len(acks) != 1 || acks[0].(map[string]any)["client_id"] != "bridge-fanout" || acks[0].(map[string]any)["processed"] != true {
+			t.Errorf("acks %v", acks)
+		}
+	})
+
+	t.Run("ping", func(t *testing.T) {
+		t.Parallel()
+		w := bus.client(t, "pinger", "")
+		w.send(`{
+  "jsonrpc": "2.0",
+  "method": "ping",
+  "params": {},
+  "id": 100
+}`)
+		res := w.response(100)["result"].(map[string]any)
+		if _, err := time.Parse(time.RFC3339, res["timestamp"].(string)); err != nil {
+			t.Errorf("timestamp %v: %v", res["timestamp"], err)
+		}
+	})
+
+	t.Run("standard errors", func(t *testing.T) {
+		t.Parallel()
+		w := bus.client(t, "errors", "")
+		w.send(`{"jsonrpc":"2.0","method":"ping",`)
+		if code, _ := errorOf(t, w.recv()); code != -32700 {
+			t.Errorf("invalid JSON: code %d, want -32700", code)
+		}
+		w.send(`{"jsonrpc":"1.0","method":"ping","id":1}`)
+		if code, _ := errorOf(t, w.recv()); code != -32600 {
+			t.Errorf("wrong version: code %d, want -32600", code)
+		}
+		if code, _ := w.callError(2, "publish", `{}`); code != -32601 {
+			t.Errorf("unknown method: code %d, want -32601", code)
+		}
+		if code, _ := w.callError(3, "sendMessage", `{"topic":"x:1"}`); code != -32602 {
+			t.Errorf("sendMessage without payload: code %d, want -32602", code)
+		}
+		if code, _ := w.callError(4, "sendMessage", `{"payload":{"text":"hi"}}`); code != -32602 {
+			t.Errorf("sendMessage without topic or default topic: code %d, want -32602", code)
+		}
+		// The connection still serves after every error.
+		w.result(5, "ping", `{}`)
+	})
+
+	t.Run("unrouted message", func(t *testing.T) {
+		t.Parallel()
+		w := bus.client(t, "lonely", "")
+		res := w.result(2, "sendMessage", `{"topic":"nobody:listens","payload":{"text":"hi"}}`)
+		if res["success"] != false || len(res["acks"].([]any)) != 0 {
+			t.Errorf("unrouted: %v", res)
+		}
+	})
+
+	t.Run("processMessage and acks", func(t *testing.T) {
+		t.Parallel()
+		agent := bus.client(t, "agent-other-agent-456", `,"capabilities":{"processMessage":true}`)
+		agent.subscribe(2, "agent:other-agent-456", "")
+		pub := bus.client(t, "agent-123", "")
+		pub.send(`{
+  "jsonrpc": "2.0",
+  "method": "sendMessage",
+  "params": {
+    "topic": "agent:other-agent-456",
+    "payload": {
+      "type": "task_request",
+      "task_id": "task-789",
+      "description": "Analyze the log file",
+      "priority": "high",
+      "deadline": "2025-02-18T12:00:00Z"
+    }
+  },
+  "id": 7
+}`)
+		id, params := agent.expectRequest("processMessage")
+		if params["topic"] != "agent:other-agent-456" || params["payload"].(map[string]any)["type"] != "task_request" {
+			t.Errorf("processMessage params %v", params)
+		}
+		agent.reply(id, `{"processed": true, "should_retry": false, "retry_seconds": 0, "message": "Task accepted"}`)
+		res := pub.response(7)["result"].(map[string]any)
+		want := `{"acks":[{"client_id":"agent-other-agent-456","message":"Task accepted","processed":true}],"stopPropagation":false,"success":true}`
+		if got := mustJSON(t, res); got != want {
+			t.Errorf("result %s, want %s", got, want)
+		}
+	})
+
+	t.Run("untyped payload to an agent", func(t *testing.T) {
+		t.Parallel()
+		agent := bus.client(t, "typed-agent", `,"capabilities":{"processMessage":true}`)
+		agent.subscribe(2, "agent:typed", "")
+		pub := bus.client(t, "untyped-publisher", "")
+		code, msg := pub.callError(3, "sendMessage", `{"topic":"agent:typed","payload":{"text":"no type"}}`)
+		if code != -32602 || !contains(msg, "type") {
+			t.Errorf("untyped payload to an agent: %d %q, want -32602 naming type", code, msg)
+		}
+	})
+
+	t.Run("last match wins and stopPropagation", func(t *testing.T) {
+		t.Parallel()
+		// The seed's example: A "inbound:*", B "inbound:critical", C
+		// "inbound:*". stopPropagationOnStop delivers one at a time, so the
+		// order is visible: C, then B, then A. A bus of its own, as
+		// "inbound:*" would catch the other subtests' messages.
+		bus := startBus(t, defaultConfig(t, nil), busOption{})
+		a := bus.client(t, "handler-a", "")
+		a.subscribe(2, "inbound:*", "stopPropagationOnStop")
+		b := bus.client(t, "handler-b", "")
+		b.subscribe(2, "inbound:critical", "stopPropagationOnStop")
+		c := bus.client(t, "handler-c", "")
+		c.subscribe(2, "inbound:*", "stopPropagationOnStop")
+		pub := bus.client(t, "order-publisher", "")
+
+		pub.publish(10, "inbound:critical", `{"text":"first"}`)
+		id, _ := c.expectRequest("sendMessage")
+		c.reply(id, `{"success":true,"stopPropagation":false}`)
+		id, _ = b.expectRequest("sendMessage")
+		b.reply(id, `{"success":true,"stopPropagation":false}`)
+		id, _ = a.expectRequest("sendMessage")
+		a.reply(id, `{"success":true,"stopPropagation":false}`)
+		res := pub.response(10)["result"].(map[string]any)
+		var order []string
+		for _, ack := range res["acks"].([]any) {
+			order = append(order, ack.(map[string]any)["client_id"].(string))
+		}
+		if got := mustJSON(t, order); got != `["handler-c","handler-b","handler-a"]` {
+			t.Errorf("delivery order %s", got)
+		}
+
+		// The seed's handler response with stopPropagation: B is never called.
+		pub.publish(11, "inbound:critical", `{"text":"second"}`)
+		id, _ = c.expectRequest("sendMessage")
+		c.reply(id, `{"processed": true, "stopPropagation": true, "message": "Rate limit exceeded"}`)
+		res = pub.response(11)["result"].(map[string]any)
+		if res["stopPropagation"] != true || len(res["acks"].([]any)) != 1 {
+			t.Errorf("after stopPropagation: %v", res)
+		}
+		pub.result(12, "ping", `{}`)
+		b.result(3, "ping", `{}`) // B's next frame is this answer, not a delivery
+	})
+
+	t.Run("policies", func(t *testing.T) {
+		t.Parallel()
+		// Default policy: the first subscriber that processes stops it.
+		first := bus.client(t, "policy-first", "")
+		first.subscribe(2, "policy:default", "")
+		second := bus.client(t, "policy-second", "")
+		second.subscribe(2, "policy:default", "")
+		pub := bus.client(t, "policy-publisher", "")
+		pub.publish(3, "policy:default", `{"text":"x"}`)
+		id, _ := second.expectRequest("sendMessage")
+		second.reply(id, `{"processed":true}`)
+		if res := pub.response(3)["result"].(map[string]any); len(res["acks"].([]any)) != 1 || res["stopPropagation"] != true {
+			t.Errorf("stopPropagationOnProcessed: %v", res)
+		}
+		first.result(3, "ping", `{}`)
+
+		// continueAll: every subscriber, even after one stops.
+		x := bus.client(t, "policy-x", "")
+		x.subscribe(2, "policy:all", "continueAll")
+		y := bus.client(t, "policy-y", "")
+		y.subscribe(2, "policy:all", "continueAll")
+		pub.publish(4, "policy:all", `{"text":"y"}`)
+		for _, w := range []*wire{x, y} {
+			id, _ := w.expectRequest("sendMessage")
+			w.reply(id, `{"processed":true,"stopPropagation":true}`)
+		}
+		if res := pub.response(4)["result"].(map[string]any); len(res["acks"].([]any)) != 2 {
+			t.Errorf("continueAll: %v", res)
+		}
+	})
+}

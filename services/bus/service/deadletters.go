@@ -1,0 +1,117 @@
+package service
+
+import (
+	"encoding/json"
+	"errors"
+	"net/http"
+	"strconv"
+
+	"github.com/conclave-ai/conclave/pkg/server"
+	"github.com/conclave-ai/conclave/services/bus/internal/broker"
+)
+
+// routeDeadLetters serves the dead-letter table to admins:
+//
+//	GET  /v1/dead-letters?limit=N&cursor=C   {"dead_letters":[...],"cursor":"..."}
+//	GET  /v1/dead-letters/{id}               one dead letter
+//	POST /v1/dead-letters/{id}/redrive       back on the retry queue, fresh attempts
+//	POST /v1/dead-letters/redrive            every dead letter
+func (b *Bus) routeDeadLetters(srv *server.Server) {
+	srv.Handle("GET /v1/dead-letters", b.admin(b.listDeadLetters))
+	srv.Handle("GET /v1/dead-letters/{id}", b.admin(b.showDeadLetter))
+	srv.Handle("POST /v1/dead-letters/{id}/redrive", b.admin(b.redriveDeadLetter))
+	srv.Handle("POST /v1/dead-letters/redrive", b.admin(b.redriveAll))
+}
+
+func (b *Bus) admin(h http.HandlerFunc) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !b.cfg.AllowUnauthenticated {
+			grant, present, err := b.authenticate(r)
+			switch {
+			case !present:
+				server.WriteError(w, http.StatusUnauthorized, "bus: a bearer token is required")
+				return
+			case err != nil:
+				server.WriteError(w, http.StatusUnauthorized, "bus: "+err.Error())
+				return
+			case !grant.Admin:
+				server.WriteError(w, http.StatusForbidden, "bus: this token is not an admin's")
+				return
+			}
+		}
+		h(w, r)
+	})
+}
+
+func writeJSON(w http.ResponseWriter, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+func (b *Bus) listDeadLetters(w http.ResponseWriter, r *http.Request) {
+	limit := 100
+	if s := r.URL.Query().Get("limit"); s != "" {
+		n, err := strconv.Atoi(s)
+		if err != nil || n < 1 || n > 1000 {
+			server.WriteError(w, http.StatusBadRequest, "bus: limit must be a number from 1 to 1000")
+			return
+		}
+		limit = n
+	}
+	dls, cursor, err := b.retries.ListDeadLetters(r.Context(), limit, r.URL.Query().Get("cursor"))
+	if err != nil {
+		server.WriteError(w, http.StatusBadRequest, "bus: listing dead letters: "+err.Error())
+		return
+	}
+	writeJSON(w, map[string]any{"dead_letters": dls, "cursor": cursor})
+}
+
+func (b *Bus) showDeadLetter(w http.ResponseWriter, r *http.Request) {
+	dl, err := b.retries.DeadLetter(r.Context(), r.PathValue("id"))
+	if errors.Is(err, broker.ErrDeadLetterNotFound) {
+		server.WriteError(w, http.StatusNotFound, "bus: "+err.Error())
+		return
+	}
+	if err != nil {
+		server.WriteError(w, http.StatusInternalServerError, "bus: "+err.Error())
+		return
+	}
+	writeJSON(w, dl)
+}
+
+func (b *Bus) redriveDeadLetter(w http.ResponseWriter, r *http.Request) {
+	id := r.PathValue("id")
+	err := b.retries.Redrive(r.Context(), id)
+	switch {
+	case errors.Is(err, broker.ErrDeadLetterNotFound):
+		server.WriteError(w, http.StatusNotFound, "bus: "+err.Error())
+	case err != nil:
+		server.WriteError(w, http.StatusInternalServerError, "bus: "+err.Error())
+	default:
+		writeJSON(w, map[string]any{"redriven": []string{id}})
+	}
+}
+
+func (b *Bus) redriveAll(w http.ResponseWriter, r *http.Request) {
+	redriven := []string{}
+	cursor := ""
+	for {
+		dls, next, err := b.retries.ListDeadLetters(r.Context(), 100, cursor)
+		if err != nil {
+			server.WriteError(w, http.StatusInternalServerError, "bus: "+err.Error())
+			return
+		}
+		for _, dl := range dls {
+			if err := b.retries.Redrive(r.Context(), dl.ID); err != nil {
+				server.WriteError(w, http.StatusInternalServerError, "bus: redriving "+dl.ID+" (after "+strconv.Itoa(len(redriven))+" redriven): "+err.Error())
+				return
+			}
+			redriven = append(redriven, dl.ID)
+		}
+		if next == "" {
+			break
+		}
+		cursor = next
+	}
+	writeJSON(w, map[string]any{"redriven": redriven})
+}

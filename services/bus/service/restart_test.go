@@ -1,0 +1,120 @@
+package service_test
+
+import (
+	"bufio"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+
+	"github.com/conclave-ai/conclave/pkg/testenv"
+)
+
+// busBinary is cmd/bus, built once by TestMain for the tests that run the
+// bus as a process of its own.
+var busBinary string
+
+func TestMain(m *testing.M) {
+	os.Exit(run(m))
+}
+
+func run(m *testing.M) int {
+	dir, err := os.MkdirTemp("", "bus-test-bin")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	defer os.RemoveAll(dir)
+	busBinary = filepath.Join(dir, "bus")
+	build := exec.Command("go", "build", "-o", busBinary, "../cmd/bus")
+	build.Stderr = os.Stderr
+	if err := build.Run(); err != nil {
+		fmt.Fprintln(os.Stderr, "building cmd/bus:", err)
+		return 1
+	}
+	return m.Run()
+}
+
+// busProcess runs cmd/bus on dataDir and port, and returns it once it
+// serves.
+func busProcess(t *testing.T, dataDir string, port int) *exec.Cmd {
+	t.Helper()
+	cmd := exec.Command(busBinary)
+	cmd.Env = append(os.Environ(),
+		"CONCLAVE_DATA_DIR="+dataDir,
+		fmt.Sprintf("CONCLAVE_BUS_ADDR=127.0.0.1:%d", port),
+		"CONCLAVE_BUS_ALLOW_UNAUTHENTICATED=true",
+		"CONCLAVE_LOG_FORMAT=text",
+		"OTEL_EXPORTER_OTLP_ENDPOINT=",
+	)
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	// It logs "serving" once the listener is bound.
+	lines := bufio.NewScanner(stderr)
+	for lines.Scan() {
+		if strings.Contains(lines.Text(), "msg=serving") {
+			go func() {
+				for lines.Scan() {
+				}
+			}()
+			return cmd
+		}
+	}
+	t.Fatalf("the bus exited before serving: %v", lines.Err())
+	return nil
+}
+
+// TestRestartLosesNoRetry kills the bus process (SIGKILL, no drain) while a
+// retry is pending, starts it again on the same data, and checks the retry
+// still arrives.
+func TestRestartLosesNoRetry(t *testing.T) {
+	if testing.Short() {
+		t.Skip("integration test: runs the bus as a process")
+	}
+	t.Parallel()
+	port, err := testenv.FreePort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dataDir := t.TempDir()
+	url := fmt.Sprintf("ws://127.0.0.1:%d", port)
+	first := busProcess(t, dataDir, port)
+
+	agent := dial(t, url, nil)
+	agent.initialize("agent-durable", agentCaps)
+	agent.subscribe(2, "agent:durable", "")
+	pub := dial(t, url, nil)
+	pub.initialize("pub", "")
+	pub.publish(3, "agent:durable", `{"type":"task_request","task_id":"survives"}`)
+	id, _ := agent.expectRequest("processMessage")
+	agent.reply(id, `{"processed":false,"should_retry":true,"retry_seconds":2,"message":"later"}`)
+	ack := pub.response(3)["result"].(map[string]any)["acks"].([]any)[0].(map[string]any)
+	if !contains(ack["message"].(string), "scheduled") {
+		t.Fatalf("ack %v", ack)
+	}
+
+	// The retry was accepted: kill the bus before it is due.
+	if err := first.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	_ = first.Wait()
+
+	busProcess(t, dataDir, port)
+	again := dial(t, url, nil)
+	again.initialize("agent-durable", agentCaps)
+	again.subscribe(2, "agent:durable", "")
+	id, params := again.expectRequest("processMessage")
+	if params["payload"].(map[string]any)["task_id"] != "survives" || params["attempt"] != float64(2) {
+		t.Errorf("retry after the restart: %v", params)
+	}
+	again.reply(id, `{"processed":true}`)
+}

@@ -1,0 +1,321 @@
+// Package service wires the bus into a runnable server. It is the one entry
+// point shared by cmd/bus and the all-in-one `conclave dev`.
+package service
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"time"
+
+	"github.com/coder/websocket"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/conclave-ai/conclave/pkg/auth"
+	"github.com/conclave-ai/conclave/pkg/config"
+	"github.com/conclave-ai/conclave/pkg/jsonrpc"
+	"github.com/conclave-ai/conclave/pkg/queue"
+	"github.com/conclave-ai/conclave/pkg/server"
+	"github.com/conclave-ai/conclave/pkg/store"
+	"github.com/conclave-ai/conclave/pkg/telemetry"
+	"github.com/conclave-ai/conclave/services/bus/internal/broker"
+	"github.com/conclave-ai/conclave/services/bus/internal/wsconn"
+)
+
+// Config is the bus's configuration.
+type Config struct {
+	Addr     config.ListenAddr `env:"CONCLAVE_BUS_ADDR" default:":7892" help:"WebSocket listener (JSON-RPC 2.0 on /), with /healthz /readyz /metrics and /v1/dead-letters"`
+	ServerID string            `env:"CONCLAVE_BUS_SERVER_ID" help:"serverId in initialize (default: the host name)"`
+	TLSCert  string            `env:"CONCLAVE_BUS_TLS_CERT" help:"PEM certificate file; with CONCLAVE_BUS_TLS_KEY the listener serves wss://"`
+	TLSKey   string            `env:"CONCLAVE_BUS_TLS_KEY" help:"PEM private key file of CONCLAVE_BUS_TLS_CERT"`
+	Grants   string            `env:"CONCLAVE_BUS_GRANTS" help:"JSON array of grants: [{\"token\":..., \"client_id\":..., \"publish\":[patterns], \"subscribe\":[patterns], \"default_topic\":..., \"admin\":bool}]; {client_id} in a pattern is the client's id"`
+	// AllowUnauthenticated opens the bus to every client with every
+	// permission; conclave dev sets it, on loopback only.
+	AllowUnauthenticated bool          `env:"CONCLAVE_BUS_ALLOW_UNAUTHENTICATED" default:"false" help:"serve clients without bearer tokens, all allowed (development only)"`
+	Policy               string        `env:"CONCLAVE_BUS_POLICY" default:"stopPropagationOnProcessed" help:"bus-wide propagation policy: stopPropagationOnProcessed, stopPropagationOnStop or continueAll"`
+	ClientPolicies       bool          `env:"CONCLAVE_BUS_CLIENT_POLICIES" default:"true" help:"let a subscribe's suggested policy override the bus-wide one"`
+	DeliveryTimeout      time.Duration `env:"CONCLAVE_BUS_DELIVERY_TIMEOUT" default:"30s" help:"how long a subscriber may take to answer a delivery"`
+	MaxFrameBytes        int           `env:"CONCLAVE_BUS_MAX_FRAME_BYTES" default:"1048576" help:"largest WebSocket message accepted; a larger one closes the connection with 1009"`
+	OutboundBuffer       int           `env:"CONCLAVE_BUS_OUTBOUND_BUFFER" default:"256" help:"frames that may wait for a slow client before it is disconnected (1008)"`
+	WriteTimeout         time.Duration `env:"CONCLAVE_BUS_WRITE_TIMEOUT" default:"10s" help:"how long one frame may take to write before the client is disconnected as a slow reader"`
+	MaxSubscriptions     int           `env:"CONCLAVE_BUS_MAX_SUBSCRIPTIONS" default:"100" help:"subscriptions one client may hold"`
+	MaxInflight          int           `env:"CONCLAVE_BUS_MAX_INFLIGHT" default:"64" help:"requests of one client handled at once; past that its connection stops being read"`
+	Rate                 float64       `env:"CONCLAVE_BUS_RATE" default:"200" help:"requests per second one client may make"`
+	Burst                int           `env:"CONCLAVE_BUS_BURST" default:"400" help:"requests one client may make at once above its rate"`
+	RetryAttempts        int           `env:"CONCLAVE_BUS_RETRY_ATTEMPTS" default:"3" help:"deliveries of a message to an agent, the first included, before it is dead-lettered"`
+	RetryBaseDelay       time.Duration `env:"CONCLAVE_BUS_RETRY_BASE_DELAY" default:"1s" help:"first retry delay when the agent gives no retry_seconds; doubles per attempt"`
+	RetryMaxDelay        time.Duration `env:"CONCLAVE_BUS_RETRY_MAX_DELAY" default:"5m" help:"cap on every retry delay, retry_seconds included (at most 15m)"`
+	Workspace            string        `env:"CONCLAVE_BUS_WORKSPACE" help:"BUB_WORKSPACE of agents the default handler launches"`
+	PublicURL            string        `env:"CONCLAVE_BUS_PUBLIC_URL" help:"BUB_BUS_URL given to launched agents (default: ws:// or wss:// and the listener's address)"`
+	SpawnTimeout         time.Duration `env:"CONCLAVE_BUS_SPAWN_TIMEOUT" default:"60s" help:"how long the default handler waits for a launched agent to subscribe"`
+	PeerToken            string        `env:"CONCLAVE_BUS_PEER_TOKEN" help:"shared secret of the replicas; when set, each replica forwards messages to the others (listed in the store) and accepts theirs on /internal/v1/deliver"`
+	AdvertiseAddr        string        `env:"CONCLAVE_BUS_ADVERTISE_ADDR" help:"host:port other replicas reach this one at (default: the listener's address)"`
+	Lease                time.Duration `env:"CONCLAVE_BUS_LEASE" default:"15s" help:"how long a replica stays listed after its last renewal"`
+	ShutdownTimeout      time.Duration `env:"CONCLAVE_BUS_SHUTDOWN_TIMEOUT" default:"15s" help:"how long in-flight work may drain on shutdown"`
+}
+
+// Validate implements config.Validator.
+func (c Config) Validate() error {
+	if c.Addr == "" {
+		return errors.New("CONCLAVE_BUS_ADDR: the bus needs a listener")
+	}
+	if (c.TLSCert == "") != (c.TLSKey == "") {
+		return errors.New("CONCLAVE_BUS_TLS_CERT, CONCLAVE_BUS_TLS_KEY: set both or neither")
+	}
+	access, err := broker.ParseGrants(c.Grants)
+	if err != nil {
+		return fmt.Errorf("CONCLAVE_BUS_GRANTS: %w", err)
+	}
+	if access.Len() == 0 && !c.AllowUnauthenticated {
+		return errors.New("CONCLAVE_BUS_GRANTS: set at least one grant, or CONCLAVE_BUS_ALLOW_UNAUTHENTICATED=true for development")
+	}
+	if _, err := broker.ParsePolicy(c.Policy); err != nil {
+		return fmt.Errorf("CONCLAVE_BUS_POLICY: %w", err)
+	}
+	for key, n := range map[string]int{
+		"CONCLAVE_BUS_MAX_FRAME_BYTES":   c.MaxFrameBytes,
+		"CONCLAVE_BUS_OUTBOUND_BUFFER":   c.OutboundBuffer,
+		"CONCLAVE_BUS_MAX_SUBSCRIPTIONS": c.MaxSubscriptions,
+		"CONCLAVE_BUS_MAX_INFLIGHT":      c.MaxInflight,
+		"CONCLAVE_BUS_BURST":             c.Burst,
+		"CONCLAVE_BUS_RETRY_ATTEMPTS":    c.RetryAttempts,
+	} {
+		if n < 1 {
+			return fmt.Errorf("%s: must be positive, got %d", key, n)
+		}
+	}
+	if !(c.Rate > 0) {
+		return fmt.Errorf("CONCLAVE_BUS_RATE: must be positive, got %g", c.Rate)
+	}
+	for key, d := range map[string]time.Duration{
+		"CONCLAVE_BUS_DELIVERY_TIMEOUT": c.DeliveryTimeout,
+		"CONCLAVE_BUS_WRITE_TIMEOUT":    c.WriteTimeout,
+		"CONCLAVE_BUS_RETRY_BASE_DELAY": c.RetryBaseDelay,
+		"CONCLAVE_BUS_RETRY_MAX_DELAY":  c.RetryMaxDelay,
+		"CONCLAVE_BUS_SPAWN_TIMEOUT":    c.SpawnTimeout,
+		"CONCLAVE_BUS_SHUTDOWN_TIMEOUT": c.ShutdownTimeout,
+		"CONCLAVE_BUS_LEASE":            c.Lease,
+	} {
+		if d <= 0 {
+			return fmt.Errorf("%s: must be positive, got %s", key, d)
+		}
+	}
+	if c.PeerToken != "" && len(c.PeerToken) < 16 {
+		return errors.New("CONCLAVE_BUS_PEER_TOKEN: must be at least 16 characters")
+	}
+	if c.RetryMaxDelay > queue.MaxDelay {
+		return fmt.Errorf("CONCLAVE_BUS_RETRY_MAX_DELAY: at most %s (the longest queue delay), got %s", queue.MaxDelay, c.RetryMaxDelay)
+	}
+	return nil
+}
+
+// Tables lists the tables the bus keeps its state in.
+var Tables = []store.Table{broker.DeadLetterTable, ReplicaTable}
+
+// Queues lists the queues the bus owns.
+var Queues = []queue.Definition{broker.RetryQueue, broker.EventsQueue}
+
+// EnsureQueues creates the bus's queues.
+func EnsureQueues(ctx context.Context, q queue.Queue) error {
+	for _, d := range Queues {
+		if err := q.Ensure(ctx, d); err != nil {
+			return fmt.Errorf("bus queue %s: %w", d.Name, err)
+		}
+	}
+	return nil
+}
+
+// Launcher starts agents for the default handler (the runner's launch API).
+type Launcher = broker.Launcher
+
+// LaunchRequest is what a Launcher is asked for.
+type LaunchRequest = broker.LaunchRequest
+
+// Bus is a configured, not yet running, bus.
+type Bus struct {
+	srv     *server.Server
+	broker  *broker.Broker
+	retries *broker.Retries
+	events  *broker.Events
+	cluster *cluster
+	access  *broker.Access
+	cfg     Config
+	tls     bool
+	log     *slog.Logger
+}
+
+// New builds the bus. st holds dead letters and q the retry queue; Tables
+// and Queues must exist. launcher may be nil: then a message no subscriber
+// matches is answered with success false.
+func New(cfg Config, logger *slog.Logger, tel *telemetry.Provider, st store.Store, q queue.Queue, launcher Launcher, opts ...server.Option) (*Bus, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	access, _ := broker.ParseGrants(cfg.Grants) // checked by Validate
+	policy, _ := broker.ParsePolicy(cfg.Policy)
+	serverID := cfg.ServerID
+	if serverID == "" {
+		host, err := os.Hostname()
+		if err != nil {
+			return nil, fmt.Errorf("bus server id: %w", err)
+		}
+		serverID = host
+	}
+	metrics, err := broker.NewMetrics(tel.Meter("bus"))
+	if err != nil {
+		return nil, fmt.Errorf("bus metrics: %w", err)
+	}
+	b := &Bus{cfg: cfg, access: access, log: logger, tls: cfg.TLSCert != ""}
+	b.retries = broker.NewRetries(q, st, broker.RetryPolicy{MaxAttempts: cfg.RetryAttempts,
+		BaseDelay: cfg.RetryBaseDelay, MaxDelay: cfg.RetryMaxDelay}, tel.TracerProvider(), logger)
+	var dh *broker.DefaultHandler
+	if launcher != nil {
+		dh = broker.NewDefaultHandler(launcher, cfg.Workspace, b.URL, cfg.SpawnTimeout, logger)
+	}
+	var forwarder broker.Forwarder
+	if cfg.PeerToken != "" {
+		scheme := "http"
+		if b.tls {
+			scheme = "https"
+		}
+		b.cluster = &cluster{st: st, serverID: serverID, token: cfg.PeerToken, scheme: scheme, lease: cfg.Lease, log: logger,
+			client: &http.Client{Transport: tel.HTTPTransport(http.DefaultTransport), Timeout: cfg.DeliveryTimeout + 10*time.Second}}
+		b.cluster.addr = func() string {
+			if cfg.AdvertiseAddr != "" {
+				return cfg.AdvertiseAddr
+			}
+			return b.srv.HTTPAddr()
+		}
+		forwarder = b.cluster
+	}
+	b.broker = broker.New(broker.Options{
+		ServerID: serverID, Version: "0.1.0", DefaultPolicy: policy, ClientPolicies: cfg.ClientPolicies,
+		DeliveryTimeout: cfg.DeliveryTimeout, MaxSubscriptions: cfg.MaxSubscriptions,
+		Rate: cfg.Rate, Burst: cfg.Burst, Retries: b.retries, DefaultHandler: dh, Forwarder: forwarder,
+		Metrics: metrics, Tracer: tel.TracerProvider().Tracer("github.com/conclave-ai/conclave/services/bus"),
+		Logger: logger,
+	})
+	b.events = broker.NewEvents(q, b.broker, tel.TracerProvider(), logger)
+	if cfg.AllowUnauthenticated {
+		logger.Warn("the bus accepts clients without a bearer token, with every permission")
+	}
+
+	if b.tls {
+		cert, err := tls.LoadX509KeyPair(cfg.TLSCert, cfg.TLSKey)
+		if err != nil {
+			return nil, fmt.Errorf("CONCLAVE_BUS_TLS_CERT: %w", err)
+		}
+		l, err := net.Listen("tcp", string(cfg.Addr))
+		if err != nil {
+			return nil, fmt.Errorf("bus listener: %w", err)
+		}
+		opts = append(opts, server.WithHTTPListener(tls.NewListener(l, &tls.Config{
+			Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12})))
+	}
+	opts = append([]server.Option{
+		server.WithMetricsHandler(tel.MetricsHandler()),
+		server.WithHTTPMiddleware(func(h http.Handler) http.Handler { return tel.HTTPHandler(h, "bus") }),
+	}, opts...)
+	srv, err := server.New(server.Config{Name: "bus", HTTPAddr: string(cfg.Addr), ShutdownTimeout: cfg.ShutdownTimeout}, logger, opts...)
+	if err != nil {
+		return nil, fmt.Errorf("bus server: %w", err)
+	}
+	srv.HandleStream("GET /{$}", http.HandlerFunc(b.serveWebSocket))
+	b.routeDeadLetters(srv)
+	if b.cluster != nil {
+		b.cluster.bus = b.broker
+		srv.HandleStream("POST /internal/v1/deliver", http.HandlerFunc(b.cluster.serveDeliver))
+	}
+	b.srv = srv
+	return b, nil
+}
+
+// authenticate resolves the bearer token of a request, if it has one.
+// present is false without an Authorization header.
+func (b *Bus) authenticate(r *http.Request) (grant *broker.Grant, present bool, err error) {
+	h := r.Header.Get("Authorization")
+	if h == "" {
+		return nil, false, nil
+	}
+	token, ok := auth.Bearer(h)
+	if !ok {
+		return nil, true, errors.New("the Authorization header is not a bearer token")
+	}
+	g, err := b.access.Lookup(token)
+	if err != nil {
+		return nil, true, err
+	}
+	return &g, true, nil
+}
+
+func (b *Bus) serveWebSocket(w http.ResponseWriter, r *http.Request) {
+	sessionAuth := broker.SessionAuth{Open: b.cfg.AllowUnauthenticated, Access: b.access}
+	if !b.cfg.AllowUnauthenticated {
+		grant, _, err := b.authenticate(r)
+		if err != nil {
+			server.WriteError(w, http.StatusUnauthorized, "bus: "+err.Error())
+			return
+		}
+		sessionAuth.Grant = grant
+	}
+	ws, err := websocket.Accept(w, r, nil)
+	if err != nil {
+		return // Accept has answered the request
+	}
+	stream := wsconn.New(ws, b.cfg.MaxFrameBytes, b.cfg.OutboundBuffer, b.cfg.WriteTimeout)
+	session := b.broker.NewSession(sessionAuth)
+	conn := jsonrpc.NewConn(stream, session, jsonrpc.WithMaxInflight(b.cfg.MaxInflight), jsonrpc.WithLogger(b.log))
+	session.Attach(conn)
+	defer session.Close()
+	select {
+	case <-conn.Done():
+	case <-r.Context().Done():
+		// The server is draining: tell the client to reconnect elsewhere.
+		stream.CloseWith(websocket.StatusGoingAway, "the bus is shutting down")
+		_ = conn.Close()
+	}
+}
+
+// Run serves until ctx is cancelled, then drains.
+func (b *Bus) Run(ctx context.Context) error {
+	g, gctx := errgroup.WithContext(ctx)
+	g.Go(func() error { return b.srv.Run(gctx) })
+	g.Go(func() error { return b.retries.Run(gctx) })
+	g.Go(func() error { return b.events.Run(gctx) })
+	if b.cluster != nil {
+		g.Go(func() error {
+			select {
+			case <-b.srv.Ready():
+				b.cluster.advertise(gctx)
+			case <-gctx.Done():
+			}
+			return nil
+		})
+	}
+	return g.Wait()
+}
+
+// Ready is closed once the listener is bound.
+func (b *Bus) Ready() <-chan struct{} { return b.srv.Ready() }
+
+// URL is the bus's WebSocket URL, once Ready.
+func (b *Bus) URL() string {
+	if b.cfg.PublicURL != "" {
+		return b.cfg.PublicURL
+	}
+	scheme := "ws://"
+	if b.tls {
+		scheme = "wss://"
+	}
+	return scheme + b.srv.HTTPAddr()
+}
+
+// Endpoints lists where the bus listens, once Ready.
+func (b *Bus) Endpoints() []server.Endpoint {
+	return []server.Endpoint{{Service: "bus", Protocol: "WebSocket JSON-RPC 2.0 (" + b.URL() + "); HTTP /v1/dead-letters /healthz /readyz /metrics", Address: b.srv.HTTPAddr()}}
+}
