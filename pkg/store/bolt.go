@@ -25,8 +25,8 @@ type Bolt struct {
 	db     *bolt.DB
 	writes *boltgroup.Writer
 	path   string
-	now  func() time.Time
-	log  *slog.Logger
+	now    func() time.Time
+	log    *slog.Logger
 
 	stop chan struct{}
 	wg   sync.WaitGroup

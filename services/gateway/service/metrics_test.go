@@ -143,9 +143,13 @@ func TestGatewayMetrics(t *testing.T) {
 	// A request waits behind one in flight; one more finds the queue full.
 	holder := startAgent(t, ctx, connA, "holder", true)
 	replies := make(chan reply, 2)
-	go func() { replies <- send(authed(ctx), clientA, &gatewayv1.SendMessageRequest{AgentId: "holder", Content: "first"}) }()
+	go func() {
+		replies <- send(authed(ctx), clientA, &gatewayv1.SendMessageRequest{AgentId: "holder", Content: "first"})
+	}()
 	await(t, holder.gotOne, "the first request")
-	go func() { replies <- send(authed(ctx), clientA, &gatewayv1.SendMessageRequest{AgentId: "holder", Content: "second"}) }()
+	go func() {
+		replies <- send(authed(ctx), clientA, &gatewayv1.SendMessageRequest{AgentId: "holder", Content: "second"})
+	}()
 	a.moved("conclave_gateway_requests_queued", 1)
 	if r := send(authed(ctx), clientA, &gatewayv1.SendMessageRequest{AgentId: "holder", Content: "third"}); status.Code(r.err) != codes.ResourceExhausted {
 		t.Fatalf("third request: %v", r)

@@ -45,9 +45,9 @@ type Options struct {
 	DefaultHandler *DefaultHandler
 	// Forwarder, when set, carries messages to the other replicas.
 	Forwarder Forwarder
-	Metrics        *Metrics
-	Tracer         trace.Tracer
-	Logger         *slog.Logger
+	Metrics   *Metrics
+	Tracer    trace.Tracer
+	Logger    *slog.Logger
 }
 
 // Broker routes messages between the sessions of connected clients.

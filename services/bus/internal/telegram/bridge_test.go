@@ -184,4 +184,3 @@ func call(t *testing.T, ctx context.Context, c *jsonrpc.Conn, method, params str
 		t.Fatalf("%s: %v", method, err)
 	}
 }
-
