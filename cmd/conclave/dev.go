@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"os"
 	"slices"
 	"text/tabwriter"
 
@@ -30,6 +31,10 @@ type devConfig struct {
 	Bus       bus.Config
 }
 
+// exampleToolAgents is the bridge configuration conclave dev serves when run
+// from the repository's root, as `make run` does.
+const exampleToolAgents = "examples/tool-agents/config.yaml"
+
 // service is what conclave dev runs: each service's own server, in one
 // process.
 type service interface {
@@ -54,7 +59,7 @@ func runDev(ctx context.Context, args []string, lookup config.Lookup, stdout, st
 	cfg.Librarian.AllowUnauthenticated = true
 	// The example tool agents, run from the repository's root.
 	cfg.Bridge.HTTPAddr = "127.0.0.1:8083"
-	cfg.Bridge.ConfigFile = "examples/tool-agents/config.yaml"
+	cfg.Bridge.ConfigFile = exampleToolAgents
 	cfg.Bridge.AllowUnauthenticated = true
 	cfg.Bus.Addr = "127.0.0.1:7892"
 	cfg.Bus.ServerID = "dev"
@@ -105,18 +110,25 @@ func runDev(ctx context.Context, args []string, lookup config.Lookup, stdout, st
 	if err != nil {
 		return err
 	}
-	cfg.Bridge.Env, cfg.Bridge.Version = lookup, versionString()
-	br, err := bridge.New(cfg.Bridge, logger, tel)
-	if err != nil {
-		return err
-	}
 	// No runner yet: without a launcher, a message no subscriber matches is
 	// answered with success false instead of going to the default handler.
 	b, err := bus.New(cfg.Bus, logger, tel, st, q, nil)
 	if err != nil {
 		return err
 	}
-	services := []service{gw, lib, br, b}
+	services := []service{gw, lib, b}
+	if _, err := os.Stat(cfg.Bridge.ConfigFile); err != nil && cfg.Bridge.ConfigFile == exampleToolAgents {
+		// Run outside the repository: there are no example tool agents to
+		// serve, which is no reason to stop the rest.
+		logger.WarnContext(ctx, "the bridge is not started: no tool agents configured; set CONCLAVE_BRIDGE_CONFIG to a config.yaml", "looked_for", exampleToolAgents)
+	} else {
+		cfg.Bridge.Env, cfg.Bridge.Version = lookup, versionString()
+		br, err := bridge.New(cfg.Bridge, logger, tel)
+		if err != nil {
+			return err
+		}
+		services = append(services, br)
+	}
 
 	g, gctx := errgroup.WithContext(ctx)
 	for _, s := range services {
