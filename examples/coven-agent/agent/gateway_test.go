@@ -68,7 +68,10 @@ type gateway struct {
 // for a free one) and returns once it prints where it listens.
 func startGateway(t *testing.T, addr string, env ...string) *gateway {
 	t.Helper()
+	// Every other service on a free port too, so that tests can run side by
+	// side.
 	cmd := exec.Command(conclaveBin, "dev", "--gateway-grpc-addr="+addr, "--gateway-http-addr=127.0.0.1:0",
+		"--librarian-http-addr=127.0.0.1:0", "--bus-addr=127.0.0.1:0", "--bridge-http-addr=127.0.0.1:0",
 		"--data-dir", t.TempDir())
 	cmd.Env = append(os.Environ(), env...)
 	stdout, err := cmd.StdoutPipe()
