@@ -14,7 +14,6 @@ import (
 	"time"
 
 	"go.opentelemetry.io/otel/propagation"
-	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -65,10 +64,8 @@ type Publisher struct {
 // NewPublisher sends on q; Queue must exist.
 func NewPublisher(q queue.Queue) *Publisher { return &Publisher{q: q} }
 
-// Encode is an envelope as it travels: protojson, with the proto names.
-func Encode(env *eventsv1.Envelope) ([]byte, error) {
-	return protojson.MarshalOptions{UseProtoNames: true}.Marshal(env)
-}
+// Encode is an envelope as it travels, as every producer encodes it.
+func Encode(env *eventsv1.Envelope) ([]byte, error) { return queue.EncodeEnvelope(env) }
 
 // Publish sends envelopes, in order, in one batch.
 func (p *Publisher) Publish(ctx context.Context, envs ...*eventsv1.Envelope) error {

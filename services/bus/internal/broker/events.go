@@ -4,14 +4,12 @@ import (
 	"context"
 	"encoding/base64"
 	"encoding/json"
-	"fmt"
 	"log/slog"
 	"time"
 
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/protobuf/encoding/protojson"
-	"google.golang.org/protobuf/proto"
 
 	"github.com/conclave-ai/conclave/pkg/queue"
 	eventsv1 "github.com/conclave-ai/conclave/proto/conclave/events/v1"
@@ -20,8 +18,8 @@ import (
 
 // EventsQueue is where other services (the runner's task events, the
 // Librarian's governance events) send event envelopes for the bus to
-// publish. Its body is a conclave.events.v1.Envelope in the protobuf binary
-// encoding, base64 (standard, padded).
+// publish. Its body is a conclave.events.v1.Envelope as every producer
+// encodes it (queue.EncodeEnvelope: protojson).
 var EventsQueue = queue.Definition{
 	Name:              "bus-events",
 	VisibilityTimeout: 2 * time.Minute,
@@ -74,30 +72,12 @@ func EventTopic(env *eventsv1.Envelope) string {
 	return "system:" + env.GetType()
 }
 
-// DecodeEnvelope decodes a queue body.
-func DecodeEnvelope(body []byte) (*eventsv1.Envelope, error) {
-	raw, err := base64.StdEncoding.DecodeString(string(body))
-	if err != nil {
-		return nil, fmt.Errorf("not base64: %w", err)
-	}
-	env := &eventsv1.Envelope{}
-	if err := proto.Unmarshal(raw, env); err != nil {
-		return nil, fmt.Errorf("not an Envelope: %w", err)
-	}
-	if env.GetId() == "" || env.GetType() == "" {
-		return nil, fmt.Errorf("envelope without id or type")
-	}
-	return env, nil
-}
+// DecodeEnvelope decodes a queue body, as every producer encodes it
+// (queue.EncodeEnvelope).
+func DecodeEnvelope(body []byte) (*eventsv1.Envelope, error) { return queue.DecodeEnvelope(body) }
 
 // EncodeEnvelope is DecodeEnvelope's inverse, for producers.
-func EncodeEnvelope(env *eventsv1.Envelope) ([]byte, error) {
-	raw, err := proto.Marshal(env)
-	if err != nil {
-		return nil, err
-	}
-	return []byte(base64.StdEncoding.EncodeToString(raw)), nil
-}
+func EncodeEnvelope(env *eventsv1.Envelope) ([]byte, error) { return queue.EncodeEnvelope(env) }
 
 func (e *Events) handle(ctx context.Context, m queue.Message) error {
 	env, err := DecodeEnvelope(m.Body)
