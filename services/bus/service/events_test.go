@@ -34,7 +34,7 @@ func TestEventsArePublished(t *testing.T) {
 		t.Fatal(err)
 	}
 	send := func(env *eventsv1.Envelope) {
-		body, err := broker.EncodeEnvelope(env)
+		body, err := queue.EncodeEnvelope(env)
 		if err != nil {
 			t.Fatal(err)
 		}

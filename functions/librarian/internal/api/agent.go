@@ -19,6 +19,7 @@ import (
 	"github.com/conclave-ai/conclave/functions/librarian/internal/graph"
 	"github.com/conclave-ai/conclave/functions/librarian/internal/policy"
 	"github.com/conclave-ai/conclave/functions/librarian/internal/requests"
+	"github.com/conclave-ai/conclave/pkg/queue"
 	eventsv1 "github.com/conclave-ai/conclave/proto/conclave/events/v1"
 	librarianv1 "github.com/conclave-ai/conclave/proto/conclave/librarian/v1"
 )
@@ -207,7 +208,7 @@ func (h *Handler) stage(ctx context.Context, rec *requests.Record, typ string) e
 	if err != nil {
 		return err
 	}
-	b, err := events.Encode(env)
+	b, err := queue.EncodeEnvelope(env)
 	if err != nil {
 		return err
 	}

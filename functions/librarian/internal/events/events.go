@@ -64,9 +64,6 @@ type Publisher struct {
 // NewPublisher sends on q; Queue must exist.
 func NewPublisher(q queue.Queue) *Publisher { return &Publisher{q: q} }
 
-// Encode is an envelope as it travels, as every producer encodes it.
-func Encode(env *eventsv1.Envelope) ([]byte, error) { return queue.EncodeEnvelope(env) }
-
 // Publish sends envelopes, in order, in one batch.
 func (p *Publisher) Publish(ctx context.Context, envs ...*eventsv1.Envelope) error {
 	if len(envs) == 0 {
@@ -74,7 +71,7 @@ func (p *Publisher) Publish(ctx context.Context, envs ...*eventsv1.Envelope) err
 	}
 	msgs := make([]queue.Outgoing, 0, len(envs))
 	for _, env := range envs {
-		body, err := Encode(env)
+		body, err := queue.EncodeEnvelope(env)
 		if err != nil {
 			return fmt.Errorf("events: encode %s: %w", env.GetType(), err)
 		}

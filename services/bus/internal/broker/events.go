@@ -72,15 +72,8 @@ func EventTopic(env *eventsv1.Envelope) string {
 	return "system:" + env.GetType()
 }
 
-// DecodeEnvelope decodes a queue body, as every producer encodes it
-// (queue.EncodeEnvelope).
-func DecodeEnvelope(body []byte) (*eventsv1.Envelope, error) { return queue.DecodeEnvelope(body) }
-
-// EncodeEnvelope is DecodeEnvelope's inverse, for producers.
-func EncodeEnvelope(env *eventsv1.Envelope) ([]byte, error) { return queue.EncodeEnvelope(env) }
-
 func (e *Events) handle(ctx context.Context, m queue.Message) error {
-	env, err := DecodeEnvelope(m.Body)
+	env, err := queue.DecodeEnvelope(m.Body)
 	if err != nil {
 		// Retrying cannot fix it: log it and let it go.
 		e.log.WarnContext(ctx, "bus: dropping an undecodable event", "message_id", m.ID, "error", err)

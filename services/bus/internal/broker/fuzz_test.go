@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/conclave-ai/conclave/pkg/jsonrpc"
+	"github.com/conclave-ai/conclave/pkg/queue"
 )
 
 // FuzzHandle feeds arbitrary params to every method of a session, before
@@ -66,7 +67,7 @@ func FuzzDecodeEnvelope(f *testing.F) {
 	f.Add([]byte("not base64"))
 	f.Add([]byte(""))
 	f.Fuzz(func(t *testing.T, body []byte) {
-		env, err := DecodeEnvelope(body)
+		env, err := queue.DecodeEnvelope(body)
 		if err != nil {
 			return
 		}
