@@ -19,11 +19,15 @@ import (
 // GRPCServerOptions instruments a gRPC server: each RPC gets a server span
 // whose parent is the trace context sent by the client, and RPC metrics.
 // Health checks and reflection are not traced: probes arrive every few
-// seconds and would bury real traces.
-func (p *Provider) GRPCServerOptions() []grpc.ServerOption {
+// seconds and would bury real traces. Nor are the methods named in untraced
+// (full names, "/package.Service/Method"): meant for streams that live as
+// long as a connection, whose one span would say nothing and would hold
+// memory for every open stream.
+func (p *Provider) GRPCServerOptions(untraced ...string) []grpc.ServerOption {
 	opts := append(p.otelgrpcOptions(), otelgrpc.WithFilter(func(info *stats.RPCTagInfo) bool {
 		return !strings.HasPrefix(info.FullMethodName, "/grpc.health.v1.") &&
-			!strings.HasPrefix(info.FullMethodName, "/grpc.reflection.")
+			!strings.HasPrefix(info.FullMethodName, "/grpc.reflection.") &&
+			!slices.Contains(untraced, info.FullMethodName)
 	}))
 	return []grpc.ServerOption{grpc.StatsHandler(otelgrpc.NewServerHandler(opts...))}
 }

@@ -398,3 +398,37 @@ func TestProbesAreNotTraced(t *testing.T) {
 		t.Fatalf("probes made %d spans, first %q", len(spans), spans[0].Name())
 	}
 }
+
+// TestUntracedMethods checks that a method named untraced makes no server
+// span while the others still do.
+func TestUntracedMethods(t *testing.T) {
+	t.Parallel()
+	p, rec := newRecordingProvider(t)
+
+	lis := bufconn.Listen(1 << 20)
+	srv := grpc.NewServer(append(p.GRPCServerOptions(testgrpc.TestService_EmptyCall_FullMethodName), grpc.WaitForHandlers(true))...)
+	testgrpc.RegisterTestServiceServer(srv, emptyService{})
+	go func() { _ = srv.Serve(lis) }()
+	conn, err := grpc.NewClient("passthrough:///bufconn",
+		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return lis.DialContext(ctx) }),
+		grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	client := testgrpc.NewTestServiceClient(conn)
+	if _, err := client.EmptyCall(context.Background(), &testgrpc.Empty{}); err != nil {
+		t.Fatal(err)
+	}
+	// UnaryCall is unimplemented; its error still makes a server span.
+	_, _ = client.UnaryCall(context.Background(), &testgrpc.SimpleRequest{})
+	_ = conn.Close()
+	srv.GracefulStop()
+
+	var names []string
+	for _, s := range rec.Ended() {
+		names = append(names, s.Name())
+	}
+	if want := []string{"grpc.testing.TestService/UnaryCall"}; !slices.Equal(names, want) {
+		t.Fatalf("server spans %q, want %q", names, want)
+	}
+}

@@ -124,7 +124,9 @@ func New(cfg Config, logger *slog.Logger, tel *telemetry.Provider, st store.Stor
 		serverID = host
 	}
 	m := metrics.New(tel.Meter("gateway"), serverID)
-	grpcOpts := append(tel.GRPCServerOptions(), agentstream.ServerOption())
+	// An agent's stream lives as long as its connection: one span for it
+	// would tell nothing and hold memory for every idle agent.
+	grpcOpts := append(tel.GRPCServerOptions(covenpb.CovenControl_AgentStream_FullMethodName), agentstream.ServerOption())
 	if !cfg.AllowUnauthenticated {
 		unary, stream := auth.NewTokens(cfg.ClientTokens...).Protect(clientapi.ServicePrefix)
 		grpcOpts = append(grpcOpts, grpc.ChainUnaryInterceptor(unary), grpc.ChainStreamInterceptor(stream))

@@ -88,9 +88,10 @@ type Agent struct {
 	ConnectedAt      time.Time
 
 	lastSeen atomic.Int64 // unix nanoseconds
-	ctx      context.Context
 	conn     *agentConn
-	closer   *streamCloser
+	// closer is the stream's context: it ends when the stream does, with
+	// the gateway's reason as its cause when the gateway ended it.
+	closer *streamCloser
 	// base is the replica's logger; log adds the agent's attributes only
 	// when something is logged, which spares every idle agent a logger of
 	// its own.
@@ -107,6 +108,11 @@ type Agent struct {
 	inflight    *request
 	dispatching bool // a dispatcher goroutine is running; true whenever pending is not empty
 	stopped     bool // deregistered: nothing new is queued, and the dispatcher fails what is left
+	// halt is closed when the agent stops. It is made with the first
+	// dispatcher, so an agent that never had a request waiting costs no
+	// channel (nor a cancellable context of its own, which would also add
+	// an entry to its parent context's children map).
+	halt        chan struct{}
 	dispatchers sync.WaitGroup
 }
 
@@ -295,10 +301,9 @@ func (s *Service) AgentStream(stream agentStream) error {
 	if err := stream.SendHeader(metadata.MD{}); err != nil {
 		return err
 	}
-	// ctx ends with the stream, or earlier when the handler returns, which
-	// tells the dispatcher the agent is gone.
-	ctx, cancel := context.WithCancel(stream.Context())
-	defer cancel()
+	// The handler's context is the stream's own: a dispatcher learns that
+	// the handler returned from Agent.stop, not from a context of its own.
+	var ctx context.Context = closer
 
 	reg, err := s.awaitRegister(ctx, closer, stream)
 	if err != nil {
@@ -327,7 +332,6 @@ func (s *Service) AgentStream(stream agentStream) error {
 	defer func() {
 		s.deregister(adm.agent)
 		adm.agent.stop()
-		cancel()
 		adm.agent.dispatchers.Wait()
 	}()
 	if adm.err != nil {
@@ -422,7 +426,6 @@ func (s *Service) admit(ctx context.Context, closer *streamCloser, stream agentS
 		InstanceID:       fmt.Sprintf("%s-%d", s.opts.InstancePrefix, s.nextID.Add(1)),
 		ServerID:         s.opts.ServerID,
 		ConnectedAt:      now,
-		ctx:              ctx,
 		conn:             conn,
 		closer:           closer,
 	}

@@ -171,6 +171,9 @@ func (a *Agent) enqueue(s *Service, r *request) error {
 	a.pending = append(a.pending, r)
 	s.metrics.Queued(1)
 	if !a.dispatching {
+		if a.halt == nil {
+			a.halt = make(chan struct{})
+		}
 		a.dispatching = true
 		a.dispatchers.Add(1)
 		go s.dispatch(a)
@@ -198,8 +201,14 @@ func (a *Agent) next() (r *request, stopped, ok bool) {
 // request still waiting.
 func (a *Agent) stop() {
 	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.stopped {
+		return
+	}
 	a.stopped = true
-	a.mu.Unlock()
+	if a.halt != nil {
+		close(a.halt)
+	}
 }
 
 type requestRef struct {
@@ -273,7 +282,7 @@ func (a *Agent) route(m *covenpb.MessageResponse) bool {
 // the agent was deregistered) is failed rather than left waiting.
 func (s *Service) dispatch(a *Agent) {
 	defer a.dispatchers.Done()
-	ctx := a.ctx
+	var ctx context.Context = a.closer
 	gone := func() error {
 		if st, ok := status.FromError(context.Cause(ctx)); ok && context.Cause(ctx) != nil {
 			return status.Errorf(codes.Unavailable, "agent %q disconnected: %s", a.ID, st.Message())
@@ -331,6 +340,8 @@ func (s *Service) await(ctx context.Context, a *Agent, r *request) bool {
 		return true
 	case <-ctx.Done():
 		return false
+	case <-a.halt:
+		return false
 	case <-r.caller.Done():
 	case <-r.closed:
 	}
@@ -342,6 +353,8 @@ func (s *Service) await(ctx context.Context, a *Agent, r *request) bool {
 	select {
 	case <-r.agentDone:
 	case <-ctx.Done():
+		return false
+	case <-a.halt:
 		return false
 	case <-t.C:
 		s.log.WarnContext(ctx, "agent did not end an abandoned request in time; sending the next one",
