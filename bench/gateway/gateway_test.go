@@ -33,6 +33,7 @@ import (
 	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/conclave-ai/conclave/pkg/testenv"
 	gatewayv1 "github.com/conclave-ai/conclave/proto/conclave/gateway/v1"
 	covenpb "github.com/conclave-ai/conclave/proto/coven"
 )
@@ -399,21 +400,33 @@ func BenchmarkIdleAgentMemory(b *testing.B) {
 // with `conclave agent swarm --reconnect`, restarts the gateway (a graceful
 // shutdown, then a new process on the same address and store, as a rolling
 // update does), and reports how long the agents took to be registered
-// again, from the new gateway's start.
+// again, from the new gateway's start: on the embedded store, and on
+// DynamoDB (dynalite, over the client a deployed gateway uses), one after
+// the other in the same run.
 func BenchmarkReconnect(b *testing.B) {
-	reconnectOnce.Do(func() { reconnectOnce.seconds, reconnectOnce.k = reconnect(b) })
-	b.ReportMetric(reconnectOnce.seconds, "s-to-reregister")
+	reconnectOnce.Do(func() {
+		k := envInt("BENCH_RECONNECT_AGENTS", 10000)
+		reconnectOnce.k = k
+		reconnectOnce.embedded = reconnect(b, k, boltAt(filepath.Join(tempDir(b), "state.db")))
+		dyn, err := testenv.Dynalite(context.Background())
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer dyn.Stop()
+		reconnectOnce.dynamo = reconnect(b, k, dynamoAt(dyn.Endpoint))
+	})
+	b.ReportMetric(reconnectOnce.embedded, "s-to-reregister")
+	b.ReportMetric(reconnectOnce.dynamo, "s-to-reregister-dynamodb")
 	b.ReportMetric(float64(reconnectOnce.k), "agents")
 }
 
 var reconnectOnce struct {
 	sync.Once
-	seconds float64
-	k       int
+	embedded, dynamo float64
+	k                int
 }
 
-func reconnect(b *testing.B) (float64, int) {
-	k := envInt("BENCH_RECONNECT_AGENTS", 10000)
+func reconnect(b *testing.B, k int, open storeOpener) float64 {
 	dir := tempDir(b)
 	bin := filepath.Join(dir, "conclave")
 	if out, err := exec.Command("go", "build", "-o", bin, "github.com/conclave-ai/conclave/cmd/conclave").CombinedOutput(); err != nil {
@@ -425,8 +438,7 @@ func reconnect(b *testing.B) (float64, int) {
 	}
 	addr := l.Addr().String()
 	_ = l.Close()
-	path := filepath.Join(dir, "state.db")
-	gw := startGatewayAt(b, addr, path)
+	gw := startGatewayAt(b, addr, open)
 	swarm := exec.Command(bin, "agent", "swarm", "--addr", addr, "--count", strconv.Itoa(k), "--reconnect", "--report", "100ms")
 	swarm.Stderr = os.Stderr
 	in, err := swarm.StdinPipe()
@@ -460,11 +472,11 @@ func reconnect(b *testing.B) (float64, int) {
 	b.Logf("%d agents registered in %.2fs", k, st.Seconds)
 	gw.stop()
 	start := time.Now()
-	gw = startGatewayAt(b, addr, path)
+	gw = startGatewayAt(b, addr, open)
 	defer gw.stop()
 	for next(); st.Registered < k; next() {
 	}
 	took := time.Since(start).Seconds()
 	b.Logf("after a restart, %d agents registered again in %.2fs", k, took)
-	return took, k
+	return took
 }

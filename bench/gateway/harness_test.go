@@ -16,6 +16,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
@@ -25,6 +27,7 @@ import (
 	"github.com/conclave-ai/conclave/pkg/config"
 	"github.com/conclave-ai/conclave/pkg/store"
 	"github.com/conclave-ai/conclave/pkg/telemetry"
+	"github.com/conclave-ai/conclave/pkg/testenv"
 	gatewayv1 "github.com/conclave-ai/conclave/proto/conclave/gateway/v1"
 	covenpb "github.com/conclave-ai/conclave/proto/coven"
 	"github.com/conclave-ai/conclave/services/gateway/service"
@@ -80,22 +83,42 @@ func tempDir(b *testing.B) string {
 // loopback with an embedded store and bearer-token authentication.
 func startGateway(b *testing.B) *target {
 	b.Helper()
-	return startGatewayAt(b, "127.0.0.1:0", filepath.Join(tempDir(b), "state.db"))
+	return startGatewayAt(b, "127.0.0.1:0", boltAt(filepath.Join(tempDir(b), "state.db")))
 }
 
-// startGatewayAt runs the gateway on grpcAddr with its store at path, on
+// storeOpener opens the gateway's store; each gateway process of a bench
+// opens its own.
+type storeOpener func() (store.Store, error)
+
+// boltAt opens the embedded store file at path.
+func boltAt(path string) storeOpener {
+	return func() (store.Store, error) { return store.OpenBolt(path, store.BoltOptions{}) }
+}
+
+// dynamoAt opens DynamoDB at endpoint (dynalite) with the HTTP client
+// store.Open gives a deployed gateway.
+func dynamoAt(endpoint string) storeOpener {
+	return func() (store.Store, error) {
+		cfg := testenv.AWSConfig()
+		cfg.HTTPClient = store.HTTPClient()
+		client := dynamodb.NewFromConfig(cfg, func(o *dynamodb.Options) { o.BaseEndpoint = aws.String(endpoint) })
+		return store.NewDynamo(client, store.DynamoOptions{Endpoint: endpoint}), nil
+	}
+}
+
+// startGatewayAt runs the gateway on grpcAddr with the store open gives, on
 // cmd/gateway's default timings (lease 15s, agent timeout 90s).
-func startGatewayAt(b *testing.B, grpcAddr, path string) *target {
+func startGatewayAt(b *testing.B, grpcAddr string, open storeOpener) *target {
 	b.Helper()
 	tel, err := telemetry.New(context.Background(), telemetry.Config{ServiceName: "gateway-bench"})
 	if err != nil {
 		b.Fatal(err)
 	}
-	bolt, err := store.OpenBolt(path, store.BoltOptions{})
+	backend, err := open()
 	if err != nil {
 		b.Fatal(err)
 	}
-	st := &countingStore{Store: bolt}
+	st := &countingStore{Store: backend}
 	if err := store.EnsureTables(context.Background(), st, service.Tables...); err != nil {
 		b.Fatal(err)
 	}

@@ -335,6 +335,7 @@ type Replica struct {
 	held       bool // an epoch was established before: agents may need writing again
 	validUntil time.Time
 	trouble    error         // why the lease cannot be relied on now; nil when renewing fine
+	withdrawn  bool          // the replica gave its lease up, so its agents' records are stale already
 	first      chan struct{} // closed after the first attempt to establish the lease
 	firstOnce  sync.Once
 }
@@ -410,7 +411,17 @@ func (p *Replica) Claim(ctx context.Context, a *gatewayv1.Agent) error {
 }
 
 // Release gives up an agent's registration.
+//
+// After Withdraw it writes nothing: the records of a replica that gave up
+// its lease are stale, free for the next registration to replace, so a
+// replica shutting down with N agents makes one write rather than N.
 func (p *Replica) Release(ctx context.Context, agentID, instanceID string) error {
+	p.mu.Lock()
+	withdrawn := p.withdrawn
+	p.mu.Unlock()
+	if withdrawn {
+		return nil
+	}
 	return p.reg.Release(ctx, agentID, instanceID)
 }
 
@@ -482,8 +493,11 @@ func jitter(d time.Duration) time.Duration {
 func (p *Replica) step(ctx context.Context) (time.Duration, bool) {
 	start := p.reg.now()
 	p.mu.Lock()
-	epoch, validUntil, addr := p.epoch, p.validUntil, p.addr
+	epoch, validUntil, addr, withdrawn := p.epoch, p.validUntil, p.addr, p.withdrawn
 	p.mu.Unlock()
+	if withdrawn {
+		return p.opts.Lease, true
+	}
 	if epoch == "" || !start.Before(validUntil) {
 		return p.establish(ctx, start)
 	}
@@ -497,7 +511,9 @@ func (p *Replica) step(ctx context.Context) (time.Duration, bool) {
 	switch {
 	case err == nil:
 		p.mu.Lock()
-		p.validUntil, p.trouble = start.Add(p.opts.Lease), nil
+		if !p.withdrawn {
+			p.validUntil, p.trouble = start.Add(p.opts.Lease), nil
+		}
 		p.mu.Unlock()
 		p.opts.Observe("renewed", took)
 		return max(p.opts.Lease/3-took, 0), true
@@ -557,6 +573,12 @@ func (p *Replica) establish(ctx context.Context, start time.Time) (time.Duration
 		p.rewriteAll(ctx, epoch)
 	}
 	p.mu.Lock()
+	if p.withdrawn {
+		// Withdrawn while the new lease was being taken: give it up too.
+		p.mu.Unlock()
+		_ = p.reg.store.Delete(ctx, Table.Name, replicaKey(p.id), store.IfAttrEquals("epoch", epoch))
+		return p.opts.Lease, true
+	}
 	p.epoch, p.validUntil, p.trouble, p.held = epoch, start.Add(p.opts.Lease), nil, true
 	p.mu.Unlock()
 	return max(p.opts.Lease/3-took, 0), true
@@ -595,6 +617,7 @@ func (p *Replica) Withdraw(ctx context.Context) error {
 	p.mu.Lock()
 	epoch := p.epoch
 	p.epoch, p.trouble = "", status.Errorf(codes.Unavailable, "gateway %s is shutting down; reconnect to another replica", p.id)
+	p.withdrawn = true
 	p.mu.Unlock()
 	if epoch == "" {
 		return nil

@@ -276,6 +276,54 @@ func TestCrashedReplicaFreesAgents(t *testing.T) {
 	}
 }
 
+// TestWithdrawFreesAgentsInOneWrite: a replica shutting down gives up its
+// lease (one write), which frees all its agents at once for another
+// replica; their disconnections then write nothing.
+func TestWithdrawFreesAgentsInOneWrite(t *testing.T) {
+	t.Parallel()
+	for name, st := range stores(t) {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			reg := registry.New(st)
+			leaving := replica(t, "gw-leaving", st, 15*time.Second)
+			streams := map[string]agentStream{}
+			for _, id := range []string{"mover-1", "mover-2", "mover-3"} {
+				streams[id] = registerEventually(t, leaving.client, id)
+			}
+			agentWrites := leaving.store.agentWrites.Load()
+			if err := leaving.replica.Withdraw(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			if got := listed(t, reg); len(got) != 0 {
+				t.Fatalf("after Withdraw the cluster still lists %v", got)
+			}
+			// Another replica takes them while they are still connected here,
+			// as agents told to leave reconnect elsewhere.
+			other := replica(t, "gw-other", st, 15*time.Second)
+			for id := range streams {
+				registerEventually(t, other.client, id)
+			}
+			for id, s := range streams {
+				if err := s.CloseSend(); err != nil {
+					t.Fatal(err)
+				}
+				if err := drain(s); err != nil && status.Code(err) != codes.Canceled {
+					t.Fatalf("%s: %v", id, err)
+				}
+			}
+			if got := listed(t, reg); len(got) != 3 || got["mover-1"] != "gw-other" || got["mover-2"] != "gw-other" || got["mover-3"] != "gw-other" {
+				t.Fatalf("after the moves: %v", got)
+			}
+			if n := leaving.store.agentWrites.Load() - agentWrites; n != 0 {
+				t.Fatalf("the withdrawn replica wrote %d agent records; want none", n)
+			}
+			if _, err := reg.ReplicaAddr(context.Background(), "gw-leaving"); status.Code(err) != codes.Unavailable {
+				t.Fatalf("the withdrawn replica's address: %v, want UNAVAILABLE", err)
+			}
+		})
+	}
+}
+
 // TestStaleRecordsAreSwept: registrations whose replica is gone are
 // invisible at once and deleted by a sweep; live ones stay.
 func TestStaleRecordsAreSwept(t *testing.T) {
