@@ -1,12 +1,13 @@
 package service_test
 
 import (
+	"bufio"
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -51,53 +52,74 @@ func TestMain(m *testing.M) {
 type replicaProc struct {
 	id, grpcAddr string
 	cmd          *exec.Cmd
+	mu           sync.Mutex
 	out          *bytes.Buffer
 	done         chan struct{}
 }
 
+func (r *replicaProc) output() string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.out.String()
+}
+
 // startReplicaProcess runs the gateway binary as replica id over dynalite.
+// It listens on a port of its own choosing, read from its "serving" log
+// line, so that no other process can take the port in between.
 func startReplicaProcess(t *testing.T, id, tablePrefix string) *replicaProc {
 	t.Helper()
-	gp, err := testenv.FreePort()
-	if err != nil {
-		t.Fatal(err)
-	}
-	hp, err := testenv.FreePort()
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := fmt.Sprintf("127.0.0.1:%d", gp)
 	cmd := exec.Command(gatewayBin)
 	cmd.Env = append(os.Environ(),
 		"CONCLAVE_BACKEND=aws", "CONCLAVE_AWS_ENDPOINT="+dynalite.Endpoint, "CONCLAVE_TABLE_PREFIX="+tablePrefix,
 		"AWS_ACCESS_KEY_ID=test", "AWS_SECRET_ACCESS_KEY=test", "AWS_REGION=us-east-1",
-		"CONCLAVE_GATEWAY_GRPC_ADDR="+addr, fmt.Sprintf("CONCLAVE_GATEWAY_HTTP_ADDR=127.0.0.1:%d", hp),
+		"CONCLAVE_GATEWAY_GRPC_ADDR=127.0.0.1:0", "CONCLAVE_GATEWAY_HTTP_ADDR=127.0.0.1:0",
 		"CONCLAVE_GATEWAY_SERVER_ID="+id, "CONCLAVE_GATEWAY_CLIENT_TOKENS="+token,
 		"CONCLAVE_GATEWAY_LEASE=2s", "CONCLAVE_GATEWAY_SHUTDOWN_TIMEOUT=2s",
 		"CONCLAVE_GATEWAY_AGENT_TOKENS="+strings.Join(clusterAgentTokens, ","),
 	)
-	r := &replicaProc{id: id, grpcAddr: addr, cmd: cmd, out: &bytes.Buffer{}, done: make(chan struct{})}
-	cmd.Stdout, cmd.Stderr = r.out, r.out
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stderr = cmd.Stdout
+	r := &replicaProc{id: id, cmd: cmd, out: &bytes.Buffer{}, done: make(chan struct{})}
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	go func() { _ = cmd.Wait(); close(r.done) }()
+	serving := make(chan string, 1)
+	go func() {
+		// Everything the replica writes is kept for failure messages; its
+		// gRPC address is taken from the line that announces it.
+		lines := bufio.NewScanner(out)
+		for lines.Scan() {
+			var entry struct {
+				Msg      string `json:"msg"`
+				GRPCAddr string `json:"grpc_addr"`
+			}
+			if json.Unmarshal(lines.Bytes(), &entry) == nil && entry.Msg == "serving" && entry.GRPCAddr != "" {
+				select {
+				case serving <- entry.GRPCAddr:
+				default:
+				}
+			}
+			r.mu.Lock()
+			r.out.Write(lines.Bytes())
+			r.out.WriteByte('\n')
+			r.mu.Unlock()
+		}
+		_ = cmd.Wait()
+		close(r.done)
+	}()
 	t.Cleanup(func() { _ = cmd.Process.Kill(); <-r.done })
-	deadline := time.Now().Add(time.Minute)
-	for {
-		if c, err := net.Dial("tcp", addr); err == nil {
-			c.Close()
-			return r
-		}
-		select {
-		case <-r.done:
-			t.Fatalf("replica %s exited:\n%s", id, r.out)
-		case <-time.After(50 * time.Millisecond):
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("replica %s never listened:\n%s", id, r.out)
-		}
+	select {
+	case r.grpcAddr = <-serving:
+		return r
+	case <-r.done:
+		t.Fatalf("replica %s exited:\n%s", id, r.output())
+	case <-time.After(time.Minute):
+		t.Fatalf("replica %s never served:\n%s", id, r.output())
 	}
+	return nil
 }
 
 const clusterAgentCount = 9

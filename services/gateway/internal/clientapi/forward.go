@@ -21,6 +21,8 @@ import (
 // replicas.
 type Cluster interface {
 	Get(ctx context.Context, agentID string) (*gatewayv1.Agent, error)
+	// Locate is Get plus the holding replica's address.
+	Locate(ctx context.Context, agentID string) (*gatewayv1.Agent, string, error)
 	List(ctx context.Context, limit int, cursor string) ([]*gatewayv1.Agent, string, error)
 	ReplicaAddr(ctx context.Context, serverID string) (string, error)
 }
@@ -97,7 +99,7 @@ func (s *Server) peerFor(ctx context.Context, serverID string) (gatewayv1.Gatewa
 // forwardSend relays SendMessage to the replica holding the agent.
 func (s *Server) forwardSend(req *gatewayv1.SendMessageRequest, stream grpc.ServerStreamingServer[gatewayv1.SendMessageResponse]) error {
 	ctx := stream.Context()
-	a, err := s.cluster.Get(ctx, req.GetAgentId())
+	a, addr, err := s.cluster.Locate(ctx, req.GetAgentId())
 	if err != nil {
 		return err
 	}
@@ -105,7 +107,7 @@ func (s *Server) forwardSend(req *gatewayv1.SendMessageRequest, stream grpc.Serv
 		// The registry still names this replica, but the agent just left.
 		return status.Errorf(codes.NotFound, "agent %q is not connected", req.GetAgentId())
 	}
-	peer, err := s.peerFor(ctx, a.GetServerId())
+	peer, err := s.peers.client(addr)
 	if err != nil {
 		return err
 	}

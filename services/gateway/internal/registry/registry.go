@@ -55,10 +55,35 @@ const (
 type Registry struct {
 	store store.Store
 	now   func() time.Time
+	// claims bounds the registrations talking to the store at once. In a
+	// burst (a replica's restart sends thousands of agents here), the rest
+	// wait their turn having cost the store nothing, instead of all sharing
+	// the store's connections until their calls time out half done and are
+	// retried, which wastes the store's time on work thrown away.
+	claims chan struct{}
+
+	deadMu    sync.Mutex
+	dead      map[string]time.Time // server_id/epoch → when it was seen dead
+	deadClock func() time.Time
 }
 
+// MaxConcurrentClaims is how many registrations a replica sends to the store
+// at once: as many as the DynamoDB client has connections.
+const MaxConcurrentClaims = store.MaxConnections
+
+// deadEpochMemory is how long a replica epoch seen dead is taken as dead
+// without reading its lease again. A dead epoch never lives again (a lease
+// is renewed only under its own epoch, and a new lease takes a new one), so
+// this only bounds the time a clock-skew misjudgement could last; it is
+// short enough for that, and long enough that a burst of re-registrations
+// from one dead replica reads its lease once rather than once per agent.
+const deadEpochMemory = time.Second
+
 // New returns a Registry over s; EnsureTable must have created Table.
-func New(s store.Store) *Registry { return &Registry{store: s, now: time.Now} }
+func New(s store.Store) *Registry {
+	return &Registry{store: s, now: time.Now, claims: make(chan struct{}, MaxConcurrentClaims),
+		dead: map[string]time.Time{}, deadClock: time.Now}
+}
 
 func agentKey(agentID string) store.Key    { return store.Key{PK: agentsPartition, SK: agentID} }
 func replicaKey(serverID string) store.Key { return store.Key{PK: replicasPartition, SK: serverID} }
@@ -108,14 +133,55 @@ func liveIn(leases map[string]store.Item, rec store.Item) bool {
 
 // live reports whether an agent record's replica lease lives with its epoch.
 func (r *Registry) live(ctx context.Context, rec store.Item) (bool, error) {
+	if r.seenDead(rec) {
+		return false, nil
+	}
+	_, live, err := r.holder(ctx, rec)
+	return live, err
+}
+
+func epochKey(rec store.Item) string { return rec.Attrs["server_id"] + "/" + rec.Attrs["epoch"] }
+
+// seenDead reports whether rec's epoch was seen dead within deadEpochMemory.
+func (r *Registry) seenDead(rec store.Item) bool {
+	r.deadMu.Lock()
+	defer r.deadMu.Unlock()
+	at, ok := r.dead[epochKey(rec)]
+	return ok && r.deadClock().Sub(at) < deadEpochMemory
+}
+
+func (r *Registry) markDead(rec store.Item) {
+	now := r.deadClock()
+	r.deadMu.Lock()
+	defer r.deadMu.Unlock()
+	if len(r.dead) >= 1024 {
+		for k, at := range r.dead {
+			if now.Sub(at) >= deadEpochMemory {
+				delete(r.dead, k)
+			}
+		}
+	}
+	if len(r.dead) < 1024 {
+		r.dead[epochKey(rec)] = now
+	}
+}
+
+// holder reads the lease of rec's replica, and reports whether rec lives
+// under it.
+func (r *Registry) holder(ctx context.Context, rec store.Item) (store.Item, bool, error) {
 	l, err := r.store.Get(ctx, Table.Name, replicaKey(rec.Attrs["server_id"]))
 	switch {
 	case errors.Is(err, store.ErrNotFound):
-		return false, nil
+		r.markDead(rec)
+		return store.Item{}, false, nil
 	case err != nil:
-		return false, err
+		return store.Item{}, false, err
 	}
-	return l.Attrs["epoch"] == rec.Attrs["epoch"], nil
+	if l.Attrs["epoch"] != rec.Attrs["epoch"] {
+		r.markDead(rec)
+		return l, false, nil
+	}
+	return l, true, nil
 }
 
 // claim writes a's registration under epoch, replacing a stale one: one
@@ -198,20 +264,32 @@ func (r *Registry) Release(ctx context.Context, agentID, instanceID string) erro
 // Get returns a registered agent, or NOT_FOUND when it is not registered or
 // its replica's lease is gone.
 func (r *Registry) Get(ctx context.Context, agentID string) (*gatewayv1.Agent, error) {
+	a, _, err := r.Locate(ctx, agentID)
+	return a, err
+}
+
+// Locate is Get, plus the address of the replica holding the agent (from
+// the lease Get reads anyway), for forwarding a request to it.
+func (r *Registry) Locate(ctx context.Context, agentID string) (*gatewayv1.Agent, string, error) {
 	it, err := r.store.Get(ctx, Table.Name, agentKey(agentID))
+	var lease store.Item
 	if err == nil {
 		var live bool
-		if live, err = r.live(ctx, it); err == nil && !live {
+		if lease, live, err = r.holder(ctx, it); err == nil && !live {
 			err = store.ErrNotFound
 		}
 	}
 	if errors.Is(err, store.ErrNotFound) {
-		return nil, status.Errorf(codes.NotFound, "agent %q is not connected", agentID)
+		return nil, "", status.Errorf(codes.NotFound, "agent %q is not connected", agentID)
 	}
 	if err != nil {
-		return nil, status.Errorf(codes.Unavailable, "reading agent %q: %v", agentID, err)
+		return nil, "", status.Errorf(codes.Unavailable, "reading agent %q: %v", agentID, err)
 	}
-	return decode(it)
+	a, err := decode(it)
+	if err != nil {
+		return nil, "", err
+	}
+	return a, lease.Attrs["addr"], nil
 }
 
 // List returns up to limit live registrations after cursor, in ID order. A
@@ -380,11 +458,17 @@ func (p *Replica) Claim(ctx context.Context, a *gatewayv1.Agent) error {
 	case <-ctx.Done():
 		return status.FromContextError(ctx.Err()).Err()
 	}
-	epoch, err := p.usable()
-	if err != nil {
-		return err
+	select {
+	case p.reg.claims <- struct{}{}:
+	case <-ctx.Done():
+		return status.FromContextError(ctx.Err()).Err()
 	}
-	if err := p.reg.claim(ctx, a, epoch); err != nil {
+	epoch, err := p.usable()
+	if err == nil {
+		err = p.reg.claim(ctx, a, epoch)
+	}
+	<-p.reg.claims
+	if err != nil {
 		return err
 	}
 	// The epoch may have changed while the write was in flight; a record

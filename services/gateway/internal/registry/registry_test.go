@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -67,11 +68,25 @@ type faultyStore struct {
 	down         atomic.Bool
 	agentWrites  atomic.Int64
 	replicaWrite atomic.Int64
+	leaseReads   atomic.Int64
+	// Writes in flight now, and the most ever.
+	inflight, maxInflight atomic.Int64
+}
+
+func (f *faultyStore) Get(ctx context.Context, table string, k store.Key) (store.Item, error) {
+	if k.PK == "replicas" {
+		f.leaseReads.Add(1)
+	}
+	return f.Store.Get(ctx, table, k)
 }
 
 var errCut = errors.New("connection to the store cut")
 
 func (f *faultyStore) write(ctx context.Context, pk string) error {
+	n := f.inflight.Add(1)
+	defer f.inflight.Add(-1)
+	for m := f.maxInflight.Load(); n > m && !f.maxInflight.CompareAndSwap(m, n); m = f.maxInflight.Load() {
+	}
 	if d := time.Duration(f.delay.Load()); d > 0 {
 		select {
 		case <-time.After(d):
@@ -116,6 +131,7 @@ func replica(t *testing.T, id string, st store.Store, lease time.Duration) *gate
 	t.Helper()
 	fs := &faultyStore{Store: st}
 	reg := registry.New(fs)
+	registry.FreezeDeadEpochMemory(reg)
 	var svc *agentstream.Service
 	rep := reg.Replica(id, registry.ReplicaOptions{
 		Lease:    lease,
@@ -319,6 +335,72 @@ func TestWithdrawFreesAgentsInOneWrite(t *testing.T) {
 			}
 			if _, err := reg.ReplicaAddr(context.Background(), "gw-leaving"); status.Code(err) != codes.Unavailable {
 				t.Fatalf("the withdrawn replica's address: %v, want UNAVAILABLE", err)
+			}
+		})
+	}
+}
+
+// TestBurstOfRegistrationsIsMetered: a burst of registrations over a slow
+// store never has more than MaxConcurrentClaims store calls in flight; the
+// rest wait their turn, and all get through.
+func TestBurstOfRegistrationsIsMetered(t *testing.T) {
+	t.Parallel()
+	st := stores(t)["embedded"]
+	gw := replica(t, "gw-burst", st, 15*time.Second)
+	registerEventually(t, gw.client, "first") // the lease is taken
+	gw.store.delay.Store(int64(20 * time.Millisecond))
+	const burst = 3 * registry.MaxConcurrentClaims
+	var wg sync.WaitGroup
+	errs := make(chan error, burst)
+	for i := range burst {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if _, err := register(t, gw.client, fmt.Sprintf("burst-%d", i)); err != nil {
+				errs <- err
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Errorf("registration refused: %v", err)
+	}
+	if got := gw.store.maxInflight.Load(); got > registry.MaxConcurrentClaims {
+		t.Fatalf("%d store writes in flight at once; want at most %d", got, registry.MaxConcurrentClaims)
+	}
+	if got := listed(t, registry.New(st)); len(got) != burst+1 {
+		t.Fatalf("cluster lists %d agents, want %d", len(got), burst+1)
+	}
+}
+
+// TestDeadReplicaLeaseReadOnce: agents of a replica that shut down
+// re-register elsewhere, each replacing its stale record; the dead lease is
+// read once for all of them, not once per agent.
+func TestDeadReplicaLeaseReadOnce(t *testing.T) {
+	t.Parallel()
+	for name, st := range stores(t) {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			old := replica(t, "gw-old", st, 15*time.Second)
+			const n = 20
+			for i := range n {
+				registerEventually(t, old.client, fmt.Sprintf("agent-%d", i))
+			}
+			if err := old.replica.Withdraw(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			next := replica(t, "gw-next", st, 15*time.Second)
+			registerEventually(t, next.client, "warm-up") // the lease is taken
+			before := next.store.leaseReads.Load()
+			for i := range n {
+				registerEventually(t, next.client, fmt.Sprintf("agent-%d", i))
+			}
+			if got := next.store.leaseReads.Load() - before; got != 1 {
+				t.Fatalf("%d reads of leases for %d agents of one dead replica; want 1", got, n)
+			}
+			if got := listed(t, registry.New(st)); len(got) != n+1 {
+				t.Fatalf("cluster lists %d agents, want %d", len(got), n+1)
 			}
 		})
 	}
