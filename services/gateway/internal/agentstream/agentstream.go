@@ -176,10 +176,6 @@ type Service struct {
 	shutdownReason string
 	keeping        bool // the keeper loop runs; it does while any agent is registered
 	nextID         atomic.Uint64
-
-	// droppedResponses counts MessageResponses for requests this replica does
-	// not know; they are never delivered elsewhere.
-	droppedResponses atomic.Uint64
 }
 
 var _ covenpb.CovenControlServer = (*Service)(nil)
@@ -489,7 +485,6 @@ func (s *Service) handle(ctx context.Context, a *Agent, m *covenpb.AgentMessage)
 		}
 		// Never delivered elsewhere: it may be someone else's. Counted
 		// below with heartbeats, so that a flood of them is bounded too.
-		s.droppedResponses.Add(1)
 		s.metrics.Dropped()
 		a.log().WarnContext(ctx, "dropped response for a request not in flight", "request_id", p.Response.GetRequestId())
 	}
@@ -699,9 +694,6 @@ func (s *Service) Holds(agentID string) bool {
 	_, ok := s.agents[agentID]
 	return ok
 }
-
-// DroppedResponses counts responses for unknown requests.
-func (s *Service) DroppedResponses() uint64 { return s.droppedResponses.Load() }
 
 func (s *Service) shutdownMessage() *covenpb.ServerMessage {
 	s.mu.Lock()

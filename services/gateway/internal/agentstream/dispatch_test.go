@@ -68,7 +68,9 @@ func collect(r *agentstream.Request) []agentstream.Event {
 
 func TestSendStreamsReplyInOrder(t *testing.T) {
 	t.Parallel()
-	svc, c := start(t, agentstream.Options{})
+	opts := agentstream.Options{}
+	dropped := countDropped(t, &opts)
+	svc, c := start(t, opts)
 	agent := connectWith(t, c, "a1")
 	req, err := svc.Send(context.Background(), "a1", &covenpb.SendMessage{ThreadId: "t", Sender: "me", Content: "hi"})
 	if err != nil {
@@ -92,8 +94,8 @@ func TestSendStreamsReplyInOrder(t *testing.T) {
 	respond(t, agent, &covenpb.MessageResponse{RequestId: "someone-else", Event: &covenpb.MessageResponse_Text{Text: "x"}})
 	_ = agent.CloseSend()
 	finalStatus(agent)
-	if n := svc.DroppedResponses(); n != 2 {
-		t.Fatalf("dropped = %d, want 2", n)
+	if n := dropped(); n != 2 {
+		t.Fatalf("dropped = %v, want 2", n)
 	}
 }
 
