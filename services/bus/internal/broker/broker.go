@@ -121,6 +121,7 @@ func (b *Broker) addSubscription(s *subscription) {
 	subs := make([]*subscription, len(b.subs), len(b.subs)+1)
 	copy(subs, b.subs)
 	b.subs = append(subs, s)
+	b.opts.Metrics.subscribed(1)
 	waiters := make([]chan *subscription, 0, len(b.waiters))
 	for w := range b.waiters {
 		waiters = append(waiters, w)
@@ -137,7 +138,11 @@ func (b *Broker) addSubscription(s *subscription) {
 func (b *Broker) removeSubscriptions(remove func(*subscription) bool) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	before := len(b.subs)
 	b.subs = slices.DeleteFunc(slices.Clone(b.subs), remove)
+	if removed := before - len(b.subs); removed > 0 {
+		b.opts.Metrics.subscribed(-int64(removed))
+	}
 }
 
 func (b *Broker) snapshot() []*subscription {
@@ -181,6 +186,10 @@ type message struct {
 	topic     string
 	payload   json.RawMessage
 	publisher string
+	// accepted is when this replica took the message (its publish, its
+	// arrival from another replica, or its retry falling due): delivery
+	// latency is measured from it.
+	accepted time.Time
 }
 
 // Forwarded is a message one replica hands another: to route among its own
@@ -211,7 +220,7 @@ type Forwarder interface {
 // DeliverForwarded routes a message another replica forwarded among this
 // replica's subscribers only: no default handler, no further forwarding.
 func (b *Broker) DeliverForwarded(ctx context.Context, f Forwarded) (ForwardResult, error) {
-	msg := &message{id: f.MessageID, topic: f.Topic, payload: f.Payload, publisher: f.Publisher}
+	msg := &message{id: f.MessageID, topic: f.Topic, payload: f.Payload, publisher: f.Publisher, accepted: time.Now()}
 	ctx = context.WithoutCancel(ctx)
 	if f.ClientID != "" {
 		s := b.agentFor(f.ClientID, f.Topic)
@@ -271,7 +280,7 @@ func errUntyped(why string) *jsonrpc.Error {
 // Publish delivers a message to the subscribers of its topic and returns
 // the aggregated result.
 func (b *Broker) Publish(ctx context.Context, publisher, t string, payload json.RawMessage) (*SendResult, error) {
-	msg := &message{id: newMessageID(), topic: t, payload: payload, publisher: publisher}
+	msg := &message{id: newMessageID(), topic: t, payload: payload, publisher: publisher, accepted: time.Now()}
 	ctx, span := b.opts.Tracer.Start(ctx, "bus publish", trace.WithSpanKind(trace.SpanKindServer),
 		trace.WithAttributes(attribute.String("messaging.system", "conclave-bus"),
 			attribute.String("messaging.destination.name", t),
@@ -374,6 +383,7 @@ func (b *Broker) call(ctx context.Context, s *Session, msg *message, attempt int
 	err := s.call(ctx, method, params, &ans)
 	switch {
 	case err == nil:
+		b.opts.Metrics.answered(ctx, method, msg.accepted)
 		out.processed = ans.Processed != nil && *ans.Processed
 		out.stop = ans.StopPropagation
 		out.ack.Processed = out.processed || (ans.Processed == nil && ans.Success != nil && *ans.Success)
