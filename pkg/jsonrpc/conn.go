@@ -153,7 +153,9 @@ type Conn struct {
 
 	mu       sync.Mutex
 	pending  map[int64]chan callResult      // our calls awaiting a response
-	inflight map[ID]context.CancelCauseFunc // the peer's calls being handled
+	// inflight holds the peer's calls being handled; nil while there are
+	// none, so that an idle connection does not keep the map's memory.
+	inflight map[ID]context.CancelCauseFunc
 
 	closeOnce sync.Once
 	closeErr  error
@@ -187,7 +189,6 @@ func NewConn(s Stream, h Handler, opts ...Option) *Conn {
 		opts:     o,
 		slots:    make(chan struct{}, o.maxInflight),
 		pending:  make(map[int64]chan callResult),
-		inflight: make(map[ID]context.CancelCauseFunc),
 		done:     make(chan struct{}),
 	}
 	ctx, cancel := context.WithCancel(context.Background())
@@ -526,6 +527,9 @@ func (c *Conn) startCall(req *Request, send func(*Response)) {
 	if tracked {
 		c.mu.Lock()
 		if _, dup = c.inflight[req.ID]; !dup {
+			if c.inflight == nil {
+				c.inflight = make(map[ID]context.CancelCauseFunc)
+			}
 			c.inflight[req.ID] = cancel
 		}
 		c.mu.Unlock()
@@ -540,6 +544,9 @@ func (c *Conn) startCall(req *Request, send func(*Response)) {
 			if tracked {
 				c.mu.Lock()
 				delete(c.inflight, req.ID)
+				if len(c.inflight) == 0 {
+					c.inflight = nil
+				}
 				c.mu.Unlock()
 			}
 		}

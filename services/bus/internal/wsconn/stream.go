@@ -39,7 +39,7 @@ var errClosed = errors.New("wsconn: stream closed")
 // larger than it are read straight into the message, so it only needs to
 // hold a frame header and a typical small frame; it is held for the
 // connection's life, idle or not.
-const readBufferSize = 512
+const readBufferSize = 256
 
 // Options configures a Stream.
 type Options struct {
@@ -67,11 +67,10 @@ type Stream struct {
 	// writing: some goroutine owns the connection's write side (writing,
 	// or closing it); others queue.
 	writing bool
-	// room is closed when the queue is taken, waking senders waiting for
-	// room; made only when one waits.
+	// room is closed when the queue is taken or the stream closed, waking
+	// senders waiting for room; made only when one waits.
 	room        chan struct{}
 	closed      bool
-	done        chan struct{}
 	closeStatus websocket.StatusCode
 	closeReason string
 }
@@ -89,7 +88,7 @@ func Accept(w http.ResponseWriter, r *http.Request, opts Options) (*Stream, erro
 		return nil, err
 	}
 	c.SetReadLimit(int64(opts.MaxFrame))
-	return &Stream{c: c, out: out, opts: opts, done: make(chan struct{}), closeStatus: websocket.StatusNormalClosure}, nil
+	return &Stream{c: c, out: out, opts: opts, closeStatus: websocket.StatusNormalClosure}, nil
 }
 
 // ReadMessage implements jsonrpc.Stream.
@@ -134,7 +133,6 @@ func (s *Stream) WriteMessage(ctx context.Context, data []byte) error {
 		}
 		select {
 		case <-room:
-		case <-s.done:
 		case <-ctx.Done():
 			return ctx.Err() // nothing was written: the frame is simply not sent
 		case <-timeout:
@@ -245,7 +243,10 @@ func (s *Stream) Close() error {
 		return nil
 	}
 	s.closed = true
-	close(s.done)
+	if s.room != nil {
+		close(s.room)
+		s.room = nil
+	}
 	idle := !s.writing
 	s.writing = true // from now on the write side belongs to finish
 	s.mu.Unlock()
@@ -277,8 +278,9 @@ func (h *smallBuffers) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 	_, _ = r.Peek(len(early))
 	h.out.conn = conn
 	// The library writes a frame's header and payload, then flushes; the
-	// batch writer collects both, so this buffer only needs a header.
-	return conn, bufio.NewReadWriter(r, bufio.NewWriterSize(h.out, 64)), nil
+	// batch writer collects both, so this buffer only needs a header (at
+	// most 14 bytes).
+	return conn, bufio.NewReadWriter(r, bufio.NewWriterSize(h.out, 16)), nil
 }
 
 func (h *smallBuffers) Unwrap() http.ResponseWriter { return h.ResponseWriter }
