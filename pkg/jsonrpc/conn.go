@@ -205,34 +205,62 @@ func NewConn(s Stream, h Handler, opts ...Option) *Conn {
 // the cancel notification (see WithCancelMethod). If the connection ends
 // first, it returns an error wrapping ErrClosed.
 func (c *Conn) Call(ctx context.Context, method string, params, result any) error {
-	id := c.seq.Add(1)
-	frame, err := c.encodeRequest(ctx, Int64ID(id), method, params)
+	p, err := c.Start(ctx, method, params)
 	if err != nil {
 		return err
 	}
-	ch := make(chan callResult, 1)
+	return p.Wait(ctx, result)
+}
+
+// PendingCall is a request sent with Start whose response has not been
+// waited for yet.
+type PendingCall struct {
+	c      *Conn
+	id     int64
+	method string
+	ch     chan callResult
+}
+
+// Start sends a request, as Call does, but returns once it is written:
+// Wait then waits for the response. A caller can so have requests out to
+// many peers at once without a goroutine for each. ctx bounds the write;
+// its trace context travels with the request.
+func (c *Conn) Start(ctx context.Context, method string, params any) (*PendingCall, error) {
+	id := c.seq.Add(1)
+	frame, err := c.encodeRequest(ctx, Int64ID(id), method, params)
+	if err != nil {
+		return nil, err
+	}
+	p := &PendingCall{c: c, id: id, method: method, ch: make(chan callResult, 1)}
 	c.mu.Lock()
-	c.pending[id] = ch
+	c.pending[id] = p.ch
 	c.mu.Unlock()
 
 	if err := c.write(ctx, frame); err != nil {
 		c.forget(id)
-		return err
+		return nil, err
 	}
+	return p, nil
+}
+
+// Wait waits for the response of the call and decodes its result into
+// result unless result is nil, as Call does. It may be called once.
+func (p *PendingCall) Wait(ctx context.Context, result any) error {
+	c := p.c
 	select {
-	case r := <-ch:
+	case r := <-p.ch:
 		if r.err != nil {
 			return r.err
 		}
 		if result != nil {
 			if err := json.Unmarshal(r.result, result); err != nil {
-				return fmt.Errorf("jsonrpc: decoding the result of %s: %w", method, err)
+				return fmt.Errorf("jsonrpc: decoding the result of %s: %w", p.method, err)
 			}
 		}
 		return nil
 	case <-ctx.Done():
-		if c.forget(id) && c.opts.cancelMethod != "" {
-			go c.sendCancel(id)
+		if c.forget(p.id) && c.opts.cancelMethod != "" {
+			go c.sendCancel(p.id)
 		}
 		return ctx.Err()
 	case <-c.done:

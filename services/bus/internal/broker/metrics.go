@@ -2,6 +2,7 @@ package broker
 
 import (
 	"context"
+	"sync"
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
@@ -93,11 +94,43 @@ var (
 )
 
 func (m *Metrics) published(ctx context.Context, outcome string) {
-	m.publishedTotal.Add(ctx, 1, metric.WithAttributes(attribute.String("outcome", outcome)))
+	m.publishedTotal.Add(ctx, 1, labelSet("outcome", outcome))
 }
 
 func (m *Metrics) delivered(ctx context.Context, method, outcome string) {
-	m.deliveriesTotal.Add(ctx, 1, metric.WithAttributes(attribute.String("method", method), attribute.String("outcome", outcome)))
+	m.deliveriesTotal.Add(ctx, 1, labelSet("method", method, "outcome", outcome))
+}
+
+// labelSets holds the label sets of the metrics recorded per message, made
+// once each: a fresh set would allocate on every delivery. Their values
+// come from fixed sets, so it stays small.
+var labelSets struct {
+	sync.RWMutex
+	m map[[4]string]metric.MeasurementOption
+}
+
+// labelSet returns the set of up to two name, value pairs.
+func labelSet(kv ...string) metric.MeasurementOption {
+	var key [4]string
+	copy(key[:], kv)
+	labelSets.RLock()
+	o, ok := labelSets.m[key]
+	labelSets.RUnlock()
+	if ok {
+		return o
+	}
+	attrs := make([]attribute.KeyValue, 0, len(kv)/2)
+	for i := 0; i+1 < len(kv); i += 2 {
+		attrs = append(attrs, attribute.String(kv[i], kv[i+1]))
+	}
+	o = metric.WithAttributeSet(attribute.NewSet(attrs...))
+	labelSets.Lock()
+	if labelSets.m == nil {
+		labelSets.m = map[[4]string]metric.MeasurementOption{}
+	}
+	labelSets.m[key] = o
+	labelSets.Unlock()
+	return o
 }
 
 func (m *Metrics) retried(ctx context.Context) { m.retriesTotal.Add(ctx, 1) }
