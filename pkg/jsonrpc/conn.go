@@ -151,8 +151,8 @@ type Conn struct {
 	unsent atomic.Int64
 	seq    atomic.Int64
 
-	mu       sync.Mutex
-	pending  map[int64]chan callResult      // our calls awaiting a response
+	mu      sync.Mutex
+	pending map[int64]chan callResult // our calls awaiting a response
 	// inflight holds the peer's calls being handled; nil while there are
 	// none, so that an idle connection does not keep the map's memory.
 	inflight map[ID]context.CancelCauseFunc
@@ -184,12 +184,12 @@ func NewConn(s Stream, h Handler, opts ...Option) *Conn {
 		opt(&o)
 	}
 	c := &Conn{
-		stream:   s,
-		handler:  h,
-		opts:     o,
-		slots:    make(chan struct{}, o.maxInflight),
-		pending:  make(map[int64]chan callResult),
-		done:     make(chan struct{}),
+		stream:  s,
+		handler: h,
+		opts:    o,
+		slots:   make(chan struct{}, o.maxInflight),
+		pending: make(map[int64]chan callResult),
+		done:    make(chan struct{}),
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	c.ctx, c.cancel = context.WithValue(ctx, connKey{}, c), cancel
