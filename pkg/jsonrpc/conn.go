@@ -153,9 +153,10 @@ type Conn struct {
 
 	mu      sync.Mutex
 	pending map[int64]chan callResult // our calls awaiting a response
-	// inflight holds the peer's calls being handled; nil while there are
-	// none, so that an idle connection does not keep the map's memory.
-	inflight map[ID]context.CancelCauseFunc
+	// inflight holds the peer's calls being handled: the first in one
+	// inline slot, any others in a map, nil while there are none, so that
+	// neither one call at a time nor an idle connection costs a map.
+	inflight inflightCalls
 
 	closeOnce sync.Once
 	closeErr  error
@@ -532,7 +533,7 @@ func (c *Conn) cancelInbound(req *Request) {
 			return
 		}
 		c.mu.Lock()
-		cancel := c.inflight[id]
+		cancel := c.inflight.get(id)
 		c.mu.Unlock()
 		if cancel != nil {
 			cancel(errCancelledByPeer)
@@ -554,12 +555,7 @@ func (c *Conn) startCall(req *Request, send func(*Response)) {
 	tracked, dup := !req.ID.IsNull(), false
 	if tracked {
 		c.mu.Lock()
-		if _, dup = c.inflight[req.ID]; !dup {
-			if c.inflight == nil {
-				c.inflight = make(map[ID]context.CancelCauseFunc)
-			}
-			c.inflight[req.ID] = cancel
-		}
+		dup = !c.inflight.add(req.ID, cancel)
 		c.mu.Unlock()
 	}
 	go func() {
@@ -571,10 +567,7 @@ func (c *Conn) startCall(req *Request, send func(*Response)) {
 			resp = c.invoke(ctx, req)
 			if tracked {
 				c.mu.Lock()
-				delete(c.inflight, req.ID)
-				if len(c.inflight) == 0 {
-					c.inflight = nil
-				}
+				c.inflight.remove(req.ID)
 				c.mu.Unlock()
 			}
 		}
@@ -702,4 +695,46 @@ func (c *Conn) handleBatch(b *Batch) {
 		}
 		c.sendReply(append(frame, ']'))
 	}()
+}
+
+// inflightCalls maps the ids of the peer's calls being handled to their
+// cancel functions. Its methods are called with Conn.mu held.
+type inflightCalls struct {
+	oneID     ID
+	oneCancel context.CancelCauseFunc // nil when the slot is free
+	more      map[ID]context.CancelCauseFunc
+}
+
+func (f *inflightCalls) get(id ID) context.CancelCauseFunc {
+	if f.oneCancel != nil && f.oneID == id {
+		return f.oneCancel
+	}
+	return f.more[id]
+}
+
+// add records a call, reporting false if its id is already in use.
+func (f *inflightCalls) add(id ID, cancel context.CancelCauseFunc) bool {
+	if f.get(id) != nil {
+		return false
+	}
+	if f.oneCancel == nil {
+		f.oneID, f.oneCancel = id, cancel
+		return true
+	}
+	if f.more == nil {
+		f.more = make(map[ID]context.CancelCauseFunc)
+	}
+	f.more[id] = cancel
+	return true
+}
+
+func (f *inflightCalls) remove(id ID) {
+	if f.oneCancel != nil && f.oneID == id {
+		f.oneID, f.oneCancel = ID{}, nil
+		return
+	}
+	delete(f.more, id)
+	if len(f.more) == 0 {
+		f.more = nil
+	}
 }
