@@ -206,7 +206,7 @@ func NewConn(s Stream, h Handler, opts ...Option) *Conn {
 // the cancel notification (see WithCancelMethod). If the connection ends
 // first, it returns an error wrapping ErrClosed.
 func (c *Conn) Call(ctx context.Context, method string, params, result any) error {
-	p, err := c.Start(ctx, method, params)
+	p, err := c.start(ctx, method, params)
 	if err != nil {
 		return err
 	}
@@ -227,19 +227,29 @@ type PendingCall struct {
 // many peers at once without a goroutine for each. ctx bounds the write;
 // its trace context travels with the request.
 func (c *Conn) Start(ctx context.Context, method string, params any) (*PendingCall, error) {
-	id := c.seq.Add(1)
-	frame, err := c.encodeRequest(ctx, Int64ID(id), method, params)
+	p, err := c.start(ctx, method, params)
 	if err != nil {
 		return nil, err
 	}
-	p := &PendingCall{c: c, id: id, method: method, ch: make(chan callResult, 1)}
+	return &p, nil
+}
+
+// start is Start without the allocation of a PendingCall that Call does
+// not need.
+func (c *Conn) start(ctx context.Context, method string, params any) (PendingCall, error) {
+	id := c.seq.Add(1)
+	frame, err := c.encodeRequest(ctx, Int64ID(id), method, params)
+	if err != nil {
+		return PendingCall{}, err
+	}
+	p := PendingCall{c: c, id: id, method: method, ch: make(chan callResult, 1)}
 	c.mu.Lock()
 	c.pending[id] = p.ch
 	c.mu.Unlock()
 
 	if err := c.write(ctx, frame); err != nil {
 		c.forget(id)
-		return nil, err
+		return PendingCall{}, err
 	}
 	return p, nil
 }
