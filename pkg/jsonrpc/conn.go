@@ -151,9 +151,12 @@ type Conn struct {
 	unsent atomic.Int64
 	seq    atomic.Int64
 
-	mu       sync.Mutex
-	pending  map[int64]chan callResult      // our calls awaiting a response
-	inflight map[ID]context.CancelCauseFunc // the peer's calls being handled
+	mu      sync.Mutex
+	pending map[int64]chan callResult // our calls awaiting a response
+	// inflight holds the peer's calls being handled: the first in one
+	// inline slot, any others in a map, nil while there are none, so that
+	// neither one call at a time nor an idle connection costs a map.
+	inflight inflightCalls
 
 	closeOnce sync.Once
 	closeErr  error
@@ -182,13 +185,12 @@ func NewConn(s Stream, h Handler, opts ...Option) *Conn {
 		opt(&o)
 	}
 	c := &Conn{
-		stream:   s,
-		handler:  h,
-		opts:     o,
-		slots:    make(chan struct{}, o.maxInflight),
-		pending:  make(map[int64]chan callResult),
-		inflight: make(map[ID]context.CancelCauseFunc),
-		done:     make(chan struct{}),
+		stream:  s,
+		handler: h,
+		opts:    o,
+		slots:   make(chan struct{}, o.maxInflight),
+		pending: make(map[int64]chan callResult),
+		done:    make(chan struct{}),
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	c.ctx, c.cancel = context.WithValue(ctx, connKey{}, c), cancel
@@ -204,34 +206,72 @@ func NewConn(s Stream, h Handler, opts ...Option) *Conn {
 // the cancel notification (see WithCancelMethod). If the connection ends
 // first, it returns an error wrapping ErrClosed.
 func (c *Conn) Call(ctx context.Context, method string, params, result any) error {
-	id := c.seq.Add(1)
-	frame, err := c.encodeRequest(ctx, Int64ID(id), method, params)
+	p, err := c.start(ctx, method, params)
 	if err != nil {
 		return err
 	}
-	ch := make(chan callResult, 1)
+	return p.Wait(ctx, result)
+}
+
+// PendingCall is a request sent with Start whose response has not been
+// waited for yet.
+type PendingCall struct {
+	c      *Conn
+	id     int64
+	method string
+	ch     chan callResult
+}
+
+// Start sends a request, as Call does, but returns once it is written:
+// Wait then waits for the response. A caller can so have requests out to
+// many peers at once without a goroutine for each. ctx bounds the write;
+// its trace context travels with the request.
+func (c *Conn) Start(ctx context.Context, method string, params any) (*PendingCall, error) {
+	p, err := c.start(ctx, method, params)
+	if err != nil {
+		return nil, err
+	}
+	return &p, nil
+}
+
+// start is Start without the allocation of a PendingCall that Call does
+// not need.
+func (c *Conn) start(ctx context.Context, method string, params any) (PendingCall, error) {
+	id := c.seq.Add(1)
+	frame, err := c.encodeRequest(ctx, Int64ID(id), method, params)
+	if err != nil {
+		return PendingCall{}, err
+	}
+	p := PendingCall{c: c, id: id, method: method, ch: make(chan callResult, 1)}
 	c.mu.Lock()
-	c.pending[id] = ch
+	c.pending[id] = p.ch
 	c.mu.Unlock()
 
 	if err := c.write(ctx, frame); err != nil {
 		c.forget(id)
-		return err
+		return PendingCall{}, err
 	}
+	return p, nil
+}
+
+// Wait waits for the response of the call and decodes its result into
+// result unless result is nil, as Call does. It may be called once.
+func (p *PendingCall) Wait(ctx context.Context, result any) error {
+	c := p.c
 	select {
-	case r := <-ch:
+	case r := <-p.ch:
 		if r.err != nil {
 			return r.err
 		}
 		if result != nil {
 			if err := json.Unmarshal(r.result, result); err != nil {
-				return fmt.Errorf("jsonrpc: decoding the result of %s: %w", method, err)
+				return fmt.Errorf("jsonrpc: decoding the result of %s: %w", p.method, err)
 			}
 		}
 		return nil
 	case <-ctx.Done():
-		if c.forget(id) && c.opts.cancelMethod != "" {
-			go c.sendCancel(id)
+		if c.forget(p.id) && c.opts.cancelMethod != "" {
+			go c.sendCancel(p.id)
 		}
 		return ctx.Err()
 	case <-c.done:
@@ -503,7 +543,7 @@ func (c *Conn) cancelInbound(req *Request) {
 			return
 		}
 		c.mu.Lock()
-		cancel := c.inflight[id]
+		cancel := c.inflight.get(id)
 		c.mu.Unlock()
 		if cancel != nil {
 			cancel(errCancelledByPeer)
@@ -525,9 +565,7 @@ func (c *Conn) startCall(req *Request, send func(*Response)) {
 	tracked, dup := !req.ID.IsNull(), false
 	if tracked {
 		c.mu.Lock()
-		if _, dup = c.inflight[req.ID]; !dup {
-			c.inflight[req.ID] = cancel
-		}
+		dup = !c.inflight.add(req.ID, cancel)
 		c.mu.Unlock()
 	}
 	go func() {
@@ -539,7 +577,7 @@ func (c *Conn) startCall(req *Request, send func(*Response)) {
 			resp = c.invoke(ctx, req)
 			if tracked {
 				c.mu.Lock()
-				delete(c.inflight, req.ID)
+				c.inflight.remove(req.ID)
 				c.mu.Unlock()
 			}
 		}
@@ -667,4 +705,46 @@ func (c *Conn) handleBatch(b *Batch) {
 		}
 		c.sendReply(append(frame, ']'))
 	}()
+}
+
+// inflightCalls maps the ids of the peer's calls being handled to their
+// cancel functions. Its methods are called with Conn.mu held.
+type inflightCalls struct {
+	oneID     ID
+	oneCancel context.CancelCauseFunc // nil when the slot is free
+	more      map[ID]context.CancelCauseFunc
+}
+
+func (f *inflightCalls) get(id ID) context.CancelCauseFunc {
+	if f.oneCancel != nil && f.oneID == id {
+		return f.oneCancel
+	}
+	return f.more[id]
+}
+
+// add records a call, reporting false if its id is already in use.
+func (f *inflightCalls) add(id ID, cancel context.CancelCauseFunc) bool {
+	if f.get(id) != nil {
+		return false
+	}
+	if f.oneCancel == nil {
+		f.oneID, f.oneCancel = id, cancel
+		return true
+	}
+	if f.more == nil {
+		f.more = make(map[ID]context.CancelCauseFunc)
+	}
+	f.more[id] = cancel
+	return true
+}
+
+func (f *inflightCalls) remove(id ID) {
+	if f.oneCancel != nil && f.oneID == id {
+		f.oneID, f.oneCancel = ID{}, nil
+		return
+	}
+	delete(f.more, id)
+	if len(f.more) == 0 {
+		f.more = nil
+	}
 }

@@ -47,6 +47,51 @@ func TestConcurrentCalls(t *testing.T) {
 	}
 }
 
+// TestStartThenWait sends many calls before waiting for any, then waits
+// for them in reverse order: each gets its own answer, and a Wait whose
+// context ends cancels its call at the peer.
+func TestStartThenWait(t *testing.T) {
+	t.Parallel()
+	for _, tr := range transports {
+		t.Run(tr.name, func(t *testing.T) {
+			t.Parallel()
+			blk := newBlocker()
+			client, _ := connPair(t, tr, nil, Methods{"echo": echo.Handle, "block": blk.Handle})
+			const calls = 50
+			pending := make([]*PendingCall, calls)
+			for i := range calls {
+				p, err := client.Start(t.Context(), "echo", echoParams{N: i, Text: strings.Repeat("y", i)})
+				if err != nil {
+					t.Fatalf("start %d: %v", i, err)
+				}
+				pending[i] = p
+			}
+			for i := calls - 1; i >= 0; i-- {
+				var got echoParams
+				if err := pending[i].Wait(t.Context(), &got); err != nil {
+					t.Fatalf("wait %d: %v", i, err)
+				}
+				if want := (echoParams{N: i, Text: strings.Repeat("y", i)}); got != want {
+					t.Errorf("call %d: got %+v, want %+v", i, got, want)
+				}
+			}
+			p, err := client.Start(t.Context(), "block", nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			<-blk.started
+			ctx, cancel := context.WithCancel(t.Context())
+			cancel()
+			if err := p.Wait(ctx, nil); !errors.Is(err, context.Canceled) {
+				t.Fatalf("Wait = %v, want context.Canceled", err)
+			}
+			if cause := <-blk.ended; !errors.Is(cause, errCancelledByPeer) {
+				t.Errorf("handler's context ended with %v, want the peer's cancellation", cause)
+			}
+		})
+	}
+}
+
 // TestBidirectional has both ends call each other at once, and calls that
 // call back into their caller before answering, as an ACP agent asks for
 // permission while our session/prompt is in flight.

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -54,6 +55,9 @@ type testBus struct {
 	http  string
 	st    store.Store
 	queue queue.Queue
+	// stop shuts the bus down and waits for Run to return; it runs again,
+	// harmlessly, at the test's end.
+	stop func()
 }
 
 type busOption struct {
@@ -109,19 +113,23 @@ func startBus(t *testing.T, cfg service.Config, o busOption) *testBus {
 	runCtx, cancel := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() { done <- b.Run(runCtx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("bus Run: %v", err)
-		}
-	})
+	var stopOnce sync.Once
+	stop := func() {
+		stopOnce.Do(func() {
+			cancel()
+			if err := <-done; err != nil {
+				t.Errorf("bus Run: %v", err)
+			}
+		})
+	}
+	t.Cleanup(stop)
 	select {
 	case <-b.Ready():
 	case err := <-done:
 		t.Fatalf("bus ended before it was ready: %v", err)
 	}
 	addr := b.Endpoints()[0].Address
-	return &testBus{Bus: b, url: "ws://" + addr, http: "http://" + addr, st: o.st, queue: o.q}
+	return &testBus{Bus: b, url: "ws://" + addr, http: "http://" + addr, st: o.st, queue: o.q, stop: stop}
 }
 
 // wire is a client written from the seed alone: it sends the seed's JSON

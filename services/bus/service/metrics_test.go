@@ -75,6 +75,12 @@ func TestMetrics(t *testing.T) {
 	w.recvRaw()
 
 	m := metricstest.Scrape(t, bus.http+"/metrics")
+	// The subscriptions gauge follows an unsubscribe.
+	base.result(9, "unsubscribe", `{"topic":"base:m"}`)
+	afterUnsubscribe := metricstest.Scrape(t, bus.http+"/metrics").Value("conclave_bus_subscriptions")
+	if got, want := afterUnsubscribe, m.Value("conclave_bus_subscriptions")-1; got != want {
+		t.Errorf("conclave_bus_subscriptions after an unsubscribe: %v, want %v", got, want)
+	}
 	mf := metricstest.Scrape(t, other.http+"/metrics")
 	mu := metricstest.Scrape(t, unrouted.http+"/metrics")
 	checks := []struct {
@@ -82,6 +88,9 @@ func TestMetrics(t *testing.T) {
 		value float64
 	}{
 		{"conclave_bus_connections", m.Value("conclave_bus_connections")},
+		{"conclave_bus_subscriptions", m.Value("conclave_bus_subscriptions")},
+		{"conclave_bus_delivery_latency_seconds", m.Value("conclave_bus_delivery_latency_seconds", "method", "sendMessage") *
+			m.Value("conclave_bus_delivery_latency_seconds", "method", "processMessage")},
 		{"conclave_bus_messages_published_total", m.Value("conclave_bus_messages_published_total", "outcome", "routed") *
 			m.Value("conclave_bus_messages_published_total", "outcome", "rejected") *
 			m.Value("conclave_bus_messages_published_total", "outcome", "default_handler") *

@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"sync"
 	"time"
 
 	"github.com/coder/websocket"
@@ -147,6 +148,12 @@ type Bus struct {
 	cfg     Config
 	tls     bool
 	log     *slog.Logger
+
+	// conns are the open client connections, closed with 1001 when the
+	// server drains: no goroutine per connection waits for that.
+	connsMu  sync.Mutex
+	conns    map[*jsonrpc.Conn]*wsconn.Stream
+	draining bool
 }
 
 // New builds the bus. st holds dead letters and q the retry queue; Tables
@@ -170,7 +177,7 @@ func New(cfg Config, logger *slog.Logger, tel *telemetry.Provider, st store.Stor
 	if err != nil {
 		return nil, fmt.Errorf("bus metrics: %w", err)
 	}
-	b := &Bus{cfg: cfg, access: access, log: logger, tls: cfg.TLSCert != ""}
+	b := &Bus{cfg: cfg, access: access, log: logger, tls: cfg.TLSCert != "", conns: map[*jsonrpc.Conn]*wsconn.Stream{}}
 	b.retries = broker.NewRetries(q, st, broker.RetryPolicy{MaxAttempts: cfg.RetryAttempts,
 		BaseDelay: cfg.RetryBaseDelay, MaxDelay: cfg.RetryMaxDelay}, tel.TracerProvider(), logger)
 	var dh *broker.DefaultHandler
@@ -226,6 +233,7 @@ func New(cfg Config, logger *slog.Logger, tel *telemetry.Provider, st store.Stor
 		return nil, fmt.Errorf("bus server: %w", err)
 	}
 	srv.HandleStream("GET /{$}", http.HandlerFunc(b.serveWebSocket))
+	srv.OnShutdown(b.closeConnections)
 	b.routeDeadLetters(srv)
 	if b.cluster != nil {
 		b.cluster.bus = b.broker
@@ -263,21 +271,51 @@ func (b *Bus) serveWebSocket(w http.ResponseWriter, r *http.Request) {
 		}
 		sessionAuth.Grant = grant
 	}
-	ws, err := websocket.Accept(w, r, nil)
+	session := b.broker.NewSession(sessionAuth)
+	var conn *jsonrpc.Conn
+	stream, err := wsconn.Accept(w, r, wsconn.Options{MaxFrame: b.cfg.MaxFrameBytes, Buffered: b.cfg.OutboundBuffer,
+		WriteTimeout: b.cfg.WriteTimeout, OnClose: func() {
+			session.Close()
+			b.connsMu.Lock()
+			delete(b.conns, conn)
+			b.connsMu.Unlock()
+		}})
 	if err != nil {
+		session.Close()
 		return // Accept has answered the request
 	}
-	stream := wsconn.New(ws, b.cfg.MaxFrameBytes, b.cfg.OutboundBuffer, b.cfg.WriteTimeout)
-	session := b.broker.NewSession(sessionAuth)
-	conn := jsonrpc.NewConn(stream, session, jsonrpc.WithMaxInflight(b.cfg.MaxInflight), jsonrpc.WithLogger(b.log))
+	// The handler returns once the connection is set up, which ends the
+	// HTTP request and frees what net/http held for it: the connection
+	// lives on in its JSON-RPC read loop alone.
+	b.connsMu.Lock()
+	conn = jsonrpc.NewConn(stream, session, jsonrpc.WithMaxInflight(b.cfg.MaxInflight), jsonrpc.WithLogger(b.log))
 	session.Attach(conn)
-	defer session.Close()
-	select {
-	case <-conn.Done():
-	case <-r.Context().Done():
-		// The server is draining: tell the client to reconnect elsewhere.
-		stream.CloseWith(websocket.StatusGoingAway, "the bus is shutting down")
-		_ = conn.Close()
+	draining := b.draining
+	if !draining {
+		b.conns[conn] = stream
+	}
+	b.connsMu.Unlock()
+	if draining {
+		goAway(conn, stream)
+	}
+}
+
+// goAway tells a client the bus is shutting down, so that it reconnects
+// elsewhere.
+func goAway(conn *jsonrpc.Conn, stream *wsconn.Stream) {
+	stream.CloseWith(websocket.StatusGoingAway, "the bus is shutting down")
+	_ = conn.Close()
+}
+
+// closeConnections closes every client connection as the server drains.
+func (b *Bus) closeConnections(context.Context) {
+	b.connsMu.Lock()
+	b.draining = true
+	conns := b.conns
+	b.conns = map[*jsonrpc.Conn]*wsconn.Stream{}
+	b.connsMu.Unlock()
+	for conn, stream := range conns {
+		goAway(conn, stream)
 	}
 }
 

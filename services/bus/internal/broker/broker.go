@@ -121,6 +121,7 @@ func (b *Broker) addSubscription(s *subscription) {
 	subs := make([]*subscription, len(b.subs), len(b.subs)+1)
 	copy(subs, b.subs)
 	b.subs = append(subs, s)
+	b.opts.Metrics.subscribed(1)
 	waiters := make([]chan *subscription, 0, len(b.waiters))
 	for w := range b.waiters {
 		waiters = append(waiters, w)
@@ -137,7 +138,11 @@ func (b *Broker) addSubscription(s *subscription) {
 func (b *Broker) removeSubscriptions(remove func(*subscription) bool) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	before := len(b.subs)
 	b.subs = slices.DeleteFunc(slices.Clone(b.subs), remove)
+	if removed := before - len(b.subs); removed > 0 {
+		b.opts.Metrics.subscribed(-int64(removed))
+	}
 }
 
 func (b *Broker) snapshot() []*subscription {
@@ -181,6 +186,10 @@ type message struct {
 	topic     string
 	payload   json.RawMessage
 	publisher string
+	// accepted is when this replica took the message (its publish, its
+	// arrival from another replica, or its retry falling due): delivery
+	// latency is measured from it.
+	accepted time.Time
 }
 
 // Forwarded is a message one replica hands another: to route among its own
@@ -211,7 +220,7 @@ type Forwarder interface {
 // DeliverForwarded routes a message another replica forwarded among this
 // replica's subscribers only: no default handler, no further forwarding.
 func (b *Broker) DeliverForwarded(ctx context.Context, f Forwarded) (ForwardResult, error) {
-	msg := &message{id: f.MessageID, topic: f.Topic, payload: f.Payload, publisher: f.Publisher}
+	msg := &message{id: f.MessageID, topic: f.Topic, payload: f.Payload, publisher: f.Publisher, accepted: time.Now()}
 	ctx = context.WithoutCancel(ctx)
 	if f.ClientID != "" {
 		s := b.agentFor(f.ClientID, f.Topic)
@@ -271,11 +280,13 @@ func errUntyped(why string) *jsonrpc.Error {
 // Publish delivers a message to the subscribers of its topic and returns
 // the aggregated result.
 func (b *Broker) Publish(ctx context.Context, publisher, t string, payload json.RawMessage) (*SendResult, error) {
-	msg := &message{id: newMessageID(), topic: t, payload: payload, publisher: publisher}
-	ctx, span := b.opts.Tracer.Start(ctx, "bus publish", trace.WithSpanKind(trace.SpanKindServer),
-		trace.WithAttributes(attribute.String("messaging.system", "conclave-bus"),
+	msg := &message{id: newMessageID(), topic: t, payload: payload, publisher: publisher, accepted: time.Now()}
+	ctx, span := b.opts.Tracer.Start(ctx, "bus publish", spanKindServer)
+	if span.IsRecording() {
+		span.SetAttributes(attribute.String("messaging.system", "conclave-bus"),
 			attribute.String("messaging.destination.name", t),
-			attribute.String("messaging.message.id", msg.id)))
+			attribute.String("messaging.message.id", msg.id))
+	}
 	defer span.End()
 	// The publisher leaving does not take back an accepted message.
 	ctx = context.WithoutCancel(ctx)
@@ -319,12 +330,29 @@ func (b *Broker) deliverGroup(ctx context.Context, msg *message, group []*subscr
 		out := b.deliver(ctx, group[0].session, msg, 1)
 		return []Ack{out.ack}, group[0].policy.stops(out.processed, out.stop)
 	}
-	acks := make([]Ack, len(group))
-	var wg sync.WaitGroup
+	// Every request goes out first, then the answers are collected: no
+	// goroutine per subscriber, and the group shares one deadline, as its
+	// deliveries start together.
+	waitCtx, cancel := context.WithTimeout(ctx, b.opts.DeliveryTimeout)
+	defer cancel()
+	var params deliveryParamsCache
+	calls := make([]delivery, len(group))
 	for k, s := range group {
-		wg.Go(func() { acks[k] = b.deliver(ctx, s.session, msg, 1).ack })
+		b.startDelivery(ctx, &calls[k], s.session, msg, 1, &params)
 	}
-	wg.Wait()
+	acks := make([]Ack, len(group))
+	var retries sync.WaitGroup
+	for k := range calls {
+		d := &calls[k]
+		out := b.awaitDelivery(waitCtx, d)
+		acks[k] = out.ack
+		if b.needsRetry(d.session, out) {
+			// Scheduling writes to the queue; the group's retries do so
+			// at once.
+			retries.Go(func() { acks[k].Message = b.opts.Retries.afterAttempt(ctx, msg, d.session.ClientID(), 1, out) })
+		}
+	}
+	retries.Wait()
 	return acks, false
 }
 
@@ -345,35 +373,95 @@ type outcome struct {
 // answer or failure asks for. attempt counts from 1.
 func (b *Broker) deliver(ctx context.Context, s *Session, msg *message, attempt int) outcome {
 	out := b.call(ctx, s, msg, attempt)
-	if s.isAgent() && (out.failed || out.retry) && b.opts.Retries != nil {
+	if b.needsRetry(s, out) {
 		out.ack.Message = b.opts.Retries.afterAttempt(ctx, msg, s.ClientID(), attempt, out)
 	}
 	return out
 }
 
+func (b *Broker) needsRetry(s *Session, out outcome) bool {
+	return (out.failed || out.retry) && b.opts.Retries != nil && s.isAgent()
+}
+
 // call delivers once: processMessage to an agent, sendMessage to a
 // base-protocol subscriber.
 func (b *Broker) call(ctx context.Context, s *Session, msg *message, attempt int) outcome {
-	method := MethodSendMessage
-	params := deliveryParams(msg.topic, msg.payload)
-	if s.isAgent() {
-		method = MethodProcessMessage
-		params = processParams(msg, attempt)
-	}
-	ctx, span := b.opts.Tracer.Start(ctx, "bus deliver "+method, trace.WithSpanKind(trace.SpanKindClient),
-		trace.WithAttributes(attribute.String("messaging.destination.name", msg.topic),
-			attribute.String("messaging.message.id", msg.id),
-			attribute.String("bus.client_id", s.ClientID()),
-			attribute.Int("bus.attempt", attempt)))
-	defer span.End()
+	var d delivery
+	b.startDelivery(ctx, &d, s, msg, attempt, nil)
 	ctx, cancel := context.WithTimeout(ctx, b.opts.DeliveryTimeout)
 	defer cancel()
+	return b.awaitDelivery(ctx, &d)
+}
 
-	out := outcome{ack: Ack{ClientID: s.ClientID()}}
+// The span options of every message, made once.
+var (
+	spanKindClient = trace.WithSpanKind(trace.SpanKindClient)
+	spanKindServer = trace.WithSpanKind(trace.SpanKindServer)
+)
+
+// delivery is one request to a subscriber on its way.
+type delivery struct {
+	session *Session
+	method  string
+	span    trace.Span
+	pending *jsonrpc.PendingCall
+	err     error // the request could not be sent
+	// msgAccepted is when the message was taken, for the latency metric.
+	msgAccepted time.Time
+}
+
+// deliveryParamsCache holds a message's delivery params, the same for
+// every subscriber of a group.
+type deliveryParamsCache struct {
+	base, process json.RawMessage
+}
+
+// startDelivery sends the request of a delivery. params, when not nil,
+// keeps the encoded params for the next delivery of the same message and
+// attempt.
+func (b *Broker) startDelivery(ctx context.Context, d *delivery, s *Session, msg *message, attempt int, params *deliveryParamsCache) {
+	if params == nil {
+		params = &deliveryParamsCache{}
+	}
+	d.session = s
+	d.method = MethodSendMessage
+	if s.isAgent() {
+		d.method = MethodProcessMessage
+		if params.process == nil {
+			params.process = processParams(msg, attempt)
+		}
+	} else if params.base == nil {
+		params.base = deliveryParams(msg.topic, msg.payload)
+	}
+	raw := params.base
+	if d.method == MethodProcessMessage {
+		raw = params.process
+	}
+	ctx, d.span = b.opts.Tracer.Start(ctx, "bus deliver "+d.method, spanKindClient)
+	if d.span.IsRecording() {
+		d.span.SetAttributes(attribute.String("messaging.destination.name", msg.topic),
+			attribute.String("messaging.message.id", msg.id),
+			attribute.String("bus.client_id", s.ClientID()),
+			attribute.Int("bus.attempt", attempt))
+	}
+	d.pending, d.err = s.start(ctx, d.method, raw)
+	d.msgAccepted = msg.accepted
+}
+
+// awaitDelivery waits, until ctx ends, for the answer to a delivery
+// started with startDelivery.
+func (b *Broker) awaitDelivery(ctx context.Context, d *delivery) outcome {
+	defer d.span.End()
+	out := outcome{ack: Ack{ClientID: d.session.ClientID()}}
+	err := d.err
 	var ans subscriberAnswer
-	err := s.call(ctx, method, params, &ans)
+	if err == nil {
+		err = d.pending.Wait(ctx, &ans)
+	}
+	method := d.method
 	switch {
 	case err == nil:
+		b.opts.Metrics.answered(ctx, method, d.msgAccepted)
 		out.processed = ans.Processed != nil && *ans.Processed
 		out.stop = ans.StopPropagation
 		out.ack.Processed = out.processed || (ans.Processed == nil && ans.Success != nil && *ans.Success)
@@ -402,7 +490,7 @@ func (b *Broker) call(ctx context.Context, s *Session, msg *message, attempt int
 	}
 	out.failed = true
 	out.ack.Message = out.err
-	span.SetStatus(codes.Error, out.err)
+	d.span.SetStatus(codes.Error, out.err)
 	b.opts.Metrics.delivered(ctx, method, "failed")
 	return out
 }

@@ -2,6 +2,8 @@ package broker
 
 import (
 	"context"
+	"sync"
+	"time"
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
@@ -14,6 +16,8 @@ import (
 // come from fixed sets only; topics and client ids never become labels.
 type Metrics struct {
 	connGauge        metric.Int64UpDownCounter
+	subsGauge        metric.Int64UpDownCounter
+	deliveryLatency  metric.Float64Histogram
 	publishedTotal   metric.Int64Counter
 	deliveriesTotal  metric.Int64Counter
 	retriesTotal     metric.Int64Counter
@@ -30,6 +34,15 @@ func NewMetrics(m metric.Meter) (*Metrics, error) {
 	name := func(thing string) string { return telemetry.MetricName("bus", thing) }
 	if out.connGauge, err = m.Int64UpDownCounter(name("connections"), metric.WithUnit("{connection}"),
 		metric.WithDescription("WebSocket connections open")); err != nil {
+		return nil, err
+	}
+	if out.subsGauge, err = m.Int64UpDownCounter(name("subscriptions"), metric.WithUnit("{subscription}"),
+		metric.WithDescription("subscriptions held by the connections open on this replica")); err != nil {
+		return nil, err
+	}
+	if out.deliveryLatency, err = m.Float64Histogram(name("delivery_latency"), metric.WithUnit("s"),
+		metric.WithDescription("time from a message's publish to a subscriber's answer, by method"),
+		metric.WithExplicitBucketBoundaries(0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)); err != nil {
 		return nil, err
 	}
 	if out.publishedTotal, err = m.Int64Counter(name("messages_published"), metric.WithUnit("{message}"),
@@ -62,12 +75,62 @@ func nopMetrics() *Metrics {
 
 func (m *Metrics) connected(delta int64) { m.connGauge.Add(context.Background(), delta) }
 
+func (m *Metrics) subscribed(delta int64) { m.subsGauge.Add(context.Background(), delta) }
+
+// answered records how long a subscriber's answer took from the publish.
+func (m *Metrics) answered(ctx context.Context, method string, since time.Time) {
+	opt := deliveryLatencyProcess
+	if method == MethodSendMessage {
+		opt = deliveryLatencySend
+	}
+	m.deliveryLatency.Record(ctx, time.Since(since).Seconds(), opt)
+}
+
+// The label sets of the hot paths, made once: WithAttributes would
+// allocate on every call.
+var (
+	deliveryLatencySend    = metric.WithAttributeSet(attribute.NewSet(attribute.String("method", MethodSendMessage)))
+	deliveryLatencyProcess = metric.WithAttributeSet(attribute.NewSet(attribute.String("method", MethodProcessMessage)))
+)
+
 func (m *Metrics) published(ctx context.Context, outcome string) {
-	m.publishedTotal.Add(ctx, 1, metric.WithAttributes(attribute.String("outcome", outcome)))
+	m.publishedTotal.Add(ctx, 1, labelSet("outcome", outcome))
 }
 
 func (m *Metrics) delivered(ctx context.Context, method, outcome string) {
-	m.deliveriesTotal.Add(ctx, 1, metric.WithAttributes(attribute.String("method", method), attribute.String("outcome", outcome)))
+	m.deliveriesTotal.Add(ctx, 1, labelSet("method", method, "outcome", outcome))
+}
+
+// labelSets holds the label sets of the metrics recorded per message, made
+// once each: a fresh set would allocate on every delivery. Their values
+// come from fixed sets, so it stays small.
+var labelSets struct {
+	sync.RWMutex
+	m map[[4]string]metric.MeasurementOption
+}
+
+// labelSet returns the set of up to two name, value pairs.
+func labelSet(kv ...string) metric.MeasurementOption {
+	var key [4]string
+	copy(key[:], kv)
+	labelSets.RLock()
+	o, ok := labelSets.m[key]
+	labelSets.RUnlock()
+	if ok {
+		return o
+	}
+	attrs := make([]attribute.KeyValue, 0, len(kv)/2)
+	for i := 0; i+1 < len(kv); i += 2 {
+		attrs = append(attrs, attribute.String(kv[i], kv[i+1]))
+	}
+	o = metric.WithAttributeSet(attribute.NewSet(attrs...))
+	labelSets.Lock()
+	if labelSets.m == nil {
+		labelSets.m = map[[4]string]metric.MeasurementOption{}
+	}
+	labelSets.m[key] = o
+	labelSets.Unlock()
+	return o
 }
 
 func (m *Metrics) retried(ctx context.Context) { m.retriesTotal.Add(ctx, 1) }

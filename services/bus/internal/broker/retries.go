@@ -179,7 +179,7 @@ func (r *Retries) handle(ctx context.Context, m queue.Message) error {
 			LastError: fmt.Sprintf("undecodable retry message: %v", err)}, "undecodable")
 	}
 	job.Attempts++
-	msg := &message{id: job.MessageID, topic: job.Topic, payload: job.Payload, publisher: job.Publisher}
+	msg := &message{id: job.MessageID, topic: job.Topic, payload: job.Payload, publisher: job.Publisher, accepted: time.Now()}
 	if job.ClientID == "" {
 		// A redriven message the default handler could not place: it goes
 		// to whichever agent now subscribes, or to the default handler again.

@@ -100,14 +100,16 @@ func (s *Session) mayReceive(t string) bool {
 	return s.perms != nil && s.perms.mayReceive(t)
 }
 
-func (s *Session) call(ctx context.Context, method string, params json.RawMessage, result any) error {
+// start sends a request to the client; the answer is awaited on the
+// returned call.
+func (s *Session) start(ctx context.Context, method string, params json.RawMessage) (*jsonrpc.PendingCall, error) {
 	s.mu.Lock()
 	c := s.conn
 	s.mu.Unlock()
 	if c == nil {
-		return jsonrpc.ErrClosed
+		return nil, jsonrpc.ErrClosed
 	}
-	return c.Call(ctx, method, params, result)
+	return c.Start(ctx, method, params)
 }
 
 // Handle implements jsonrpc.Handler.
