@@ -6,10 +6,10 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -194,18 +194,15 @@ func TestReplicasOnDynamoDBHoldIdleAgents(t *testing.T) {
 
 // startGatewayProcess runs the standalone gateway as replica id on the
 // DynamoDB at endpoint, on default settings but for addresses and tokens.
+// It listens on a port of its own choosing, read from its "serving" log
+// line, so that no other process can take the port in between.
 func startGatewayProcess(t *testing.T, bin, id, endpoint, token string) (string, *syncBuffer) {
 	t.Helper()
-	gp, err := testenv.FreePort()
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := fmt.Sprintf("127.0.0.1:%d", gp)
 	cmd := exec.Command(bin)
 	cmd.Env = append(os.Environ(),
 		"CONCLAVE_BACKEND=aws", "CONCLAVE_AWS_ENDPOINT="+endpoint, "CONCLAVE_TABLE_PREFIX=scale-",
 		"AWS_ACCESS_KEY_ID=test", "AWS_SECRET_ACCESS_KEY=test", "AWS_REGION=us-east-1",
-		"CONCLAVE_GATEWAY_GRPC_ADDR="+addr, "CONCLAVE_GATEWAY_HTTP_ADDR=",
+		"CONCLAVE_GATEWAY_GRPC_ADDR=127.0.0.1:0", "CONCLAVE_GATEWAY_HTTP_ADDR=",
 		"CONCLAVE_GATEWAY_SERVER_ID="+id, "CONCLAVE_GATEWAY_CLIENT_TOKENS="+token,
 		"CONCLAVE_GATEWAY_ALLOW_AGENTS_WITHOUT_TOKENS=true",
 	)
@@ -219,9 +216,14 @@ func startGatewayProcess(t *testing.T, bin, id, endpoint, token string) (string,
 	t.Cleanup(func() { _ = cmd.Process.Kill(); <-done })
 	deadline := time.Now().Add(time.Minute)
 	for {
-		if c, err := net.Dial("tcp", addr); err == nil {
-			c.Close()
-			return addr, out
+		for _, line := range strings.Split(out.String(), "\n") {
+			var entry struct {
+				Msg      string `json:"msg"`
+				GRPCAddr string `json:"grpc_addr"`
+			}
+			if json.Unmarshal([]byte(line), &entry) == nil && entry.Msg == "serving" && entry.GRPCAddr != "" {
+				return entry.GRPCAddr, out
+			}
 		}
 		select {
 		case <-done:
@@ -229,7 +231,7 @@ func startGatewayProcess(t *testing.T, bin, id, endpoint, token string) (string,
 		case <-time.After(50 * time.Millisecond):
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("replica %s never listened:\n%s", id, out.String())
+			t.Fatalf("replica %s never served:\n%s", id, out.String())
 		}
 	}
 }

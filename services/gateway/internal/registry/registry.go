@@ -68,8 +68,11 @@ type Registry struct {
 }
 
 // MaxConcurrentClaims is how many registrations a replica sends to the store
-// at once: as many as the DynamoDB client has connections.
-const MaxConcurrentClaims = store.MaxConnections
+// at once: half the DynamoDB client's connections, so that the lease's
+// renewals (and lookups, forwarding, idempotency keys) always find one free
+// during a burst. A renewal queued behind a burst's claims would lose the
+// lease, and with it every agent the burst was registering.
+const MaxConcurrentClaims = store.MaxConnections / 2
 
 // deadEpochMemory is how long a replica epoch seen dead is taken as dead
 // without reading its lease again. A dead epoch never lives again (a lease
