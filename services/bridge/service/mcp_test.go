@@ -8,6 +8,7 @@ import (
 	"errors"
 	"github.com/conclave-ai/conclave/services/bridge/service"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -560,4 +561,102 @@ func TestBusy(t *testing.T) {
 	if res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "echo", Arguments: map[string]any{}}); err != nil || res.IsError {
 		t.Fatalf("call after the slot freed: %+v %v", res, err)
 	}
+}
+
+// On shutdown (SIGTERM) a tool call already running is drained: it finishes
+// and its result reaches the client, while a call made once the drain has
+// begun is refused.
+func TestShutdownDrainsToolCalls(t *testing.T) {
+	t.Parallel()
+	b := startHTTP(t, nil)
+	// The running call's client reconnects its event stream as real clients
+	// do (the SDK's default retries): a strict client, which fails its
+	// session as soon as the server ends that stream, could see the end
+	// before the result that the server sent first on the call's own stream.
+	client := mcp.NewClient(&mcp.Implementation{Name: "bridge-test", Version: "1"}, nil)
+	running, err := client.Connect(context.Background(), &mcp.StreamableClientTransport{
+		Endpoint:   b.url,
+		HTTPClient: &http.Client{Transport: bearer{testToken, http.DefaultTransport}},
+	}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = running.Close() })
+	latecomer := connectHTTP(t, b, nil)
+	type callResult struct {
+		res *mcp.CallToolResult
+		err error
+	}
+	result := make(chan callResult, 1)
+	go func() {
+		res, err := running.CallTool(context.Background(), &mcp.CallToolParams{Name: "gated", Arguments: map[string]any{}})
+		result <- callResult{res, err}
+	}()
+	waitFile(t, filepath.Join(b.dir, "gated.started"))
+
+	stopped := make(chan error, 1)
+	go func() { stopped <- b.shutdown() }()
+	waitRefused(t, strings.TrimPrefix(b.base, "http://"))
+	if res, err := latecomer.CallTool(context.Background(), &mcp.CallToolParams{Name: "echo", Arguments: map[string]any{}}); err == nil {
+		t.Errorf("a call made during the drain ran: %+v", res)
+	}
+
+	if err := os.WriteFile(filepath.Join(b.dir, "gated.release"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	r := <-result
+	if r.err != nil || r.res.IsError {
+		t.Fatalf("the call running at shutdown = %+v, %v; want its result", r.res, r.err)
+	}
+	if got := resultJSON(t, r.res); got["status"] != "success" || got["data"] != "released" {
+		t.Errorf("the call running at shutdown = %v", got)
+	}
+	if err := <-stopped; err != nil {
+		t.Errorf("bridge Run = %v, want a clean drain", err)
+	}
+}
+
+// A call still running when the drain deadline passes is cancelled: its
+// agent and the agent's children are killed, none outlives the bridge.
+func TestShutdownDeadlineKillsAgents(t *testing.T) {
+	t.Parallel()
+	b := startHTTP(t, func(c *service.Config) { c.ShutdownTimeout = 200 * time.Millisecond })
+	cs := connectHTTP(t, b, nil)
+	go func() {
+		_, _ = cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "hang_with_child", Arguments: map[string]any{}})
+	}()
+	agent := readPID(t, filepath.Join(b.dir, "hang_agent.pid"))
+	child := readPID(t, filepath.Join(b.dir, "hang_child.pid"))
+	if err := b.shutdown(); !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("bridge Run = %v, want the drain deadline", err)
+	}
+	waitGone(t, agent)
+	waitGone(t, child)
+}
+
+// waitFile waits for an agent to create path.
+func waitFile(t *testing.T, path string) {
+	t.Helper()
+	for range 1200 {
+		if _, err := os.Stat(path); err == nil {
+			return
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Fatalf("%s never appeared", path)
+}
+
+// waitRefused returns once addr refuses connections: the drain is under
+// way. There is no event to wait on from outside.
+func waitRefused(t *testing.T, addr string) {
+	t.Helper()
+	for range 10000 {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			return
+		}
+		_ = c.Close()
+		time.Sleep(time.Millisecond)
+	}
+	t.Fatalf("%s still accepts connections", addr)
 }
