@@ -84,9 +84,10 @@ func TestStdio(t *testing.T) {
 	}
 }
 
-// Raw stdio: stdout carries nothing but frames, and a frame that is not
-// JSON ends the session with a clear error on stderr (the SDK's stdio
-// transport cannot resynchronise after a bad line).
+// Raw stdio against the real binary: stdout carries nothing but frames; a
+// line that is not JSON gets the JSON-RPC parse error (-32700) and one that
+// is JSON but not a JSON-RPC message invalid request (-32600), and the
+// session goes on serving the next calls.
 func TestStdioBadJSONAndCleanStdout(t *testing.T) {
 	t.Parallel()
 	cmd := exec.Command(bridgeBin, "mcp", "--bridge-config", workspace(t))
@@ -130,19 +131,37 @@ func TestStdioBadJSONAndCleanStdout(t *testing.T) {
 	if m := frame(); m["id"] != float64(2) || m["result"].(map[string]any)["isError"] != true {
 		t.Fatalf("tools/call answered %v", m)
 	}
-	send("this is not json")
-	stdin.Close()
-	rest, _ := io.ReadAll(out)
-	err = cmd.Wait()
-	if len(bytes.TrimSpace(rest)) > 0 {
-		for _, l := range bytes.Split(bytes.TrimSpace(rest), []byte("\n")) {
-			if !json.Valid(l) {
-				t.Fatalf("stdout line is not a JSON-RPC frame: %q", l)
-			}
+	bad := []struct {
+		line string
+		code float64
+		id   any
+	}{
+		{"this is not json", -32700, nil},
+		{`{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"echo"`, -32700, nil},
+		{`{"jsonrpc":"1.0","id":4,"method":"tools/list"}`, -32600, float64(4)},
+		{`[]`, -32600, nil},
+	}
+	for i, b := range bad {
+		send(b.line)
+		m := frame()
+		e, _ := m["error"].(map[string]any)
+		if e == nil || e["code"] != b.code || m["id"] != b.id {
+			t.Errorf("%q answered %v, want error %v with id %v", b.line, m, b.code, b.id)
+		}
+		// The session goes on: the next call is served.
+		id := float64(10 + i)
+		send(`{"jsonrpc":"2.0","id":` + strconv.Itoa(int(id)) + `,"method":"tools/call","params":{"name":"echo","arguments":{"query":"after"}}}`)
+		if m := frame(); m["id"] != id || m["result"] == nil || m["result"].(map[string]any)["isError"] == true {
+			t.Fatalf("call after %q answered %v", b.line, m)
 		}
 	}
-	if err == nil || !strings.Contains(stderr.String(), "not valid JSON") {
-		t.Fatalf("bad JSON: exit %v, stderr:\n%s", err, stderr.String())
+	stdin.Close()
+	rest, _ := io.ReadAll(out)
+	if len(bytes.TrimSpace(rest)) > 0 {
+		t.Errorf("frames after the last answer: %q", rest)
+	}
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("bridge mcp exit: %v, stderr:\n%s", err, stderr.String())
 	}
 }
 

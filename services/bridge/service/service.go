@@ -23,6 +23,7 @@ import (
 	"github.com/conclave-ai/conclave/pkg/telemetry"
 	"github.com/conclave-ai/conclave/services/bridge/internal/agentconfig"
 	"github.com/conclave-ai/conclave/services/bridge/internal/mcpserver"
+	"github.com/conclave-ai/conclave/services/bridge/internal/mcpstdio"
 	"github.com/conclave-ai/conclave/services/bridge/internal/tools"
 )
 
@@ -197,13 +198,11 @@ func ServeStdio(ctx context.Context, cfg Config, logger *slog.Logger, tel *telem
 		return err
 	}
 	s := mcpserver.New(runner, mcpserver.Options{Version: cfg.Version, ProgressInterval: cfg.progressInterval(), Logger: logger})
-	err = s.Run(ctx, &mcp.IOTransport{Reader: in, Writer: out})
+	// Lines that are not JSON-RPC messages are answered with -32700 or
+	// -32600 by the transport, and the session goes on.
+	err = s.Run(ctx, mcpstdio.NewTransport(in, out, logger))
 	if ctx.Err() != nil || isClosedPipe(err) {
 		return nil
-	}
-	var syntax *json.SyntaxError
-	if errors.As(err, &syntax) {
-		return fmt.Errorf("mcp stdio: the client sent a line that is not valid JSON (%v); the session is over", err)
 	}
 	return fmt.Errorf("mcp stdio: %w", err)
 }
