@@ -46,6 +46,12 @@ type env struct {
 // built-in configuration and a seed graph.
 func newEnv(t *testing.T, mod func(*service.Config)) *env {
 	t.Helper()
+	return newEnvAt(t, mod, nil)
+}
+
+// newEnvAt is newEnv with the handler's clock (nil: time.Now).
+func newEnvAt(t *testing.T, mod func(*service.Config), now func() time.Time) *env {
+	t.Helper()
 	dir := t.TempDir()
 	st, err := store.OpenBolt(filepath.Join(dir, "state.db"), store.BoltOptions{})
 	if err != nil {
@@ -72,7 +78,7 @@ func newEnv(t *testing.T, mod func(*service.Config)) *env {
 	if mod != nil {
 		mod(&cfg)
 	}
-	lib, err := service.NewHandler(cfg, service.Deps{Store: st, Queue: q})
+	lib, err := service.NewHandler(cfg, service.Deps{Store: st, Queue: q, Now: now})
 	if err != nil {
 		t.Fatal(err)
 	}

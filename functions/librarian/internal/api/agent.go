@@ -89,6 +89,9 @@ func (h *Handler) submit(w http.ResponseWriter, r *http.Request) error {
 	}
 	rec := requests.Record{ID: resp.RequestId, AgentID: agent.ID, State: d.State, Request: req, Response: resp,
 		Results: d.Results, Subject: d.Subject, Location: d.Location}
+	if d.State == governance.Escalated {
+		rec.ReviewBy = h.o.Now().UTC().Add(h.o.Policy.Protocol.Timeouts.Escalation)
+	}
 	// The request is stored as submitted, then decided, in one write; the
 	// events say both.
 	for _, typ := range []string{events.Submitted, decisionEvent(d.State)} {
@@ -352,6 +355,9 @@ func (h *Handler) status(w http.ResponseWriter, r *http.Request) error {
 	}
 	if p := principal(r.Context()); p.Role == "agent" && p.Subject != rec.AgentID {
 		return &apiError{Status: http.StatusForbidden, Code: "not_your_request", Message: fmt.Sprintf("request %s belongs to another agent", id)}
+	}
+	if rec, err = h.expireOverdue(r.Context(), rec); err != nil {
+		return err
 	}
 	if len(rec.Outbox) > 0 {
 		h.flush(r.Context(), id)

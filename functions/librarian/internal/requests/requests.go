@@ -67,8 +67,11 @@ type Record struct {
 	// Outbox holds the events of the last changes (encoded envelopes) until
 	// they are published; it is written with the change itself, so an
 	// event is never lost between the two.
-	Outbox    []json.RawMessage `json:"outbox,omitempty"`
-	CreatedAt time.Time         `json:"created_at"`
+	Outbox []json.RawMessage `json:"outbox,omitempty"`
+	// ReviewBy is when an escalated request expires without a human
+	// decision (timeouts.escalation after it was escalated).
+	ReviewBy  time.Time `json:"review_by,omitzero"`
+	CreatedAt time.Time `json:"created_at"`
 	UpdatedAt time.Time         `json:"updated_at"`
 	// Version is the store's, for conditional updates.
 	Version int64 `json:"-"`
@@ -122,8 +125,14 @@ type Store struct {
 	now func() time.Time
 }
 
-// New returns a Store over st; Table must exist.
-func New(st store.Store) *Store { return &Store{st: st, now: time.Now} }
+// New returns a Store over st; Table must exist. now is the clock of the
+// records' times (nil: time.Now).
+func New(st store.Store, now func() time.Time) *Store {
+	if now == nil {
+		now = time.Now
+	}
+	return &Store{st: st, now: now}
+}
 
 // NewID returns a fresh request id.
 func NewID() string {
