@@ -341,7 +341,7 @@ func (h *Handler) applyChange(ctx context.Context, rec requests.Record) error {
 		title = path
 	}
 	return h.o.Graph.Put(ctx, graph.Node{ID: rec.Subject, Type: req.GetTargetType(), Path: path, Title: title,
-		ContentHash: graph.HashContent(req.GetContent()), References: req.GetReferences(), Text: req.GetContent()})
+		ContentHash: graph.HashContent(req.GetContent()), References: req.GetReferences(), DependsOn: req.GetDependsOn(), Text: req.GetContent()})
 }
 
 func (h *Handler) status(w http.ResponseWriter, r *http.Request) error {
