@@ -8,6 +8,7 @@ package requests
 import (
 	"context"
 	"crypto/rand"
+	"crypto/sha256"
 	"encoding/base32"
 	"encoding/json"
 	"errors"
@@ -141,6 +142,16 @@ func NewID() string {
 	return "req-" + strings.ToLower(base32.StdEncoding.WithPadding(base32.NoPadding).EncodeToString(b))
 }
 
+// RetryID returns the request id of a submission that carries an
+// idempotency key (the Idempotency-Key header, or the request itself when
+// it is stamped with the seed's timestamp): the same agent sending the same
+// key gets the same id, so a retry after a lost answer finds the request
+// stored by the first attempt instead of creating a second one.
+func RetryID(agentID string, key []byte) string {
+	sum := sha256.Sum256(append(append([]byte(agentID), 0), key...))
+	return "req-" + strings.ToLower(base32.StdEncoding.WithPadding(base32.NoPadding).EncodeToString(sum[:10]))
+}
+
 // ValidID reports whether id could be a request id, so that client input
 // never reaches the store as an unbounded key.
 func ValidID(id string) bool {
@@ -164,7 +175,8 @@ func indexKey(state governance.State, created time.Time, id string) store.Key {
 // indexed are the states listed by List.
 var indexed = map[governance.State]bool{governance.Escalated: true}
 
-// Create stores a new request.
+// Create stores a new request. A request with the same id already stored
+// is an error wrapping store.ErrConditionFailed.
 func (s *Store) Create(ctx context.Context, r Record) (Record, error) {
 	now := s.now().UTC()
 	r.CreatedAt, r.UpdatedAt = now, now
