@@ -100,12 +100,13 @@ func (h *Handler) submit(w http.ResponseWriter, r *http.Request) error {
 			return err
 		}
 	}
-	if _, err := h.o.Requests.Create(r.Context(), rec); errors.Is(err, store.ErrConditionFailed) {
+	created, err := h.o.Requests.Create(r.Context(), rec)
+	if errors.Is(err, store.ErrConditionFailed) {
 		return h.replay(w, r, rec.ID)
 	} else if err != nil {
 		return err
 	}
-	h.flush(r.Context(), rec.ID)
+	h.publishStaged(r.Context(), created)
 	resp.ProcessingTimeMs = time.Since(start).Milliseconds()
 	writeProto(w, http.StatusOK, resp)
 	return nil
@@ -260,9 +261,19 @@ func (h *Handler) stage(ctx context.Context, rec *requests.Record, typ string) e
 // (any later read or change of it); consumers deduplicate on the id.
 func (h *Handler) flush(ctx context.Context, id string) {
 	rec, err := h.o.Requests.Get(ctx, id)
-	if err != nil || len(rec.Outbox) == 0 {
+	if err != nil {
 		return
 	}
+	h.publishStaged(ctx, rec)
+}
+
+// publishStaged is flush of a request the caller has just written: its
+// outbox is known, and so is the version the clearing write starts from.
+func (h *Handler) publishStaged(ctx context.Context, rec requests.Record) {
+	if len(rec.Outbox) == 0 {
+		return
+	}
+	id := rec.ID
 	envs := make([]*eventsv1.Envelope, 0, len(rec.Outbox))
 	for _, b := range rec.Outbox {
 		env := &eventsv1.Envelope{}
@@ -272,14 +283,14 @@ func (h *Handler) flush(ctx context.Context, id string) {
 		}
 		envs = append(envs, env)
 	}
-	err = h.publish(ctx, envs)
+	err := h.publish(ctx, envs)
 	h.o.Observer.Published(ctx, len(envs), err)
 	if err != nil {
 		h.o.Logger.WarnContext(ctx, "events not published yet; they stay staged", "request_id", id, "events", len(envs), "error", err)
 		return
 	}
 	sent := len(rec.Outbox)
-	_, err = h.o.Requests.Update(ctx, id, func(r *requests.Record) error {
+	_, err = h.o.Requests.UpdateFrom(ctx, rec, func(r *requests.Record) error {
 		// Only what was sent: a concurrent change may have staged more.
 		r.Outbox = r.Outbox[min(sent, len(r.Outbox)):]
 		return nil
@@ -359,7 +370,7 @@ func (h *Handler) report(w http.ResponseWriter, r *http.Request, req *librarianv
 			return err
 		}
 	}
-	h.flush(r.Context(), rec.ID)
+	h.publishStaged(r.Context(), rec)
 	feedback := fmt.Sprintf("Recorded a progress report on %s.", rec.ID)
 	switch {
 	case retried:
@@ -420,7 +431,7 @@ func (h *Handler) status(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	if len(rec.Outbox) > 0 {
-		h.flush(r.Context(), id)
+		h.publishStaged(r.Context(), rec)
 	}
 	writeProto(w, http.StatusOK, statusOf(rec))
 	return nil

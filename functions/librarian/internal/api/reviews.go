@@ -120,7 +120,7 @@ func (h *Handler) Decide(ctx context.Context, reviewer access.Principal, id stri
 	if err != nil {
 		return rec, err
 	}
-	h.flush(ctx, rec.ID)
+	h.publishStaged(ctx, rec)
 	if expired {
 		return rec, &apiError{Status: http.StatusConflict, Code: "escalation_expired",
 			Message: fmt.Sprintf("request %s waited longer than timeouts.escalation (%s) for a review and was rejected", rec.ID, h.o.Policy.Protocol.Timeouts.Escalation)}
@@ -185,7 +185,7 @@ func (h *Handler) expireOverdue(ctx context.Context, rec requests.Record) (reque
 	if err != nil {
 		return rec, err
 	}
-	h.flush(ctx, next.ID)
+	h.publishStaged(ctx, next)
 	return next, nil
 }
 

@@ -241,10 +241,25 @@ func (s *Store) Owner(ctx context.Context, id string) (string, bool, error) {
 // change sees the current record; an error from it (such as an illegal
 // transition) is returned as it is, and nothing is written.
 func (s *Store) Update(ctx context.Context, id string, change func(*Record) error) (Record, error) {
+	return s.update(ctx, id, nil, change)
+}
+
+// UpdateFrom is Update starting from cur, the record as the caller last
+// read or wrote it: when nothing changed it since, that saves the read.
+func (s *Store) UpdateFrom(ctx context.Context, cur Record, change func(*Record) error) (Record, error) {
+	return s.update(ctx, cur.ID, &cur, change)
+}
+
+func (s *Store) update(ctx context.Context, id string, known *Record, change func(*Record) error) (Record, error) {
 	for range 5 {
-		cur, err := s.Get(ctx, id)
-		if err != nil {
-			return cur, err
+		var cur Record
+		if known != nil {
+			cur, known = *known, nil
+		} else {
+			var err error
+			if cur, err = s.Get(ctx, id); err != nil {
+				return cur, err
+			}
 		}
 		next := cur
 		if err := change(&next); err != nil {
