@@ -269,9 +269,10 @@ func (h *Handler) flush(ctx context.Context, id string) {
 
 // publishStaged is flush of a request the caller has just written: its
 // outbox is known, and so is the version the clearing write starts from.
-func (h *Handler) publishStaged(ctx context.Context, rec requests.Record) {
+// It returns the request as it leaves it.
+func (h *Handler) publishStaged(ctx context.Context, rec requests.Record) requests.Record {
 	if len(rec.Outbox) == 0 {
-		return
+		return rec
 	}
 	id := rec.ID
 	envs := make([]*eventsv1.Envelope, 0, len(rec.Outbox))
@@ -287,17 +288,19 @@ func (h *Handler) publishStaged(ctx context.Context, rec requests.Record) {
 	h.o.Observer.Published(ctx, len(envs), err)
 	if err != nil {
 		h.o.Logger.WarnContext(ctx, "events not published yet; they stay staged", "request_id", id, "events", len(envs), "error", err)
-		return
+		return rec
 	}
 	sent := len(rec.Outbox)
-	_, err = h.o.Requests.UpdateFrom(ctx, rec, func(r *requests.Record) error {
+	cleared, err := h.o.Requests.UpdateFrom(ctx, rec, func(r *requests.Record) error {
 		// Only what was sent: a concurrent change may have staged more.
 		r.Outbox = r.Outbox[min(sent, len(r.Outbox)):]
 		return nil
 	})
 	if err != nil {
 		h.o.Logger.WarnContext(ctx, "published events stay staged and will be sent again", "request_id", id, "error", err)
+		return rec
 	}
+	return cleared
 }
 
 // publish sends envelopes, retrying a failed send max_retry_attempts times
@@ -430,9 +433,7 @@ func (h *Handler) status(w http.ResponseWriter, r *http.Request) error {
 	if rec, err = h.expireOverdue(r.Context(), rec); err != nil {
 		return err
 	}
-	if len(rec.Outbox) > 0 {
-		h.publishStaged(r.Context(), rec)
-	}
+	rec = h.publishStaged(r.Context(), rec)
 	writeProto(w, http.StatusOK, statusOf(rec))
 	return nil
 }

@@ -185,8 +185,7 @@ func (h *Handler) expireOverdue(ctx context.Context, rec requests.Record) (reque
 	if err != nil {
 		return rec, err
 	}
-	h.publishStaged(ctx, next)
-	return next, nil
+	return h.publishStaged(ctx, next), nil
 }
 
 // expire rejects an escalated request no reviewer decided in time: an
