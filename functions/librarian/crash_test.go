@@ -192,12 +192,14 @@ func TestKilledMidInvocation(t *testing.T) {
 	}
 	approval := map[string]any{"agent_id": "claude-3", "session_id": "sess-crash", "timestamp": "2026-11-23T09:00:00Z",
 		"request_type": "APPROVAL", "action": "create", "target_type": "design", "target_path": "docs/design/crash.md",
-		"content": "# Crash Design\n\n## Overview\nWhat.\n\n## Design\nHow.\n\n## Alternatives\nNone.\n",
+		"content":   "# Crash Design\n\n## Overview\nWhat.\n\n## Design\nHow.\n\n## Alternatives\nNone.\n",
 		"rationale": "Surviving a crash", "references": []string{"arch-001"}}
 	approvalEvent := withBody(t, fixture(t, "request-approval.json"), approval)
 
 	// 1. Killed between storing the decision and publishing its events.
-	held := sqs.arm(func(r *http.Request, _ []byte) bool { return awsCall(r, "SendMessage") || awsCall(r, "SendMessageBatch") })
+	held := sqs.arm(func(r *http.Request, _ []byte) bool {
+		return awsCall(r, "SendMessage") || awsCall(r, "SendMessageBatch")
+	})
 	killMidInvocation(ctx, t, env, approvalEvent, held)
 
 	rt := startFunction(t, env)

@@ -22,7 +22,7 @@ func newFakeClock() *fakeClock {
 	return c
 }
 
-func (c *fakeClock) now() time.Time           { return time.Unix(0, c.at.Load()).UTC() }
+func (c *fakeClock) now() time.Time          { return time.Unix(0, c.at.Load()).UTC() }
 func (c *fakeClock) advance(d time.Duration) { c.at.Add(int64(d)) }
 
 func (e *env) requestStatus(t *testing.T, id string) *librarianv1.RequestStatus {

@@ -73,7 +73,7 @@ type Record struct {
 	// decision (timeouts.escalation after it was escalated).
 	ReviewBy  time.Time `json:"review_by,omitzero"`
 	CreatedAt time.Time `json:"created_at"`
-	UpdatedAt time.Time         `json:"updated_at"`
+	UpdatedAt time.Time `json:"updated_at"`
 	// Version is the store's, for conditional updates.
 	Version int64 `json:"-"`
 }
