@@ -10,7 +10,7 @@
 // cut in-flight requests or agent streams on any of them.
 //
 // A main function builds a Server with New, registers gRPC services on GRPC()
-// and HTTP routes with Handle and HandleStream, and calls Run with a context
+// and HTTP routes with Handle, HandleStream and HandleDrained, and calls Run with a context
 // that signal.NotifyContext cancels on SIGINT or SIGTERM. Run returns once
 // every listener has drained or the drain deadline has forced them closed.
 //

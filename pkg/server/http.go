@@ -32,10 +32,27 @@ func (s *Server) Handle(pattern string, h http.Handler) {
 // Such a response legitimately outlives any fixed deadline, so the route gets
 // no request timeout and its connection's read and write deadlines are
 // cleared. Its context is cancelled with cause ErrDraining when the server
-// starts closing its listeners; the handler should then end the stream
-// promptly, so that clients reconnect to another replica.
+// starts closing its listeners and no request of a HandleDrained route is
+// running any more; the handler should then end the stream promptly, so that
+// clients reconnect to another replica.
 func (s *Server) HandleStream(pattern string, h http.Handler) {
 	s.mux.Handle(pattern, s.streaming(h))
+}
+
+// HandleDrained registers a long-running HTTP route whose requests are
+// drained rather than cancelled: a request (a tool call, a job) may take
+// longer than any fixed deadline and must not be cut just because the server
+// is stopping. Like a streaming route it gets no request timeout and its
+// connection deadlines are cleared, so its handler must bound its own time.
+// When the server starts draining, requests already running keep their
+// context and run to completion; requests that arrive after that are refused
+// with 503 and Retry-After, so that the client goes to another replica.
+// Streaming routes stay open until the drained requests have finished,
+// because a client may be listening for their results there. A request still
+// running when ShutdownTimeout passes has its context cancelled with cause
+// ErrDrainDeadline, and its connection is closed.
+func (s *Server) HandleDrained(pattern string, h http.Handler) {
+	s.mux.Handle(pattern, s.drainedRoute(h))
 }
 
 // WriteError writes the JSON error shape shared by Conclave's HTTP surfaces:
@@ -77,21 +94,45 @@ func (s *Server) unary(h http.Handler) http.Handler {
 
 func (s *Server) streaming(h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		// net/http arms the connection's deadlines from ReadTimeout and
-		// WriteTimeout at the start of every request; on HTTP/1 an expired
-		// read deadline even cancels the request context. Clearing both is
-		// what lets a stream outlive them.
-		rc := http.NewResponseController(w)
-		if err := errors.Join(rc.SetWriteDeadline(time.Time{}), rc.SetReadDeadline(time.Time{})); err != nil {
-			s.logger.WarnContext(r.Context(), "cannot clear connection deadlines; stream is bounded by ReadTimeout and WriteTimeout",
-				"path", r.URL.Path, "err", err)
-		}
+		clearDeadlines(w, r, s.logger)
 		ctx, cancel := context.WithCancelCause(r.Context())
 		defer cancel(nil)
 		stop := context.AfterFunc(s.streams, func() { cancel(context.Cause(s.streams)) })
 		defer stop()
 		h.ServeHTTP(w, r.WithContext(ctx))
 	})
+}
+
+func (s *Server) drainedRoute(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !s.startDrained() {
+			w.Header().Set("Retry-After", "1")
+			w.Header().Set("Connection", "close")
+			WriteError(w, http.StatusServiceUnavailable, "server is shutting down; retry on another replica")
+			return
+		}
+		defer s.endDrained()
+		clearDeadlines(w, r, s.logger)
+		ctx, cancel := context.WithCancelCause(r.Context())
+		defer cancel(nil)
+		stop := context.AfterFunc(s.drainExpired, func() { cancel(context.Cause(s.drainExpired)) })
+		defer stop()
+		h.ServeHTTP(w, r.WithContext(ctx))
+	})
+}
+
+// clearDeadlines lifts the connection's read and write deadlines for a
+// request that may outlive them.
+func clearDeadlines(w http.ResponseWriter, r *http.Request, logger *slog.Logger) {
+	// net/http arms the connection's deadlines from ReadTimeout and
+	// WriteTimeout at the start of every request; on HTTP/1 an expired read
+	// deadline even cancels the request context. Clearing both is what lets
+	// a long response outlive them.
+	rc := http.NewResponseController(w)
+	if err := errors.Join(rc.SetWriteDeadline(time.Time{}), rc.SetReadDeadline(time.Time{})); err != nil {
+		logger.WarnContext(r.Context(), "cannot clear connection deadlines; response is bounded by ReadTimeout and WriteTimeout",
+			"path", r.URL.Path, "err", err)
+	}
 }
 
 // httpCore is the middleware every route runs inside: panic recovery, the

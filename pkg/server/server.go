@@ -25,6 +25,11 @@ import (
 // (1001) rather than treat the end as a client disconnect.
 var ErrDraining = errors.New("server is draining")
 
+// ErrDrainDeadline is the cancellation cause of the context handed to
+// HandleDrained routes when ShutdownTimeout passes with the request still
+// running.
+var ErrDrainDeadline = errors.New("drain deadline passed")
+
 // Server runs one deployable's gRPC and HTTP listeners with shared health,
 // readiness, metrics, panic recovery and graceful shutdown. Create it with
 // New, register services and routes, then call Run once.
@@ -44,12 +49,23 @@ type Server struct {
 	grpcEnabled  bool
 	httpEnabled  bool
 
-	// streams is cancelled with ErrDraining when the listeners start
-	// closing, ending streaming HTTP routes and gRPC health Watch calls:
-	// neither ever finishes on its own, so waiting for them would only use
-	// up the drain deadline.
+	// streams is cancelled with ErrDraining once the listeners are closing
+	// and no drained request is running, ending streaming HTTP routes and
+	// gRPC health Watch calls: neither ever finishes on its own, so waiting
+	// for them would only use up the drain deadline.
 	streams     context.Context
 	stopStreams context.CancelCauseFunc
+	// drainExpired is cancelled with ErrDrainDeadline when the drain
+	// deadline passes, ending the drained requests still running.
+	drainExpired context.Context
+	expireDrain  context.CancelCauseFunc
+
+	// drainedMu guards the count of running HandleDrained requests and the
+	// draining flag's transition, so that no drained request can start
+	// after shutdown has begun waiting for them.
+	drainedMu      sync.Mutex
+	drainedRunning int
+	drainedIdle    chan struct{} // closed when drainedRunning drops to 0 during the drain
 
 	running  atomic.Bool
 	draining atomic.Bool
@@ -98,6 +114,7 @@ func New(cfg Config, logger *slog.Logger, opts ...Option) (*Server, error) {
 		return nil, fmt.Errorf("server %s: neither a gRPC nor an HTTP listener is configured", cfg.Name)
 	}
 	s.streams, s.stopStreams = context.WithCancelCause(context.Background())
+	s.drainExpired, s.expireDrain = context.WithCancelCause(context.Background())
 
 	// The overall status stays NOT_SERVING until Run has bound the listeners,
 	// so a balancer never routes to a server that is still wiring itself up.
@@ -297,7 +314,9 @@ func (s *Server) serveHTTP() error {
 // (health, readiness), then let hooks move long-lived clients away, then stop
 // accepting and wait for in-flight work, and only at the deadline cut it.
 func (s *Server) shutdown(ctx context.Context) error {
+	s.drainedMu.Lock()
 	s.draining.Store(true)
+	s.drainedMu.Unlock()
 	s.health.Shutdown()
 	s.logger.InfoContext(ctx, "draining", "timeout", s.cfg.ShutdownTimeout)
 
@@ -311,13 +330,15 @@ func (s *Server) shutdown(ctx context.Context) error {
 		s.runHook(ctx, hook)
 	}
 
-	s.stopStreams(ErrDraining)
 	var (
 		wg     sync.WaitGroup
 		forced atomic.Bool
 		errMu  sync.Mutex
 		errs   []error
 	)
+	// gRPC's GracefulStop waits for health Watch calls, which end with the
+	// streams below; it runs on its own meanwhile, so that the listeners
+	// close before the wait for drained requests.
 	if s.grpcListener != nil {
 		wg.Go(func() {
 			stopped := make(chan struct{})
@@ -339,6 +360,7 @@ func (s *Server) shutdown(ctx context.Context) error {
 			err := s.httpServer.Shutdown(ctx)
 			if ctx.Err() != nil {
 				forced.Store(true)
+				s.expireDrain(ErrDrainDeadline)
 				err = s.httpServer.Close()
 			}
 			if err != nil {
@@ -348,6 +370,10 @@ func (s *Server) shutdown(ctx context.Context) error {
 			}
 		})
 	}
+	// Streams carry what drained requests send their clients, so they end
+	// only once those requests are done (at once when there are none).
+	s.awaitDrained(ctx)
+	s.stopStreams(ErrDraining)
 	wg.Wait()
 
 	if forced.Load() {
@@ -358,6 +384,46 @@ func (s *Server) shutdown(ctx context.Context) error {
 		s.logger.InfoContext(ctx, "stopped")
 	}
 	return errors.Join(errs...)
+}
+
+// startDrained admits a request of a HandleDrained route, unless the server
+// is draining.
+func (s *Server) startDrained() bool {
+	s.drainedMu.Lock()
+	defer s.drainedMu.Unlock()
+	if s.draining.Load() {
+		return false
+	}
+	s.drainedRunning++
+	return true
+}
+
+func (s *Server) endDrained() {
+	s.drainedMu.Lock()
+	defer s.drainedMu.Unlock()
+	s.drainedRunning--
+	if s.drainedRunning == 0 && s.drainedIdle != nil {
+		close(s.drainedIdle)
+		s.drainedIdle = nil
+	}
+}
+
+// awaitDrained waits until no HandleDrained request runs, or until ctx (the
+// drain deadline) ends, when it cancels the ones left.
+func (s *Server) awaitDrained(ctx context.Context) {
+	s.drainedMu.Lock()
+	if s.drainedRunning == 0 {
+		s.drainedMu.Unlock()
+		return
+	}
+	idle := make(chan struct{})
+	s.drainedIdle = idle
+	s.drainedMu.Unlock()
+	select {
+	case <-idle:
+	case <-ctx.Done():
+		s.expireDrain(ErrDrainDeadline)
+	}
 }
 
 // runHook isolates a hook's panic so that one faulty hook cannot stop the

@@ -262,3 +262,127 @@ func TestShutdownHooks(t *testing.T) {
 		t.Errorf("hook panic not logged; logs:\n%s", ts.logs)
 	}
 }
+
+// A drained route's requests run to completion through the drain, while
+// new ones are refused; streams stay open until the drained requests are
+// done, since their clients may be waiting for results there.
+func TestShutdownDrainsDrainedRoutes(t *testing.T) {
+	t.Parallel()
+	var (
+		started, release  = make(chan struct{}), make(chan struct{})
+		hookRan, hookDone = make(chan struct{}), make(chan struct{})
+		streamOpen        = make(chan context.Context, 1)
+		streamCause       = make(chan error, 1)
+	)
+	ts := startServer(t, Config{HTTPAddr: "127.0.0.1:0"}, func(s *Server) {
+		s.HandleDrained("POST /call", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if r.URL.Query().Get("late") != "" {
+				WriteError(w, http.StatusInternalServerError, "a request arriving during the drain was let in")
+				return
+			}
+			close(started)
+			<-release
+			if err := context.Cause(r.Context()); err != nil {
+				WriteError(w, http.StatusInternalServerError, "drained request cancelled: "+err.Error())
+				return
+			}
+			select {
+			case ctx := <-streamOpen:
+				if ctx.Err() != nil {
+					WriteError(w, http.StatusInternalServerError, "stream ended before the drained request")
+					return
+				}
+			default:
+				WriteError(w, http.StatusInternalServerError, "no stream open")
+				return
+			}
+			_, _ = io.WriteString(w, "result")
+		}))
+		s.HandleStream("GET /events", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			streamOpen <- r.Context()
+			_, _ = io.WriteString(w, "data: hello\n\n")
+			w.(http.Flusher).Flush()
+			<-r.Context().Done()
+			streamCause <- context.Cause(r.Context())
+		}))
+		// The hook holds the listeners open, so that the test can send a
+		// request to a server that is draining but still accepting.
+		s.OnShutdown(func(context.Context) {
+			close(hookRan)
+			<-hookDone
+		})
+	})
+
+	stream, err := http.Get(ts.url("/events"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = stream.Body.Close() }()
+	if line, err := bufio.NewReader(stream.Body).ReadString('\n'); err != nil || line != "data: hello\n" {
+		t.Fatalf("first event = %q, %v", line, err)
+	}
+	result := make(chan httpResult, 1)
+	go func() {
+		resp, err := http.Post(ts.url("/call"), "text/plain", strings.NewReader("work"))
+		if err != nil {
+			result <- httpResult{err: err}
+			return
+		}
+		result <- readResponse(resp)
+	}()
+	<-started
+
+	stopped := stopAsync(ts)
+	<-hookRan
+	late, err := http.Post(ts.url("/call?late=1"), "text/plain", strings.NewReader("late"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res := readResponse(late); res.status != http.StatusServiceUnavailable || late.Header.Get("Retry-After") == "" ||
+		!strings.Contains(res.body, `"code":503`) {
+		t.Errorf("request during the drain = %d %q (Retry-After %q); want 503 with a JSON error and Retry-After",
+			res.status, res.body, late.Header.Get("Retry-After"))
+	}
+	close(hookDone)
+	waitClosed(t, ts.HTTPAddr()) // the listeners are closed; the drained request still runs
+	close(release)
+
+	if res := <-result; res.err != nil || res.status != http.StatusOK || res.body != "result" {
+		t.Errorf("drained request = %d %q, %v; want 200 result", res.status, res.body, res.err)
+	}
+	if cause := <-streamCause; !errors.Is(cause, ErrDraining) {
+		t.Errorf("stream context cause = %v, want ErrDraining", cause)
+	}
+	if err := <-stopped; err != nil {
+		t.Errorf("Run = %v, want nil after a clean drain", err)
+	}
+}
+
+// A drained request still running at the drain deadline is cancelled with
+// ErrDrainDeadline, so that its handler stops its work.
+func TestShutdownDeadlineCancelsDrainedRequests(t *testing.T) {
+	t.Parallel()
+	started, causes := make(chan struct{}), make(chan error, 1)
+	// A short deadline is configuration, not an assertion.
+	ts := startServer(t, Config{HTTPAddr: "127.0.0.1:0", ShutdownTimeout: 100 * time.Millisecond}, func(s *Server) {
+		s.HandleDrained("POST /call", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			close(started)
+			<-r.Context().Done()
+			causes <- context.Cause(r.Context())
+		}))
+	})
+	go func() {
+		if resp, err := http.Post(ts.url("/call"), "text/plain", strings.NewReader("work")); err == nil {
+			_ = resp.Body.Close()
+		}
+	}()
+	<-started
+	err := ts.stop()
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("Run = %v, want an error wrapping context.DeadlineExceeded", err)
+	}
+	ts.runErr = nil // reported above
+	if cause := <-causes; !errors.Is(cause, ErrDrainDeadline) {
+		t.Errorf("drained request's context cause = %v, want ErrDrainDeadline", cause)
+	}
+}

@@ -153,6 +153,15 @@ func (rt *Runtime) Stop() {
 	_ = rt.srv.Close()
 }
 
+// Kill ends the function with SIGKILL, as a crash or a Lambda timeout
+// does: it gets no chance to finish what it was doing.
+func (rt *Runtime) Kill() {
+	if rt.cmd.Process != nil {
+		_ = rt.cmd.Process.Kill()
+		<-rt.exited
+	}
+}
+
 // Exited is closed when the process has ended.
 func (rt *Runtime) Exited() <-chan struct{} { return rt.exited }
 

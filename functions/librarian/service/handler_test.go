@@ -46,6 +46,12 @@ type env struct {
 // built-in configuration and a seed graph.
 func newEnv(t *testing.T, mod func(*service.Config)) *env {
 	t.Helper()
+	return newEnvAt(t, mod, nil)
+}
+
+// newEnvAt is newEnv with the handler's clock (nil: time.Now).
+func newEnvAt(t *testing.T, mod func(*service.Config), now func() time.Time) *env {
+	t.Helper()
 	dir := t.TempDir()
 	st, err := store.OpenBolt(filepath.Join(dir, "state.db"), store.BoltOptions{})
 	if err != nil {
@@ -72,7 +78,7 @@ func newEnv(t *testing.T, mod func(*service.Config)) *env {
 	if mod != nil {
 		mod(&cfg)
 	}
-	lib, err := service.NewHandler(cfg, service.Deps{Store: st, Queue: q})
+	lib, err := service.NewHandler(cfg, service.Deps{Store: st, Queue: q, Now: now})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -229,8 +235,14 @@ func TestSeedApprovalToCompletion(t *testing.T) {
 	if err != nil || node.Path != "docs/design/new-feature.md" || node.Title != "New Feature Design" || !slices.Equal(node.References, []string{"arch-001", "req-045"}) {
 		t.Fatalf("graph node %+v %v", node, err)
 	}
-	// A second REPORT is an illegal transition.
-	if r := e.do(t, "POST", "/agent/request", claudeToken, report); r.status != 409 || r.errorCode(t) != "illegal_transition" {
+	// The same REPORT again is a retry (its answer was lost): answered
+	// again, nothing changes twice. Another REPORT is an illegal transition.
+	if again := e.do(t, "POST", "/agent/request", claudeToken, report).response(t); again.RequestId != resp.RequestId || !strings.Contains(again.Feedback, "already completed") {
+		t.Fatalf("retried report: %v", again)
+	}
+	other := map[string]any{"agent_id": "claude-3", "request_type": "REPORT", "request_id": resp.RequestId, "completed": true,
+		"changes_made": []string{"docs/design/something-else.md"}}
+	if r := e.do(t, "POST", "/agent/request", claudeToken, other); r.status != 409 || r.errorCode(t) != "illegal_transition" {
 		t.Fatalf("second report: %d %s", r.status, r.body)
 	}
 	got := types(e.events(t))

@@ -84,6 +84,9 @@ type Deps struct {
 	Queue     queue.Queue
 	Logger    *slog.Logger
 	Telemetry *telemetry.Provider
+	// Now is the clock of decisions and escalation deadlines (nil:
+	// time.Now); tests move it forward.
+	Now func() time.Time
 }
 
 // Librarian is the handler and the parts other surfaces reach into.
@@ -138,7 +141,7 @@ func NewHandler(cfg Config, d Deps) (*Librarian, error) {
 		logger.Warn("the Librarian accepts requests without a bearer token")
 	}
 	g := graph.New(d.Store)
-	reqs := requests.New(d.Store)
+	reqs := requests.New(d.Store, d.Now)
 	limiter := ratelimit.New(d.Store, apiRate, nil)
 	tokens := access.New(d.Store)
 	var observer api.Observer
@@ -152,7 +155,7 @@ func NewHandler(cfg Config, d Deps) (*Librarian, error) {
 		Pipeline: governance.NewPipeline(governance.Deps{Graph: g, Limiter: limiter, Requests: reqs, Templates: tpl}),
 		Limiter:  limiter, Reads: limiter, ReadRate: readRate, Requests: reqs, Graph: g, Tokens: tokens, Static: &static,
 		Events: events.NewPublisher(d.Queue), Stats: stats.New(d.Store), Observer: observer, Logger: logger,
-		BaseURL: cfg.BaseURL, AllowUnauthenticated: cfg.AllowUnauthenticated,
+		BaseURL: cfg.BaseURL, AllowUnauthenticated: cfg.AllowUnauthenticated, Now: d.Now,
 	})
 	review.Register(h.Mux(), h, review.Options{Secure: strings.HasPrefix(cfg.BaseURL, "https://"), AllowUnauthenticated: cfg.AllowUnauthenticated})
 	var handler http.Handler = h

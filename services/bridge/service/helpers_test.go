@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -94,6 +95,12 @@ time.sleep(1000)
 print("DEBUG: got here")
 print(json.dumps({"status": "success", "data": 1}))
 `,
+	"gated.py": `import json, os, time
+open("gated.started", "w").close()
+while not os.path.exists("gated.release"):
+    time.sleep(0.01)
+print(json.dumps({"status": "success", "data": "released"}))
+`,
 	"slow.py": `import json, sys, time
 time.sleep(1.5)
 print(json.dumps({"status": "success", "data": "slow"}))
@@ -161,6 +168,9 @@ agents:
   debug_print:
     path: debug_print.py
     python: %[1]s
+  gated:
+    path: gated.py
+    python: %[1]s
   slow:
     path: slow.py
     python: %[1]s
@@ -182,6 +192,9 @@ type httpBridge struct {
 	base    string
 	metrics string
 	dir     string
+	// shutdown stops the bridge as SIGTERM does and returns Run's result;
+	// later calls return the same result.
+	shutdown func() error
 }
 
 // startHTTP runs the bridge's HTTP server in process on a loopback port.
@@ -214,18 +227,27 @@ func startHTTP(t testing.TB, mutate func(*service.Config)) *httpBridge {
 	}
 	done := make(chan error, 1)
 	go func() { done <- b.Run(ctx) }()
-	t.Cleanup(func() {
+	stop := sync.OnceValue(func() error {
 		// Spare client connections would otherwise hold the drain.
 		http.DefaultTransport.(*http.Transport).CloseIdleConnections()
 		cancel()
-		if err := <-done; err != nil {
+		return <-done
+	})
+	var stoppedByTest atomic.Bool
+	shutdown := func() error {
+		stoppedByTest.Store(true)
+		return stop()
+	}
+	t.Cleanup(func() {
+		// A test that stops the bridge itself checks Run's result.
+		if err := stop(); err != nil && !stoppedByTest.Load() {
 			t.Errorf("bridge Run: %v", err)
 		}
 		_ = tel.Shutdown(context.Background())
 	})
 	<-b.Ready()
 	base := "http://" + l.Addr().String()
-	return &httpBridge{url: base + service.MCPPath, base: base, metrics: base + "/metrics", dir: filepath.Dir(cfgPath)}
+	return &httpBridge{url: base + service.MCPPath, base: base, metrics: base + "/metrics", dir: filepath.Dir(cfgPath), shutdown: shutdown}
 }
 
 // bearer adds the test token to every request.

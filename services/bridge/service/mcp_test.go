@@ -8,6 +8,7 @@ import (
 	"errors"
 	"github.com/conclave-ai/conclave/services/bridge/service"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -83,9 +84,10 @@ func TestStdio(t *testing.T) {
 	}
 }
 
-// Raw stdio: stdout carries nothing but frames, and a frame that is not
-// JSON ends the session with a clear error on stderr (the SDK's stdio
-// transport cannot resynchronise after a bad line).
+// Raw stdio against the real binary: stdout carries nothing but frames; a
+// line that is not JSON gets the JSON-RPC parse error (-32700) and one that
+// is JSON but not a JSON-RPC message invalid request (-32600), and the
+// session goes on serving the next calls.
 func TestStdioBadJSONAndCleanStdout(t *testing.T) {
 	t.Parallel()
 	cmd := exec.Command(bridgeBin, "mcp", "--bridge-config", workspace(t))
@@ -129,19 +131,37 @@ func TestStdioBadJSONAndCleanStdout(t *testing.T) {
 	if m := frame(); m["id"] != float64(2) || m["result"].(map[string]any)["isError"] != true {
 		t.Fatalf("tools/call answered %v", m)
 	}
-	send("this is not json")
-	stdin.Close()
-	rest, _ := io.ReadAll(out)
-	err = cmd.Wait()
-	if len(bytes.TrimSpace(rest)) > 0 {
-		for _, l := range bytes.Split(bytes.TrimSpace(rest), []byte("\n")) {
-			if !json.Valid(l) {
-				t.Fatalf("stdout line is not a JSON-RPC frame: %q", l)
-			}
+	bad := []struct {
+		line string
+		code float64
+		id   any
+	}{
+		{"this is not json", -32700, nil},
+		{`{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"echo"`, -32700, nil},
+		{`{"jsonrpc":"1.0","id":4,"method":"tools/list"}`, -32600, float64(4)},
+		{`[]`, -32600, nil},
+	}
+	for i, b := range bad {
+		send(b.line)
+		m := frame()
+		e, _ := m["error"].(map[string]any)
+		if e == nil || e["code"] != b.code || m["id"] != b.id {
+			t.Errorf("%q answered %v, want error %v with id %v", b.line, m, b.code, b.id)
+		}
+		// The session goes on: the next call is served.
+		id := float64(10 + i)
+		send(`{"jsonrpc":"2.0","id":` + strconv.Itoa(int(id)) + `,"method":"tools/call","params":{"name":"echo","arguments":{"query":"after"}}}`)
+		if m := frame(); m["id"] != id || m["result"] == nil || m["result"].(map[string]any)["isError"] == true {
+			t.Fatalf("call after %q answered %v", b.line, m)
 		}
 	}
-	if err == nil || !strings.Contains(stderr.String(), "not valid JSON") {
-		t.Fatalf("bad JSON: exit %v, stderr:\n%s", err, stderr.String())
+	stdin.Close()
+	rest, _ := io.ReadAll(out)
+	if len(bytes.TrimSpace(rest)) > 0 {
+		t.Errorf("frames after the last answer: %q", rest)
+	}
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("bridge mcp exit: %v, stderr:\n%s", err, stderr.String())
 	}
 }
 
@@ -560,4 +580,102 @@ func TestBusy(t *testing.T) {
 	if res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "echo", Arguments: map[string]any{}}); err != nil || res.IsError {
 		t.Fatalf("call after the slot freed: %+v %v", res, err)
 	}
+}
+
+// On shutdown (SIGTERM) a tool call already running is drained: it finishes
+// and its result reaches the client, while a call made once the drain has
+// begun is refused.
+func TestShutdownDrainsToolCalls(t *testing.T) {
+	t.Parallel()
+	b := startHTTP(t, nil)
+	// The running call's client reconnects its event stream as real clients
+	// do (the SDK's default retries): a strict client, which fails its
+	// session as soon as the server ends that stream, could see the end
+	// before the result that the server sent first on the call's own stream.
+	client := mcp.NewClient(&mcp.Implementation{Name: "bridge-test", Version: "1"}, nil)
+	running, err := client.Connect(context.Background(), &mcp.StreamableClientTransport{
+		Endpoint:   b.url,
+		HTTPClient: &http.Client{Transport: bearer{testToken, http.DefaultTransport}},
+	}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = running.Close() })
+	latecomer := connectHTTP(t, b, nil)
+	type callResult struct {
+		res *mcp.CallToolResult
+		err error
+	}
+	result := make(chan callResult, 1)
+	go func() {
+		res, err := running.CallTool(context.Background(), &mcp.CallToolParams{Name: "gated", Arguments: map[string]any{}})
+		result <- callResult{res, err}
+	}()
+	waitFile(t, filepath.Join(b.dir, "gated.started"))
+
+	stopped := make(chan error, 1)
+	go func() { stopped <- b.shutdown() }()
+	waitRefused(t, strings.TrimPrefix(b.base, "http://"))
+	if res, err := latecomer.CallTool(context.Background(), &mcp.CallToolParams{Name: "echo", Arguments: map[string]any{}}); err == nil {
+		t.Errorf("a call made during the drain ran: %+v", res)
+	}
+
+	if err := os.WriteFile(filepath.Join(b.dir, "gated.release"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	r := <-result
+	if r.err != nil || r.res.IsError {
+		t.Fatalf("the call running at shutdown = %+v, %v; want its result", r.res, r.err)
+	}
+	if got := resultJSON(t, r.res); got["status"] != "success" || got["data"] != "released" {
+		t.Errorf("the call running at shutdown = %v", got)
+	}
+	if err := <-stopped; err != nil {
+		t.Errorf("bridge Run = %v, want a clean drain", err)
+	}
+}
+
+// A call still running when the drain deadline passes is cancelled: its
+// agent and the agent's children are killed, none outlives the bridge.
+func TestShutdownDeadlineKillsAgents(t *testing.T) {
+	t.Parallel()
+	b := startHTTP(t, func(c *service.Config) { c.ShutdownTimeout = 200 * time.Millisecond })
+	cs := connectHTTP(t, b, nil)
+	go func() {
+		_, _ = cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "hang_with_child", Arguments: map[string]any{}})
+	}()
+	agent := readPID(t, filepath.Join(b.dir, "hang_agent.pid"))
+	child := readPID(t, filepath.Join(b.dir, "hang_child.pid"))
+	if err := b.shutdown(); !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("bridge Run = %v, want the drain deadline", err)
+	}
+	waitGone(t, agent)
+	waitGone(t, child)
+}
+
+// waitFile waits for an agent to create path.
+func waitFile(t *testing.T, path string) {
+	t.Helper()
+	for range 1200 {
+		if _, err := os.Stat(path); err == nil {
+			return
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Fatalf("%s never appeared", path)
+}
+
+// waitRefused returns once addr refuses connections: the drain is under
+// way. There is no event to wait on from outside.
+func waitRefused(t *testing.T, addr string) {
+	t.Helper()
+	for range 10000 {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			return
+		}
+		_ = c.Close()
+		time.Sleep(time.Millisecond)
+	}
+	t.Fatalf("%s still accepts connections", addr)
 }

@@ -23,6 +23,7 @@ import (
 	"github.com/conclave-ai/conclave/pkg/telemetry"
 	"github.com/conclave-ai/conclave/services/bridge/internal/agentconfig"
 	"github.com/conclave-ai/conclave/services/bridge/internal/mcpserver"
+	"github.com/conclave-ai/conclave/services/bridge/internal/mcpstdio"
 	"github.com/conclave-ai/conclave/services/bridge/internal/tools"
 )
 
@@ -122,6 +123,9 @@ func loadRunner(cfg Config, logger *slog.Logger, meter metric.Meter) (*tools.Run
 type Bridge struct {
 	srv    *server.Server
 	runner *tools.Runner
+	// endCalls cancels the tool calls still running once the server has
+	// stopped (the drain deadline passed), so that no agent outlives it.
+	endCalls context.CancelFunc
 }
 
 // New loads config.yaml and builds the HTTP server: streamable HTTP MCP on
@@ -144,7 +148,8 @@ func New(cfg Config, logger *slog.Logger, tel *telemetry.Provider, opts ...serve
 	if err != nil {
 		return nil, fmt.Errorf("bridge server: %w", err)
 	}
-	mcpSrv := mcpserver.New(runner, mcpserver.Options{Version: cfg.Version, ProgressInterval: cfg.progressInterval(), Logger: logger})
+	calls, endCalls := context.WithCancel(context.Background())
+	mcpSrv := mcpserver.New(runner, mcpserver.Options{Version: cfg.Version, ProgressInterval: cfg.progressInterval(), Logger: logger, Calls: calls})
 	handler := mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return mcpSrv }, &mcp.StreamableHTTPOptions{
 		Logger: logger,
 		// Idle sessions are dropped, so abandoned clients free their state.
@@ -154,14 +159,23 @@ func New(cfg Config, logger *slog.Logger, tel *telemetry.Provider, opts ...serve
 		logger.Warn("the bridge's MCP endpoint accepts requests without a bearer token")
 	}
 	protected := guard(cfg, handler)
-	// A tool call lasts as long as its agent (up to its timeout), and GET
-	// /mcp is a server-sent event stream: both outlive a unary deadline.
-	srv.HandleStream(MCPPath, protected)
-	return &Bridge{srv: srv, runner: runner}, nil
+	// A tool call (a POST) lasts as long as its agent, up to its timeout:
+	// on SIGTERM it is drained, so that it finishes with its result, while
+	// new calls are refused. GET /mcp is the session's server-sent event
+	// stream, which never ends on its own; the server ends it once the
+	// calls are done.
+	srv.HandleDrained(MCPPath, protected)
+	srv.HandleStream("GET "+MCPPath, protected)
+	return &Bridge{srv: srv, runner: runner, endCalls: endCalls}, nil
 }
 
-// Run serves until ctx is cancelled, then drains.
-func (b *Bridge) Run(ctx context.Context) error { return b.srv.Run(ctx) }
+// Run serves until ctx is cancelled, then drains: running tool calls
+// finish, within ShutdownTimeout, and those still running after it are
+// cancelled (their agents killed).
+func (b *Bridge) Run(ctx context.Context) error {
+	defer b.endCalls()
+	return b.srv.Run(ctx)
+}
 
 // Ready is closed once the listener is bound.
 func (b *Bridge) Ready() <-chan struct{} { return b.srv.Ready() }
@@ -184,13 +198,11 @@ func ServeStdio(ctx context.Context, cfg Config, logger *slog.Logger, tel *telem
 		return err
 	}
 	s := mcpserver.New(runner, mcpserver.Options{Version: cfg.Version, ProgressInterval: cfg.progressInterval(), Logger: logger})
-	err = s.Run(ctx, &mcp.IOTransport{Reader: in, Writer: out})
+	// Lines that are not JSON-RPC messages are answered with -32700 or
+	// -32600 by the transport, and the session goes on.
+	err = s.Run(ctx, mcpstdio.NewTransport(in, out, logger))
 	if ctx.Err() != nil || isClosedPipe(err) {
 		return nil
-	}
-	var syntax *json.SyntaxError
-	if errors.As(err, &syntax) {
-		return fmt.Errorf("mcp stdio: the client sent a line that is not valid JSON (%v); the session is over", err)
 	}
 	return fmt.Errorf("mcp stdio: %w", err)
 }

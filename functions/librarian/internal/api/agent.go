@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"slices"
 	"strings"
 	"time"
 
@@ -20,6 +21,7 @@ import (
 	"github.com/conclave-ai/conclave/functions/librarian/internal/policy"
 	"github.com/conclave-ai/conclave/functions/librarian/internal/requests"
 	"github.com/conclave-ai/conclave/pkg/queue"
+	"github.com/conclave-ai/conclave/pkg/store"
 	eventsv1 "github.com/conclave-ai/conclave/proto/conclave/events/v1"
 	librarianv1 "github.com/conclave-ai/conclave/proto/conclave/librarian/v1"
 )
@@ -73,15 +75,11 @@ func (h *Handler) submit(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	h.o.Observer.Decided(r.Context(), req.GetRequestType(), d.State.Status(), validation)
-	if h.o.Stats != nil {
-		if err := h.o.Stats.Record(r.Context(), d.State.Status(), validation); err != nil {
-			h.o.Logger.WarnContext(r.Context(), "protocol metrics not recorded", "error", err)
-		}
-	}
+	h.recordStats(r.Context(), d.State, validation)
 	if req.GetRequestType() == governance.TypeReport && d.State == governance.Approved {
 		return h.report(w, r, req, start)
 	}
-	resp := h.response(r, d, start)
+	resp := h.response(r, d, start, submissionID(r, agent.ID, req))
 	if req.GetRequestType() == governance.TypeQuery && d.State == governance.Approved {
 		if err := h.answerQuery(r.Context(), req, resp); err != nil {
 			return err
@@ -89,6 +87,9 @@ func (h *Handler) submit(w http.ResponseWriter, r *http.Request) error {
 	}
 	rec := requests.Record{ID: resp.RequestId, AgentID: agent.ID, State: d.State, Request: req, Response: resp,
 		Results: d.Results, Subject: d.Subject, Location: d.Location}
+	if d.State == governance.Escalated {
+		rec.ReviewBy = h.o.Now().UTC().Add(h.o.Policy.Protocol.Timeouts.Escalation)
+	}
 	// The request is stored as submitted, then decided, in one write; the
 	// events say both.
 	for _, typ := range []string{events.Submitted, decisionEvent(d.State)} {
@@ -99,12 +100,52 @@ func (h *Handler) submit(w http.ResponseWriter, r *http.Request) error {
 			return err
 		}
 	}
-	if _, err := h.o.Requests.Create(r.Context(), rec); err != nil {
+	created, err := h.o.Requests.Create(r.Context(), rec)
+	if errors.Is(err, store.ErrConditionFailed) {
+		return h.replay(w, r, rec.ID)
+	} else if err != nil {
 		return err
 	}
-	h.flush(r.Context(), rec.ID)
+	h.publishStaged(r.Context(), created)
 	resp.ProcessingTimeMs = time.Since(start).Milliseconds()
 	writeProto(w, http.StatusOK, resp)
+	return nil
+}
+
+func (h *Handler) recordStats(ctx context.Context, s governance.State, validation time.Duration) {
+	if h.o.Stats == nil {
+		return
+	}
+	if err := h.o.Stats.Record(ctx, s.Status(), validation); err != nil {
+		h.o.Logger.WarnContext(ctx, "protocol metrics not recorded", "error", err)
+	}
+}
+
+// submissionID is the id of a new request: derived from its idempotency
+// key when it has one (the Idempotency-Key header, else the request itself
+// when the agent stamped it with the seed's timestamp), random otherwise.
+func submissionID(r *http.Request, agentID string, req *librarianv1.AgentRequest) string {
+	if key := r.Header.Get("Idempotency-Key"); key != "" {
+		return requests.RetryID(agentID, []byte("key:"+key))
+	}
+	if req.GetTimestamp() != nil {
+		if b, err := (proto.MarshalOptions{Deterministic: true}).Marshal(req); err == nil {
+			return requests.RetryID(agentID, append([]byte("request:"), b...))
+		}
+	}
+	return requests.NewID()
+}
+
+// replay answers a retried submission with the request its first attempt
+// stored (a lost answer, a killed Lambda): the same id and decision, its
+// events sent if they were still staged, nothing decided or stored twice.
+func (h *Handler) replay(w http.ResponseWriter, r *http.Request, id string) error {
+	h.flush(r.Context(), id)
+	rec, err := h.o.Requests.Get(r.Context(), id)
+	if err != nil {
+		return err
+	}
+	writeProto(w, http.StatusOK, rec.Response)
 	return nil
 }
 
@@ -123,8 +164,7 @@ func decisionEvent(s governance.State) string {
 }
 
 // response turns a decision into the seed's LibrarianResponse.
-func (h *Handler) response(r *http.Request, d governance.Decision, start time.Time) *librarianv1.LibrarianResponse {
-	id := requests.NewID()
+func (h *Handler) response(r *http.Request, d governance.Decision, start time.Time, id string) *librarianv1.LibrarianResponse {
 	resp := &librarianv1.LibrarianResponse{
 		RequestId: id, Timestamp: timestamppb.New(h.o.Now()), Status: d.State.Status(),
 		Confidence: d.Confidence, Feedback: d.Feedback, Violations: d.Violations, Suggestions: d.Suggestions, Constraints: d.Constraints,
@@ -221,9 +261,20 @@ func (h *Handler) stage(ctx context.Context, rec *requests.Record, typ string) e
 // (any later read or change of it); consumers deduplicate on the id.
 func (h *Handler) flush(ctx context.Context, id string) {
 	rec, err := h.o.Requests.Get(ctx, id)
-	if err != nil || len(rec.Outbox) == 0 {
+	if err != nil {
 		return
 	}
+	h.publishStaged(ctx, rec)
+}
+
+// publishStaged is flush of a request the caller has just written: its
+// outbox is known, and so is the version the clearing write starts from.
+// It returns the request as it leaves it.
+func (h *Handler) publishStaged(ctx context.Context, rec requests.Record) requests.Record {
+	if len(rec.Outbox) == 0 {
+		return rec
+	}
+	id := rec.ID
 	envs := make([]*eventsv1.Envelope, 0, len(rec.Outbox))
 	for _, b := range rec.Outbox {
 		env := &eventsv1.Envelope{}
@@ -233,21 +284,23 @@ func (h *Handler) flush(ctx context.Context, id string) {
 		}
 		envs = append(envs, env)
 	}
-	err = h.publish(ctx, envs)
+	err := h.publish(ctx, envs)
 	h.o.Observer.Published(ctx, len(envs), err)
 	if err != nil {
 		h.o.Logger.WarnContext(ctx, "events not published yet; they stay staged", "request_id", id, "events", len(envs), "error", err)
-		return
+		return rec
 	}
 	sent := len(rec.Outbox)
-	_, err = h.o.Requests.Update(ctx, id, func(r *requests.Record) error {
+	cleared, err := h.o.Requests.UpdateFrom(ctx, rec, func(r *requests.Record) error {
 		// Only what was sent: a concurrent change may have staged more.
 		r.Outbox = r.Outbox[min(sent, len(r.Outbox)):]
 		return nil
 	})
 	if err != nil {
 		h.o.Logger.WarnContext(ctx, "published events stay staged and will be sent again", "request_id", id, "error", err)
+		return rec
 	}
+	return cleared
 }
 
 // publish sends envelopes, retrying a failed send max_retry_attempts times
@@ -273,7 +326,17 @@ func (h *Handler) publish(ctx context.Context, envs []*eventsv1.Envelope) error 
 // knowledge graph; completed=false records the report only.
 func (h *Handler) report(w http.ResponseWriter, r *http.Request, req *librarianv1.AgentRequest, start time.Time) error {
 	rep := requests.Report{Completed: req.GetCompleted(), ChangesMade: req.GetChangesMade(), Content: req.GetContent(), At: h.o.Now().UTC()}
+	retried := false
 	rec, err := h.o.Requests.Update(r.Context(), req.GetRequestId(), func(rec *requests.Record) error {
+		retried = false // a retried update starts over
+		if rep.Completed && rec.State == governance.Completed && len(rec.Reports) > 0 && sameReport(rec.Reports[len(rec.Reports)-1], rep) {
+			// The REPORT that completed the request, sent again: its
+			// answer may have been lost after the state was written and
+			// before the graph was. Nothing to write; the change is
+			// applied again below, idempotently.
+			retried = true
+			return errRetriedReport
+		}
 		if rec.Request.GetRequestType() != governance.TypeApproval || rec.Request.GetAction() == governance.ActionRead {
 			return &apiError{Status: http.StatusConflict, Code: "not_a_change", Field: "request_id",
 				Message: fmt.Sprintf("request %s is a %s, not an APPROVAL of a change; only those are reported", rec.ID, rec.Request.GetRequestType())}
@@ -299,6 +362,9 @@ func (h *Handler) report(w http.ResponseWriter, r *http.Request, req *librarianv
 		}
 		return nil
 	})
+	if errors.Is(err, errRetriedReport) {
+		err = nil
+	}
 	if err != nil {
 		return err
 	}
@@ -307,14 +373,25 @@ func (h *Handler) report(w http.ResponseWriter, r *http.Request, req *librarianv
 			return err
 		}
 	}
-	h.flush(r.Context(), rec.ID)
+	h.publishStaged(r.Context(), rec)
 	feedback := fmt.Sprintf("Recorded a progress report on %s.", rec.ID)
-	if rep.Completed {
+	switch {
+	case retried:
+		feedback = fmt.Sprintf("Request %s was already completed by this report; the knowledge graph is up to date.", rec.ID)
+	case rep.Completed:
 		feedback = fmt.Sprintf("Request %s is completed; the knowledge graph is updated.", rec.ID)
 	}
 	writeProto(w, http.StatusOK, &librarianv1.LibrarianResponse{RequestId: rec.ID, Timestamp: timestamppb.New(h.o.Now()),
 		Status: "approved", Confidence: 1, Feedback: feedback, ProcessingTimeMs: time.Since(start).Milliseconds()})
 	return nil
+}
+
+// errRetriedReport stops the update of a REPORT sent again.
+var errRetriedReport = errors.New("the request was completed by this report already")
+
+// sameReport reports whether two completing REPORTs say the same.
+func sameReport(a, b requests.Report) bool {
+	return a.Completed == b.Completed && a.Content == b.Content && slices.Equal(a.ChangesMade, b.ChangesMade)
 }
 
 // applyChange writes a completed change to the knowledge graph. It is
@@ -338,7 +415,7 @@ func (h *Handler) applyChange(ctx context.Context, rec requests.Record) error {
 		title = path
 	}
 	return h.o.Graph.Put(ctx, graph.Node{ID: rec.Subject, Type: req.GetTargetType(), Path: path, Title: title,
-		ContentHash: graph.HashContent(req.GetContent()), References: req.GetReferences(), Text: req.GetContent()})
+		ContentHash: graph.HashContent(req.GetContent()), References: req.GetReferences(), DependsOn: req.GetDependsOn(), Text: req.GetContent()})
 }
 
 func (h *Handler) status(w http.ResponseWriter, r *http.Request) error {
@@ -353,9 +430,10 @@ func (h *Handler) status(w http.ResponseWriter, r *http.Request) error {
 	if p := principal(r.Context()); p.Role == "agent" && p.Subject != rec.AgentID {
 		return &apiError{Status: http.StatusForbidden, Code: "not_your_request", Message: fmt.Sprintf("request %s belongs to another agent", id)}
 	}
-	if len(rec.Outbox) > 0 {
-		h.flush(r.Context(), id)
+	if rec, err = h.expireOverdue(r.Context(), rec); err != nil {
+		return err
 	}
+	rec = h.publishStaged(r.Context(), rec)
 	writeProto(w, http.StatusOK, statusOf(rec))
 	return nil
 }

@@ -6,13 +6,16 @@ import (
 	"fmt"
 	"net/http"
 	"strings"
+	"time"
 	"unicode/utf8"
 
 	"google.golang.org/protobuf/proto"
 
 	"github.com/conclave-ai/conclave/functions/librarian/internal/access"
+	"github.com/conclave-ai/conclave/functions/librarian/internal/events"
 	"github.com/conclave-ai/conclave/functions/librarian/internal/governance"
 	"github.com/conclave-ai/conclave/functions/librarian/internal/requests"
+	librarianv1 "github.com/conclave-ai/conclave/proto/conclave/librarian/v1"
 )
 
 // maxReviewList bounds GET /reviews.
@@ -26,7 +29,7 @@ func (h *Handler) listReviews(w http.ResponseWriter, r *http.Request) error {
 	if status != "escalated" {
 		return &apiError{Status: http.StatusBadRequest, Code: "unsupported_status", Field: "status", Message: "only status=escalated requests wait for a review"}
 	}
-	recs, err := h.o.Requests.List(r.Context(), governance.Escalated, maxReviewList)
+	recs, err := h.Escalated(r.Context())
 	if err != nil {
 		return err
 	}
@@ -86,7 +89,13 @@ func (h *Handler) Decide(ctx context.Context, reviewer access.Principal, id stri
 	if name == "" {
 		name = "developer"
 	}
+	expired := false
 	rec, err := h.o.Requests.Update(ctx, id, func(rec *requests.Record) error {
+		expired = false // a retried update starts over
+		if h.overdue(*rec) {
+			expired = true
+			return h.expire(ctx, rec)
+		}
 		if err := governance.Transition(rec.State, to); err != nil || rec.State != governance.Escalated {
 			return &apiError{Status: http.StatusConflict, Code: "illegal_transition", Message: fmt.Sprintf("request %s is %s; only escalated requests are reviewed", rec.ID, rec.State.Status())}
 		}
@@ -111,18 +120,89 @@ func (h *Handler) Decide(ctx context.Context, reviewer access.Principal, id stri
 	if err != nil {
 		return rec, err
 	}
-	h.flush(ctx, rec.ID)
+	h.publishStaged(ctx, rec)
+	if expired {
+		return rec, &apiError{Status: http.StatusConflict, Code: "escalation_expired",
+			Message: fmt.Sprintf("request %s waited longer than timeouts.escalation (%s) for a review and was rejected", rec.ID, h.o.Policy.Protocol.Timeouts.Escalation)}
+	}
 	return rec, nil
 }
 
 // Request returns a stored request, for the review pages.
 func (h *Handler) Request(ctx context.Context, id string) (requests.Record, error) {
-	return h.o.Requests.Get(ctx, id)
+	rec, err := h.o.Requests.Get(ctx, id)
+	if err != nil {
+		return rec, err
+	}
+	return h.expireOverdue(ctx, rec)
 }
 
-// Escalated lists the requests waiting for a review.
+// Escalated lists the requests waiting for a review, rejecting on the way
+// those that waited past timeouts.escalation.
 func (h *Handler) Escalated(ctx context.Context) ([]requests.Record, error) {
-	return h.o.Requests.List(ctx, governance.Escalated, maxReviewList)
+	recs, err := h.o.Requests.List(ctx, governance.Escalated, maxReviewList)
+	if err != nil {
+		return nil, err
+	}
+	waiting := recs[:0]
+	for _, rec := range recs {
+		if rec, err = h.expireOverdue(ctx, rec); err != nil {
+			return nil, err
+		}
+		if rec.State == governance.Escalated {
+			waiting = append(waiting, rec)
+		}
+	}
+	return waiting, nil
+}
+
+// errSettled stops an expiry whose request was decided meanwhile.
+var errSettled = errors.New("the request is no longer escalated")
+
+// overdue reports whether rec waited for a human past its deadline.
+func (h *Handler) overdue(rec requests.Record) bool {
+	return rec.State == governance.Escalated && !rec.ReviewBy.IsZero() && !h.o.Now().Before(rec.ReviewBy)
+}
+
+// expireOverdue rejects rec if it is overdue (seed 003's
+// timeouts.escalation: a human review may take that long) and returns the
+// request as it is now. Lambdas have no background work, so expiry happens
+// when a request is next read: its status, the review list or page, or a
+// decision on it.
+func (h *Handler) expireOverdue(ctx context.Context, rec requests.Record) (requests.Record, error) {
+	if !h.overdue(rec) {
+		return rec, nil
+	}
+	next, err := h.o.Requests.Update(ctx, rec.ID, func(r *requests.Record) error {
+		if !h.overdue(*r) {
+			return errSettled
+		}
+		return h.expire(ctx, r)
+	})
+	if errors.Is(err, errSettled) {
+		return next, nil
+	}
+	if err != nil {
+		return rec, err
+	}
+	return h.publishStaged(ctx, next), nil
+}
+
+// expire rejects an escalated request no reviewer decided in time: an
+// unreviewed change is not made (fail closed).
+func (h *Handler) expire(ctx context.Context, rec *requests.Record) error {
+	if err := governance.Transition(rec.State, governance.Rejected); err != nil {
+		return err
+	}
+	limit := h.o.Policy.Protocol.Timeouts.Escalation
+	rec.State = governance.Rejected
+	resp := rec.Response
+	resp.Status = governance.Rejected.Status()
+	resp.Feedback = fmt.Sprintf("Rejected: no reviewer decided within timeouts.escalation (%s) of the escalation (%s).", limit, resp.GetEscalationReason())
+	resp.Violations = append(resp.Violations, &librarianv1.ViolationDetail{Rule: "escalation_timeout", Severity: "error",
+		Description: fmt.Sprintf("the escalation expired at %s without a human decision", rec.ReviewBy.Format(time.RFC3339))})
+	resp.Suggestions = append(resp.Suggestions, "Resubmit the request if the change is still wanted, and ask a reviewer to decide it in time.")
+	return h.stage(ctx, rec, events.Rejected)
 }
 
 // Authenticate checks a reviewer's token, for the review pages' sign-in.

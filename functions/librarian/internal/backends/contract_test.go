@@ -72,7 +72,7 @@ func contract(t *testing.T, fn func(t *testing.T, st store.Store)) {
 func TestRequestsLifecycle(t *testing.T) {
 	contract(t, func(t *testing.T, st store.Store) {
 		ctx := context.Background()
-		rs := requests.New(st)
+		rs := requests.New(st, nil)
 		id := requests.NewID()
 		if !requests.ValidID(id) || requests.ValidID("req-../../x") {
 			t.Fatalf("ValidID misjudges %q", id)

@@ -179,6 +179,15 @@ func TestPipelineDecisions(t *testing.T) {
 		{name: "a cycle is rejected with its path", req: approval(func(r *librarianv1.AgentRequest) {
 			r.Action, r.TargetId, r.TargetPath, r.References = "modify", proto.String("design-a"), nil, []string{"design-b"}
 		}), wantState: governance.Rejected, wantRule: "circular_dependency"},
+		{name: "a cycle through depends_on is rejected with its path", req: approval(func(r *librarianv1.AgentRequest) {
+			r.Action, r.TargetId, r.TargetPath, r.References, r.DependsOn = "modify", proto.String("design-a"), nil, nil, []string{"design-b"}
+		}), wantState: governance.Rejected, wantRule: "circular_dependency"},
+		{name: "depends_on an existing node", req: approval(func(r *librarianv1.AgentRequest) { r.DependsOn = []string{"design-b"} }),
+			wantState: governance.Approved, confidence: 1},
+		{name: "depends_on a missing node under enforce_references", req: approval(func(r *librarianv1.AgentRequest) { r.DependsOn = []string{"design-zzz"} }),
+			wantState: governance.Rejected, wantRule: "invalid_dependency"},
+		{name: "depends_on a missing node warns otherwise", protocol: ptr(compliance(func(c *policy.Compliance) { c.EnforceReferences = false })),
+			req: approval(func(r *librarianv1.AgentRequest) { r.DependsOn = []string{"design-zzz"} }), wantState: governance.Approved, confidence: 0.85},
 		{name: "deviations rejected in strict mode", req: approval(func(r *librarianv1.AgentRequest) { r.Deviations = []*structpb.Struct{deviation} }),
 			wantState: governance.Rejected, wantRule: "deviations_not_allowed"},
 		{name: "deviations escalated when not strict", protocol: ptr(compliance(func(c *policy.Compliance) { c.StrictMode = false })),
@@ -239,8 +248,11 @@ func TestPipelineDecisions(t *testing.T) {
 			if tt.confidence != 0 && d.Confidence != tt.confidence {
 				t.Fatalf("confidence %g, want %g", d.Confidence, tt.confidence)
 			}
-			if tt.name == "a cycle is rejected with its path" && !strings.Contains(d.Feedback, "design-a → design-b → design-a") {
+			if strings.HasPrefix(tt.name, "a cycle") && !strings.Contains(d.Feedback, "design-a → design-b → design-a") {
 				t.Fatalf("feedback %q does not show the cycle", d.Feedback)
+			}
+			if tt.name == "a cycle through depends_on is rejected with its path" && d.Violations[0].GetField() != "depends_on" {
+				t.Fatalf("the cycle's violation names field %q, want depends_on", d.Violations[0].GetField())
 			}
 			if tt.name == "deviations accepted as constraints" && len(d.Constraints) != 1 {
 				t.Fatalf("constraints %v", d.Constraints)
@@ -293,6 +305,8 @@ func TestCheckShape(t *testing.T) {
 		{"deviations", &librarianv1.AgentRequest{Deviations: []*structpb.Struct{dev, dev}}, 400, "too_many_deviations"},
 		{"non-string deviation", &librarianv1.AgentRequest{Deviations: []*structpb.Struct{nonString}}, 400, "invalid_deviation"},
 		{"empty reference", &librarianv1.AgentRequest{References: []string{""}}, 400, "invalid_entry"},
+		{"dependencies", &librarianv1.AgentRequest{DependsOn: []string{"a", "b", "c"}}, 400, "too_many_dependencies"},
+		{"empty dependency", &librarianv1.AgentRequest{DependsOn: []string{""}}, 400, "invalid_entry"},
 		{"long id", &librarianv1.AgentRequest{SessionId: strings.Repeat("s", 200)}, 400, "field_too_long"},
 	}
 	for _, tt := range tests {

@@ -94,10 +94,13 @@ func CheckShape(r *librarianv1.AgentRequest, limits policy.Limits) *InputError {
 	if n := len(r.GetReferences()); n > limits.MaxReferences {
 		return badInput("references", "too_many_references", "%d references; max_references is %d", n, limits.MaxReferences)
 	}
+	if n := len(r.GetDependsOn()); n > limits.MaxReferences {
+		return badInput("depends_on", "too_many_dependencies", "%d depends_on entries; max_references is %d", n, limits.MaxReferences)
+	}
 	if n := len(r.GetDeviations()); n > limits.MaxDeviations {
 		return badInput("deviations", "too_many_deviations", "%d deviations; max_deviations is %d", n, limits.MaxDeviations)
 	}
-	for field, list := range map[string][]string{"references": r.GetReferences(), "context_used": r.GetContextUsed(), "changes_made": r.GetChangesMade()} {
+	for field, list := range map[string][]string{"references": r.GetReferences(), "depends_on": r.GetDependsOn(), "context_used": r.GetContextUsed(), "changes_made": r.GetChangesMade()} {
 		if (field == "context_used" && len(list) > maxContextUsed) || (field == "changes_made" && len(list) > maxChangesMade) {
 			return badInput(field, "too_many_entries", "%s has %d entries", field, len(list))
 		}

@@ -222,18 +222,19 @@ func (c ContentFormat) Check(_ context.Context, in *Input) (Outcome, error) {
 	return out, nil
 }
 
-// References checks that every referenced specification is a graph node;
-// unknown ones reject under enforce_references, otherwise they warn.
+// References checks that every referenced specification, and every node
+// the target declares it depends on, is a graph node; unknown ones reject
+// under enforce_references, otherwise they warn.
 type References struct{ Graph Graph }
 
 func (References) Name() string { return "references" }
 
 func (r References) Check(ctx context.Context, in *Input) (Outcome, error) {
-	refs := in.Request.GetReferences()
-	if len(refs) == 0 {
+	refs, deps := in.Request.GetReferences(), in.Request.GetDependsOn()
+	if len(refs)+len(deps) == 0 {
 		return Outcome{}, nil
 	}
-	missing, err := r.Graph.Missing(ctx, refs)
+	missing, err := r.Graph.Missing(ctx, append(slices.Clone(refs), deps...))
 	if err != nil || len(missing) == 0 {
 		return Outcome{}, err
 	}
@@ -243,7 +244,12 @@ func (r References) Check(ctx context.Context, in *Input) (Outcome, error) {
 	}
 	out := Outcome{Verdict: verdict, Suggestions: []string{"Query the available specifications first (POST /agent/context) and cite their ids."}}
 	for _, id := range missing {
-		out.Violations = append(out.Violations, violation("invalid_reference", "references", severity, "invalid reference: %q is not in the knowledge graph", clip(id)))
+		if slices.Contains(refs, id) {
+			out.Violations = append(out.Violations, violation("invalid_reference", "references", severity, "invalid reference: %q is not in the knowledge graph", clip(id)))
+		}
+		if slices.Contains(deps, id) {
+			out.Violations = append(out.Violations, violation("invalid_dependency", "depends_on", severity, "invalid dependency: %q is not in the knowledge graph", clip(id)))
+		}
 	}
 	return out, nil
 }
@@ -362,24 +368,32 @@ func Slug(title string) string {
 	return b.String()
 }
 
-// DependencyCycle rejects a change whose references would close a cycle
-// of depends-on edges in the graph.
+// DependencyCycle rejects a change whose edges (its references and its
+// depends_on) would close a cycle of references/depends-on edges in the
+// graph.
 type DependencyCycle struct{ Graph Graph }
 
 func (DependencyCycle) Name() string { return "dependency_cycle" }
 
 func (c DependencyCycle) Check(ctx context.Context, in *Input) (Outcome, error) {
 	req := in.Request
-	if in.Subject == "" || len(req.GetReferences()) == 0 || (req.GetAction() != ActionCreate && req.GetAction() != ActionModify) {
+	edges := append(slices.Clone(req.GetReferences()), req.GetDependsOn()...)
+	if in.Subject == "" || len(edges) == 0 || (req.GetAction() != ActionCreate && req.GetAction() != ActionModify) {
 		return Outcome{}, nil
 	}
-	cycle, err := c.Graph.Cycle(ctx, in.Subject, req.GetReferences())
+	cycle, err := c.Graph.Cycle(ctx, in.Subject, edges)
 	if err != nil || cycle == nil {
 		return Outcome{}, err
 	}
+	// The field is the one holding the cycle's first edge, out of the
+	// target.
+	field := "references"
+	if !slices.Contains(req.GetReferences(), cycle[1]) {
+		field = "depends_on"
+	}
 	return Outcome{Verdict: Reject,
-		Violations:  []*librarianv1.ViolationDetail{violation("circular_dependency", "references", "error", "circular dependency detected: %s", strings.Join(cycle, " → "))},
-		Suggestions: []string{"Review the dependency chain and drop or restructure a reference to avoid the cycle."}}, nil
+		Violations:  []*librarianv1.ViolationDetail{violation("circular_dependency", field, "error", "circular dependency detected: %s", strings.Join(cycle, " → "))},
+		Suggestions: []string{"Review the dependency chain and drop or restructure a reference or dependency to avoid the cycle."}}, nil
 }
 
 // DeviationsAndRisk decides what a change that departs from the standards,

@@ -8,6 +8,7 @@ package requests
 import (
 	"context"
 	"crypto/rand"
+	"crypto/sha256"
 	"encoding/base32"
 	"encoding/json"
 	"errors"
@@ -67,9 +68,12 @@ type Record struct {
 	// Outbox holds the events of the last changes (encoded envelopes) until
 	// they are published; it is written with the change itself, so an
 	// event is never lost between the two.
-	Outbox    []json.RawMessage `json:"outbox,omitempty"`
-	CreatedAt time.Time         `json:"created_at"`
-	UpdatedAt time.Time         `json:"updated_at"`
+	Outbox []json.RawMessage `json:"outbox,omitempty"`
+	// ReviewBy is when an escalated request expires without a human
+	// decision (timeouts.escalation after it was escalated).
+	ReviewBy  time.Time `json:"review_by,omitzero"`
+	CreatedAt time.Time `json:"created_at"`
+	UpdatedAt time.Time `json:"updated_at"`
 	// Version is the store's, for conditional updates.
 	Version int64 `json:"-"`
 }
@@ -122,14 +126,30 @@ type Store struct {
 	now func() time.Time
 }
 
-// New returns a Store over st; Table must exist.
-func New(st store.Store) *Store { return &Store{st: st, now: time.Now} }
+// New returns a Store over st; Table must exist. now is the clock of the
+// records' times (nil: time.Now).
+func New(st store.Store, now func() time.Time) *Store {
+	if now == nil {
+		now = time.Now
+	}
+	return &Store{st: st, now: now}
+}
 
 // NewID returns a fresh request id.
 func NewID() string {
 	b := make([]byte, 10)
 	_, _ = rand.Read(b)
 	return "req-" + strings.ToLower(base32.StdEncoding.WithPadding(base32.NoPadding).EncodeToString(b))
+}
+
+// RetryID returns the request id of a submission that carries an
+// idempotency key (the Idempotency-Key header, or the request itself when
+// it is stamped with the seed's timestamp): the same agent sending the same
+// key gets the same id, so a retry after a lost answer finds the request
+// stored by the first attempt instead of creating a second one.
+func RetryID(agentID string, key []byte) string {
+	sum := sha256.Sum256(append(append([]byte(agentID), 0), key...))
+	return "req-" + strings.ToLower(base32.StdEncoding.WithPadding(base32.NoPadding).EncodeToString(sum[:10]))
 }
 
 // ValidID reports whether id could be a request id, so that client input
@@ -155,7 +175,8 @@ func indexKey(state governance.State, created time.Time, id string) store.Key {
 // indexed are the states listed by List.
 var indexed = map[governance.State]bool{governance.Escalated: true}
 
-// Create stores a new request.
+// Create stores a new request. A request with the same id already stored
+// is an error wrapping store.ErrConditionFailed.
 func (s *Store) Create(ctx context.Context, r Record) (Record, error) {
 	now := s.now().UTC()
 	r.CreatedAt, r.UpdatedAt = now, now
@@ -220,10 +241,25 @@ func (s *Store) Owner(ctx context.Context, id string) (string, bool, error) {
 // change sees the current record; an error from it (such as an illegal
 // transition) is returned as it is, and nothing is written.
 func (s *Store) Update(ctx context.Context, id string, change func(*Record) error) (Record, error) {
+	return s.update(ctx, id, nil, change)
+}
+
+// UpdateFrom is Update starting from cur, the record as the caller last
+// read or wrote it: when nothing changed it since, that saves the read.
+func (s *Store) UpdateFrom(ctx context.Context, cur Record, change func(*Record) error) (Record, error) {
+	return s.update(ctx, cur.ID, &cur, change)
+}
+
+func (s *Store) update(ctx context.Context, id string, known *Record, change func(*Record) error) (Record, error) {
 	for range 5 {
-		cur, err := s.Get(ctx, id)
-		if err != nil {
-			return cur, err
+		var cur Record
+		if known != nil {
+			cur, known = *known, nil
+		} else {
+			var err error
+			if cur, err = s.Get(ctx, id); err != nil {
+				return cur, err
+			}
 		}
 		next := cur
 		if err := change(&next); err != nil {

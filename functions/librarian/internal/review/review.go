@@ -223,6 +223,7 @@ button{font-size:1rem;padding:.4rem 1rem;margin-right:.5rem}.done{background:#e6
 <tr><th>Rationale</th><td>{{.R.Request.Rationale}}</td></tr>
 <tr><th>Risk</th><td>{{.R.Request.GetRiskAssessment}}</td></tr>
 <tr><th>References</th><td>{{range .R.Request.References}}<code>{{.}}</code> {{else}}none{{end}}</td></tr>
+<tr><th>Depends on</th><td>{{range .R.Request.DependsOn}}<code>{{.}}</code> {{else}}none{{end}}</td></tr>
 <tr><th>Escalated because</th><td>{{.R.Response.GetEscalationReason}}</td></tr>
 <tr><th>Confidence</th><td>{{printf "%.2f" .R.Response.Confidence}}</td></tr>
 </table>

@@ -57,7 +57,10 @@ type AgentRequest struct {
 	// REPORT only: whether the work completed.
 	Completed *bool `protobuf:"varint,16,opt,name=completed,proto3,oneof" json:"completed,omitempty"`
 	// REPORT only: what changed.
-	ChangesMade   []string `protobuf:"bytes,17,rep,name=changes_made,json=changesMade,proto3" json:"changes_made,omitempty"`
+	ChangesMade []string `protobuf:"bytes,17,rep,name=changes_made,json=changesMade,proto3" json:"changes_made,omitempty"`
+	// IDs of graph nodes the target depends on: its depends-on edges, which
+	// an approved create or modify writes into the knowledge graph.
+	DependsOn     []string `protobuf:"bytes,18,rep,name=depends_on,json=dependsOn,proto3" json:"depends_on,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -207,6 +210,13 @@ func (x *AgentRequest) GetCompleted() bool {
 func (x *AgentRequest) GetChangesMade() []string {
 	if x != nil {
 		return x.ChangesMade
+	}
+	return nil
+}
+
+func (x *AgentRequest) GetDependsOn() []string {
+	if x != nil {
+		return x.DependsOn
 	}
 	return nil
 }
@@ -801,7 +811,7 @@ var File_conclave_librarian_v1_librarian_proto protoreflect.FileDescriptor
 
 const file_conclave_librarian_v1_librarian_proto_rawDesc = "" +
 	"\n" +
-	"%conclave/librarian/v1/librarian.proto\x12\x15conclave.librarian.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xad\x05\n" +
+	"%conclave/librarian/v1/librarian.proto\x12\x15conclave.librarian.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xcc\x05\n" +
 	"\fAgentRequest\x12\x19\n" +
 	"\bagent_id\x18\x01 \x01(\tR\aagentId\x12\x1d\n" +
 	"\n" +
@@ -828,7 +838,9 @@ const file_conclave_librarian_v1_librarian_proto_rawDesc = "" +
 	"\n" +
 	"request_id\x18\x0f \x01(\tR\trequestId\x12!\n" +
 	"\tcompleted\x18\x10 \x01(\bH\x03R\tcompleted\x88\x01\x01\x12!\n" +
-	"\fchanges_made\x18\x11 \x03(\tR\vchangesMadeB\x0e\n" +
+	"\fchanges_made\x18\x11 \x03(\tR\vchangesMade\x12\x1d\n" +
+	"\n" +
+	"depends_on\x18\x12 \x03(\tR\tdependsOnB\x0e\n" +
 	"\f_target_pathB\f\n" +
 	"\n" +
 	"_target_idB\x12\n" +

@@ -26,6 +26,11 @@ type Options struct {
 	// notification, when the client asked for them with a progress token.
 	ProgressInterval time.Duration
 	Logger           *slog.Logger
+	// Calls, when it ends, cancels every running tool call. A call's own
+	// context ends only with its session or when the client cancels it,
+	// so this is how a stopping server takes its agents down. Nil means
+	// never.
+	Calls context.Context
 }
 
 // New returns an MCP server with r's tools.
@@ -44,7 +49,7 @@ func New(r *tools.Runner, opts Options) *mcp.Server {
 			Name:        a.Name,
 			Description: a.Description,
 			InputSchema: a.InputSchema,
-		}, callHandler(r, a, opts.ProgressInterval))
+		}, callHandler(r, a, opts.ProgressInterval, opts.Calls))
 	}
 	s.AddTool(&mcp.Tool{
 		Name:        agentconfig.HealthCheckTool,
@@ -70,8 +75,14 @@ func New(r *tools.Runner, opts Options) *mcp.Server {
 	return s
 }
 
-func callHandler(r *tools.Runner, a *agentconfig.Agent, interval time.Duration) mcp.ToolHandler {
+func callHandler(r *tools.Runner, a *agentconfig.Agent, interval time.Duration, calls context.Context) mcp.ToolHandler {
 	return func(ctx context.Context, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+		if calls != nil {
+			var cancel context.CancelFunc
+			ctx, cancel = context.WithCancel(ctx)
+			defer cancel()
+			defer context.AfterFunc(calls, cancel)()
+		}
 		if token := req.Params.GetProgressToken(); token != nil && req.Session != nil {
 			stop := reportProgress(ctx, req.Session, token, a, interval)
 			defer stop()
