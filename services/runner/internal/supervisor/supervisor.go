@@ -270,6 +270,9 @@ type session struct {
 	killed  string // why the process was killed, once it was
 	prompts chan string
 	done    chan struct{}
+	// cancelKilled: the process was killed because it ignored a cancel, so
+	// its turn ends stopped, as asked, rather than failed.
+	cancelKilled bool
 	// launchSpan is the worker's span, which updates join.
 	launchSpan trace.SpanContext
 }
@@ -317,6 +320,9 @@ func (ss *session) cancel(reason string) {
 		still := ss.turning
 		ss.mu.Unlock()
 		if still {
+			ss.mu.Lock()
+			ss.cancelKilled = true
+			ss.mu.Unlock()
 			ss.kill(fmt.Sprintf("the agent ignored session/cancel for %s", ss.s.o.CancelGrace))
 		}
 	})
@@ -589,15 +595,20 @@ func (ss *session) turn(ctx context.Context, client *acp.Client, message string)
 		status = records.StatusStopped
 	case acp.StopError:
 		status, errText = records.StatusFailed, t.Message
+		if errors.Is(err, context.DeadlineExceeded) {
+			errText = protocolFailure("session/prompt", err, ss.s.o.ProtocolTimeout)
+		}
 	default:
 		// max_tokens, max_turn_requests, refusal: the turn ended, short.
 		errText = "stop reason: " + t.StopReason
 	}
 	if why := ss.killedWhy(); why != "" {
 		status, errText = records.StatusFailed, why
-		if t.StopReason == acp.StopCancelled {
+		ss.mu.Lock()
+		if t.StopReason == acp.StopCancelled || ss.cancelKilled {
 			status = records.StatusStopped
 		}
+		ss.mu.Unlock()
 	}
 	ss.setStatus(ctx, func(in *records.Instance) {
 		in.Status, in.Error, in.FinishedAt = status, errText, time.Now().UTC()
@@ -607,7 +618,7 @@ func (ss *session) turn(ctx context.Context, client *acp.Client, message string)
 	})
 	if err != nil && (errors.Is(err, acp.ErrAgentGone) || errors.Is(err, context.DeadlineExceeded)) {
 		if errors.Is(err, context.DeadlineExceeded) {
-			return "dead_protocol", protocolFailure("session/prompt", err, ss.s.o.ProtocolTimeout)
+			return "dead_protocol", errText
 		}
 		if status == records.StatusStopped {
 			return "cancelled", ""
