@@ -273,6 +273,8 @@ type session struct {
 	// cancelKilled: the process was killed because it ignored a cancel, so
 	// its turn ends stopped, as asked, rather than failed.
 	cancelKilled bool
+	// turns numbers turns, so that a cancel's grace applies to its own.
+	turns int
 	// launchSpan is the worker's span, which updates join.
 	launchSpan trace.SpanContext
 }
@@ -293,6 +295,7 @@ func (ss *session) prompt(message string) error {
 	select {
 	case ss.prompts <- message:
 		ss.turning = true
+		ss.turns++
 		return nil
 	default:
 		return fmt.Errorf("instance %s has a prompt waiting: %w", ss.launch.ID, ErrBusy)
@@ -301,7 +304,7 @@ func (ss *session) prompt(message string) error {
 
 func (ss *session) cancel(reason string) {
 	ss.mu.Lock()
-	client, turning := ss.client, ss.turning
+	client, turning, turnNo := ss.client, ss.turning, ss.turns
 	ss.mu.Unlock()
 	if client == nil {
 		ss.kill("cancelled while starting: " + reason)
@@ -317,7 +320,7 @@ func (ss *session) cancel(reason string) {
 	}
 	grace := time.AfterFunc(ss.s.o.CancelGrace, func() {
 		ss.mu.Lock()
-		still := ss.turning
+		still := ss.turning && ss.turns == turnNo
 		ss.mu.Unlock()
 		if still {
 			ss.mu.Lock()
@@ -548,6 +551,7 @@ func (ss *session) drive(ctx context.Context, client *acp.Client, typ agenttype.
 	if message != "" || client.Dialect() == acp.DialectLegacy {
 		ss.mu.Lock()
 		ss.turning = true
+		ss.turns++
 		ss.mu.Unlock()
 		if out, why := ss.turn(ctx, client, message); out != "" {
 			return out, why
