@@ -362,6 +362,11 @@ func Confine(root, path string) (string, error) {
 	clean := filepath.Clean(path)
 	resolved, err := filepath.EvalSymlinks(clean)
 	if errors.Is(err, os.ErrNotExist) {
+		if info, lerr := os.Lstat(clean); lerr == nil && info.Mode()&os.ModeSymlink != 0 {
+			// A dangling link: writing through it would create its target,
+			// wherever that is.
+			return "", fmt.Errorf("%s: %w: a symbolic link to a missing file", path, ErrOutsideRoot)
+		}
 		var dir string
 		dir, err = filepath.EvalSymlinks(filepath.Dir(clean))
 		resolved = filepath.Join(dir, filepath.Base(clean))
