@@ -25,6 +25,9 @@ import (
 // agentBin is examples/acp-agent, built once for every test.
 var agentBin string
 
+// runnerBin is cmd/runner, for the tests that kill the process.
+var runnerBin string
+
 // repoRoot is the repository's root, for node_modules.
 var repoRoot string
 
@@ -41,6 +44,14 @@ func TestMain(m *testing.M) {
 	build.Stderr = os.Stderr
 	if err := build.Run(); err != nil {
 		fmt.Fprintln(os.Stderr, "building examples/acp-agent:", err)
+		os.Exit(1)
+	}
+	runnerBin = filepath.Join(dir, "runner")
+	build = exec.Command("go", "build", "-o", runnerBin, "./cmd/runner")
+	build.Dir = filepath.Join(wd, "..")
+	build.Stderr = os.Stderr
+	if err := build.Run(); err != nil {
+		fmt.Fprintln(os.Stderr, "building cmd/runner:", err)
 		os.Exit(1)
 	}
 	code := m.Run()
