@@ -131,6 +131,12 @@ func (w tWriter) Write(p []byte) (int, error) {
 // queue, with a workspace root of its own.
 func startRunner(t *testing.T, overrides map[string]string) *testRunner {
 	t.Helper()
+	return startRunnerWith(t, overrides, nil)
+}
+
+// startRunnerWith is startRunner with a telemetry provider (nil: its own).
+func startRunnerWith(t *testing.T, overrides map[string]string, tel *telemetry.Provider) *testRunner {
+	t.Helper()
 	dir := t.TempDir()
 	root := filepath.Join(dir, "workspaces")
 	if err := os.MkdirAll(root, 0o755); err != nil {
@@ -156,9 +162,10 @@ func startRunner(t *testing.T, overrides map[string]string) *testRunner {
 			t.Fatal(err)
 		}
 	}
-	tel, err := telemetry.New(ctx, telemetry.Config{ServiceName: "runner-test"})
-	if err != nil {
-		t.Fatal(err)
+	if tel == nil {
+		if tel, err = telemetry.New(ctx, telemetry.Config{ServiceName: "runner-test"}); err != nil {
+			t.Fatal(err)
+		}
 	}
 	logger := slog.New(slog.DiscardHandler)
 	if testing.Verbose() {

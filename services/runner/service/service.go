@@ -146,6 +146,7 @@ func New(cfg Config, deps Deps, opts ...server.Option) (*Runner, error) {
 		Workers: cfg.Workers, Visibility: cfg.LaunchRetry, ProtocolTimeout: cfg.ProtocolTimeout,
 		CancelGrace: cfg.CancelGrace, IdleTimeout: cfg.IdleTimeout, MaxLine: cfg.MaxLineBytes,
 		Source: "runner/" + serverID, Logger: logger, Metrics: metrics.New(tel.Meter("runner")),
+		TracerProvider: tel.TracerProvider(),
 	})
 
 	grpcOpts := tel.GRPCServerOptions()

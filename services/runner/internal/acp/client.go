@@ -120,7 +120,7 @@ type Client struct {
 	turnDone chan Turn
 	// cancelled marks the turn in progress as cancelled, so that pending
 	// permission requests are answered with the cancelled outcome.
-	cancelled bool
+	cancelled    bool
 	capabilities AgentCapabilities
 }
 
@@ -201,10 +201,10 @@ func (c *Client) call(ctx context.Context, method string, params, result any) er
 // protocolVersion and clientCapabilities, and seed 002's clientInfo and
 // capabilities (a kandev agent reads only what it knows).
 type initializeParams struct {
-	ProtocolVersion    any                    `json:"protocolVersion"`
-	ClientInfo         map[string]string      `json:"clientInfo"`
+	ProtocolVersion    any               `json:"protocolVersion"`
+	ClientInfo         map[string]string `json:"clientInfo"`
 	ClientCapabilities map[string]any    `json:"clientCapabilities"`
-	Capabilities       map[string]bool        `json:"capabilities,omitempty"`
+	Capabilities       map[string]bool   `json:"capabilities,omitempty"`
 }
 
 type initializeResult struct {

@@ -39,19 +39,19 @@ const (
 
 // Type is one registry entry. The YAML keys are seed 002's field names.
 type Type struct {
-	ID           string            `yaml:"id"`
-	Name         string            `yaml:"name"`
-	Description  string            `yaml:"description"`
-	Image        string            `yaml:"image"`
-	Command      []string          `yaml:"command"`
-	WorkingDir   string            `yaml:"working_dir"`
-	MemoryMB     int               `yaml:"memory_mb"`
-	CPUCores     float64           `yaml:"cpu_cores"`
-	Timeout      time.Duration     `yaml:"timeout"`
-	Capabilities []string          `yaml:"capabilities"`
-	RequiredEnv  []string          `yaml:"required_env"`
-	Protocol     string            `yaml:"protocol"`
-	Enabled      bool              `yaml:"enabled"`
+	ID           string        `yaml:"id"`
+	Name         string        `yaml:"name"`
+	Description  string        `yaml:"description"`
+	Image        string        `yaml:"image"`
+	Command      []string      `yaml:"command"`
+	WorkingDir   string        `yaml:"working_dir"`
+	MemoryMB     int           `yaml:"memory_mb"`
+	CPUCores     float64       `yaml:"cpu_cores"`
+	Timeout      time.Duration `yaml:"timeout"`
+	Capabilities []string      `yaml:"capabilities"`
+	RequiredEnv  []string      `yaml:"required_env"`
+	Protocol     string        `yaml:"protocol"`
+	Enabled      bool          `yaml:"enabled"`
 	// Env is set for every instance of the type, under the launch's env.
 	Env map[string]string `yaml:"env"`
 	// Permission answers session/request_permission (ACP): allow, deny or

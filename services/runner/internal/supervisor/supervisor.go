@@ -59,7 +59,9 @@ type Options struct {
 	MaxLine int
 	Source  string
 	Logger  *slog.Logger
-	Metrics Metrics
+	// TracerProvider makes the workers' consumer spans.
+	TracerProvider trace.TracerProvider
+	Metrics        Metrics
 }
 
 // Metrics is told of what the supervisor does.
@@ -116,7 +118,7 @@ func (s *Supervisor) Run(ctx context.Context) error {
 		s.stopOnce.Do(func() { close(s.stopping) })
 	}()
 	err := queue.Consume(ctx, s.o.Queue, s.o.LaunchQueue, s.handle, queue.ConsumerOptions{
-		Workers: s.o.Workers, Visibility: s.o.Visibility, Logger: s.log})
+		Workers: s.o.Workers, Visibility: s.o.Visibility, Logger: s.log, TracerProvider: s.o.TracerProvider})
 	flush, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	s.events.Close(flush)
