@@ -16,6 +16,9 @@
 //	               not UTF-8, an oversized line, an update before
 //	               initialize, a response to an unknown id
 //
+// -flood N makes a turn stream N agent_message_chunk notifications as fast
+// as it can, and nothing else, for the runner's benchmarks.
+//
 // It logs to stderr, including the TRACEPARENT it was given, and puts a
 // child of that trace in params._meta.traceparent of its notifications.
 package main
@@ -45,6 +48,7 @@ type message struct {
 
 type agent struct {
 	dialect, mode string
+	flood         int
 	traceparent   string
 	out           *bufio.Writer
 	mu            sync.Mutex
@@ -59,8 +63,9 @@ type agent struct {
 func main() {
 	dialect := flag.String("dialect", "acp", "acp, kandev or legacy")
 	mode := flag.String("mode", "normal", "normal, slow-tool, ignore-cancel, hang, hang-init, crash or junk")
+	flood := flag.Int("flood", 0, "stream this many chunks per turn and nothing else")
 	flag.Parse()
-	a := &agent{dialect: *dialect, mode: *mode, out: bufio.NewWriterSize(os.Stdout, 64<<10), pending: map[string]chan message{}}
+	a := &agent{dialect: *dialect, mode: *mode, flood: *flood, out: bufio.NewWriterSize(os.Stdout, 64<<10), pending: map[string]chan message{}}
 	if tp := os.Getenv("TRACEPARENT"); tp != "" {
 		a.traceparent = childTraceparent(tp)
 		fmt.Fprintln(os.Stderr, "acp-agent: TRACEPARENT", tp)
@@ -228,6 +233,10 @@ func (a *agent) update(acpUpdate map[string]any, kandevType string, kandevData m
 }
 
 func (a *agent) turn(m message) {
+	if a.flood > 0 {
+		a.floodTurn(m)
+		return
+	}
 	text := a.prompt(m.Params)
 	if a.mode == "hang" {
 		fmt.Fprintln(os.Stderr, "acp-agent: hanging on purpose")
@@ -323,4 +332,18 @@ func (a *agent) junk() {
 	a.out.WriteString("\n")
 	a.out.Flush()
 	a.mu.Unlock()
+}
+
+// floodTurn writes a.flood chunks through one buffer, flushed when full, so
+// that the reader, not the writer, is what a benchmark measures.
+func (a *agent) floodTurn(m message) {
+	line := []byte(`{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"` + a.sessionID +
+		`","update":{"sessionUpdate":"agent_message_chunk","content":{"type":"text","text":"a chunk of streamed text, typical of a model's output"}}}}` + "\n")
+	a.mu.Lock()
+	for range a.flood {
+		a.out.Write(line)
+	}
+	a.out.Flush()
+	a.mu.Unlock()
+	a.respond(m.ID, map[string]any{"stopReason": "end_turn"})
 }

@@ -18,29 +18,6 @@ import (
 // to belong to does not exist yet.
 var errNotYet = &jsonrpc.Error{Code: jsonrpc.InvalidRequest, Message: "Invalid Request: initialize has not completed"}
 
-// acpUpdate is the part of an ACP session/update the runner reads. It is
-// decoded with one json.Unmarshal rather than through the SDK's
-// SessionUpdate, whose union decoding parses every notification three
-// times (see docs/runner.md); that is the runner's hot path.
-type acpUpdate struct {
-	SessionID string `json:"sessionId"`
-	Update    struct {
-		SessionUpdate string          `json:"sessionUpdate"`
-		Content       json.RawMessage `json:"content"`
-		ToolCallID    string          `json:"toolCallId"`
-		Title         string          `json:"title"`
-		Status        string          `json:"status"`
-		Entries       []struct {
-			Status string `json:"status"`
-		} `json:"entries"`
-	} `json:"update"`
-}
-
-type textBlock struct {
-	Type string `json:"type"`
-	Text string `json:"text"`
-}
-
 type kandevUpdate struct {
 	Type string `json:"type"`
 	Data struct {
@@ -89,25 +66,66 @@ func (c *Client) handleUpdate(ctx context.Context, req *jsonrpc.Request) (any, e
 	return nil, nil
 }
 
+// decodeACP reads an ACP session/update with the walker of scan.go rather
+// than encoding/json or the SDK's SessionUpdate (whose union decoding parses
+// every notification three times): this is the runner's hot path (see
+// docs/runner.md and bench_test.go).
 func decodeACP(params []byte) (Update, error) {
-	var n acpUpdate
-	if err := json.Unmarshal(params, &n); err != nil {
+	u := Update{Progress: -1}
+	var (
+		update []byte
+		err    error
+	)
+	if err = eachMember(params, func(k, v []byte) bool {
+		if string(k) == "update" {
+			update = v
+			return false
+		}
+		return true
+	}); err != nil {
 		return Update{}, err
 	}
-	v := &n.Update
-	u := Update{Progress: -1, ToolCallID: v.ToolCallID, ToolName: v.Title, ToolStatus: v.Status}
-	switch v.SessionUpdate {
+	if update == nil {
+		return Update{}, errors.New("update is missing")
+	}
+	var (
+		kind, content, entries []byte
+	)
+	if err = eachMember(update, func(k, v []byte) bool {
+		switch string(k) {
+		case "sessionUpdate":
+			kind = v
+		case "content":
+			content = v
+		case "toolCallId":
+			u.ToolCallID = str(v)
+		case "title":
+			u.ToolName = str(v)
+		case "status":
+			u.ToolStatus = str(v)
+		case "entries":
+			entries = v
+		}
+		return true
+	}); err != nil {
+		return Update{}, err
+	}
+	switch str(kind) {
 	case "agent_message_chunk", "agent_thought_chunk":
 		u.Kind = KindContent
-		if v.SessionUpdate == "agent_thought_chunk" {
+		if str(kind) == "agent_thought_chunk" {
 			u.Kind = KindThought
 		}
-		if len(v.Content) > 0 && v.Content[0] == '{' {
-			var b textBlock
-			if err := json.Unmarshal(v.Content, &b); err != nil {
+		if len(content) > 0 && content[0] == '{' {
+			if err := eachMember(content, func(k, v []byte) bool {
+				if string(k) == "text" {
+					u.Text = str(v)
+					return false
+				}
+				return true
+			}); err != nil {
 				return Update{}, err
 			}
-			u.Text = b.Text
 		}
 	case "tool_call":
 		u.Kind = KindToolCall
@@ -115,14 +133,23 @@ func decodeACP(params []byte) (Update, error) {
 		u.Kind = KindToolCallUpdate
 	case "plan":
 		u.Kind = KindPlan
-		if len(v.Entries) > 0 {
-			done := 0
-			for _, e := range v.Entries {
-				if e.Status == "completed" {
-					done++
-				}
+		total, done := 0, 0
+		if len(entries) > 0 && entries[0] == '[' {
+			err := eachElem(entries, func(e []byte) {
+				total++
+				_ = eachMember(e, func(k, v []byte) bool {
+					if string(k) == "status" && str(v) == "completed" {
+						done++
+					}
+					return true
+				})
+			})
+			if err != nil {
+				return Update{}, err
 			}
-			u.Progress = done * 100 / len(v.Entries)
+		}
+		if total > 0 {
+			u.Progress = done * 100 / total
 		}
 	case "":
 		return Update{}, errors.New("update.sessionUpdate is missing")
