@@ -193,17 +193,24 @@ func (s *Server) LaunchAgent(ctx context.Context, req *runnerv1.LaunchAgentReque
 	if id := req.GetEnv()["AUGGIE_SESSION_ID"]; id != "" && in.SessionID == "" {
 		in.SessionID = id
 	}
-	if err := s.rec.CreateInstance(ctx, in); err != nil {
-		return nil, internal(err)
+	// The two writes at once: the embedded store commits them together.
+	taskErr := make(chan error, 1)
+	go func() {
+		_, err := s.rec.UpdateTask(ctx, in.TaskID, func(t *records.Task) {
+			t.AgentType, t.Status = typ.ID, records.StatusStarting
+			t.InstanceIDs = append(t.InstanceIDs, in.ID)
+			if t.Metadata == nil {
+				t.Metadata = map[string]any{}
+			}
+			maps.Copy(t.Metadata, in.Metadata)
+		})
+		taskErr <- err
+	}()
+	err = s.rec.CreateInstance(ctx, in)
+	if terr := <-taskErr; err == nil {
+		err = terr
 	}
-	if _, err := s.rec.UpdateTask(ctx, in.TaskID, func(t *records.Task) {
-		t.AgentType, t.Status = typ.ID, records.StatusStarting
-		t.InstanceIDs = append(t.InstanceIDs, in.ID)
-		if t.Metadata == nil {
-			t.Metadata = map[string]any{}
-		}
-		maps.Copy(t.Metadata, in.Metadata)
-	}); err != nil {
+	if err != nil {
 		return nil, internal(err)
 	}
 	if err := s.sup.Enqueue(ctx, in.ID, 1); err != nil {

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"reflect"
 	"sync"
 	"time"
 
@@ -360,6 +361,14 @@ func (ss *session) killedWhy() string {
 func (ss *session) setStatus(ctx context.Context, fn func(in *records.Instance)) {
 	ss.stMu.Lock()
 	defer ss.stMu.Unlock()
+	// A change that changes nothing costs no write: each is a durable commit.
+	if ss.in != nil {
+		probe := *ss.in
+		fn(&probe)
+		if reflect.DeepEqual(&probe, ss.in) {
+			return
+		}
+	}
 	in, err := ss.s.o.Records.UpdateInstance(ctx, ss.launch.ID, func(in *records.Instance) error {
 		fn(in)
 		return nil
@@ -449,7 +458,6 @@ func (ss *session) run(ctx context.Context) error {
 		OnUpdate: ss.onUpdate, OnDrop: o.Metrics.Drop, Logger: ss.s.log.With("instance_id", ss.launch.ID),
 	})
 	defer client.Close()
-	ss.setStatus(ctx, func(in *records.Instance) { in.ContainerID = proc.ID() })
 
 	outcome, reason := ss.drive(ctx, client, typ)
 	// Close stdin: a well-behaved agent exits; one that does not is killed.
@@ -530,19 +538,33 @@ func (ss *session) drive(ctx context.Context, client *acp.Client, typ agenttype.
 	ss.mu.Lock()
 	ss.client = client
 	ss.mu.Unlock()
+	ss.mu.Lock()
+	containerID := ss.proc.ID()
+	ss.mu.Unlock()
 	ss.setStatus(ctx, func(in *records.Instance) {
-		in.Status, in.SessionID, in.Dialect = records.StatusRunning, sessionID, client.Dialect()
+		in.Status, in.SessionID, in.Dialect, in.ContainerID = records.StatusRunning, sessionID, client.Dialect(), containerID
+		if message := firstNonEmpty(ss.launch.Prompt, ss.launch.Env["TASK_DESCRIPTION"]); message != "" {
+			// The turn starts now; its write would change nothing more.
+			in.Progress, in.FinishedAt, in.Error, in.Prompt = 0, time.Time{}, "", ""
+		}
 	})
 	if sessionID != "" {
-		if _, err := o.Records.UpdateTask(ctx, ss.launch.TaskID, func(t *records.Task) {
-			if t.Metadata == nil {
-				t.Metadata = map[string]any{}
+		// Beside the first turn rather than before it: the session id is for
+		// resuming later, and the turn should not wait on the write.
+		taskWritten := make(chan struct{})
+		defer func() { <-taskWritten }()
+		go func() {
+			defer close(taskWritten)
+			if _, err := o.Records.UpdateTask(ctx, ss.launch.TaskID, func(t *records.Task) {
+				if t.Metadata == nil {
+					t.Metadata = map[string]any{}
+				}
+				t.Metadata["session_id"] = sessionID
+				t.Metadata["instance_id"] = ss.launch.ID
+			}); err != nil {
+				ss.s.log.WarnContext(ctx, "runner: recording the session on the task", "task_id", ss.launch.TaskID, "error", err)
 			}
-			t.Metadata["session_id"] = sessionID
-			t.Metadata["instance_id"] = ss.launch.ID
-		}); err != nil {
-			ss.s.log.WarnContext(ctx, "runner: recording the session on the task", "task_id", ss.launch.TaskID, "error", err)
-		}
+		}()
 	}
 	o.Metrics.Launch("started")
 
