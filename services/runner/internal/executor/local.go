@@ -11,7 +11,6 @@ import (
 	"sort"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 
 	"github.com/conclave-ai/conclave/services/runner/internal/acp"
@@ -40,7 +39,7 @@ func ConfineWorkspace(roots []string, path string) (string, error) {
 	case !filepath.IsAbs(path):
 		return "", fmt.Errorf("%w: workspace_path %q must be absolute", ErrWorkspace, path)
 	case hasDotDot(path):
-		return "", fmt.Errorf("%w: workspace_path %q must not contain ..", ErrWorkspace, path)
+		return "", fmt.Errorf("%w: workspace_path %q must not contain a \"..\" element", ErrWorkspace, path)
 	}
 	resolved, err := filepath.EvalSymlinks(path)
 	if err != nil {
@@ -131,7 +130,6 @@ type localProcess struct {
 	cmd    *exec.Cmd
 	stdin  io.WriteCloser
 	stdout io.ReadCloser
-	once   sync.Once
 	done   chan struct{}
 	err    error
 }
