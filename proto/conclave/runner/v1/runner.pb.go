@@ -1360,6 +1360,106 @@ func (x *ListAgentTypesResponse) GetAgentTypes() []*AgentType {
 	return nil
 }
 
+// FollowAgentLogsRequest names an instance and how much of its tail to send
+// before the new lines.
+type FollowAgentLogsRequest struct {
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	InstanceId string                 `protobuf:"bytes,1,opt,name=instance_id,json=instanceId,proto3" json:"instance_id,omitempty"`
+	// Number of most recent lines first; 0 means the server default.
+	Tail          int32 `protobuf:"varint,2,opt,name=tail,proto3" json:"tail,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FollowAgentLogsRequest) Reset() {
+	*x = FollowAgentLogsRequest{}
+	mi := &file_conclave_runner_v1_runner_proto_msgTypes[22]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FollowAgentLogsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FollowAgentLogsRequest) ProtoMessage() {}
+
+func (x *FollowAgentLogsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_conclave_runner_v1_runner_proto_msgTypes[22]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FollowAgentLogsRequest.ProtoReflect.Descriptor instead.
+func (*FollowAgentLogsRequest) Descriptor() ([]byte, []int) {
+	return file_conclave_runner_v1_runner_proto_rawDescGZIP(), []int{22}
+}
+
+func (x *FollowAgentLogsRequest) GetInstanceId() string {
+	if x != nil {
+		return x.InstanceId
+	}
+	return ""
+}
+
+func (x *FollowAgentLogsRequest) GetTail() int32 {
+	if x != nil {
+		return x.Tail
+	}
+	return 0
+}
+
+// FollowAgentLogsResponse is one line of the stream.
+type FollowAgentLogsResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Line          *LogLine               `protobuf:"bytes,1,opt,name=line,proto3" json:"line,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FollowAgentLogsResponse) Reset() {
+	*x = FollowAgentLogsResponse{}
+	mi := &file_conclave_runner_v1_runner_proto_msgTypes[23]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FollowAgentLogsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FollowAgentLogsResponse) ProtoMessage() {}
+
+func (x *FollowAgentLogsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_conclave_runner_v1_runner_proto_msgTypes[23]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FollowAgentLogsResponse.ProtoReflect.Descriptor instead.
+func (*FollowAgentLogsResponse) Descriptor() ([]byte, []int) {
+	return file_conclave_runner_v1_runner_proto_rawDescGZIP(), []int{23}
+}
+
+func (x *FollowAgentLogsResponse) GetLine() *LogLine {
+	if x != nil {
+		return x.Line
+	}
+	return nil
+}
+
 var File_conclave_runner_v1_runner_proto protoreflect.FileDescriptor
 
 const file_conclave_runner_v1_runner_proto_rawDesc = "" +
@@ -1471,7 +1571,13 @@ const file_conclave_runner_v1_runner_proto_rawDesc = "" +
 	"\aenabled\x18\r \x01(\bR\aenabled\"X\n" +
 	"\x16ListAgentTypesResponse\x12>\n" +
 	"\vagent_types\x18\x01 \x03(\v2\x1d.conclave.runner.v1.AgentTypeR\n" +
-	"agentTypes2\xdf\a\n" +
+	"agentTypes\"M\n" +
+	"\x16FollowAgentLogsRequest\x12\x1f\n" +
+	"\vinstance_id\x18\x01 \x01(\tR\n" +
+	"instanceId\x12\x12\n" +
+	"\x04tail\x18\x02 \x01(\x05R\x04tail\"J\n" +
+	"\x17FollowAgentLogsResponse\x12/\n" +
+	"\x04line\x18\x01 \x01(\v2\x1b.conclave.runner.v1.LogLineR\x04line2\xf2\a\n" +
 	"\rRunnerService\x12^\n" +
 	"\vLaunchAgent\x12&.conclave.runner.v1.LaunchAgentRequest\x1a'.conclave.runner.v1.LaunchAgentResponse\x12^\n" +
 	"\vPromptAgent\x12&.conclave.runner.v1.PromptAgentRequest\x1a'.conclave.runner.v1.PromptAgentResponse\x12^\n" +
@@ -1481,8 +1587,8 @@ const file_conclave_runner_v1_runner_proto_rawDesc = "" +
 	"\x0fGetAgentSession\x12*.conclave.runner.v1.GetAgentSessionRequest\x1a+.conclave.runner.v1.GetAgentSessionResponse\x12R\n" +
 	"\aGetTask\x12\".conclave.runner.v1.GetTaskRequest\x1a#.conclave.runner.v1.GetTaskResponse\x12^\n" +
 	"\vDeleteAgent\x12&.conclave.runner.v1.DeleteAgentRequest\x1a'.conclave.runner.v1.DeleteAgentResponse\x12g\n" +
-	"\x0eListAgentTypes\x12).conclave.runner.v1.ListAgentTypesRequest\x1a*.conclave.runner.v1.ListAgentTypesResponse\x12Y\n" +
-	"\x0fFollowAgentLogs\x12'.conclave.runner.v1.GetAgentLogsRequest\x1a\x1b.conclave.runner.v1.LogLine0\x01BCZAgithub.com/conclave-ai/conclave/proto/conclave/runner/v1;runnerv1b\x06proto3"
+	"\x0eListAgentTypes\x12).conclave.runner.v1.ListAgentTypesRequest\x1a*.conclave.runner.v1.ListAgentTypesResponse\x12l\n" +
+	"\x0fFollowAgentLogs\x12*.conclave.runner.v1.FollowAgentLogsRequest\x1a+.conclave.runner.v1.FollowAgentLogsResponse0\x01BCZAgithub.com/conclave-ai/conclave/proto/conclave/runner/v1;runnerv1b\x06proto3"
 
 var (
 	file_conclave_runner_v1_runner_proto_rawDescOnce sync.Once
@@ -1496,7 +1602,7 @@ func file_conclave_runner_v1_runner_proto_rawDescGZIP() []byte {
 	return file_conclave_runner_v1_runner_proto_rawDescData
 }
 
-var file_conclave_runner_v1_runner_proto_msgTypes = make([]protoimpl.MessageInfo, 23)
+var file_conclave_runner_v1_runner_proto_msgTypes = make([]protoimpl.MessageInfo, 25)
 var file_conclave_runner_v1_runner_proto_goTypes = []any{
 	(*AgentInstance)(nil),           // 0: conclave.runner.v1.AgentInstance
 	(*LaunchAgentRequest)(nil),      // 1: conclave.runner.v1.LaunchAgentRequest
@@ -1520,49 +1626,52 @@ var file_conclave_runner_v1_runner_proto_goTypes = []any{
 	(*ListAgentTypesRequest)(nil),   // 19: conclave.runner.v1.ListAgentTypesRequest
 	(*AgentType)(nil),               // 20: conclave.runner.v1.AgentType
 	(*ListAgentTypesResponse)(nil),  // 21: conclave.runner.v1.ListAgentTypesResponse
-	nil,                             // 22: conclave.runner.v1.LaunchAgentRequest.EnvEntry
-	(*timestamppb.Timestamp)(nil),   // 23: google.protobuf.Timestamp
-	(*structpb.Struct)(nil),         // 24: google.protobuf.Struct
+	(*FollowAgentLogsRequest)(nil),  // 22: conclave.runner.v1.FollowAgentLogsRequest
+	(*FollowAgentLogsResponse)(nil), // 23: conclave.runner.v1.FollowAgentLogsResponse
+	nil,                             // 24: conclave.runner.v1.LaunchAgentRequest.EnvEntry
+	(*timestamppb.Timestamp)(nil),   // 25: google.protobuf.Timestamp
+	(*structpb.Struct)(nil),         // 26: google.protobuf.Struct
 }
 var file_conclave_runner_v1_runner_proto_depIdxs = []int32{
-	23, // 0: conclave.runner.v1.AgentInstance.started_at:type_name -> google.protobuf.Timestamp
-	23, // 1: conclave.runner.v1.AgentInstance.finished_at:type_name -> google.protobuf.Timestamp
-	22, // 2: conclave.runner.v1.LaunchAgentRequest.env:type_name -> conclave.runner.v1.LaunchAgentRequest.EnvEntry
-	24, // 3: conclave.runner.v1.LaunchAgentRequest.metadata:type_name -> google.protobuf.Struct
+	25, // 0: conclave.runner.v1.AgentInstance.started_at:type_name -> google.protobuf.Timestamp
+	25, // 1: conclave.runner.v1.AgentInstance.finished_at:type_name -> google.protobuf.Timestamp
+	24, // 2: conclave.runner.v1.LaunchAgentRequest.env:type_name -> conclave.runner.v1.LaunchAgentRequest.EnvEntry
+	26, // 3: conclave.runner.v1.LaunchAgentRequest.metadata:type_name -> google.protobuf.Struct
 	0,  // 4: conclave.runner.v1.LaunchAgentResponse.instance:type_name -> conclave.runner.v1.AgentInstance
 	0,  // 5: conclave.runner.v1.GetAgentStatusResponse.instance:type_name -> conclave.runner.v1.AgentInstance
-	23, // 6: conclave.runner.v1.LogLine.time:type_name -> google.protobuf.Timestamp
+	25, // 6: conclave.runner.v1.LogLine.time:type_name -> google.protobuf.Timestamp
 	10, // 7: conclave.runner.v1.GetAgentLogsResponse.lines:type_name -> conclave.runner.v1.LogLine
-	24, // 8: conclave.runner.v1.Task.metadata:type_name -> google.protobuf.Struct
-	23, // 9: conclave.runner.v1.Task.created_at:type_name -> google.protobuf.Timestamp
-	23, // 10: conclave.runner.v1.Task.updated_at:type_name -> google.protobuf.Timestamp
+	26, // 8: conclave.runner.v1.Task.metadata:type_name -> google.protobuf.Struct
+	25, // 9: conclave.runner.v1.Task.created_at:type_name -> google.protobuf.Timestamp
+	25, // 10: conclave.runner.v1.Task.updated_at:type_name -> google.protobuf.Timestamp
 	14, // 11: conclave.runner.v1.GetTaskResponse.task:type_name -> conclave.runner.v1.Task
 	20, // 12: conclave.runner.v1.ListAgentTypesResponse.agent_types:type_name -> conclave.runner.v1.AgentType
-	1,  // 13: conclave.runner.v1.RunnerService.LaunchAgent:input_type -> conclave.runner.v1.LaunchAgentRequest
-	3,  // 14: conclave.runner.v1.RunnerService.PromptAgent:input_type -> conclave.runner.v1.PromptAgentRequest
-	5,  // 15: conclave.runner.v1.RunnerService.CancelAgent:input_type -> conclave.runner.v1.CancelAgentRequest
-	7,  // 16: conclave.runner.v1.RunnerService.GetAgentStatus:input_type -> conclave.runner.v1.GetAgentStatusRequest
-	9,  // 17: conclave.runner.v1.RunnerService.GetAgentLogs:input_type -> conclave.runner.v1.GetAgentLogsRequest
-	12, // 18: conclave.runner.v1.RunnerService.GetAgentSession:input_type -> conclave.runner.v1.GetAgentSessionRequest
-	15, // 19: conclave.runner.v1.RunnerService.GetTask:input_type -> conclave.runner.v1.GetTaskRequest
-	17, // 20: conclave.runner.v1.RunnerService.DeleteAgent:input_type -> conclave.runner.v1.DeleteAgentRequest
-	19, // 21: conclave.runner.v1.RunnerService.ListAgentTypes:input_type -> conclave.runner.v1.ListAgentTypesRequest
-	9,  // 22: conclave.runner.v1.RunnerService.FollowAgentLogs:input_type -> conclave.runner.v1.GetAgentLogsRequest
-	2,  // 23: conclave.runner.v1.RunnerService.LaunchAgent:output_type -> conclave.runner.v1.LaunchAgentResponse
-	4,  // 24: conclave.runner.v1.RunnerService.PromptAgent:output_type -> conclave.runner.v1.PromptAgentResponse
-	6,  // 25: conclave.runner.v1.RunnerService.CancelAgent:output_type -> conclave.runner.v1.CancelAgentResponse
-	8,  // 26: conclave.runner.v1.RunnerService.GetAgentStatus:output_type -> conclave.runner.v1.GetAgentStatusResponse
-	11, // 27: conclave.runner.v1.RunnerService.GetAgentLogs:output_type -> conclave.runner.v1.GetAgentLogsResponse
-	13, // 28: conclave.runner.v1.RunnerService.GetAgentSession:output_type -> conclave.runner.v1.GetAgentSessionResponse
-	16, // 29: conclave.runner.v1.RunnerService.GetTask:output_type -> conclave.runner.v1.GetTaskResponse
-	18, // 30: conclave.runner.v1.RunnerService.DeleteAgent:output_type -> conclave.runner.v1.DeleteAgentResponse
-	21, // 31: conclave.runner.v1.RunnerService.ListAgentTypes:output_type -> conclave.runner.v1.ListAgentTypesResponse
-	10, // 32: conclave.runner.v1.RunnerService.FollowAgentLogs:output_type -> conclave.runner.v1.LogLine
-	23, // [23:33] is the sub-list for method output_type
-	13, // [13:23] is the sub-list for method input_type
-	13, // [13:13] is the sub-list for extension type_name
-	13, // [13:13] is the sub-list for extension extendee
-	0,  // [0:13] is the sub-list for field type_name
+	10, // 13: conclave.runner.v1.FollowAgentLogsResponse.line:type_name -> conclave.runner.v1.LogLine
+	1,  // 14: conclave.runner.v1.RunnerService.LaunchAgent:input_type -> conclave.runner.v1.LaunchAgentRequest
+	3,  // 15: conclave.runner.v1.RunnerService.PromptAgent:input_type -> conclave.runner.v1.PromptAgentRequest
+	5,  // 16: conclave.runner.v1.RunnerService.CancelAgent:input_type -> conclave.runner.v1.CancelAgentRequest
+	7,  // 17: conclave.runner.v1.RunnerService.GetAgentStatus:input_type -> conclave.runner.v1.GetAgentStatusRequest
+	9,  // 18: conclave.runner.v1.RunnerService.GetAgentLogs:input_type -> conclave.runner.v1.GetAgentLogsRequest
+	12, // 19: conclave.runner.v1.RunnerService.GetAgentSession:input_type -> conclave.runner.v1.GetAgentSessionRequest
+	15, // 20: conclave.runner.v1.RunnerService.GetTask:input_type -> conclave.runner.v1.GetTaskRequest
+	17, // 21: conclave.runner.v1.RunnerService.DeleteAgent:input_type -> conclave.runner.v1.DeleteAgentRequest
+	19, // 22: conclave.runner.v1.RunnerService.ListAgentTypes:input_type -> conclave.runner.v1.ListAgentTypesRequest
+	22, // 23: conclave.runner.v1.RunnerService.FollowAgentLogs:input_type -> conclave.runner.v1.FollowAgentLogsRequest
+	2,  // 24: conclave.runner.v1.RunnerService.LaunchAgent:output_type -> conclave.runner.v1.LaunchAgentResponse
+	4,  // 25: conclave.runner.v1.RunnerService.PromptAgent:output_type -> conclave.runner.v1.PromptAgentResponse
+	6,  // 26: conclave.runner.v1.RunnerService.CancelAgent:output_type -> conclave.runner.v1.CancelAgentResponse
+	8,  // 27: conclave.runner.v1.RunnerService.GetAgentStatus:output_type -> conclave.runner.v1.GetAgentStatusResponse
+	11, // 28: conclave.runner.v1.RunnerService.GetAgentLogs:output_type -> conclave.runner.v1.GetAgentLogsResponse
+	13, // 29: conclave.runner.v1.RunnerService.GetAgentSession:output_type -> conclave.runner.v1.GetAgentSessionResponse
+	16, // 30: conclave.runner.v1.RunnerService.GetTask:output_type -> conclave.runner.v1.GetTaskResponse
+	18, // 31: conclave.runner.v1.RunnerService.DeleteAgent:output_type -> conclave.runner.v1.DeleteAgentResponse
+	21, // 32: conclave.runner.v1.RunnerService.ListAgentTypes:output_type -> conclave.runner.v1.ListAgentTypesResponse
+	23, // 33: conclave.runner.v1.RunnerService.FollowAgentLogs:output_type -> conclave.runner.v1.FollowAgentLogsResponse
+	24, // [24:34] is the sub-list for method output_type
+	14, // [14:24] is the sub-list for method input_type
+	14, // [14:14] is the sub-list for extension type_name
+	14, // [14:14] is the sub-list for extension extendee
+	0,  // [0:14] is the sub-list for field type_name
 }
 
 func init() { file_conclave_runner_v1_runner_proto_init() }
@@ -1576,7 +1685,7 @@ func file_conclave_runner_v1_runner_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_conclave_runner_v1_runner_proto_rawDesc), len(file_conclave_runner_v1_runner_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   23,
+			NumMessages:   25,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -62,7 +62,7 @@ type RunnerServiceClient interface {
 	// FollowAgentLogs streams an instance's logs: the tail, then each new
 	// line until the instance's process ends. REST serves it as
 	// GET /api/v1/agents/{instance_id}/logs?follow=true, newline-delimited JSON.
-	FollowAgentLogs(ctx context.Context, in *GetAgentLogsRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[LogLine], error)
+	FollowAgentLogs(ctx context.Context, in *FollowAgentLogsRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[FollowAgentLogsResponse], error)
 }
 
 type runnerServiceClient struct {
@@ -163,13 +163,13 @@ func (c *runnerServiceClient) ListAgentTypes(ctx context.Context, in *ListAgentT
 	return out, nil
 }
 
-func (c *runnerServiceClient) FollowAgentLogs(ctx context.Context, in *GetAgentLogsRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[LogLine], error) {
+func (c *runnerServiceClient) FollowAgentLogs(ctx context.Context, in *FollowAgentLogsRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[FollowAgentLogsResponse], error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	stream, err := c.cc.NewStream(ctx, &RunnerService_ServiceDesc.Streams[0], RunnerService_FollowAgentLogs_FullMethodName, cOpts...)
 	if err != nil {
 		return nil, err
 	}
-	x := &grpc.GenericClientStream[GetAgentLogsRequest, LogLine]{ClientStream: stream}
+	x := &grpc.GenericClientStream[FollowAgentLogsRequest, FollowAgentLogsResponse]{ClientStream: stream}
 	if err := x.ClientStream.SendMsg(in); err != nil {
 		return nil, err
 	}
@@ -180,7 +180,7 @@ func (c *runnerServiceClient) FollowAgentLogs(ctx context.Context, in *GetAgentL
 }
 
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
-type RunnerService_FollowAgentLogsClient = grpc.ServerStreamingClient[LogLine]
+type RunnerService_FollowAgentLogsClient = grpc.ServerStreamingClient[FollowAgentLogsResponse]
 
 // RunnerServiceServer is the server API for RunnerService service.
 // All implementations must embed UnimplementedRunnerServiceServer
@@ -209,7 +209,7 @@ type RunnerServiceServer interface {
 	// FollowAgentLogs streams an instance's logs: the tail, then each new
 	// line until the instance's process ends. REST serves it as
 	// GET /api/v1/agents/{instance_id}/logs?follow=true, newline-delimited JSON.
-	FollowAgentLogs(*GetAgentLogsRequest, grpc.ServerStreamingServer[LogLine]) error
+	FollowAgentLogs(*FollowAgentLogsRequest, grpc.ServerStreamingServer[FollowAgentLogsResponse]) error
 	mustEmbedUnimplementedRunnerServiceServer()
 }
 
@@ -247,7 +247,7 @@ func (UnimplementedRunnerServiceServer) DeleteAgent(context.Context, *DeleteAgen
 func (UnimplementedRunnerServiceServer) ListAgentTypes(context.Context, *ListAgentTypesRequest) (*ListAgentTypesResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ListAgentTypes not implemented")
 }
-func (UnimplementedRunnerServiceServer) FollowAgentLogs(*GetAgentLogsRequest, grpc.ServerStreamingServer[LogLine]) error {
+func (UnimplementedRunnerServiceServer) FollowAgentLogs(*FollowAgentLogsRequest, grpc.ServerStreamingServer[FollowAgentLogsResponse]) error {
 	return status.Error(codes.Unimplemented, "method FollowAgentLogs not implemented")
 }
 func (UnimplementedRunnerServiceServer) mustEmbedUnimplementedRunnerServiceServer() {}
@@ -434,15 +434,15 @@ func _RunnerService_ListAgentTypes_Handler(srv interface{}, ctx context.Context,
 }
 
 func _RunnerService_FollowAgentLogs_Handler(srv interface{}, stream grpc.ServerStream) error {
-	m := new(GetAgentLogsRequest)
+	m := new(FollowAgentLogsRequest)
 	if err := stream.RecvMsg(m); err != nil {
 		return err
 	}
-	return srv.(RunnerServiceServer).FollowAgentLogs(m, &grpc.GenericServerStream[GetAgentLogsRequest, LogLine]{ServerStream: stream})
+	return srv.(RunnerServiceServer).FollowAgentLogs(m, &grpc.GenericServerStream[FollowAgentLogsRequest, FollowAgentLogsResponse]{ServerStream: stream})
 }
 
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
-type RunnerService_FollowAgentLogsServer = grpc.ServerStreamingServer[LogLine]
+type RunnerService_FollowAgentLogsServer = grpc.ServerStreamingServer[FollowAgentLogsResponse]
 
 // RunnerService_ServiceDesc is the grpc.ServiceDesc for RunnerService service.
 // It's only intended for direct use with grpc.RegisterService,

@@ -279,8 +279,8 @@ func (s *Server) GetAgentStatus(ctx context.Context, req *runnerv1.GetAgentStatu
 	return &runnerv1.GetAgentStatusResponse{Instance: instanceProto(in)}, nil
 }
 
-func (s *Server) tail(req *runnerv1.GetAgentLogsRequest) (int, error) {
-	n := int(req.GetTail())
+func (s *Server) tail(requested int32) (int, error) {
+	n := int(requested)
 	switch {
 	case n < 0:
 		return 0, validation("tail must not be negative", "")
@@ -303,7 +303,7 @@ func (s *Server) GetAgentLogs(ctx context.Context, req *runnerv1.GetAgentLogsReq
 	if req.GetFollow() {
 		return nil, validation("follow=true streams: use FollowAgentLogs (REST: GET .../logs?follow=true)", "")
 	}
-	n, err := s.tail(req)
+	n, err := s.tail(req.GetTail())
 	if err != nil {
 		return nil, err
 	}
@@ -323,12 +323,12 @@ func (s *Server) GetAgentLogs(ctx context.Context, req *runnerv1.GetAgentLogsReq
 
 // FollowAgentLogs sends the tail, then new lines until the instance's
 // launch ends or the client goes.
-func (s *Server) FollowAgentLogs(req *runnerv1.GetAgentLogsRequest, stream runnerv1.RunnerService_FollowAgentLogsServer) error {
+func (s *Server) FollowAgentLogs(req *runnerv1.FollowAgentLogsRequest, stream runnerv1.RunnerService_FollowAgentLogsServer) error {
 	ctx := stream.Context()
 	if err := s.validateID("instance_id", req.GetInstanceId()); err != nil {
 		return err
 	}
-	n, err := s.tail(req)
+	n, err := s.tail(req.GetTail())
 	if err != nil {
 		return err
 	}
@@ -346,7 +346,7 @@ func (s *Server) FollowAgentLogs(req *runnerv1.GetAgentLogsRequest, stream runne
 	}
 	var last time.Time
 	for _, l := range lines {
-		if err := stream.Send(logProto(l)); err != nil {
+		if err := stream.Send(&runnerv1.FollowAgentLogsResponse{Line: logProto(l)}); err != nil {
 			return err
 		}
 		last = l.Time
@@ -362,7 +362,7 @@ func (s *Server) FollowAgentLogs(req *runnerv1.GetAgentLogsRequest, stream runne
 			if !l.Time.After(last) {
 				continue
 			}
-			if err := stream.Send(logProto(l)); err != nil {
+			if err := stream.Send(&runnerv1.FollowAgentLogsResponse{Line: logProto(l)}); err != nil {
 				return err
 			}
 		case <-tick.C:
@@ -376,7 +376,7 @@ func (s *Server) FollowAgentLogs(req *runnerv1.GetAgentLogsRequest, stream runne
 							return nil
 						}
 						if l.Time.After(last) {
-							if err := stream.Send(logProto(l)); err != nil {
+							if err := stream.Send(&runnerv1.FollowAgentLogsResponse{Line: logProto(l)}); err != nil {
 								return err
 							}
 						}

@@ -105,7 +105,7 @@ func NewREST(ctx context.Context, conn grpc.ClientConnInterface) (http.Handler, 
 const FollowPattern = "GET /api/v1/agents/{instance_id}/logs"
 
 func serveFollow(w http.ResponseWriter, r *http.Request, client runnerv1.RunnerServiceClient) {
-	req := &runnerv1.GetAgentLogsRequest{InstanceId: r.PathValue("instance_id"), Follow: true}
+	req := &runnerv1.FollowAgentLogsRequest{InstanceId: r.PathValue("instance_id")}
 	if t := r.URL.Query().Get("tail"); t != "" {
 		n, err := strconv.ParseInt(t, 10, 32)
 		if err != nil {
@@ -135,8 +135,8 @@ func serveFollow(w http.ResponseWriter, r *http.Request, client runnerv1.RunnerS
 	w.Header().Set("X-Accel-Buffering", "no")
 	w.WriteHeader(http.StatusOK)
 	flusher, _ := w.(http.Flusher)
-	for line := first; err == nil; line, err = stream.Recv() {
-		data, _ := marshal.Marshal(line)
+	for msg := first; err == nil; msg, err = stream.Recv() {
+		data, _ := marshal.Marshal(msg.GetLine())
 		if _, werr := w.Write(append(data, '\n')); werr != nil {
 			return
 		}
