@@ -3,6 +3,8 @@ package service_test
 import (
 	"fmt"
 	"slices"
+	"strings"
+	"sync"
 	"testing"
 
 	"github.com/conclave-ai/conclave/pkg/telemetry/metricstest"
@@ -57,10 +59,37 @@ func TestMetrics(t *testing.T) {
 		}
 		tested[c.name] = true
 	}
-	// Instance and task ids are never labels.
-	for i := range 50 {
-		var e errorBody
-		r.do(t, "GET", fmt.Sprintf("/api/v1/agents/unknown-%d/status", i), nil, &e)
+	// Instance and task ids are never labels: 10,000 distinct ones add no
+	// series. Nothing may be running meanwhile: the idle junk agent would
+	// reach its type's timeout and add launches_total{outcome="killed"}.
+	r.do(t, "DELETE", "/api/v1/agents/"+junk.ID, nil, nil)
+	series := func() map[string]bool {
+		out := map[string]bool{}
+		for name, fam := range scrape() {
+			for _, m := range fam.GetMetric() {
+				out[name+fmt.Sprint(m.GetLabel())] = true
+			}
+		}
+		return out
+	}
+	beforeSet := series()
+	before := scrape().Series("conclave_runner_")
+	var wg sync.WaitGroup
+	for w := range 8 {
+		wg.Go(func() {
+			for i := w; i < 10_000; i += 8 {
+				r.do(t, "GET", fmt.Sprintf("/api/v1/agents/unknown-%d/status", i), nil, nil)
+			}
+		})
+	}
+	wg.Wait()
+	if after := scrape().Series("conclave_runner_"); after != before {
+		t.Errorf("10,000 instance ids grew the runner's series from %d to %d", before, after)
+		for k := range series() {
+			if !beforeSet[k] && strings.HasPrefix(k, "conclave_runner_") {
+				t.Errorf("new series %s", k)
+			}
+		}
 	}
 	for _, name := range metricstest.DocumentedNames(t, "runner") {
 		if !tested[name] {
