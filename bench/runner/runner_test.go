@@ -124,6 +124,7 @@ func startRunner(b *testing.B, agent string) (base, root string) {
 		"CONCLAVE_RUNNER_GRPC_ADDR": "127.0.0.1:0", "CONCLAVE_RUNNER_HTTP_ADDR": "127.0.0.1:0",
 		"CONCLAVE_RUNNER_ALLOW_UNAUTHENTICATED": "true", "CONCLAVE_RUNNER_WORKSPACE_ROOTS": dir,
 		"CONCLAVE_RUNNER_AGENT_TYPES": types, "CONCLAVE_RUNNER_SERVER_ID": "bench",
+		"CONCLAVE_RUNNER_CLIENT_RATE": "1000000", "CONCLAVE_RUNNER_CLIENT_BURST": "1000000",
 	}
 	var cfg struct{ Runner service.Config }
 	if err := config.Load(context.Background(), &cfg, "runner", nil, func(k string) (string, bool) { v, ok := env[k]; return v, ok }, io.Discard); err != nil {

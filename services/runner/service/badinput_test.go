@@ -116,3 +116,21 @@ func TestAuthentication(t *testing.T) {
 		t.Fatalf("with the token: %d", code)
 	}
 }
+
+// TestRateLimit: past its burst, a client gets 429 rate_limited.
+func TestRateLimit(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a runner")
+	}
+	t.Parallel()
+	r := startRunner(t, map[string]string{"CONCLAVE_RUNNER_CLIENT_RATE": "0.001", "CONCLAVE_RUNNER_CLIENT_BURST": "3"})
+	for range 3 {
+		if code := r.do(t, "GET", "/api/v1/agent-types", nil, nil); code != http.StatusOK {
+			t.Fatalf("within the burst: HTTP %d", code)
+		}
+	}
+	var e errorBody
+	if code := r.do(t, "GET", "/api/v1/agent-types", nil, &e); code != http.StatusTooManyRequests || e.Error != "rate_limited" || e.HTTPStatus != 429 {
+		t.Fatalf("past the burst: %d %+v", code, e)
+	}
+}

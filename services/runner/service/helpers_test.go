@@ -99,6 +99,9 @@ func testConfig(t *testing.T, root string, overrides map[string]string) service.
 		"CONCLAVE_RUNNER_CANCEL_GRACE":          "2s",
 		"CONCLAVE_RUNNER_IDLE_TIMEOUT":          "1m",
 		"CONCLAVE_RUNNER_LAUNCH_RETRY":          "2s",
+		// The tests poll; the rate limit has a test of its own.
+		"CONCLAVE_RUNNER_CLIENT_RATE":  "1000000",
+		"CONCLAVE_RUNNER_CLIENT_BURST": "1000000",
 	}
 	for k, v := range overrides {
 		env[k] = v

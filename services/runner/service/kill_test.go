@@ -22,6 +22,7 @@ func runnerProcess(t *testing.T, dataDir, root, types, port string, workers int)
 		"CONCLAVE_RUNNER_ALLOW_UNAUTHENTICATED=true", "CONCLAVE_RUNNER_WORKSPACE_ROOTS="+root,
 		"CONCLAVE_RUNNER_AGENT_TYPES="+types, "CONCLAVE_RUNNER_LAUNCH_RETRY=2s",
 		fmt.Sprintf("CONCLAVE_RUNNER_WORKERS=%d", workers), "CONCLAVE_RUNNER_SERVER_ID=killed",
+		"CONCLAVE_RUNNER_CLIENT_RATE=1000000", "CONCLAVE_RUNNER_CLIENT_BURST=1000000",
 	)
 	if testing.Verbose() {
 		cmd.Stderr = tWriter{t}

@@ -47,6 +47,8 @@ type Config struct {
 	MaxLineBytes    int               `env:"CONCLAVE_RUNNER_MAX_LINE_BYTES" default:"4194304" help:"longest line accepted from an agent; longer ones are dropped"`
 	ShutdownTimeout time.Duration     `env:"CONCLAVE_RUNNER_SHUTDOWN_TIMEOUT" default:"15s" help:"how long in-flight requests may drain on shutdown"`
 	ClientTokens    []string          `env:"CONCLAVE_RUNNER_CLIENT_TOKENS" help:"comma-separated bearer tokens accepted on the API"`
+	ClientRate      float64           `env:"CONCLAVE_RUNNER_CLIENT_RATE" default:"50" help:"API requests per second each client (bearer token) may make on one replica"`
+	ClientBurst     int               `env:"CONCLAVE_RUNNER_CLIENT_BURST" default:"100" help:"API requests each client may make at once, above its rate"`
 	// AllowUnauthenticated opens the API without tokens; conclave dev sets
 	// it, on loopback only.
 	AllowUnauthenticated bool `env:"CONCLAVE_RUNNER_ALLOW_UNAUTHENTICATED" default:"false" help:"serve the API without bearer tokens (development only)"`
@@ -67,6 +69,12 @@ func (c Config) Validate() error {
 		if !filepath.IsAbs(r) {
 			return fmt.Errorf("CONCLAVE_RUNNER_WORKSPACE_ROOTS: %q is not an absolute path", r)
 		}
+	}
+	if !(c.ClientRate > 0) || c.ClientRate > 1e9 {
+		return fmt.Errorf("CONCLAVE_RUNNER_CLIENT_RATE: must be a positive number, got %g", c.ClientRate)
+	}
+	if c.ClientBurst < 1 {
+		return fmt.Errorf("CONCLAVE_RUNNER_CLIENT_BURST: must be positive, got %d", c.ClientBurst)
 	}
 	if c.Workers < 1 || c.Workers > 10000 {
 		return fmt.Errorf("CONCLAVE_RUNNER_WORKERS: must be 1..10000, got %d", c.Workers)
@@ -156,6 +164,9 @@ func New(cfg Config, deps Deps, opts ...server.Option) (*Runner, error) {
 	} else {
 		logger.Warn("the runner's API accepts requests without a bearer token")
 	}
+	// After authentication, so that only accepted callers spend tokens.
+	limitUnary, limitStream := api.NewRateLimiter(cfg.ClientRate, cfg.ClientBurst).Interceptors()
+	grpcOpts = append(grpcOpts, grpc.ChainUnaryInterceptor(limitUnary), grpc.ChainStreamInterceptor(limitStream))
 	opts = append([]server.Option{
 		server.WithGRPCOptions(grpcOpts...),
 		server.WithMetricsHandler(tel.MetricsHandler()),
