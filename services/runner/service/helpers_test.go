@@ -95,7 +95,7 @@ func testConfig(t *testing.T, root string, overrides map[string]string) service.
 		"CONCLAVE_RUNNER_ALLOW_UNAUTHENTICATED": "true",
 		"CONCLAVE_RUNNER_WORKSPACE_ROOTS":       root,
 		"CONCLAVE_RUNNER_AGENT_TYPES":           agentTypes(t),
-		"CONCLAVE_RUNNER_PROTOCOL_TIMEOUT":      "3s",
+		"CONCLAVE_RUNNER_PROTOCOL_TIMEOUT":      "10s", // node starts slowly on a busy machine
 		"CONCLAVE_RUNNER_CANCEL_GRACE":          "2s",
 		"CONCLAVE_RUNNER_IDLE_TIMEOUT":          "1m",
 		"CONCLAVE_RUNNER_LAUNCH_RETRY":          "2s",

@@ -55,7 +55,7 @@ func TestBadLines(t *testing.T) {
 		{"a line over the limit, then a good one", big + "\n" + `{"jsonrpc":"2.0","method":"session/update","params":{"type":"content","data":{"text":"ok"}}}` + "\n", true, []string{DropTooLong}, 1},
 		{"an update before initialize", `{"jsonrpc":"2.0","method":"session/update","params":{"type":"content","data":{"text":"early"}}}` + "\n", false, []string{DropEarly}, 0},
 		{"an update without a type", `{"jsonrpc":"2.0","method":"session/update","params":{"data":{}}}` + "\n", true, []string{DropBadUpdate}, 0},
-		{"a response to an unknown id", `{"jsonrpc":"2.0","id":42,"result":{}}` + "\n", true, nil, 0},
+		{"a response to an unknown id", `{"jsonrpc":"2.0","id":42,"result":{}}` + "\n", true, []string{DropUnknownResponse}, 0},
 		{"a partial last line", `{"jsonrpc":"2.0","method":"session/upd`, true, nil, 0},
 		{"legacy lines", `{"type":"progress","data":{"percentage":40}}` + "\n" + `{"type":"bogus"}` + "\n", true, []string{DropUnknownType}, 1},
 	} {

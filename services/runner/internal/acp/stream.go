@@ -22,6 +22,8 @@ const (
 	DropEarly       = "before_initialize"
 	DropBadUpdate   = "bad_update"
 	DropUnknownType = "unknown_legacy_type"
+	// DropUnknownResponse: a response whose id is none of our requests.
+	DropUnknownResponse = "unknown_response"
 )
 
 // lineFilter is the jsonrpc.Stream over an agent's stdio. It reads lines
@@ -39,10 +41,16 @@ type lineFilter struct {
 	drop   func(reason string, line []byte)
 
 	wmu sync.Mutex
+
+	// sent holds the ids of our requests not yet answered, as their JSON
+	// text, so that a response to anything else is dropped and counted here
+	// rather than reaching the connection.
+	idMu sync.Mutex
+	sent map[string]struct{}
 }
 
 func newLineFilter(r io.Reader, w io.WriteCloser, maxLine int, legacy func([]byte), drop func(string, []byte)) *lineFilter {
-	f := &lineFilter{r: bufio.NewReaderSize(r, 64<<10), w: w, max: maxLine, legacy: legacy, drop: drop}
+	f := &lineFilter{r: bufio.NewReaderSize(r, 64<<10), w: w, max: maxLine, legacy: legacy, drop: drop, sent: map[string]struct{}{}}
 	f.rc, _ = r.(io.Closer)
 	return f
 }
@@ -74,8 +82,40 @@ func (f *lineFilter) ReadMessage(context.Context) ([]byte, error) {
 			}
 			continue
 		}
+		if line[0] == '{' && !bytes.Contains(line, []byte(`"method"`)) && !f.expected(line) {
+			f.drop(DropUnknownResponse, line)
+			continue
+		}
 		return line, nil
 	}
+}
+
+// messageID returns the id member of a JSON-RPC object, as its JSON text.
+func messageID(frame []byte) string {
+	var id []byte
+	_ = eachMember(frame, func(k, v []byte) bool {
+		if string(k) == "id" {
+			id = v
+			return false
+		}
+		return true
+	})
+	return string(id)
+}
+
+// expected reports whether a response answers one of our requests, and
+// forgets the request.
+func (f *lineFilter) expected(response []byte) bool {
+	id := messageID(response)
+	f.idMu.Lock()
+	defer f.idMu.Unlock()
+	if _, ok := f.sent[id]; ok {
+		delete(f.sent, id)
+		return true
+	}
+	// A null id answers a request the peer could not read: the
+	// connection reports it.
+	return id == "null" || id == ""
 }
 
 type lineKind int
@@ -145,6 +185,13 @@ func (f *lineFilter) readLine() (line []byte, tooLong bool, err error) {
 }
 
 func (f *lineFilter) WriteMessage(_ context.Context, data []byte) error {
+	if len(data) > 0 && data[0] == '{' && bytes.Contains(data, []byte(`"method"`)) {
+		if id := messageID(data); id != "" {
+			f.idMu.Lock()
+			f.sent[id] = struct{}{}
+			f.idMu.Unlock()
+		}
+	}
 	f.wmu.Lock()
 	defer f.wmu.Unlock()
 	frame := make([]byte, 0, len(data)+1)
