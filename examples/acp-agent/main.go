@@ -11,6 +11,8 @@
 //	ignore-cancel  like slow-tool, but ignores session/cancel
 //	hang           never answers session/prompt, never ends the turn
 //	hang-init      never answers initialize
+//	hang-init-once never answers initialize the first time it runs in a
+//	               directory (it leaves .acp-agent-hung there), then is normal
 //	crash          exits with status 3 in the middle of a turn
 //	junk           first writes lines the runner must survive: not JSON,
 //	               not UTF-8, an oversized line, an update before
@@ -62,7 +64,7 @@ type agent struct {
 
 func main() {
 	dialect := flag.String("dialect", "acp", "acp, kandev or legacy")
-	mode := flag.String("mode", "normal", "normal, slow-tool, ignore-cancel, hang, hang-init, crash or junk")
+	mode := flag.String("mode", "normal", "normal, slow-tool, ignore-cancel, hang, hang-init, hang-init-once, crash or junk")
 	flood := flag.Int("flood", 0, "stream this many chunks per turn and nothing else")
 	flag.Parse()
 	a := &agent{dialect: *dialect, mode: *mode, flood: *flood, out: bufio.NewWriterSize(os.Stdout, 64<<10), pending: map[string]chan message{}}
@@ -154,6 +156,12 @@ func (a *agent) handle(m message) {
 	case "initialize":
 		if a.mode == "hang-init" {
 			return
+		}
+		if a.mode == "hang-init-once" {
+			if _, err := os.Stat(".acp-agent-hung"); err != nil {
+				_ = os.WriteFile(".acp-agent-hung", nil, 0o644)
+				return
+			}
 		}
 		if a.dialect == "kandev" {
 			a.respond(m.ID, map[string]any{"protocolVersion": "1.0", "serverInfo": map[string]string{"name": "conclave-acp-agent", "version": "1.0.0"},

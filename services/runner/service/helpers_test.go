@@ -66,7 +66,7 @@ func agentTypes(t *testing.T) string {
 	var b strings.Builder
 	b.WriteString("agent_types:\n")
 	for _, dialect := range []string{"acp", "kandev", "legacy"} {
-		for _, mode := range []string{"normal", "slow-tool", "ignore-cancel", "hang", "hang-init", "crash", "junk"} {
+		for _, mode := range []string{"normal", "slow-tool", "ignore-cancel", "hang", "hang-init", "hang-init-once", "crash", "junk"} {
 			protocol := dialect
 			if dialect != "legacy" && mode == "normal" {
 				protocol = "" // detected from initialize

@@ -178,3 +178,33 @@ func TestCancel(t *testing.T) {
 		}
 	})
 }
+
+// TestDeadProtocolReplacedOnResume: a live agent that never answers
+// initialize is killed and the instance failed; a prompt then starts a new
+// process, which works.
+func TestDeadProtocolReplacedOnResume(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs agent processes")
+	}
+	t.Parallel()
+	r := startRunner(t, map[string]string{"CONCLAVE_RUNNER_PROTOCOL_TIMEOUT": "2s"})
+	in := r.launch(t, "acp-hang-init-once", r.workspace(t), map[string]string{"TASK_DESCRIPTION": "first"})
+	failed := r.waitStatus(t, in.ID, "failed", "completed")
+	if failed.Status != "failed" {
+		t.Fatalf("status %+v", failed)
+	}
+	r.waitLog(t, in.ID, "dead protocol: no answer to initialize within 2s")
+	// The launch is over once its process is: the instance names it.
+	for failed.ContainerID == "" {
+		failed = r.status(t, in.ID)
+	}
+	var ok struct{ Accepted bool }
+	for code := 0; code != http.StatusOK; {
+		code = r.do(t, "POST", "/api/v1/agents/"+in.ID+"/prompt", map[string]string{"message": "second"}, &ok)
+	}
+	r.waitLog(t, in.ID, "Working on: second")
+	done := r.waitStatus(t, in.ID, "completed", "failed")
+	if done.Status != "completed" || done.ContainerID == failed.ContainerID {
+		t.Fatalf("after the prompt: %+v (the dead process was %s)", done, failed.ContainerID)
+	}
+}

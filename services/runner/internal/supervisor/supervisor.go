@@ -488,6 +488,10 @@ func (ss *session) run(ctx context.Context) error {
 	o.Metrics.Launch(firstNonEmpty(outcome, "completed"))
 	ss.setStatus(context.WithoutCancel(ctx), func(in *records.Instance) {
 		in.DoneSeq = ss.seq
+		if in.ContainerID == "" {
+			// A launch that ended before its session was up.
+			in.ContainerID = proc.ID()
+		}
 		if reason != "" && in.Status != records.StatusFailed && in.Status != records.StatusStopped {
 			in.Status, in.Error = records.StatusFailed, reason
 			if outcome == "cancelled" {
