@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -156,6 +157,16 @@ func startRunnerWith(t *testing.T, overrides map[string]string, tel *telemetry.P
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = q.Close() })
+	r, _ := runOn(t, cfg, st, q, tel)
+	return r
+}
+
+// runOn runs a runner with cfg on st and q until the test ends or stop is
+// called; stop returns Run's error.
+func runOn(t *testing.T, cfg service.Config, st store.Store, q queue.Queue, tel *telemetry.Provider) (*testRunner, func() error) {
+	t.Helper()
+	var err error
+	root := cfg.WorkspaceRoots[0]
 	ctx := context.Background()
 	if err := store.EnsureTables(ctx, st, service.Tables...); err != nil {
 		t.Fatal(err)
@@ -181,9 +192,16 @@ func startRunnerWith(t *testing.T, overrides map[string]string, tel *telemetry.P
 	runCtx, cancel := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() { done <- r.Run(runCtx) }()
+	var (
+		once   sync.Once
+		runErr error
+	)
+	stop := func() error {
+		once.Do(func() { cancel(); runErr = <-done })
+		return runErr
+	}
 	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
+		if err := stop(); err != nil {
 			t.Errorf("runner.Run: %v", err)
 		}
 	})
@@ -198,7 +216,7 @@ func startRunnerWith(t *testing.T, overrides map[string]string, tel *telemetry.P
 			base = "http://" + e.Address
 		}
 	}
-	return &testRunner{Runner: r, base: base, q: q, root: root, cfg: cfg}
+	return &testRunner{Runner: r, base: base, q: q, root: root, cfg: cfg}, stop
 }
 
 // workspace makes a directory under the runner's allowed root.

@@ -10,6 +10,9 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/conclave-ai/conclave/pkg/queue"
+	"github.com/conclave-ai/conclave/pkg/store"
 )
 
 // runnerProcess starts cmd/runner on dataDir and returns a client of it.
@@ -101,5 +104,47 @@ func TestKilledRunner(t *testing.T) {
 	r.do(t, "POST", "/api/v1/agents/"+running.ID+"/cancel", map[string]string{"reason": "done"}, nil)
 	if st := r.waitStatus(t, running.ID, "stopped", "failed", "completed"); st.Status != "stopped" {
 		t.Errorf("after cancel: %+v", st)
+	}
+}
+
+// TestGracefulRestart stops a runner (as on SIGTERM) while an agent works:
+// the agent is stopped, its launch left on the queue, and the next runner
+// on the same store and queue runs it again.
+func TestGracefulRestart(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs agent processes")
+	}
+	t.Parallel()
+	dir := t.TempDir()
+	root := filepath.Join(dir, "workspaces")
+	if err := os.MkdirAll(root, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	cfg := testConfig(t, root, nil)
+	st, err := store.OpenBolt(filepath.Join(dir, "state.db"), store.BoltOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = st.Close() })
+	q, err := queue.OpenEmbedded(filepath.Join(dir, "queues.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = q.Close() })
+
+	first, stop := runOn(t, cfg, st, q, nil)
+	in := first.launch(t, "acp-slow-tool", first.workspace(t), map[string]string{"TASK_DESCRIPTION": "long"})
+	first.waitLog(t, in.ID, "tool_call write notes.txt")
+	if err := stop(); err != nil {
+		t.Fatalf("the first runner's Run: %v", err)
+	}
+
+	second, _ := runOn(t, cfg, st, q, nil)
+	second.waitLog(t, in.ID, "the launch will be retried")
+	for countLogs(second.logs(t, in.ID), "tool_call write notes.txt") < 2 {
+		time.Sleep(50 * time.Millisecond)
+	}
+	if st := second.status(t, in.ID); st.Status != "running" {
+		t.Errorf("after the restart: %+v", st)
 	}
 }
