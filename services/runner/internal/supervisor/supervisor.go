@@ -175,6 +175,14 @@ func (s *Supervisor) handle(ctx context.Context, m queue.Message) error {
 		s.mu.Lock()
 		delete(s.sessions, in.ID)
 		s.mu.Unlock()
+		// A prompt accepted as the agent exited: resume the session for it.
+		select {
+		case message := <-sess.prompts:
+			if err := s.Prompt(context.WithoutCancel(ctx), in.ID, message); err != nil {
+				s.log.WarnContext(ctx, "runner: resuming for a prompt that arrived as the agent exited", "instance_id", in.ID, "error", err)
+			}
+		default:
+		}
 	}()
 	return sess.run(ctx)
 }
@@ -278,6 +286,8 @@ type session struct {
 	cancelKilled bool
 	// turns numbers turns, so that a cancel's grace applies to its own.
 	turns int
+	// ending: the session takes no more prompts; its process is stopping.
+	ending bool
 	// launchSpan is the worker's span, which updates join.
 	launchSpan trace.SpanContext
 }
@@ -292,8 +302,8 @@ func (ss *session) prompt(message string) error {
 	if ss.client == nil || ss.turning {
 		return fmt.Errorf("instance %s has a turn in progress or is starting: %w", ss.launch.ID, ErrBusy)
 	}
-	if ss.killed != "" {
-		return fmt.Errorf("instance %s is stopping: %w", ss.launch.ID, ErrBusy)
+	if ss.killed != "" || ss.ending {
+		return fmt.Errorf("instance %s is stopping; retry to resume it: %w", ss.launch.ID, ErrBusy)
 	}
 	select {
 	case ss.prompts <- message:
@@ -460,6 +470,9 @@ func (ss *session) run(ctx context.Context) error {
 	defer client.Close()
 
 	outcome, reason := ss.drive(ctx, client, typ)
+	ss.mu.Lock()
+	ss.ending = true
+	ss.mu.Unlock()
 	// Close stdin: a well-behaved agent exits; one that does not is killed.
 	_ = client.Close()
 	var exitErr error
@@ -597,6 +610,21 @@ func (ss *session) drive(ctx context.Context, client *acp.Client, typ agenttype.
 		case <-client.Done():
 			return "", ""
 		case <-idle.C:
+			// Under the lock prompt() sends with, so that a prompt is either
+			// taken here or refused there.
+			ss.mu.Lock()
+			select {
+			case message := <-ss.prompts:
+				ss.mu.Unlock()
+				if out, why := ss.turn(ctx, client, message); out != "" {
+					return out, why
+				}
+				idle.Reset(o.IdleTimeout)
+				continue
+			default:
+				ss.ending = true
+				ss.mu.Unlock()
+			}
 			ss.log.Add(StreamRunner, fmt.Sprintf("idle for %s; stopping the agent (a prompt resumes the session)", o.IdleTimeout))
 			return "", ""
 		}
