@@ -11,6 +11,7 @@ require (
 	github.com/conclave-ai/conclave/services/bridge v0.0.0-00010101000000-000000000000
 	github.com/conclave-ai/conclave/services/bus v0.0.0-00010101000000-000000000000
 	github.com/conclave-ai/conclave/services/gateway v0.0.0-00010101000000-000000000000
+	github.com/conclave-ai/conclave/services/runner v0.0.0-00010101000000-000000000000
 	github.com/modelcontextprotocol/go-sdk v1.8.0
 	github.com/nats-io/nats-server/v2 v2.15.2
 	github.com/nats-io/nats.go v1.55.0
@@ -22,6 +23,7 @@ require (
 	github.com/aws/aws-sdk-go-v2/config v1.33.15 // indirect
 	github.com/aws/aws-sdk-go-v2/credentials v1.20.15 // indirect
 	github.com/aws/aws-sdk-go-v2/service/dynamodb v1.73.1 // indirect
+	github.com/coder/acp-go-sdk v0.13.0 // indirect
 )
 
 require (
@@ -142,6 +144,7 @@ replace (
 	github.com/conclave-ai/conclave/services/bridge => ../services/bridge
 	github.com/conclave-ai/conclave/services/bus => ../services/bus
 	github.com/conclave-ai/conclave/services/gateway => ../services/gateway
+	github.com/conclave-ai/conclave/services/runner => ../services/runner
 )
 
 replace github.com/conclave-ai/conclave/functions/librarian => ../functions/librarian

@@ -18,6 +18,7 @@ import (
 	bridge "github.com/conclave-ai/conclave/services/bridge/service"
 	bus "github.com/conclave-ai/conclave/services/bus/service"
 	gateway "github.com/conclave-ai/conclave/services/gateway/service"
+	runner "github.com/conclave-ai/conclave/services/runner/service"
 )
 
 // devConfig is every service's configuration, loaded once; shared keys
@@ -29,6 +30,7 @@ type devConfig struct {
 	Librarian librarian.Config
 	Bridge    bridge.Config
 	Bus       bus.Config
+	Runner    runner.Config
 }
 
 // exampleToolAgents is the bridge configuration conclave dev serves when run
@@ -64,6 +66,14 @@ func runDev(ctx context.Context, args []string, lookup config.Lookup, stdout, st
 	cfg.Bus.Addr = "127.0.0.1:7892"
 	cfg.Bus.ServerID = "dev"
 	cfg.Bus.AllowUnauthenticated = true
+	cfg.Runner.GRPCAddr = "127.0.0.1:50052"
+	cfg.Runner.HTTPAddr = "127.0.0.1:8082"
+	cfg.Runner.ServerID = "dev"
+	cfg.Runner.AllowUnauthenticated = true
+	// Agents may work anywhere under the directory conclave dev runs in.
+	if wd, err := os.Getwd(); err == nil {
+		cfg.Runner.WorkspaceRoots = []string{wd}
+	}
 	if err := config.Load(ctx, &cfg, "conclave dev", args, lookup, stderr); err != nil {
 		return err
 	}
@@ -84,7 +94,7 @@ func runDev(ctx context.Context, args []string, lookup config.Lookup, stdout, st
 		return err
 	}
 	defer st.Close()
-	if err := store.EnsureTables(ctx, st, slices.Concat(gateway.Tables, librarian.Tables, bus.Tables)...); err != nil {
+	if err := store.EnsureTables(ctx, st, slices.Concat(gateway.Tables, librarian.Tables, bus.Tables, runner.Tables)...); err != nil {
 		return err
 	}
 	q, err := queue.Open(ctx, cfg.Storage)
@@ -96,7 +106,7 @@ func runDev(ctx context.Context, args []string, lookup config.Lookup, stdout, st
 		return err
 	}
 	// One queue file, too, for every service's queues.
-	for _, d := range librarian.Queues {
+	for _, d := range slices.Concat(librarian.Queues, runner.Queues(cfg.Runner)) {
 		if err := q.Ensure(ctx, d); err != nil {
 			return err
 		}
@@ -110,13 +120,17 @@ func runDev(ctx context.Context, args []string, lookup config.Lookup, stdout, st
 	if err != nil {
 		return err
 	}
-	// No runner yet: without a launcher, a message no subscriber matches is
+	// The bus has no launcher wired to the runner yet: a message no subscriber matches is
 	// answered with success false instead of going to the default handler.
 	b, err := bus.New(cfg.Bus, logger, tel, st, q, nil)
 	if err != nil {
 		return err
 	}
-	services := []service{gw, lib, b}
+	rn, err := runner.New(cfg.Runner, runner.Deps{Store: st, Queue: q, Logger: logger, Telemetry: tel})
+	if err != nil {
+		return err
+	}
+	services := []service{gw, lib, b, rn}
 	if _, err := os.Stat(cfg.Bridge.ConfigFile); err != nil && cfg.Bridge.ConfigFile == exampleToolAgents {
 		// Run outside the repository: there are no example tool agents to
 		// serve, which is no reason to stop the rest.

@@ -8,6 +8,7 @@ require (
 	github.com/conclave-ai/conclave/services/bridge v0.0.0-00010101000000-000000000000
 	github.com/conclave-ai/conclave/services/bus v0.0.0-00010101000000-000000000000
 	github.com/conclave-ai/conclave/services/gateway v0.0.0-00010101000000-000000000000
+	github.com/conclave-ai/conclave/services/runner v0.0.0-00010101000000-000000000000
 )
 
 require (
@@ -25,6 +26,7 @@ require (
 	github.com/aws/aws-sdk-go-v2/service/sso v1.39.3 // indirect
 	github.com/aws/aws-sdk-go-v2/service/ssooidc v1.44.3 // indirect
 	github.com/aws/aws-sdk-go-v2/service/sts v1.51.8 // indirect
+	github.com/coder/acp-go-sdk v0.13.0 // indirect
 	github.com/davecgh/go-spew v1.1.1 // indirect
 	github.com/emicklei/go-restful/v3 v3.12.2 // indirect
 	github.com/evanphx/json-patch/v5 v5.9.11 // indirect
@@ -130,6 +132,7 @@ replace (
 	github.com/conclave-ai/conclave/services/bridge => ../../services/bridge
 	github.com/conclave-ai/conclave/services/bus => ../../services/bus
 	github.com/conclave-ai/conclave/services/gateway => ../../services/gateway
+	github.com/conclave-ai/conclave/services/runner => ../../services/runner
 )
 
 replace github.com/conclave-ai/conclave/functions/librarian => ../../functions/librarian

@@ -36,6 +36,7 @@ Commands:
   librarian ask the Librarian for approval, query it, review, manage tokens
   bridge    the tool bridge: run, list, health, diagnose, mcp (stdio)
   bus       the bus's command line (bub): send-message, subscribe, dlq, serve
+  runner    launch and drive ACP agents: launch, prompt, status, logs, cancel, types
   version   print the version
   help      show this help
 
@@ -58,6 +59,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return runBridge(ctx, rest, stdout, stderr)
 	case "bus":
 		return runBus(ctx, rest, stdout, stderr)
+	case "runner":
+		return runRunner(ctx, rest, os.LookupEnv, stdout, stderr)
 	case "version", "--version":
 		fmt.Fprintln(stdout, versionString())
 		return nil

@@ -563,7 +563,9 @@ type GetAgentLogsRequest struct {
 	state      protoimpl.MessageState `protogen:"open.v1"`
 	InstanceId string                 `protobuf:"bytes,1,opt,name=instance_id,json=instanceId,proto3" json:"instance_id,omitempty"`
 	// Number of most recent lines; 0 means the server default.
-	Tail          int32 `protobuf:"varint,2,opt,name=tail,proto3" json:"tail,omitempty"`
+	Tail int32 `protobuf:"varint,2,opt,name=tail,proto3" json:"tail,omitempty"`
+	// Stream new lines as they come (FollowAgentLogs; REST only).
+	Follow        bool `protobuf:"varint,3,opt,name=follow,proto3" json:"follow,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -612,11 +614,18 @@ func (x *GetAgentLogsRequest) GetTail() int32 {
 	return 0
 }
 
+func (x *GetAgentLogsRequest) GetFollow() bool {
+	if x != nil {
+		return x.Follow
+	}
+	return false
+}
+
 // LogLine is one line an agent wrote.
 type LogLine struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Time  *timestamppb.Timestamp `protobuf:"bytes,1,opt,name=time,proto3" json:"time,omitempty"`
-	// "stdout", "stderr" or "runner".
+	// "stderr" (the agent's), "acp" (protocol events) or "runner".
 	Stream        string `protobuf:"bytes,2,opt,name=stream,proto3" json:"stream,omitempty"`
 	Text          string `protobuf:"bytes,3,opt,name=text,proto3" json:"text,omitempty"`
 	unknownFields protoimpl.UnknownFields
@@ -1025,6 +1034,432 @@ func (x *GetTaskResponse) GetTask() *Task {
 	return nil
 }
 
+// DeleteAgentRequest names an instance.
+type DeleteAgentRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	InstanceId    string                 `protobuf:"bytes,1,opt,name=instance_id,json=instanceId,proto3" json:"instance_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeleteAgentRequest) Reset() {
+	*x = DeleteAgentRequest{}
+	mi := &file_conclave_runner_v1_runner_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteAgentRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteAgentRequest) ProtoMessage() {}
+
+func (x *DeleteAgentRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_conclave_runner_v1_runner_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteAgentRequest.ProtoReflect.Descriptor instead.
+func (*DeleteAgentRequest) Descriptor() ([]byte, []int) {
+	return file_conclave_runner_v1_runner_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *DeleteAgentRequest) GetInstanceId() string {
+	if x != nil {
+		return x.InstanceId
+	}
+	return ""
+}
+
+// DeleteAgentResponse acknowledges a deletion.
+type DeleteAgentResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	Deleted       bool                   `protobuf:"varint,2,opt,name=deleted,proto3" json:"deleted,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeleteAgentResponse) Reset() {
+	*x = DeleteAgentResponse{}
+	mi := &file_conclave_runner_v1_runner_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteAgentResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteAgentResponse) ProtoMessage() {}
+
+func (x *DeleteAgentResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_conclave_runner_v1_runner_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteAgentResponse.ProtoReflect.Descriptor instead.
+func (*DeleteAgentResponse) Descriptor() ([]byte, []int) {
+	return file_conclave_runner_v1_runner_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *DeleteAgentResponse) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *DeleteAgentResponse) GetDeleted() bool {
+	if x != nil {
+		return x.Deleted
+	}
+	return false
+}
+
+// ListAgentTypesRequest takes no parameters.
+type ListAgentTypesRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListAgentTypesRequest) Reset() {
+	*x = ListAgentTypesRequest{}
+	mi := &file_conclave_runner_v1_runner_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListAgentTypesRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListAgentTypesRequest) ProtoMessage() {}
+
+func (x *ListAgentTypesRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_conclave_runner_v1_runner_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListAgentTypesRequest.ProtoReflect.Descriptor instead.
+func (*ListAgentTypesRequest) Descriptor() ([]byte, []int) {
+	return file_conclave_runner_v1_runner_proto_rawDescGZIP(), []int{19}
+}
+
+// AgentType is one kind of agent the runner can launch (seed 002's registry).
+type AgentType struct {
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	Id          string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	Name        string                 `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
+	Description string                 `protobuf:"bytes,3,opt,name=description,proto3" json:"description,omitempty"`
+	// Container image, for executors that run images (Kubernetes).
+	Image string `protobuf:"bytes,4,opt,name=image,proto3" json:"image,omitempty"`
+	// Command line the local executor runs.
+	Command    []string `protobuf:"bytes,5,rep,name=command,proto3" json:"command,omitempty"`
+	WorkingDir string   `protobuf:"bytes,6,opt,name=working_dir,json=workingDir,proto3" json:"working_dir,omitempty"`
+	MemoryMb   int32    `protobuf:"varint,7,opt,name=memory_mb,json=memoryMb,proto3" json:"memory_mb,omitempty"`
+	CpuCores   float64  `protobuf:"fixed64,8,opt,name=cpu_cores,json=cpuCores,proto3" json:"cpu_cores,omitempty"`
+	// Longest an instance may run, as a Go duration ("1h0m0s").
+	Timeout      string   `protobuf:"bytes,9,opt,name=timeout,proto3" json:"timeout,omitempty"`
+	Capabilities []string `protobuf:"bytes,10,rep,name=capabilities,proto3" json:"capabilities,omitempty"`
+	// Environment variables a launch must provide.
+	RequiredEnv []string `protobuf:"bytes,11,rep,name=required_env,json=requiredEnv,proto3" json:"required_env,omitempty"`
+	// Wire protocol: "acp", "kandev", "legacy", or "" to detect it.
+	Protocol      string `protobuf:"bytes,12,opt,name=protocol,proto3" json:"protocol,omitempty"`
+	Enabled       bool   `protobuf:"varint,13,opt,name=enabled,proto3" json:"enabled,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AgentType) Reset() {
+	*x = AgentType{}
+	mi := &file_conclave_runner_v1_runner_proto_msgTypes[20]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AgentType) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AgentType) ProtoMessage() {}
+
+func (x *AgentType) ProtoReflect() protoreflect.Message {
+	mi := &file_conclave_runner_v1_runner_proto_msgTypes[20]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AgentType.ProtoReflect.Descriptor instead.
+func (*AgentType) Descriptor() ([]byte, []int) {
+	return file_conclave_runner_v1_runner_proto_rawDescGZIP(), []int{20}
+}
+
+func (x *AgentType) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *AgentType) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *AgentType) GetDescription() string {
+	if x != nil {
+		return x.Description
+	}
+	return ""
+}
+
+func (x *AgentType) GetImage() string {
+	if x != nil {
+		return x.Image
+	}
+	return ""
+}
+
+func (x *AgentType) GetCommand() []string {
+	if x != nil {
+		return x.Command
+	}
+	return nil
+}
+
+func (x *AgentType) GetWorkingDir() string {
+	if x != nil {
+		return x.WorkingDir
+	}
+	return ""
+}
+
+func (x *AgentType) GetMemoryMb() int32 {
+	if x != nil {
+		return x.MemoryMb
+	}
+	return 0
+}
+
+func (x *AgentType) GetCpuCores() float64 {
+	if x != nil {
+		return x.CpuCores
+	}
+	return 0
+}
+
+func (x *AgentType) GetTimeout() string {
+	if x != nil {
+		return x.Timeout
+	}
+	return ""
+}
+
+func (x *AgentType) GetCapabilities() []string {
+	if x != nil {
+		return x.Capabilities
+	}
+	return nil
+}
+
+func (x *AgentType) GetRequiredEnv() []string {
+	if x != nil {
+		return x.RequiredEnv
+	}
+	return nil
+}
+
+func (x *AgentType) GetProtocol() string {
+	if x != nil {
+		return x.Protocol
+	}
+	return ""
+}
+
+func (x *AgentType) GetEnabled() bool {
+	if x != nil {
+		return x.Enabled
+	}
+	return false
+}
+
+// ListAgentTypesResponse lists the registry.
+type ListAgentTypesResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	AgentTypes    []*AgentType           `protobuf:"bytes,1,rep,name=agent_types,json=agentTypes,proto3" json:"agent_types,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListAgentTypesResponse) Reset() {
+	*x = ListAgentTypesResponse{}
+	mi := &file_conclave_runner_v1_runner_proto_msgTypes[21]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListAgentTypesResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListAgentTypesResponse) ProtoMessage() {}
+
+func (x *ListAgentTypesResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_conclave_runner_v1_runner_proto_msgTypes[21]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListAgentTypesResponse.ProtoReflect.Descriptor instead.
+func (*ListAgentTypesResponse) Descriptor() ([]byte, []int) {
+	return file_conclave_runner_v1_runner_proto_rawDescGZIP(), []int{21}
+}
+
+func (x *ListAgentTypesResponse) GetAgentTypes() []*AgentType {
+	if x != nil {
+		return x.AgentTypes
+	}
+	return nil
+}
+
+// FollowAgentLogsRequest names an instance and how much of its tail to send
+// before the new lines.
+type FollowAgentLogsRequest struct {
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	InstanceId string                 `protobuf:"bytes,1,opt,name=instance_id,json=instanceId,proto3" json:"instance_id,omitempty"`
+	// Number of most recent lines first; 0 means the server default.
+	Tail          int32 `protobuf:"varint,2,opt,name=tail,proto3" json:"tail,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FollowAgentLogsRequest) Reset() {
+	*x = FollowAgentLogsRequest{}
+	mi := &file_conclave_runner_v1_runner_proto_msgTypes[22]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FollowAgentLogsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FollowAgentLogsRequest) ProtoMessage() {}
+
+func (x *FollowAgentLogsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_conclave_runner_v1_runner_proto_msgTypes[22]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FollowAgentLogsRequest.ProtoReflect.Descriptor instead.
+func (*FollowAgentLogsRequest) Descriptor() ([]byte, []int) {
+	return file_conclave_runner_v1_runner_proto_rawDescGZIP(), []int{22}
+}
+
+func (x *FollowAgentLogsRequest) GetInstanceId() string {
+	if x != nil {
+		return x.InstanceId
+	}
+	return ""
+}
+
+func (x *FollowAgentLogsRequest) GetTail() int32 {
+	if x != nil {
+		return x.Tail
+	}
+	return 0
+}
+
+// FollowAgentLogsResponse is one line of the stream.
+type FollowAgentLogsResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Line          *LogLine               `protobuf:"bytes,1,opt,name=line,proto3" json:"line,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FollowAgentLogsResponse) Reset() {
+	*x = FollowAgentLogsResponse{}
+	mi := &file_conclave_runner_v1_runner_proto_msgTypes[23]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FollowAgentLogsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FollowAgentLogsResponse) ProtoMessage() {}
+
+func (x *FollowAgentLogsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_conclave_runner_v1_runner_proto_msgTypes[23]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FollowAgentLogsResponse.ProtoReflect.Descriptor instead.
+func (*FollowAgentLogsResponse) Descriptor() ([]byte, []int) {
+	return file_conclave_runner_v1_runner_proto_rawDescGZIP(), []int{23}
+}
+
+func (x *FollowAgentLogsResponse) GetLine() *LogLine {
+	if x != nil {
+		return x.Line
+	}
+	return nil
+}
+
 var File_conclave_runner_v1_runner_proto protoreflect.FileDescriptor
 
 const file_conclave_runner_v1_runner_proto_rawDesc = "" +
@@ -1072,11 +1507,12 @@ const file_conclave_runner_v1_runner_proto_rawDesc = "" +
 	"\vinstance_id\x18\x01 \x01(\tR\n" +
 	"instanceId\"W\n" +
 	"\x16GetAgentStatusResponse\x12=\n" +
-	"\binstance\x18\x01 \x01(\v2!.conclave.runner.v1.AgentInstanceR\binstance\"J\n" +
+	"\binstance\x18\x01 \x01(\v2!.conclave.runner.v1.AgentInstanceR\binstance\"b\n" +
 	"\x13GetAgentLogsRequest\x12\x1f\n" +
 	"\vinstance_id\x18\x01 \x01(\tR\n" +
 	"instanceId\x12\x12\n" +
-	"\x04tail\x18\x02 \x01(\x05R\x04tail\"e\n" +
+	"\x04tail\x18\x02 \x01(\x05R\x04tail\x12\x16\n" +
+	"\x06follow\x18\x03 \x01(\bR\x06follow\"e\n" +
 	"\aLogLine\x12.\n" +
 	"\x04time\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\x04time\x12\x16\n" +
 	"\x06stream\x18\x02 \x01(\tR\x06stream\x12\x12\n" +
@@ -1109,7 +1545,39 @@ const file_conclave_runner_v1_runner_proto_rawDesc = "" +
 	"\x0eGetTaskRequest\x12\x17\n" +
 	"\atask_id\x18\x01 \x01(\tR\x06taskId\"?\n" +
 	"\x0fGetTaskResponse\x12,\n" +
-	"\x04task\x18\x01 \x01(\v2\x18.conclave.runner.v1.TaskR\x04task2\xbb\x05\n" +
+	"\x04task\x18\x01 \x01(\v2\x18.conclave.runner.v1.TaskR\x04task\"5\n" +
+	"\x12DeleteAgentRequest\x12\x1f\n" +
+	"\vinstance_id\x18\x01 \x01(\tR\n" +
+	"instanceId\"?\n" +
+	"\x13DeleteAgentResponse\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x18\n" +
+	"\adeleted\x18\x02 \x01(\bR\adeleted\"\x17\n" +
+	"\x15ListAgentTypesRequest\"\xf3\x02\n" +
+	"\tAgentType\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
+	"\x04name\x18\x02 \x01(\tR\x04name\x12 \n" +
+	"\vdescription\x18\x03 \x01(\tR\vdescription\x12\x14\n" +
+	"\x05image\x18\x04 \x01(\tR\x05image\x12\x18\n" +
+	"\acommand\x18\x05 \x03(\tR\acommand\x12\x1f\n" +
+	"\vworking_dir\x18\x06 \x01(\tR\n" +
+	"workingDir\x12\x1b\n" +
+	"\tmemory_mb\x18\a \x01(\x05R\bmemoryMb\x12\x1b\n" +
+	"\tcpu_cores\x18\b \x01(\x01R\bcpuCores\x12\x18\n" +
+	"\atimeout\x18\t \x01(\tR\atimeout\x12\"\n" +
+	"\fcapabilities\x18\n" +
+	" \x03(\tR\fcapabilities\x12!\n" +
+	"\frequired_env\x18\v \x03(\tR\vrequiredEnv\x12\x1a\n" +
+	"\bprotocol\x18\f \x01(\tR\bprotocol\x12\x18\n" +
+	"\aenabled\x18\r \x01(\bR\aenabled\"X\n" +
+	"\x16ListAgentTypesResponse\x12>\n" +
+	"\vagent_types\x18\x01 \x03(\v2\x1d.conclave.runner.v1.AgentTypeR\n" +
+	"agentTypes\"M\n" +
+	"\x16FollowAgentLogsRequest\x12\x1f\n" +
+	"\vinstance_id\x18\x01 \x01(\tR\n" +
+	"instanceId\x12\x12\n" +
+	"\x04tail\x18\x02 \x01(\x05R\x04tail\"J\n" +
+	"\x17FollowAgentLogsResponse\x12/\n" +
+	"\x04line\x18\x01 \x01(\v2\x1b.conclave.runner.v1.LogLineR\x04line2\xf2\a\n" +
 	"\rRunnerService\x12^\n" +
 	"\vLaunchAgent\x12&.conclave.runner.v1.LaunchAgentRequest\x1a'.conclave.runner.v1.LaunchAgentResponse\x12^\n" +
 	"\vPromptAgent\x12&.conclave.runner.v1.PromptAgentRequest\x1a'.conclave.runner.v1.PromptAgentResponse\x12^\n" +
@@ -1117,7 +1585,10 @@ const file_conclave_runner_v1_runner_proto_rawDesc = "" +
 	"\x0eGetAgentStatus\x12).conclave.runner.v1.GetAgentStatusRequest\x1a*.conclave.runner.v1.GetAgentStatusResponse\x12a\n" +
 	"\fGetAgentLogs\x12'.conclave.runner.v1.GetAgentLogsRequest\x1a(.conclave.runner.v1.GetAgentLogsResponse\x12j\n" +
 	"\x0fGetAgentSession\x12*.conclave.runner.v1.GetAgentSessionRequest\x1a+.conclave.runner.v1.GetAgentSessionResponse\x12R\n" +
-	"\aGetTask\x12\".conclave.runner.v1.GetTaskRequest\x1a#.conclave.runner.v1.GetTaskResponseBCZAgithub.com/conclave-ai/conclave/proto/conclave/runner/v1;runnerv1b\x06proto3"
+	"\aGetTask\x12\".conclave.runner.v1.GetTaskRequest\x1a#.conclave.runner.v1.GetTaskResponse\x12^\n" +
+	"\vDeleteAgent\x12&.conclave.runner.v1.DeleteAgentRequest\x1a'.conclave.runner.v1.DeleteAgentResponse\x12g\n" +
+	"\x0eListAgentTypes\x12).conclave.runner.v1.ListAgentTypesRequest\x1a*.conclave.runner.v1.ListAgentTypesResponse\x12l\n" +
+	"\x0fFollowAgentLogs\x12*.conclave.runner.v1.FollowAgentLogsRequest\x1a+.conclave.runner.v1.FollowAgentLogsResponse0\x01BCZAgithub.com/conclave-ai/conclave/proto/conclave/runner/v1;runnerv1b\x06proto3"
 
 var (
 	file_conclave_runner_v1_runner_proto_rawDescOnce sync.Once
@@ -1131,7 +1602,7 @@ func file_conclave_runner_v1_runner_proto_rawDescGZIP() []byte {
 	return file_conclave_runner_v1_runner_proto_rawDescData
 }
 
-var file_conclave_runner_v1_runner_proto_msgTypes = make([]protoimpl.MessageInfo, 18)
+var file_conclave_runner_v1_runner_proto_msgTypes = make([]protoimpl.MessageInfo, 25)
 var file_conclave_runner_v1_runner_proto_goTypes = []any{
 	(*AgentInstance)(nil),           // 0: conclave.runner.v1.AgentInstance
 	(*LaunchAgentRequest)(nil),      // 1: conclave.runner.v1.LaunchAgentRequest
@@ -1150,42 +1621,57 @@ var file_conclave_runner_v1_runner_proto_goTypes = []any{
 	(*Task)(nil),                    // 14: conclave.runner.v1.Task
 	(*GetTaskRequest)(nil),          // 15: conclave.runner.v1.GetTaskRequest
 	(*GetTaskResponse)(nil),         // 16: conclave.runner.v1.GetTaskResponse
-	nil,                             // 17: conclave.runner.v1.LaunchAgentRequest.EnvEntry
-	(*timestamppb.Timestamp)(nil),   // 18: google.protobuf.Timestamp
-	(*structpb.Struct)(nil),         // 19: google.protobuf.Struct
+	(*DeleteAgentRequest)(nil),      // 17: conclave.runner.v1.DeleteAgentRequest
+	(*DeleteAgentResponse)(nil),     // 18: conclave.runner.v1.DeleteAgentResponse
+	(*ListAgentTypesRequest)(nil),   // 19: conclave.runner.v1.ListAgentTypesRequest
+	(*AgentType)(nil),               // 20: conclave.runner.v1.AgentType
+	(*ListAgentTypesResponse)(nil),  // 21: conclave.runner.v1.ListAgentTypesResponse
+	(*FollowAgentLogsRequest)(nil),  // 22: conclave.runner.v1.FollowAgentLogsRequest
+	(*FollowAgentLogsResponse)(nil), // 23: conclave.runner.v1.FollowAgentLogsResponse
+	nil,                             // 24: conclave.runner.v1.LaunchAgentRequest.EnvEntry
+	(*timestamppb.Timestamp)(nil),   // 25: google.protobuf.Timestamp
+	(*structpb.Struct)(nil),         // 26: google.protobuf.Struct
 }
 var file_conclave_runner_v1_runner_proto_depIdxs = []int32{
-	18, // 0: conclave.runner.v1.AgentInstance.started_at:type_name -> google.protobuf.Timestamp
-	18, // 1: conclave.runner.v1.AgentInstance.finished_at:type_name -> google.protobuf.Timestamp
-	17, // 2: conclave.runner.v1.LaunchAgentRequest.env:type_name -> conclave.runner.v1.LaunchAgentRequest.EnvEntry
-	19, // 3: conclave.runner.v1.LaunchAgentRequest.metadata:type_name -> google.protobuf.Struct
+	25, // 0: conclave.runner.v1.AgentInstance.started_at:type_name -> google.protobuf.Timestamp
+	25, // 1: conclave.runner.v1.AgentInstance.finished_at:type_name -> google.protobuf.Timestamp
+	24, // 2: conclave.runner.v1.LaunchAgentRequest.env:type_name -> conclave.runner.v1.LaunchAgentRequest.EnvEntry
+	26, // 3: conclave.runner.v1.LaunchAgentRequest.metadata:type_name -> google.protobuf.Struct
 	0,  // 4: conclave.runner.v1.LaunchAgentResponse.instance:type_name -> conclave.runner.v1.AgentInstance
 	0,  // 5: conclave.runner.v1.GetAgentStatusResponse.instance:type_name -> conclave.runner.v1.AgentInstance
-	18, // 6: conclave.runner.v1.LogLine.time:type_name -> google.protobuf.Timestamp
+	25, // 6: conclave.runner.v1.LogLine.time:type_name -> google.protobuf.Timestamp
 	10, // 7: conclave.runner.v1.GetAgentLogsResponse.lines:type_name -> conclave.runner.v1.LogLine
-	19, // 8: conclave.runner.v1.Task.metadata:type_name -> google.protobuf.Struct
-	18, // 9: conclave.runner.v1.Task.created_at:type_name -> google.protobuf.Timestamp
-	18, // 10: conclave.runner.v1.Task.updated_at:type_name -> google.protobuf.Timestamp
+	26, // 8: conclave.runner.v1.Task.metadata:type_name -> google.protobuf.Struct
+	25, // 9: conclave.runner.v1.Task.created_at:type_name -> google.protobuf.Timestamp
+	25, // 10: conclave.runner.v1.Task.updated_at:type_name -> google.protobuf.Timestamp
 	14, // 11: conclave.runner.v1.GetTaskResponse.task:type_name -> conclave.runner.v1.Task
-	1,  // 12: conclave.runner.v1.RunnerService.LaunchAgent:input_type -> conclave.runner.v1.LaunchAgentRequest
-	3,  // 13: conclave.runner.v1.RunnerService.PromptAgent:input_type -> conclave.runner.v1.PromptAgentRequest
-	5,  // 14: conclave.runner.v1.RunnerService.CancelAgent:input_type -> conclave.runner.v1.CancelAgentRequest
-	7,  // 15: conclave.runner.v1.RunnerService.GetAgentStatus:input_type -> conclave.runner.v1.GetAgentStatusRequest
-	9,  // 16: conclave.runner.v1.RunnerService.GetAgentLogs:input_type -> conclave.runner.v1.GetAgentLogsRequest
-	12, // 17: conclave.runner.v1.RunnerService.GetAgentSession:input_type -> conclave.runner.v1.GetAgentSessionRequest
-	15, // 18: conclave.runner.v1.RunnerService.GetTask:input_type -> conclave.runner.v1.GetTaskRequest
-	2,  // 19: conclave.runner.v1.RunnerService.LaunchAgent:output_type -> conclave.runner.v1.LaunchAgentResponse
-	4,  // 20: conclave.runner.v1.RunnerService.PromptAgent:output_type -> conclave.runner.v1.PromptAgentResponse
-	6,  // 21: conclave.runner.v1.RunnerService.CancelAgent:output_type -> conclave.runner.v1.CancelAgentResponse
-	8,  // 22: conclave.runner.v1.RunnerService.GetAgentStatus:output_type -> conclave.runner.v1.GetAgentStatusResponse
-	11, // 23: conclave.runner.v1.RunnerService.GetAgentLogs:output_type -> conclave.runner.v1.GetAgentLogsResponse
-	13, // 24: conclave.runner.v1.RunnerService.GetAgentSession:output_type -> conclave.runner.v1.GetAgentSessionResponse
-	16, // 25: conclave.runner.v1.RunnerService.GetTask:output_type -> conclave.runner.v1.GetTaskResponse
-	19, // [19:26] is the sub-list for method output_type
-	12, // [12:19] is the sub-list for method input_type
-	12, // [12:12] is the sub-list for extension type_name
-	12, // [12:12] is the sub-list for extension extendee
-	0,  // [0:12] is the sub-list for field type_name
+	20, // 12: conclave.runner.v1.ListAgentTypesResponse.agent_types:type_name -> conclave.runner.v1.AgentType
+	10, // 13: conclave.runner.v1.FollowAgentLogsResponse.line:type_name -> conclave.runner.v1.LogLine
+	1,  // 14: conclave.runner.v1.RunnerService.LaunchAgent:input_type -> conclave.runner.v1.LaunchAgentRequest
+	3,  // 15: conclave.runner.v1.RunnerService.PromptAgent:input_type -> conclave.runner.v1.PromptAgentRequest
+	5,  // 16: conclave.runner.v1.RunnerService.CancelAgent:input_type -> conclave.runner.v1.CancelAgentRequest
+	7,  // 17: conclave.runner.v1.RunnerService.GetAgentStatus:input_type -> conclave.runner.v1.GetAgentStatusRequest
+	9,  // 18: conclave.runner.v1.RunnerService.GetAgentLogs:input_type -> conclave.runner.v1.GetAgentLogsRequest
+	12, // 19: conclave.runner.v1.RunnerService.GetAgentSession:input_type -> conclave.runner.v1.GetAgentSessionRequest
+	15, // 20: conclave.runner.v1.RunnerService.GetTask:input_type -> conclave.runner.v1.GetTaskRequest
+	17, // 21: conclave.runner.v1.RunnerService.DeleteAgent:input_type -> conclave.runner.v1.DeleteAgentRequest
+	19, // 22: conclave.runner.v1.RunnerService.ListAgentTypes:input_type -> conclave.runner.v1.ListAgentTypesRequest
+	22, // 23: conclave.runner.v1.RunnerService.FollowAgentLogs:input_type -> conclave.runner.v1.FollowAgentLogsRequest
+	2,  // 24: conclave.runner.v1.RunnerService.LaunchAgent:output_type -> conclave.runner.v1.LaunchAgentResponse
+	4,  // 25: conclave.runner.v1.RunnerService.PromptAgent:output_type -> conclave.runner.v1.PromptAgentResponse
+	6,  // 26: conclave.runner.v1.RunnerService.CancelAgent:output_type -> conclave.runner.v1.CancelAgentResponse
+	8,  // 27: conclave.runner.v1.RunnerService.GetAgentStatus:output_type -> conclave.runner.v1.GetAgentStatusResponse
+	11, // 28: conclave.runner.v1.RunnerService.GetAgentLogs:output_type -> conclave.runner.v1.GetAgentLogsResponse
+	13, // 29: conclave.runner.v1.RunnerService.GetAgentSession:output_type -> conclave.runner.v1.GetAgentSessionResponse
+	16, // 30: conclave.runner.v1.RunnerService.GetTask:output_type -> conclave.runner.v1.GetTaskResponse
+	18, // 31: conclave.runner.v1.RunnerService.DeleteAgent:output_type -> conclave.runner.v1.DeleteAgentResponse
+	21, // 32: conclave.runner.v1.RunnerService.ListAgentTypes:output_type -> conclave.runner.v1.ListAgentTypesResponse
+	23, // 33: conclave.runner.v1.RunnerService.FollowAgentLogs:output_type -> conclave.runner.v1.FollowAgentLogsResponse
+	24, // [24:34] is the sub-list for method output_type
+	14, // [14:24] is the sub-list for method input_type
+	14, // [14:14] is the sub-list for extension type_name
+	14, // [14:14] is the sub-list for extension extendee
+	0,  // [0:14] is the sub-list for field type_name
 }
 
 func init() { file_conclave_runner_v1_runner_proto_init() }
@@ -1199,7 +1685,7 @@ func file_conclave_runner_v1_runner_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_conclave_runner_v1_runner_proto_rawDesc), len(file_conclave_runner_v1_runner_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   18,
+			NumMessages:   25,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

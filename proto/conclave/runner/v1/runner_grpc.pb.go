@@ -30,6 +30,9 @@ const (
 	RunnerService_GetAgentLogs_FullMethodName    = "/conclave.runner.v1.RunnerService/GetAgentLogs"
 	RunnerService_GetAgentSession_FullMethodName = "/conclave.runner.v1.RunnerService/GetAgentSession"
 	RunnerService_GetTask_FullMethodName         = "/conclave.runner.v1.RunnerService/GetTask"
+	RunnerService_DeleteAgent_FullMethodName     = "/conclave.runner.v1.RunnerService/DeleteAgent"
+	RunnerService_ListAgentTypes_FullMethodName  = "/conclave.runner.v1.RunnerService/ListAgentTypes"
+	RunnerService_FollowAgentLogs_FullMethodName = "/conclave.runner.v1.RunnerService/FollowAgentLogs"
 )
 
 // RunnerServiceClient is the client API for RunnerService service.
@@ -52,6 +55,14 @@ type RunnerServiceClient interface {
 	GetAgentSession(ctx context.Context, in *GetAgentSessionRequest, opts ...grpc.CallOption) (*GetAgentSessionResponse, error)
 	// GetTask returns a task and its metadata.
 	GetTask(ctx context.Context, in *GetTaskRequest, opts ...grpc.CallOption) (*GetTaskResponse, error)
+	// DeleteAgent stops an instance (killing its process) and removes it.
+	DeleteAgent(ctx context.Context, in *DeleteAgentRequest, opts ...grpc.CallOption) (*DeleteAgentResponse, error)
+	// ListAgentTypes lists the agent types instances can be launched as.
+	ListAgentTypes(ctx context.Context, in *ListAgentTypesRequest, opts ...grpc.CallOption) (*ListAgentTypesResponse, error)
+	// FollowAgentLogs streams an instance's logs: the tail, then each new
+	// line until the instance's process ends. REST serves it as
+	// GET /api/v1/agents/{instance_id}/logs?follow=true, newline-delimited JSON.
+	FollowAgentLogs(ctx context.Context, in *FollowAgentLogsRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[FollowAgentLogsResponse], error)
 }
 
 type runnerServiceClient struct {
@@ -132,6 +143,45 @@ func (c *runnerServiceClient) GetTask(ctx context.Context, in *GetTaskRequest, o
 	return out, nil
 }
 
+func (c *runnerServiceClient) DeleteAgent(ctx context.Context, in *DeleteAgentRequest, opts ...grpc.CallOption) (*DeleteAgentResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(DeleteAgentResponse)
+	err := c.cc.Invoke(ctx, RunnerService_DeleteAgent_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *runnerServiceClient) ListAgentTypes(ctx context.Context, in *ListAgentTypesRequest, opts ...grpc.CallOption) (*ListAgentTypesResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListAgentTypesResponse)
+	err := c.cc.Invoke(ctx, RunnerService_ListAgentTypes_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *runnerServiceClient) FollowAgentLogs(ctx context.Context, in *FollowAgentLogsRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[FollowAgentLogsResponse], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &RunnerService_ServiceDesc.Streams[0], RunnerService_FollowAgentLogs_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[FollowAgentLogsRequest, FollowAgentLogsResponse]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type RunnerService_FollowAgentLogsClient = grpc.ServerStreamingClient[FollowAgentLogsResponse]
+
 // RunnerServiceServer is the server API for RunnerService service.
 // All implementations must embed UnimplementedRunnerServiceServer
 // for forward compatibility.
@@ -152,6 +202,14 @@ type RunnerServiceServer interface {
 	GetAgentSession(context.Context, *GetAgentSessionRequest) (*GetAgentSessionResponse, error)
 	// GetTask returns a task and its metadata.
 	GetTask(context.Context, *GetTaskRequest) (*GetTaskResponse, error)
+	// DeleteAgent stops an instance (killing its process) and removes it.
+	DeleteAgent(context.Context, *DeleteAgentRequest) (*DeleteAgentResponse, error)
+	// ListAgentTypes lists the agent types instances can be launched as.
+	ListAgentTypes(context.Context, *ListAgentTypesRequest) (*ListAgentTypesResponse, error)
+	// FollowAgentLogs streams an instance's logs: the tail, then each new
+	// line until the instance's process ends. REST serves it as
+	// GET /api/v1/agents/{instance_id}/logs?follow=true, newline-delimited JSON.
+	FollowAgentLogs(*FollowAgentLogsRequest, grpc.ServerStreamingServer[FollowAgentLogsResponse]) error
 	mustEmbedUnimplementedRunnerServiceServer()
 }
 
@@ -182,6 +240,15 @@ func (UnimplementedRunnerServiceServer) GetAgentSession(context.Context, *GetAge
 }
 func (UnimplementedRunnerServiceServer) GetTask(context.Context, *GetTaskRequest) (*GetTaskResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method GetTask not implemented")
+}
+func (UnimplementedRunnerServiceServer) DeleteAgent(context.Context, *DeleteAgentRequest) (*DeleteAgentResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method DeleteAgent not implemented")
+}
+func (UnimplementedRunnerServiceServer) ListAgentTypes(context.Context, *ListAgentTypesRequest) (*ListAgentTypesResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListAgentTypes not implemented")
+}
+func (UnimplementedRunnerServiceServer) FollowAgentLogs(*FollowAgentLogsRequest, grpc.ServerStreamingServer[FollowAgentLogsResponse]) error {
+	return status.Error(codes.Unimplemented, "method FollowAgentLogs not implemented")
 }
 func (UnimplementedRunnerServiceServer) mustEmbedUnimplementedRunnerServiceServer() {}
 func (UnimplementedRunnerServiceServer) testEmbeddedByValue()                       {}
@@ -330,6 +397,53 @@ func _RunnerService_GetTask_Handler(srv interface{}, ctx context.Context, dec fu
 	return interceptor(ctx, in, info, handler)
 }
 
+func _RunnerService_DeleteAgent_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(DeleteAgentRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(RunnerServiceServer).DeleteAgent(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: RunnerService_DeleteAgent_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(RunnerServiceServer).DeleteAgent(ctx, req.(*DeleteAgentRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _RunnerService_ListAgentTypes_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListAgentTypesRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(RunnerServiceServer).ListAgentTypes(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: RunnerService_ListAgentTypes_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(RunnerServiceServer).ListAgentTypes(ctx, req.(*ListAgentTypesRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _RunnerService_FollowAgentLogs_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(FollowAgentLogsRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(RunnerServiceServer).FollowAgentLogs(m, &grpc.GenericServerStream[FollowAgentLogsRequest, FollowAgentLogsResponse]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type RunnerService_FollowAgentLogsServer = grpc.ServerStreamingServer[FollowAgentLogsResponse]
+
 // RunnerService_ServiceDesc is the grpc.ServiceDesc for RunnerService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -365,7 +479,21 @@ var RunnerService_ServiceDesc = grpc.ServiceDesc{
 			MethodName: "GetTask",
 			Handler:    _RunnerService_GetTask_Handler,
 		},
+		{
+			MethodName: "DeleteAgent",
+			Handler:    _RunnerService_DeleteAgent_Handler,
+		},
+		{
+			MethodName: "ListAgentTypes",
+			Handler:    _RunnerService_ListAgentTypes_Handler,
+		},
 	},
-	Streams:  []grpc.StreamDesc{},
+	Streams: []grpc.StreamDesc{
+		{
+			StreamName:    "FollowAgentLogs",
+			Handler:       _RunnerService_FollowAgentLogs_Handler,
+			ServerStreams: true,
+		},
+	},
 	Metadata: "conclave/runner/v1/runner.proto",
 }

@@ -1,0 +1,94 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// TestDevServesRunner runs conclave dev with the example ACP agent as an
+// agent type and drives it with `conclave runner`: types, launch, status,
+// logs --follow until the launch ends, prompt, cancel, delete.
+func TestDevServesRunner(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts the conclave binary and an agent")
+	}
+	t.Parallel()
+	dir := t.TempDir()
+	agent := filepath.Join(dir, "acp-agent")
+	build := exec.Command("go", "build", "-o", agent, ".")
+	build.Dir = "../../examples/acp-agent"
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("building examples/acp-agent: %v\n%s", err, out)
+	}
+	types := filepath.Join(dir, "types.yaml")
+	if err := os.WriteFile(types, []byte(fmt.Sprintf("agent_types:\n  - id: example\n    command: [%q]\n    permission: allow\n    enabled: true\n", agent)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	ws := filepath.Join(dir, "ws")
+	if err := os.Mkdir(ws, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	_, addrs, stderr := devProcess(t, filepath.Join(dir, "data"), "--runner-agent-types="+types, "--runner-workspace-roots="+dir,
+		"--runner-idle-timeout=1ms")
+	addr := addrs["runner HTTP"]
+	if addr == "" || addrs["runner gRPC"] == "" {
+		t.Fatalf("no runner rows in the endpoint table: %v\n%s", addrs, stderr)
+	}
+	env := map[string]string{"CONCLAVE_RUNNER_URL": "http://" + addr}
+	lookup := func(k string) (string, bool) { v, ok := env[k]; return v, ok }
+	run := func(args ...string) (string, error) {
+		var out, errOut bytes.Buffer
+		err := runRunner(context.Background(), args, lookup, &out, &errOut)
+		return out.String(), err
+	}
+	if out, err := run("types"); err != nil || !strings.Contains(out, `"example"`) || !strings.Contains(out, `"augment-agent"`) {
+		t.Fatalf("types: %s %v", out, err)
+	}
+	if _, err := run("launch", "--type", "nope", "--workspace", ws); err == nil || !strings.Contains(err.Error(), "validation_error") {
+		t.Fatalf("launch of an unknown type: %v", err)
+	}
+	out, err := run("launch", "--type", "example", "--workspace", ws, "--prompt", "write the notes", "--task", "cli-task")
+	if err != nil {
+		t.Fatalf("launch: %s %v", out, err)
+	}
+	var in struct{ ID, Status string }
+	if err := json.Unmarshal([]byte(out), &in); err != nil || in.Status != "starting" {
+		t.Fatalf("launch printed %s (%v)", out, err)
+	}
+	// --follow returns when the launch ends: after the turn, as the idle
+	// timeout is 1ms.
+	logs, err := run("logs", in.ID, "--follow", "--tail", "1000")
+	if err != nil {
+		t.Fatalf("logs --follow: %v", err)
+	}
+	for _, want := range []string{"content: Working on: write the notes", "status: completed", "idle for"} {
+		if !strings.Contains(logs, want) {
+			t.Errorf("logs --follow lack %q:\n%s", want, logs)
+		}
+	}
+	if out, err := run("status", in.ID); err != nil || !strings.Contains(out, `"completed"`) {
+		t.Fatalf("status: %s %v", out, err)
+	}
+	if out, err := run("prompt", in.ID, "and again"); err != nil || !strings.Contains(out, `"accepted": true`) {
+		t.Fatalf("prompt: %s %v", out, err)
+	}
+	if out, err := run("logs", in.ID, "--follow"); err != nil || !strings.Contains(out, "Working on: and again") {
+		t.Fatalf("logs after the prompt: %s %v", out, err)
+	}
+	if out, err := run("cancel", in.ID); err != nil || !strings.Contains(out, in.ID) {
+		t.Fatalf("cancel: %s %v", out, err)
+	}
+	if out, err := run("delete", in.ID); err != nil || !strings.Contains(out, `"deleted": true`) {
+		t.Fatalf("delete: %s %v", out, err)
+	}
+	if _, err := run("status", in.ID); err == nil || !strings.Contains(err.Error(), "not_found") {
+		t.Fatalf("status after delete: %v", err)
+	}
+}

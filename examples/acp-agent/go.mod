@@ -1,0 +1,3 @@
+module github.com/conclave-ai/conclave/examples/acp-agent
+
+go 1.26.8

@@ -1,0 +1,357 @@
+// Command acp-agent is Conclave's example agent on stdio. It speaks the
+// Agent Client Protocol of agentclientprotocol.com (-dialect acp), seed
+// 002's Kandev dialect (-dialect kandev) or seed 002's legacy line format
+// (-dialect legacy). A turn streams content, makes a tool call (writing
+// notes.txt in the session's directory through fs/write_text_file, after
+// asking permission), and ends. -mode makes it misbehave, for the runner's
+// failure tests:
+//
+//	normal         as above
+//	slow-tool      the tool call waits until cancelled (or 60s)
+//	ignore-cancel  like slow-tool, but ignores session/cancel
+//	hang           never answers session/prompt, never ends the turn
+//	hang-init      never answers initialize
+//	hang-init-once never answers initialize the first time it runs in a
+//	               directory (it leaves .acp-agent-hung there), then is normal
+//	crash          exits with status 3 in the middle of a turn
+//	junk           first writes lines the runner must survive: not JSON,
+//	               not UTF-8, an oversized line, an update before
+//	               initialize, a response to an unknown id
+//
+// -flood N makes a turn stream N agent_message_chunk notifications as fast
+// as it can, and nothing else, for the runner's benchmarks.
+//
+// It logs to stderr, including the TRACEPARENT it was given, and puts a
+// child of that trace in params._meta.traceparent of its notifications.
+package main
+
+import (
+	"bufio"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+)
+
+type message struct {
+	JSONRPC string          `json:"jsonrpc"`
+	ID      json.RawMessage `json:"id,omitempty"`
+	Method  string          `json:"method,omitempty"`
+	Params  json.RawMessage `json:"params,omitempty"`
+	Result  json.RawMessage `json:"result,omitempty"`
+	Error   json.RawMessage `json:"error,omitempty"`
+}
+
+type agent struct {
+	dialect, mode string
+	flood         int
+	traceparent   string
+	out           *bufio.Writer
+	mu            sync.Mutex
+	nextID        int
+	pending       map[string]chan message
+	cancel        chan struct{}
+	cancelOnce    *sync.Once
+	cwd           string
+	sessionID     string
+}
+
+func main() {
+	dialect := flag.String("dialect", "acp", "acp, kandev or legacy")
+	mode := flag.String("mode", "normal", "normal, slow-tool, ignore-cancel, hang, hang-init, hang-init-once, crash or junk")
+	flood := flag.Int("flood", 0, "stream this many chunks per turn and nothing else")
+	flag.Parse()
+	a := &agent{dialect: *dialect, mode: *mode, flood: *flood, out: bufio.NewWriterSize(os.Stdout, 64<<10), pending: map[string]chan message{}}
+	if tp := os.Getenv("TRACEPARENT"); tp != "" {
+		a.traceparent = childTraceparent(tp)
+		fmt.Fprintln(os.Stderr, "acp-agent: TRACEPARENT", tp)
+	}
+	fmt.Fprintf(os.Stderr, "acp-agent: dialect %s, mode %s\n", *dialect, *mode)
+	if *mode == "junk" {
+		a.junk()
+	}
+	if *dialect == "legacy" {
+		a.legacy()
+		return
+	}
+	in := bufio.NewScanner(os.Stdin)
+	in.Buffer(make([]byte, 1<<20), 16<<20)
+	for in.Scan() {
+		var m message
+		if err := json.Unmarshal(in.Bytes(), &m); err != nil {
+			fmt.Fprintln(os.Stderr, "acp-agent: bad line:", err)
+			continue
+		}
+		switch {
+		case m.Method == "" && m.ID != nil:
+			a.mu.Lock()
+			ch := a.pending[string(m.ID)]
+			delete(a.pending, string(m.ID))
+			a.mu.Unlock()
+			if ch != nil {
+				ch <- m
+			}
+		case m.Method != "":
+			a.handle(m)
+		}
+	}
+	fmt.Fprintln(os.Stderr, "acp-agent: stdin closed; exiting")
+}
+
+// childTraceparent keeps the trace id of tp and makes a new span id.
+func childTraceparent(tp string) string {
+	parts := strings.Split(tp, "-")
+	if len(parts) != 4 {
+		return ""
+	}
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	return parts[0] + "-" + parts[1] + "-" + hex.EncodeToString(b[:]) + "-" + parts[3]
+}
+
+func (a *agent) write(v any) {
+	data, _ := json.Marshal(v)
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.out.Write(data)
+	a.out.WriteByte('\n')
+	a.out.Flush()
+}
+
+func (a *agent) respond(id json.RawMessage, result any) {
+	a.write(map[string]any{"jsonrpc": "2.0", "id": id, "result": result})
+}
+
+func (a *agent) respondError(id json.RawMessage, code int, msg string) {
+	a.write(map[string]any{"jsonrpc": "2.0", "id": id, "error": map[string]any{"code": code, "message": msg}})
+}
+
+func (a *agent) notify(method string, params map[string]any) {
+	if a.traceparent != "" {
+		params["_meta"] = map[string]any{"traceparent": a.traceparent}
+	}
+	a.write(map[string]any{"jsonrpc": "2.0", "method": method, "params": params})
+}
+
+// call sends a request to the client and waits for its response.
+func (a *agent) call(method string, params any) message {
+	a.mu.Lock()
+	a.nextID++
+	id := fmt.Sprintf("%d", 1000+a.nextID)
+	ch := make(chan message, 1)
+	a.pending[id] = ch
+	a.mu.Unlock()
+	a.write(map[string]any{"jsonrpc": "2.0", "id": json.RawMessage(id), "method": method, "params": params})
+	return <-ch
+}
+
+func (a *agent) handle(m message) {
+	switch m.Method {
+	case "initialize":
+		if a.mode == "hang-init" {
+			return
+		}
+		if a.mode == "hang-init-once" {
+			if _, err := os.Stat(".acp-agent-hung"); err != nil {
+				_ = os.WriteFile(".acp-agent-hung", nil, 0o644)
+				return
+			}
+		}
+		if a.dialect == "kandev" {
+			a.respond(m.ID, map[string]any{"protocolVersion": "1.0", "serverInfo": map[string]string{"name": "conclave-acp-agent", "version": "1.0.0"},
+				"capabilities": map[string]bool{"streaming": true, "sessionResumption": true}})
+			return
+		}
+		a.respond(m.ID, map[string]any{"protocolVersion": 1, "agentCapabilities": map[string]any{"loadSession": true},
+			"agentInfo": map[string]string{"name": "conclave-acp-agent", "version": "1.0.0"}})
+	case "session/new", "session/load":
+		var p struct {
+			Cwd       string `json:"cwd"`
+			SessionID string `json:"sessionId"`
+		}
+		_ = json.Unmarshal(m.Params, &p)
+		a.cwd = p.Cwd
+		if a.cwd == "" {
+			a.cwd, _ = os.Getwd()
+		}
+		a.sessionID = p.SessionID
+		if a.sessionID == "" {
+			var b [8]byte
+			_, _ = rand.Read(b[:])
+			a.sessionID = "sess-" + hex.EncodeToString(b[:])
+		}
+		if m.Method == "session/load" {
+			fmt.Fprintln(os.Stderr, "acp-agent: loaded session", a.sessionID)
+			a.respond(m.ID, map[string]any{"sessionId": a.sessionID, "loaded": true})
+			return
+		}
+		a.respond(m.ID, map[string]any{"sessionId": a.sessionID})
+	case "session/prompt":
+		a.cancel, a.cancelOnce = make(chan struct{}), &sync.Once{}
+		go a.turn(m)
+	case "session/cancel":
+		fmt.Fprintln(os.Stderr, "acp-agent: session/cancel received")
+		if a.mode == "ignore-cancel" {
+			return
+		}
+		if a.dialect == "kandev" {
+			// Seed 002's agents clean up and exit on cancel.
+			os.Exit(0)
+		}
+		if a.cancel != nil {
+			a.cancelOnce.Do(func() { close(a.cancel) })
+		}
+	default:
+		if m.ID != nil {
+			a.respondError(m.ID, -32601, "Method not found: "+m.Method)
+		}
+	}
+}
+
+func (a *agent) prompt(params json.RawMessage) string {
+	var p struct {
+		Message string `json:"message"`
+		Prompt  []struct {
+			Text string `json:"text"`
+		} `json:"prompt"`
+	}
+	_ = json.Unmarshal(params, &p)
+	if p.Message != "" {
+		return p.Message
+	}
+	var parts []string
+	for _, b := range p.Prompt {
+		parts = append(parts, b.Text)
+	}
+	return strings.Join(parts, "")
+}
+
+func (a *agent) update(acpUpdate map[string]any, kandevType string, kandevData map[string]any) {
+	if a.dialect == "kandev" {
+		a.notify("session/update", map[string]any{"type": kandevType, "data": kandevData})
+		return
+	}
+	a.notify("session/update", map[string]any{"sessionId": a.sessionID, "update": acpUpdate})
+}
+
+func (a *agent) turn(m message) {
+	if a.flood > 0 {
+		a.floodTurn(m)
+		return
+	}
+	text := a.prompt(m.Params)
+	if a.mode == "hang" {
+		fmt.Fprintln(os.Stderr, "acp-agent: hanging on purpose")
+		return
+	}
+	if a.dialect == "kandev" {
+		a.respond(m.ID, map[string]any{"accepted": true})
+	}
+	a.update(map[string]any{"sessionUpdate": "agent_message_chunk", "content": map[string]any{"type": "text", "text": "Working on: " + text}},
+		"content", map[string]any{"text": "Working on: " + text})
+	if a.mode == "crash" {
+		fmt.Fprintln(os.Stderr, "acp-agent: crashing on purpose")
+		os.Exit(3)
+	}
+	a.update(map[string]any{"sessionUpdate": "plan", "entries": []map[string]any{
+		{"content": "read the prompt", "priority": "high", "status": "completed"},
+		{"content": "write notes.txt", "priority": "high", "status": "in_progress"}}},
+		"progress", map[string]any{"text": "halfway", "progress": 50})
+	a.update(map[string]any{"sessionUpdate": "tool_call", "toolCallId": "call_1", "title": "write notes.txt", "kind": "edit", "status": "pending"},
+		"toolCall", map[string]any{"toolName": "file_edit", "status": "running", "args": map[string]any{"file": "notes.txt"}})
+	stop := "end_turn"
+	switch a.mode {
+	case "slow-tool", "ignore-cancel":
+		select {
+		case <-a.cancel:
+			stop = "cancelled"
+		case <-time.After(60 * time.Second):
+		}
+	}
+	if stop == "end_turn" && a.dialect == "acp" {
+		perm := a.call("session/request_permission", map[string]any{"sessionId": a.sessionID,
+			"toolCall": map[string]any{"toolCallId": "call_1", "title": "write notes.txt", "kind": "edit", "status": "pending"},
+			"options":  []map[string]any{{"optionId": "allow", "name": "Allow", "kind": "allow_once"}, {"optionId": "reject", "name": "Reject", "kind": "reject_once"}}})
+		var outcome struct {
+			Outcome struct {
+				Outcome  string `json:"outcome"`
+				OptionID string `json:"optionId"`
+			} `json:"outcome"`
+		}
+		_ = json.Unmarshal(perm.Result, &outcome)
+		status := "failed"
+		if outcome.Outcome.OptionID == "allow" {
+			res := a.call("fs/write_text_file", map[string]any{"sessionId": a.sessionID, "path": filepath.Join(a.cwd, "notes.txt"), "content": "notes on: " + text + "\n"})
+			if res.Error == nil {
+				status = "completed"
+			} else {
+				fmt.Fprintln(os.Stderr, "acp-agent: fs/write_text_file failed:", string(res.Error))
+			}
+		}
+		a.update(map[string]any{"sessionUpdate": "tool_call_update", "toolCallId": "call_1", "status": status}, "", nil)
+	}
+	if stop == "cancelled" {
+		a.respond(m.ID, map[string]any{"stopReason": "cancelled"})
+		return
+	}
+	a.update(map[string]any{"sessionUpdate": "agent_message_chunk", "content": map[string]any{"type": "text", "text": " Done."}},
+		"complete", map[string]any{"sessionId": a.sessionID, "success": true, "summary": "Done: " + text})
+	if a.dialect == "acp" {
+		a.respond(m.ID, map[string]any{"stopReason": "end_turn"})
+	}
+}
+
+// legacy reports a whole run in seed 002's legacy line format and exits.
+func (a *agent) legacy() {
+	now := func() string { return time.Now().UTC().Format(time.RFC3339) }
+	for _, l := range []map[string]any{
+		{"type": "status", "data": map[string]any{"status": "started"}},
+		{"type": "progress", "data": map[string]any{"percentage": 50, "current_file": "main.go"}},
+		{"type": "log", "data": map[string]any{"level": "info", "message": "halfway there"}},
+		{"type": "heartbeat", "data": map[string]any{}},
+		{"type": "result", "data": map[string]any{"status": "completed", "summary": "legacy run done"}},
+	} {
+		l["timestamp"] = now()
+		a.write(l)
+	}
+}
+
+// junk writes what a misbehaving agent might.
+func (a *agent) junk() {
+	a.mu.Lock()
+	a.out.WriteString("this is not JSON\n")
+	a.out.Write([]byte{'{', '"', 0xff, 0xfe, '"', '}', '\n'})
+	big := make([]byte, 10<<20)
+	for i := range big {
+		big[i] = 'x'
+	}
+	a.out.WriteString(`{"jsonrpc":"2.0","method":"session/update","params":{"pad":"`)
+	a.out.Write(big)
+	a.out.WriteString("\"}}\n")
+	a.out.WriteString(`{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"early","update":{"sessionUpdate":"agent_message_chunk","content":{"type":"text","text":"too early"}}}}` + "\n")
+	a.out.WriteString(`{"jsonrpc":"2.0","id":987654,"result":{}}` + "\n")
+	a.out.WriteString(`{"jsonrpc":"2.0","method":"session/up`) // a partial line, completed by the next write
+	a.out.WriteString("\n")
+	a.out.Flush()
+	a.mu.Unlock()
+}
+
+// floodTurn writes a.flood chunks through one buffer, flushed when full, so
+// that the reader, not the writer, is what a benchmark measures.
+func (a *agent) floodTurn(m message) {
+	line := []byte(`{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"` + a.sessionID +
+		`","update":{"sessionUpdate":"agent_message_chunk","content":{"type":"text","text":"a chunk of streamed text, typical of a model's output"}}}}` + "\n")
+	a.mu.Lock()
+	for range a.flood {
+		a.out.Write(line)
+	}
+	a.out.Flush()
+	a.mu.Unlock()
+	a.respond(m.ID, map[string]any{"stopReason": "end_turn"})
+}

@@ -1,0 +1,72 @@
+// Command runner runs the ACP agent runner (seed 002).
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/conclave-ai/conclave/pkg/config"
+	"github.com/conclave-ai/conclave/pkg/queue"
+	"github.com/conclave-ai/conclave/pkg/store"
+	"github.com/conclave-ai/conclave/services/runner/service"
+)
+
+type appConfig struct {
+	config.Common
+	Storage config.Storage
+	Runner  service.Config
+	// TablePrefix separates environments sharing one AWS account.
+	TablePrefix string `env:"CONCLAVE_TABLE_PREFIX" default:"conclave-" help:"prefix of the DynamoDB table names"`
+}
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, os.Args[1:]); err != nil {
+		if errors.Is(err, config.ErrHelp) {
+			os.Exit(0)
+		}
+		fmt.Fprintln(os.Stderr, "runner:", err)
+		os.Exit(1)
+	}
+}
+
+func run(ctx context.Context, args []string) error {
+	var cfg appConfig
+	if err := config.Load(ctx, &cfg, "runner", args, os.LookupEnv, os.Stderr); err != nil {
+		return err
+	}
+	logger := cfg.Logger(os.Stderr, "runner")
+	tel, stopTelemetry, err := cfg.Telemetry(ctx, "conclave-runner", "")
+	if err != nil {
+		return err
+	}
+	defer stopTelemetry()
+	st, err := store.Open(ctx, cfg.Storage, cfg.TablePrefix)
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+	if err := store.EnsureTables(ctx, st, service.Tables...); err != nil {
+		return err
+	}
+	q, err := queue.Open(ctx, cfg.Storage)
+	if err != nil {
+		return err
+	}
+	defer q.Close()
+	for _, d := range service.Queues(cfg.Runner) {
+		if err := q.Ensure(ctx, d); err != nil {
+			return err
+		}
+	}
+	r, err := service.New(cfg.Runner, service.Deps{Store: st, Queue: q, Logger: logger, Telemetry: tel})
+	if err != nil {
+		return err
+	}
+	return r.Run(ctx)
+}

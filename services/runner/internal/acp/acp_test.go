@@ -1,0 +1,155 @@
+package acp
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"sync"
+	"testing"
+)
+
+type nopWriteCloser struct{ io.Writer }
+
+func (nopWriteCloser) Close() error { return nil }
+
+// recorder collects what a client reports.
+type recorder struct {
+	mu      sync.Mutex
+	updates []Update
+	drops   []string
+}
+
+func (r *recorder) opts(dialect string) Options {
+	return Options{
+		Dialect:  dialect,
+		OnUpdate: func(_ context.Context, u Update) { r.mu.Lock(); r.updates = append(r.updates, u); r.mu.Unlock() },
+		OnDrop:   func(reason string) { r.mu.Lock(); r.drops = append(r.drops, reason); r.mu.Unlock() },
+		MaxLine:  1 << 20,
+	}
+}
+
+// run feeds input to a client as the agent's stdout and waits for the end.
+func run(t testing.TB, input string, o Options, initialized bool) *Client {
+	c := New(strings.NewReader(input), nopWriteCloser{io.Discard}, o)
+	c.initialized.Store(initialized)
+	<-c.Done()
+	return c
+}
+
+func TestBadLines(t *testing.T) {
+	t.Parallel()
+	big := `{"jsonrpc":"2.0","method":"session/update","params":{"x":"` + strings.Repeat("a", 2<<20) + `"}}`
+	for _, tt := range []struct {
+		name        string
+		input       string
+		initialized bool
+		drops       []string
+		updates     int
+	}{
+		{"not JSON", "hello\n", true, []string{DropNotJSON}, 0},
+		{"not UTF-8", "{\"jsonrpc\":\"2.0\",\"method\":\"session/update\",\"params\":{\"type\":\"content\",\"data\":{\"text\":\"\xff\"}}}\n", true, []string{DropNotUTF8}, 0},
+		{"a line over the limit, then a good one", big + "\n" + `{"jsonrpc":"2.0","method":"session/update","params":{"type":"content","data":{"text":"ok"}}}` + "\n", true, []string{DropTooLong}, 1},
+		{"an update before initialize", `{"jsonrpc":"2.0","method":"session/update","params":{"type":"content","data":{"text":"early"}}}` + "\n", false, []string{DropEarly}, 0},
+		{"an update without a type", `{"jsonrpc":"2.0","method":"session/update","params":{"data":{}}}` + "\n", true, []string{DropBadUpdate}, 0},
+		{"a response to an unknown id", `{"jsonrpc":"2.0","id":42,"result":{}}` + "\n", true, []string{DropUnknownResponse}, 0},
+		{"a partial last line", `{"jsonrpc":"2.0","method":"session/upd`, true, nil, 0},
+		{"legacy lines", `{"type":"progress","data":{"percentage":40}}` + "\n" + `{"type":"bogus"}` + "\n", true, []string{DropUnknownType}, 1},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			var r recorder
+			run(t, tt.input, r.opts(DialectKandev), tt.initialized)
+			if strings.Join(r.drops, ",") != strings.Join(tt.drops, ",") || len(r.updates) != tt.updates {
+				t.Fatalf("drops %v, updates %d; want %v, %d", r.drops, len(r.updates), tt.drops, tt.updates)
+			}
+		})
+	}
+}
+
+func TestDecodeUpdates(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct {
+		dialect, params string
+		want            Update
+	}{
+		{DialectACP, `{"sessionId":"s","update":{"sessionUpdate":"agent_message_chunk","content":{"type":"text","text":"hi"}}}`, Update{Kind: KindContent, Text: "hi", Progress: -1}},
+		{DialectACP, `{"sessionId":"s","update":{"sessionUpdate":"tool_call","toolCallId":"c1","title":"Edit","status":"pending"}}`, Update{Kind: KindToolCall, ToolCallID: "c1", ToolName: "Edit", ToolStatus: "pending", Progress: -1}},
+		{DialectACP, `{"sessionId":"s","update":{"sessionUpdate":"plan","entries":[{"status":"completed"},{"status":"pending"}]}}`, Update{Kind: KindPlan, Progress: 50}},
+		{DialectKandev, `{"type":"complete","data":{"sessionId":"abc","success":true,"summary":"done"}}`, Update{Kind: KindComplete, Success: true, SessionID: "abc", Text: "done", Progress: 100}},
+		{DialectKandev, `{"type":"error","data":{"message":"bad","details":"line 45"}}`, Update{Kind: KindError, Text: "bad line 45", Progress: -1}},
+	} {
+		var (
+			got Update
+			err error
+		)
+		if tt.dialect == DialectACP {
+			got, err = decodeACP([]byte(tt.params))
+		} else {
+			got, err = decodeKandev([]byte(tt.params))
+		}
+		if err != nil || !reflect.DeepEqual(got, tt.want) {
+			t.Errorf("%s: got %+v, %v; want %+v", tt.params, got, err, tt.want)
+		}
+	}
+}
+
+func TestConfine(t *testing.T) {
+	t.Parallel()
+	root := t.TempDir()
+	outside := t.TempDir()
+	if err := os.Symlink(outside, filepath.Join(root, "out")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(filepath.Join(outside, "f"), filepath.Join(root, "link")); err != nil {
+		t.Fatal(err)
+	}
+	for _, tt := range []struct {
+		path string
+		ok   bool
+	}{
+		{filepath.Join(root, "a.txt"), true},
+		{filepath.Join(root, "..", filepath.Base(outside), "f"), false},
+		{filepath.Join(root, "out", "f"), false},
+		{filepath.Join(root, "link"), false},
+		{"relative.txt", false},
+		{"/etc/passwd", false},
+	} {
+		_, err := Confine(root, tt.path)
+		if (err == nil) != tt.ok {
+			t.Errorf("Confine(%s) = %v, want ok %v", tt.path, err, tt.ok)
+		}
+	}
+}
+
+// FuzzLineDecoder feeds arbitrary agent output through the line filter, the
+// JSON-RPC connection and both dialects' update decoders: nothing may panic
+// or hang, and the client must end when the output does.
+func FuzzLineDecoder(f *testing.F) {
+	for _, seed := range []string{
+		`{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"s","update":{"sessionUpdate":"agent_message_chunk","content":{"type":"text","text":"hi"}}}}` + "\n",
+		`{"jsonrpc":"2.0","method":"session/update","params":{"type":"toolCall","data":{"toolName":"x","args":{}}}}` + "\n",
+		`{"type":"result","data":{"status":"completed"}}` + "\n",
+		`{"type":"progress","data":{"percentage":"x"}}` + "\n",
+		"not json\n\xff\xfe\n",
+		`[{"jsonrpc":"2.0","id":1,"result":{}}]` + "\n",
+		`{"jsonrpc":"2.0","id":"a","method":"fs/read_text_file","params":{"path":"/etc/passwd"}}` + "\n",
+		`{"jsonrpc":"2.0","id":2,"method":"session/request_permission","params":{"options":[{"optionId":"a","kind":"allow_once","name":"A"}]}}` + "\n",
+	} {
+		f.Add([]byte(seed))
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		for _, dialect := range []string{DialectACP, DialectKandev} {
+			var out bytes.Buffer
+			var r recorder
+			o := r.opts(dialect)
+			o.MaxLine = 4096
+			c := New(bytes.NewReader(data), nopWriteCloser{&out}, o)
+			c.initialized.Store(true)
+			<-c.Done()
+		}
+	})
+}

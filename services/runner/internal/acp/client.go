@@ -1,0 +1,404 @@
+// Package acp is the runner's client for agents on stdio: seed 002's Kandev
+// dialect and the Agent Client Protocol of agentclientprotocol.com, detected
+// from initialize or fixed per agent type, plus seed 002's legacy line
+// format. It is built on pkg/jsonrpc; the ACP dialect's requests use the
+// types of github.com/coder/acp-go-sdk (see docs/runner.md for why not its
+// connection).
+package acp
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	sdk "github.com/coder/acp-go-sdk"
+
+	"github.com/conclave-ai/conclave/pkg/jsonrpc"
+)
+
+// Dialects.
+const (
+	DialectACP    = "acp"
+	DialectKandev = "kandev"
+	DialectLegacy = "legacy"
+)
+
+// Kinds of Update, the dialects' session/update types and legacy line
+// types mapped onto one vocabulary.
+const (
+	KindContent        = "content"          // kandev content, acp agent_message_chunk
+	KindThought        = "thought"          // acp agent_thought_chunk
+	KindToolCall       = "tool_call"        // kandev toolCall, acp tool_call
+	KindToolCallUpdate = "tool_call_update" // acp tool_call_update
+	KindPlan           = "plan"             // acp plan
+	KindComplete       = "complete"         // kandev complete, legacy result
+	KindError          = "error"            // kandev and legacy error
+	KindProgress       = "progress"         // legacy progress
+	KindLog            = "log"              // legacy log
+	KindStatus         = "status"           // legacy status
+	KindHeartbeat      = "heartbeat"        // legacy heartbeat
+	KindOther          = "other"            // any other acp sessionUpdate
+)
+
+// Update is one session/update or legacy line, normalized.
+type Update struct {
+	Kind string
+	// Text is the content chunk, error message or log line.
+	Text       string
+	ToolCallID string
+	ToolName   string
+	ToolStatus string
+	// Progress is 0-100, or -1 when the update says nothing of it.
+	Progress int
+	// Success is set by complete updates.
+	Success bool
+	// SessionID is set by kandev complete updates.
+	SessionID string
+	// Raw is the update as the agent sent it: session/update params, or the
+	// legacy line.
+	Raw json.RawMessage
+}
+
+// Stop reasons a turn ends with (ACP's, which the other dialects map to).
+const (
+	StopEndTurn   = "end_turn"
+	StopCancelled = "cancelled"
+	StopError     = "error"
+	StopRefusal   = "refusal"
+)
+
+// Turn is how a prompt turn ended.
+type Turn struct {
+	StopReason string
+	// Message explains an error stop.
+	Message string
+}
+
+// Options configure a Client.
+type Options struct {
+	// Dialect is DialectACP, DialectKandev, DialectLegacy, or "" to detect.
+	Dialect string
+	// Workspace confines fs/read_text_file and fs/write_text_file; empty
+	// refuses both.
+	Workspace string
+	// Permission answers session/request_permission: allow, deny or
+	// allow_always.
+	Permission string
+	// MaxLine bounds a line from the agent (default 4 MiB); longer ones
+	// are dropped.
+	MaxLine int
+	// OnUpdate receives every update, in the order the agent sent them.
+	// It runs on the connection's read loop, so it must not block for long.
+	OnUpdate func(ctx context.Context, u Update)
+	// OnDrop is told of each line or message dropped, with a reason.
+	OnDrop func(reason string)
+	Logger *slog.Logger
+}
+
+// ErrAgentGone is wrapped by errors from a client whose agent closed stdout
+// or exited.
+var ErrAgentGone = errors.New("acp: the agent's connection ended")
+
+// Client speaks to one agent process over its stdio.
+type Client struct {
+	opts Options
+	conn *jsonrpc.Conn
+	log  *slog.Logger
+
+	dialect     atomic.Value // string
+	initialized atomic.Bool
+
+	mu        sync.Mutex
+	sessionID string
+	// turnDone ends a kandev turn when its complete or error update arrives.
+	turnDone chan Turn
+	// cancelled marks the turn in progress as cancelled, so that pending
+	// permission requests are answered with the cancelled outcome.
+	cancelled    bool
+	capabilities AgentCapabilities
+}
+
+// AgentCapabilities is what initialize told us.
+type AgentCapabilities struct {
+	// LoadSession: the agent can resume a session (acp loadSession, kandev
+	// sessionResumption).
+	LoadSession bool
+	AgentName   string
+}
+
+// New starts a client on an agent's stdout (r) and stdin (w).
+func New(r io.Reader, w io.WriteCloser, opts Options) *Client {
+	if opts.MaxLine <= 0 {
+		opts.MaxLine = jsonrpc.DefaultMaxFrameSize
+	}
+	if opts.OnUpdate == nil {
+		opts.OnUpdate = func(context.Context, Update) {}
+	}
+	if opts.OnDrop == nil {
+		opts.OnDrop = func(string) {}
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	c := &Client{opts: opts, log: opts.Logger}
+	c.dialect.Store(opts.Dialect)
+	drop := func(reason string, line []byte) {
+		c.log.Warn("acp: dropping a line from the agent", "reason", reason, "bytes", len(line))
+		opts.OnDrop(reason)
+	}
+	stream := newLineFilter(r, w, opts.MaxLine, c.handleLegacy, drop)
+	c.conn = jsonrpc.NewConn(stream, jsonrpc.Methods{
+		"session/update":             c.handleUpdate,
+		"session/request_permission": c.handlePermission,
+		"fs/read_text_file":          c.handleReadFile,
+		"fs/write_text_file":         c.handleWriteFile,
+	}, jsonrpc.WithCancelMethod("$/cancel_request", "requestId"), jsonrpc.WithLogger(opts.Logger))
+	return c
+}
+
+// Dialect is the dialect in use: configured, detected, or "" before
+// initialize.
+func (c *Client) Dialect() string { return c.dialect.Load().(string) }
+
+// SessionID is the agent's session, once created or loaded.
+func (c *Client) SessionID() string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.sessionID
+}
+
+// Capabilities is what the agent said in initialize.
+func (c *Client) Capabilities() AgentCapabilities {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.capabilities
+}
+
+// Done is closed when the agent's connection ends.
+func (c *Client) Done() <-chan struct{} { return c.conn.Done() }
+
+// Close ends the connection, closing the agent's stdin.
+func (c *Client) Close() error { return c.conn.Close() }
+
+func (c *Client) call(ctx context.Context, method string, params, result any) error {
+	err := c.conn.Call(ctx, method, params, result)
+	if errors.Is(err, jsonrpc.ErrClosed) {
+		return fmt.Errorf("%s: %w: %w", method, ErrAgentGone, err)
+	}
+	if err != nil {
+		return fmt.Errorf("%s: %w", method, err)
+	}
+	return nil
+}
+
+// initializeParams is one initialize both dialects accept: ACP's integer
+// protocolVersion and clientCapabilities, and seed 002's clientInfo and
+// capabilities (a kandev agent reads only what it knows).
+type initializeParams struct {
+	ProtocolVersion    any               `json:"protocolVersion"`
+	ClientInfo         map[string]string `json:"clientInfo"`
+	ClientCapabilities map[string]any    `json:"clientCapabilities"`
+	Capabilities       map[string]bool   `json:"capabilities,omitempty"`
+}
+
+type initializeResult struct {
+	ProtocolVersion   json.RawMessage `json:"protocolVersion"`
+	AgentCapabilities struct {
+		LoadSession bool `json:"loadSession"`
+	} `json:"agentCapabilities"`
+	AgentInfo  *struct{ Name string } `json:"agentInfo"`
+	ServerInfo *struct{ Name string } `json:"serverInfo"`
+	// Kandev's.
+	Capabilities struct {
+		SessionResumption bool `json:"sessionResumption"`
+	} `json:"capabilities"`
+}
+
+// Initialize runs initialize and settles the dialect: a configured one, or
+// the one the response's protocolVersion names (a number: ACP; a string:
+// kandev). A legacy agent is not sent initialize at all.
+func (c *Client) Initialize(ctx context.Context) error {
+	if c.Dialect() == DialectLegacy {
+		c.initialized.Store(true)
+		return nil
+	}
+	params := initializeParams{
+		ProtocolVersion: sdk.ProtocolVersionNumber,
+		ClientInfo:      map[string]string{"name": "conclave-runner", "version": "1"},
+		ClientCapabilities: map[string]any{
+			"fs":       map[string]bool{"readTextFile": c.opts.Workspace != "", "writeTextFile": c.opts.Workspace != ""},
+			"terminal": false,
+		},
+		Capabilities: map[string]bool{"streaming": true},
+	}
+	if c.Dialect() == DialectKandev {
+		params.ProtocolVersion = "1.0"
+	}
+	// Updates may arrive as soon as the agent has answered.
+	c.initialized.Store(true)
+	var res initializeResult
+	if err := c.call(ctx, "initialize", params, &res); err != nil {
+		c.initialized.Store(false)
+		return err
+	}
+	detected := ""
+	switch v := string(res.ProtocolVersion); {
+	case len(v) > 0 && v[0] == '"':
+		detected = DialectKandev
+	case len(v) > 0 && (v[0] >= '0' && v[0] <= '9'):
+		detected = DialectACP
+	default:
+		return fmt.Errorf("initialize: the agent's protocolVersion %q is neither a number (acp) nor a string (kandev)", v)
+	}
+	if d := c.Dialect(); d != "" && d != detected {
+		c.log.Warn("acp: the agent answered initialize in another dialect than its type's", "configured", d, "answered", detected)
+	} else if d == "" {
+		c.dialect.Store(detected)
+	}
+	name := ""
+	if res.AgentInfo != nil {
+		name = res.AgentInfo.Name
+	} else if res.ServerInfo != nil {
+		name = res.ServerInfo.Name
+	}
+	c.mu.Lock()
+	c.capabilities = AgentCapabilities{LoadSession: res.AgentCapabilities.LoadSession || res.Capabilities.SessionResumption, AgentName: name}
+	c.mu.Unlock()
+	return nil
+}
+
+// NewSession runs session/new in cwd.
+func (c *Client) NewSession(ctx context.Context, cwd string) (string, error) {
+	if c.Dialect() == DialectLegacy {
+		return "", nil
+	}
+	var params any = map[string]any{}
+	if c.Dialect() == DialectACP {
+		params = sdk.NewSessionRequest{Cwd: cwd, McpServers: []sdk.McpServer{}}
+	}
+	var res struct {
+		SessionID string `json:"sessionId"`
+	}
+	if err := c.call(ctx, "session/new", params, &res); err != nil {
+		return "", err
+	}
+	if res.SessionID == "" {
+		return "", errors.New("session/new: the agent returned no sessionId")
+	}
+	c.mu.Lock()
+	c.sessionID = res.SessionID
+	c.mu.Unlock()
+	return res.SessionID, nil
+}
+
+// LoadSession resumes sessionID with session/load.
+func (c *Client) LoadSession(ctx context.Context, cwd, sessionID string) error {
+	var params any = map[string]any{"sessionId": sessionID}
+	if c.Dialect() == DialectACP {
+		params = sdk.LoadSessionRequest{Cwd: cwd, SessionId: sdk.SessionId(sessionID), McpServers: []sdk.McpServer{}}
+	}
+	if err := c.call(ctx, "session/load", params, nil); err != nil {
+		return err
+	}
+	c.mu.Lock()
+	c.sessionID = sessionID
+	c.mu.Unlock()
+	return nil
+}
+
+// Prompt runs one turn and returns how it ended. acceptTimeout bounds a
+// kandev agent's immediate {accepted: true}: an agent that does not give it
+// has a dead protocol. A legacy agent's turn is its whole run, ended by a
+// result or error line.
+func (c *Client) Prompt(ctx context.Context, message string, acceptTimeout time.Duration) (Turn, error) {
+	switch c.Dialect() {
+	case DialectACP:
+		c.mu.Lock()
+		c.cancelled = false
+		sessionID := c.sessionID
+		c.mu.Unlock()
+		req := sdk.PromptRequest{SessionId: sdk.SessionId(sessionID), Prompt: []sdk.ContentBlock{sdk.TextBlock(message)}}
+		var res struct {
+			StopReason string `json:"stopReason"`
+		}
+		if err := c.call(ctx, "session/prompt", req, &res); err != nil {
+			return Turn{StopReason: StopError, Message: err.Error()}, err
+		}
+		return Turn{StopReason: res.StopReason}, nil
+	case DialectKandev, DialectLegacy:
+		done := make(chan Turn, 1)
+		c.mu.Lock()
+		c.turnDone, c.cancelled = done, false
+		c.mu.Unlock()
+		defer func() {
+			c.mu.Lock()
+			c.turnDone = nil
+			c.mu.Unlock()
+		}()
+		if c.Dialect() == DialectKandev {
+			actx, cancel := context.WithTimeout(ctx, acceptTimeout)
+			var res struct {
+				Accepted bool `json:"accepted"`
+			}
+			err := c.call(actx, "session/prompt", map[string]string{"message": message}, &res)
+			cancel()
+			if err != nil {
+				return Turn{StopReason: StopError, Message: err.Error()}, err
+			}
+			if !res.Accepted {
+				return Turn{StopReason: StopRefusal, Message: "the agent did not accept the prompt"}, nil
+			}
+		}
+		select {
+		case t := <-done:
+			return t, nil
+		case <-c.conn.Done():
+			c.mu.Lock()
+			cancelled := c.cancelled
+			c.mu.Unlock()
+			if cancelled {
+				// Seed 002's agents exit on session/cancel.
+				return Turn{StopReason: StopCancelled}, nil
+			}
+			return Turn{StopReason: StopError, Message: "the agent exited mid-turn"}, fmt.Errorf("session/prompt: %w", ErrAgentGone)
+		case <-ctx.Done():
+			return Turn{StopReason: StopError, Message: ctx.Err().Error()}, ctx.Err()
+		}
+	}
+	return Turn{}, errors.New("session/prompt: no dialect; call Initialize first")
+}
+
+// Cancel asks the agent to end its turn: session/cancel, a notification in
+// both dialects. The turn ends when the agent says so; the caller decides
+// how long to wait.
+func (c *Client) Cancel(ctx context.Context, reason string) error {
+	c.mu.Lock()
+	c.cancelled = true
+	sessionID := c.sessionID
+	c.mu.Unlock()
+	switch c.Dialect() {
+	case DialectACP:
+		return c.conn.Notify(ctx, "session/cancel", sdk.CancelNotification{SessionId: sdk.SessionId(sessionID)})
+	case DialectKandev:
+		return c.conn.Notify(ctx, "session/cancel", map[string]string{"reason": reason})
+	}
+	return errors.New("session/cancel: this agent speaks no protocol that can cancel")
+}
+
+func (c *Client) endTurn(t Turn) {
+	c.mu.Lock()
+	done := c.turnDone
+	c.mu.Unlock()
+	if done != nil {
+		select {
+		case done <- t:
+		default:
+		}
+	}
+}

@@ -1,0 +1,205 @@
+// Package agenttype is the registry of agent types (seed 002): built-in
+// defaults overlaid by a YAML file, each entry saying how to run an agent and
+// which protocol it speaks.
+package agenttype
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"regexp"
+	"sort"
+	"time"
+
+	"go.yaml.in/yaml/v3"
+)
+
+// Protocols an agent type may speak on stdio.
+const (
+	// ProtocolDetect sends one initialize both dialects accept and picks the
+	// dialect from the response's protocolVersion.
+	ProtocolDetect = ""
+	// ProtocolACP is the Agent Client Protocol of agentclientprotocol.com.
+	ProtocolACP = "acp"
+	// ProtocolKandev is seed 002's dialect.
+	ProtocolKandev = "kandev"
+	// ProtocolLegacy is seed 002's pre-JSON-RPC line format: the agent is
+	// given no requests and reports with {"type": ...} lines.
+	ProtocolLegacy = "legacy"
+)
+
+// Permission policies answer an ACP agent's session/request_permission.
+const (
+	PermissionAllow       = "allow"
+	PermissionDeny        = "deny"
+	PermissionAllowAlways = "allow_always"
+)
+
+// Type is one registry entry. The YAML keys are seed 002's field names.
+type Type struct {
+	ID           string        `yaml:"id"`
+	Name         string        `yaml:"name"`
+	Description  string        `yaml:"description"`
+	Image        string        `yaml:"image"`
+	Command      []string      `yaml:"command"`
+	WorkingDir   string        `yaml:"working_dir"`
+	MemoryMB     int           `yaml:"memory_mb"`
+	CPUCores     float64       `yaml:"cpu_cores"`
+	Timeout      time.Duration `yaml:"timeout"`
+	Capabilities []string      `yaml:"capabilities"`
+	RequiredEnv  []string      `yaml:"required_env"`
+	Protocol     string        `yaml:"protocol"`
+	Enabled      bool          `yaml:"enabled"`
+	// Env is set for every instance of the type, under the launch's env.
+	Env map[string]string `yaml:"env"`
+	// Permission answers session/request_permission (ACP): allow, deny or
+	// allow_always; default deny.
+	Permission string `yaml:"permission"`
+}
+
+var idPattern = regexp.MustCompile(`^[a-z0-9][a-z0-9._-]{0,62}$`)
+
+// Validate reports the first thing wrong with t.
+func (t Type) Validate() error {
+	switch {
+	case !idPattern.MatchString(t.ID):
+		return fmt.Errorf("id %q: must be 1-63 lowercase letters, digits, '.', '_' or '-'", t.ID)
+	case t.Enabled && len(t.Command) == 0 && t.Image == "":
+		return fmt.Errorf("agent type %s: needs a command (local executor) or an image", t.ID)
+	case t.Timeout < 0:
+		return fmt.Errorf("agent type %s: negative timeout %s", t.ID, t.Timeout)
+	case t.MemoryMB < 0 || t.CPUCores < 0:
+		return fmt.Errorf("agent type %s: negative memory_mb or cpu_cores", t.ID)
+	}
+	switch t.Protocol {
+	case ProtocolDetect, ProtocolACP, ProtocolKandev, ProtocolLegacy:
+	default:
+		return fmt.Errorf("agent type %s: protocol %q is not one of acp, kandev, legacy (or empty to detect)", t.ID, t.Protocol)
+	}
+	switch t.Permission {
+	case "", PermissionAllow, PermissionDeny, PermissionAllowAlways:
+	default:
+		return fmt.Errorf("agent type %s: permission %q is not one of allow, deny, allow_always", t.ID, t.Permission)
+	}
+	return nil
+}
+
+// DefaultTimeout bounds an instance whose type sets no timeout.
+const DefaultTimeout = time.Hour
+
+// EffectiveTimeout is t.Timeout, or DefaultTimeout when unset.
+func (t Type) EffectiveTimeout() time.Duration {
+	if t.Timeout <= 0 {
+		return DefaultTimeout
+	}
+	return t.Timeout
+}
+
+// Defaults are seed 002's augment-agent and the repository's example agent.
+// augment-agent runs as an image (Kubernetes executor); on the local
+// executor it needs a command from the YAML file.
+func Defaults() []Type {
+	return []Type{
+		{
+			ID: "augment-agent", Name: "Augment Agent",
+			Description: "Primary AI coding agent powered by Auggie CLI.",
+			Image:       "kandev/augment-agent:latest", WorkingDir: "/workspace",
+			MemoryMB: 4096, CPUCores: 2, Timeout: time.Hour,
+			Capabilities: []string{"code_generation", "code_review", "refactoring", "testing", "shell_execution"},
+			RequiredEnv:  []string{"AUGMENT_SESSION_AUTH", "TASK_DESCRIPTION"},
+			Protocol:     ProtocolKandev, Enabled: true,
+		},
+	}
+}
+
+// Registry holds the agent types by id.
+type Registry struct {
+	types map[string]Type
+}
+
+// New builds a registry from entries; a later entry with the same id
+// replaces an earlier one.
+func New(entries ...Type) (*Registry, error) {
+	r := &Registry{types: make(map[string]Type, len(entries))}
+	for _, t := range entries {
+		if err := t.Validate(); err != nil {
+			return nil, err
+		}
+		r.types[t.ID] = t
+	}
+	return r, nil
+}
+
+// fileFormat is the YAML file: {agent_types: [...]}.
+type fileFormat struct {
+	AgentTypes []Type `yaml:"agent_types"`
+}
+
+// Parse reads the YAML form of a registry file; unknown keys are errors, so
+// a misspelt field is not silently ignored.
+func Parse(data []byte) ([]Type, error) {
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	dec.KnownFields(true)
+	var f fileFormat
+	// An empty file (io.EOF) is an empty registry.
+	if err := dec.Decode(&f); err != nil && !errors.Is(err, io.EOF) {
+		return nil, fmt.Errorf("agent types: %w", err)
+	}
+	seen := map[string]bool{}
+	for _, t := range f.AgentTypes {
+		if seen[t.ID] {
+			return nil, fmt.Errorf("agent types: id %q appears twice", t.ID)
+		}
+		seen[t.ID] = true
+		if err := t.Validate(); err != nil {
+			return nil, fmt.Errorf("agent types: %w", err)
+		}
+	}
+	return f.AgentTypes, nil
+}
+
+// Load is the defaults overlaid by the YAML file at path ("" for none).
+func Load(path string) (*Registry, error) {
+	entries := Defaults()
+	if path != "" {
+		data, err := os.ReadFile(path)
+		if err != nil {
+			return nil, fmt.Errorf("agent types: %w", err)
+		}
+		extra, err := Parse(data)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", path, err)
+		}
+		entries = append(entries, extra...)
+	}
+	return New(entries...)
+}
+
+// Get returns the type id, if registered.
+func (r *Registry) Get(id string) (Type, bool) {
+	t, ok := r.types[id]
+	return t, ok
+}
+
+// List returns every type, by id.
+func (r *Registry) List() []Type {
+	out := make([]Type, 0, len(r.types))
+	for _, t := range r.types {
+		out = append(out, t)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
+	return out
+}
+
+// MissingEnv returns the first required variable env does not set to a
+// non-empty value, or "".
+func (t Type) MissingEnv(env map[string]string) string {
+	for _, k := range t.RequiredEnv {
+		if env[k] == "" && t.Env[k] == "" {
+			return k
+		}
+	}
+	return ""
+}

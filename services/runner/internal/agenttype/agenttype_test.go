@@ -1,0 +1,72 @@
+package agenttype
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestParse(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct {
+		name, yaml, err string
+	}{
+		{"empty file", "", ""},
+		{"one type", "agent_types:\n  - id: a\n    command: [x]\n    timeout: 30m\n    protocol: acp\n    enabled: true\n", ""},
+		{"unknown key", "agent_types:\n  - id: a\n    comand: [x]\n", "comand"},
+		{"bad protocol", "agent_types:\n  - id: a\n    command: [x]\n    protocol: grpc\n", `protocol "grpc"`},
+		{"bad permission", "agent_types:\n  - id: a\n    command: [x]\n    permission: maybe\n", `permission "maybe"`},
+		{"bad id", "agent_types:\n  - id: A B\n    command: [x]\n", "id"},
+		{"duplicate", "agent_types:\n  - id: a\n    command: [x]\n  - id: a\n    command: [y]\n", "twice"},
+		{"enabled without command or image", "agent_types:\n  - id: a\n    enabled: true\n", "needs a command"},
+		{"not YAML", "agent_types: [", "agent types"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			types, err := Parse([]byte(tt.yaml))
+			if tt.err == "" {
+				if err != nil {
+					t.Fatal(err)
+				}
+				return
+			}
+			if err == nil || !strings.Contains(err.Error(), tt.err) {
+				t.Fatalf("got %v (%+v), want an error mentioning %q", err, types, tt.err)
+			}
+		})
+	}
+}
+
+func TestLoadOverlaysDefaults(t *testing.T) {
+	t.Parallel()
+	path := filepath.Join(t.TempDir(), "types.yaml")
+	if err := os.WriteFile(path, []byte("agent_types:\n  - id: augment-agent\n    command: [auggie, --acp]\n    protocol: kandev\n    required_env: [AUGMENT_SESSION_AUTH]\n    enabled: true\n  - id: mine\n    command: [x]\n    enabled: true\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	r, err := Load(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	aug, ok := r.Get("augment-agent")
+	if !ok || len(aug.Command) != 2 || aug.Image != "" {
+		t.Errorf("the file did not replace the default: %+v", aug)
+	}
+	mine, _ := r.Get("mine")
+	if mine.EffectiveTimeout() != time.Hour {
+		t.Errorf("default timeout %s", mine.EffectiveTimeout())
+	}
+	if got := aug.MissingEnv(map[string]string{}); got != "AUGMENT_SESSION_AUTH" {
+		t.Errorf("MissingEnv = %q", got)
+	}
+	if got := aug.MissingEnv(map[string]string{"AUGMENT_SESSION_AUTH": "x"}); got != "" {
+		t.Errorf("MissingEnv = %q", got)
+	}
+	if len(r.List()) != 2 {
+		t.Errorf("List = %+v", r.List())
+	}
+	if _, err := Load(filepath.Join(t.TempDir(), "missing.yaml")); err == nil {
+		t.Error("a missing file loaded")
+	}
+}

@@ -1,0 +1,452 @@
+// Package api serves conclave.runner.v1.RunnerService, and its REST form
+// with seed 002's paths, JSON and error bodies.
+package api
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"maps"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/structpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	runnerv1 "github.com/conclave-ai/conclave/proto/conclave/runner/v1"
+	"github.com/conclave-ai/conclave/services/runner/internal/agenttype"
+	"github.com/conclave-ai/conclave/services/runner/internal/executor"
+	"github.com/conclave-ai/conclave/services/runner/internal/records"
+	"github.com/conclave-ai/conclave/services/runner/internal/supervisor"
+)
+
+// ServicePrefix is the gRPC service's full-method prefix, for auth.
+const ServicePrefix = "/conclave.runner.v1.RunnerService/"
+
+// Limits bound what a client may send.
+type Limits struct {
+	// MaxEnvBytes bounds a launch's env, keys and values together.
+	MaxEnvBytes int
+	MaxEnvVars  int
+	// MaxPromptBytes bounds a prompt.
+	MaxPromptBytes int
+	// MaxTail bounds logs?tail=; DefaultTail is used for 0.
+	MaxTail, DefaultTail int
+}
+
+// DefaultLimits are the runner's.
+var DefaultLimits = Limits{MaxEnvBytes: 64 << 10, MaxEnvVars: 128, MaxPromptBytes: 256 << 10, MaxTail: 10000, DefaultTail: 100}
+
+// Server implements RunnerService.
+type Server struct {
+	runnerv1.UnimplementedRunnerServiceServer
+	rec      *records.Records
+	registry *agenttype.Registry
+	sup      *supervisor.Supervisor
+	roots    []string
+	limits   Limits
+}
+
+// New returns the API over the runner's parts.
+func New(rec *records.Records, registry *agenttype.Registry, sup *supervisor.Supervisor, roots []string, limits Limits) *Server {
+	return &Server{rec: rec, registry: registry, sup: sup, roots: roots, limits: limits}
+}
+
+// Seed 002's error codes, carried as the reason of an ErrorInfo detail so
+// that the REST error body can name them.
+const (
+	CodeBadRequest = "bad_request"
+	CodeNotFound   = "not_found"
+	CodeValidation = "validation_error"
+	CodeInternal   = "internal_error"
+)
+
+// apiError is a gRPC status with seed 002's code and details.
+func apiError(c codes.Code, code, message, details string) error {
+	st := status.New(c, message)
+	info := &errdetails.ErrorInfo{Reason: code, Domain: "runner.conclave"}
+	if details != "" {
+		info.Metadata = map[string]string{"details": details}
+	}
+	if withDetails, err := st.WithDetails(info); err == nil {
+		st = withDetails
+	}
+	return st.Err()
+}
+
+func validation(message, details string) error {
+	return apiError(codes.InvalidArgument, CodeValidation, message, details)
+}
+
+func notFound(what string) error {
+	return apiError(codes.NotFound, CodeNotFound, what+" not found", "")
+}
+
+func internal(err error) error {
+	return apiError(codes.Internal, CodeInternal, "internal error", err.Error())
+}
+
+func fromRecords(err error, what string) error {
+	if errors.Is(err, records.ErrNotFound) {
+		return notFound(what)
+	}
+	return internal(err)
+}
+
+func fromSupervisor(err error, what string) error {
+	switch {
+	case errors.Is(err, records.ErrNotFound):
+		return notFound(what)
+	case errors.Is(err, supervisor.ErrBusy):
+		return apiError(codes.FailedPrecondition, CodeBadRequest, "the instance cannot take this now", err.Error())
+	case errors.Is(err, supervisor.ErrFinished):
+		return apiError(codes.FailedPrecondition, CodeBadRequest, "the instance has finished", err.Error())
+	}
+	return internal(err)
+}
+
+func newID() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:])
+	h := hex.EncodeToString(b[:])
+	return h[:8] + "-" + h[8:12] + "-" + h[12:16] + "-" + h[16:20] + "-" + h[20:]
+}
+
+var envName = func(k string) bool {
+	if k == "" || len(k) > 256 {
+		return false
+	}
+	for i, r := range k {
+		if !(r == '_' || r >= 'A' && r <= 'Z' || r >= 'a' && r <= 'z' || i > 0 && r >= '0' && r <= '9') {
+			return false
+		}
+	}
+	return true
+}
+
+func (s *Server) validateID(what, id string) error {
+	if id == "" || len(id) > 128 || !utf8.ValidString(id) || strings.ContainsAny(id, "#/\x00") {
+		return validation(what+" is missing or malformed", fmt.Sprintf("%s must be 1-128 characters without '#' or '/'", what))
+	}
+	return nil
+}
+
+// LaunchAgent validates the launch, writes the instance and its task, and
+// queues it; a worker starts it. An invalid launch creates nothing.
+func (s *Server) LaunchAgent(ctx context.Context, req *runnerv1.LaunchAgentRequest) (*runnerv1.LaunchAgentResponse, error) {
+	if err := s.validateID("task_id", req.GetTaskId()); err != nil {
+		return nil, err
+	}
+	typ, ok := s.registry.Get(req.GetAgentType())
+	if !ok {
+		return nil, validation(fmt.Sprintf("unknown agent_type %q", req.GetAgentType()), "GET /api/v1/agent-types lists them")
+	}
+	if !typ.Enabled {
+		return nil, validation(fmt.Sprintf("agent_type %q is disabled", typ.ID), "")
+	}
+	if len(req.GetEnv()) > s.limits.MaxEnvVars {
+		return nil, validation(fmt.Sprintf("env has %d variables, at most %d", len(req.GetEnv()), s.limits.MaxEnvVars), "")
+	}
+	size := 0
+	for k, v := range req.GetEnv() {
+		if !envName(k) {
+			return nil, validation(fmt.Sprintf("env variable name %q is not valid", k), "names are letters, digits and '_', not starting with a digit")
+		}
+		if k == "TRACEPARENT" {
+			return nil, validation("env may not set TRACEPARENT", "the runner sets it to the launch's trace")
+		}
+		if strings.IndexByte(v, 0) >= 0 {
+			return nil, validation(fmt.Sprintf("env variable %s contains a NUL byte", k), "")
+		}
+		size += len(k) + len(v)
+	}
+	if size > s.limits.MaxEnvBytes {
+		return nil, validation(fmt.Sprintf("env is %d bytes, over the %d byte limit", size, s.limits.MaxEnvBytes), "")
+	}
+	if missing := typ.MissingEnv(req.GetEnv()); missing != "" {
+		return nil, validation(fmt.Sprintf("required environment variable %s is missing", missing), fmt.Sprintf("agent type %s requires %s", typ.ID, strings.Join(typ.RequiredEnv, ", ")))
+	}
+	workspace, err := executor.ConfineWorkspace(s.roots, req.GetWorkspacePath())
+	if err != nil {
+		return nil, validation("workspace_path is not allowed", err.Error())
+	}
+	now := time.Now().UTC()
+	in := &records.Instance{
+		ID: newID(), TaskID: req.GetTaskId(), AgentType: typ.ID, Status: records.StatusStarting,
+		StartedAt: now, Workspace: workspace, Priority: int(req.GetPriority()),
+		Env: maps.Clone(req.GetEnv()), LaunchSeq: 1,
+	}
+	if md := req.GetMetadata(); md != nil {
+		in.Metadata = md.AsMap()
+		// A launch may name a session to resume (seed 002 passes the id of
+		// a previous task's session).
+		if id, ok := in.Metadata["session_id"].(string); ok {
+			in.SessionID = id
+		}
+	}
+	if id := req.GetEnv()["AUGGIE_SESSION_ID"]; id != "" && in.SessionID == "" {
+		in.SessionID = id
+	}
+	// The two writes at once: the embedded store commits them together.
+	taskErr := make(chan error, 1)
+	go func() {
+		_, err := s.rec.UpdateTask(ctx, in.TaskID, func(t *records.Task) {
+			t.AgentType, t.Status = typ.ID, records.StatusStarting
+			t.InstanceIDs = append(t.InstanceIDs, in.ID)
+			if t.Metadata == nil {
+				t.Metadata = map[string]any{}
+			}
+			maps.Copy(t.Metadata, in.Metadata)
+		})
+		taskErr <- err
+	}()
+	err = s.rec.CreateInstance(ctx, in)
+	if terr := <-taskErr; err == nil {
+		err = terr
+	}
+	if err != nil {
+		return nil, internal(err)
+	}
+	if err := s.sup.Enqueue(ctx, in.ID, 1); err != nil {
+		// Nothing will start it: do not leave it looking queued.
+		_, _ = s.rec.UpdateInstance(context.WithoutCancel(ctx), in.ID, func(i *records.Instance) error {
+			i.Status, i.Error, i.DoneSeq = records.StatusFailed, err.Error(), 1
+			return nil
+		})
+		return nil, internal(err)
+	}
+	return &runnerv1.LaunchAgentResponse{Instance: instanceProto(in)}, nil
+}
+
+func instanceProto(in *records.Instance) *runnerv1.AgentInstance {
+	out := &runnerv1.AgentInstance{
+		Id: in.ID, TaskId: in.TaskID, AgentType: in.AgentType, ContainerId: in.ContainerID,
+		Status: in.Status, StartedAt: timestamppb.New(in.StartedAt), Progress: int32(in.Progress),
+	}
+	if !in.FinishedAt.IsZero() {
+		out.FinishedAt = timestamppb.New(in.FinishedAt)
+	}
+	return out
+}
+
+func (s *Server) PromptAgent(ctx context.Context, req *runnerv1.PromptAgentRequest) (*runnerv1.PromptAgentResponse, error) {
+	if err := s.validateID("instance_id", req.GetInstanceId()); err != nil {
+		return nil, err
+	}
+	switch msg := req.GetMessage(); {
+	case strings.TrimSpace(msg) == "":
+		return nil, validation("message is required", "")
+	case len(msg) > s.limits.MaxPromptBytes:
+		return nil, validation(fmt.Sprintf("message is %d bytes, over the %d byte limit", len(msg), s.limits.MaxPromptBytes), "")
+	}
+	if err := s.sup.Prompt(ctx, req.GetInstanceId(), req.GetMessage()); err != nil {
+		return nil, fromSupervisor(err, "instance "+req.GetInstanceId())
+	}
+	return &runnerv1.PromptAgentResponse{Accepted: true}, nil
+}
+
+func (s *Server) CancelAgent(ctx context.Context, req *runnerv1.CancelAgentRequest) (*runnerv1.CancelAgentResponse, error) {
+	if err := s.validateID("instance_id", req.GetInstanceId()); err != nil {
+		return nil, err
+	}
+	if len(req.GetReason()) > 4096 {
+		return nil, validation("reason is over 4096 bytes", "")
+	}
+	in, err := s.sup.Cancel(ctx, req.GetInstanceId(), req.GetReason())
+	if err != nil {
+		return nil, fromSupervisor(err, "instance "+req.GetInstanceId())
+	}
+	return &runnerv1.CancelAgentResponse{Id: in.ID, Status: in.Status}, nil
+}
+
+func (s *Server) GetAgentStatus(ctx context.Context, req *runnerv1.GetAgentStatusRequest) (*runnerv1.GetAgentStatusResponse, error) {
+	if err := s.validateID("instance_id", req.GetInstanceId()); err != nil {
+		return nil, err
+	}
+	in, err := s.rec.Instance(ctx, req.GetInstanceId())
+	if err != nil {
+		return nil, fromRecords(err, "instance "+req.GetInstanceId())
+	}
+	if in.Deleted {
+		return nil, notFound("instance " + req.GetInstanceId())
+	}
+	return &runnerv1.GetAgentStatusResponse{Instance: instanceProto(in)}, nil
+}
+
+func (s *Server) tail(requested int32) (int, error) {
+	n := int(requested)
+	switch {
+	case n < 0:
+		return 0, validation("tail must not be negative", "")
+	case n == 0:
+		n = s.limits.DefaultTail
+	case n > s.limits.MaxTail:
+		return 0, validation(fmt.Sprintf("tail is at most %d", s.limits.MaxTail), "")
+	}
+	return n, nil
+}
+
+func logProto(l records.LogLine) *runnerv1.LogLine {
+	return &runnerv1.LogLine{Time: timestamppb.New(l.Time), Stream: l.Stream, Text: l.Text}
+}
+
+func (s *Server) GetAgentLogs(ctx context.Context, req *runnerv1.GetAgentLogsRequest) (*runnerv1.GetAgentLogsResponse, error) {
+	if err := s.validateID("instance_id", req.GetInstanceId()); err != nil {
+		return nil, err
+	}
+	if req.GetFollow() {
+		return nil, validation("follow=true streams: use FollowAgentLogs (REST: GET .../logs?follow=true)", "")
+	}
+	n, err := s.tail(req.GetTail())
+	if err != nil {
+		return nil, err
+	}
+	if _, err := s.rec.Instance(ctx, req.GetInstanceId()); err != nil {
+		return nil, fromRecords(err, "instance "+req.GetInstanceId())
+	}
+	lines, _, err := s.rec.TailLogs(ctx, req.GetInstanceId(), n)
+	if err != nil {
+		return nil, internal(err)
+	}
+	out := &runnerv1.GetAgentLogsResponse{InstanceId: req.GetInstanceId()}
+	for _, l := range lines {
+		out.Lines = append(out.Lines, logProto(l))
+	}
+	return out, nil
+}
+
+// FollowAgentLogs sends the tail, then new lines until the instance's
+// launch ends or the client goes.
+func (s *Server) FollowAgentLogs(req *runnerv1.FollowAgentLogsRequest, stream runnerv1.RunnerService_FollowAgentLogsServer) error {
+	ctx := stream.Context()
+	if err := s.validateID("instance_id", req.GetInstanceId()); err != nil {
+		return err
+	}
+	n, err := s.tail(req.GetTail())
+	if err != nil {
+		return err
+	}
+	id := req.GetInstanceId()
+	if _, err := s.rec.Instance(ctx, id); err != nil {
+		return fromRecords(err, "instance "+id)
+	}
+	// Subscribe before reading the tail, so no line falls between them; a
+	// line in both is sent once, by time.
+	live, stop := s.sup.Logs().Follow(id)
+	defer stop()
+	lines, _, err := s.rec.TailLogs(ctx, id, n)
+	if err != nil {
+		return internal(err)
+	}
+	var last time.Time
+	for _, l := range lines {
+		if err := stream.Send(&runnerv1.FollowAgentLogsResponse{Line: logProto(l)}); err != nil {
+			return err
+		}
+		last = l.Time
+	}
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	for {
+		select {
+		case l, ok := <-live:
+			if !ok {
+				return apiError(codes.ResourceExhausted, CodeBadRequest, "the log follower fell too far behind", "reconnect to continue from the tail")
+			}
+			if !l.Time.After(last) {
+				continue
+			}
+			if err := stream.Send(&runnerv1.FollowAgentLogsResponse{Line: logProto(l)}); err != nil {
+				return err
+			}
+		case <-tick.C:
+			in, err := s.rec.Instance(ctx, id)
+			if err != nil || (in.DoneSeq >= in.LaunchSeq && !s.sup.Live(id)) {
+				// The launch has ended: drain what is buffered, then stop.
+				for {
+					select {
+					case l, ok := <-live:
+						if !ok {
+							return nil
+						}
+						if l.Time.After(last) {
+							if err := stream.Send(&runnerv1.FollowAgentLogsResponse{Line: logProto(l)}); err != nil {
+								return err
+							}
+						}
+					default:
+						return nil
+					}
+				}
+			}
+		case <-ctx.Done():
+			return nil
+		}
+	}
+}
+
+func (s *Server) GetAgentSession(ctx context.Context, req *runnerv1.GetAgentSessionRequest) (*runnerv1.GetAgentSessionResponse, error) {
+	if err := s.validateID("instance_id", req.GetInstanceId()); err != nil {
+		return nil, err
+	}
+	in, err := s.rec.Instance(ctx, req.GetInstanceId())
+	if err != nil {
+		return nil, fromRecords(err, "instance "+req.GetInstanceId())
+	}
+	return &runnerv1.GetAgentSessionResponse{InstanceId: in.ID, TaskId: in.TaskID, SessionId: in.SessionID, Status: in.Status}, nil
+}
+
+func (s *Server) GetTask(ctx context.Context, req *runnerv1.GetTaskRequest) (*runnerv1.GetTaskResponse, error) {
+	if err := s.validateID("task_id", req.GetTaskId()); err != nil {
+		return nil, err
+	}
+	t, err := s.rec.Task(ctx, req.GetTaskId())
+	if err != nil {
+		return nil, fromRecords(err, "task "+req.GetTaskId())
+	}
+	out := &runnerv1.Task{Id: t.ID, Status: t.Status, AgentType: t.AgentType, InstanceIds: t.InstanceIDs,
+		CreatedAt: timestamppb.New(t.CreatedAt), UpdatedAt: timestamppb.New(t.UpdatedAt)}
+	if len(t.InstanceIDs) > 0 {
+		// The task's status is its latest instance's.
+		if in, err := s.rec.Instance(ctx, t.InstanceIDs[len(t.InstanceIDs)-1]); err == nil {
+			out.Status = in.Status
+		}
+	}
+	if t.Metadata != nil {
+		md, err := structpb.NewStruct(t.Metadata)
+		if err != nil {
+			return nil, internal(err)
+		}
+		out.Metadata = md
+	}
+	return &runnerv1.GetTaskResponse{Task: out}, nil
+}
+
+func (s *Server) DeleteAgent(ctx context.Context, req *runnerv1.DeleteAgentRequest) (*runnerv1.DeleteAgentResponse, error) {
+	if err := s.validateID("instance_id", req.GetInstanceId()); err != nil {
+		return nil, err
+	}
+	if err := s.sup.Delete(ctx, req.GetInstanceId()); err != nil {
+		return nil, fromSupervisor(err, "instance "+req.GetInstanceId())
+	}
+	return &runnerv1.DeleteAgentResponse{Id: req.GetInstanceId(), Deleted: true}, nil
+}
+
+func (s *Server) ListAgentTypes(context.Context, *runnerv1.ListAgentTypesRequest) (*runnerv1.ListAgentTypesResponse, error) {
+	out := &runnerv1.ListAgentTypesResponse{}
+	for _, t := range s.registry.List() {
+		out.AgentTypes = append(out.AgentTypes, &runnerv1.AgentType{
+			Id: t.ID, Name: t.Name, Description: t.Description, Image: t.Image, Command: t.Command,
+			WorkingDir: t.WorkingDir, MemoryMb: int32(t.MemoryMB), CpuCores: t.CPUCores,
+			Timeout: t.EffectiveTimeout().String(), Capabilities: t.Capabilities, RequiredEnv: t.RequiredEnv,
+			Protocol: t.Protocol, Enabled: t.Enabled,
+		})
+	}
+	return out, nil
+}

@@ -1,0 +1,151 @@
+package api
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+
+	"github.com/grpc-ecosystem/grpc-gateway/v2/runtime"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/encoding/protojson"
+
+	runnerv1 "github.com/conclave-ai/conclave/proto/conclave/runner/v1"
+)
+
+var marshal = protojson.MarshalOptions{UseProtoNames: true}
+
+// ErrorBody is seed 002's HTTP error body.
+type ErrorBody struct {
+	Error      string `json:"error"`
+	Message    string `json:"message"`
+	Details    string `json:"details,omitempty"`
+	HTTPStatus int    `json:"http_status"`
+}
+
+// errorBody turns a gRPC error into seed 002's body.
+func errorBody(err error) ErrorBody {
+	st := status.Convert(err)
+	httpStatus := runtime.HTTPStatusFromCode(st.Code())
+	body := ErrorBody{Message: st.Message(), HTTPStatus: httpStatus}
+	for _, d := range st.Details() {
+		if info, ok := d.(*errdetails.ErrorInfo); ok {
+			body.Error, body.Details = info.GetReason(), info.GetMetadata()["details"]
+		}
+	}
+	if body.Error == "" {
+		switch st.Code() {
+		case codes.NotFound:
+			body.Error = CodeNotFound
+		case codes.InvalidArgument, codes.FailedPrecondition, codes.OutOfRange:
+			body.Error = CodeBadRequest
+		case codes.Unauthenticated:
+			body.Error = "unauthorized"
+		case codes.PermissionDenied:
+			body.Error = "forbidden"
+		case codes.ResourceExhausted:
+			body.Error = "rate_limited"
+		default:
+			body.Error = CodeInternal
+		}
+	}
+	return body
+}
+
+func writeError(w http.ResponseWriter, err error) {
+	body := errorBody(err)
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(body.HTTPStatus)
+	_ = json.NewEncoder(w).Encode(body)
+}
+
+// NewREST serves the API as REST through grpc-gateway over conn (the
+// runner's own gRPC listener, so REST passes the same authentication and
+// tracing), with seed 002's error bodies, and logs?follow=true as
+// newline-delimited JSON LogLines.
+func NewREST(ctx context.Context, conn grpc.ClientConnInterface) (http.Handler, error) {
+	mux := runtime.NewServeMux(
+		runtime.WithMarshalerOption(runtime.MIMEWildcard, &runtime.JSONPb{MarshalOptions: marshal}),
+		runtime.WithErrorHandler(func(_ context.Context, _ *runtime.ServeMux, _ runtime.Marshaler, w http.ResponseWriter, _ *http.Request, err error) {
+			writeError(w, err)
+		}),
+		runtime.WithRoutingErrorHandler(func(_ context.Context, _ *runtime.ServeMux, _ runtime.Marshaler, w http.ResponseWriter, r *http.Request, code int) {
+			c := codes.NotFound
+			msg := "no such endpoint: " + r.Method + " " + r.URL.Path
+			switch code {
+			case http.StatusMethodNotAllowed:
+				c, msg = codes.Unimplemented, "method "+r.Method+" is not allowed on "+r.URL.Path
+			case http.StatusBadRequest:
+				c, msg = codes.InvalidArgument, "malformed request"
+			}
+			writeError(w, status.Error(c, msg))
+		}),
+	)
+	client := runnerv1.NewRunnerServiceClient(conn)
+	if err := runnerv1.RegisterRunnerServiceHandlerClient(ctx, mux, client); err != nil {
+		return nil, fmt.Errorf("registering REST routes: %w", err)
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodGet && r.URL.Query().Get("follow") == "true" && r.PathValue("instance_id") != "" {
+			serveFollow(w, r, client)
+			return
+		}
+		mux.ServeHTTP(w, r)
+	}), nil
+}
+
+// FollowPattern is the route serveFollow needs, for the HTTP mux.
+const FollowPattern = "GET /api/v1/agents/{instance_id}/logs"
+
+func serveFollow(w http.ResponseWriter, r *http.Request, client runnerv1.RunnerServiceClient) {
+	req := &runnerv1.FollowAgentLogsRequest{InstanceId: r.PathValue("instance_id")}
+	if t := r.URL.Query().Get("tail"); t != "" {
+		n, err := strconv.ParseInt(t, 10, 32)
+		if err != nil {
+			writeError(w, validation("tail must be an integer", err.Error()))
+			return
+		}
+		req.Tail = int32(n)
+	}
+	ctx := r.Context()
+	if h := r.Header.Get("Authorization"); h != "" {
+		ctx = metadata.AppendToOutgoingContext(ctx, "authorization", h)
+	}
+	stream, err := client.FollowAgentLogs(ctx, req)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	// The first line or error decides the status, so an unknown instance
+	// is a 404.
+	first, err := stream.Recv()
+	if err != nil && !errors.Is(err, io.EOF) {
+		writeError(w, err)
+		return
+	}
+	w.Header().Set("Content-Type", "application/x-ndjson")
+	w.Header().Set("Cache-Control", "no-cache")
+	w.Header().Set("X-Accel-Buffering", "no")
+	w.WriteHeader(http.StatusOK)
+	flusher, _ := w.(http.Flusher)
+	for msg := first; err == nil; msg, err = stream.Recv() {
+		data, _ := marshal.Marshal(msg.GetLine())
+		if _, werr := w.Write(append(data, '\n')); werr != nil {
+			return
+		}
+		if flusher != nil {
+			flusher.Flush()
+		}
+	}
+	if !errors.Is(err, io.EOF) {
+		body, _ := json.Marshal(map[string]any{"error": errorBody(err)})
+		_, _ = w.Write(append(body, '\n'))
+	}
+}

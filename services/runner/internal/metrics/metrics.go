@@ -1,0 +1,65 @@
+// Package metrics is the runner's domain metrics, named and labelled by the
+// convention in docs/metrics.md: every label value comes from a fixed set.
+package metrics
+
+import (
+	"context"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
+
+	"github.com/conclave-ai/conclave/pkg/telemetry"
+)
+
+// Metrics implements supervisor.Metrics.
+type Metrics struct {
+	launches metric.Int64Counter
+	updates  metric.Int64Counter
+	drops    metric.Int64Counter
+	statuses metric.Int64Counter
+	events   metric.Int64Counter
+	running  metric.Int64UpDownCounter
+}
+
+// New makes the instruments from m.
+func New(m metric.Meter) *Metrics {
+	name := func(thing string) string { return telemetry.MetricName("runner", thing) }
+	out := &Metrics{}
+	out.launches, _ = m.Int64Counter(name("launches_total"), metric.WithDescription("Launches handled by a worker, by outcome."))
+	out.updates, _ = m.Int64Counter(name("session_updates_total"), metric.WithDescription("session/update notifications and legacy lines received from agents, by kind."))
+	out.drops, _ = m.Int64Counter(name("dropped_lines_total"), metric.WithDescription("Lines or messages from agents dropped, by reason."))
+	out.statuses, _ = m.Int64Counter(name("status_changes_total"), metric.WithDescription("Instance status changes, by new status."))
+	out.events, _ = m.Int64Counter(name("events_published_total"), metric.WithDescription("Event envelopes sent to the events queue."))
+	out.running, _ = m.Int64UpDownCounter(name("running_agents"), metric.WithDescription("Agent processes this replica runs."))
+	return out
+}
+
+var bg = context.Background()
+
+// Launch outcomes are a fixed set: started, completed, exited, crashed,
+// killed, cancelled, dead_protocol, start_failed, bad_type, duplicate,
+// gone, unreadable.
+func (m *Metrics) Launch(outcome string) {
+	m.launches.Add(bg, 1, metric.WithAttributes(attribute.String("outcome", outcome)))
+}
+
+// Update kinds are acp.Kind* constants.
+func (m *Metrics) Update(kind string) {
+	m.updates.Add(bg, 1, metric.WithAttributes(attribute.String("kind", kind)))
+}
+
+// Drop reasons are acp.Drop* constants.
+func (m *Metrics) Drop(reason string) {
+	m.drops.Add(bg, 1, metric.WithAttributes(attribute.String("reason", reason)))
+}
+
+// Status values are the five instance statuses.
+func (m *Metrics) Status(status string) {
+	m.statuses.Add(bg, 1, metric.WithAttributes(attribute.String("status", status)))
+}
+
+// Events counts envelopes sent.
+func (m *Metrics) Events(n int) { m.events.Add(bg, int64(n)) }
+
+// Running moves the running-agents gauge.
+func (m *Metrics) Running(delta int) { m.running.Add(bg, int64(delta)) }

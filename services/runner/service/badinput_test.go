@@ -1,0 +1,136 @@
+package service_test
+
+import (
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// TestBadLaunches: each gets 400 validation_error in seed 002's body, and
+// creates nothing.
+func TestBadLaunches(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a runner")
+	}
+	t.Parallel()
+	r := startRunner(t, nil)
+	ws := r.workspace(t)
+	outside := t.TempDir()
+	escape := filepath.Join(ws, "escape")
+	if err := os.Symlink(outside, escape); err != nil {
+		t.Fatal(err)
+	}
+	big := strings.Repeat("x", 70<<10)
+	for _, tt := range []struct {
+		name    string
+		body    map[string]any
+		status  int
+		code    string
+		message string
+	}{
+		{"unknown agent type", map[string]any{"task_id": "t1", "agent_type": "nope", "workspace_path": ws}, 400, "validation_error", `unknown agent_type "nope"`},
+		{"workspace outside the roots", map[string]any{"task_id": "t2", "agent_type": "acp-normal", "workspace_path": outside}, 400, "validation_error", "workspace_path"},
+		{"workspace with ..", map[string]any{"task_id": "t3", "agent_type": "acp-normal", "workspace_path": ws + "/../.."}, 400, "validation_error", "workspace_path"},
+		{"workspace through a symlink out", map[string]any{"task_id": "t4", "agent_type": "acp-normal", "workspace_path": escape}, 400, "validation_error", "workspace_path"},
+		{"relative workspace", map[string]any{"task_id": "t5", "agent_type": "acp-normal", "workspace_path": "ws"}, 400, "validation_error", "workspace_path"},
+		{"oversized env", map[string]any{"task_id": "t6", "agent_type": "acp-normal", "workspace_path": ws, "env": map[string]string{"BIG": big}}, 400, "validation_error", "env is"},
+		{"bad env name", map[string]any{"task_id": "t7", "agent_type": "acp-normal", "workspace_path": ws, "env": map[string]string{"A=B": "x"}}, 400, "validation_error", "env variable name"},
+		{"missing required env", map[string]any{"task_id": "t8", "agent_type": "needs-env", "workspace_path": ws}, 400, "validation_error", "API_KEY"},
+		{"no task id", map[string]any{"agent_type": "acp-normal", "workspace_path": ws}, 400, "validation_error", "task_id"},
+		{"unknown field", map[string]any{"task_id": "t9", "agent_type": "acp-normal", "workspace_path": ws, "bogus": 1}, 400, "bad_request", ""},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			var e errorBody
+			code := r.do(t, "POST", "/api/v1/agents/launch", tt.body, &e)
+			if code != tt.status || e.Error != tt.code || e.HTTPStatus != tt.status || !strings.Contains(e.Message+" "+e.Details, tt.message) {
+				t.Fatalf("got %d %+v, want %d %s mentioning %q", code, e, tt.status, tt.code, tt.message)
+			}
+			if id, _ := tt.body["task_id"].(string); id != "" {
+				var nf errorBody
+				if code := r.do(t, "GET", "/api/v1/tasks/"+id, nil, &nf); code != http.StatusNotFound || nf.Error != "not_found" {
+					t.Errorf("a refused launch created task %s: %d %+v", id, code, nf)
+				}
+			}
+		})
+	}
+	t.Run("unknown instance", func(t *testing.T) {
+		for _, p := range []string{"/status", "/logs", "/session"} {
+			var e errorBody
+			if code := r.do(t, "GET", "/api/v1/agents/missing"+p, nil, &e); code != 404 || e.Error != "not_found" || e.HTTPStatus != 404 {
+				t.Errorf("%s: %d %+v", p, code, e)
+			}
+		}
+		var e errorBody
+		if code := r.do(t, "POST", "/api/v1/agents/missing/prompt", map[string]string{"message": "hi"}, &e); code != 404 {
+			t.Errorf("prompt: %d %+v", code, e)
+		}
+	})
+	t.Run("empty prompt and bad tail", func(t *testing.T) {
+		var e errorBody
+		if code := r.do(t, "POST", "/api/v1/agents/x/prompt", map[string]string{"message": " "}, &e); code != 400 || e.Error != "validation_error" {
+			t.Errorf("empty prompt: %d %+v", code, e)
+		}
+		if code := r.do(t, "GET", "/api/v1/agents/x/logs?tail=-1", nil, &e); code != 400 || e.Error != "validation_error" {
+			t.Errorf("tail=-1: %d %+v", code, e)
+		}
+	})
+	t.Run("agent types", func(t *testing.T) {
+		var out struct {
+			AgentTypes []struct {
+				ID          string   `json:"id"`
+				RequiredEnv []string `json:"required_env"`
+				Protocol    string   `json:"protocol"`
+			} `json:"agent_types"`
+		}
+		if code := r.do(t, "GET", "/api/v1/agent-types", nil, &out); code != 200 {
+			t.Fatalf("HTTP %d", code)
+		}
+		found := map[string]bool{}
+		for _, a := range out.AgentTypes {
+			found[a.ID] = true
+		}
+		if !found["augment-agent"] || !found["npm-example"] || !found["acp-normal"] {
+			t.Errorf("agent types %+v", out.AgentTypes)
+		}
+	})
+}
+
+func TestAuthentication(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a runner")
+	}
+	t.Parallel()
+	r := startRunner(t, map[string]string{"CONCLAVE_RUNNER_ALLOW_UNAUTHENTICATED": "false", "CONCLAVE_RUNNER_CLIENT_TOKENS": "s3cret"})
+	var e errorBody
+	if code := r.do(t, "POST", "/api/v1/agents/launch", map[string]any{"task_id": "t", "agent_type": "acp-normal", "workspace_path": r.workspace(t)}, &e); code != http.StatusUnauthorized || e.HTTPStatus != 401 {
+		t.Fatalf("without a token: %d %+v", code, e)
+	}
+	r.token = "wrong"
+	if code := r.do(t, "GET", "/api/v1/agent-types", nil, &e); code != http.StatusUnauthorized {
+		t.Fatalf("with a wrong token: %d %+v", code, e)
+	}
+	r.token = "s3cret"
+	if code := r.do(t, "GET", "/api/v1/agent-types", nil, nil); code != http.StatusOK {
+		t.Fatalf("with the token: %d", code)
+	}
+}
+
+// TestRateLimit: past its burst, a client gets 429 rate_limited.
+func TestRateLimit(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a runner")
+	}
+	t.Parallel()
+	r := startRunner(t, map[string]string{"CONCLAVE_RUNNER_CLIENT_RATE": "0.001", "CONCLAVE_RUNNER_CLIENT_BURST": "3"})
+	for range 3 {
+		if code := r.do(t, "GET", "/api/v1/agent-types", nil, nil); code != http.StatusOK {
+			t.Fatalf("within the burst: HTTP %d", code)
+		}
+	}
+	var e errorBody
+	if code := r.do(t, "GET", "/api/v1/agent-types", nil, &e); code != http.StatusTooManyRequests || e.Error != "rate_limited" || e.HTTPStatus != 429 {
+		t.Fatalf("past the burst: %d %+v", code, e)
+	}
+}

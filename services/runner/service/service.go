@@ -1,0 +1,231 @@
+// Package service wires the ACP runner (seed 002) into a runnable server. It
+// is the one entry point shared by cmd/runner and `conclave dev`.
+package service
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/conclave-ai/conclave/pkg/auth"
+	"github.com/conclave-ai/conclave/pkg/config"
+	"github.com/conclave-ai/conclave/pkg/queue"
+	"github.com/conclave-ai/conclave/pkg/server"
+	"github.com/conclave-ai/conclave/pkg/store"
+	"github.com/conclave-ai/conclave/pkg/telemetry"
+	runnerv1 "github.com/conclave-ai/conclave/proto/conclave/runner/v1"
+	"github.com/conclave-ai/conclave/services/runner/internal/agenttype"
+	"github.com/conclave-ai/conclave/services/runner/internal/api"
+	"github.com/conclave-ai/conclave/services/runner/internal/executor"
+	"github.com/conclave-ai/conclave/services/runner/internal/metrics"
+	"github.com/conclave-ai/conclave/services/runner/internal/records"
+	"github.com/conclave-ai/conclave/services/runner/internal/supervisor"
+)
+
+// Config is the runner's configuration.
+type Config struct {
+	GRPCAddr        config.ListenAddr `env:"CONCLAVE_RUNNER_GRPC_ADDR" default:":50052" help:"gRPC listener (conclave.runner.v1)"`
+	HTTPAddr        config.ListenAddr `env:"CONCLAVE_RUNNER_HTTP_ADDR" default:":8082" help:"HTTP listener: REST /api/v1, health and metrics"`
+	ServerID        string            `env:"CONCLAVE_RUNNER_SERVER_ID" help:"this replica's name in event sources (default: the host name)"`
+	AgentTypesFile  string            `env:"CONCLAVE_RUNNER_AGENT_TYPES" help:"YAML file of agent types, overlaid on the defaults"`
+	WorkspaceRoots  []string          `env:"CONCLAVE_RUNNER_WORKSPACE_ROOTS" help:"comma-separated directories a launch's workspace_path must lie within"`
+	Workers         int               `env:"CONCLAVE_RUNNER_WORKERS" default:"8" help:"agents this replica runs at once (launch workers)"`
+	LaunchQueue     string            `env:"CONCLAVE_RUNNER_LAUNCH_QUEUE" default:"runner-launches" help:"queue of launches"`
+	EventsQueue     string            `env:"CONCLAVE_RUNNER_EVENTS_QUEUE" default:"bus-events" help:"queue the bus publishes task events from"`
+	LaunchRetry     time.Duration     `env:"CONCLAVE_RUNNER_LAUNCH_RETRY" default:"30s" help:"how soon a launch whose runner died is retried by another"`
+	ProtocolTimeout time.Duration     `env:"CONCLAVE_RUNNER_PROTOCOL_TIMEOUT" default:"30s" help:"how long an agent may take to answer initialize, session/new, session/load or to accept a prompt before its protocol is declared dead"`
+	CancelGrace     time.Duration     `env:"CONCLAVE_RUNNER_CANCEL_GRACE" default:"10s" help:"how long an agent may take to end a cancelled turn before it is killed"`
+	IdleTimeout     time.Duration     `env:"CONCLAVE_RUNNER_IDLE_TIMEOUT" default:"10m" help:"how long an idle agent is kept for more prompts; later prompts resume its session in a new process"`
+	MaxLineBytes    int               `env:"CONCLAVE_RUNNER_MAX_LINE_BYTES" default:"4194304" help:"longest line accepted from an agent; longer ones are dropped"`
+	ShutdownTimeout time.Duration     `env:"CONCLAVE_RUNNER_SHUTDOWN_TIMEOUT" default:"15s" help:"how long in-flight requests may drain on shutdown"`
+	ClientTokens    []string          `env:"CONCLAVE_RUNNER_CLIENT_TOKENS" help:"comma-separated bearer tokens accepted on the API"`
+	ClientRate      float64           `env:"CONCLAVE_RUNNER_CLIENT_RATE" default:"50" help:"API requests per second each client (bearer token) may make on one replica"`
+	ClientBurst     int               `env:"CONCLAVE_RUNNER_CLIENT_BURST" default:"100" help:"API requests each client may make at once, above its rate"`
+	// AllowUnauthenticated opens the API without tokens; conclave dev sets
+	// it, on loopback only.
+	AllowUnauthenticated bool `env:"CONCLAVE_RUNNER_ALLOW_UNAUTHENTICATED" default:"false" help:"serve the API without bearer tokens (development only)"`
+}
+
+// Validate implements config.Validator.
+func (c Config) Validate() error {
+	if c.GRPCAddr == "" {
+		return fmt.Errorf("CONCLAVE_RUNNER_GRPC_ADDR: the runner needs a gRPC listener")
+	}
+	if len(c.ClientTokens) == 0 && !c.AllowUnauthenticated {
+		return fmt.Errorf("CONCLAVE_RUNNER_CLIENT_TOKENS: set at least one client token, or CONCLAVE_RUNNER_ALLOW_UNAUTHENTICATED=true for development")
+	}
+	if len(c.WorkspaceRoots) == 0 {
+		return fmt.Errorf("CONCLAVE_RUNNER_WORKSPACE_ROOTS: set the directories workspaces may lie within")
+	}
+	for _, r := range c.WorkspaceRoots {
+		if !filepath.IsAbs(r) {
+			return fmt.Errorf("CONCLAVE_RUNNER_WORKSPACE_ROOTS: %q is not an absolute path", r)
+		}
+	}
+	if !(c.ClientRate > 0) || c.ClientRate > 1e9 {
+		return fmt.Errorf("CONCLAVE_RUNNER_CLIENT_RATE: must be a positive number, got %g", c.ClientRate)
+	}
+	if c.ClientBurst < 1 {
+		return fmt.Errorf("CONCLAVE_RUNNER_CLIENT_BURST: must be positive, got %d", c.ClientBurst)
+	}
+	if c.Workers < 1 || c.Workers > 10000 {
+		return fmt.Errorf("CONCLAVE_RUNNER_WORKERS: must be 1..10000, got %d", c.Workers)
+	}
+	if c.MaxLineBytes < 1024 {
+		return fmt.Errorf("CONCLAVE_RUNNER_MAX_LINE_BYTES: must be at least 1024, got %d", c.MaxLineBytes)
+	}
+	if c.LaunchRetry < time.Second || c.LaunchRetry > queue.MaxVisibility {
+		return fmt.Errorf("CONCLAVE_RUNNER_LAUNCH_RETRY: must be 1s..%s, got %s", queue.MaxVisibility, c.LaunchRetry)
+	}
+	for key, d := range map[string]time.Duration{
+		"CONCLAVE_RUNNER_PROTOCOL_TIMEOUT": c.ProtocolTimeout,
+		"CONCLAVE_RUNNER_CANCEL_GRACE":     c.CancelGrace,
+		"CONCLAVE_RUNNER_IDLE_TIMEOUT":     c.IdleTimeout,
+		"CONCLAVE_RUNNER_SHUTDOWN_TIMEOUT": c.ShutdownTimeout,
+	} {
+		if d <= 0 {
+			return fmt.Errorf("%s: must be positive, got %s", key, d)
+		}
+	}
+	if _, err := agenttype.Load(c.AgentTypesFile); err != nil {
+		return fmt.Errorf("CONCLAVE_RUNNER_AGENT_TYPES: %w", err)
+	}
+	return nil
+}
+
+// Tables lists the tables the runner keeps its state in.
+var Tables = []store.Table{records.Table}
+
+// Queues are the runner's queues, for the given names: launches (with a
+// dead-letter queue for launches that keep failing to be handled) and the
+// bus's events queue, defined as the bus defines it.
+func Queues(cfg Config) []queue.Definition {
+	return []queue.Definition{
+		{Name: cfg.LaunchQueue, VisibilityTimeout: cfg.LaunchRetry, MaxReceiveCount: 10},
+		{Name: cfg.EventsQueue, VisibilityTimeout: 2 * time.Minute, MaxReceiveCount: 5},
+	}
+}
+
+// Deps are what the runner runs on.
+type Deps struct {
+	Store     store.Store
+	Queue     queue.Queue
+	Logger    *slog.Logger
+	Telemetry *telemetry.Provider
+	// Executor defaults to the local executor over Config.WorkspaceRoots.
+	Executor executor.Executor
+}
+
+// Runner is a configured, not yet running, runner.
+type Runner struct {
+	srv *server.Server
+	sup *supervisor.Supervisor
+}
+
+// New builds the runner. The store's Tables and the Queues must exist.
+func New(cfg Config, deps Deps, opts ...server.Option) (*Runner, error) {
+	logger, tel := deps.Logger, deps.Telemetry
+	registry, err := agenttype.Load(cfg.AgentTypesFile)
+	if err != nil {
+		return nil, fmt.Errorf("CONCLAVE_RUNNER_AGENT_TYPES: %w", err)
+	}
+	serverID := cfg.ServerID
+	if serverID == "" {
+		if serverID, err = os.Hostname(); err != nil {
+			return nil, fmt.Errorf("runner server id: %w", err)
+		}
+	}
+	exec := deps.Executor
+	if exec == nil {
+		exec = &executor.Local{Roots: cfg.WorkspaceRoots}
+	}
+	rec := records.New(deps.Store)
+	sup := supervisor.New(supervisor.Options{
+		Records: rec, Queue: deps.Queue, Registry: registry, Executor: exec,
+		LaunchQueue: cfg.LaunchQueue, EventsQueue: cfg.EventsQueue,
+		Workers: cfg.Workers, Visibility: cfg.LaunchRetry, ProtocolTimeout: cfg.ProtocolTimeout,
+		CancelGrace: cfg.CancelGrace, IdleTimeout: cfg.IdleTimeout, MaxLine: cfg.MaxLineBytes,
+		Source: "runner/" + serverID, Logger: logger, Metrics: metrics.New(tel.Meter("runner")),
+		TracerProvider: tel.TracerProvider(),
+	})
+
+	grpcOpts := tel.GRPCServerOptions()
+	if !cfg.AllowUnauthenticated {
+		unary, stream := auth.NewTokens(cfg.ClientTokens...).Protect(api.ServicePrefix)
+		grpcOpts = append(grpcOpts, grpc.ChainUnaryInterceptor(unary), grpc.ChainStreamInterceptor(stream))
+	} else {
+		logger.Warn("the runner's API accepts requests without a bearer token")
+	}
+	// After authentication, so that only accepted callers spend tokens.
+	limitUnary, limitStream := api.NewRateLimiter(cfg.ClientRate, cfg.ClientBurst).Interceptors()
+	grpcOpts = append(grpcOpts, grpc.ChainUnaryInterceptor(limitUnary), grpc.ChainStreamInterceptor(limitStream))
+	opts = append([]server.Option{
+		server.WithGRPCOptions(grpcOpts...),
+		server.WithMetricsHandler(tel.MetricsHandler()),
+		server.WithHTTPMiddleware(func(h http.Handler) http.Handler { return tel.HTTPHandler(h, "runner") }),
+	}, opts...)
+	srv, err := server.New(server.Config{
+		Name: "runner", GRPCAddr: string(cfg.GRPCAddr), HTTPAddr: string(cfg.HTTPAddr),
+		ShutdownTimeout: cfg.ShutdownTimeout, MaxRequestBodyBytes: 1 << 20,
+	}, logger, opts...)
+	if err != nil {
+		return nil, fmt.Errorf("runner server: %w", err)
+	}
+	runnerv1.RegisterRunnerServiceServer(srv.GRPC(), api.New(rec, registry, sup, cfg.WorkspaceRoots, api.DefaultLimits))
+	if cfg.HTTPAddr != "" {
+		self, err := grpc.NewClient("passthrough:///runner-self", append(tel.GRPCDialOptions(),
+			grpc.WithTransportCredentials(insecure.NewCredentials()),
+			grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) {
+				select {
+				case <-srv.Ready():
+				case <-ctx.Done():
+					return nil, ctx.Err()
+				}
+				var d net.Dialer
+				return d.DialContext(ctx, "tcp", srv.GRPCAddr())
+			}))...)
+		if err != nil {
+			return nil, fmt.Errorf("runner REST client: %w", err)
+		}
+		rest, err := api.NewREST(context.Background(), self)
+		if err != nil {
+			return nil, err
+		}
+		srv.Handle("/api/v1/", rest)
+		srv.HandleStream(api.FollowPattern, rest)
+		srv.OnShutdown(func(context.Context) { _ = self.Close() })
+	}
+	return &Runner{srv: srv, sup: sup}, nil
+}
+
+// Run serves and runs launches until ctx is cancelled, then drains: agents
+// still running are stopped and their launches left for the next runner.
+func (r *Runner) Run(ctx context.Context) error {
+	errs := make(chan error, 1)
+	go func() { errs <- r.sup.Run(ctx) }()
+	err := r.srv.Run(ctx)
+	if serr := <-errs; err == nil {
+		err = serr
+	}
+	return err
+}
+
+// Ready is closed once the listeners are bound.
+func (r *Runner) Ready() <-chan struct{} { return r.srv.Ready() }
+
+// Endpoints lists where the runner listens, once Ready.
+func (r *Runner) Endpoints() []server.Endpoint {
+	eps := []server.Endpoint{{Service: "runner", Protocol: "gRPC: conclave.runner.v1", Address: r.srv.GRPCAddr()}}
+	if addr := r.srv.HTTPAddr(); addr != "" {
+		eps = append(eps, server.Endpoint{Service: "runner", Protocol: "HTTP: REST /api/v1/agents, /api/v1/tasks, /api/v1/agent-types; /healthz /readyz /metrics", Address: addr})
+	}
+	return eps
+}
