@@ -55,7 +55,9 @@ type deployable struct {
 }
 
 // deployables lists what the template must serve. A new service is one
-// more line here, with its service package's Tables and Queues.
+// more line here, with its service package's Tables and Queues (and, for
+// `go mod tidy`, a replace line for its module in go.mod, as for the
+// others).
 var deployables = []deployable{
 	{name: "gateway", role: "GatewayRole", tables: gateway.Tables},
 	{name: "bus", role: "BusRole", tables: bus.Tables, queues: bus.Queues},
