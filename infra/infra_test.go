@@ -577,8 +577,8 @@ func TestRolesLeastPrivilege(t *testing.T) {
 			if !ok {
 				t.Fatalf("template.yaml has no role %s for %s", d.role, d.name)
 			}
-			if s, ok := role.AssumeRolePolicyDocument.(string); ok && !json.Valid([]byte(s)) {
-				t.Errorf("the trust policy is not valid JSON:\n%s", s)
+			if s, ok := role.AssumeRolePolicyDocument.(string); ok {
+				checkIRSATrust(t, s, d.name)
 			}
 			if len(role.ManagedPolicyArns) > 0 {
 				t.Errorf("attaches managed policies %v, which grant more than the code calls", role.ManagedPolicyArns)
@@ -614,6 +614,44 @@ func TestRolesLeastPrivilege(t *testing.T) {
 		if !slices.Contains(wantRoles, id) {
 			t.Errorf("template.yaml declares role %s, which belongs to no deployable", id)
 		}
+	}
+}
+
+// checkIRSATrust checks the trust policy of a role assumed by pods through
+// IRSA (a JSON string, since its condition keys are named after the
+// cluster's OIDC issuer): web identity only, and only for the deployable's
+// own ServiceAccount, which the chart names conclave-<deployable>.
+func checkIRSATrust(t *testing.T, doc, name string) {
+	t.Helper()
+	var trust struct {
+		Statement []struct {
+			Effect    string
+			Action    string
+			Principal struct{ Federated string }
+			Condition struct{ StringEquals map[string]string }
+		}
+	}
+	if err := json.Unmarshal([]byte(doc), &trust); err != nil {
+		t.Fatalf("the trust policy is not valid JSON: %v\n%s", err, doc)
+	}
+	if len(trust.Statement) != 1 {
+		t.Fatalf("the trust policy has %d statements, want one", len(trust.Statement))
+	}
+	st := trust.Statement[0]
+	if st.Effect != "Allow" || st.Action != "sts:AssumeRoleWithWebIdentity" || !strings.Contains(st.Principal.Federated, ":oidc-provider/") {
+		t.Errorf("the trust policy lets %q do %s %s; want an OIDC provider to AssumeRoleWithWebIdentity", st.Principal.Federated, st.Effect, st.Action)
+	}
+	var sub, aud string
+	for k, v := range st.Condition.StringEquals {
+		switch {
+		case strings.HasSuffix(k, ":sub"):
+			sub = v
+		case strings.HasSuffix(k, ":aud"):
+			aud = v
+		}
+	}
+	if want := "system:serviceaccount:conclave:conclave-" + name; sub != want || aud != "sts.amazonaws.com" {
+		t.Errorf("the trust policy admits subject %q, audience %q; with the default parameters want %q and sts.amazonaws.com", sub, aud, want)
 	}
 }
 
