@@ -145,7 +145,8 @@ func (s *Supervisor) Launch(ctx context.Context, instanceID string, write func(c
 	s.mu.Unlock()
 	queueErr := <-queued
 	if writeErr != nil {
-		// A launch that was queued finds no instance and is dropped.
+		// A launch that was queued finds no instance and is dropped: at
+		// once on this replica, after instanceWriteGrace on another.
 		return writeErr
 	}
 	if queueErr != nil {
