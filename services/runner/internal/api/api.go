@@ -193,32 +193,29 @@ func (s *Server) LaunchAgent(ctx context.Context, req *runnerv1.LaunchAgentReque
 	if id := req.GetEnv()["AUGGIE_SESSION_ID"]; id != "" && in.SessionID == "" {
 		in.SessionID = id
 	}
-	// The two writes at once: the embedded store commits them together.
-	taskErr := make(chan error, 1)
-	go func() {
-		_, err := s.rec.UpdateTask(ctx, in.TaskID, func(t *records.Task) {
-			t.AgentType, t.Status = typ.ID, records.StatusStarting
-			t.InstanceIDs = append(t.InstanceIDs, in.ID)
-			if t.Metadata == nil {
-				t.Metadata = map[string]any{}
-			}
-			maps.Copy(t.Metadata, in.Metadata)
-		})
-		taskErr <- err
-	}()
-	err = s.rec.CreateInstance(ctx, in)
-	if terr := <-taskErr; err == nil {
-		err = terr
-	}
+	// The instance, its task and the launch message all at once: the
+	// embedded store commits the two writes together, beside the queue's
+	// commit.
+	err = s.sup.Launch(ctx, in.ID, func(ctx context.Context) error {
+		taskErr := make(chan error, 1)
+		go func() {
+			_, err := s.rec.UpdateTask(ctx, in.TaskID, func(t *records.Task) {
+				t.AgentType, t.Status = typ.ID, records.StatusStarting
+				t.InstanceIDs = append(t.InstanceIDs, in.ID)
+				if t.Metadata == nil {
+					t.Metadata = map[string]any{}
+				}
+				maps.Copy(t.Metadata, in.Metadata)
+			})
+			taskErr <- err
+		}()
+		err := s.rec.CreateInstance(ctx, in)
+		if terr := <-taskErr; err == nil {
+			err = terr
+		}
+		return err
+	})
 	if err != nil {
-		return nil, internal(err)
-	}
-	if err := s.sup.Enqueue(ctx, in.ID, 1); err != nil {
-		// Nothing will start it: do not leave it looking queued.
-		_, _ = s.rec.UpdateInstance(context.WithoutCancel(ctx), in.ID, func(i *records.Instance) error {
-			i.Status, i.Error, i.DoneSeq = records.StatusFailed, err.Error(), 1
-			return nil
-		})
 		return nil, internal(err)
 	}
 	return &runnerv1.LaunchAgentResponse{Instance: instanceProto(in)}, nil

@@ -84,13 +84,16 @@ type Supervisor struct {
 
 	mu       sync.Mutex
 	sessions map[string]*session
+	// writing holds the instances whose first write is in progress beside
+	// their launch's enqueue, each closed when the write has ended.
+	writing  map[string]chan struct{}
 	stopping chan struct{}
 	stopOnce sync.Once
 }
 
 // New returns a supervisor; Run starts its workers.
 func New(o Options) *Supervisor {
-	s := &Supervisor{o: o, log: o.Logger, sessions: map[string]*session{}, stopping: make(chan struct{})}
+	s := &Supervisor{o: o, log: o.Logger, sessions: map[string]*session{}, writing: map[string]chan struct{}{}, stopping: make(chan struct{})}
 	s.logs = newLogBook(o.Records, o.Logger)
 	s.events = newEvents(o.Queue, o.EventsQueue, o.Source, o.Logger, o.Metrics.Events)
 	return s
@@ -109,6 +112,67 @@ func (s *Supervisor) Enqueue(ctx context.Context, instanceID string, seq int) er
 		return fmt.Errorf("queueing the launch: %w", err)
 	}
 	return nil
+}
+
+// instanceWriteGrace is how long after it was sent a launch whose instance
+// is not in the store is tried again rather than dropped: the instance's
+// write may still be in progress on another replica (Launch writes and
+// queues at once).
+const instanceWriteGrace = time.Minute
+
+// errNotWrittenYet leaves a launch on the queue until its instance is written.
+var errNotWrittenYet = errors.New("the instance is not written yet; the launch will be retried")
+
+// Launch writes a new instance with write and queues its first launch, the
+// two at once, so that the launch request waits for one commit's time
+// rather than two (on the embedded store and queue the two files' fsyncs
+// overlap; on DynamoDB and SQS the round trips do). The caller answers only
+// once both have succeeded, so an acknowledged launch is both stored and
+// queued. A worker of this replica that receives the launch before the
+// write ends waits for it; see handle for other replicas. If the queueing
+// fails the instance is marked failed, since nothing will start it.
+func (s *Supervisor) Launch(ctx context.Context, instanceID string, write func(context.Context) error) error {
+	written := make(chan struct{})
+	s.mu.Lock()
+	s.writing[instanceID] = written
+	s.mu.Unlock()
+	queued := make(chan error, 1)
+	go func() { queued <- s.Enqueue(ctx, instanceID, 1) }()
+	writeErr := write(ctx)
+	close(written)
+	s.mu.Lock()
+	delete(s.writing, instanceID)
+	s.mu.Unlock()
+	queueErr := <-queued
+	if writeErr != nil {
+		// A launch that was queued finds no instance and is dropped: at
+		// once on this replica, after instanceWriteGrace on another.
+		return writeErr
+	}
+	if queueErr != nil {
+		_, _ = s.o.Records.UpdateInstance(context.WithoutCancel(ctx), instanceID, func(i *records.Instance) error {
+			i.Status, i.Error, i.DoneSeq = records.StatusFailed, queueErr.Error(), 1
+			return nil
+		})
+		return queueErr
+	}
+	return nil
+}
+
+// awaitWrite waits for Launch's write of the instance, if one is in
+// progress here, and reports whether there was one.
+func (s *Supervisor) awaitWrite(ctx context.Context, instanceID string) bool {
+	s.mu.Lock()
+	written := s.writing[instanceID]
+	s.mu.Unlock()
+	if written == nil {
+		return false
+	}
+	select {
+	case <-written:
+	case <-ctx.Done():
+	}
+	return true
 }
 
 // Run consumes launches until ctx ends, then stops the agents it runs:
@@ -145,8 +209,12 @@ func (s *Supervisor) handle(ctx context.Context, m queue.Message) error {
 		s.o.Metrics.Launch("unreadable")
 		return nil
 	}
+	waited := s.awaitWrite(ctx, msg.InstanceID)
 	in, err := s.o.Records.Instance(ctx, msg.InstanceID)
 	if errors.Is(err, records.ErrNotFound) {
+		if !waited && time.Since(m.SentAt) < instanceWriteGrace {
+			return fmt.Errorf("launch of instance %s: %w", msg.InstanceID, errNotWrittenYet)
+		}
 		s.o.Metrics.Launch("gone")
 		return nil
 	}
@@ -273,6 +341,8 @@ type session struct {
 	// stMu guards in, the instance as last written.
 	stMu sync.Mutex
 	in   *records.Instance
+	// statusWrites are setStatusBeside's writes in progress.
+	statusWrites sync.WaitGroup
 
 	mu      sync.Mutex
 	client  *acp.Client
@@ -367,7 +437,8 @@ func (ss *session) killedWhy() string {
 	return ss.killed
 }
 
-// setStatus records a status change and sends its event.
+// setStatus records a status change and sends its event, once the change
+// is written.
 func (ss *session) setStatus(ctx context.Context, fn func(in *records.Instance)) {
 	ss.stMu.Lock()
 	defer ss.stMu.Unlock()
@@ -379,16 +450,54 @@ func (ss *session) setStatus(ctx context.Context, fn func(in *records.Instance))
 			return
 		}
 	}
+	if in := ss.writeStatus(ctx, fn); in != nil {
+		ss.announce(ctx, ss.in.Status, in)
+		ss.in = in
+	}
+}
+
+// setStatusBeside records a status change like setStatus, but sends its
+// event (and log line) at once and leaves the write in progress, for a
+// change that what follows need not wait on: the start of a turn, whose
+// prompt goes to the agent while the write commits. The write holds stMu,
+// so later changes, and reads of ss.in, wait for it and stay in order. A
+// runner that dies before it commits loses nothing: the launch is not done
+// in the store, so its message is delivered again.
+func (ss *session) setStatusBeside(ctx context.Context, fn func(in *records.Instance)) {
+	ss.stMu.Lock()
+	probe := *ss.in
+	fn(&probe)
+	if reflect.DeepEqual(&probe, ss.in) {
+		ss.stMu.Unlock()
+		return
+	}
+	ss.announce(ctx, ss.in.Status, &probe)
+	ss.statusWrites.Add(1)
+	go func() {
+		defer ss.statusWrites.Done()
+		defer ss.stMu.Unlock()
+		if in := ss.writeStatus(ctx, fn); in != nil {
+			ss.in = in
+		}
+	}()
+}
+
+// writeStatus applies fn to the stored instance; nil if that failed (it is
+// logged). Call with stMu held.
+func (ss *session) writeStatus(ctx context.Context, fn func(in *records.Instance)) *records.Instance {
 	in, err := ss.s.o.Records.UpdateInstance(ctx, ss.launch.ID, func(in *records.Instance) error {
 		fn(in)
 		return nil
 	})
 	if err != nil {
 		ss.s.log.WarnContext(ctx, "runner: recording an instance's status", "instance_id", ss.launch.ID, "error", err)
-		return
+		return nil
 	}
-	prev := ss.in.Status
-	ss.in = in
+	return in
+}
+
+// announce logs and publishes a change of status from prev to in's.
+func (ss *session) announce(ctx context.Context, prev string, in *records.Instance) {
 	if in.Status != prev {
 		ss.s.o.Metrics.Status(in.Status)
 		ss.log.Add(StreamRunner, "status: "+in.Status+errorSuffix(in.Error))
@@ -414,6 +523,7 @@ func (ss *session) fail(ctx context.Context, outcome, reason string) error {
 
 func (ss *session) run(ctx context.Context) error {
 	defer close(ss.done)
+	defer ss.statusWrites.Wait()
 	ss.launchSpan = trace.SpanContextFromContext(ctx)
 	ss.log = ss.s.logs.open(ctx, ss.launch.ID)
 	defer ss.log.Close()
@@ -558,13 +668,17 @@ func (ss *session) drive(ctx context.Context, client *acp.Client, typ agenttype.
 	ss.mu.Lock()
 	containerID := ss.proc.ID()
 	ss.mu.Unlock()
-	ss.setStatus(ctx, func(in *records.Instance) {
+	sessionUp := func(in *records.Instance) {
 		in.Status, in.SessionID, in.Dialect, in.ContainerID = records.StatusRunning, sessionID, client.Dialect(), containerID
-		if message := firstNonEmpty(ss.launch.Prompt, ss.launch.Env["TASK_DESCRIPTION"]); message != "" {
-			// The turn starts now; its write would change nothing more.
-			in.Progress, in.FinishedAt, in.Error, in.Prompt = 0, time.Time{}, "", ""
-		}
-	})
+	}
+	message := ss.launch.Prompt
+	if message == "" && ss.seq == 1 {
+		message = ss.launch.Env["TASK_DESCRIPTION"]
+	}
+	firstTurn := message != "" || client.Dialect() == acp.DialectLegacy
+	if !firstTurn {
+		ss.setStatus(ctx, sessionUp)
+	}
 	if sessionID != "" {
 		// Beside the first turn rather than before it: the session id is for
 		// resuming later, and the turn should not wait on the write.
@@ -585,16 +699,13 @@ func (ss *session) drive(ctx context.Context, client *acp.Client, typ agenttype.
 	}
 	o.Metrics.Launch("started")
 
-	message := ss.launch.Prompt
-	if message == "" && ss.seq == 1 {
-		message = ss.launch.Env["TASK_DESCRIPTION"]
-	}
-	if message != "" || client.Dialect() == acp.DialectLegacy {
+	if firstTurn {
 		ss.mu.Lock()
 		ss.turning = true
 		ss.turns++
 		ss.mu.Unlock()
-		if out, why := ss.turn(ctx, client, message); out != "" {
+		// The session's fields go in the turn's start write.
+		if out, why := ss.turn(ctx, client, message, sessionUp); out != "" {
 			return out, why
 		}
 	}
@@ -603,7 +714,7 @@ func (ss *session) drive(ctx context.Context, client *acp.Client, typ agenttype.
 	for {
 		select {
 		case message := <-ss.prompts:
-			if out, why := ss.turn(ctx, client, message); out != "" {
+			if out, why := ss.turn(ctx, client, message, nil); out != "" {
 				return out, why
 			}
 			idle.Reset(o.IdleTimeout)
@@ -616,7 +727,7 @@ func (ss *session) drive(ctx context.Context, client *acp.Client, typ agenttype.
 			select {
 			case message := <-ss.prompts:
 				ss.mu.Unlock()
-				if out, why := ss.turn(ctx, client, message); out != "" {
+				if out, why := ss.turn(ctx, client, message, nil); out != "" {
 					return out, why
 				}
 				idle.Reset(o.IdleTimeout)
@@ -639,9 +750,15 @@ func protocolFailure(method string, err error, timeout time.Duration) string {
 }
 
 // turn runs one prompt turn and records how it ended. A non-empty outcome
-// ends the launch: the agent is gone.
-func (ss *session) turn(ctx context.Context, client *acp.Client, message string) (outcome, reason string) {
-	ss.setStatus(ctx, func(in *records.Instance) {
+// ends the launch: the agent is gone. also, if not nil, adds to the turn's
+// start write.
+func (ss *session) turn(ctx context.Context, client *acp.Client, message string, also func(in *records.Instance)) (outcome, reason string) {
+	// The client waits on the agent's first update, not on this write: the
+	// prompt goes out while it commits.
+	ss.setStatusBeside(ctx, func(in *records.Instance) {
+		if also != nil {
+			also(in)
+		}
 		in.Status, in.Progress, in.FinishedAt, in.Error, in.Prompt = records.StatusRunning, 0, time.Time{}, "", ""
 	})
 	t, err := client.Prompt(ctx, message, ss.s.o.ProtocolTimeout)
