@@ -94,7 +94,7 @@ func (l *Launcher) describe(err error) error {
 	switch st.Code() {
 	case codes.Unavailable:
 		e.msg = fmt.Sprintf("the runner at %s (CONCLAVE_BUS_RUNNER_ADDR) is unreachable: %s", l.target, st.Message())
-	case codes.DeadlineExceeded, codes.Canceled:
+	case codes.DeadlineExceeded:
 		e.msg = fmt.Sprintf("the runner at %s did not answer the launch in time (CONCLAVE_BUS_SPAWN_TIMEOUT): %s", l.target, st.Message())
 	case codes.Unauthenticated, codes.PermissionDenied:
 		e.msg = fmt.Sprintf("the runner at %s refused the bus's token (CONCLAVE_BUS_RUNNER_TOKEN): %s", l.target, st.Message())
