@@ -142,7 +142,7 @@ func runDev(ctx context.Context, args []string, lookup config.Lookup, stdout, st
 				return nil, ctx.Err()
 			}
 			var d net.Dialer
-			return d.DialContext(ctx, "tcp", rn.Endpoints()[0].Address)
+			return d.DialContext(ctx, "tcp", rn.Endpoints()[0].Address) // its gRPC listener
 		}))
 	}
 	launcher, runnerConn, err := bus.RunnerLauncher(cfg.Bus, tel, dialRunner...)
