@@ -4,11 +4,13 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"slices"
 	"text/tabwriter"
 
 	"golang.org/x/sync/errgroup"
+	"google.golang.org/grpc"
 
 	librarian "github.com/conclave-ai/conclave/functions/librarian/service"
 	"github.com/conclave-ai/conclave/pkg/config"
@@ -70,9 +72,11 @@ func runDev(ctx context.Context, args []string, lookup config.Lookup, stdout, st
 	cfg.Runner.HTTPAddr = "127.0.0.1:8082"
 	cfg.Runner.ServerID = "dev"
 	cfg.Runner.AllowUnauthenticated = true
-	// Agents may work anywhere under the directory conclave dev runs in.
+	// Agents may work anywhere under the directory conclave dev runs in;
+	// those the bus's default handler launches work in it.
 	if wd, err := os.Getwd(); err == nil {
 		cfg.Runner.WorkspaceRoots = []string{wd}
+		cfg.Bus.Workspace = wd
 	}
 	if err := config.Load(ctx, &cfg, "conclave dev", args, lookup, stderr); err != nil {
 		return err
@@ -120,13 +124,33 @@ func runDev(ctx context.Context, args []string, lookup config.Lookup, stdout, st
 	if err != nil {
 		return err
 	}
-	// The bus has no launcher wired to the runner yet: a message no subscriber matches is
-	// answered with success false instead of going to the default handler.
-	b, err := bus.New(cfg.Bus, logger, tel, st, q, nil)
+	rn, err := runner.New(cfg.Runner, runner.Deps{Store: st, Queue: q, Logger: logger, Telemetry: tel})
 	if err != nil {
 		return err
 	}
-	rn, err := runner.New(cfg.Runner, runner.Deps{Store: st, Queue: q, Logger: logger, Telemetry: tel})
+	// Given an agent type to launch (--bus-runner-agent-type), the bus's
+	// default handler launches agents through this runner, dialled once it
+	// listens, unless --bus-runner-addr names another. Without one, a
+	// message no subscriber matches is answered with success false.
+	var dialRunner []grpc.DialOption
+	if cfg.Bus.RunnerAgentType != "" && cfg.Bus.RunnerAddr == "" {
+		cfg.Bus.RunnerAddr = string(cfg.Runner.GRPCAddr)
+		dialRunner = append(dialRunner, grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) {
+			select {
+			case <-rn.Ready():
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			}
+			var d net.Dialer
+			return d.DialContext(ctx, "tcp", rn.Endpoints()[0].Address) // its gRPC listener
+		}))
+	}
+	launcher, runnerConn, err := bus.RunnerLauncher(cfg.Bus, tel, dialRunner...)
+	if err != nil {
+		return err
+	}
+	defer runnerConn.Close()
+	b, err := bus.New(cfg.Bus, logger, tel, st, q, launcher)
 	if err != nil {
 		return err
 	}

@@ -26,6 +26,9 @@ import (
 var conclaveBin, grpcurlBin string
 
 func TestMain(m *testing.M) {
+	if os.Getenv(busAgentEnv) != "" {
+		os.Exit(runBusAgent())
+	}
 	os.Exit(testMain(m))
 }
 

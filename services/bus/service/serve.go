@@ -47,9 +47,12 @@ func Serve(ctx context.Context, name string, args []string, lookup config.Lookup
 	if err := EnsureQueues(ctx, q); err != nil {
 		return err
 	}
-	// The runner's launch API is not wired yet: without a launcher, a
-	// message no subscriber matches is answered with success false.
-	bus, err := New(cfg.Bus, logger, tel, st, q, nil)
+	launcher, runnerConn, err := RunnerLauncher(cfg.Bus, tel)
+	if err != nil {
+		return err
+	}
+	defer runnerConn.Close()
+	bus, err := New(cfg.Bus, logger, tel, st, q, launcher)
 	if err != nil {
 		return err
 	}

@@ -53,6 +53,10 @@ type Config struct {
 	RetryMaxDelay        time.Duration `env:"CONCLAVE_BUS_RETRY_MAX_DELAY" default:"5m" help:"cap on every retry delay, retry_seconds included (at most 15m)"`
 	Workspace            string        `env:"CONCLAVE_BUS_WORKSPACE" help:"BUB_WORKSPACE of agents the default handler launches"`
 	PublicURL            string        `env:"CONCLAVE_BUS_PUBLIC_URL" help:"BUB_BUS_URL given to launched agents (default: ws:// or wss:// and the listener's address)"`
+	RunnerAddr           string        `env:"CONCLAVE_BUS_RUNNER_ADDR" help:"host:port of the runner's gRPC API (conclave.runner.v1) the default handler launches agents through; unset, a message no subscriber matches is answered with success false"`
+	RunnerToken          string        `env:"CONCLAVE_BUS_RUNNER_TOKEN" help:"bearer token the bus presents to the runner (one of its CONCLAVE_RUNNER_CLIENT_TOKENS)"`
+	RunnerAgentType      string        `env:"CONCLAVE_BUS_RUNNER_AGENT_TYPE" help:"agent_type the default handler launches (one of the runner's agent types); required with CONCLAVE_BUS_RUNNER_ADDR"`
+	RunnerTLS            bool          `env:"CONCLAVE_BUS_RUNNER_TLS" default:"false" help:"dial the runner with TLS (the system's roots)"`
 	SpawnTimeout         time.Duration `env:"CONCLAVE_BUS_SPAWN_TIMEOUT" default:"60s" help:"how long the default handler waits for a launched agent to subscribe"`
 	PeerToken            string        `env:"CONCLAVE_BUS_PEER_TOKEN" help:"shared secret of the replicas; when set, each replica forwards messages to the others (listed in the store) and accepts theirs on /internal/v1/deliver"`
 	AdvertiseAddr        string        `env:"CONCLAVE_BUS_ADVERTISE_ADDR" help:"host:port other replicas reach this one at (default: the listener's address)"`
@@ -104,6 +108,17 @@ func (c Config) Validate() error {
 	} {
 		if d <= 0 {
 			return fmt.Errorf("%s: must be positive, got %s", key, d)
+		}
+	}
+	if c.RunnerAddr != "" {
+		if _, _, err := net.SplitHostPort(c.RunnerAddr); err != nil {
+			return fmt.Errorf("CONCLAVE_BUS_RUNNER_ADDR: %q is not host:port: %w", c.RunnerAddr, err)
+		}
+		if c.RunnerAgentType == "" {
+			return errors.New("CONCLAVE_BUS_RUNNER_AGENT_TYPE: set the agent type the default handler launches through CONCLAVE_BUS_RUNNER_ADDR")
+		}
+		if c.Workspace == "" {
+			return errors.New("CONCLAVE_BUS_WORKSPACE: the runner needs the absolute workspace path of the agents the default handler launches")
 		}
 	}
 	if c.PeerToken != "" && len(c.PeerToken) < 16 {

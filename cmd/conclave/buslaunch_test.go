@@ -1,0 +1,221 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/coder/websocket"
+)
+
+// busAgentEnv makes this test binary a bus agent (runBusAgent) instead of
+// running the tests: the runner starts it with the agent type's env.
+const busAgentEnv = "CONCLAVE_TEST_BUS_AGENT"
+
+var busAgentVars = []string{"BUB_WORKSPACE", "BUB_DEFAULT_TOPIC", "BUB_AGENT_ID", "BUB_BUS_URL"}
+
+// runBusAgent is an agent as seed 004 describes one: it logs the four
+// BUB_* variables (stderr is the runner's log store) and writes them into
+// its workspace, dials BUB_BUS_URL as BUB_AGENT_ID, subscribes to
+// BUB_DEFAULT_TOPIC and answers every delivery with its variables. It runs
+// until the bus closes the connection.
+func runBusAgent() int {
+	vars := map[string]string{}
+	for _, k := range busAgentVars {
+		vars[k] = os.Getenv(k)
+		fmt.Fprintf(os.Stderr, "%s=%s\n", k, vars[k])
+	}
+	env, _ := json.Marshal(vars)
+	if err := os.WriteFile(filepath.Join(vars["BUB_WORKSPACE"], vars["BUB_AGENT_ID"]+".json"), env, 0o644); err != nil {
+		fmt.Fprintln(os.Stderr, "bus agent:", err)
+		return 1
+	}
+	ctx := context.Background()
+	c, _, err := websocket.Dial(ctx, vars["BUB_BUS_URL"], nil)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "bus agent: dial:", err)
+		return 1
+	}
+	defer c.CloseNow()
+	send := func(v any) error {
+		b, _ := json.Marshal(v)
+		return c.Write(ctx, websocket.MessageText, b)
+	}
+	// The bus handles a client's requests concurrently: subscribe only once
+	// initialize has been answered.
+	for id, call := range []map[string]any{
+		{"method": "initialize", "params": map[string]any{"clientId": vars["BUB_AGENT_ID"], "clientInfo": map[string]string{"name": "bus-agent", "version": "0.1.0"}}},
+		{"method": "subscribe", "params": map[string]string{"topic": vars["BUB_DEFAULT_TOPIC"]}},
+	} {
+		call["jsonrpc"], call["id"] = "2.0", id+1
+		if err := send(call); err != nil {
+			return 1
+		}
+		_, answer, err := c.Read(ctx)
+		if err != nil || !strings.Contains(string(answer), `"result"`) {
+			fmt.Fprintf(os.Stderr, "bus agent: %s answered %s (%v)\n", call["method"], answer, err)
+			return 1
+		}
+	}
+	for {
+		_, frame, err := c.Read(ctx)
+		if err != nil {
+			return 0 // the bus has gone
+		}
+		var in struct {
+			ID     json.RawMessage `json:"id"`
+			Method string          `json:"method"`
+		}
+		if json.Unmarshal(frame, &in) != nil || in.Method == "" || in.ID == nil {
+			continue // our own calls' answers
+		}
+		if err := send(map[string]any{"jsonrpc": "2.0", "id": in.ID,
+			"result": map[string]any{"processed": true, "should_retry": false, "retry_seconds": 0, "message": string(env)}}); err != nil {
+			return 0
+		}
+	}
+}
+
+// TestDevDefaultHandlerLaunchesThroughRunner runs conclave dev with a bus
+// agent type: a message on a topic nobody subscribes to makes the bus ask
+// conclave dev's own runner for an agent, which gets the four BUB_*
+// variables, subscribes, and takes the message; the next message on the
+// topic goes to the same agent, with no second launch.
+func TestDevDefaultHandlerLaunchesThroughRunner(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts the conclave binary and an agent")
+	}
+	t.Parallel()
+	dir := t.TempDir()
+	ws := filepath.Join(dir, "ws")
+	if err := os.Mkdir(ws, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	types := filepath.Join(dir, "types.yaml")
+	if err := os.WriteFile(types, []byte(fmt.Sprintf("agent_types:\n  - id: bus-agent\n    command: [%q]\n    env: {%s: \"1\"}\n    protocol: legacy\n    enabled: true\n", self, busAgentEnv)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	_, addrs, stderr := devProcess(t, filepath.Join(dir, "data"), "--runner-agent-types="+types, "--runner-workspace-roots="+dir,
+		"--bus-workspace="+ws, "--bus-runner-agent-type=bus-agent")
+	busURL := "ws://" + addrs["bus WebSocket"]
+
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	c, _, err := websocket.Dial(ctx, busURL, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.CloseNow()
+	call := func(id int, method, params string) map[string]any {
+		t.Helper()
+		frame := fmt.Sprintf(`{"jsonrpc":"2.0","method":%q,"params":%s,"id":%d}`, method, params, id)
+		if err := c.Write(ctx, websocket.MessageText, []byte(frame)); err != nil {
+			t.Fatal(err)
+		}
+		_, answer, err := c.Read(ctx)
+		if err != nil {
+			t.Fatalf("%s: %v\n%s", method, err, stderr)
+		}
+		var res struct{ Result map[string]any }
+		if err := json.Unmarshal(answer, &res); err != nil || res.Result == nil {
+			t.Fatalf("%s answered %s", method, answer)
+		}
+		return res.Result
+	}
+	call(1, "initialize", `{"clientId":"bridge","clientInfo":{"name":"telegram-bridge","version":"0.1.0"}}`)
+	var agentID string
+	for i, text := range []string{"hello", "again"} {
+		res := call(2+i, "sendMessage", fmt.Sprintf(`{"topic":"tg:777","payload":{"type":"telegram_message","text":%q}}`, text))
+		acks, _ := res["acks"].([]any)
+		if len(acks) != 1 {
+			t.Fatalf("sendMessage %q: %v\n%s", text, res, stderr)
+		}
+		ack := acks[0].(map[string]any)
+		var got map[string]string
+		if ack["processed"] != true || json.Unmarshal([]byte(fmt.Sprint(ack["message"])), &got) != nil {
+			t.Fatalf("ack %v; the runner has: %s", ack, runnerTask(addrs["runner HTTP"], fmt.Sprint(ack["client_id"])))
+		}
+		if i == 0 {
+			agentID = fmt.Sprint(ack["client_id"])
+		}
+		want := map[string]string{"BUB_WORKSPACE": ws, "BUB_DEFAULT_TOPIC": "tg:777", "BUB_AGENT_ID": agentID, "BUB_BUS_URL": busURL}
+		for _, k := range busAgentVars {
+			if got[k] != want[k] {
+				t.Errorf("message %q: the agent got %s=%q, want %q", text, k, got[k], want[k])
+			}
+		}
+		if ack["client_id"] != agentID {
+			t.Errorf("message %q went to %v, not the agent launched first (%s)", text, ack["client_id"], agentID)
+		}
+	}
+	// The agent ran in the runner's process with the variables: it wrote
+	// them into BUB_WORKSPACE before dialling the bus.
+	written, err := os.ReadFile(filepath.Join(ws, agentID+".json"))
+	var inWorkspace map[string]string
+	if err != nil || json.Unmarshal(written, &inWorkspace) != nil || inWorkspace["BUB_AGENT_ID"] != agentID ||
+		inWorkspace["BUB_DEFAULT_TOPIC"] != "tg:777" || inWorkspace["BUB_BUS_URL"] != busURL || inWorkspace["BUB_WORKSPACE"] != ws {
+		t.Errorf("the agent's variables in BUB_WORKSPACE: %s (%v)", written, err)
+	}
+
+	// The runner holds the launch: its task is the agent's id, with one
+	// instance.
+	runner := "http://" + addrs["runner HTTP"]
+	var task struct {
+		InstanceIDs []string `json:"instance_ids"`
+	}
+	getRunnerJSON(t, runner+"/api/v1/tasks/"+agentID, &task)
+	if len(task.InstanceIDs) != 1 {
+		t.Fatalf("task %s has instances %v, want one launch", agentID, task.InstanceIDs)
+	}
+}
+
+// runnerTask is what the runner says of the task and its launches, to
+// explain a launch that failed.
+func runnerTask(addr, taskID string) string {
+	var out strings.Builder
+	get := func(path string) []byte {
+		resp, err := http.Get("http://" + addr + path)
+		if err != nil {
+			return []byte(err.Error())
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return b
+	}
+	task := get("/api/v1/tasks/" + taskID)
+	fmt.Fprintf(&out, "task %s", task)
+	var tk struct {
+		InstanceIDs []string `json:"instance_ids"`
+	}
+	_ = json.Unmarshal(task, &tk)
+	for _, id := range tk.InstanceIDs {
+		fmt.Fprintf(&out, "\ninstance %s: %s\nlogs: %s", id, get("/api/v1/agents/"+id+"/status"), get("/api/v1/agents/"+id+"/logs?tail=1000"))
+	}
+	return out.String()
+}
+
+func getRunnerJSON(t *testing.T, url string, v any) {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("GET %s: %s", url, resp.Status)
+	}
+	if err := json.NewDecoder(resp.Body).Decode(v); err != nil {
+		t.Fatalf("GET %s: %v", url, err)
+	}
+}
