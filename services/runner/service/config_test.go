@@ -3,10 +3,17 @@ package service_test
 import (
 	"context"
 	"io"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/conclave-ai/conclave/pkg/config"
+	"github.com/conclave-ai/conclave/pkg/queue"
+	"github.com/conclave-ai/conclave/pkg/store"
+	"github.com/conclave-ai/conclave/pkg/telemetry"
 	"github.com/conclave-ai/conclave/services/runner/service"
 )
 
@@ -43,5 +50,56 @@ func TestConfigValidation(t *testing.T) {
 	var cfg struct{ Runner service.Config }
 	if err := config.Load(context.Background(), &cfg, "runner", nil, func(k string) (string, bool) { v, ok := base[k]; return v, ok }, io.Discard); err != nil {
 		t.Fatalf("the base configuration: %v", err)
+	}
+}
+
+// TestRunEndsWhenItCannotListen: a runner whose HTTP address is taken
+// returns the bind error from Run, rather than waiting for its context.
+func TestRunEndsWhenItCannotListen(t *testing.T) {
+	if testing.Short() {
+		t.Skip("binds listeners")
+	}
+	t.Parallel()
+	taken, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer taken.Close()
+	dir := t.TempDir()
+	root := filepath.Join(dir, "workspaces")
+	if err := os.MkdirAll(root, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	cfg := testConfig(t, root, map[string]string{"CONCLAVE_RUNNER_HTTP_ADDR": taken.Addr().String()})
+	st, err := store.OpenBolt(filepath.Join(dir, "state.db"), store.BoltOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	q, err := queue.OpenEmbedded(filepath.Join(dir, "queues.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer q.Close()
+	ctx := context.Background()
+	if err := store.EnsureTables(ctx, st, service.Tables...); err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range service.Queues(cfg) {
+		if err := q.Ensure(ctx, d); err != nil {
+			t.Fatal(err)
+		}
+	}
+	tel, err := telemetry.New(ctx, telemetry.Config{ServiceName: "runner-test"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := service.New(cfg, service.Deps{Store: st, Queue: q, Logger: slog.New(slog.DiscardHandler), Telemetry: tel})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The context never ends: Run must return by itself.
+	if err := r.Run(ctx); err == nil || !strings.Contains(err.Error(), "address already in use") {
+		t.Fatalf("Run = %v, want the bind error", err)
 	}
 }

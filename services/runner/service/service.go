@@ -209,9 +209,17 @@ func New(cfg Config, deps Deps, opts ...server.Option) (*Runner, error) {
 // Run serves and runs launches until ctx is cancelled, then drains: agents
 // still running are stopped and their launches left for the next runner.
 func (r *Runner) Run(ctx context.Context) error {
+	// Either half ending ends the other: a listener that cannot bind must
+	// not leave Run waiting on workers that only stop with ctx.
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
 	errs := make(chan error, 1)
-	go func() { errs <- r.sup.Run(ctx) }()
+	go func() {
+		errs <- r.sup.Run(ctx)
+		cancel()
+	}()
 	err := r.srv.Run(ctx)
+	cancel()
 	if serr := <-errs; err == nil {
 		err = serr
 	}
