@@ -217,12 +217,8 @@ func startGatewayProcess(t *testing.T, bin, id, endpoint, token string) (string,
 	deadline := time.Now().Add(time.Minute)
 	for {
 		for _, line := range strings.Split(out.String(), "\n") {
-			var entry struct {
-				Msg      string `json:"msg"`
-				GRPCAddr string `json:"grpc_addr"`
-			}
-			if json.Unmarshal([]byte(line), &entry) == nil && entry.Msg == "serving" && entry.GRPCAddr != "" {
-				return entry.GRPCAddr, out
+			if addr := testenv.ServingGRPCAddr([]byte(line)); addr != "" {
+				return addr, out
 			}
 		}
 		select {

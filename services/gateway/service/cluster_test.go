@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -92,13 +91,9 @@ func startReplicaProcess(t *testing.T, id, tablePrefix string) *replicaProc {
 		// gRPC address is taken from the line that announces it.
 		lines := bufio.NewScanner(out)
 		for lines.Scan() {
-			var entry struct {
-				Msg      string `json:"msg"`
-				GRPCAddr string `json:"grpc_addr"`
-			}
-			if json.Unmarshal(lines.Bytes(), &entry) == nil && entry.Msg == "serving" && entry.GRPCAddr != "" {
+			if addr := testenv.ServingGRPCAddr(lines.Bytes()); addr != "" {
 				select {
-				case serving <- entry.GRPCAddr:
+				case serving <- addr:
 				default:
 				}
 			}
