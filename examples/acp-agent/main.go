@@ -17,6 +17,15 @@
 //	junk           first writes lines the runner must survive: not JSON,
 //	               not UTF-8, an oversized line, an update before
 //	               initialize, a response to an unknown id
+//	linger         does not exit when its stdin closes
+//	deaf           stops reading its stdin after its first session/prompt
+//	               (with -dialect kandev its turn still ends)
+//	orphan         mid-turn, starts a process in a session of its own that
+//	               keeps its stdout and stderr open, then exits with status 3
+//
+// In every mode, session/load replays the session's history (one
+// agent_message_chunk "replayed history of <id>") before answering, as ACP
+// agents do.
 //
 // -flood N makes a turn stream N agent_message_chunk notifications as fast
 // as it can, and nothing else, for the runner's benchmarks.
@@ -33,9 +42,11 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 )
 
@@ -64,7 +75,7 @@ type agent struct {
 
 func main() {
 	dialect := flag.String("dialect", "acp", "acp, kandev or legacy")
-	mode := flag.String("mode", "normal", "normal, slow-tool, ignore-cancel, hang, hang-init, hang-init-once, crash or junk")
+	mode := flag.String("mode", "normal", "normal, slow-tool, ignore-cancel, hang, hang-init, hang-init-once, crash, junk, linger, deaf or orphan")
 	flood := flag.Int("flood", 0, "stream this many chunks per turn and nothing else")
 	flag.Parse()
 	a := &agent{dialect: *dialect, mode: *mode, flood: *flood, out: bufio.NewWriterSize(os.Stdout, 64<<10), pending: map[string]chan message{}}
@@ -100,6 +111,14 @@ func main() {
 		case m.Method != "":
 			a.handle(m)
 		}
+		if a.mode == "deaf" && m.Method == "session/prompt" {
+			fmt.Fprintln(os.Stderr, "acp-agent: no longer reading stdin, on purpose")
+			select {}
+		}
+	}
+	if a.mode == "linger" {
+		fmt.Fprintln(os.Stderr, "acp-agent: stdin closed; lingering on purpose")
+		select {}
 	}
 	fmt.Fprintln(os.Stderr, "acp-agent: stdin closed; exiting")
 }
@@ -188,6 +207,8 @@ func (a *agent) handle(m message) {
 		}
 		if m.Method == "session/load" {
 			fmt.Fprintln(os.Stderr, "acp-agent: loaded session", a.sessionID)
+			a.update(map[string]any{"sessionUpdate": "agent_message_chunk", "content": map[string]any{"type": "text", "text": "replayed history of " + a.sessionID}},
+				"content", map[string]any{"text": "replayed history of " + a.sessionID})
 			a.respond(m.ID, map[string]any{"sessionId": a.sessionID, "loaded": true})
 			return
 		}
@@ -257,6 +278,17 @@ func (a *agent) turn(m message) {
 		"content", map[string]any{"text": "Working on: " + text})
 	if a.mode == "crash" {
 		fmt.Fprintln(os.Stderr, "acp-agent: crashing on purpose")
+		os.Exit(3)
+	}
+	if a.mode == "orphan" {
+		orphan := exec.Command("sleep", "600")
+		orphan.Stdout, orphan.Stderr = os.Stdout, os.Stderr
+		orphan.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+		if err := orphan.Start(); err != nil {
+			fmt.Fprintln(os.Stderr, "acp-agent: starting the orphan:", err)
+		} else {
+			fmt.Fprintln(os.Stderr, "acp-agent: left orphan", orphan.Process.Pid, "holding stdout; exiting")
+		}
 		os.Exit(3)
 	}
 	a.update(map[string]any{"sessionUpdate": "plan", "entries": []map[string]any{

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
 	"runtime/debug"
 	"slices"
 	"sync"
@@ -435,4 +436,19 @@ func (s *Server) runHook(ctx context.Context, hook func(context.Context)) {
 		}
 	}()
 	hook(ctx)
+}
+
+// AdvertisedAddr turns a listener address into one other hosts can dial, for
+// replicas that forward to each other: a wildcard host becomes this host's
+// name.
+func AdvertisedAddr(listen string) string {
+	host, port, err := net.SplitHostPort(listen)
+	if err != nil || (host != "" && host != "::" && host != "0.0.0.0") {
+		return listen
+	}
+	name, err := os.Hostname()
+	if err != nil {
+		return listen
+	}
+	return net.JoinHostPort(name, port)
 }

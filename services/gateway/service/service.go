@@ -244,25 +244,11 @@ func (g *Gateway) Run(ctx context.Context) error {
 		}
 		addr := g.cfg.AdvertiseAddr
 		if addr == "" {
-			addr = advertisedAddr(g.srv.GRPCAddr())
+			addr = server.AdvertisedAddr(g.srv.GRPCAddr())
 		}
 		g.replica.Run(leasing, addr)
 	}()
 	return g.srv.Run(ctx)
-}
-
-// advertisedAddr turns a listener address into one other hosts can dial: a
-// wildcard host becomes this host's name.
-func advertisedAddr(listen string) string {
-	host, port, err := net.SplitHostPort(listen)
-	if err != nil || (host != "" && host != "::" && host != "0.0.0.0") {
-		return listen
-	}
-	name, err := os.Hostname()
-	if err != nil {
-		return listen
-	}
-	return net.JoinHostPort(name, port)
 }
 
 // Ready is closed once the listeners are bound.

@@ -97,7 +97,7 @@ func TestLaunchReceivedBeforeItsInstance(t *testing.T) {
 		t.Fatal("a launch whose instance was not written yet was dropped")
 	}
 	in := &records.Instance{ID: id, TaskID: "task-" + t.Name(), AgentType: "acp-normal", Status: records.StatusStarting,
-		StartedAt: time.Now().UTC(), Workspace: workspace, Env: map[string]string{"TASK_DESCRIPTION": "late write"}, LaunchSeq: 1}
+		StartedAt: time.Now().UTC(), Workspace: workspace, Turn: 1, Prompt: "late write", LaunchSeq: 1}
 	if err := records.New(st).CreateInstance(ctx, in); err != nil {
 		t.Fatal(err)
 	}

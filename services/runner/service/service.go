@@ -35,6 +35,7 @@ type Config struct {
 	GRPCAddr        config.ListenAddr `env:"CONCLAVE_RUNNER_GRPC_ADDR" default:":50052" help:"gRPC listener (conclave.runner.v1)"`
 	HTTPAddr        config.ListenAddr `env:"CONCLAVE_RUNNER_HTTP_ADDR" default:":8082" help:"HTTP listener: REST /api/v1, health and metrics"`
 	ServerID        string            `env:"CONCLAVE_RUNNER_SERVER_ID" help:"this replica's name in event sources (default: the host name)"`
+	AdvertiseAddr   string            `env:"CONCLAVE_RUNNER_ADVERTISE_ADDR" help:"host:port other replicas reach this one's gRPC listener at, to forward requests for the agents it runs (default: the listener's address, or the host name and port)"`
 	AgentTypesFile  string            `env:"CONCLAVE_RUNNER_AGENT_TYPES" help:"YAML file of agent types, overlaid on the defaults"`
 	WorkspaceRoots  []string          `env:"CONCLAVE_RUNNER_WORKSPACE_ROOTS" help:"comma-separated directories a launch's workspace_path must lie within"`
 	Workers         int               `env:"CONCLAVE_RUNNER_WORKERS" default:"8" help:"agents this replica runs at once (launch workers)"`
@@ -126,8 +127,9 @@ type Deps struct {
 
 // Runner is a configured, not yet running, runner.
 type Runner struct {
-	srv *server.Server
-	sup *supervisor.Supervisor
+	srv       *server.Server
+	sup       *supervisor.Supervisor
+	advertise string
 }
 
 // New builds the runner. The store's Tables and the Queues must exist.
@@ -203,7 +205,7 @@ func New(cfg Config, deps Deps, opts ...server.Option) (*Runner, error) {
 		srv.HandleStream(api.FollowPattern, rest)
 		srv.OnShutdown(func(context.Context) { _ = self.Close() })
 	}
-	return &Runner{srv: srv, sup: sup}, nil
+	return &Runner{srv: srv, sup: sup, advertise: cfg.AdvertiseAddr}, nil
 }
 
 // Run serves and runs launches until ctx is cancelled, then drains: agents
@@ -215,7 +217,19 @@ func (r *Runner) Run(ctx context.Context) error {
 	defer cancel()
 	errs := make(chan error, 1)
 	go func() {
-		errs <- r.sup.Run(ctx)
+		// Launches are claimed once the address they are claimed under,
+		// for other replicas to forward to, is known.
+		select {
+		case <-r.srv.Ready():
+		case <-ctx.Done():
+			errs <- nil
+			return
+		}
+		owner := r.advertise
+		if owner == "" {
+			owner = server.AdvertisedAddr(r.srv.GRPCAddr())
+		}
+		errs <- r.sup.Run(ctx, owner)
 		cancel()
 	}()
 	err := r.srv.Run(ctx)

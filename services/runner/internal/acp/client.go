@@ -60,6 +60,8 @@ type Update struct {
 	Success bool
 	// SessionID is set by kandev complete updates.
 	SessionID string
+	// Replay: the update replays the session's history during session/load.
+	Replay bool
 	// Raw is the update as the agent sent it: session/update params, or the
 	// legacy line.
 	Raw json.RawMessage
@@ -122,6 +124,22 @@ type Client struct {
 	// permission requests are answered with the cancelled outcome.
 	cancelled    bool
 	capabilities AgentCapabilities
+	// turn is the turn begun and not yet ended, if any.
+	turn *turnState
+	// loading is set while session/load runs: the updates it brings are
+	// the session's history, replayed.
+	loading atomic.Bool
+}
+
+// turnState orders a cancel after its turn's prompt: a cancel that comes
+// before the prompt is written keeps the prompt from being sent at all,
+// and one that comes while it is being written waits for the write, so the
+// agent never sees session/cancel ahead of the prompt it cancels.
+type turnState struct {
+	writing   bool
+	cancelled bool
+	// written is closed once the prompt has been written, or will not be.
+	written chan struct{}
 }
 
 // AgentCapabilities is what initialize told us.
@@ -297,13 +315,18 @@ func (c *Client) NewSession(ctx context.Context, cwd string) (string, error) {
 	return res.SessionID, nil
 }
 
-// LoadSession resumes sessionID with session/load.
+// LoadSession resumes sessionID with session/load. The updates the agent
+// sends until it answers replay the session's history; they reach OnUpdate
+// with Replay set.
 func (c *Client) LoadSession(ctx context.Context, cwd, sessionID string) error {
 	var params any = map[string]any{"sessionId": sessionID}
 	if c.Dialect() == DialectACP {
 		params = sdk.LoadSessionRequest{Cwd: cwd, SessionId: sdk.SessionId(sessionID), McpServers: []sdk.McpServer{}}
 	}
-	if err := c.call(ctx, "session/load", params, nil); err != nil {
+	c.loading.Store(true)
+	err := c.call(ctx, "session/load", params, nil)
+	c.loading.Store(false)
+	if err != nil {
 		return err
 	}
 	c.mu.Lock()
@@ -312,29 +335,70 @@ func (c *Client) LoadSession(ctx context.Context, cwd, sessionID string) error {
 	return nil
 }
 
+// BeginTurn starts a turn without any I/O: from now on a Cancel applies to
+// it, even before Prompt writes its prompt. Prompt begins the turn itself
+// if BeginTurn was not called.
+func (c *Client) BeginTurn() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.turn == nil {
+		c.turn = &turnState{written: make(chan struct{})}
+	}
+}
+
+// AbandonTurn ends a turn begun with BeginTurn whose prompt will not be
+// sent after all.
+func (c *Client) AbandonTurn() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if t := c.turn; t != nil && !t.writing {
+		c.turn = nil
+		close(t.written)
+	}
+}
+
 // Prompt runs one turn and returns how it ended. acceptTimeout bounds a
 // kandev agent's immediate {accepted: true}: an agent that does not give it
 // has a dead protocol. A legacy agent's turn is its whole run, ended by a
-// result or error line.
+// result or error line. A turn cancelled before its prompt was written
+// ends cancelled without the agent hearing of it.
 func (c *Client) Prompt(ctx context.Context, message string, acceptTimeout time.Duration) (Turn, error) {
+	c.BeginTurn()
+	c.mu.Lock()
+	t := c.turn
+	if t.cancelled {
+		c.turn = nil
+		close(t.written)
+		c.mu.Unlock()
+		return Turn{StopReason: StopCancelled}, nil
+	}
+	t.writing, c.cancelled = true, false
+	sessionID := c.sessionID
+	c.mu.Unlock()
+	writeDone := sync.OnceFunc(func() { close(t.written) })
+	defer func() {
+		writeDone()
+		c.mu.Lock()
+		if c.turn == t {
+			c.turn = nil
+		}
+		c.mu.Unlock()
+	}()
 	switch c.Dialect() {
 	case DialectACP:
-		c.mu.Lock()
-		c.cancelled = false
-		sessionID := c.sessionID
-		c.mu.Unlock()
 		req := sdk.PromptRequest{SessionId: sdk.SessionId(sessionID), Prompt: []sdk.ContentBlock{sdk.TextBlock(message)}}
 		var res struct {
 			StopReason string `json:"stopReason"`
 		}
-		if err := c.call(ctx, "session/prompt", req, &res); err != nil {
+		err := c.callWritten(ctx, "session/prompt", req, &res, writeDone)
+		if err != nil {
 			return Turn{StopReason: StopError, Message: err.Error()}, err
 		}
 		return Turn{StopReason: res.StopReason}, nil
 	case DialectKandev, DialectLegacy:
 		done := make(chan Turn, 1)
 		c.mu.Lock()
-		c.turnDone, c.cancelled = done, false
+		c.turnDone = done
 		c.mu.Unlock()
 		defer func() {
 			c.mu.Lock()
@@ -346,7 +410,7 @@ func (c *Client) Prompt(ctx context.Context, message string, acceptTimeout time.
 			var res struct {
 				Accepted bool `json:"accepted"`
 			}
-			err := c.call(actx, "session/prompt", map[string]string{"message": message}, &res)
+			err := c.callWritten(actx, "session/prompt", map[string]string{"message": message}, &res, writeDone)
 			cancel()
 			if err != nil {
 				return Turn{StopReason: StopError, Message: err.Error()}, err
@@ -355,6 +419,7 @@ func (c *Client) Prompt(ctx context.Context, message string, acceptTimeout time.
 				return Turn{StopReason: StopRefusal, Message: "the agent did not accept the prompt"}, nil
 			}
 		}
+		writeDone()
 		select {
 		case t := <-done:
 			return t, nil
@@ -374,21 +439,62 @@ func (c *Client) Prompt(ctx context.Context, message string, acceptTimeout time.
 	return Turn{}, errors.New("session/prompt: no dialect; call Initialize first")
 }
 
-// Cancel asks the agent to end its turn: session/cancel, a notification in
-// both dialects. The turn ends when the agent says so; the caller decides
-// how long to wait.
+// callWritten is call, telling written once the request is written.
+func (c *Client) callWritten(ctx context.Context, method string, params, result any, written func()) error {
+	p, err := c.conn.Start(ctx, method, params)
+	written()
+	if err == nil {
+		err = p.Wait(ctx, result)
+	}
+	if errors.Is(err, jsonrpc.ErrClosed) {
+		return fmt.Errorf("%s: %w: %w", method, ErrAgentGone, err)
+	}
+	if err != nil {
+		return fmt.Errorf("%s: %w", method, err)
+	}
+	return nil
+}
+
+// ErrCannotCancel: the agent's protocol has no way to cancel a turn.
+var ErrCannotCancel = errors.New("session/cancel: this agent speaks no protocol that can cancel")
+
+// Cancel asks the agent to end the turn in progress: session/cancel, a
+// notification in both dialects, sent after the turn's prompt. The turn
+// ends when the agent says so; the caller decides how long to wait. With
+// no turn begun it does nothing. It may block while the prompt is being
+// written (an agent that does not read its stdin), so callers that must
+// not block call it on a goroutine of their own.
 func (c *Client) Cancel(ctx context.Context, reason string) error {
+	c.mu.Lock()
+	t := c.turn
+	switch {
+	case t == nil:
+		c.mu.Unlock()
+		return nil
+	case !t.writing:
+		t.cancelled = true
+		c.mu.Unlock()
+		return nil
+	}
+	c.mu.Unlock()
+	if c.Dialect() == DialectLegacy {
+		return ErrCannotCancel
+	}
+	select {
+	case <-t.written:
+	case <-c.conn.Done():
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 	c.mu.Lock()
 	c.cancelled = true
 	sessionID := c.sessionID
 	c.mu.Unlock()
-	switch c.Dialect() {
-	case DialectACP:
+	if c.Dialect() == DialectACP {
 		return c.conn.Notify(ctx, "session/cancel", sdk.CancelNotification{SessionId: sdk.SessionId(sessionID)})
-	case DialectKandev:
-		return c.conn.Notify(ctx, "session/cancel", map[string]string{"reason": reason})
 	}
-	return errors.New("session/cancel: this agent speaks no protocol that can cancel")
+	return c.conn.Notify(ctx, "session/cancel", map[string]string{"reason": reason})
 }
 
 func (c *Client) endTurn(t Turn) {

@@ -51,7 +51,7 @@ func (c *Client) handleUpdate(ctx context.Context, req *jsonrpc.Request) (any, e
 		c.opts.OnDrop(DropBadUpdate)
 		return nil, &jsonrpc.Error{Code: jsonrpc.InvalidParams, Message: "Invalid params: " + err.Error()}
 	}
-	u.Raw = req.Params
+	u.Raw, u.Replay = req.Params, c.loading.Load()
 	c.opts.OnUpdate(ctx, u)
 	switch u.Kind {
 	case KindComplete:

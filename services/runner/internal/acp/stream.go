@@ -16,10 +16,13 @@ import (
 // Reasons a line from an agent is dropped instead of reaching the JSON-RPC
 // connection; each is logged and counted.
 const (
-	DropTooLong     = "line_too_long"
-	DropNotUTF8     = "not_utf8"
-	DropNotJSON     = "not_json"
-	DropEarly       = "before_initialize"
+	DropTooLong = "line_too_long"
+	DropNotUTF8 = "not_utf8"
+	DropNotJSON = "not_json"
+	DropEarly   = "before_initialize"
+	// DropReplay: an update replaying history during session/load, which
+	// is not published again.
+	DropReplay      = "session_load_replay"
 	DropBadUpdate   = "bad_update"
 	DropUnknownType = "unknown_legacy_type"
 	// DropUnknownResponse: a response whose id is none of our requests.

@@ -20,6 +20,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	runnerv1 "github.com/conclave-ai/conclave/proto/conclave/runner/v1"
+	"github.com/conclave-ai/conclave/services/runner/internal/acp"
 	"github.com/conclave-ai/conclave/services/runner/internal/agenttype"
 	"github.com/conclave-ai/conclave/services/runner/internal/executor"
 	"github.com/conclave-ai/conclave/services/runner/internal/records"
@@ -108,6 +109,9 @@ func fromSupervisor(err error, what string) error {
 	case errors.Is(err, supervisor.ErrFinished):
 		return apiError(codes.FailedPrecondition, CodeBadRequest, "the instance has finished", err.Error())
 	}
+	if elsewhere := (*supervisor.ErrElsewhere)(nil); errors.As(err, &elsewhere) {
+		return apiError(codes.Unavailable, CodeInternal, "the instance runs on another runner replica", err.Error())
+	}
 	return internal(err)
 }
 
@@ -192,6 +196,11 @@ func (s *Server) LaunchAgent(ctx context.Context, req *runnerv1.LaunchAgentReque
 	}
 	if id := req.GetEnv()["AUGGIE_SESSION_ID"]; id != "" && in.SessionID == "" {
 		in.SessionID = id
+	}
+	// The first turn: TASK_DESCRIPTION, if given, is the first prompt; a
+	// legacy agent's whole run is its one turn.
+	if in.Prompt = req.GetEnv()["TASK_DESCRIPTION"]; in.Prompt != "" || typ.Protocol == acp.DialectLegacy {
+		in.Turn = 1
 	}
 	// The instance, its task and the launch message all at once: the
 	// embedded store commits the two writes together, beside the queue's

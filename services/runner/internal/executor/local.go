@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/conclave-ai/conclave/services/runner/internal/acp"
 )
@@ -88,6 +89,9 @@ func (l *Local) Start(_ context.Context, spec Spec, stderr io.Writer) (Process, 
 	cmd.Env = envList(spec.Env)
 	cmd.Stderr = stderr
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	// A descendant that left the process group (setsid) may hold the stderr
+	// pipe open after the agent exits: Wait stops waiting for it then.
+	cmd.WaitDelay = exitDrain
 	// Our own pipes rather than cmd.StdoutPipe, which Wait closes as soon
 	// as the process exits, losing output not yet read.
 	childIn, stdin, err := os.Pipe()
@@ -112,10 +116,19 @@ func (l *Local) Start(_ context.Context, spec Spec, stderr io.Writer) (Process, 
 	p := &localProcess{cmd: cmd, stdin: stdin, stdout: stdout, done: make(chan struct{})}
 	go func() {
 		p.err = cmd.Wait()
+		// What the agent left running in its group ends with it.
+		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+		// And a descendant outside the group that holds stdout open must not
+		// keep the runner reading: what the agent wrote before it exited is
+		// read within exitDrain, then reads end.
+		_ = stdout.SetReadDeadline(time.Now().Add(exitDrain))
 		close(p.done)
 	}()
 	return p, nil
 }
+
+// exitDrain is how long after an agent exits its pipes are still read.
+const exitDrain = 2 * time.Second
 
 func envList(env map[string]string) []string {
 	out := make([]string, 0, len(env))

@@ -50,13 +50,40 @@ type Instance struct {
 	// redelivered launch message at or below it is already done.
 	LaunchSeq int `json:"launch_seq"`
 	DoneSeq   int `json:"done_seq"`
-	// Prompt is the message the pending launch sends once the session is up.
-	Prompt string `json:"prompt,omitempty"`
+	// Turn numbers the prompts the instance has accepted; TurnDone is the
+	// last whose turn has ended. While Turn > TurnDone, Prompt is turn
+	// Turn's message: stored before the prompt is acknowledged, so that a
+	// launch delivered again after its runner died runs it (and does not
+	// run a finished turn again).
+	Turn     int    `json:"turn,omitempty"`
+	TurnDone int    `json:"turn_done,omitempty"`
+	Prompt   string `json:"prompt,omitempty"`
+	// CancelTurn is a turn cancelled while no runner held it (its runner
+	// was gone or it was still queued): a launch delivered again ends it
+	// stopped rather than running it.
+	CancelTurn int `json:"cancel_turn,omitempty"`
+	// The claim: which delivery of a launch message runs launch ClaimSeq,
+	// and on which replica (Owner, the address other replicas forward the
+	// instance's requests to). A second message for the same launch is a
+	// duplicate; the same message delivered again (its runner died) takes
+	// the launch over, and the runner it was taken from stops at its next
+	// write.
+	ClaimSeq  int    `json:"claim_seq,omitempty"`
+	ClaimMsg  string `json:"claim_msg,omitempty"`
+	ClaimRecv int    `json:"claim_recv,omitempty"`
+	Owner     string `json:"owner,omitempty"`
 	// Deleted marks an instance being deleted; its launch, if queued, is
 	// dropped.
 	Deleted bool `json:"deleted,omitempty"`
 	version int64
 }
+
+// PendingTurn reports whether a prompt was accepted whose turn has not
+// ended.
+func (i *Instance) PendingTurn() bool { return i.Turn > i.TurnDone }
+
+// Launching reports whether a launch is queued or running.
+func (i *Instance) Launching() bool { return i.LaunchSeq > i.DoneSeq }
 
 // Terminal reports whether the instance has finished its work.
 func (i *Instance) Terminal() bool {

@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"log/slog"
+	"sync"
 	"time"
 
 	"go.opentelemetry.io/otel/propagation"
@@ -30,20 +31,35 @@ type pendingEvent struct {
 // events sends envelopes to the events queue in order, in batches, from one
 // goroutine, so that an agent's stream is never held up by a queue round
 // trip per update. A failed send is retried until it succeeds or the runner
-// shuts down: an acknowledged update is not dropped.
+// shuts down. Events are buffered in memory: a runner that crashes loses
+// those not yet sent (the store, not the events, is the record of an
+// instance; see docs/runner.md).
 type events struct {
 	q      queue.Queue
 	queue  string
 	source string
 	log    *slog.Logger
-	ch     chan pendingEvent
-	done   chan struct{}
 	// published counts envelopes sent, for metrics.
 	published func(n int)
+
+	mu      sync.Mutex
+	pending []pendingEvent
+	// room is signalled as the backlog shrinks, for updates waiting on it.
+	room   *sync.Cond
+	closed bool
+	wake   chan struct{}
+	done   chan struct{}
 }
 
+// maxBacklog is how many events may wait before an agent's updates wait
+// for room: a stalled queue slows the agent rather than growing without
+// bound. Status changes never wait (they are few, and are published with
+// the status lock held).
+const maxBacklog = 8192
+
 func newEvents(q queue.Queue, queueName, source string, logger *slog.Logger, published func(int)) *events {
-	e := &events{q: q, queue: queueName, source: source, log: logger, ch: make(chan pendingEvent, 4096), done: make(chan struct{}), published: published}
+	e := &events{q: q, queue: queueName, source: source, log: logger, wake: make(chan struct{}, 1), done: make(chan struct{}), published: published}
+	e.room = sync.NewCond(&e.mu)
 	go e.run()
 	return e
 }
@@ -72,40 +88,75 @@ func (e *events) Publish(ctx context.Context, typ, taskID, instanceID string, pa
 	if carrier["traceparent"] != "" {
 		env.TraceContext = &eventsv1.TraceContext{Traceparent: carrier["traceparent"], Tracestate: carrier["tracestate"]}
 	}
-	e.ch <- pendingEvent{ctx: context.WithoutCancel(ctx), env: env}
+	p := pendingEvent{ctx: context.WithoutCancel(ctx), env: env}
+	e.mu.Lock()
+	for typ != EventStatusChanged && len(e.pending) >= maxBacklog && !e.closed {
+		e.room.Wait()
+	}
+	if e.closed {
+		// After shutdown (a request still draining): sent on its own.
+		e.mu.Unlock()
+		e.send([]pendingEvent{p}, time.Now().Add(10*time.Second))
+		return
+	}
+	e.pending = append(e.pending, p)
+	e.mu.Unlock()
+	select {
+	case e.wake <- struct{}{}:
+	default:
+	}
 }
 
 // Close sends what is queued, giving up after the deadline of ctx.
 func (e *events) Close(ctx context.Context) {
-	close(e.ch)
+	e.mu.Lock()
+	e.closed = true
+	e.room.Broadcast()
+	e.mu.Unlock()
+	select {
+	case e.wake <- struct{}{}:
+	default:
+	}
 	select {
 	case <-e.done:
 	case <-ctx.Done():
-		e.log.Warn("runner: events not sent before shutdown", "queued", len(e.ch))
+		e.mu.Lock()
+		n := len(e.pending)
+		e.mu.Unlock()
+		e.log.Warn("runner: events not sent before shutdown", "queued", n)
 	}
 }
 
 func (e *events) run() {
 	defer close(e.done)
-	for first := range e.ch {
-		batch := []pendingEvent{first}
-	fill:
-		for len(batch) < queue.MaxBatch {
-			select {
-			case p, ok := <-e.ch:
-				if !ok {
-					break fill
-				}
-				batch = append(batch, p)
-			default:
-				break fill
-			}
+	for {
+		e.mu.Lock()
+		n := min(len(e.pending), queue.MaxBatch)
+		batch := e.pending[:n:n]
+		e.pending = e.pending[n:]
+		closed := e.closed
+		if n > 0 {
+			e.room.Broadcast()
 		}
-		e.send(batch)
+		e.mu.Unlock()
+		if n > 0 {
+			deadline := time.Time{}
+			if closed {
+				deadline = time.Now().Add(10 * time.Second)
+			}
+			e.send(batch, deadline)
+			continue
+		}
+		if closed {
+			return
+		}
+		<-e.wake
 	}
 }
 
-func (e *events) send(batch []pendingEvent) {
+// send sends batch, retrying failures until they succeed or, if deadline
+// is set, until it passes.
+func (e *events) send(batch []pendingEvent, deadline time.Time) {
 	msgs := make([]queue.Outgoing, 0, len(batch))
 	for _, p := range batch {
 		body, err := queue.EncodeEnvelope(p.env)
@@ -132,6 +183,10 @@ func (e *events) send(batch []pendingEvent) {
 			}
 			e.published(len(msgs) - len(again))
 			msgs = again
+		}
+		if !deadline.IsZero() && time.Now().Add(delay).After(deadline) {
+			e.log.Warn("runner: events not sent before shutdown", "events", len(msgs), "error", err)
+			return
 		}
 		e.log.Warn("runner: sending events, will retry", "events", len(msgs), "error", err)
 		time.Sleep(delay)

@@ -79,9 +79,14 @@ func (b *logBook) fanOut(instanceID string, l records.LogLine) {
 type instanceLog struct {
 	book       *logBook
 	instanceID string
-	seq        int64
 	lines      chan records.LogLine
 	done       chan struct{}
+	// closeMu orders Add's sends before Close's close of lines.
+	closeMu sync.RWMutex
+	closed  bool
+	// seqMu guards seq: run's until done is closed, then late Adds'.
+	seqMu sync.Mutex
+	seq   int64
 }
 
 func (b *logBook) open(ctx context.Context, instanceID string) *instanceLog {
@@ -105,13 +110,39 @@ func (l *instanceLog) Add(stream, text string) {
 	}
 	line := records.LogLine{Time: time.Now().UTC(), Stream: stream, Text: text}
 	l.book.fanOut(l.instanceID, line)
-	l.lines <- line
+	l.closeMu.RLock()
+	if !l.closed {
+		l.lines <- line
+		l.closeMu.RUnlock()
+		return
+	}
+	l.closeMu.RUnlock()
+	// After Close (a cancel's line as the launch ends): written on its own.
+	<-l.done
+	l.store([]records.LogLine{line})
 }
 
 // Close flushes what is buffered.
 func (l *instanceLog) Close() {
-	close(l.lines)
+	l.closeMu.Lock()
+	if !l.closed {
+		l.closed = true
+		close(l.lines)
+	}
+	l.closeMu.Unlock()
 	<-l.done
+}
+
+// store writes lines as the next chunk.
+func (l *instanceLog) store(lines []records.LogLine) {
+	l.seqMu.Lock()
+	defer l.seqMu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := l.book.rec.AppendLogs(ctx, l.instanceID, l.seq, lines); err != nil {
+		l.book.log.Warn("runner: storing log lines", "instance_id", l.instanceID, "lines", len(lines), "error", err)
+	}
+	l.seq++
 }
 
 func (l *instanceLog) run() {
@@ -126,12 +157,7 @@ func (l *instanceLog) run() {
 		if len(batch) == 0 {
 			return
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		if err := l.book.rec.AppendLogs(ctx, l.instanceID, l.seq, batch); err != nil {
-			l.book.log.Warn("runner: storing log lines", "instance_id", l.instanceID, "lines", len(batch), "error", err)
-		}
-		l.seq++
+		l.store(batch)
 		batch, bytes = batch[:0:0], 0
 	}
 	for {

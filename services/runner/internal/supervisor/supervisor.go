@@ -12,6 +12,7 @@ import (
 	"maps"
 	"reflect"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.opentelemetry.io/otel/propagation"
@@ -89,6 +90,7 @@ type Supervisor struct {
 	writing  map[string]chan struct{}
 	stopping chan struct{}
 	stopOnce sync.Once
+	owner    atomic.Pointer[string]
 }
 
 // New returns a supervisor; Run starts its workers.
@@ -105,7 +107,7 @@ type launchMessage struct {
 	Seq        int    `json:"seq"`
 }
 
-// Enqueue queues launch seq of an instance already written.
+// Enqueue queues launch seq of an instance.
 func (s *Supervisor) Enqueue(ctx context.Context, instanceID string, seq int) error {
 	body, _ := json.Marshal(launchMessage{InstanceID: instanceID, Seq: seq})
 	if _, err := s.o.Queue.Send(ctx, s.o.LaunchQueue, queue.Outgoing{Body: body}); err != nil {
@@ -114,53 +116,53 @@ func (s *Supervisor) Enqueue(ctx context.Context, instanceID string, seq int) er
 	return nil
 }
 
-// instanceWriteGrace is how long after it was sent a launch whose instance
-// is not in the store is tried again rather than dropped: the instance's
-// write may still be in progress on another replica (Launch writes and
-// queues at once).
+// instanceWriteGrace is how long after it was sent a launch whose write is
+// not in the store is tried again rather than dropped: the write may still
+// be in progress on another replica (a launch is queued before it is
+// written).
 const instanceWriteGrace = time.Minute
 
 // errNotWrittenYet leaves a launch on the queue until its instance is written.
-var errNotWrittenYet = errors.New("the instance is not written yet; the launch will be retried")
+var errNotWrittenYet = errors.New("the launch is not written yet; it will be retried")
 
-// Launch writes a new instance with write and queues its first launch, the
-// two at once, so that the launch request waits for one commit's time
-// rather than two (on the embedded store and queue the two files' fsyncs
-// overlap; on DynamoDB and SQS the round trips do). The caller answers only
-// once both have succeeded, so an acknowledged launch is both stored and
-// queued. A worker of this replica that receives the launch before the
-// write ends waits for it; see handle for other replicas. If the queueing
-// fails the instance is marked failed, since nothing will start it.
+// ErrElsewhere is wrapped by errors for an instance whose launch another
+// replica runs; Owner says which.
+type ErrElsewhere struct{ Owner string }
+
+func (e *ErrElsewhere) Error() string { return "the instance runs on runner " + e.Owner }
+
+// Launch queues an instance's first launch and then writes the instance
+// with write. The queueing comes first so that no acknowledged instance is
+// ever left without its launch (a runner dying between the two leaves at
+// most a message for an instance never written, which is dropped). The
+// caller answers only once both have succeeded. A worker of this replica
+// that receives the launch before the write ends waits for it; see handle
+// for other replicas.
 func (s *Supervisor) Launch(ctx context.Context, instanceID string, write func(context.Context) error) error {
+	defer s.writingBeside(instanceID)()
+	if err := s.Enqueue(ctx, instanceID, 1); err != nil {
+		return err
+	}
+	return write(ctx)
+}
+
+// writingBeside registers a write of the instance in progress beside its
+// launch message, for awaitWrite; the returned func ends it.
+func (s *Supervisor) writingBeside(instanceID string) func() {
 	written := make(chan struct{})
 	s.mu.Lock()
 	s.writing[instanceID] = written
 	s.mu.Unlock()
-	queued := make(chan error, 1)
-	go func() { queued <- s.Enqueue(ctx, instanceID, 1) }()
-	writeErr := write(ctx)
-	close(written)
-	s.mu.Lock()
-	delete(s.writing, instanceID)
-	s.mu.Unlock()
-	queueErr := <-queued
-	if writeErr != nil {
-		// A launch that was queued finds no instance and is dropped: at
-		// once on this replica, after instanceWriteGrace on another.
-		return writeErr
+	return func() {
+		s.mu.Lock()
+		delete(s.writing, instanceID)
+		s.mu.Unlock()
+		close(written)
 	}
-	if queueErr != nil {
-		_, _ = s.o.Records.UpdateInstance(context.WithoutCancel(ctx), instanceID, func(i *records.Instance) error {
-			i.Status, i.Error, i.DoneSeq = records.StatusFailed, queueErr.Error(), 1
-			return nil
-		})
-		return queueErr
-	}
-	return nil
 }
 
-// awaitWrite waits for Launch's write of the instance, if one is in
-// progress here, and reports whether there was one.
+// awaitWrite waits for a write of the instance beside its launch message,
+// if one is in progress here, and reports whether there was one.
 func (s *Supervisor) awaitWrite(ctx context.Context, instanceID string) bool {
 	s.mu.Lock()
 	written := s.writing[instanceID]
@@ -175,9 +177,20 @@ func (s *Supervisor) awaitWrite(ctx context.Context, instanceID string) bool {
 	return true
 }
 
+// Owner is the address other replicas reach this one at, once Run has it.
+func (s *Supervisor) Owner() string {
+	if p := s.owner.Load(); p != nil {
+		return *p
+	}
+	return ""
+}
+
 // Run consumes launches until ctx ends, then stops the agents it runs:
-// their launches go back on the queue for the next runner.
-func (s *Supervisor) Run(ctx context.Context) error {
+// their launches go back on the queue for the next runner. owner is the
+// address other replicas forward this replica's instances' requests to; it
+// is recorded on each launch claimed.
+func (s *Supervisor) Run(ctx context.Context, owner string) error {
+	s.owner.Store(&owner)
 	go func() {
 		<-ctx.Done()
 		s.stopOnce.Do(func() { close(s.stopping) })
@@ -202,18 +215,27 @@ func (s *Supervisor) session(id string) *session {
 // errStopping leaves a launch on the queue for the next runner.
 var errStopping = errors.New("runner shutting down; the launch will be retried")
 
+// errDuplicate: the launch is done, superseded, or run by another delivery.
+var errDuplicate = errors.New("duplicate launch")
+
+// stale reports why a launch message for in is not to be run, if it is not.
+func stale(in *records.Instance, seq int) bool {
+	return in.Deleted || seq <= in.DoneSeq || seq < in.LaunchSeq
+}
+
 func (s *Supervisor) handle(ctx context.Context, m queue.Message) error {
 	var msg launchMessage
-	if err := json.Unmarshal(m.Body, &msg); err != nil || msg.InstanceID == "" {
+	if err := json.Unmarshal(m.Body, &msg); err != nil || msg.InstanceID == "" || msg.Seq < 1 {
 		s.log.WarnContext(ctx, "runner: dropping an unreadable launch", "message_id", m.ID, "error", err)
 		s.o.Metrics.Launch("unreadable")
 		return nil
 	}
 	waited := s.awaitWrite(ctx, msg.InstanceID)
 	in, err := s.o.Records.Instance(ctx, msg.InstanceID)
-	if errors.Is(err, records.ErrNotFound) {
+	if errors.Is(err, records.ErrNotFound) || err == nil && msg.Seq > in.LaunchSeq && !stale(in, msg.Seq) {
+		// Queued before its write, which has not landed (or failed).
 		if !waited && time.Since(m.SentAt) < instanceWriteGrace {
-			return fmt.Errorf("launch of instance %s: %w", msg.InstanceID, errNotWrittenYet)
+			return fmt.Errorf("launch %d of instance %s: %w", msg.Seq, msg.InstanceID, errNotWrittenYet)
 		}
 		s.o.Metrics.Launch("gone")
 		return nil
@@ -221,56 +243,114 @@ func (s *Supervisor) handle(ctx context.Context, m queue.Message) error {
 	if err != nil {
 		return err
 	}
-	if in.Deleted || msg.Seq <= in.DoneSeq || msg.Seq < in.LaunchSeq {
-		// Done already (a redelivery), superseded, or cancelled while queued.
+	if stale(in, msg.Seq) {
 		s.o.Metrics.Launch("duplicate")
 		return nil
 	}
 	if live := s.session(in.ID); live != nil {
-		<-live.done
+		if live.seq == msg.Seq {
+			s.o.Metrics.Launch("duplicate")
+			return nil
+		}
+		// The instance's previous launch is still ending here.
+		select {
+		case <-live.done:
+		case <-ctx.Done():
+			return errStopping
+		}
+		return s.handle(ctx, m)
+	}
+	sess := newSession(s, msg.Seq)
+	s.mu.Lock()
+	if s.sessions[in.ID] != nil {
+		s.mu.Unlock()
+		return s.handle(ctx, m)
+	}
+	s.sessions[in.ID] = sess
+	s.mu.Unlock()
+	defer func() {
+		s.mu.Lock()
+		delete(s.sessions, in.ID)
+		s.mu.Unlock()
+		close(sess.done)
+	}()
+	// The claim: one delivery runs the launch, wherever its duplicates go.
+	claimed, err := s.o.Records.UpdateInstance(ctx, in.ID, func(in *records.Instance) error {
+		if stale(in, msg.Seq) || in.ClaimSeq == msg.Seq && in.ClaimMsg != "" && (in.ClaimMsg != m.ID || m.ReceiveCount <= in.ClaimRecv) {
+			return errDuplicate
+		}
+		in.ClaimSeq, in.ClaimMsg, in.ClaimRecv, in.Owner = msg.Seq, m.ID, m.ReceiveCount, s.Owner()
 		return nil
+	})
+	switch {
+	case errors.Is(err, errDuplicate), errors.Is(err, records.ErrNotFound):
+		s.o.Metrics.Launch("duplicate")
+		return nil
+	case err != nil:
+		return err
 	}
 	if m.ReceiveCount > 1 {
 		s.log.InfoContext(ctx, "runner: retrying a launch whose runner stopped", "instance_id", in.ID, "attempt", m.ReceiveCount)
 	}
-	sess := newSession(s, in, msg.Seq)
-	s.mu.Lock()
-	s.sessions[in.ID] = sess
-	s.mu.Unlock()
 	s.o.Metrics.Running(1)
-	defer func() {
-		s.o.Metrics.Running(-1)
-		s.mu.Lock()
-		delete(s.sessions, in.ID)
-		s.mu.Unlock()
-		// A prompt accepted as the agent exited: resume the session for it.
-		select {
-		case message := <-sess.prompts:
-			if err := s.Prompt(context.WithoutCancel(ctx), in.ID, message); err != nil {
-				s.log.WarnContext(ctx, "runner: resuming for a prompt that arrived as the agent exited", "instance_id", in.ID, "error", err)
-			}
-		default:
+	defer s.o.Metrics.Running(-1)
+	if err := sess.run(ctx, claimed); err != nil {
+		return err
+	}
+	// A prompt accepted as the agent went away: resume the session for it.
+	if in, err := s.o.Records.Instance(context.WithoutCancel(ctx), in.ID); err == nil && in.PendingTurn() && !in.Launching() && !in.Deleted {
+		if err := s.resume(context.WithoutCancel(ctx), in, nil); err != nil {
+			s.log.WarnContext(ctx, "runner: resuming for a prompt that arrived as the agent exited", "instance_id", in.ID, "error", err)
 		}
-	}()
-	return sess.run(ctx)
+	}
+	return nil
 }
 
 // Prompt sends a prompt to an instance: to its live agent if it is idle, or
-// by resuming the session in a new process if the agent is gone.
+// by resuming the session in a new process if the agent is gone. The
+// prompt is stored before Prompt returns, so that a runner dying later
+// does not lose it.
 func (s *Supervisor) Prompt(ctx context.Context, id, message string) error {
 	if live := s.session(id); live != nil {
-		return live.prompt(message)
+		return live.prompt(ctx, message)
 	}
-	in, err := s.o.Records.UpdateInstance(ctx, id, func(in *records.Instance) error {
+	in, err := s.o.Records.Instance(ctx, id)
+	if err != nil {
+		return err
+	}
+	switch {
+	case in.Deleted:
+		return fmt.Errorf("instance %s is being deleted: %w", id, ErrFinished)
+	case s.RemoteOwner(in) != "":
+		return fmt.Errorf("prompt: %w", &ErrElsewhere{Owner: in.Owner})
+	case in.Launching() || in.PendingTurn():
+		return fmt.Errorf("instance %s is %s; wait for its turn to end: %w", id, in.Status, ErrBusy)
+	}
+	return s.resume(ctx, in, &message)
+}
+
+// resume queues a new launch of in, for a new prompt (message) or for the
+// one pending (nil). The message goes first and the write after, as in
+// Launch; a write that loses to another one leaves a message that is
+// dropped.
+func (s *Supervisor) resume(ctx context.Context, in *records.Instance, message *string) error {
+	seq := in.LaunchSeq + 1
+	defer s.writingBeside(in.ID)()
+	if err := s.Enqueue(ctx, in.ID, seq); err != nil {
+		return err
+	}
+	in, err := s.o.Records.UpdateInstance(ctx, in.ID, func(cur *records.Instance) error {
 		switch {
-		case in.Deleted:
-			return fmt.Errorf("instance %s is being deleted: %w", id, ErrFinished)
-		case in.LaunchSeq > in.DoneSeq:
-			return fmt.Errorf("instance %s is %s; wait for its turn to end: %w", id, in.Status, ErrBusy)
+		case cur.Deleted:
+			return fmt.Errorf("instance %s is being deleted: %w", cur.ID, ErrFinished)
+		case cur.LaunchSeq+1 != seq || cur.Launching() || message != nil && cur.PendingTurn():
+			return fmt.Errorf("instance %s is %s; wait for its turn to end: %w", cur.ID, cur.Status, ErrBusy)
 		}
-		in.LaunchSeq++
-		in.Prompt = message
-		in.Status, in.Progress, in.FinishedAt, in.Error = records.StatusStarting, 0, time.Time{}, ""
+		cur.LaunchSeq = seq
+		if message != nil {
+			cur.Turn, cur.Prompt = cur.Turn+1, *message
+		}
+		cur.Status, cur.Progress, cur.FinishedAt, cur.Error = records.StatusStarting, 0, time.Time{}, ""
 		return nil
 	})
 	if err != nil {
@@ -278,32 +358,68 @@ func (s *Supervisor) Prompt(ctx context.Context, id, message string) error {
 	}
 	s.o.Metrics.Status(in.Status)
 	s.events.Publish(ctx, EventStatusChanged, in.TaskID, in.ID, statusPayload(in))
-	return s.Enqueue(ctx, id, in.LaunchSeq)
+	return nil
 }
 
 // Cancel ends an instance's turn: session/cancel to a live agent (killed
-// if it has not stopped after the grace period), or dropping a launch still
-// queued.
+// if it has not stopped after the grace period), or ending a launch still
+// queued, or one whose runner is gone, stopped.
 func (s *Supervisor) Cancel(ctx context.Context, id, reason string) (*records.Instance, error) {
 	if live := s.session(id); live != nil {
 		live.cancel(reason)
 		return s.o.Records.Instance(ctx, id)
 	}
+	cur, err := s.o.Records.Instance(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	if owner := s.RemoteOwner(cur); owner != "" {
+		return nil, fmt.Errorf("cancel: %w", &ErrElsewhere{Owner: owner})
+	}
+	return s.CancelStored(ctx, id, reason)
+}
+
+// CancelStored cancels in the store alone, for an instance no runner can be
+// reached for: a launch not yet claimed ends stopped; one claimed by a
+// runner that is gone has its pending turn marked cancelled, so that the
+// delivery that takes it over ends the turn rather than running it.
+func (s *Supervisor) CancelStored(ctx context.Context, id, reason string) (*records.Instance, error) {
+	changed := false
 	in, err := s.o.Records.UpdateInstance(ctx, id, func(in *records.Instance) error {
-		if in.LaunchSeq > in.DoneSeq {
-			in.DoneSeq = in.LaunchSeq
-			in.Status, in.FinishedAt, in.Error = records.StatusStopped, time.Now().UTC(), "cancelled before it started: "+reason
+		queued := in.Launching() && in.ClaimSeq != in.LaunchSeq
+		if changed = queued || in.PendingTurn(); !changed {
+			return nil
+		}
+		changed = true
+		if in.PendingTurn() {
+			in.CancelTurn = in.Turn
+		}
+		in.Status, in.FinishedAt, in.Error = records.StatusStopped, time.Now().UTC(), "cancelled: "+reason
+		if queued {
+			// Not started: the queued message is dropped as done.
+			in.DoneSeq, in.TurnDone, in.Prompt, in.CancelTurn = in.LaunchSeq, in.Turn, "", 0
 		}
 		return nil
 	})
-	if err == nil && in.Status == records.StatusStopped {
+	if err == nil && changed {
 		s.o.Metrics.Status(in.Status)
 		s.events.Publish(ctx, EventStatusChanged, in.TaskID, in.ID, statusPayload(in))
 	}
 	return in, err
 }
 
-// Delete kills an instance's agent and removes its records.
+// RemoteOwner is the replica running in's launch, if that is not this one.
+func (s *Supervisor) RemoteOwner(in *records.Instance) string {
+	if in.Launching() && in.ClaimSeq == in.LaunchSeq && in.Owner != "" && in.Owner != s.Owner() && s.session(in.ID) == nil {
+		return in.Owner
+	}
+	return ""
+}
+
+// Delete kills an instance's agent, if this replica runs it, and removes
+// its records. An agent run by another replica stops at its next write,
+// which finds no instance; the API asks that replica to delete instead
+// (RemoteOwner), so that its agent stops at once.
 func (s *Supervisor) Delete(ctx context.Context, id string) error {
 	if _, err := s.o.Records.UpdateInstance(ctx, id, func(in *records.Instance) error {
 		in.Deleted = true
@@ -312,7 +428,7 @@ func (s *Supervisor) Delete(ctx context.Context, id string) error {
 		return err
 	}
 	if live := s.session(id); live != nil {
-		live.kill("deleted")
+		live.kill(stopDeleted, "deleted")
 		select {
 		case <-live.done:
 		case <-ctx.Done():
@@ -330,13 +446,45 @@ func statusPayload(in *records.Instance) map[string]any {
 	return p
 }
 
+// stopKind says why a session's process was killed, which decides what is
+// recorded.
+type stopKind int
+
+const (
+	stopNone stopKind = iota
+	// stopShutdown: nothing is recorded; the launch goes back on the queue.
+	stopShutdown
+	// stopDeleted and stopSuperseded: nothing is recorded; the instance is
+	// gone, or another delivery of the launch has taken it over.
+	stopDeleted
+	stopSuperseded
+	// stopCancel: the turn, or the launch, ends stopped.
+	stopCancel
+	// stopFailure: timed out, would not exit, and the like: failed.
+	stopFailure
+)
+
+// quiet reports whether a session killed so records nothing more.
+func (k stopKind) quiet() bool { return k == stopShutdown || k == stopDeleted || k == stopSuperseded }
+
+// pendingPrompt is an accepted prompt: its turn number and message.
+type pendingPrompt struct {
+	turn    int
+	message string
+}
+
 // session is one launch of an instance: its process, client and turns.
 type session struct {
 	s   *Supervisor
 	seq int
 	log *instanceLog
-	// launch is the instance as the launch found it: its configuration.
+	// launch is the instance as the launch's claim wrote it: its
+	// configuration, and the turn it has to run.
 	launch records.Instance
+	// claimMsg and claimRecv are the delivery that claimed the launch; a
+	// write that finds another claim stops the session.
+	claimMsg  string
+	claimRecv int
 
 	// stMu guards in, the instance as last written.
 	stMu sync.Mutex
@@ -344,45 +492,73 @@ type session struct {
 	// statusWrites are setStatusBeside's writes in progress.
 	statusWrites sync.WaitGroup
 
-	mu      sync.Mutex
-	client  *acp.Client
-	proc    executor.Process
+	mu     sync.Mutex
+	client *acp.Client
+	proc   executor.Process
+	// stopStart aborts an executor's Start in progress.
+	stopStart context.CancelFunc
+	// turning: a prompt is accepted (or being accepted) and its turn has not
+	// ended; turns counts them, so that a cancel's grace applies to its own.
 	turning bool
-	killed  string // why the process was killed, once it was
-	prompts chan string
-	done    chan struct{}
-	// cancelKilled: the process was killed because it ignored a cancel, so
-	// its turn ends stopped, as asked, rather than failed.
-	cancelKilled bool
-	// turns numbers turns, so that a cancel's grace applies to its own.
-	turns int
+	turns   int
+	// killKind and killed say why the process was killed, once it was.
+	killKind stopKind
+	killed   string
+	prompts  chan pendingPrompt
+	done     chan struct{}
 	// ending: the session takes no more prompts; its process is stopping.
 	ending bool
 	// launchSpan is the worker's span, which updates join.
 	launchSpan trace.SpanContext
 }
 
-func newSession(s *Supervisor, in *records.Instance, seq int) *session {
-	return &session{s: s, in: in, launch: *in, seq: seq, prompts: make(chan string, 1), done: make(chan struct{})}
+func newSession(s *Supervisor, seq int) *session {
+	return &session{s: s, seq: seq, prompts: make(chan pendingPrompt, 1), done: make(chan struct{})}
 }
 
-func (ss *session) prompt(message string) error {
+// errClaimLost fences a session whose launch another delivery took over.
+var errClaimLost = errors.New("the launch was taken over by another delivery")
+
+// prompt stores a prompt for the live agent and hands it over.
+func (ss *session) prompt(ctx context.Context, message string) error {
 	ss.mu.Lock()
-	defer ss.mu.Unlock()
-	if ss.client == nil || ss.turning {
+	client := ss.client
+	switch {
+	case client == nil || ss.turning:
+		ss.mu.Unlock()
 		return fmt.Errorf("instance %s has a turn in progress or is starting: %w", ss.launch.ID, ErrBusy)
-	}
-	if ss.killed != "" || ss.ending {
+	case ss.killed != "" || ss.ending:
+		ss.mu.Unlock()
 		return fmt.Errorf("instance %s is stopping; retry to resume it: %w", ss.launch.ID, ErrBusy)
 	}
-	select {
-	case ss.prompts <- message:
-		ss.turning = true
-		ss.turns++
+	// Reserved, so that the idle timer waits for it; begun, so that a
+	// cancel from now on applies to it.
+	ss.turning = true
+	ss.turns++
+	client.BeginTurn()
+	ss.mu.Unlock()
+	in, err := ss.update(ctx, func(in *records.Instance) error {
+		if in.Deleted {
+			return fmt.Errorf("instance %s is being deleted: %w", in.ID, ErrFinished)
+		}
+		if in.PendingTurn() {
+			return fmt.Errorf("instance %s has a prompt waiting: %w", in.ID, ErrBusy)
+		}
+		in.Turn, in.Prompt = in.Turn+1, message
+		in.Status, in.Progress, in.FinishedAt, in.Error = records.StatusRunning, 0, time.Time{}, ""
 		return nil
-	default:
-		return fmt.Errorf("instance %s has a prompt waiting: %w", ss.launch.ID, ErrBusy)
+	})
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	if err != nil {
+		ss.turning = false
+		client.AbandonTurn()
+		return err
 	}
+	// The prompt is stored: from here it is run, by this session or, if it
+	// is ending, by the launch handle resumes after it.
+	ss.prompts <- pendingPrompt{turn: in.Turn, message: message}
+	return nil
 }
 
 func (ss *session) cancel(reason string) {
@@ -390,69 +566,94 @@ func (ss *session) cancel(reason string) {
 	client, turning, turnNo := ss.client, ss.turning, ss.turns
 	ss.mu.Unlock()
 	if client == nil {
-		ss.kill("cancelled while starting: " + reason)
+		ss.kill(stopCancel, "cancelled while starting: "+reason)
 		return
 	}
 	if !turning {
 		return
 	}
 	ss.log.Add(StreamRunner, "cancel requested: "+reason)
-	if err := client.Cancel(context.Background(), reason); err != nil {
-		ss.kill("cancel could not be sent: " + err.Error())
-		return
-	}
+	// Armed first: sending the cancel may wait on an agent that does not
+	// read its stdin, which the kill then ends.
 	grace := time.AfterFunc(ss.s.o.CancelGrace, func() {
 		ss.mu.Lock()
 		still := ss.turning && ss.turns == turnNo
 		ss.mu.Unlock()
 		if still {
-			ss.mu.Lock()
-			ss.cancelKilled = true
-			ss.mu.Unlock()
-			ss.kill(fmt.Sprintf("the agent ignored session/cancel for %s", ss.s.o.CancelGrace))
+			ss.kill(stopCancel, fmt.Sprintf("the agent ignored session/cancel for %s", ss.s.o.CancelGrace))
 		}
 	})
 	go func() {
 		<-ss.done
 		grace.Stop()
 	}()
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), ss.s.o.CancelGrace)
+		defer cancel()
+		if err := client.Cancel(ctx, reason); err != nil && ctx.Err() == nil {
+			ss.kill(stopCancel, "cancelled, and the agent could not be told: "+err.Error())
+		}
+	}()
 }
 
-// kill ends the process group, once; reason becomes the instance's error.
-func (ss *session) kill(reason string) {
+// kill ends the process group, once; the first reason is the one recorded.
+func (ss *session) kill(kind stopKind, reason string) {
 	ss.mu.Lock()
-	proc := ss.proc
+	proc, stopStart := ss.proc, ss.stopStart
 	if ss.killed == "" {
-		ss.killed = reason
+		ss.killKind, ss.killed = kind, reason
 	}
 	ss.mu.Unlock()
+	if stopStart != nil {
+		stopStart()
+	}
 	if proc != nil {
 		_ = proc.Kill()
 	}
 }
 
-func (ss *session) killedWhy() string {
+func (ss *session) killedWhy() (stopKind, string) {
 	ss.mu.Lock()
 	defer ss.mu.Unlock()
-	return ss.killed
+	return ss.killKind, ss.killed
+}
+
+// update applies fn to the stored instance, fenced by the session's claim,
+// records the result and announces a change of status.
+func (ss *session) update(ctx context.Context, fn func(in *records.Instance) error) (*records.Instance, error) {
+	ss.stMu.Lock()
+	prev := ss.in.Status
+	in, err := ss.write(ctx, fn)
+	if err == nil {
+		ss.in = in
+	}
+	ss.stMu.Unlock()
+	if err != nil {
+		return nil, err
+	}
+	ss.announce(ctx, prev, in)
+	return in, nil
 }
 
 // setStatus records a status change and sends its event, once the change
-// is written.
+// is written. A failed write is logged.
 func (ss *session) setStatus(ctx context.Context, fn func(in *records.Instance)) {
 	ss.stMu.Lock()
-	defer ss.stMu.Unlock()
 	// A change that changes nothing costs no write: each is a durable commit.
-	if ss.in != nil {
-		probe := *ss.in
-		fn(&probe)
-		if reflect.DeepEqual(&probe, ss.in) {
-			return
-		}
+	probe := *ss.in
+	fn(&probe)
+	if reflect.DeepEqual(&probe, ss.in) {
+		ss.stMu.Unlock()
+		return
 	}
-	if in := ss.writeStatus(ctx, fn); in != nil {
-		ss.announce(ctx, ss.in.Status, in)
+	prev := ss.in.Status
+	in, err := ss.write(ctx, func(in *records.Instance) error { fn(in); return nil })
+	if err == nil {
 		ss.in = in
+	}
+	ss.stMu.Unlock()
+	if err == nil {
+		ss.announce(ctx, prev, in)
 	}
 }
 
@@ -471,29 +672,37 @@ func (ss *session) setStatusBeside(ctx context.Context, fn func(in *records.Inst
 		ss.stMu.Unlock()
 		return
 	}
-	ss.announce(ctx, ss.in.Status, &probe)
+	prev := ss.in.Status
 	ss.statusWrites.Add(1)
 	go func() {
 		defer ss.statusWrites.Done()
 		defer ss.stMu.Unlock()
-		if in := ss.writeStatus(ctx, fn); in != nil {
+		if in, err := ss.write(ctx, func(in *records.Instance) error { fn(in); return nil }); err == nil {
 			ss.in = in
 		}
 	}()
+	ss.announce(ctx, prev, &probe)
 }
 
-// writeStatus applies fn to the stored instance; nil if that failed (it is
-// logged). Call with stMu held.
-func (ss *session) writeStatus(ctx context.Context, fn func(in *records.Instance)) *records.Instance {
+// write applies fn to the stored instance if the session still holds its
+// claim. A lost claim, or a deleted instance, kills the session quietly.
+// Call with stMu held.
+func (ss *session) write(ctx context.Context, fn func(in *records.Instance) error) (*records.Instance, error) {
 	in, err := ss.s.o.Records.UpdateInstance(ctx, ss.launch.ID, func(in *records.Instance) error {
-		fn(in)
-		return nil
+		if in.ClaimMsg != ss.claimMsg || in.ClaimRecv != ss.claimRecv || in.ClaimSeq != ss.seq {
+			return errClaimLost
+		}
+		return fn(in)
 	})
-	if err != nil {
+	switch {
+	case errors.Is(err, errClaimLost):
+		ss.kill(stopSuperseded, "superseded: "+errClaimLost.Error())
+	case errors.Is(err, records.ErrNotFound):
+		ss.kill(stopDeleted, "deleted")
+	case err != nil && !errors.Is(err, ErrBusy) && !errors.Is(err, ErrFinished):
 		ss.s.log.WarnContext(ctx, "runner: recording an instance's status", "instance_id", ss.launch.ID, "error", err)
-		return nil
 	}
-	return in
+	return in, err
 }
 
 // announce logs and publishes a change of status from prev to in's.
@@ -517,18 +726,29 @@ func (ss *session) fail(ctx context.Context, outcome, reason string) error {
 	ss.s.o.Metrics.Launch(outcome)
 	ss.setStatus(ctx, func(in *records.Instance) {
 		in.Status, in.Error, in.FinishedAt, in.DoneSeq = records.StatusFailed, reason, time.Now().UTC(), ss.seq
+		in.TurnDone, in.Prompt = in.Turn, ""
 	})
 	return nil
 }
 
-func (ss *session) run(ctx context.Context) error {
-	defer close(ss.done)
+// run runs the launch claimed as in. It returns errStopping, to leave the
+// launch on the queue, when the runner is shutting down.
+func (ss *session) run(ctx context.Context, in *records.Instance) error {
 	defer ss.statusWrites.Wait()
+	ss.launch, ss.in = *in, in
+	ss.claimMsg, ss.claimRecv = in.ClaimMsg, in.ClaimRecv
 	ss.launchSpan = trace.SpanContextFromContext(ctx)
 	ss.log = ss.s.logs.open(ctx, ss.launch.ID)
 	defer ss.log.Close()
 	o := ss.s.o
 
+	if !in.PendingTurn() && in.TurnDone > 0 {
+		// Delivered again after its runner died with the agent idle: there
+		// is nothing to run, and a later prompt resumes the session.
+		ss.s.o.Metrics.Launch("nothing_pending")
+		ss.setStatus(ctx, func(in *records.Instance) { in.DoneSeq = ss.seq })
+		return nil
+	}
 	typ, ok := o.Registry.Get(ss.launch.AgentType)
 	if !ok || !typ.Enabled {
 		return ss.fail(ctx, "bad_type", fmt.Sprintf("agent type %q is not registered or not enabled", ss.launch.AgentType))
@@ -544,13 +764,39 @@ func (ss *session) run(ctx context.Context) error {
 		env["TRACEPARENT"] = tp
 	}
 	stderr := &lineWriter{log: ss.log, stream: StreamStderr}
-	proc, err := o.Executor.Start(ctx, executor.Spec{InstanceID: ss.launch.ID, TaskID: ss.launch.TaskID, Type: typ, Workspace: ss.launch.Workspace, Env: env}, stderr)
+	startCtx, stopStart := context.WithCancel(ctx)
+	defer stopStart()
+	ss.mu.Lock()
+	ss.stopStart = stopStart
+	ss.mu.Unlock()
+	if kind, why := ss.killedWhy(); kind != stopNone {
+		// Cancelled or deleted as it was claimed.
+		return ss.end(ctx, nil, "", "", nil, kind, why)
+	}
+	stopWatch := make(chan struct{})
+	defer close(stopWatch)
+	go func() {
+		select {
+		case <-ss.s.stopping:
+			ss.kill(stopShutdown, "runner shutting down")
+		case <-stopWatch:
+		}
+	}()
+	proc, err := o.Executor.Start(startCtx, executor.Spec{InstanceID: ss.launch.ID, TaskID: ss.launch.TaskID, Type: typ, Workspace: ss.launch.Workspace, Env: env}, stderr)
 	if err != nil {
+		if kind, why := ss.killedWhy(); kind != stopNone {
+			return ss.end(ctx, nil, "", "", nil, kind, why)
+		}
 		return ss.fail(ctx, "start_failed", err.Error())
 	}
 	ss.mu.Lock()
 	ss.proc = proc
+	killedEarly := ss.killed != ""
 	ss.mu.Unlock()
+	if killedEarly {
+		// Killed while it was being started.
+		_ = proc.Kill()
+	}
 	ss.log.Add(StreamRunner, fmt.Sprintf("started %s as %s %s (launch %d)", typ.ID, o.Executor.Name(), proc.ID(), ss.seq))
 	exited := make(chan error, 1)
 	go func() {
@@ -560,18 +806,9 @@ func (ss *session) run(ctx context.Context) error {
 	}()
 	// The timeout covers the whole launch, and kills the whole group.
 	timeout := time.AfterFunc(typ.EffectiveTimeout(), func() {
-		ss.kill(fmt.Sprintf("timed out after %s", typ.EffectiveTimeout()))
+		ss.kill(stopFailure, fmt.Sprintf("timed out after %s", typ.EffectiveTimeout()))
 	})
 	defer timeout.Stop()
-	stopWatch := make(chan struct{})
-	defer close(stopWatch)
-	go func() {
-		select {
-		case <-ss.s.stopping:
-			ss.kill("runner shutting down")
-		case <-stopWatch:
-		}
-	}()
 
 	client := acp.New(proc.Stdout(), proc.Stdin(), acp.Options{
 		Dialect: typ.Protocol, Workspace: ss.launch.Workspace, Permission: typ.Permission, MaxLine: o.MaxLine,
@@ -579,7 +816,7 @@ func (ss *session) run(ctx context.Context) error {
 	})
 	defer client.Close()
 
-	outcome, reason := ss.drive(ctx, client, typ)
+	outcome, reason := ss.drive(ctx, client)
 	ss.mu.Lock()
 	ss.ending = true
 	ss.mu.Unlock()
@@ -589,18 +826,27 @@ func (ss *session) run(ctx context.Context) error {
 	select {
 	case exitErr = <-exited:
 	case <-time.After(o.CancelGrace):
-		ss.kill("did not exit after its stdin closed")
+		ss.kill(stopFailure, "did not exit after its stdin closed")
 		exitErr = <-exited
 	}
-	if why := ss.killedWhy(); why != "" {
-		if why == "runner shutting down" {
-			// Not recorded as done: the launch goes back on the queue.
-			ss.log.Add(StreamRunner, "stopped: runner shutting down; the launch will be retried")
-			return errStopping
-		}
-		if why == "deleted" {
-			return nil
-		}
+	kind, why := ss.killedWhy()
+	return ss.end(ctx, proc, outcome, reason, exitErr, kind, why)
+}
+
+// end records how the launch ended. What a turn recorded stands: an agent
+// that is killed or exits badly once its turn has ended, idle, leaves the
+// turn's status as it was.
+func (ss *session) end(ctx context.Context, proc executor.Process, outcome, reason string, exitErr error, kind stopKind, why string) error {
+	switch kind {
+	case stopShutdown:
+		ss.log.Add(StreamRunner, "stopped: runner shutting down; the launch will be retried")
+		return errStopping
+	case stopDeleted, stopSuperseded:
+		ss.log.Add(StreamRunner, "stopped: "+why)
+		return nil
+	case stopCancel:
+		outcome, reason = "cancelled", why
+	case stopFailure:
 		if outcome == "" || outcome == "completed" {
 			outcome, reason = "killed", why
 		}
@@ -608,21 +854,27 @@ func (ss *session) run(ctx context.Context) error {
 	if outcome == "" && exitErr != nil {
 		outcome, reason = "exited", fmt.Sprintf("the agent exited: %v", exitErr)
 	}
-	o.Metrics.Launch(firstNonEmpty(outcome, "completed"))
+	ss.s.o.Metrics.Launch(firstNonEmpty(outcome, "completed"))
 	ss.setStatus(context.WithoutCancel(ctx), func(in *records.Instance) {
 		in.DoneSeq = ss.seq
-		if in.ContainerID == "" {
+		if in.ContainerID == "" && proc != nil {
 			// A launch that ended before its session was up.
 			in.ContainerID = proc.ID()
 		}
-		if reason != "" && in.Status != records.StatusFailed && in.Status != records.StatusStopped {
-			in.Status, in.Error = records.StatusFailed, reason
-			if outcome == "cancelled" {
-				in.Status = records.StatusStopped
+		if !in.Terminal() {
+			// No turn of this launch recorded how it ended.
+			switch {
+			case outcome == "cancelled":
+				in.Status, in.Error = records.StatusStopped, reason
+			case reason != "":
+				in.Status, in.Error = records.StatusFailed, reason
+			default:
+				in.Status = records.StatusCompleted
 			}
 		}
-		if in.Status == records.StatusRunning || in.Status == records.StatusStarting {
-			in.Status = records.StatusCompleted
+		if in.PendingTurn() && in.Turn == ss.launch.Turn {
+			// The launch's own turn never ran: it ends with the launch.
+			in.TurnDone, in.Prompt = in.Turn, ""
 		}
 		if in.FinishedAt.IsZero() {
 			in.FinishedAt = time.Now().UTC()
@@ -640,10 +892,10 @@ func firstNonEmpty(ss ...string) string {
 	return ""
 }
 
-// drive runs the protocol: handshake, the launch's prompt, then further
-// prompts until the agent goes idle for too long or exits. It returns an
-// outcome and, for a failure, why.
-func (ss *session) drive(ctx context.Context, client *acp.Client, typ agenttype.Type) (outcome, reason string) {
+// drive runs the protocol: handshake, the launch's pending turn, then
+// further prompts until the agent goes idle for too long or exits. It
+// returns an outcome and, for a failure, why.
+func (ss *session) drive(ctx context.Context, client *acp.Client) (outcome, reason string) {
 	o := ss.s.o
 	hs, cancel := context.WithTimeout(ctx, o.ProtocolTimeout)
 	defer cancel()
@@ -663,20 +915,24 @@ func (ss *session) drive(ctx context.Context, client *acp.Client, typ agenttype.
 	}
 	cancel()
 	ss.mu.Lock()
-	ss.client = client
-	ss.mu.Unlock()
-	ss.mu.Lock()
 	containerID := ss.proc.ID()
 	ss.mu.Unlock()
 	sessionUp := func(in *records.Instance) {
 		in.Status, in.SessionID, in.Dialect, in.ContainerID = records.StatusRunning, sessionID, client.Dialect(), containerID
 	}
-	message := ss.launch.Prompt
-	if message == "" && ss.seq == 1 {
-		message = ss.launch.Env["TASK_DESCRIPTION"]
-	}
-	firstTurn := message != "" || client.Dialect() == acp.DialectLegacy
-	if !firstTurn {
+	launch := ss.launch
+	pending := launch.PendingTurn() || client.Dialect() == acp.DialectLegacy
+	if pending && launch.CancelTurn == launch.Turn && launch.Turn > 0 {
+		// Cancelled while its runner was gone.
+		ss.setStatus(ctx, func(in *records.Instance) {
+			sessionUp(in)
+			in.Status, in.TurnDone, in.Prompt, in.CancelTurn = records.StatusStopped, in.Turn, "", 0
+			if in.FinishedAt.IsZero() {
+				in.FinishedAt = time.Now().UTC()
+			}
+		})
+		pending = false
+	} else if !pending {
 		ss.setStatus(ctx, sessionUp)
 	}
 	if sessionID != "" {
@@ -699,13 +955,17 @@ func (ss *session) drive(ctx context.Context, client *acp.Client, typ agenttype.
 	}
 	o.Metrics.Launch("started")
 
-	if firstTurn {
-		ss.mu.Lock()
+	ss.mu.Lock()
+	ss.client = client
+	if pending {
 		ss.turning = true
 		ss.turns++
-		ss.mu.Unlock()
+		client.BeginTurn()
+	}
+	ss.mu.Unlock()
+	if pending {
 		// The session's fields go in the turn's start write.
-		if out, why := ss.turn(ctx, client, message, sessionUp); out != "" {
+		if out, why := ss.turn(ctx, client, pendingPrompt{turn: launch.Turn, message: launch.Prompt}, sessionUp); out != "" {
 			return out, why
 		}
 	}
@@ -713,29 +973,24 @@ func (ss *session) drive(ctx context.Context, client *acp.Client, typ agenttype.
 	defer idle.Stop()
 	for {
 		select {
-		case message := <-ss.prompts:
-			if out, why := ss.turn(ctx, client, message, nil); out != "" {
+		case p := <-ss.prompts:
+			if out, why := ss.turn(ctx, client, p, nil); out != "" {
 				return out, why
 			}
 			idle.Reset(o.IdleTimeout)
 		case <-client.Done():
 			return "", ""
 		case <-idle.C:
-			// Under the lock prompt() sends with, so that a prompt is either
-			// taken here or refused there.
+			// Under the lock prompt() reserves a turn with, so that a
+			// prompt is either taken here or refused there.
 			ss.mu.Lock()
-			select {
-			case message := <-ss.prompts:
+			if ss.turning {
 				ss.mu.Unlock()
-				if out, why := ss.turn(ctx, client, message, nil); out != "" {
-					return out, why
-				}
 				idle.Reset(o.IdleTimeout)
 				continue
-			default:
-				ss.ending = true
-				ss.mu.Unlock()
 			}
+			ss.ending = true
+			ss.mu.Unlock()
 			ss.log.Add(StreamRunner, fmt.Sprintf("idle for %s; stopping the agent (a prompt resumes the session)", o.IdleTimeout))
 			return "", ""
 		}
@@ -750,21 +1005,27 @@ func protocolFailure(method string, err error, timeout time.Duration) string {
 }
 
 // turn runs one prompt turn and records how it ended. A non-empty outcome
-// ends the launch: the agent is gone. also, if not nil, adds to the turn's
-// start write.
-func (ss *session) turn(ctx context.Context, client *acp.Client, message string, also func(in *records.Instance)) (outcome, reason string) {
-	// The client waits on the agent's first update, not on this write: the
-	// prompt goes out while it commits.
-	ss.setStatusBeside(ctx, func(in *records.Instance) {
-		if also != nil {
-			also(in)
-		}
-		in.Status, in.Progress, in.FinishedAt, in.Error, in.Prompt = records.StatusRunning, 0, time.Time{}, "", ""
-	})
-	t, err := client.Prompt(ctx, message, ss.s.o.ProtocolTimeout)
+// ends the launch: the agent is gone. start, if not nil, is written beside
+// the turn's start (the launch's first turn); a later prompt's start was
+// written when it was accepted.
+func (ss *session) turn(ctx context.Context, client *acp.Client, p pendingPrompt, start func(in *records.Instance)) (outcome, reason string) {
+	if start != nil {
+		// The client waits on the agent's first update, not on this write:
+		// the prompt goes out while it commits.
+		ss.setStatusBeside(ctx, func(in *records.Instance) {
+			start(in)
+			in.Status, in.Progress, in.FinishedAt, in.Error = records.StatusRunning, 0, time.Time{}, ""
+		})
+	}
+	t, err := client.Prompt(ctx, p.message, ss.s.o.ProtocolTimeout)
 	ss.mu.Lock()
 	ss.turning = false
 	ss.mu.Unlock()
+	kind, why := ss.killedWhy()
+	if kind.quiet() {
+		// The turn stays pending: whoever runs the launch next runs it.
+		return "stopping", why
+	}
 	status, errText := records.StatusCompleted, ""
 	switch t.StopReason {
 	case acp.StopEndTurn:
@@ -779,18 +1040,23 @@ func (ss *session) turn(ctx context.Context, client *acp.Client, message string,
 		// max_tokens, max_turn_requests, refusal: the turn ended, short.
 		errText = "stop reason: " + t.StopReason
 	}
-	if why := ss.killedWhy(); why != "" {
+	switch kind {
+	case stopCancel:
+		status, errText = records.StatusStopped, why
+	case stopFailure:
 		status, errText = records.StatusFailed, why
-		ss.mu.Lock()
-		if t.StopReason == acp.StopCancelled || ss.cancelKilled {
-			status = records.StatusStopped
-		}
-		ss.mu.Unlock()
 	}
 	ss.setStatus(ctx, func(in *records.Instance) {
 		in.Status, in.Error, in.FinishedAt = status, errText, time.Now().UTC()
 		if status == records.StatusCompleted {
 			in.Progress = 100
+		}
+		if in.Turn == p.turn {
+			in.Prompt = ""
+		}
+		in.TurnDone = max(in.TurnDone, p.turn)
+		if in.CancelTurn <= p.turn {
+			in.CancelTurn = 0
 		}
 	})
 	if err != nil && (errors.Is(err, acp.ErrAgentGone) || errors.Is(err, context.DeadlineExceeded)) {
@@ -798,7 +1064,7 @@ func (ss *session) turn(ctx context.Context, client *acp.Client, message string,
 			return "dead_protocol", errText
 		}
 		if status == records.StatusStopped {
-			return "cancelled", ""
+			return "cancelled", errText
 		}
 		return "crashed", errText
 	}
@@ -808,6 +1074,11 @@ func (ss *session) turn(ctx context.Context, client *acp.Client, message string,
 // onUpdate records an update: a log line, progress, and an event. It runs on
 // the client's read loop, in order.
 func (ss *session) onUpdate(ctx context.Context, u acp.Update) {
+	if u.Replay {
+		// The session's history, which was published when it happened.
+		ss.s.o.Metrics.Drop(acp.DropReplay)
+		return
+	}
 	ss.s.o.Metrics.Update(u.Kind)
 	text := u.Kind
 	if u.ToolName != "" || u.ToolCallID != "" {
