@@ -281,7 +281,7 @@ func (a *agent) turn(m message) {
 		os.Exit(3)
 	}
 	if a.mode == "orphan" {
-		orphan := exec.Command("sleep", "600")
+		orphan := exec.Command("/bin/sleep", "600")
 		orphan.Stdout, orphan.Stderr = os.Stdout, os.Stderr
 		orphan.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 		if err := orphan.Start(); err != nil {

@@ -20,6 +20,7 @@ import (
 	"github.com/conclave-ai/conclave/pkg/queue"
 	"github.com/conclave-ai/conclave/pkg/store"
 	"github.com/conclave-ai/conclave/pkg/telemetry"
+	"github.com/conclave-ai/conclave/services/runner/internal/executor"
 	"github.com/conclave-ai/conclave/services/runner/service"
 )
 
@@ -165,6 +166,12 @@ func startRunnerWith(t *testing.T, overrides map[string]string, tel *telemetry.P
 // called; stop returns Run's error.
 func runOn(t *testing.T, cfg service.Config, st store.Store, q queue.Queue, tel *telemetry.Provider) (*testRunner, func() error) {
 	t.Helper()
+	return runOnWith(t, cfg, st, q, tel, nil)
+}
+
+// runOnWith is runOn with an executor (nil: the local one).
+func runOnWith(t *testing.T, cfg service.Config, st store.Store, q queue.Queue, tel *telemetry.Provider, exec executor.Executor) (*testRunner, func() error) {
+	t.Helper()
 	var err error
 	root := cfg.WorkspaceRoots[0]
 	ctx := context.Background()
@@ -185,7 +192,7 @@ func runOn(t *testing.T, cfg service.Config, st store.Store, q queue.Queue, tel 
 	if testing.Verbose() {
 		logger = slog.New(slog.NewTextHandler(tWriter{t}, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	}
-	r, err := service.New(cfg, service.Deps{Store: st, Queue: q, Logger: logger, Telemetry: tel})
+	r, err := service.New(cfg, service.Deps{Store: st, Queue: q, Logger: logger, Telemetry: tel, Executor: exec})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -328,11 +335,15 @@ func (r *testRunner) logs(t *testing.T, id string) []logLine {
 // waitLog polls the logs until a line contains want.
 func (r *testRunner) waitLog(t *testing.T, id, want string) {
 	t.Helper()
-	for {
-		for _, l := range r.logs(t, id) {
+	for i := 1; ; i++ {
+		lines := r.logs(t, id)
+		for _, l := range lines {
 			if strings.Contains(l.Text, want) {
 				return
 			}
+		}
+		if i%100 == 0 {
+			t.Logf("still waiting for %q; the log so far: %+v", want, lines)
 		}
 		time.Sleep(50 * time.Millisecond)
 	}

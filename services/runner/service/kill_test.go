@@ -1,6 +1,7 @@
 package service_test
 
 import (
+	"context"
 	"fmt"
 	"net"
 	"os"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/conclave-ai/conclave/pkg/queue"
 	"github.com/conclave-ai/conclave/pkg/store"
+	"github.com/conclave-ai/conclave/services/runner/internal/records"
 )
 
 // runnerProcess starts cmd/runner on dataDir and returns a client of it.
@@ -137,6 +139,14 @@ func TestGracefulRestart(t *testing.T) {
 	first.waitLog(t, in.ID, "tool_call write notes.txt")
 	if err := stop(); err != nil {
 		t.Fatalf("the first runner's Run: %v", err)
+	}
+	// Nothing terminal was recorded for a launch that is to be retried.
+	stored, err := records.New(st).Instance(context.Background(), in.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if stored.Terminal() || !stored.Launching() || !stored.PendingTurn() {
+		t.Fatalf("stored after the shutdown: status %s, launch %d done %d, turn %d done %d", stored.Status, stored.LaunchSeq, stored.DoneSeq, stored.Turn, stored.TurnDone)
 	}
 
 	second, _ := runOn(t, cfg, st, q, nil)

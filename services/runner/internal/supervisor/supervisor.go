@@ -747,6 +747,7 @@ func (ss *session) run(ctx context.Context, in *records.Instance) error {
 		// is nothing to run, and a later prompt resumes the session.
 		ss.s.o.Metrics.Launch("nothing_pending")
 		ss.setStatus(ctx, func(in *records.Instance) { in.DoneSeq = ss.seq })
+		ss.log.Add(StreamRunner, fmt.Sprintf("launch %d ended: delivered again with no prompt pending, so nothing was started", ss.seq))
 		return nil
 	}
 	typ, ok := o.Registry.Get(ss.launch.AgentType)
@@ -880,6 +881,11 @@ func (ss *session) end(ctx context.Context, proc executor.Process, outcome, reas
 			in.FinishedAt = time.Now().UTC()
 		}
 	})
+	how := firstNonEmpty(outcome, "completed")
+	if reason != "" {
+		how += ": " + reason
+	}
+	ss.log.Add(StreamRunner, fmt.Sprintf("launch %d ended (%s)", ss.seq, how))
 	return nil
 }
 

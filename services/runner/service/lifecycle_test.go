@@ -1,0 +1,443 @@
+package service_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/conclave-ai/conclave/pkg/queue"
+	"github.com/conclave-ai/conclave/pkg/store"
+	"github.com/conclave-ai/conclave/services/runner/internal/executor"
+	"github.com/conclave-ai/conclave/services/runner/internal/records"
+)
+
+// prompt sends a prompt and fails the test unless it is accepted.
+func (r *testRunner) prompt(t *testing.T, id, message string) {
+	t.Helper()
+	var ok struct{ Accepted bool }
+	if code := r.do(t, "POST", "/api/v1/agents/"+id+"/prompt", map[string]string{"message": message}, &ok); code != http.StatusOK || !ok.Accepted {
+		t.Fatalf("prompt %q: HTTP %d %+v", message, code, ok)
+	}
+}
+
+// waitLogCount polls the logs until want appears n times.
+func (r *testRunner) waitLogCount(t *testing.T, id, want string, n int) {
+	t.Helper()
+	for countLogs(r.logs(t, id), want) < n {
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// TestRunnerKilledMidConversation kills the runner (SIGKILL) with one
+// instance idle after its turn and another in the middle of its second
+// turn. The next runner runs only what was pending: the second turn again,
+// not the first; and for the idle one, nothing.
+func TestRunnerKilledMidConversation(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs the runner as a process")
+	}
+	t.Parallel()
+	dir := t.TempDir()
+	root := filepath.Join(dir, "workspaces")
+	if err := os.MkdirAll(root, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	types := agentTypes(t)
+	port := freePort(t)
+	first, r := runnerProcess(t, filepath.Join(dir, "data"), root, types, port, 2)
+
+	idle := r.launch(t, "acp-normal", r.workspace(t), map[string]string{"TASK_DESCRIPTION": "only once"})
+	if st := r.waitStatus(t, idle.ID, "completed", "failed", "stopped"); st.Status != "completed" {
+		t.Fatalf("the idle instance's turn: %+v", st)
+	}
+	talking := r.launch(t, "acp-slow-tool", r.workspace(t), map[string]string{"TASK_DESCRIPTION": "turn one"})
+	r.waitLog(t, talking.ID, "tool_call write notes.txt")
+	r.do(t, "POST", "/api/v1/agents/"+talking.ID+"/cancel", map[string]string{"reason": "next"}, nil)
+	if st := r.waitStatus(t, talking.ID, "stopped", "failed", "completed"); st.Status != "stopped" {
+		t.Fatalf("turn one after cancel: %+v", st)
+	}
+	r.prompt(t, talking.ID, "turn two")
+	r.waitLogCount(t, talking.ID, "tool_call write notes.txt", 2)
+	if err := first.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	_ = first.Wait()
+
+	_, r = runnerProcess(t, filepath.Join(dir, "data"), root, types, port, 2)
+	r.waitLog(t, idle.ID, "launch 1 ended: delivered again with no prompt pending")
+	if n := countLogs(r.logs(t, idle.ID), "started acp-normal"); n != 1 {
+		t.Errorf("the idle instance's agent started %d times, want 1", n)
+	}
+	if st := r.status(t, idle.ID); st.Status != "completed" {
+		t.Errorf("the idle instance after the restart: %+v", st)
+	}
+	r.waitLogCount(t, talking.ID, "Working on: turn two", 2)
+	if n := countLogs(r.logs(t, talking.ID), "Working on: turn one"); n != 1 {
+		t.Errorf("the finished first turn ran %d times, want 1", n)
+	}
+	r.do(t, "POST", "/api/v1/agents/"+talking.ID+"/cancel", map[string]string{"reason": "done"}, nil)
+	if st := r.waitStatus(t, talking.ID, "stopped", "failed", "completed"); st.Status != "stopped" {
+		t.Errorf("turn two after cancel: %+v", st)
+	}
+}
+
+// gatedExecutor holds each Start until released (or its context ends).
+type gatedExecutor struct {
+	executor.Executor
+	starting chan struct{}
+	release  chan struct{}
+}
+
+func (g *gatedExecutor) Start(ctx context.Context, spec executor.Spec, stderr io.Writer) (executor.Process, error) {
+	g.starting <- struct{}{}
+	select {
+	case <-g.release:
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	return g.Executor.Start(ctx, spec, stderr)
+}
+
+// TestStopWhileStarting cancels or deletes an instance whose agent is being
+// started: no agent runs, and the instance ends stopped (or is gone).
+func TestStopWhileStarting(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs agent processes")
+	}
+	t.Parallel()
+	for _, tt := range []struct {
+		name   string
+		method string
+		path   string
+		want   int // HTTP status of GET .../status afterwards
+	}{
+		{"cancel", "POST", "/cancel", http.StatusOK},
+		{"delete", "DELETE", "", http.StatusNotFound},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			dir := t.TempDir()
+			root := filepath.Join(dir, "workspaces")
+			if err := os.MkdirAll(root, 0o755); err != nil {
+				t.Fatal(err)
+			}
+			cfg := testConfig(t, root, nil)
+			st, err := store.OpenBolt(filepath.Join(dir, "state.db"), store.BoltOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = st.Close() })
+			q, err := queue.OpenEmbedded(filepath.Join(dir, "queues.db"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = q.Close() })
+			gate := &gatedExecutor{Executor: &executor.Local{Roots: []string{root}}, starting: make(chan struct{}, 1), release: make(chan struct{})}
+			r, _ := runOnWith(t, cfg, st, q, nil, gate)
+			in := r.launch(t, "acp-normal", r.workspace(t), map[string]string{"TASK_DESCRIPTION": "never"})
+			<-gate.starting
+			if code := r.do(t, tt.method, "/api/v1/agents/"+in.ID+tt.path, map[string]string{"reason": "changed my mind"}, nil); code != http.StatusOK {
+				t.Fatalf("%s: HTTP %d", tt.name, code)
+			}
+			close(gate.release)
+			if tt.want == http.StatusNotFound {
+				if code := r.do(t, "GET", "/api/v1/agents/"+in.ID+"/status", nil, nil); code != http.StatusNotFound {
+					t.Fatalf("status after delete: HTTP %d", code)
+				}
+				return
+			}
+			if st := r.waitStatus(t, in.ID, "stopped", "failed", "completed"); st.Status != "stopped" {
+				t.Fatalf("status %+v", st)
+			}
+			r.waitLog(t, in.ID, "launch 1 ended (cancelled")
+			if lines := r.logs(t, in.ID); hasLog(lines, "started acp-normal") || hasLog(lines, "Working on") {
+				t.Errorf("an agent ran: %+v", lines)
+			}
+		})
+	}
+}
+
+// TestCancelOfAnAgentNotReadingStdin: the agent stops reading its stdin, so
+// the next prompt's write blocks. A cancel must still answer at once, and
+// the grace kill end the turn stopped.
+func TestCancelOfAnAgentNotReadingStdin(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs agent processes")
+	}
+	t.Parallel()
+	r := startRunner(t, nil)
+	in := r.launch(t, "kandev-deaf", r.workspace(t), map[string]string{"TASK_DESCRIPTION": "one"})
+	if st := r.waitStatus(t, in.ID, "completed", "failed", "stopped"); st.Status != "completed" {
+		t.Fatalf("first turn: %+v", st)
+	}
+	// Far more than a pipe holds.
+	r.prompt(t, in.ID, strings.Repeat("x", 200<<10))
+	var c struct{ Status string }
+	if code := r.do(t, "POST", "/api/v1/agents/"+in.ID+"/cancel", map[string]string{"reason": "stuck"}, &c); code != http.StatusOK {
+		t.Fatalf("cancel: HTTP %d", code)
+	}
+	if st := r.waitStatus(t, in.ID, "stopped", "failed", "completed"); st.Status != "stopped" {
+		t.Fatalf("after cancel: %+v; logs %+v", st, r.logs(t, in.ID))
+	}
+	r.waitLog(t, in.ID, "ignored session/cancel")
+}
+
+// TestCancelRightAfterPrompt cancels each prompt as soon as it is accepted,
+// many times: whether the cancel comes before the prompt reaches the agent
+// or after, the turn ends without the agent being killed.
+func TestCancelRightAfterPrompt(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs agent processes")
+	}
+	t.Parallel()
+	r := startRunner(t, nil)
+	in := r.launch(t, "acp-slow-tool", r.workspace(t), nil)
+	r.waitStatus(t, in.ID, "running")
+	for i := range 10 {
+		r.prompt(t, in.ID, "prompt")
+		r.do(t, "POST", "/api/v1/agents/"+in.ID+"/cancel", map[string]string{"reason": "at once"}, nil)
+		st := r.waitStatus(t, in.ID, "stopped", "failed", "completed")
+		if st.Status != "stopped" {
+			t.Fatalf("round %d: %+v", i, st)
+		}
+	}
+	lines := r.logs(t, in.ID)
+	if hasLog(lines, "ignored session/cancel") || countLogs(lines, "started acp-slow-tool") != 1 {
+		t.Fatalf("the agent was killed or restarted: %+v", lines)
+	}
+}
+
+// TestIdleAgentThatWillNotExit: an agent killed because it would not exit
+// after its idle session ended keeps its last turn's status.
+func TestIdleAgentThatWillNotExit(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs agent processes")
+	}
+	t.Parallel()
+	r := startRunner(t, map[string]string{"CONCLAVE_RUNNER_IDLE_TIMEOUT": "500ms", "CONCLAVE_RUNNER_CANCEL_GRACE": "500ms"})
+	in := r.launch(t, "acp-linger", r.workspace(t), map[string]string{"TASK_DESCRIPTION": "short"})
+	r.waitLog(t, in.ID, "launch 1 ended (killed: did not exit after its stdin closed)")
+	if st := r.status(t, in.ID); st.Status != "completed" {
+		t.Fatalf("status %+v; logs %+v", st, r.logs(t, in.ID))
+	}
+}
+
+// TestOrphanHoldingStdout: an agent that exits leaving a process of its own
+// session holding its stdout and stderr still ends its launch, as crashed,
+// rather than hanging until the type's timeout.
+func TestOrphanHoldingStdout(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs agent processes")
+	}
+	t.Parallel()
+	r := startRunner(t, nil)
+	in := r.launch(t, "acp-orphan", r.workspace(t), map[string]string{"TASK_DESCRIPTION": "leave"})
+	r.waitLog(t, in.ID, "left orphan")
+	st := r.waitStatus(t, in.ID, "failed", "completed", "stopped")
+	lines := r.logs(t, in.ID)
+	if st.Status != "failed" || hasLog(lines, "timed out") {
+		t.Fatalf("status %+v; logs %+v", st, lines)
+	}
+	// The orphan is not ours to kill (it left the group); end it here.
+	for _, l := range lines {
+		var pid int
+		if _, err := fmt.Sscanf(l.Text, "acp-agent: left orphan %d", &pid); err == nil && pid > 0 {
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+		}
+	}
+}
+
+// countingQueue reports deletes of one instance's launch messages.
+type countingQueue struct {
+	queue.Queue
+	launches, instanceID string
+	deletes              chan struct{}
+	receipts             chan string
+}
+
+func (c *countingQueue) Receive(ctx context.Context, name string, opts queue.ReceiveOptions) ([]queue.Message, error) {
+	msgs, err := c.Queue.Receive(ctx, name, opts)
+	for _, m := range msgs {
+		if name == c.launches && strings.Contains(string(m.Body), c.instanceID) {
+			c.receipts <- m.ReceiptHandle
+		}
+	}
+	return msgs, err
+}
+
+func (c *countingQueue) Delete(ctx context.Context, name, receipt string) error {
+	err := c.Queue.Delete(ctx, name, receipt)
+	if name == c.launches {
+		c.deletes <- struct{}{}
+	}
+	return err
+}
+
+// TestDuplicateLaunchRunsOnce: two runners on one store and queue each get
+// a copy of the same launch. One runs it; the other drops its copy.
+func TestDuplicateLaunchRunsOnce(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs agent processes")
+	}
+	t.Parallel()
+	dir := t.TempDir()
+	root := filepath.Join(dir, "workspaces")
+	if err := os.MkdirAll(root, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	cfg := testConfig(t, root, nil)
+	st, err := store.OpenBolt(filepath.Join(dir, "state.db"), store.BoltOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = st.Close() })
+	embedded, err := queue.OpenEmbedded(filepath.Join(dir, "queues.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = embedded.Close() })
+	const id = "dup0dup0dup0dup0dup0dup0dup0dup0"
+	q := &countingQueue{Queue: embedded, launches: cfg.LaunchQueue, instanceID: id, deletes: make(chan struct{}, 16), receipts: make(chan string, 16)}
+	one, _ := runOn(t, cfg, st, q, nil)
+	runOn(t, cfg, st, q, nil)
+	ctx := context.Background()
+	in := &records.Instance{ID: id, TaskID: "task-dup", AgentType: "acp-slow-tool", Status: records.StatusStarting,
+		StartedAt: time.Now().UTC(), Workspace: one.workspace(t), Turn: 1, Prompt: "once", LaunchSeq: 1}
+	if err := records.New(st).CreateInstance(ctx, in); err != nil {
+		t.Fatal(err)
+	}
+	body := []byte(`{"instance_id":"` + id + `","seq":1}`)
+	if _, err := embedded.Send(ctx, cfg.LaunchQueue, queue.Outgoing{Body: body}, queue.Outgoing{Body: body}); err != nil {
+		t.Fatal(err)
+	}
+	<-q.receipts
+	<-q.receipts
+	// The copy that lost the claim is deleted while the other still runs.
+	<-q.deletes
+	one.waitLog(t, id, "tool_call write notes.txt")
+	if n := countLogs(one.logs(t, id), "started acp-slow-tool"); n != 1 {
+		t.Fatalf("the launch started %d times, want 1", n)
+	}
+	one.do(t, "POST", "/api/v1/agents/"+id+"/cancel", map[string]string{"reason": "done"}, nil)
+	if st := one.waitStatus(t, id, "stopped", "failed", "completed"); st.Status != "stopped" {
+		t.Fatalf("after cancel: %+v", st)
+	}
+}
+
+// failingQueue refuses sends to the launch queue while fail is set.
+type failingQueue struct {
+	queue.Queue
+	launches string
+	fail     atomic.Bool
+}
+
+func (f *failingQueue) Send(ctx context.Context, name string, msgs ...queue.Outgoing) ([]string, error) {
+	if name == f.launches && f.fail.Load() {
+		return nil, errors.New("queue unavailable (test)")
+	}
+	return f.Queue.Send(ctx, name, msgs...)
+}
+
+// TestQueueOutageLeavesNothingHalfDone: a launch or a resumption that
+// cannot be queued fails, and leaves no instance (or no instance stuck
+// starting) behind.
+func TestQueueOutageLeavesNothingHalfDone(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs agent processes")
+	}
+	t.Parallel()
+	dir := t.TempDir()
+	root := filepath.Join(dir, "workspaces")
+	if err := os.MkdirAll(root, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	cfg := testConfig(t, root, map[string]string{"CONCLAVE_RUNNER_IDLE_TIMEOUT": "300ms"})
+	st, err := store.OpenBolt(filepath.Join(dir, "state.db"), store.BoltOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = st.Close() })
+	embedded, err := queue.OpenEmbedded(filepath.Join(dir, "queues.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = embedded.Close() })
+	q := &failingQueue{Queue: embedded, launches: cfg.LaunchQueue}
+	r, _ := runOn(t, cfg, st, q, nil)
+
+	q.fail.Store(true)
+	var e errorBody
+	if code := r.do(t, "POST", "/api/v1/agents/launch", map[string]any{"task_id": "task-outage", "agent_type": "acp-normal", "workspace_path": r.workspace(t)}, &e); code != http.StatusInternalServerError || e.Error != "internal_error" {
+		t.Fatalf("launch with the queue down: HTTP %d %+v", code, e)
+	}
+	if code := r.do(t, "GET", "/api/v1/tasks/task-outage", nil, nil); code != http.StatusNotFound {
+		t.Fatalf("a launch that failed left its task: HTTP %d", code)
+	}
+
+	q.fail.Store(false)
+	in := r.launch(t, "acp-normal", r.workspace(t), map[string]string{"TASK_DESCRIPTION": "first"})
+	r.waitLog(t, in.ID, "launch 1 ended")
+	q.fail.Store(true)
+	if code := r.do(t, "POST", "/api/v1/agents/"+in.ID+"/prompt", map[string]string{"message": "lost"}, &e); code != http.StatusInternalServerError {
+		t.Fatalf("prompt with the queue down: HTTP %d %+v", code, e)
+	}
+	if st := r.status(t, in.ID); st.Status != "completed" {
+		t.Fatalf("after the failed resumption: %+v", st)
+	}
+	q.fail.Store(false)
+	r.prompt(t, in.ID, "second")
+	r.waitLog(t, in.ID, "Working on: second")
+	if st := r.waitStatus(t, in.ID, "completed", "failed", "stopped"); st.Status != "completed" {
+		t.Fatalf("after the resumption: %+v", st)
+	}
+	if hasLog(r.logs(t, in.ID), "Working on: lost") {
+		t.Error("the prompt that failed was run")
+	}
+}
+
+// TestResumeDoesNotRepublishHistory: the updates an agent replays during
+// session/load are the session's history; they are neither logged nor
+// published again.
+func TestResumeDoesNotRepublishHistory(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs agent processes")
+	}
+	t.Parallel()
+	r := startRunner(t, map[string]string{"CONCLAVE_RUNNER_IDLE_TIMEOUT": "300ms"})
+	in := r.launch(t, "acp-normal", r.workspace(t), map[string]string{"TASK_DESCRIPTION": "first"})
+	r.waitLog(t, in.ID, "launch 1 ended")
+	r.prompt(t, in.ID, "second")
+	r.waitLog(t, in.ID, "launch 2 ended")
+	lines := r.logs(t, in.ID)
+	if !hasLog(lines, "acp-agent: loaded session") || hasLog(lines, "replayed history") {
+		t.Fatalf("logs %+v", lines)
+	}
+	ctx := context.Background()
+	for {
+		msgs, err := r.q.Receive(ctx, r.cfg.EventsQueue, queue.ReceiveOptions{Max: queue.MaxBatch, Visibility: time.Minute})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(msgs) == 0 {
+			break
+		}
+		for _, m := range msgs {
+			env, err := queue.DecodeEnvelope(m.Body)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if payload := env.GetPayload().GetValue(); strings.Contains(string(payload), "replayed history") {
+				t.Fatalf("a replayed update was published: %q", payload)
+			}
+		}
+	}
+}
