@@ -56,6 +56,8 @@ func TestBadLines(t *testing.T) {
 		{"a response to an unknown id", `{"jsonrpc":"2.0","id":42,"result":{}}` + "\n", true, []string{DropUnknownResponse}, 0},
 		{"a partial last line", `{"jsonrpc":"2.0","method":"session/upd`, true, nil, 0},
 		{"legacy lines", `{"type":"progress","data":{"percentage":40}}` + "\n" + `{"type":"bogus"}` + "\n", true, []string{DropUnknownType}, 1},
+		{"a legacy line whose data says jsonrpc", `{"type":"log","data":{"message":"jsonrpc"}}` + "\n" + `{"type":"log","data":{"jsonrpc":"2.0","message":"x"}}` + "\n", true, nil, 2},
+		{"a response to an unknown id whose result has a method", `{"jsonrpc":"2.0","id":42,"result":{"method":"x"}}` + "\n", true, []string{DropUnknownResponse}, 0},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
