@@ -22,8 +22,9 @@ import (
 // to the connection's read and write deadlines. Patterns follow
 // http.ServeMux, which also decides what an invalid or conflicting pattern
 // does (it panics). A handler that reads the body and meets
-// *http.MaxBytesError should answer with WriteError(w, 413, ...), as the
-// server does itself when the handler writes nothing.
+// *http.MaxBytesError should answer 413, as the server does itself (with
+// WriteError, or WithHTTPErrorWriter's function) when the handler writes
+// nothing.
 func (s *Server) Handle(pattern string, h http.Handler) {
 	s.mux.Handle(pattern, s.unary(h))
 }
@@ -108,7 +109,7 @@ func (s *Server) drainedRoute(h http.Handler) http.Handler {
 		if !s.startDrained() {
 			w.Header().Set("Retry-After", "1")
 			w.Header().Set("Connection", "close")
-			WriteError(w, http.StatusServiceUnavailable, "server is shutting down; retry on another replica")
+			s.writeError(w, http.StatusServiceUnavailable, "server is shutting down; retry on another replica")
 			return
 		}
 		defer s.endDrained()
@@ -153,7 +154,7 @@ func (s *Server) httpCore(next http.Handler) http.Handler {
 		var body *limitedBody
 		if limit > 0 {
 			if r.ContentLength > limit {
-				WriteError(rw, http.StatusRequestEntityTooLarge, bodyTooLarge(limit))
+				s.writeError(rw, http.StatusRequestEntityTooLarge, bodyTooLarge(limit))
 				return
 			}
 			if r.Body != nil && r.Body != http.NoBody {
@@ -165,7 +166,7 @@ func (s *Server) httpCore(next http.Handler) http.Handler {
 		}
 		next.ServeHTTP(rw, r)
 		if body != nil && body.exceeded.Load() && !rw.sent() {
-			WriteError(rw, http.StatusRequestEntityTooLarge, bodyTooLarge(limit))
+			s.writeError(rw, http.StatusRequestEntityTooLarge, bodyTooLarge(limit))
 		}
 	})
 }
@@ -190,7 +191,7 @@ func (s *Server) recoverHTTP(rw *responseWriter, r *http.Request, v any) {
 		// response is incomplete; net/http recovers this panic silently.
 		panic(http.ErrAbortHandler)
 	default:
-		WriteError(rw, http.StatusInternalServerError, "internal error")
+		s.writeError(rw, http.StatusInternalServerError, "internal error")
 	}
 }
 

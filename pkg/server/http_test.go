@@ -125,6 +125,50 @@ func TestHTTPBodyLimit(t *testing.T) {
 	}
 }
 
+// TestHTTPErrorWriter: with WithHTTPErrorWriter, the errors the server
+// answers itself (a body over the limit, declared or found by reading, and
+// a recovered panic) come in the service's own body.
+func TestHTTPErrorWriter(t *testing.T) {
+	t.Parallel()
+	custom := func(w http.ResponseWriter, code int, message string) {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(code)
+		_ = json.NewEncoder(w).Encode(map[string]any{"custom_status": code, "text": message})
+	}
+	ts := startServer(t, Config{HTTPAddr: "127.0.0.1:0", MaxRequestBodyBytes: 1024}, func(s *Server) {
+		s.Handle("POST /read", http.HandlerFunc(func(_ http.ResponseWriter, r *http.Request) { _, _ = io.ReadAll(r.Body) }))
+		s.Handle("GET /panic", http.HandlerFunc(func(http.ResponseWriter, *http.Request) { panic("boom") }))
+	}, WithHTTPErrorWriter(custom))
+	big := strings.Repeat("x", 2048)
+	post := func(body io.Reader) httpResult {
+		resp, err := http.Post(ts.url("/read"), "text/plain", body)
+		if err != nil {
+			return httpResult{err: err}
+		}
+		return readResponse(resp)
+	}
+	for _, tt := range []struct {
+		name string
+		res  func() httpResult
+		want int
+	}{
+		{"declared too large", func() httpResult { return post(strings.NewReader(big)) }, http.StatusRequestEntityTooLarge},
+		{"chunked too large", func() httpResult { return post(io.MultiReader(strings.NewReader(big))) }, http.StatusRequestEntityTooLarge},
+		{"panic", func() httpResult { return get(t, ts.url("/panic")) }, http.StatusInternalServerError},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			res := tt.res()
+			var body struct {
+				CustomStatus int    `json:"custom_status"`
+				Text         string `json:"text"`
+			}
+			if res.err != nil || res.status != tt.want || json.Unmarshal([]byte(res.body), &body) != nil || body.CustomStatus != tt.want || body.Text == "" {
+				t.Fatalf("response = %d %q, %v; want %d in the custom body", res.status, res.body, res.err, tt.want)
+			}
+		})
+	}
+}
+
 func TestHTTPRequestTimeoutOnlyOnUnaryRoutes(t *testing.T) {
 	t.Parallel()
 	hasDeadline := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

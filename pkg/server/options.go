@@ -17,6 +17,7 @@ type options struct {
 	httpMiddleware []func(http.Handler) http.Handler
 	grpcListener   net.Listener
 	httpListener   net.Listener
+	httpError      func(w http.ResponseWriter, code int, message string)
 }
 
 // WithGRPCOptions appends options to the gRPC server, after the package's own.
@@ -42,6 +43,16 @@ func WithMetricsHandler(h http.Handler) Option {
 // responses those produce.
 func WithHTTPMiddleware(mw func(http.Handler) http.Handler) Option {
 	return func(o *options) { o.httpMiddleware = append(o.httpMiddleware, mw) }
+}
+
+// WithHTTPErrorWriter makes the errors the server answers by itself on HTTP
+// (413 for a body over MaxRequestBodyBytes, 500 for a recovered panic, 503
+// for a HandleDrained request refused while draining) use a service's own
+// error body: write is called with the status and a message in place of
+// WriteError, so that a service whose protocol fixes its error body answers
+// every error in it.
+func WithHTTPErrorWriter(write func(w http.ResponseWriter, code int, message string)) Option {
+	return func(o *options) { o.httpError = write }
 }
 
 // WithGRPCListener serves gRPC on l instead of listening on Config.GRPCAddr.

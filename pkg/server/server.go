@@ -42,6 +42,8 @@ type Server struct {
 	health     *health.Server
 	mux        *http.ServeMux
 	httpServer *http.Server
+	// writeError answers the HTTP errors the server writes itself.
+	writeError func(w http.ResponseWriter, code int, message string)
 
 	// Listeners are handed over by options or bound by Run, which owns
 	// them either way.
@@ -105,11 +107,15 @@ func New(cfg Config, logger *slog.Logger, opts ...Option) (*Server, error) {
 		logger:       logger.With("server", cfg.Name),
 		health:       health.NewServer(),
 		mux:          http.NewServeMux(),
+		writeError:   WriteError,
 		grpcListener: o.grpcListener,
 		httpListener: o.httpListener,
 		grpcEnabled:  cfg.GRPCAddr != "" || o.grpcListener != nil,
 		httpEnabled:  cfg.HTTPAddr != "" || o.httpListener != nil,
 		ready:        make(chan struct{}),
+	}
+	if o.httpError != nil {
+		s.writeError = o.httpError
 	}
 	if !s.grpcEnabled && !s.httpEnabled {
 		return nil, fmt.Errorf("server %s: neither a gRPC nor an HTTP listener is configured", cfg.Name)

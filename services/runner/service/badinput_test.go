@@ -1,6 +1,8 @@
 package service_test
 
 import (
+	"encoding/json"
+	"io"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -132,5 +134,60 @@ func TestRateLimit(t *testing.T) {
 	var e errorBody
 	if code := r.do(t, "GET", "/api/v1/agent-types", nil, &e); code != http.StatusTooManyRequests || e.Error != "rate_limited" || e.HTTPStatus != 429 {
 		t.Fatalf("past the burst: %d %+v", code, e)
+	}
+}
+
+// TestBadRequests: whatever is wrong with a REST request itself (its size,
+// its Content-Type, its JSON, its path or its method), the answer is seed
+// 002's error body with a fitting status.
+func TestBadRequests(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a runner")
+	}
+	t.Parallel()
+	r := startRunner(t, nil)
+	launch := `{"task_id":"t","agent_type":"acp-normal","workspace_path":"` + r.workspace(t) + `"}`
+	// Valid JSON, and over the 1 MiB limit.
+	tooLarge := `{"task_id":"t","agent_type":"acp-normal","metadata":{"x":"` + strings.Repeat("x", 1<<20) + `"}}`
+	for _, tt := range []struct {
+		name, method, path, contentType string
+		body                            io.Reader
+		status                          int
+		code, message                   string
+	}{
+		{"a body over the limit", "POST", "/api/v1/agents/launch", "application/json", strings.NewReader(tooLarge), 413, "validation_error", "1048576"},
+		{"a body over the limit, chunked", "POST", "/api/v1/agents/launch", "application/json", io.MultiReader(strings.NewReader(tooLarge)), 413, "validation_error", "1048576"},
+		{"a body over the limit on an unknown path", "POST", "/api/v1/nope", "application/json", strings.NewReader(tooLarge), 413, "validation_error", "1048576"},
+		{"a wrong Content-Type", "POST", "/api/v1/agents/launch", "text/plain", strings.NewReader(launch), 415, "bad_request", "application/json"},
+		{"a form", "POST", "/api/v1/agents/x/cancel", "application/x-www-form-urlencoded", strings.NewReader("reason=x"), 415, "bad_request", "application/json"},
+		{"malformed JSON", "POST", "/api/v1/agents/launch", "application/json", strings.NewReader(`{"task_id":`), 400, "bad_request", ""},
+		{"JSON that is not an object", "POST", "/api/v1/agents/launch", "application/json", strings.NewReader(`["t"]`), 400, "bad_request", ""},
+		{"a field of the wrong type", "POST", "/api/v1/agents/launch", "application/json", strings.NewReader(`{"task_id":1}`), 400, "bad_request", ""},
+		{"an unknown path under the API", "GET", "/api/v1/nope", "", nil, 404, "not_found", "/api/v1/nope"},
+		{"an unknown path", "GET", "/nope", "", nil, 404, "not_found", "/nope"},
+		{"a wrong method", "PUT", "/api/v1/agents/launch", "application/json", strings.NewReader(launch), 405, "bad_request", "PUT"},
+		{"a wrong method on a GET route", "POST", "/api/v1/agent-types", "application/json", strings.NewReader(`{}`), 405, "bad_request", "POST"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			req, err := http.NewRequest(tt.method, r.base+tt.path, tt.body)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if tt.contentType != "" {
+				req.Header.Set("Content-Type", tt.contentType)
+			}
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer resp.Body.Close()
+			data, _ := io.ReadAll(resp.Body)
+			var e errorBody
+			if err := json.Unmarshal(data, &e); err != nil || resp.StatusCode != tt.status || e.HTTPStatus != tt.status || e.Error != tt.code ||
+				!strings.Contains(e.Message+" "+e.Details, tt.message) || resp.Header.Get("Content-Type") != "application/json" {
+				t.Fatalf("got %d %s %s; want %d with seed 002's body, error %s, mentioning %q",
+					resp.StatusCode, resp.Header.Get("Content-Type"), data, tt.status, tt.code, tt.message)
+			}
+		})
 	}
 }

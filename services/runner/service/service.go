@@ -173,6 +173,8 @@ func New(cfg Config, deps Deps, opts ...server.Option) (*Runner, error) {
 		server.WithGRPCOptions(grpcOpts...),
 		server.WithMetricsHandler(tel.MetricsHandler()),
 		server.WithHTTPMiddleware(func(h http.Handler) http.Handler { return tel.HTTPHandler(h, "runner") }),
+		// The server's own 413s and 500s in seed 002's body too.
+		server.WithHTTPErrorWriter(api.WriteHTTPError),
 	}, opts...)
 	srv, err := server.New(server.Config{
 		Name: "runner", GRPCAddr: string(cfg.GRPCAddr), HTTPAddr: string(cfg.HTTPAddr),
@@ -201,7 +203,9 @@ func New(cfg Config, deps Deps, opts ...server.Option) (*Runner, error) {
 		if err != nil {
 			return nil, err
 		}
-		srv.Handle("/api/v1/", rest)
+		// Every path but the server's own (health, metrics): an unknown
+		// one gets seed 002's 404 from the REST mux.
+		srv.Handle("/", rest)
 		srv.HandleStream(api.FollowPattern, rest)
 		srv.OnShutdown(func(context.Context) { _ = self.Close() })
 	}

@@ -5,9 +5,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 
 	sdk "github.com/coder/acp-go-sdk"
 
@@ -310,29 +312,31 @@ func (c *Client) handlePermission(_ context.Context, req *jsonrpc.Request) (any,
 	return cancel, nil
 }
 
-// MaxFileBytes bounds what fs/read_text_file returns and fs/write_text_file
-// writes.
-const MaxFileBytes = 8 << 20
-
 func (c *Client) handleReadFile(_ context.Context, req *jsonrpc.Request) (any, error) {
+	const method = "fs/read_text_file"
 	var p sdk.ReadTextFileRequest
 	if err := req.DecodeParams(&p); err != nil {
 		return nil, err
 	}
-	path, err := Confine(c.opts.Workspace, p.Path)
+	f, info, err := openInWorkspace(method, c.opts.Workspace, p.Path, os.O_RDONLY)
 	if err != nil {
-		return nil, &jsonrpc.Error{Code: jsonrpc.InvalidParams, Message: err.Error()}
+		return nil, err
 	}
-	info, err := os.Stat(path)
+	defer f.Close()
+	// The content goes back on one line, which the agent reads with a
+	// line limit of its own; ours is the nearest bound we know of.
+	limit := int64(c.opts.MaxLine)
+	tooLarge := &jsonrpc.Error{Code: jsonrpc.InvalidParams, Message: fmt.Sprintf("%s: %s is over the %d byte limit of a response line", method, p.Path, limit)}
+	if info.Size() > limit {
+		return nil, tooLarge
+	}
+	// The file may grow after fstat: the read is bounded all the same.
+	data, err := io.ReadAll(io.LimitReader(f, limit+1))
 	if err != nil {
-		return nil, &jsonrpc.Error{Code: jsonrpc.InvalidParams, Message: "fs/read_text_file: " + err.Error()}
+		return nil, &jsonrpc.Error{Code: jsonrpc.InternalError, Message: fmt.Sprintf("%s: %s: %v", method, p.Path, err)}
 	}
-	if info.Size() > MaxFileBytes {
-		return nil, &jsonrpc.Error{Code: jsonrpc.InvalidParams, Message: fmt.Sprintf("fs/read_text_file: %s is %d bytes, over the %d byte limit", p.Path, info.Size(), MaxFileBytes)}
-	}
-	data, err := os.ReadFile(path)
-	if err != nil {
-		return nil, &jsonrpc.Error{Code: jsonrpc.InternalError, Message: "fs/read_text_file: " + err.Error()}
+	if int64(len(data)) > limit {
+		return nil, tooLarge
 	}
 	content := string(data)
 	if p.Line != nil || p.Limit != nil {
@@ -350,61 +354,120 @@ func (c *Client) handleReadFile(_ context.Context, req *jsonrpc.Request) (any, e
 	return sdk.ReadTextFileResponse{Content: content}, nil
 }
 
+// handleWriteFile writes a file in the workspace. Its content came on one
+// line from the agent, so the line limit bounds it.
 func (c *Client) handleWriteFile(_ context.Context, req *jsonrpc.Request) (any, error) {
+	const method = "fs/write_text_file"
 	var p sdk.WriteTextFileRequest
 	if err := req.DecodeParams(&p); err != nil {
 		return nil, err
 	}
-	if len(p.Content) > MaxFileBytes {
-		return nil, &jsonrpc.Error{Code: jsonrpc.InvalidParams, Message: fmt.Sprintf("fs/write_text_file: content is %d bytes, over the %d byte limit", len(p.Content), MaxFileBytes)}
-	}
-	path, err := Confine(c.opts.Workspace, p.Path)
+	// No O_TRUNC: a file is emptied only once it is known to be a regular
+	// one.
+	f, _, err := openInWorkspace(method, c.opts.Workspace, p.Path, os.O_WRONLY|os.O_CREATE)
 	if err != nil {
-		return nil, &jsonrpc.Error{Code: jsonrpc.InvalidParams, Message: err.Error()}
+		return nil, err
 	}
-	if err := os.WriteFile(path, []byte(p.Content), 0o644); err != nil {
-		return nil, &jsonrpc.Error{Code: jsonrpc.InternalError, Message: "fs/write_text_file: " + err.Error()}
+	err = f.Truncate(0)
+	if err == nil {
+		_, err = io.WriteString(f, p.Content)
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return nil, &jsonrpc.Error{Code: jsonrpc.InternalError, Message: fmt.Sprintf("%s: %s: %v", method, p.Path, err)}
 	}
 	return sdk.WriteTextFileResponse{}, nil
 }
 
-// ErrOutsideRoot is wrapped by Confine's refusals.
-var ErrOutsideRoot = errors.New("path is outside the allowed directory")
+// ErrOutsideRoot is wrapped by workspaceRelative's refusals.
+var ErrOutsideRoot = errors.New("path is outside the workspace")
 
-// Confine resolves path, which must be absolute, and returns it if it lies
-// within root once symbolic links are followed: the path itself when it
-// exists, otherwise its parent directory (a file about to be written). An
-// empty root confines everything out.
-func Confine(root, path string) (string, error) {
-	if root == "" {
-		return "", fmt.Errorf("%s: %w: no workspace", path, ErrOutsideRoot)
+// workspaceRelative turns an agent's absolute path into one relative to the
+// workspace, as the workspace was given or with its symbolic links resolved
+// (an agent may have resolved them itself). Whether the file it names, once
+// links are followed, is inside is settled by os.Root when it is opened.
+func workspaceRelative(workspace, path string) (string, error) {
+	if workspace == "" {
+		return "", fmt.Errorf("%s: %w: there is no workspace", path, ErrOutsideRoot)
 	}
 	if !filepath.IsAbs(path) {
 		return "", fmt.Errorf("%q: the path must be absolute", path)
 	}
-	realRoot, err := filepath.EvalSymlinks(root)
-	if err != nil {
-		return "", fmt.Errorf("workspace %s: %w", root, err)
-	}
 	clean := filepath.Clean(path)
-	resolved, err := filepath.EvalSymlinks(clean)
-	if errors.Is(err, os.ErrNotExist) {
-		if info, lerr := os.Lstat(clean); lerr == nil && info.Mode()&os.ModeSymlink != 0 {
-			// A dangling link: writing through it would create its target,
-			// wherever that is.
-			return "", fmt.Errorf("%s: %w: a symbolic link to a missing file", path, ErrOutsideRoot)
+	roots := []string{workspace}
+	if real, err := filepath.EvalSymlinks(workspace); err == nil && real != workspace {
+		roots = append(roots, real)
+	}
+	for _, root := range roots {
+		if rel, err := filepath.Rel(root, clean); err == nil && filepath.IsLocal(rel) {
+			return rel, nil
 		}
-		var dir string
-		dir, err = filepath.EvalSymlinks(filepath.Dir(clean))
-		resolved = filepath.Join(dir, filepath.Base(clean))
 	}
+	return "", fmt.Errorf("%s: %w %s", path, ErrOutsideRoot, workspace)
+}
+
+// openInWorkspace opens path for an fs method through os.Root, which
+// resolves every component, symbolic links included, inside the workspace:
+// a component swapped for a link out of it while this runs does not lead
+// out. O_NONBLOCK keeps the open from waiting on a FIFO's other end, and the
+// opened file must be a regular one: a FIFO, socket or device would block or
+// never end, a directory has no text. Refusals are InvalidParams errors
+// naming the path and the reason.
+func openInWorkspace(method, workspace, path string, flag int) (*os.File, os.FileInfo, error) {
+	refuse := func(reason string) error {
+		return &jsonrpc.Error{Code: jsonrpc.InvalidParams, Message: fmt.Sprintf("%s: %s: %s", method, path, reason)}
+	}
+	rel, err := workspaceRelative(workspace, path)
 	if err != nil {
-		return "", fmt.Errorf("%s: %w", path, err)
+		return nil, nil, &jsonrpc.Error{Code: jsonrpc.InvalidParams, Message: method + ": " + err.Error()}
 	}
-	if !Within(realRoot, resolved) {
-		return "", fmt.Errorf("%s: %w %s", path, ErrOutsideRoot, root)
+	root, err := os.OpenRoot(workspace)
+	if err != nil {
+		return nil, nil, &jsonrpc.Error{Code: jsonrpc.InternalError, Message: fmt.Sprintf("%s: workspace %s: %v", method, workspace, err)}
 	}
-	return resolved, nil
+	defer root.Close()
+	f, err := root.OpenFile(rel, flag|syscall.O_NONBLOCK|syscall.O_NOCTTY, 0o644)
+	switch {
+	case errors.Is(err, syscall.ENXIO):
+		// A FIFO opened for writing with no reader, or a socket.
+		return nil, nil, refuse("not a regular file (a FIFO, socket or device)")
+	case errors.Is(err, syscall.EISDIR):
+		return nil, nil, refuse("not a regular file (a directory)")
+	case err != nil:
+		var pe *os.PathError
+		if errors.As(err, &pe) {
+			// os.Root's refusal of a link out reads "path escapes from
+			// parent".
+			return nil, nil, refuse(pe.Err.Error())
+		}
+		return nil, nil, refuse(err.Error())
+	}
+	info, err := f.Stat()
+	if err != nil {
+		f.Close()
+		return nil, nil, &jsonrpc.Error{Code: jsonrpc.InternalError, Message: fmt.Sprintf("%s: %s: %v", method, path, err)}
+	}
+	if !info.Mode().IsRegular() {
+		f.Close()
+		return nil, nil, refuse("not a regular file (" + fileKind(info.Mode()) + ")")
+	}
+	return f, info, nil
+}
+
+func fileKind(m os.FileMode) string {
+	switch {
+	case m.IsDir():
+		return "a directory"
+	case m&os.ModeNamedPipe != 0:
+		return "a FIFO"
+	case m&os.ModeSocket != 0:
+		return "a socket"
+	case m&os.ModeDevice != 0:
+		return "a device"
+	}
+	return "mode " + m.Type().String()
 }
 
 // Within reports whether path is root or below it; both must be clean.

@@ -74,18 +74,19 @@ func (f *lineFilter) ReadMessage(context.Context) ([]byte, error) {
 		if len(line) == 0 {
 			continue
 		}
-		if kind := classify(line); kind != lineJSONRPC {
-			switch kind {
-			case lineNotUTF8:
-				f.drop(DropNotUTF8, line)
-			case lineNotJSON:
-				f.drop(DropNotJSON, line)
-			case lineLegacy:
-				f.legacy(line)
-			}
+		kind, members := classify(line)
+		switch kind {
+		case lineNotUTF8:
+			f.drop(DropNotUTF8, line)
+			continue
+		case lineNotJSON:
+			f.drop(DropNotJSON, line)
+			continue
+		case lineLegacy:
+			f.legacy(line)
 			continue
 		}
-		if line[0] == '{' && !bytes.Contains(line, []byte(`"method"`)) && !f.expected(line) {
+		if members.isResponse() && !f.expected(string(members.id)) {
 			f.drop(DropUnknownResponse, line)
 			continue
 		}
@@ -93,23 +94,9 @@ func (f *lineFilter) ReadMessage(context.Context) ([]byte, error) {
 	}
 }
 
-// messageID returns the id member of a JSON-RPC object, as its JSON text.
-func messageID(frame []byte) string {
-	var id []byte
-	_ = eachMember(frame, func(k, v []byte) bool {
-		if string(k) == "id" {
-			id = v
-			return false
-		}
-		return true
-	})
-	return string(id)
-}
-
-// expected reports whether a response answers one of our requests, and
-// forgets the request.
-func (f *lineFilter) expected(response []byte) bool {
-	id := messageID(response)
+// expected reports whether a response, by its id's JSON text, answers one
+// of our requests, and forgets the request.
+func (f *lineFilter) expected(id string) bool {
 	f.idMu.Lock()
 	defer f.idMu.Unlock()
 	if _, ok := f.sent[id]; ok {
@@ -130,23 +117,67 @@ const (
 	lineLegacy
 )
 
-// classify sorts a line cheaply: the JSON-RPC path (every notification in
-// a stream) costs a UTF-8 scan and a substring search; full validation is
-// the connection's, which answers malformed JSON with ParseError.
-func classify(line []byte) lineKind {
-	if !utf8.Valid(line) {
-		return lineNotUTF8
-	}
-	if line[0] != '{' && line[0] != '[' {
-		return lineNotJSON
-	}
-	if line[0] == '{' && !bytes.Contains(line, []byte(`"jsonrpc"`)) {
-		if !json.Valid(line) {
-			return lineNotJSON
+// topLevel is what the line filter needs of a line's top-level members,
+// read by their exact names as pkg/jsonrpc reads them: a member of that name
+// nested anywhere else, or the text inside a string, does not count.
+type topLevel struct {
+	jsonrpc, method, resultOrError bool
+	// id is the id member's JSON text, nil without one.
+	id []byte
+}
+
+// isResponse: a JSON-RPC response, which must answer one of our requests.
+// A message with neither a method nor a result is left to the connection,
+// which answers it as an Invalid Request.
+func (t topLevel) isResponse() bool { return t.jsonrpc && !t.method && t.resultOrError }
+
+// readTopLevel walks the members of the object b. With untilMethod it stops
+// once b is known to be a JSON-RPC request or notification, which for a
+// notification (the stream's bulk, sent "jsonrpc" and "method" first by
+// every SDK) is after two members rather than the whole line.
+func readTopLevel(b []byte, untilMethod bool) (topLevel, error) {
+	var t topLevel
+	err := eachMember(b, func(k, v []byte) bool {
+		switch string(k) {
+		case "jsonrpc":
+			t.jsonrpc = true
+		case "method":
+			t.method = true
+		case "id":
+			t.id = v
+		case "result", "error":
+			t.resultOrError = true
 		}
-		return lineLegacy
+		return !(untilMethod && t.jsonrpc && t.method)
+	})
+	return t, err
+}
+
+// classify sorts a line by its top-level members: an object with a
+// "jsonrpc" member is JSON-RPC, any other JSON object seed 002's legacy
+// format (whatever its data contains), a batch JSON-RPC. The JSON-RPC path
+// costs a UTF-8 scan and a walk over the first members; full validation is
+// the connection's, which answers malformed JSON with ParseError.
+func classify(line []byte) (lineKind, topLevel) {
+	if !utf8.Valid(line) {
+		return lineNotUTF8, topLevel{}
 	}
-	return lineJSONRPC
+	switch line[0] {
+	case '[':
+		return lineJSONRPC, topLevel{}
+	case '{':
+	default:
+		return lineNotJSON, topLevel{}
+	}
+	t, err := readTopLevel(line, true)
+	switch {
+	case t.jsonrpc:
+		// Even when malformed further on: the connection answers it.
+		return lineJSONRPC, t
+	case err != nil || !json.Valid(line):
+		return lineNotJSON, t
+	}
+	return lineLegacy, t
 }
 
 // readLine returns the next line, or tooLong once it has skipped a line
@@ -188,10 +219,10 @@ func (f *lineFilter) readLine() (line []byte, tooLong bool, err error) {
 }
 
 func (f *lineFilter) WriteMessage(_ context.Context, data []byte) error {
-	if len(data) > 0 && data[0] == '{' && bytes.Contains(data, []byte(`"method"`)) {
-		if id := messageID(data); id != "" {
+	if len(data) > 0 && data[0] == '{' {
+		if t, err := readTopLevel(data, false); err == nil && t.method && t.id != nil {
 			f.idMu.Lock()
-			f.sent[id] = struct{}{}
+			f.sent[string(t.id)] = struct{}{}
 			f.idMu.Unlock()
 		}
 	}

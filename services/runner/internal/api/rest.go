@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"mime"
 	"net/http"
 	"strconv"
 
@@ -60,32 +61,91 @@ func errorBody(err error) ErrorBody {
 }
 
 func writeError(w http.ResponseWriter, err error) {
-	body := errorBody(err)
+	writeBody(w, errorBody(err))
+}
+
+func writeBody(w http.ResponseWriter, body ErrorBody) {
 	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("X-Content-Type-Options", "nosniff")
 	w.WriteHeader(body.HTTPStatus)
 	_ = json.NewEncoder(w).Encode(body)
 }
 
+// WriteHTTPError answers, in seed 002's body, the errors pkg/server writes
+// itself (server.WithHTTPErrorWriter): 413 for a body over the limit is a
+// validation_error (the request breaks a stated limit, like an oversized
+// env), a recovered panic an internal_error.
+func WriteHTTPError(w http.ResponseWriter, status int, message string) {
+	body := ErrorBody{Error: CodeBadRequest, Message: message, HTTPStatus: status}
+	switch {
+	case status == http.StatusRequestEntityTooLarge:
+		body.Error, body.Details = CodeValidation, "send a smaller request body"
+	case status == http.StatusNotFound:
+		body.Error = CodeNotFound
+	case status >= 500:
+		body.Error = CodeInternal
+	}
+	writeBody(w, body)
+}
+
+// watchedBody notes that reading the request body hit the server's size
+// limit, which grpc-gateway reports only as a 400 carrying the error's text.
+type watchedBody struct {
+	io.ReadCloser
+	tooLarge *http.MaxBytesError
+}
+
+func (b *watchedBody) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	if e, ok := errors.AsType[*http.MaxBytesError](err); ok {
+		b.tooLarge = e
+	}
+	return n, err
+}
+
+func bodyTooLarge(r *http.Request) (*http.MaxBytesError, bool) {
+	if b, ok := r.Body.(*watchedBody); ok && b.tooLarge != nil {
+		return b.tooLarge, true
+	}
+	return nil, false
+}
+
+// jsonBody reports whether a request's body, if it has one, is declared as
+// JSON. A body without a Content-Type is taken as JSON.
+func jsonBody(r *http.Request) bool {
+	ct := r.Header.Get("Content-Type")
+	if r.ContentLength == 0 || ct == "" {
+		return true
+	}
+	mediaType, _, err := mime.ParseMediaType(ct)
+	return err == nil && mediaType == "application/json"
+}
+
 // NewREST serves the API as REST through grpc-gateway over conn (the
 // runner's own gRPC listener, so REST passes the same authentication and
-// tracing), with seed 002's error bodies, and logs?follow=true as
-// newline-delimited JSON LogLines.
+// tracing), with seed 002's error bodies for every error (a body over the
+// server's limit, a Content-Type other than JSON, malformed JSON, an unknown
+// path, a wrong method), and logs?follow=true as newline-delimited JSON
+// LogLines.
 func NewREST(ctx context.Context, conn grpc.ClientConnInterface) (http.Handler, error) {
 	mux := runtime.NewServeMux(
 		runtime.WithMarshalerOption(runtime.MIMEWildcard, &runtime.JSONPb{MarshalOptions: marshal}),
-		runtime.WithErrorHandler(func(_ context.Context, _ *runtime.ServeMux, _ runtime.Marshaler, w http.ResponseWriter, _ *http.Request, err error) {
+		runtime.WithErrorHandler(func(_ context.Context, _ *runtime.ServeMux, _ runtime.Marshaler, w http.ResponseWriter, r *http.Request, err error) {
+			if e, ok := bodyTooLarge(r); ok {
+				WriteHTTPError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("request body exceeds %d bytes", e.Limit))
+				return
+			}
 			writeError(w, err)
 		}),
 		runtime.WithRoutingErrorHandler(func(_ context.Context, _ *runtime.ServeMux, _ runtime.Marshaler, w http.ResponseWriter, r *http.Request, code int) {
-			c := codes.NotFound
-			msg := "no such endpoint: " + r.Method + " " + r.URL.Path
+			body := ErrorBody{Error: CodeNotFound, Message: "no such endpoint: " + r.Method + " " + r.URL.Path, HTTPStatus: http.StatusNotFound}
 			switch code {
 			case http.StatusMethodNotAllowed:
-				c, msg = codes.Unimplemented, "method "+r.Method+" is not allowed on "+r.URL.Path
+				body = ErrorBody{Error: CodeBadRequest, Message: "method " + r.Method + " is not allowed on " + r.URL.Path, HTTPStatus: code}
 			case http.StatusBadRequest:
-				c, msg = codes.InvalidArgument, "malformed request"
+				body = ErrorBody{Error: CodeBadRequest, Message: "malformed request", HTTPStatus: code}
 			}
-			writeError(w, status.Error(c, msg))
+			writeBody(w, body)
 		}),
 	)
 	client := runnerv1.NewRunnerServiceClient(conn)
@@ -96,6 +156,17 @@ func NewREST(ctx context.Context, conn grpc.ClientConnInterface) (http.Handler, 
 		if r.Method == http.MethodGet && r.URL.Query().Get("follow") == "true" && r.PathValue("instance_id") != "" {
 			serveFollow(w, r, client)
 			return
+		}
+		switch r.Method {
+		case http.MethodPost, http.MethodPut, http.MethodPatch:
+			if !jsonBody(r) {
+				writeBody(w, ErrorBody{Error: CodeBadRequest, HTTPStatus: http.StatusUnsupportedMediaType,
+					Message: fmt.Sprintf("Content-Type %q is not supported", r.Header.Get("Content-Type")), Details: "send application/json"})
+				return
+			}
+		}
+		if r.Body != nil && r.Body != http.NoBody {
+			r.Body = &watchedBody{ReadCloser: r.Body}
 		}
 		mux.ServeHTTP(w, r)
 	}), nil
