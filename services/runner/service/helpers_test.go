@@ -80,6 +80,14 @@ func agentTypes(t *testing.T) string {
 	node := filepath.Join(repoRoot, "node_modules", ".bin", "node")
 	example := filepath.Join(repoRoot, "node_modules", "@agentclientprotocol", "sdk", "dist", "examples", "agent.js")
 	fmt.Fprintf(&b, "  - id: npm-example\n    name: the example agent of @agentclientprotocol/sdk\n    command: [%q, %q]\n    protocol: acp\n    permission: allow\n    enabled: true\n    timeout: 60s\n", node, example)
+	tools := filepath.Join(repoRoot, "examples", "tool-agents", "agents")
+	slow := filepath.Join(t.TempDir(), "slow.sh")
+	if err := os.WriteFile(slow, []byte("echo sleeping >&2\nexec sleep 60\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	fmt.Fprintf(&b, "  - id: oneshot-labels\n    command: [python3, %q]\n    protocol: oneshot\n    args: {issue_number: --issue, repo_name: --repo}\n    enabled: true\n    timeout: 30s\n", filepath.Join(tools, "stdin_agent.py"))
+	fmt.Fprintf(&b, "  - id: oneshot-fails\n    command: [python3, %q]\n    protocol: oneshot\n    enabled: true\n    timeout: 30s\n", filepath.Join(tools, "failing_agent.py"))
+	fmt.Fprintf(&b, "  - id: oneshot-slow\n    command: [/bin/sh, %q]\n    protocol: oneshot\n    enabled: true\n    timeout: 90s\n", slow)
 	fmt.Fprintf(&b, "  - id: needs-env\n    command: [%q]\n    required_env: [API_KEY]\n    enabled: true\n", agentBin)
 	path := filepath.Join(t.TempDir(), "agent-types.yaml")
 	if err := os.WriteFile(path, []byte(b.String()), 0o644); err != nil {

@@ -441,3 +441,45 @@ func TestResumeDoesNotRepublishHistory(t *testing.T) {
 		}
 	}
 }
+
+// TestOneshot runs the bridge's example tool agents (seed 000's hybrid
+// protocol) as oneshot agent types: a process per prompt, the prompt's JSON
+// as their parameters, their one JSON object as the turn's result.
+func TestOneshot(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs agent processes")
+	}
+	t.Parallel()
+	r := startRunner(t, nil)
+	t.Run("answers", func(t *testing.T) {
+		t.Parallel()
+		in := r.launch(t, "oneshot-labels", r.workspace(t), map[string]string{"TASK_DESCRIPTION": `{"repo_name": "acme/docs", "issue_number": 4}`})
+		if st := r.waitStatus(t, in.ID, "completed", "failed", "stopped"); st.Status != "completed" || st.ContainerID != "oneshot" {
+			t.Fatalf("first prompt: %+v; logs %+v", st, r.logs(t, in.ID))
+		}
+		r.waitLog(t, in.ID, `"documentation"`)
+		r.prompt(t, in.ID, `{"repo_name": "acme/tools", "issue_number": 3}`)
+		r.waitLog(t, in.ID, `"enhancement"`)
+		if st := r.waitStatus(t, in.ID, "completed", "failed", "stopped"); st.Status != "completed" {
+			t.Fatalf("second prompt: %+v", st)
+		}
+	})
+	t.Run("agent-side error", func(t *testing.T) {
+		t.Parallel()
+		in := r.launch(t, "oneshot-fails", r.workspace(t), map[string]string{"TASK_DESCRIPTION": `{"reason": "boom"}`})
+		if st := r.waitStatus(t, in.ID, "completed", "failed", "stopped"); st.Status != "failed" {
+			t.Fatalf("status %+v", st)
+		}
+		r.waitLog(t, in.ID, "giving up: boom")
+		r.waitLog(t, in.ID, "Unexpected error: boom")
+	})
+	t.Run("cancel kills the run", func(t *testing.T) {
+		t.Parallel()
+		in := r.launch(t, "oneshot-slow", r.workspace(t), map[string]string{"TASK_DESCRIPTION": "wait"})
+		r.waitLog(t, in.ID, "sleeping")
+		r.do(t, "POST", "/api/v1/agents/"+in.ID+"/cancel", map[string]string{"reason": "enough"}, nil)
+		if st := r.waitStatus(t, in.ID, "stopped", "failed", "completed"); st.Status != "stopped" {
+			t.Fatalf("after cancel: %+v; logs %+v", st, r.logs(t, in.ID))
+		}
+	})
+}

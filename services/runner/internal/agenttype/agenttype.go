@@ -11,6 +11,7 @@ import (
 	"os"
 	"regexp"
 	"sort"
+	"strings"
 	"time"
 
 	"go.yaml.in/yaml/v3"
@@ -28,6 +29,11 @@ const (
 	// ProtocolLegacy is seed 002's pre-JSON-RPC line format: the agent is
 	// given no requests and reports with {"type": ...} lines.
 	ProtocolLegacy = "legacy"
+	// ProtocolOneshot is seed 000's hybrid protocol (pkg/hybrid), as the
+	// bridge runs it: a process per prompt, the prompt's parameters as
+	// command-line flags (Args) and JSON on stdin, one JSON object on
+	// stdout.
+	ProtocolOneshot = "oneshot"
 )
 
 // Permission policies answer an ACP agent's session/request_permission.
@@ -57,6 +63,11 @@ type Type struct {
 	// Permission answers session/request_permission (ACP): allow, deny or
 	// allow_always; default deny.
 	Permission string `yaml:"permission"`
+	// Args maps a oneshot agent's parameters to command-line flags
+	// (issue_number: --issue), as the bridge's config.yaml does.
+	Args map[string]string `yaml:"args"`
+	// MaxStdoutBytes bounds a oneshot agent's output (default 10 MiB).
+	MaxStdoutBytes int64 `yaml:"max_stdout_bytes"`
 }
 
 var idPattern = regexp.MustCompile(`^[a-z0-9][a-z0-9._-]{0,62}$`)
@@ -75,8 +86,23 @@ func (t Type) Validate() error {
 	}
 	switch t.Protocol {
 	case ProtocolDetect, ProtocolACP, ProtocolKandev, ProtocolLegacy:
+		if len(t.Args) > 0 || t.MaxStdoutBytes != 0 {
+			return fmt.Errorf("agent type %s: args and max_stdout_bytes are for protocol oneshot only", t.ID)
+		}
+	case ProtocolOneshot:
+		if t.Enabled && (len(t.Command) < 1 || len(t.Command) > 2) {
+			return fmt.Errorf("agent type %s: a oneshot agent's command is [script] or [interpreter, script] (it runs on the local executor only)", t.ID)
+		}
+		if t.MaxStdoutBytes < 0 {
+			return fmt.Errorf("agent type %s: negative max_stdout_bytes", t.ID)
+		}
+		for param, flag := range t.Args {
+			if param == "" || !strings.HasPrefix(flag, "-") {
+				return fmt.Errorf("agent type %s: args %q: %q must be a flag starting with '-'", t.ID, param, flag)
+			}
+		}
 	default:
-		return fmt.Errorf("agent type %s: protocol %q is not one of acp, kandev, legacy (or empty to detect)", t.ID, t.Protocol)
+		return fmt.Errorf("agent type %s: protocol %q is not one of acp, kandev, legacy, oneshot (or empty to detect)", t.ID, t.Protocol)
 	}
 	switch t.Permission {
 	case "", PermissionAllow, PermissionDeny, PermissionAllowAlways:

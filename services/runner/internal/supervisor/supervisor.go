@@ -493,8 +493,10 @@ type session struct {
 	statusWrites sync.WaitGroup
 
 	mu     sync.Mutex
-	client *acp.Client
+	client conversation
 	proc   executor.Process
+	// halt ends a oneshot conversation's run in progress (it has no proc).
+	halt func()
 	// stopStart aborts an executor's Start in progress.
 	stopStart context.CancelFunc
 	// turning: a prompt is accepted (or being accepted) and its turn has not
@@ -599,13 +601,16 @@ func (ss *session) cancel(reason string) {
 // kill ends the process group, once; the first reason is the one recorded.
 func (ss *session) kill(kind stopKind, reason string) {
 	ss.mu.Lock()
-	proc, stopStart := ss.proc, ss.stopStart
+	proc, stopStart, halt := ss.proc, ss.stopStart, ss.halt
 	if ss.killed == "" {
 		ss.killKind, ss.killed = kind, reason
 	}
 	ss.mu.Unlock()
 	if stopStart != nil {
 		stopStart()
+	}
+	if halt != nil {
+		halt()
 	}
 	if proc != nil {
 		_ = proc.Kill()
@@ -770,10 +775,6 @@ func (ss *session) run(ctx context.Context, in *records.Instance) error {
 	ss.mu.Lock()
 	ss.stopStart = stopStart
 	ss.mu.Unlock()
-	if kind, why := ss.killedWhy(); kind != stopNone {
-		// Cancelled or deleted as it was claimed.
-		return ss.end(ctx, nil, "", "", nil, kind, why)
-	}
 	stopWatch := make(chan struct{})
 	defer close(stopWatch)
 	go func() {
@@ -783,6 +784,13 @@ func (ss *session) run(ctx context.Context, in *records.Instance) error {
 		case <-stopWatch:
 		}
 	}()
+	if kind, why := ss.killedWhy(); kind != stopNone {
+		// Cancelled or deleted as it was claimed.
+		return ss.end(ctx, nil, "", "", nil, kind, why)
+	}
+	if typ.Protocol == agenttype.ProtocolOneshot {
+		return ss.runOneshot(ctx, typ, env)
+	}
 	proc, err := o.Executor.Start(startCtx, executor.Spec{InstanceID: ss.launch.ID, TaskID: ss.launch.TaskID, Type: typ, Workspace: ss.launch.Workspace, Env: env}, stderr)
 	if err != nil {
 		if kind, why := ss.killedWhy(); kind != stopNone {
@@ -898,9 +906,8 @@ func firstNonEmpty(ss ...string) string {
 	return ""
 }
 
-// drive runs the protocol: handshake, the launch's pending turn, then
-// further prompts until the agent goes idle for too long or exits. It
-// returns an outcome and, for a failure, why.
+// drive runs the protocol: the handshake, then the conversation. It returns
+// an outcome and, for a failure, why.
 func (ss *session) drive(ctx context.Context, client *acp.Client) (outcome, reason string) {
 	o := ss.s.o
 	hs, cancel := context.WithTimeout(ctx, o.ProtocolTimeout)
@@ -926,21 +933,6 @@ func (ss *session) drive(ctx context.Context, client *acp.Client) (outcome, reas
 	sessionUp := func(in *records.Instance) {
 		in.Status, in.SessionID, in.Dialect, in.ContainerID = records.StatusRunning, sessionID, client.Dialect(), containerID
 	}
-	launch := ss.launch
-	pending := launch.PendingTurn() || client.Dialect() == acp.DialectLegacy
-	if pending && launch.CancelTurn == launch.Turn && launch.Turn > 0 {
-		// Cancelled while its runner was gone.
-		ss.setStatus(ctx, func(in *records.Instance) {
-			sessionUp(in)
-			in.Status, in.TurnDone, in.Prompt, in.CancelTurn = records.StatusStopped, in.Turn, "", 0
-			if in.FinishedAt.IsZero() {
-				in.FinishedAt = time.Now().UTC()
-			}
-		})
-		pending = false
-	} else if !pending {
-		ss.setStatus(ctx, sessionUp)
-	}
 	if sessionID != "" {
 		// Beside the first turn rather than before it: the session id is for
 		// resuming later, and the turn should not wait on the write.
@@ -958,6 +950,30 @@ func (ss *session) drive(ctx context.Context, client *acp.Client) (outcome, reas
 				ss.s.log.WarnContext(ctx, "runner: recording the session on the task", "task_id", ss.launch.TaskID, "error", err)
 			}
 		}()
+	}
+	return ss.converse(ctx, client, sessionUp, client.Dialect() == acp.DialectLegacy)
+}
+
+// converse runs the launch's pending turn (a legacy agent's run is always
+// one), then further prompts until the agent goes idle for too long or
+// goes away. sessionUp adds the session's fields to the first status
+// write.
+func (ss *session) converse(ctx context.Context, client conversation, sessionUp func(in *records.Instance), legacy bool) (outcome, reason string) {
+	o := ss.s.o
+	launch := ss.launch
+	pending := launch.PendingTurn() || legacy
+	if pending && launch.CancelTurn == launch.Turn && launch.Turn > 0 {
+		// Cancelled while its runner was gone.
+		ss.setStatus(ctx, func(in *records.Instance) {
+			sessionUp(in)
+			in.Status, in.TurnDone, in.Prompt, in.CancelTurn = records.StatusStopped, in.Turn, "", 0
+			if in.FinishedAt.IsZero() {
+				in.FinishedAt = time.Now().UTC()
+			}
+		})
+		pending = false
+	} else if !pending {
+		ss.setStatus(ctx, sessionUp)
 	}
 	o.Metrics.Launch("started")
 
@@ -1014,7 +1030,7 @@ func protocolFailure(method string, err error, timeout time.Duration) string {
 // ends the launch: the agent is gone. start, if not nil, is written beside
 // the turn's start (the launch's first turn); a later prompt's start was
 // written when it was accepted.
-func (ss *session) turn(ctx context.Context, client *acp.Client, p pendingPrompt, start func(in *records.Instance)) (outcome, reason string) {
+func (ss *session) turn(ctx context.Context, client conversation, p pendingPrompt, start func(in *records.Instance)) (outcome, reason string) {
 	if start != nil {
 		// The client waits on the agent's first update, not on this write:
 		// the prompt goes out while it commits.
