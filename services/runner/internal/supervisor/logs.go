@@ -90,13 +90,19 @@ type instanceLog struct {
 }
 
 func (b *logBook) open(ctx context.Context, instanceID string) *instanceLog {
-	// A new launch of the same instance appends after what is stored.
-	_, newest, err := b.rec.TailLogs(ctx, instanceID, 1)
-	if err != nil {
-		b.log.WarnContext(ctx, "runner: reading the log's last chunk", "instance_id", instanceID, "error", err)
-	}
-	l := &instanceLog{book: b, instanceID: instanceID, seq: newest + 1, lines: make(chan records.LogLine, 4096), done: make(chan struct{})}
-	go l.run()
+	l := &instanceLog{book: b, instanceID: instanceID, lines: make(chan records.LogLine, 4096), done: make(chan struct{})}
+	go func() {
+		// A new launch of the same instance appends after what is stored;
+		// the read is off the launch's path, lines wait for it in l.lines.
+		_, newest, err := b.rec.TailLogs(context.WithoutCancel(ctx), instanceID, 1)
+		if err != nil {
+			b.log.WarnContext(ctx, "runner: reading the log's last chunk", "instance_id", instanceID, "error", err)
+		}
+		l.seqMu.Lock()
+		l.seq = newest + 1
+		l.seqMu.Unlock()
+		l.run()
+	}()
 	return l
 }
 
