@@ -73,6 +73,9 @@ func (r *testRunner) follow(t *testing.T, id string, tail int) <-chan logLine {
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 	req, _ := http.NewRequestWithContext(ctx, "GET", r.base+"/api/v1/agents/"+id+"/logs?follow=true&tail="+strconv.Itoa(tail), nil)
+	if r.token != "" {
+		req.Header.Set("Authorization", "Bearer "+r.token)
+	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatal(err)
@@ -124,14 +127,17 @@ func processGone(t *testing.T, containerID string) bool {
 // agents: a prompt to an idle session runs in the same process, a cancel
 // stops the turn without killing the agent, a follow sees lines as the
 // agent logs them, a delete kills the agent. A call marked as forwarded is
-// not forwarded again.
+// not forwarded again. Tokens are required: the caller's goes with the
+// forwarded call.
 func TestReplicasForward(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs agent processes")
 	}
 	t.Parallel()
-	cfg, st, q := sharedState(t, nil)
+	const token = "replica-test-token"
+	cfg, st, q := sharedState(t, map[string]string{"CONCLAVE_RUNNER_CLIENT_TOKENS": token, "CONCLAVE_RUNNER_ALLOW_UNAUTHENTICATED": "false"})
 	a, _ := runOn(t, cfg, st, q, nil)
+	a.token = token
 	idle := a.launch(t, "acp-normal", a.workspace(t), map[string]string{"TASK_DESCRIPTION": "first"})
 	firstTurn := a.waitStatus(t, idle.ID, "completed", "failed", "stopped")
 	if firstTurn.Status != "completed" {
@@ -143,6 +149,7 @@ func TestReplicasForward(t *testing.T) {
 	// Started once both launches are claimed by A: B's workers find the
 	// queue empty.
 	b, _ := runOn(t, cfg, st, q, nil)
+	b.token = token
 	forwardedCancels := func() float64 {
 		return metricstest.Scrape(t, b.base+"/metrics").Value("conclave_runner_forwarded_requests_total", "method", "cancel", "outcome", "ok")
 	}
@@ -166,7 +173,7 @@ func TestReplicasForward(t *testing.T) {
 		defer conn.Close()
 		client := runnerv1.NewRunnerServiceClient(conn)
 		before := forwardedCancels()
-		ctx := metadata.AppendToOutgoingContext(context.Background(), api.ForwardedKey, "1")
+		ctx := metadata.AppendToOutgoingContext(context.Background(), api.ForwardedKey, "1", "authorization", "Bearer "+token)
 		_, err = client.CancelAgent(ctx, &runnerv1.CancelAgentRequest{InstanceId: slow.ID, Reason: "looped"})
 		st := status.Convert(err)
 		var reason string
