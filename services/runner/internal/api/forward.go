@@ -11,6 +11,7 @@ import (
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
@@ -87,6 +88,20 @@ func (o *Owners) client(addr string) (runnerv1.RunnerServiceClient, error) {
 	return runnerv1.NewRunnerServiceClient(conn), nil
 }
 
+// forget closes the connection to addr unless it is connected: after a
+// call that got no answer, one that is not is failing to connect (its
+// replica is gone). Replicas that come and go so leave no connections
+// behind; a later forward to the address dials again. A connection that
+// is up (a slow owner) is kept for the calls it carries.
+func (o *Owners) forget(addr string) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if conn, ok := o.conns[addr]; ok && conn.GetState() != connectivity.Ready {
+		delete(o.conns, addr)
+		_ = conn.Close()
+	}
+}
+
 // Close closes every connection; later forwards fail as unreachable.
 func (o *Owners) Close() error {
 	o.mu.Lock()
@@ -158,8 +173,11 @@ func forward[Resp any](ctx context.Context, o *Owners, method, owner string, cal
 	case ctx.Err() != nil:
 		// The caller left; nothing to fall back for.
 		return zero, status.FromContextError(ctx.Err()).Err()
-	case (code == codes.Unavailable || code == codes.DeadlineExceeded) && !answered(err):
+	case (code == codes.Unavailable || code == codes.DeadlineExceeded || code == codes.Canceled) && !answered(err):
+		// Canceled, the caller being still there: the connection was
+		// closed under the call, by forget or Close.
 		o.metrics.Forwarded(method, ForwardUnreachable)
+		o.forget(owner)
 		o.log.WarnContext(ctx, "runner: the replica running an instance's agent did not answer", "method", method, "owner", owner, "error", err)
 		return zero, &unreachableError{owner: owner, err: err}
 	default:

@@ -3,11 +3,18 @@ package api
 import (
 	"context"
 	"errors"
+	"log/slog"
+	"net"
 	"testing"
+	"time"
 
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
+
+	runnerv1 "github.com/conclave-ai/conclave/proto/conclave/runner/v1"
 )
 
 // An error the owner sent (with the runner's ErrorInfo) is its answer, to
@@ -49,5 +56,43 @@ func TestOutgoing(t *testing.T) {
 	}
 	if forwarded(context.Background()) || !forwarded(metadata.NewIncomingContext(context.Background(), out)) {
 		t.Error("forwarded() does not read the mark")
+	}
+}
+
+type countedForwards map[string]int
+
+func (c countedForwards) Forwarded(method, outcome string) { c[method+" "+outcome]++ }
+
+// A forward to an address nothing listens on is unreachable, counted, and
+// leaves no connection behind.
+func TestForwardToNobody(t *testing.T) {
+	t.Parallel()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close()
+	counts := countedForwards{}
+	o := NewOwners(5*time.Second, counts, slog.New(slog.DiscardHandler), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	defer o.Close()
+	_, err = forward(context.Background(), o, ForwardCancel, addr, func(ctx context.Context, c runnerv1.RunnerServiceClient) (*runnerv1.CancelAgentResponse, error) {
+		return c.CancelAgent(ctx, &runnerv1.CancelAgentRequest{InstanceId: "x"})
+	})
+	if u := (*unreachableError)(nil); !errors.As(err, &u) || u.owner != addr {
+		t.Fatalf("forward to nobody: %v, want unreachable %s", err, addr)
+	}
+	if counts[ForwardCancel+" "+ForwardUnreachable] != 1 {
+		t.Errorf("counted %v", counts)
+	}
+	o.mu.Lock()
+	left := len(o.conns)
+	o.mu.Unlock()
+	if left != 0 {
+		t.Errorf("%d connections kept to a replica that is gone", left)
+	}
+	o.Close()
+	if _, err := o.client(addr); !errors.Is(err, errOwnersClosed) {
+		t.Errorf("client after Close: %v", err)
 	}
 }
