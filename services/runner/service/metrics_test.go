@@ -17,7 +17,8 @@ func TestMetrics(t *testing.T) {
 		t.Skip("runs agent processes")
 	}
 	t.Parallel()
-	r := startRunner(t, nil)
+	cfg, st, q := sharedState(t, nil)
+	r, _ := runOn(t, cfg, st, q, nil)
 	scrape := func() metricstest.Families { return metricstest.Scrape(t, r.base+"/metrics") }
 	tested := map[string]bool{}
 
@@ -27,6 +28,20 @@ func TestMetrics(t *testing.T) {
 		t.Errorf("running_agents = %v with one agent running", v)
 	}
 	tested["conclave_runner_running_agents"] = true
+	// A replica started now (the agent's launch is claimed) forwards
+	// requests for it to r; it is stopped before anything else is
+	// launched, so that r claims every later launch.
+	other, stopOther := runOn(t, cfg, st, q, nil)
+	if code := other.do(t, "POST", "/api/v1/agents/"+slow.ID+"/cancel", map[string]string{"reason": "forwarded"}, nil); code != 200 {
+		t.Fatalf("cancel through another replica: HTTP %d", code)
+	}
+	if v := metricstest.Scrape(t, other.base+"/metrics").Value("conclave_runner_forwarded_requests_total", "method", "cancel", "outcome", "ok"); v != 1 {
+		t.Errorf("forwarded_requests_total{method=cancel,outcome=ok} = %v after one forwarded cancel", v)
+	}
+	tested["conclave_runner_forwarded_requests_total"] = true
+	if err := stopOther(); err != nil {
+		t.Fatal(err)
+	}
 	r.do(t, "DELETE", "/api/v1/agents/"+slow.ID, nil, nil)
 
 	junk := r.launch(t, "acp-junk", r.workspace(t), map[string]string{"TASK_DESCRIPTION": "x"})

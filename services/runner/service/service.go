@@ -36,6 +36,7 @@ type Config struct {
 	HTTPAddr        config.ListenAddr `env:"CONCLAVE_RUNNER_HTTP_ADDR" default:":8082" help:"HTTP listener: REST /api/v1, health and metrics"`
 	ServerID        string            `env:"CONCLAVE_RUNNER_SERVER_ID" help:"this replica's name in event sources (default: the host name)"`
 	AdvertiseAddr   string            `env:"CONCLAVE_RUNNER_ADVERTISE_ADDR" help:"host:port other replicas reach this one's gRPC listener at, to forward requests for the agents it runs (default: the listener's address, or the host name and port)"`
+	ForwardTimeout  time.Duration     `env:"CONCLAVE_RUNNER_FORWARD_TIMEOUT" default:"10s" help:"how long a prompt, cancel or delete forwarded to the replica running the instance's agent may take before that replica is taken as unreachable"`
 	AgentTypesFile  string            `env:"CONCLAVE_RUNNER_AGENT_TYPES" help:"YAML file of agent types, overlaid on the defaults"`
 	WorkspaceRoots  []string          `env:"CONCLAVE_RUNNER_WORKSPACE_ROOTS" help:"comma-separated directories a launch's workspace_path must lie within"`
 	Workers         int               `env:"CONCLAVE_RUNNER_WORKERS" default:"8" help:"agents this replica runs at once (launch workers)"`
@@ -91,6 +92,7 @@ func (c Config) Validate() error {
 		"CONCLAVE_RUNNER_CANCEL_GRACE":     c.CancelGrace,
 		"CONCLAVE_RUNNER_IDLE_TIMEOUT":     c.IdleTimeout,
 		"CONCLAVE_RUNNER_SHUTDOWN_TIMEOUT": c.ShutdownTimeout,
+		"CONCLAVE_RUNNER_FORWARD_TIMEOUT":  c.ForwardTimeout,
 	} {
 		if d <= 0 {
 			return fmt.Errorf("%s: must be positive, got %s", key, d)
@@ -129,6 +131,7 @@ type Deps struct {
 type Runner struct {
 	srv       *server.Server
 	sup       *supervisor.Supervisor
+	owners    *api.Owners
 	advertise string
 }
 
@@ -150,12 +153,13 @@ func New(cfg Config, deps Deps, opts ...server.Option) (*Runner, error) {
 		exec = &executor.Local{Roots: cfg.WorkspaceRoots}
 	}
 	rec := records.New(deps.Store)
+	runnerMetrics := metrics.New(tel.Meter("runner"))
 	sup := supervisor.New(supervisor.Options{
 		Records: rec, Queue: deps.Queue, Registry: registry, Executor: exec,
 		LaunchQueue: cfg.LaunchQueue, EventsQueue: cfg.EventsQueue,
 		Workers: cfg.Workers, Visibility: cfg.LaunchRetry, ProtocolTimeout: cfg.ProtocolTimeout,
 		CancelGrace: cfg.CancelGrace, IdleTimeout: cfg.IdleTimeout, MaxLine: cfg.MaxLineBytes,
-		Source: "runner/" + serverID, Logger: logger, Metrics: metrics.New(tel.Meter("runner")),
+		Source: "runner/" + serverID, Logger: logger, Metrics: runnerMetrics,
 		TracerProvider: tel.TracerProvider(),
 	})
 
@@ -183,7 +187,11 @@ func New(cfg Config, deps Deps, opts ...server.Option) (*Runner, error) {
 	if err != nil {
 		return nil, fmt.Errorf("runner server: %w", err)
 	}
-	runnerv1.RegisterRunnerServiceServer(srv.GRPC(), api.New(rec, registry, sup, cfg.WorkspaceRoots, api.DefaultLimits))
+	// Replicas reach each other as the REST self-client reaches this one:
+	// without TLS, on the internal network.
+	owners := api.NewOwners(cfg.ForwardTimeout, runnerMetrics, logger,
+		append(tel.GRPCDialOptions(), grpc.WithTransportCredentials(insecure.NewCredentials()))...)
+	runnerv1.RegisterRunnerServiceServer(srv.GRPC(), api.New(rec, registry, sup, cfg.WorkspaceRoots, api.DefaultLimits, owners))
 	if cfg.HTTPAddr != "" {
 		self, err := grpc.NewClient("passthrough:///runner-self", append(tel.GRPCDialOptions(),
 			grpc.WithTransportCredentials(insecure.NewCredentials()),
@@ -209,7 +217,7 @@ func New(cfg Config, deps Deps, opts ...server.Option) (*Runner, error) {
 		srv.HandleStream(api.FollowPattern, rest)
 		srv.OnShutdown(func(context.Context) { _ = self.Close() })
 	}
-	return &Runner{srv: srv, sup: sup, advertise: cfg.AdvertiseAddr}, nil
+	return &Runner{srv: srv, sup: sup, owners: owners, advertise: cfg.AdvertiseAddr}, nil
 }
 
 // Run serves and runs launches until ctx is cancelled, then drains: agents
@@ -237,6 +245,8 @@ func (r *Runner) Run(ctx context.Context) error {
 		cancel()
 	}()
 	err := r.srv.Run(ctx)
+	// After the drain: calls still in flight may be forwarding.
+	_ = r.owners.Close()
 	cancel()
 	if serr := <-errs; err == nil {
 		err = serr

@@ -52,11 +52,14 @@ type Server struct {
 	sup      *supervisor.Supervisor
 	roots    []string
 	limits   Limits
+	// owners reaches the replicas running other instances' agents.
+	owners *Owners
 }
 
-// New returns the API over the runner's parts.
-func New(rec *records.Records, registry *agenttype.Registry, sup *supervisor.Supervisor, roots []string, limits Limits) *Server {
-	return &Server{rec: rec, registry: registry, sup: sup, roots: roots, limits: limits}
+// New returns the API over the runner's parts; owners forwards calls for
+// instances whose agents other replicas run.
+func New(rec *records.Records, registry *agenttype.Registry, sup *supervisor.Supervisor, roots []string, limits Limits, owners *Owners) *Server {
+	return &Server{rec: rec, registry: registry, sup: sup, roots: roots, limits: limits, owners: owners}
 }
 
 // Seed 002's error codes, carried as the reason of an ErrorInfo detail so
@@ -66,6 +69,9 @@ const (
 	CodeNotFound   = "not_found"
 	CodeValidation = "validation_error"
 	CodeInternal   = "internal_error"
+	// CodeUnavailable (503): the instance's runner cannot be reached now;
+	// the same request succeeds once its launch has moved on.
+	CodeUnavailable = "unavailable"
 )
 
 // apiError is a gRPC status with seed 002's code and details.
@@ -110,7 +116,9 @@ func fromSupervisor(err error, what string) error {
 		return apiError(codes.FailedPrecondition, CodeBadRequest, "the instance has finished", err.Error())
 	}
 	if elsewhere := (*supervisor.ErrElsewhere)(nil); errors.As(err, &elsewhere) {
-		return apiError(codes.Unavailable, CodeInternal, "the instance runs on another runner replica", err.Error())
+		// Met only by a forwarded call, which is not forwarded again: the
+		// instance moved on between the forwarder's read and this one.
+		return apiError(codes.Unavailable, CodeUnavailable, "the instance runs on another runner replica; retry", err.Error())
 	}
 	return internal(err)
 }
@@ -251,7 +259,19 @@ func (s *Server) PromptAgent(ctx context.Context, req *runnerv1.PromptAgentReque
 	case len(msg) > s.limits.MaxPromptBytes:
 		return nil, validation(fmt.Sprintf("message is %d bytes, over the %d byte limit", len(msg), s.limits.MaxPromptBytes), "")
 	}
-	if err := s.sup.Prompt(ctx, req.GetInstanceId(), req.GetMessage()); err != nil {
+	err := s.sup.Prompt(ctx, req.GetInstanceId(), req.GetMessage())
+	if owner, ok := s.elsewhere(ctx, err); ok {
+		resp, err := forward(ctx, s.owners, ForwardPrompt, owner, func(ctx context.Context, c runnerv1.RunnerServiceClient) (*runnerv1.PromptAgentResponse, error) {
+			return c.PromptAgent(ctx, req)
+		})
+		if unreachable := (*unreachableError)(nil); errors.As(err, &unreachable) {
+			// Not stored, so not accepted: the caller must know to retry.
+			return nil, apiError(codes.Unavailable, CodeUnavailable, "the instance's runner is unreachable; retry the prompt",
+				unreachable.Error()+"; another runner takes the instance's launch over within CONCLAVE_RUNNER_LAUNCH_RETRY, and then takes prompts")
+		}
+		return resp, err
+	}
+	if err != nil {
 		return nil, fromSupervisor(err, "instance "+req.GetInstanceId())
 	}
 	return &runnerv1.PromptAgentResponse{Accepted: true}, nil
@@ -265,6 +285,9 @@ func (s *Server) CancelAgent(ctx context.Context, req *runnerv1.CancelAgentReque
 		return nil, validation("reason is over 4096 bytes", "")
 	}
 	in, err := s.sup.Cancel(ctx, req.GetInstanceId(), req.GetReason())
+	if owner, ok := s.elsewhere(ctx, err); ok {
+		return s.forwardCancel(ctx, req, owner)
+	}
 	if err != nil {
 		return nil, fromSupervisor(err, "instance "+req.GetInstanceId())
 	}
@@ -327,76 +350,6 @@ func (s *Server) GetAgentLogs(ctx context.Context, req *runnerv1.GetAgentLogsReq
 	return out, nil
 }
 
-// FollowAgentLogs sends the tail, then new lines until the instance's
-// launch ends or the client goes.
-func (s *Server) FollowAgentLogs(req *runnerv1.FollowAgentLogsRequest, stream runnerv1.RunnerService_FollowAgentLogsServer) error {
-	ctx := stream.Context()
-	if err := s.validateID("instance_id", req.GetInstanceId()); err != nil {
-		return err
-	}
-	n, err := s.tail(req.GetTail())
-	if err != nil {
-		return err
-	}
-	id := req.GetInstanceId()
-	if _, err := s.rec.Instance(ctx, id); err != nil {
-		return fromRecords(err, "instance "+id)
-	}
-	// Subscribe before reading the tail, so no line falls between them; a
-	// line in both is sent once, by time.
-	live, stop := s.sup.Logs().Follow(id)
-	defer stop()
-	lines, _, err := s.rec.TailLogs(ctx, id, n)
-	if err != nil {
-		return internal(err)
-	}
-	var last time.Time
-	for _, l := range lines {
-		if err := stream.Send(&runnerv1.FollowAgentLogsResponse{Line: logProto(l)}); err != nil {
-			return err
-		}
-		last = l.Time
-	}
-	tick := time.NewTicker(time.Second)
-	defer tick.Stop()
-	for {
-		select {
-		case l, ok := <-live:
-			if !ok {
-				return apiError(codes.ResourceExhausted, CodeBadRequest, "the log follower fell too far behind", "reconnect to continue from the tail")
-			}
-			if !l.Time.After(last) {
-				continue
-			}
-			if err := stream.Send(&runnerv1.FollowAgentLogsResponse{Line: logProto(l)}); err != nil {
-				return err
-			}
-		case <-tick.C:
-			in, err := s.rec.Instance(ctx, id)
-			if err != nil || (in.DoneSeq >= in.LaunchSeq && !s.sup.Live(id)) {
-				// The launch has ended: drain what is buffered, then stop.
-				for {
-					select {
-					case l, ok := <-live:
-						if !ok {
-							return nil
-						}
-						if l.Time.After(last) {
-							if err := stream.Send(&runnerv1.FollowAgentLogsResponse{Line: logProto(l)}); err != nil {
-								return err
-							}
-						}
-					default:
-						return nil
-					}
-				}
-			}
-		case <-ctx.Done():
-			return nil
-		}
-	}
-}
-
 func (s *Server) GetAgentSession(ctx context.Context, req *runnerv1.GetAgentSessionRequest) (*runnerv1.GetAgentSessionResponse, error) {
 	if err := s.validateID("instance_id", req.GetInstanceId()); err != nil {
 		return nil, err
@@ -437,6 +390,22 @@ func (s *Server) GetTask(ctx context.Context, req *runnerv1.GetTaskRequest) (*ru
 func (s *Server) DeleteAgent(ctx context.Context, req *runnerv1.DeleteAgentRequest) (*runnerv1.DeleteAgentResponse, error) {
 	if err := s.validateID("instance_id", req.GetInstanceId()); err != nil {
 		return nil, err
+	}
+	if !forwarded(ctx) {
+		// Asked of the owner, so that its agent is killed now rather than
+		// at its next write.
+		if in, err := s.rec.Instance(ctx, req.GetInstanceId()); err == nil && !in.Deleted {
+			if owner := s.sup.RemoteOwner(in); owner != "" {
+				resp, err := forward(ctx, s.owners, ForwardDelete, owner, func(ctx context.Context, c runnerv1.RunnerServiceClient) (*runnerv1.DeleteAgentResponse, error) {
+					return c.DeleteAgent(ctx, req)
+				})
+				if !errors.As(err, new(*unreachableError)) {
+					return resp, err
+				}
+				// The owner is gone: deleted here, its redelivered launch
+				// finds no instance and is dropped.
+			}
+		}
 	}
 	if err := s.sup.Delete(ctx, req.GetInstanceId()); err != nil {
 		return nil, fromSupervisor(err, "instance "+req.GetInstanceId())

@@ -19,6 +19,7 @@ type Metrics struct {
 	statuses metric.Int64Counter
 	events   metric.Int64Counter
 	running  metric.Int64UpDownCounter
+	forwards metric.Int64Counter
 }
 
 // New makes the instruments from m.
@@ -31,6 +32,7 @@ func New(m metric.Meter) *Metrics {
 	out.statuses, _ = m.Int64Counter(name("status_changes_total"), metric.WithDescription("Instance status changes, by new status."))
 	out.events, _ = m.Int64Counter(name("events_published_total"), metric.WithDescription("Event envelopes sent to the events queue."))
 	out.running, _ = m.Int64UpDownCounter(name("running_agents"), metric.WithDescription("Agent processes this replica runs."))
+	out.forwards, _ = m.Int64Counter(name("forwarded_requests_total"), metric.WithDescription("Requests for instances another replica runs, forwarded to it, by method and outcome."))
 	return out
 }
 
@@ -63,3 +65,9 @@ func (m *Metrics) Events(n int) { m.events.Add(bg, int64(n)) }
 
 // Running moves the running-agents gauge.
 func (m *Metrics) Running(delta int) { m.running.Add(bg, int64(delta)) }
+
+// Forwarded methods are api.Forward{Prompt,Cancel,Delete}, outcomes
+// api.Forward{OK,Error,Unreachable}.
+func (m *Metrics) Forwarded(method, outcome string) {
+	m.forwards.Add(bg, 1, metric.WithAttributes(attribute.String("method", method), attribute.String("outcome", outcome)))
+}

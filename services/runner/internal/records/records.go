@@ -313,3 +313,32 @@ func (r *Records) TailLogs(ctx context.Context, instanceID string, n int) ([]Log
 	}
 	return out, newest, nil
 }
+
+// LogChunk is one stored chunk of an instance's log: the lines one write
+// stored, numbered in the order they were written.
+type LogChunk struct {
+	Seq   int64
+	Lines []LogLine
+}
+
+// LogsAfter returns up to limit of the instance's chunks numbered above
+// after, oldest first: what a follower that has read up to chunk after
+// has not seen. A chunk that cannot be decoded is returned empty, so that
+// the follower moves past it.
+func (r *Records) LogsAfter(ctx context.Context, instanceID string, after int64, limit int) ([]LogChunk, error) {
+	page, err := r.st.Query(ctx, Table.Name, store.Query{PK: logPK(instanceID), From: fmt.Sprintf("%016d", after+1), Limit: limit})
+	if err != nil {
+		return nil, err
+	}
+	out := make([]LogChunk, 0, len(page.Items))
+	for _, it := range page.Items {
+		seq, err := strconv.ParseInt(it.SK, 10, 64)
+		if err != nil {
+			continue
+		}
+		c := LogChunk{Seq: seq}
+		_ = json.Unmarshal(it.Data, &c.Lines)
+		out = append(out, c)
+	}
+	return out, nil
+}
