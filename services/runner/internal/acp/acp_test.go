@@ -32,8 +32,15 @@ func (r *recorder) opts(dialect string) Options {
 
 // run feeds input to a client as the agent's stdout and waits for the end.
 func run(t testing.TB, input string, o Options, initialized bool) *Client {
-	c := New(strings.NewReader(input), nopWriteCloser{io.Discard}, o)
+	// The input goes in only once the client's state is set: its read loop
+	// starts in New.
+	pr, pw := io.Pipe()
+	c := New(pr, nopWriteCloser{io.Discard}, o)
 	c.initialized.Store(initialized)
+	go func() {
+		_, _ = io.Copy(pw, strings.NewReader(input))
+		_ = pw.Close()
+	}()
 	<-c.Done()
 	return c
 }
