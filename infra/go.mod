@@ -3,21 +3,23 @@ module github.com/conclave-ai/conclave/infra
 go 1.26.8
 
 require (
+	github.com/aws/aws-sdk-go-v2 v1.47.7
+	github.com/aws/aws-sdk-go-v2/service/dynamodb v1.73.1
 	github.com/awslabs/goformation/v7 v7.14.9
 	github.com/conclave-ai/conclave/functions/librarian v0.0.0-00010101000000-000000000000
+	github.com/conclave-ai/conclave/pkg v0.0.0-00010101000000-000000000000
 	github.com/conclave-ai/conclave/services/bus v0.0.0-00010101000000-000000000000
 	github.com/conclave-ai/conclave/services/gateway v0.0.0-00010101000000-000000000000
+	github.com/conclave-ai/conclave/services/runner v0.0.0-00010101000000-000000000000
 )
 
 require (
-	github.com/aws/aws-sdk-go-v2 v1.47.7 // indirect
 	github.com/aws/aws-sdk-go-v2/config v1.33.15 // indirect
 	github.com/aws/aws-sdk-go-v2/credentials v1.20.15 // indirect
 	github.com/aws/aws-sdk-go-v2/feature/ec2/imds v1.20.7 // indirect
 	github.com/aws/aws-sdk-go-v2/internal/configsources v1.5.10 // indirect
 	github.com/aws/aws-sdk-go-v2/internal/endpoints/v2 v2.8.10 // indirect
 	github.com/aws/aws-sdk-go-v2/internal/v4a v1.5.10 // indirect
-	github.com/aws/aws-sdk-go-v2/service/dynamodb v1.73.1 // indirect
 	github.com/aws/aws-sdk-go-v2/service/internal/accept-encoding v1.13.24 // indirect
 	github.com/aws/aws-sdk-go-v2/service/internal/endpoint-discovery v1.13.10 // indirect
 	github.com/aws/aws-sdk-go-v2/service/internal/presigned-url v1.14.10 // indirect
@@ -30,8 +32,8 @@ require (
 	github.com/beorn7/perks v1.0.1 // indirect
 	github.com/cenkalti/backoff/v5 v5.0.3 // indirect
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect
+	github.com/coder/acp-go-sdk v0.13.0 // indirect
 	github.com/coder/websocket v1.8.15 // indirect
-	github.com/conclave-ai/conclave/pkg v0.0.0-00010101000000-000000000000 // indirect
 	github.com/conclave-ai/conclave/proto v0.0.0-00010101000000-000000000000 // indirect
 	github.com/felixge/httpsnoop v1.1.0 // indirect
 	github.com/go-logr/logr v1.4.4 // indirect
@@ -79,4 +81,5 @@ replace (
 	github.com/conclave-ai/conclave/proto => ../proto
 	github.com/conclave-ai/conclave/services/bus => ../services/bus
 	github.com/conclave-ai/conclave/services/gateway => ../services/gateway
+	github.com/conclave-ai/conclave/services/runner => ../services/runner
 )

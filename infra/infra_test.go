@@ -40,10 +40,12 @@ import (
 	"github.com/awslabs/goformation/v7/intrinsics"
 
 	librarian "github.com/conclave-ai/conclave/functions/librarian/service"
+	"github.com/conclave-ai/conclave/pkg/config"
 	"github.com/conclave-ai/conclave/pkg/queue"
 	"github.com/conclave-ai/conclave/pkg/store"
 	bus "github.com/conclave-ai/conclave/services/bus/service"
 	gateway "github.com/conclave-ai/conclave/services/gateway/service"
+	runner "github.com/conclave-ai/conclave/services/runner/service"
 )
 
 // deployable is one process that gets its own IAM role.
@@ -62,6 +64,19 @@ var deployables = []deployable{
 	{name: "gateway", role: "GatewayRole", tables: gateway.Tables},
 	{name: "bus", role: "BusRole", tables: bus.Tables, queues: bus.Queues},
 	{name: "librarian", role: "LibrarianRole", tables: librarian.Tables, queues: librarian.Queues},
+	{name: "runner", role: "RunnerRole", tables: runner.Tables, queues: runner.Queues(runnerDefaults())},
+}
+
+// runnerDefaults is the runner's configuration with its defaults, as an
+// unconfigured deployment runs it: its queue names and visibility.
+func runnerDefaults() runner.Config {
+	var cfg struct{ Runner runner.Config }
+	env := map[string]string{"CONCLAVE_RUNNER_ALLOW_UNAUTHENTICATED": "true", "CONCLAVE_RUNNER_WORKSPACE_ROOTS": "/workspaces"}
+	lookup := func(k string) (string, bool) { v, ok := env[k]; return v, ok }
+	if err := config.Load(context.Background(), &cfg, "runner", nil, lookup, io.Discard); err != nil {
+		panic(fmt.Sprintf("the runner's default configuration: %v", err))
+	}
+	return cfg.Runner
 }
 
 // repoRoot is where the Go sources the test reads live.
@@ -530,8 +545,16 @@ func TestRolesLeastPrivilege(t *testing.T) {
 		clientCalls(t, "pkg/queue/sqs.go", "client", "sqs"),
 		lambdaLogActions)
 
-	// What each logical resource belongs to.
-	owner := map[string]string{} // logical ID → deployable
+	// What each logical resource belongs to: one deployable, or several for
+	// a queue they share (the bus's events queue, which the runner and the
+	// Librarian send to).
+	owner := map[string]map[string]bool{} // logical ID → deployables
+	own := func(id, name string) {
+		if owner[id] == nil {
+			owner[id] = map[string]bool{}
+		}
+		owner[id][name] = true
+	}
 	tableIDs := map[string]string{}
 	for id, table := range tmpl.GetAllDynamoDBTableResources() {
 		tableIDs[aws.ToString(table.TableName)] = id
@@ -544,14 +567,14 @@ func TestRolesLeastPrivilege(t *testing.T) {
 	for _, d := range deployables {
 		for _, table := range d.tables {
 			id := tableIDs[tmpl.prefix+table.Name]
-			owner[id] = d.name
+			own(id, d.name)
 			mustReach[d.name] = append(mustReach[d.name], id)
 		}
 		for _, def := range d.queues {
-			owner[queueIDs[def.Name]] = d.name
+			own(queueIDs[def.Name], d.name)
 			mustReach[d.name] = append(mustReach[d.name], queueIDs[def.Name])
 			for name := range ensuredQueues(t, def) {
-				owner[queueIDs[name]] = d.name
+				own(queueIDs[name], d.name)
 			}
 		}
 	}
@@ -563,7 +586,7 @@ func TestRolesLeastPrivilege(t *testing.T) {
 	for _, fn := range tmpl.GetAllServerlessFunctionResources() {
 		for _, d := range deployables {
 			if aws.ToString(fn.Role) == "{{"+d.role+".Arn}}" {
-				owner[logGroupIDs["/aws/lambda/"+aws.ToString(fn.FunctionName)]] = d.name
+				own(logGroupIDs["/aws/lambda/"+aws.ToString(fn.FunctionName)], d.name)
 			}
 		}
 	}
@@ -596,7 +619,7 @@ func TestRolesLeastPrivilege(t *testing.T) {
 					}
 					for _, r := range st.Resource {
 						id := strings.TrimSuffix(strings.TrimPrefix(r, "{{"), ".Arn}}")
-						if !strings.HasPrefix(r, "{{") || owner[id] != d.name {
+						if !strings.HasPrefix(r, "{{") || !owner[id][d.name] {
 							t.Errorf("policy %s reaches %s, which is not one of %s's tables, queues or log groups", p.PolicyName, r, d.name)
 						}
 						reached[id] = true
