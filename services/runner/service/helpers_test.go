@@ -140,15 +140,10 @@ func (w tWriter) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
-// startRunner runs a runner on loopback over its own embedded store and
-// queue, with a workspace root of its own.
-func startRunner(t *testing.T, overrides map[string]string) *testRunner {
-	t.Helper()
-	return startRunnerWith(t, overrides, nil)
-}
-
-// startRunnerWith is startRunner with a telemetry provider (nil: its own).
-func startRunnerWith(t *testing.T, overrides map[string]string, tel *telemetry.Provider) *testRunner {
+// sharedState is the configuration, store and queue of runners that are
+// replicas of one another: each run on them with runOn has listeners of
+// its own.
+func sharedState(t *testing.T, overrides map[string]string) (service.Config, store.Store, queue.Queue) {
 	t.Helper()
 	dir := t.TempDir()
 	root := filepath.Join(dir, "workspaces")
@@ -166,6 +161,20 @@ func startRunnerWith(t *testing.T, overrides map[string]string, tel *telemetry.P
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = q.Close() })
+	return cfg, st, q
+}
+
+// startRunner runs a runner on loopback over its own embedded store and
+// queue, with a workspace root of its own.
+func startRunner(t *testing.T, overrides map[string]string) *testRunner {
+	t.Helper()
+	return startRunnerWith(t, overrides, nil)
+}
+
+// startRunnerWith is startRunner with a telemetry provider (nil: its own).
+func startRunnerWith(t *testing.T, overrides map[string]string, tel *telemetry.Provider) *testRunner {
+	t.Helper()
+	cfg, st, q := sharedState(t, overrides)
 	r, _ := runOn(t, cfg, st, q, tel)
 	return r
 }

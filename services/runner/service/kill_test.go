@@ -12,8 +12,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/conclave-ai/conclave/pkg/queue"
-	"github.com/conclave-ai/conclave/pkg/store"
 	"github.com/conclave-ai/conclave/services/runner/internal/records"
 )
 
@@ -117,22 +115,7 @@ func TestGracefulRestart(t *testing.T) {
 		t.Skip("runs agent processes")
 	}
 	t.Parallel()
-	dir := t.TempDir()
-	root := filepath.Join(dir, "workspaces")
-	if err := os.MkdirAll(root, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	cfg := testConfig(t, root, nil)
-	st, err := store.OpenBolt(filepath.Join(dir, "state.db"), store.BoltOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = st.Close() })
-	q, err := queue.OpenEmbedded(filepath.Join(dir, "queues.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = q.Close() })
+	cfg, st, q := sharedState(t, nil)
 
 	first, stop := runOn(t, cfg, st, q, nil)
 	in := first.launch(t, "acp-slow-tool", first.workspace(t), map[string]string{"TASK_DESCRIPTION": "long"})

@@ -3,14 +3,11 @@ package service_test
 import (
 	"context"
 	"encoding/json"
-	"os"
-	"path/filepath"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/conclave-ai/conclave/pkg/queue"
-	"github.com/conclave-ai/conclave/pkg/store"
 	"github.com/conclave-ai/conclave/services/runner/internal/records"
 )
 
@@ -54,22 +51,7 @@ func TestLaunchReceivedBeforeItsInstance(t *testing.T) {
 		t.Skip("starts processes")
 	}
 	t.Parallel()
-	dir := t.TempDir()
-	root := filepath.Join(dir, "workspaces")
-	if err := os.MkdirAll(root, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	cfg := testConfig(t, root, map[string]string{"CONCLAVE_RUNNER_LAUNCH_RETRY": "1s"})
-	st, err := store.OpenBolt(filepath.Join(dir, "state.db"), store.BoltOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = st.Close() })
-	embedded, err := queue.OpenEmbedded(filepath.Join(dir, "queues.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = embedded.Close() })
+	cfg, st, embedded := sharedState(t, map[string]string{"CONCLAVE_RUNNER_LAUNCH_RETRY": "1s"})
 	const id = "0123456789abcdef0123456789abcdef"
 	q := &watchedQueue{Queue: embedded, launches: cfg.LaunchQueue, instanceID: id,
 		received: make(chan int, 16), deleted: make(chan struct{})}

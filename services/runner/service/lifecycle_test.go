@@ -15,7 +15,6 @@ import (
 	"time"
 
 	"github.com/conclave-ai/conclave/pkg/queue"
-	"github.com/conclave-ai/conclave/pkg/store"
 	"github.com/conclave-ai/conclave/services/runner/internal/executor"
 	"github.com/conclave-ai/conclave/services/runner/internal/records"
 )
@@ -125,23 +124,8 @@ func TestStopWhileStarting(t *testing.T) {
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			dir := t.TempDir()
-			root := filepath.Join(dir, "workspaces")
-			if err := os.MkdirAll(root, 0o755); err != nil {
-				t.Fatal(err)
-			}
-			cfg := testConfig(t, root, nil)
-			st, err := store.OpenBolt(filepath.Join(dir, "state.db"), store.BoltOptions{})
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { _ = st.Close() })
-			q, err := queue.OpenEmbedded(filepath.Join(dir, "queues.db"))
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { _ = q.Close() })
-			gate := &gatedExecutor{Executor: &executor.Local{Roots: []string{root}}, starting: make(chan struct{}, 1), release: make(chan struct{})}
+			cfg, st, q := sharedState(t, nil)
+			gate := &gatedExecutor{Executor: &executor.Local{Roots: cfg.WorkspaceRoots}, starting: make(chan struct{}, 1), release: make(chan struct{})}
 			r, _ := runOnWith(t, cfg, st, q, nil, gate)
 			in := r.launch(t, "acp-normal", r.workspace(t), map[string]string{"TASK_DESCRIPTION": "never"})
 			<-gate.starting
@@ -289,22 +273,7 @@ func TestDuplicateLaunchRunsOnce(t *testing.T) {
 		t.Skip("runs agent processes")
 	}
 	t.Parallel()
-	dir := t.TempDir()
-	root := filepath.Join(dir, "workspaces")
-	if err := os.MkdirAll(root, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	cfg := testConfig(t, root, nil)
-	st, err := store.OpenBolt(filepath.Join(dir, "state.db"), store.BoltOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = st.Close() })
-	embedded, err := queue.OpenEmbedded(filepath.Join(dir, "queues.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = embedded.Close() })
+	cfg, st, embedded := sharedState(t, nil)
 	const id = "dup0dup0dup0dup0dup0dup0dup0dup0"
 	q := &countingQueue{Queue: embedded, launches: cfg.LaunchQueue, instanceID: id, deletes: make(chan struct{}, 16), receipts: make(chan string, 16)}
 	one, _ := runOn(t, cfg, st, q, nil)
@@ -355,22 +324,7 @@ func TestQueueOutageLeavesNothingHalfDone(t *testing.T) {
 		t.Skip("runs agent processes")
 	}
 	t.Parallel()
-	dir := t.TempDir()
-	root := filepath.Join(dir, "workspaces")
-	if err := os.MkdirAll(root, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	cfg := testConfig(t, root, map[string]string{"CONCLAVE_RUNNER_IDLE_TIMEOUT": "300ms"})
-	st, err := store.OpenBolt(filepath.Join(dir, "state.db"), store.BoltOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = st.Close() })
-	embedded, err := queue.OpenEmbedded(filepath.Join(dir, "queues.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = embedded.Close() })
+	cfg, st, embedded := sharedState(t, map[string]string{"CONCLAVE_RUNNER_IDLE_TIMEOUT": "300ms"})
 	q := &failingQueue{Queue: embedded, launches: cfg.LaunchQueue}
 	r, _ := runOn(t, cfg, st, q, nil)
 

@@ -6,8 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"net/http"
-	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -21,38 +19,11 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
-	"github.com/conclave-ai/conclave/pkg/queue"
-	"github.com/conclave-ai/conclave/pkg/store"
 	"github.com/conclave-ai/conclave/pkg/telemetry/metricstest"
 	runnerv1 "github.com/conclave-ai/conclave/proto/conclave/runner/v1"
 	"github.com/conclave-ai/conclave/services/runner/internal/api"
 	"github.com/conclave-ai/conclave/services/runner/internal/records"
-	"github.com/conclave-ai/conclave/services/runner/service"
 )
-
-// sharedState is the configuration, store and queue of runners that are
-// replicas of one another: each run on them with runOn has listeners of
-// its own.
-func sharedState(t *testing.T, overrides map[string]string) (service.Config, store.Store, queue.Queue) {
-	t.Helper()
-	dir := t.TempDir()
-	root := filepath.Join(dir, "workspaces")
-	if err := os.MkdirAll(root, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	cfg := testConfig(t, root, overrides)
-	st, err := store.OpenBolt(filepath.Join(dir, "state.db"), store.BoltOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = st.Close() })
-	q, err := queue.OpenEmbedded(filepath.Join(dir, "queues.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = q.Close() })
-	return cfg, st, q
-}
 
 // grpcAddr is the runner's gRPC listener.
 func (r *testRunner) grpcAddr(t *testing.T) string {
