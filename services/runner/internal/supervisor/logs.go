@@ -87,6 +87,38 @@ type instanceLog struct {
 	// seqMu guards seq: run's until done is closed, then late Adds'.
 	seqMu sync.Mutex
 	seq   int64
+	// holdMu guards holding and held: lines kept back until Release (or
+	// dropped by Discard), for a launch whose claim is not settled yet.
+	holdMu  sync.Mutex
+	holding    bool
+	discarding bool
+	held       []records.LogLine
+}
+
+// Hold keeps lines back from followers and the store until Release.
+func (l *instanceLog) Hold() {
+	l.holdMu.Lock()
+	l.holding = true
+	l.holdMu.Unlock()
+}
+
+// Release records the lines held, in order, and those after them as usual.
+func (l *instanceLog) Release() {
+	l.holdMu.Lock()
+	defer l.holdMu.Unlock()
+	for _, line := range l.held {
+		l.record(line)
+	}
+	l.holding, l.held = false, nil
+}
+
+// Discard drops the lines held, and those added later: the launch was not
+// this session's to log.
+func (l *instanceLog) Discard() {
+	l.holdMu.Lock()
+	defer l.holdMu.Unlock()
+	l.holding, l.held = true, nil
+	l.discarding = true
 }
 
 func (b *logBook) open(ctx context.Context, instanceID string) *instanceLog {
@@ -115,6 +147,20 @@ func (l *instanceLog) Add(stream, text string) {
 		text = strings.ToValidUTF8(text, "\uFFFD")
 	}
 	line := records.LogLine{Time: time.Now().UTC(), Stream: stream, Text: text}
+	l.holdMu.Lock()
+	if l.holding {
+		if !l.discarding {
+			l.held = append(l.held, line)
+		}
+		l.holdMu.Unlock()
+		return
+	}
+	l.holdMu.Unlock()
+	l.record(line)
+}
+
+// record fans line out and stores it.
+func (l *instanceLog) record(line records.LogLine) {
 	l.book.fanOut(l.instanceID, line)
 	l.closeMu.RLock()
 	if !l.closed {

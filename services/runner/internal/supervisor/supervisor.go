@@ -275,26 +275,31 @@ func (s *Supervisor) handle(ctx context.Context, m queue.Message) error {
 		close(sess.done)
 	}()
 	// The claim: one delivery runs the launch, wherever its duplicates go.
-	claimed, err := s.o.Records.UpdateInstance(ctx, in.ID, func(in *records.Instance) error {
-		if stale(in, msg.Seq) || in.ClaimSeq == msg.Seq && in.ClaimMsg != "" && (in.ClaimMsg != m.ID || m.ReceiveCount <= in.ClaimRecv) {
-			return errDuplicate
+	// It is written while the agent's process starts (see session.run).
+	claim := make(chan claimResult, 1)
+	go func() {
+		claimed, err := s.o.Records.UpdateInstance(ctx, in.ID, func(in *records.Instance) error {
+			if stale(in, msg.Seq) || in.ClaimSeq == msg.Seq && in.ClaimMsg != "" && (in.ClaimMsg != m.ID || m.ReceiveCount <= in.ClaimRecv) {
+				return errDuplicate
+			}
+			in.ClaimSeq, in.ClaimMsg, in.ClaimRecv, in.Owner = msg.Seq, m.ID, m.ReceiveCount, s.Owner()
+			return nil
+		})
+		if errors.Is(err, records.ErrNotFound) {
+			err = errDuplicate
 		}
-		in.ClaimSeq, in.ClaimMsg, in.ClaimRecv, in.Owner = msg.Seq, m.ID, m.ReceiveCount, s.Owner()
-		return nil
-	})
-	switch {
-	case errors.Is(err, errDuplicate), errors.Is(err, records.ErrNotFound):
-		s.o.Metrics.Launch("duplicate")
-		return nil
-	case err != nil:
-		return err
-	}
+		claim <- claimResult{claimed, err}
+	}()
 	if m.ReceiveCount > 1 {
 		s.log.InfoContext(ctx, "runner: retrying a launch whose runner stopped", "instance_id", in.ID, "attempt", m.ReceiveCount)
 	}
 	s.o.Metrics.Running(1)
 	defer s.o.Metrics.Running(-1)
-	if err := sess.run(ctx, claimed); err != nil {
+	switch err := sess.run(ctx, in, m, claim); {
+	case errors.Is(err, errDuplicate):
+		s.o.Metrics.Launch("duplicate")
+		return nil
+	case err != nil:
 		return err
 	}
 	// A prompt accepted as the agent went away: resume the session for it.
@@ -736,18 +741,54 @@ func (ss *session) fail(ctx context.Context, outcome, reason string) error {
 	return nil
 }
 
-// run runs the launch claimed as in. It returns errStopping, to leave the
+// claimResult is how a launch's claim ended: the instance as claimed, or
+// errDuplicate (another delivery has it), or a store error.
+type claimResult struct {
+	in  *records.Instance
+	err error
+}
+
+// run runs the launch of in delivered as m, whose claim ends on claim. The
+// agent's process is started while the claim is written (it takes far
+// longer to start than a write takes), and is killed unspoken-to if the
+// claim is lost; nothing is recorded or logged before the claim holds. It
+// returns errDuplicate for a lost claim, and errStopping, to leave the
 // launch on the queue, when the runner is shutting down.
-func (ss *session) run(ctx context.Context, in *records.Instance) error {
+func (ss *session) run(ctx context.Context, in *records.Instance, m queue.Message, claim <-chan claimResult) error {
 	defer ss.statusWrites.Wait()
 	ss.launch, ss.in = *in, in
-	ss.claimMsg, ss.claimRecv = in.ClaimMsg, in.ClaimRecv
+	ss.claimMsg, ss.claimRecv = m.ID, m.ReceiveCount
 	ss.launchSpan = trace.SpanContextFromContext(ctx)
 	ss.log = ss.s.logs.open(ctx, ss.launch.ID)
+	ss.log.Hold()
 	defer ss.log.Close()
 	o := ss.s.o
+	claimed := false
+	awaitClaim := func() error {
+		if claimed {
+			return nil
+		}
+		r := <-claim
+		if r.err != nil {
+			ss.log.Discard()
+			return r.err
+		}
+		claimed = true
+		ss.stMu.Lock()
+		ss.in = r.in
+		ss.stMu.Unlock()
+		// What may have changed since the delivery read it (a cancel
+		// recorded while no runner held the launch); the configuration
+		// does not change.
+		ss.launch.Turn, ss.launch.TurnDone, ss.launch.Prompt, ss.launch.CancelTurn = r.in.Turn, r.in.TurnDone, r.in.Prompt, r.in.CancelTurn
+		ss.log.Release()
+		return nil
+	}
 
 	if !in.PendingTurn() && in.TurnDone > 0 {
+		if err := awaitClaim(); err != nil {
+			return err
+		}
 		// Delivered again after its runner died with the agent idle: there
 		// is nothing to run, and a later prompt resumes the session.
 		ss.s.o.Metrics.Launch("nothing_pending")
@@ -757,6 +798,9 @@ func (ss *session) run(ctx context.Context, in *records.Instance) error {
 	}
 	typ, ok := o.Registry.Get(ss.launch.AgentType)
 	if !ok || !typ.Enabled {
+		if err := awaitClaim(); err != nil {
+			return err
+		}
 		return ss.fail(ctx, "bad_type", fmt.Sprintf("agent type %q is not registered or not enabled", ss.launch.AgentType))
 	}
 	env := maps.Clone(typ.Env)
@@ -786,12 +830,25 @@ func (ss *session) run(ctx context.Context, in *records.Instance) error {
 	}()
 	if kind, why := ss.killedWhy(); kind != stopNone {
 		// Cancelled or deleted as it was claimed.
+		if err := awaitClaim(); err != nil {
+			return err
+		}
 		return ss.end(ctx, nil, "", "", nil, kind, why)
 	}
 	if typ.Protocol == agenttype.ProtocolOneshot {
+		if err := awaitClaim(); err != nil {
+			return err
+		}
 		return ss.runOneshot(ctx, typ, env)
 	}
 	proc, err := o.Executor.Start(startCtx, executor.Spec{InstanceID: ss.launch.ID, TaskID: ss.launch.TaskID, Type: typ, Workspace: ss.launch.Workspace, Env: env}, stderr)
+	if cerr := awaitClaim(); cerr != nil {
+		if err == nil {
+			_ = proc.Kill()
+			_ = proc.Wait()
+		}
+		return cerr
+	}
 	if err != nil {
 		if kind, why := ss.killedWhy(); kind != stopNone {
 			return ss.end(ctx, nil, "", "", nil, kind, why)
