@@ -335,7 +335,7 @@ func TestTraceInJaeger(t *testing.T) {
 	}
 	defer jaeger.Stop()
 	env, _, _, _ := deployment(t)
-	rt := startFunction(t, append(env, "OTEL_EXPORTER_OTLP_ENDPOINT=http://"+jaeger.OTLPEndpoint, "OTEL_EXPORTER_OTLP_INSECURE=true",
+	rt := startFunction(t, append(env, "OTEL_EXPORTER_OTLP_ENDPOINT=http://"+jaeger.OTLPHTTPEndpoint, "OTEL_EXPORTER_OTLP_INSECURE=true",
 		"AWS_LAMBDA_FUNCTION_NAME=librarian"))
 	if err := rt.Ready(ctx); err != nil {
 		t.Fatal(err)
