@@ -56,7 +56,10 @@ func NewHandler(cfg Config, d Deps) (*Librarian, error) {
 
 // Service is the Librarian served over HTTP.
 type Service struct {
-	srv *server.Server
+	srv    *server.Server
+	lib    *Librarian
+	sweep  time.Duration
+	logger *slog.Logger
 }
 
 // New serves the handler on cfg.HTTPAddr. The store's Tables and the
@@ -91,11 +94,44 @@ func New(cfg Config, d Deps, opts ...server.Option) (*Service, error) {
 		return nil, fmt.Errorf("librarian server: %w", err)
 	}
 	srv.Handle("/", lib.Handler)
-	return &Service{srv: srv}, nil
+	logger := d.Logger
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	return &Service{srv: srv, lib: lib, sweep: cfg.SweepInterval, logger: logger}, nil
 }
 
-// Run serves until ctx is cancelled, then drains.
-func (s *Service) Run(ctx context.Context) error { return s.srv.Run(ctx) }
+// Run serves until ctx is cancelled, then drains. Every SweepInterval it
+// rejects the escalations past timeouts.escalation that nobody read.
+func (s *Service) Run(ctx context.Context) error {
+	if s.sweep > 0 {
+		sweepCtx, stop := context.WithCancel(ctx)
+		done := make(chan struct{})
+		go func() { defer close(done); s.sweepEvery(sweepCtx) }()
+		defer func() { stop(); <-done }()
+	}
+	return s.srv.Run(ctx)
+}
+
+func (s *Service) sweepEvery(ctx context.Context) {
+	tick := time.NewTicker(s.sweep)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		n, err := s.lib.SweepEscalations(ctx)
+		switch {
+		case err != nil && ctx.Err() == nil:
+			// The next tick tries again; a read expires a request meanwhile.
+			s.logger.WarnContext(ctx, "escalation sweep failed", "error", err, "rejected", n)
+		case n > 0:
+			s.logger.InfoContext(ctx, "escalation sweep rejected overdue requests", "rejected", n)
+		}
+	}
+}
 
 // Ready is closed once the listener is bound.
 func (s *Service) Ready() <-chan struct{} { return s.srv.Ready() }

@@ -7,6 +7,7 @@
 package handler
 
 import (
+	"context"
 	"fmt"
 	"io/fs"
 	"log/slog"
@@ -44,6 +45,7 @@ type Config struct {
 	AgentTokens     []string             `env:"CONCLAVE_LIBRARIAN_AGENT_TOKENS" help:"comma-separated agent_id=token pairs accepted beside the tokens in the store"`
 	ReviewerTokens  []string             `env:"CONCLAVE_LIBRARIAN_REVIEWER_TOKENS" help:"comma-separated name=token pairs of reviewers, beside the tokens in the store"`
 	ShutdownTimeout time.Duration        `env:"CONCLAVE_LIBRARIAN_SHUTDOWN_TIMEOUT" default:"10s" help:"how long in-flight requests may drain on shutdown"`
+	SweepInterval   time.Duration        `env:"CONCLAVE_LIBRARIAN_SWEEP_INTERVAL" default:"1m" help:"how often the local server rejects escalations past timeouts.escalation that nobody reads ; 0 turns it off (the Lambda runs on its EventBridge schedule instead)"`
 	// AllowUnauthenticated lets callers without a token act as the agent
 	// they name, and review; conclave dev sets it, on loopback only.
 	AllowUnauthenticated bool `env:"CONCLAVE_LIBRARIAN_ALLOW_UNAUTHENTICATED" default:"false" help:"serve without bearer tokens (development only)"`
@@ -69,6 +71,9 @@ func (c Config) Validate() error {
 	}
 	if c.ShutdownTimeout <= 0 {
 		return fmt.Errorf("CONCLAVE_LIBRARIAN_SHUTDOWN_TIMEOUT: must be positive, got %s", c.ShutdownTimeout)
+	}
+	if c.SweepInterval < 0 {
+		return fmt.Errorf("CONCLAVE_LIBRARIAN_SWEEP_INTERVAL: must not be negative, got %s", c.SweepInterval)
 	}
 	return nil
 }
@@ -98,6 +103,10 @@ type Deps struct {
 type Librarian struct {
 	// Handler serves every route.
 	Handler http.Handler
+	// SweepEscalations rejects the escalated requests past
+	// timeouts.escalation and returns how many; reads do it too, this
+	// catches those nobody reads.
+	SweepEscalations func(context.Context) (int, error)
 	// Policy is the loaded agents.yaml and protocol.yaml.
 	Policy *policy.Policy
 	// Graph is the knowledge graph, for seeding it.
@@ -166,5 +175,5 @@ func New(cfg Config, d Deps) (*Librarian, error) {
 	if d.Instrument != nil {
 		handler = d.Instrument(h)
 	}
-	return &Librarian{Handler: handler, Policy: pol, Graph: g}, nil
+	return &Librarian{Handler: handler, SweepEscalations: h.SweepEscalations, Policy: pol, Graph: g}, nil
 }

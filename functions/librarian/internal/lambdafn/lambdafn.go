@@ -116,7 +116,7 @@ func Init(ctx context.Context, lookup config.Lookup, stderr io.Writer) (lambdaHa
 		return nil, nil, err
 	}
 	// A frozen execution environment must not hold spans or metrics back.
-	return otellambda.InstrumentHandler(apigw.Handler(lib.Handler), otellambda.WithTracerProvider(tel.tracerProvider),
+	return otellambda.InstrumentHandler(withSchedule(apigw.Handler(lib.Handler), lib.SweepEscalations, logger), otellambda.WithTracerProvider(tel.tracerProvider),
 		otellambda.WithPropagator(propagation.TraceContext{}), otellambda.WithEventToCarrier(apigw.EventCarrier),
 		otellambda.WithFlusher(tel)), tel.stop, nil
 }
