@@ -36,7 +36,7 @@ func TestScheduledSweep(t *testing.T) {
 	escalated := func(reviewBy time.Time) string {
 		id := requests.NewID()
 		_, err := reqs.Create(ctx, requests.Record{ID: id, AgentID: "claude-3", State: governance.Escalated, ReviewBy: reviewBy,
-			Request: &librarianv1.AgentRequest{AgentId: "claude-3", RequestType: "APPROVAL", Action: "modify", TargetType: "design"},
+			Request:  &librarianv1.AgentRequest{AgentId: "claude-3", RequestType: "APPROVAL", Action: "modify", TargetType: "design"},
 			Response: &librarianv1.LibrarianResponse{RequestId: id, Status: "escalated", EscalationReason: proto.String("high risk")}})
 		if err != nil {
 			t.Fatal(err)
