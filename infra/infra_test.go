@@ -855,3 +855,37 @@ func TestLogGroupsRetention(t *testing.T) {
 		t.Errorf("%d log groups, %d used by a function or an API stage", len(groups), used)
 	}
 }
+
+// TestLibrarianSweepSchedule: EventBridge invokes the Librarian on a
+// schedule, so that escalations nobody reads expire (lambdafn's
+// withSchedule), and is the only principal besides API Gateway allowed to.
+func TestLibrarianSweepSchedule(t *testing.T) {
+	tmpl := openTemplate(t)
+	var schedule string
+	for id, rule := range tmpl.GetAllEventsRuleResources() {
+		if len(rule.Targets) != 1 || rule.Targets[0].Arn != "{{LibrarianFunction.Arn}}" {
+			t.Errorf("rule %s targets %v, want LibrarianFunction alone", id, rule.Targets)
+			continue
+		}
+		if expr := aws.ToString(rule.ScheduleExpression); !strings.HasPrefix(expr, "rate(") || aws.ToString(rule.State) != "ENABLED" || rule.EventPattern != nil {
+			t.Errorf("rule %s: schedule %q, state %q, pattern %v; want an enabled rate() schedule", id, expr, aws.ToString(rule.State), rule.EventPattern)
+		}
+		schedule = id
+	}
+	if schedule == "" {
+		t.Fatal("no EventBridge schedule invokes LibrarianFunction: escalations nobody reads would never expire")
+	}
+	principals := map[string]string{}
+	for id, p := range tmpl.GetAllLambdaPermissionResources() {
+		if p.Action != "lambda:InvokeFunction" || p.FunctionName != "{{ref LibrarianFunction}}" {
+			t.Errorf("permission %s: %s on %s", id, p.Action, p.FunctionName)
+		}
+		principals[p.Principal] = aws.ToString(p.SourceArn)
+	}
+	if got := principals["events.amazonaws.com"]; got != "{{"+schedule+".Arn}}" {
+		t.Errorf("EventBridge may invoke the function from %q, want the schedule %s only", got, schedule)
+	}
+	if len(principals) != 2 || principals["apigateway.amazonaws.com"] == "" {
+		t.Errorf("principals allowed to invoke the function: %v; want API Gateway and the schedule", principals)
+	}
+}

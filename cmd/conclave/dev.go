@@ -17,6 +17,7 @@ import (
 	"github.com/conclave-ai/conclave/pkg/queue"
 	"github.com/conclave-ai/conclave/pkg/server"
 	"github.com/conclave-ai/conclave/pkg/store"
+	"github.com/conclave-ai/conclave/pkg/telemetry"
 	bridge "github.com/conclave-ai/conclave/services/bridge/service"
 	bus "github.com/conclave-ai/conclave/services/bus/service"
 	gateway "github.com/conclave-ai/conclave/services/gateway/service"
@@ -86,7 +87,7 @@ func runDev(ctx context.Context, args []string, lookup config.Lookup, stdout, st
 	if cfg.Storage.Backend != config.BackendEmbedded {
 		return fmt.Errorf("CONCLAVE_BACKEND: conclave dev runs on the embedded backend; run the services themselves for %q", cfg.Storage.Backend)
 	}
-	tel, stopTelemetry, err := cfg.Telemetry(ctx, "conclave", versionString())
+	tel, stopTelemetry, err := telemetry.Start(ctx, cfg.Common, "conclave", versionString())
 	if err != nil {
 		return err
 	}

@@ -23,6 +23,7 @@ import (
 	"github.com/conclave-ai/conclave/functions/librarian/internal/graph"
 	"github.com/conclave-ai/conclave/functions/librarian/internal/requests"
 	"github.com/conclave-ai/conclave/functions/librarian/lambdatest"
+	"github.com/conclave-ai/conclave/functions/librarian/service"
 	"github.com/conclave-ai/conclave/pkg/queue"
 	"github.com/conclave-ai/conclave/pkg/store"
 	eventsv1 "github.com/conclave-ai/conclave/proto/conclave/events/v1"
@@ -175,7 +176,7 @@ func TestKilledMidInvocation(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs the bootstrap binary against dynalite and fauxqs")
 	}
-	// Not parallel: the tests share fauxqs's librarian-events queue, and
+	// Not parallel: the tests share fauxqs's events queue (bus-events), and
 	// this one checks everything on it.
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
@@ -261,7 +262,7 @@ func receiveEvents(ctx context.Context, t *testing.T, q queue.Queue, want int) [
 	seen := map[string]bool{}
 	var got []string
 	for extraPolls := 0; extraPolls < 2; {
-		msgs, err := q.Receive(ctx, "librarian-events", queue.ReceiveOptions{Max: 10, Wait: time.Second})
+		msgs, err := q.Receive(ctx, service.Queues[0].Name, queue.ReceiveOptions{Max: 10, Wait: time.Second})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -280,7 +281,7 @@ func receiveEvents(ctx context.Context, t *testing.T, q queue.Queue, want int) [
 				seen[env.Id] = true
 				got = append(got, env.GetSubjectIds()["request_id"]+" "+env.Type)
 			}
-			_ = q.Delete(ctx, "librarian-events", m.ReceiptHandle)
+			_ = q.Delete(ctx, service.Queues[0].Name, m.ReceiptHandle)
 		}
 	}
 	slices.Sort(got) // a standard queue does not keep order

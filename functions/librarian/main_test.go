@@ -187,7 +187,7 @@ func TestBootstrapUnderTheRuntimeAPI(t *testing.T) {
 	var got []*eventsv1.Envelope
 	deadline := time.Now().Add(30 * time.Second)
 	for len(got) < 2 && time.Now().Before(deadline) {
-		msgs, err := q.Receive(ctx, "librarian-events", queue.ReceiveOptions{Max: 10, Wait: time.Second})
+		msgs, err := q.Receive(ctx, service.Queues[0].Name, queue.ReceiveOptions{Max: 10, Wait: time.Second})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -199,7 +199,7 @@ func TestBootstrapUnderTheRuntimeAPI(t *testing.T) {
 			if env.GetSubjectIds()["request_id"] == resp.RequestId {
 				got = append(got, env)
 			}
-			_ = q.Delete(ctx, "librarian-events", m.ReceiptHandle)
+			_ = q.Delete(ctx, service.Queues[0].Name, m.ReceiptHandle)
 		}
 	}
 	types := []string{}
@@ -335,7 +335,7 @@ func TestTraceInJaeger(t *testing.T) {
 	}
 	defer jaeger.Stop()
 	env, _, _, _ := deployment(t)
-	rt := startFunction(t, append(env, "OTEL_EXPORTER_OTLP_ENDPOINT=http://"+jaeger.OTLPEndpoint, "OTEL_EXPORTER_OTLP_INSECURE=true",
+	rt := startFunction(t, append(env, "OTEL_EXPORTER_OTLP_ENDPOINT=http://"+jaeger.OTLPHTTPEndpoint, "OTEL_EXPORTER_OTLP_INSECURE=true",
 		"AWS_LAMBDA_FUNCTION_NAME=librarian"))
 	if err := rt.Ready(ctx); err != nil {
 		t.Fatal(err)

@@ -1,7 +1,6 @@
 package config
 
 import (
-	"context"
 	"fmt"
 	"io"
 	"log/slog"
@@ -9,10 +8,8 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"time"
 
 	clog "github.com/conclave-ai/conclave/pkg/log"
-	"github.com/conclave-ai/conclave/pkg/telemetry"
 )
 
 // ListenAddr is a host:port to listen on. Its port must be a number from 0 to
@@ -92,25 +89,6 @@ func (c Common) Validate() error {
 		return fmt.Errorf("CONCLAVE_LOG_LEVEL: %w", err)
 	}
 	return nil
-}
-
-// Telemetry sets up the deployable's tracing and metrics from the settings.
-// The returned stop flushes them within a bound of its own, so it can run
-// after a drain that used up the caller's context.
-func (c Common) Telemetry(ctx context.Context, service, version string) (*telemetry.Provider, func(), error) {
-	tel, err := telemetry.Setup(ctx, telemetry.Config{
-		ServiceName: service, ServiceVersion: version,
-		OTLPEndpoint: c.OTLPEndpoint, OTLPInsecure: c.OTLPInsecure,
-	})
-	if err != nil {
-		return nil, nil, err
-	}
-	stop := func() {
-		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-		defer cancel()
-		_ = tel.Shutdown(sctx)
-	}
-	return tel, stop, nil
 }
 
 // Logger builds the deployable's logger from the validated settings.

@@ -9,7 +9,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
-	"github.com/conclave-ai/conclave/pkg/telemetry"
+	"github.com/conclave-ai/conclave/pkg/telemetry/convention"
 )
 
 // SQS's defaults and ranges that Definition maps onto.
@@ -229,7 +229,7 @@ var traceFields = []string{"traceparent", "tracestate"}
 // SQS carrier, so every hop of Conclave writes it the same way.
 func traceAttributes(ctx context.Context) map[string]string {
 	carrier := map[string]types.MessageAttributeValue{}
-	telemetry.InjectSQS(ctx, carrier)
+	convention.InjectSQS(ctx, carrier)
 	out := make(map[string]string, len(carrier))
 	for k, v := range carrier {
 		if v.StringValue != nil {
@@ -246,8 +246,8 @@ func (m Message) TraceContext(ctx context.Context) context.Context {
 	carrier := make(map[string]types.MessageAttributeValue, len(traceFields))
 	for _, k := range traceFields {
 		if v, ok := m.Attributes[k]; ok {
-			telemetry.SQSCarrier(carrier).Set(k, v)
+			convention.SQSCarrier(carrier).Set(k, v)
 		}
 	}
-	return telemetry.ExtractSQS(ctx, carrier)
+	return convention.ExtractSQS(ctx, carrier)
 }

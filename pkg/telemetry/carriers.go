@@ -2,18 +2,18 @@ package telemetry
 
 import (
 	"context"
-	"maps"
 	"net/http"
 	"slices"
 	"strings"
 
-	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
 	"go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc"
 	"go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp"
 	"go.opentelemetry.io/otel/propagation"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/stats"
+
+	"github.com/conclave-ai/conclave/pkg/telemetry/convention"
 )
 
 // GRPCServerOptions instruments a gRPC server: each RPC gets a server span
@@ -76,54 +76,25 @@ func (p *Provider) otelhttpOptions() []otelhttp.Option {
 	}
 }
 
-// The message and environment carriers use the W3C trace context propagator
-// alone, not the provider's: their formats are fixed (traceparent and
-// tracestate only) and baggage would cost an extra SQS attribute out of the
-// ten a message may have.
+// The environment carrier uses the W3C trace context propagator alone, not
+// the provider's, as the message carriers do (package convention): its
+// format is fixed (TRACEPARENT and TRACESTATE only).
 var w3c propagation.TraceContext
 
-// SQSCarrier adapts SQS message attributes to propagation.TextMapCarrier.
-// Values are written as DataType "String".
-type SQSCarrier map[string]types.MessageAttributeValue
+// SQSCarrier adapts SQS message attributes to propagation.TextMapCarrier
+// (convention.SQSCarrier).
+type SQSCarrier = convention.SQSCarrier
 
-// Get returns the string value of attribute key, or "" if it is absent or
-// not a string.
-func (c SQSCarrier) Get(key string) string {
-	if v := c[key].StringValue; v != nil {
-		return *v
-	}
-	return ""
-}
-
-// Set stores value as a String attribute named key.
-func (c SQSCarrier) Set(key, value string) {
-	c[key] = types.MessageAttributeValue{DataType: aws.String("String"), StringValue: aws.String(value)}
-}
-
-// Keys returns the attribute names.
-func (c SQSCarrier) Keys() []string { return slices.Collect(maps.Keys(c)) }
-
-// InjectSQS writes the trace context of ctx into attrs, which must not be
-// nil, as the attributes "traceparent" and, when ctx has trace state,
-// "tracestate". Any previous values of those attributes are removed first, so
-// a forwarded message never carries a stale parent.
-//
-// SQS allows at most 10 attributes per message and InjectSQS adds at most 2,
-// so producers must keep their own attributes to 8 or fewer. Consumers must
-// ask for these attributes in ReceiveMessage (MessageAttributeNames "All", or
-// "traceparent" and "tracestate"), otherwise SQS does not return them.
+// InjectSQS writes the trace context of ctx into attrs: see
+// convention.InjectSQS.
 func InjectSQS(ctx context.Context, attrs map[string]types.MessageAttributeValue) {
-	for _, f := range w3c.Fields() {
-		delete(attrs, f)
-	}
-	w3c.Inject(ctx, SQSCarrier(attrs))
+	convention.InjectSQS(ctx, attrs)
 }
 
 // ExtractSQS returns ctx with the remote span context carried by a
-// message's attributes, for the consumer to start its span under. Missing or
-// malformed attributes leave ctx unchanged.
+// message's attributes: see convention.ExtractSQS.
 func ExtractSQS(ctx context.Context, attrs map[string]types.MessageAttributeValue) context.Context {
-	return w3c.Extract(ctx, SQSCarrier(attrs))
+	return convention.ExtractSQS(ctx, attrs)
 }
 
 // InjectEnv returns a copy of env with TRACEPARENT (and TRACESTATE when ctx

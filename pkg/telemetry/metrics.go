@@ -1,10 +1,9 @@
 package telemetry
 
 import (
-	"fmt"
-	"regexp"
-
 	"go.opentelemetry.io/otel/metric"
+
+	"github.com/conclave-ai/conclave/pkg/telemetry/convention"
 )
 
 // Domain metrics follow one convention in every deployable, so that an
@@ -23,21 +22,12 @@ import (
 // The same instruments are served on /metrics by the Prometheus exporter
 // and pushed over OTLP when an endpoint is configured.
 
-var metricName = regexp.MustCompile(`^conclave_[a-z]+_[a-z0-9_]+$`)
-
 // Meter returns the meter a deployable's domain metrics are made from; its
 // instruments must be named MetricName(service, thing).
 func (p *Provider) Meter(service string) metric.Meter {
 	return p.meterProvider.Meter("github.com/conclave-ai/conclave/" + service)
 }
 
-// MetricName is a domain metric's instrument name, conclave_<service>_<thing>.
-// It panics on a name outside the convention: names are constants in the
-// code, so a bad one is a programming error found by the first test.
-func MetricName(service, thing string) string {
-	name := "conclave_" + service + "_" + thing
-	if !metricName.MatchString(name) {
-		panic(fmt.Sprintf("telemetry: metric name %q is not conclave_<service>_<thing> in lower case", name))
-	}
-	return name
-}
+// MetricName is a domain metric's instrument name, conclave_<service>_<thing>
+// (convention.MetricName). It panics on a name outside the convention.
+func MetricName(service, thing string) string { return convention.MetricName(service, thing) }

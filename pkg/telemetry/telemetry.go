@@ -23,6 +23,7 @@ import (
 	"net/http"
 	"net/url"
 	"sync"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -40,6 +41,8 @@ import (
 	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
 	"go.opentelemetry.io/otel/trace"
 	"go.opentelemetry.io/otel/trace/noop"
+
+	"github.com/conclave-ai/conclave/pkg/config"
 )
 
 // Config describes where telemetry goes. It is plain data: callers read the
@@ -254,4 +257,24 @@ func (p *Provider) Shutdown(ctx context.Context) error {
 		}
 	})
 	return p.shutdownErr
+}
+
+// Start sets up a deployable's tracing and metrics from its common settings
+// (OTEL_EXPORTER_OTLP_ENDPOINT, OTEL_EXPORTER_OTLP_INSECURE) with Setup. The
+// returned stop flushes them within a bound of its own, so it can run after
+// a drain that used up the caller's context.
+func Start(ctx context.Context, c config.Common, service, version string) (*Provider, func(), error) {
+	tel, err := Setup(ctx, Config{
+		ServiceName: service, ServiceVersion: version,
+		OTLPEndpoint: c.OTLPEndpoint, OTLPInsecure: c.OTLPInsecure,
+	})
+	if err != nil {
+		return nil, nil, err
+	}
+	stop := func() {
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		_ = tel.Shutdown(sctx)
+	}
+	return tel, stop, nil
 }

@@ -1,6 +1,10 @@
 package service_test
 
 import (
+	"context"
+	"log/slog"
+	"net/http/httptest"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -9,7 +13,11 @@ import (
 
 	"google.golang.org/protobuf/encoding/protojson"
 
+	"github.com/conclave-ai/conclave/functions/librarian/internal/graph"
 	"github.com/conclave-ai/conclave/functions/librarian/service"
+	"github.com/conclave-ai/conclave/pkg/queue"
+	"github.com/conclave-ai/conclave/pkg/store"
+	eventsv1 "github.com/conclave-ai/conclave/proto/conclave/events/v1"
 	librarianv1 "github.com/conclave-ai/conclave/proto/conclave/librarian/v1"
 )
 
@@ -112,5 +120,103 @@ func TestEscalationTimeout(t *testing.T) {
 				t.Errorf("events of the late decision %v", got)
 			}
 		})
+	}
+}
+
+// The sweep rejects an overdue escalation nobody reads, once, with its
+// event; one still within its deadline waits. The local server runs it
+// every SweepInterval.
+func TestEscalationSweep(t *testing.T) {
+	t.Parallel()
+	clock := newFakeClock()
+	e := newEnvAt(t, nil, clock.now)
+	first := escalate(t, e, "docs/design/first.md")
+	clock.advance(time.Hour)
+	second := escalate(t, e, "docs/design/second.md")
+	e.events(t)
+
+	clock.advance(24*time.Hour - time.Hour)
+	ctx := context.Background()
+	if n, err := e.lib.SweepEscalations(ctx); err != nil || n != 1 {
+		t.Fatalf("sweep at the first deadline: %d, %v; want 1 rejected", n, err)
+	}
+	envs := e.events(t)
+	if got := types(envs); !slices.Equal(got, []string{"librarian.request.rejected"}) || envs[0].GetSubjectIds()["request_id"] != first.RequestId {
+		t.Fatalf("events of the sweep %v", envs)
+	}
+	if n, err := e.lib.SweepEscalations(ctx); err != nil || n != 0 {
+		t.Fatalf("a second sweep: %d, %v; want none rejected", n, err)
+	}
+	if got := e.events(t); len(got) != 0 {
+		t.Fatalf("a second sweep emitted %v", types(got))
+	}
+	if st := e.requestStatus(t, second.RequestId); st.Status != "escalated" {
+		t.Fatalf("the request within its deadline: %v", st)
+	}
+	if st := e.requestStatus(t, first.RequestId); st.Status != "rejected" {
+		t.Fatalf("the swept request: %v", st)
+	}
+}
+
+// TestSweepLoop: service.New sweeps on its own while it runs.
+func TestSweepLoop(t *testing.T) {
+	t.Parallel()
+	clock := newFakeClock()
+	dir := t.TempDir()
+	st, err := store.OpenBolt(filepath.Join(dir, "state.db"), store.BoltOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	q, err := queue.OpenEmbedded(filepath.Join(dir, "queue.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer q.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := store.EnsureTables(ctx, st, service.Tables...); err != nil {
+		t.Fatal(err)
+	}
+	if err := q.Ensure(ctx, service.Queues[0]); err != nil {
+		t.Fatal(err)
+	}
+	svc, err := service.New(service.Config{HTTPAddr: "127.0.0.1:0", APIRate: "60/minute", ShutdownTimeout: time.Second,
+		SweepInterval: 10 * time.Millisecond, AgentTokens: []string{"claude-3=" + claudeToken}},
+		service.Deps{Store: st, Queue: q, Now: clock.now, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range []graph.Node{{ID: "arch-001", Type: "architecture", Title: "Architecture overview"}, {ID: "req-045", Type: "docs", Title: "Requirements"}} {
+		if err := graph.New(st).Put(ctx, n); err != nil {
+			t.Fatal(err)
+		}
+	}
+	runCtx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- svc.Run(runCtx) }()
+	defer func() {
+		stop()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	}()
+	<-svc.Ready()
+	e := &env{srv: &httptest.Server{URL: "http://" + svc.Endpoints()[0].Address}, st: st, queue: q}
+	escalated := escalate(t, e, "docs/design/unread.md")
+	e.events(t)
+	clock.advance(24 * time.Hour)
+	for {
+		envs := e.events(t)
+		if slices.ContainsFunc(envs, func(env *eventsv1.Envelope) bool {
+			return env.Type == "librarian.request.rejected" && env.GetSubjectIds()["request_id"] == escalated.RequestId
+		}) {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("the running service never rejected the overdue escalation; events %v", types(envs))
+		case <-time.After(10 * time.Millisecond):
+		}
 	}
 }

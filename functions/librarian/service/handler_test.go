@@ -181,7 +181,7 @@ func (e *env) events(t *testing.T) []*eventsv1.Envelope {
 	t.Helper()
 	var out []*eventsv1.Envelope
 	for {
-		msgs, err := e.queue.Receive(context.Background(), "librarian-events", queue.ReceiveOptions{Max: 10})
+		msgs, err := e.queue.Receive(context.Background(), service.Queues[0].Name, queue.ReceiveOptions{Max: 10})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -197,7 +197,7 @@ func (e *env) events(t *testing.T) []*eventsv1.Envelope {
 				t.Fatalf("attributes %v do not match the envelope %v", m.Attributes, env)
 			}
 			out = append(out, env)
-			_ = e.queue.Delete(context.Background(), "librarian-events", m.ReceiptHandle)
+			_ = e.queue.Delete(context.Background(), service.Queues[0].Name, m.ReceiptHandle)
 		}
 	}
 }

@@ -1,32 +1,19 @@
-// Package service wires the Librarian: NewHandler builds the one
-// http.Handler that the Lambda (functions/librarian/main.go) serves behind
-// API Gateway, and New serves the same handler over plain HTTP for
-// functions/librarian/cmd/local and `conclave dev`.
+// Package service is the Librarian for the processes that run pkg/server
+// and pkg/telemetry: New serves the handler of internal/handler (the one
+// the Lambda serves behind API Gateway) over plain HTTP for
+// functions/librarian/cmd/local and `conclave dev`, with Prometheus
+// /metrics; NewHandler builds that handler bound to a telemetry.Provider.
 package service
 
 import (
 	"context"
 	"fmt"
-	"io/fs"
 	"log/slog"
 	"net/http"
-	"os"
 	"strings"
 	"time"
 
-	"github.com/conclave-ai/conclave/functions/librarian/config"
-	"github.com/conclave-ai/conclave/functions/librarian/internal/access"
-	"github.com/conclave-ai/conclave/functions/librarian/internal/api"
-	"github.com/conclave-ai/conclave/functions/librarian/internal/events"
-	"github.com/conclave-ai/conclave/functions/librarian/internal/governance"
-	"github.com/conclave-ai/conclave/functions/librarian/internal/graph"
-	"github.com/conclave-ai/conclave/functions/librarian/internal/policy"
-	"github.com/conclave-ai/conclave/functions/librarian/internal/ratelimit"
-	"github.com/conclave-ai/conclave/functions/librarian/internal/requests"
-	"github.com/conclave-ai/conclave/functions/librarian/internal/review"
-	"github.com/conclave-ai/conclave/functions/librarian/internal/stats"
-	"github.com/conclave-ai/conclave/functions/librarian/templates"
-	pkgconfig "github.com/conclave-ai/conclave/pkg/config"
+	"github.com/conclave-ai/conclave/functions/librarian/internal/handler"
 	"github.com/conclave-ai/conclave/pkg/queue"
 	"github.com/conclave-ai/conclave/pkg/server"
 	"github.com/conclave-ai/conclave/pkg/store"
@@ -34,49 +21,16 @@ import (
 )
 
 // Config is the Librarian's configuration.
-type Config struct {
-	HTTPAddr        pkgconfig.ListenAddr `env:"CONCLAVE_LIBRARIAN_HTTP_ADDR" default:":8081" help:"HTTP listener of the local server (the Lambda has none)"`
-	ConfigDir       string               `env:"CONCLAVE_LIBRARIAN_CONFIG_DIR" help:"directory holding agents.yaml and protocol.yaml (default: the files built in)"`
-	BaseURL         string               `env:"CONCLAVE_LIBRARIAN_BASE_URL" help:"public URL of the API, for human_review_url (default: from each request's Host)"`
-	APIRate         string               `env:"CONCLAVE_LIBRARIAN_API_RATE" default:"60/minute" help:"requests each agent may make to the API, beside its own registry limit"`
-	ReadRate        string               `env:"CONCLAVE_LIBRARIAN_READ_RATE" default:"600/minute" help:"reads (status, capabilities, reviews, metrics) each caller may make"`
-	AgentTokens     []string             `env:"CONCLAVE_LIBRARIAN_AGENT_TOKENS" help:"comma-separated agent_id=token pairs accepted beside the tokens in the store"`
-	ReviewerTokens  []string             `env:"CONCLAVE_LIBRARIAN_REVIEWER_TOKENS" help:"comma-separated name=token pairs of reviewers, beside the tokens in the store"`
-	ShutdownTimeout time.Duration        `env:"CONCLAVE_LIBRARIAN_SHUTDOWN_TIMEOUT" default:"10s" help:"how long in-flight requests may drain on shutdown"`
-	// AllowUnauthenticated lets callers without a token act as the agent
-	// they name, and review; conclave dev sets it, on loopback only.
-	AllowUnauthenticated bool `env:"CONCLAVE_LIBRARIAN_ALLOW_UNAUTHENTICATED" default:"false" help:"serve without bearer tokens (development only)"`
-}
-
-// Validate implements config.Validator.
-func (c Config) Validate() error {
-	if _, err := policy.ParseRate(c.APIRate); err != nil {
-		return fmt.Errorf("CONCLAVE_LIBRARIAN_API_RATE: %w", err)
-	}
-	if _, err := policy.ParseRate(c.ReadRate); err != nil {
-		return fmt.Errorf("CONCLAVE_LIBRARIAN_READ_RATE: %w", err)
-	}
-	var s access.Static
-	if err := access.ParseStatic(c.AgentTokens, access.RoleAgent, &s); err != nil {
-		return fmt.Errorf("CONCLAVE_LIBRARIAN_AGENT_TOKENS: %w", err)
-	}
-	if err := access.ParseStatic(c.ReviewerTokens, access.RoleReviewer, &s); err != nil {
-		return fmt.Errorf("CONCLAVE_LIBRARIAN_REVIEWER_TOKENS: %w", err)
-	}
-	if c.BaseURL != "" && !strings.HasPrefix(c.BaseURL, "https://") && !strings.HasPrefix(c.BaseURL, "http://") {
-		return fmt.Errorf("CONCLAVE_LIBRARIAN_BASE_URL: %q is not an http(s) URL", c.BaseURL)
-	}
-	if c.ShutdownTimeout <= 0 {
-		return fmt.Errorf("CONCLAVE_LIBRARIAN_SHUTDOWN_TIMEOUT: must be positive, got %s", c.ShutdownTimeout)
-	}
-	return nil
-}
+type Config = handler.Config
 
 // Tables lists the tables the Librarian keeps its state in.
-var Tables = []store.Table{requests.Table, graph.Table, ratelimit.Table, access.Table}
+var Tables = handler.Tables
 
 // Queues lists the queues it sends to.
-var Queues = []queue.Definition{events.Queue}
+var Queues = handler.Queues
+
+// Librarian is the handler and the parts other surfaces reach into.
+type Librarian = handler.Librarian
 
 // Deps are what the handler runs on.
 type Deps struct {
@@ -89,85 +43,23 @@ type Deps struct {
 	Now func() time.Time
 }
 
-// Librarian is the handler and the parts other surfaces reach into.
-type Librarian struct {
-	// Handler serves every route.
-	Handler http.Handler
-	// Policy is the loaded agents.yaml and protocol.yaml.
-	Policy *policy.Policy
-	// Graph is the knowledge graph, for seeding it.
-	Graph *graph.Graph
-}
-
-// NewHandler loads the configuration files and builds the handler. It
-// makes no network call: the store, queue and telemetry are used only by
-// requests.
+// NewHandler loads the configuration files and builds the handler, its
+// metrics and HTTP traces bound to d.Telemetry. It makes no network call.
 func NewHandler(cfg Config, d Deps) (*Librarian, error) {
-	var fsys fs.FS = config.Files
-	dir := "(built-in) config"
-	if cfg.ConfigDir != "" {
-		fsys, dir = os.DirFS(cfg.ConfigDir), cfg.ConfigDir
+	hd := handler.Deps{Store: d.Store, Queue: d.Queue, Logger: d.Logger, Now: d.Now}
+	if tel := d.Telemetry; tel != nil {
+		hd.Meters = tel.MeterProvider()
+		hd.Instrument = func(h http.Handler) http.Handler { return tel.HTTPHandler(h, "librarian") }
 	}
-	pol, err := policy.Load(fsys, dir)
-	if err != nil {
-		return nil, err
-	}
-	tpl, err := templates.Load()
-	if err != nil {
-		return nil, fmt.Errorf("templates: %w", err)
-	}
-	apiRate, err := policy.ParseRate(cfg.APIRate)
-	if err != nil {
-		return nil, fmt.Errorf("CONCLAVE_LIBRARIAN_API_RATE: %w", err)
-	}
-	readRate := policy.Rate{Count: 600, Window: time.Minute}
-	if cfg.ReadRate != "" {
-		if readRate, err = policy.ParseRate(cfg.ReadRate); err != nil {
-			return nil, fmt.Errorf("CONCLAVE_LIBRARIAN_READ_RATE: %w", err)
-		}
-	}
-	var static access.Static
-	if err := access.ParseStatic(cfg.AgentTokens, access.RoleAgent, &static); err != nil {
-		return nil, fmt.Errorf("CONCLAVE_LIBRARIAN_AGENT_TOKENS: %w", err)
-	}
-	if err := access.ParseStatic(cfg.ReviewerTokens, access.RoleReviewer, &static); err != nil {
-		return nil, fmt.Errorf("CONCLAVE_LIBRARIAN_REVIEWER_TOKENS: %w", err)
-	}
-	logger := d.Logger
-	if logger == nil {
-		logger = slog.New(slog.DiscardHandler)
-	}
-	if cfg.AllowUnauthenticated {
-		logger.Warn("the Librarian accepts requests without a bearer token")
-	}
-	g := graph.New(d.Store)
-	reqs := requests.New(d.Store, d.Now)
-	limiter := ratelimit.New(d.Store, apiRate, nil)
-	tokens := access.New(d.Store)
-	var observer api.Observer
-	if d.Telemetry != nil {
-		if observer, err = newMetrics(d.Telemetry); err != nil {
-			return nil, err
-		}
-	}
-	h := api.New(api.Options{
-		Policy:   pol,
-		Pipeline: governance.NewPipeline(governance.Deps{Graph: g, Limiter: limiter, Requests: reqs, Templates: tpl}),
-		Limiter:  limiter, Reads: limiter, ReadRate: readRate, Requests: reqs, Graph: g, Tokens: tokens, Static: &static,
-		Events: events.NewPublisher(d.Queue), Stats: stats.New(d.Store), Observer: observer, Logger: logger,
-		BaseURL: cfg.BaseURL, AllowUnauthenticated: cfg.AllowUnauthenticated, Now: d.Now,
-	})
-	review.Register(h.Mux(), h, review.Options{Secure: strings.HasPrefix(cfg.BaseURL, "https://"), AllowUnauthenticated: cfg.AllowUnauthenticated})
-	var handler http.Handler = h
-	if d.Telemetry != nil {
-		handler = d.Telemetry.HTTPHandler(h, "librarian")
-	}
-	return &Librarian{Handler: handler, Policy: pol, Graph: g}, nil
+	return handler.New(cfg, hd)
 }
 
 // Service is the Librarian served over HTTP.
 type Service struct {
-	srv *server.Server
+	srv    *server.Server
+	lib    *Librarian
+	sweep  time.Duration
+	logger *slog.Logger
 }
 
 // New serves the handler on cfg.HTTPAddr. The store's Tables and the
@@ -202,11 +94,44 @@ func New(cfg Config, d Deps, opts ...server.Option) (*Service, error) {
 		return nil, fmt.Errorf("librarian server: %w", err)
 	}
 	srv.Handle("/", lib.Handler)
-	return &Service{srv: srv}, nil
+	logger := d.Logger
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	return &Service{srv: srv, lib: lib, sweep: cfg.SweepInterval, logger: logger}, nil
 }
 
-// Run serves until ctx is cancelled, then drains.
-func (s *Service) Run(ctx context.Context) error { return s.srv.Run(ctx) }
+// Run serves until ctx is cancelled, then drains. Every SweepInterval it
+// rejects the escalations past timeouts.escalation that nobody read.
+func (s *Service) Run(ctx context.Context) error {
+	if s.sweep > 0 {
+		sweepCtx, stop := context.WithCancel(ctx)
+		done := make(chan struct{})
+		go func() { defer close(done); s.sweepEvery(sweepCtx) }()
+		defer func() { stop(); <-done }()
+	}
+	return s.srv.Run(ctx)
+}
+
+func (s *Service) sweepEvery(ctx context.Context) {
+	tick := time.NewTicker(s.sweep)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		n, err := s.lib.SweepEscalations(ctx)
+		switch {
+		case err != nil && ctx.Err() == nil:
+			// The next tick tries again; a read expires a request meanwhile.
+			s.logger.WarnContext(ctx, "escalation sweep failed", "error", err, "rejected", n)
+		case n > 0:
+			s.logger.InfoContext(ctx, "escalation sweep rejected overdue requests", "rejected", n)
+		}
+	}
+}
 
 // Ready is closed once the listener is bound.
 func (s *Service) Ready() <-chan struct{} { return s.srv.Ready() }

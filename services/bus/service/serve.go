@@ -7,6 +7,7 @@ import (
 	"github.com/conclave-ai/conclave/pkg/config"
 	"github.com/conclave-ai/conclave/pkg/queue"
 	"github.com/conclave-ai/conclave/pkg/store"
+	"github.com/conclave-ai/conclave/pkg/telemetry"
 	"github.com/conclave-ai/conclave/services/bus/internal/bubcli"
 )
 
@@ -26,7 +27,7 @@ func Serve(ctx context.Context, name string, args []string, lookup config.Lookup
 		return err
 	}
 	logger := cfg.Logger(stderr, "bus")
-	tel, stopTelemetry, err := cfg.Telemetry(ctx, "conclave-bus", "")
+	tel, stopTelemetry, err := telemetry.Start(ctx, cfg.Common, "conclave-bus", "")
 	if err != nil {
 		return err
 	}

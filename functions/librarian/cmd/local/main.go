@@ -18,6 +18,7 @@ import (
 	"github.com/conclave-ai/conclave/pkg/config"
 	"github.com/conclave-ai/conclave/pkg/queue"
 	"github.com/conclave-ai/conclave/pkg/store"
+	"github.com/conclave-ai/conclave/pkg/telemetry"
 )
 
 type appConfig struct {
@@ -45,7 +46,7 @@ func run(ctx context.Context, args []string) error {
 		return err
 	}
 	logger := cfg.Logger(os.Stderr, "librarian")
-	tel, stopTelemetry, err := cfg.Telemetry(ctx, "conclave-librarian", "")
+	tel, stopTelemetry, err := telemetry.Start(ctx, cfg.Common, "conclave-librarian", "")
 	if err != nil {
 		return err
 	}

@@ -156,6 +156,37 @@ func (h *Handler) Escalated(ctx context.Context) ([]requests.Record, error) {
 	return waiting, nil
 }
 
+// SweepEscalations rejects every escalated request past its deadline, as
+// reading it would, so that the expiry and its event happen even for a
+// request nobody reads: the local server runs it periodically, the Lambda
+// when its EventBridge schedule invokes it. It returns how many requests it
+// rejected.
+func (h *Handler) SweepEscalations(ctx context.Context) (int, error) {
+	expired, cursor := 0, ""
+	for {
+		recs, next, err := h.o.Requests.ListPage(ctx, governance.Escalated, maxReviewList, cursor)
+		if err != nil {
+			return expired, err
+		}
+		for _, rec := range recs {
+			if !h.overdue(rec) {
+				continue
+			}
+			now, err := h.expireOverdue(ctx, rec)
+			if err != nil {
+				return expired, err
+			}
+			if now.State == governance.Rejected {
+				expired++
+			}
+		}
+		if next == "" {
+			return expired, nil
+		}
+		cursor = next
+	}
+}
+
 // errSettled stops an expiry whose request was decided meanwhile.
 var errSettled = errors.New("the request is no longer escalated")
 

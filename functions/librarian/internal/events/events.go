@@ -22,8 +22,12 @@ import (
 	eventsv1 "github.com/conclave-ai/conclave/proto/conclave/events/v1"
 )
 
-// Queue is the Librarian's one queue.
-var Queue = queue.Definition{Name: "librarian-events", MaxReceiveCount: 5}
+// Queue is the bus's events queue (services/bus's broker.EventsQueue; a
+// service does not import another, so it is declared again here, the same
+// in every attribute because both Ensure it): the bus publishes each
+// envelope on it as system:{type}, so the Librarian's land on
+// system:librarian.*.
+var Queue = queue.Definition{Name: "bus-events", VisibilityTimeout: 2 * time.Minute, MaxReceiveCount: 5}
 
 // The event types, as the envelope's type.
 const (

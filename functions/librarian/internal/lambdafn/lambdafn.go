@@ -2,14 +2,17 @@
 // environment, the DynamoDB store and SQS queue clients (traced with
 // otelaws), the handler, and the API Gateway adapter traced with
 // otellambda. It makes no network call: clients connect on first use, and
-// the tables and queue are created by infra/, not here.
+// the tables and queue are created by infra/, not here. It imports only
+// what a Lambda runs: internal/handler rather than package service (which
+// links pkg/server and gRPC), and its own OTLP/HTTP telemetry rather than
+// pkg/telemetry (Prometheus, OTLP/gRPC).
 package lambdafn
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
+	"net/http"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	awsconfig "github.com/aws/aws-sdk-go-v2/config"
@@ -17,10 +20,11 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"go.opentelemetry.io/contrib/instrumentation/github.com/aws/aws-lambda-go/otellambda"
 	"go.opentelemetry.io/contrib/instrumentation/github.com/aws/aws-sdk-go-v2/otelaws"
+	"go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp"
 	"go.opentelemetry.io/otel/propagation"
 
 	"github.com/conclave-ai/conclave/functions/librarian/internal/apigw"
-	"github.com/conclave-ai/conclave/functions/librarian/service"
+	"github.com/conclave-ai/conclave/functions/librarian/internal/handler"
 	"github.com/conclave-ai/conclave/pkg/config"
 	"github.com/conclave-ai/conclave/pkg/queue"
 	"github.com/conclave-ai/conclave/pkg/store"
@@ -30,7 +34,7 @@ import (
 type Settings struct {
 	config.Common
 	Storage   config.Storage
-	Librarian service.Config
+	Librarian handler.Config
 	// TablePrefix separates environments sharing one AWS account.
 	TablePrefix string `env:"CONCLAVE_TABLE_PREFIX" default:"conclave-" help:"prefix of the DynamoDB table names"`
 	// QueueEndpoint overrides SQS alone, for a local SQS beside a local
@@ -42,6 +46,11 @@ type Settings struct {
 func (s Settings) Validate() error {
 	if s.Storage.Backend != config.BackendAWS {
 		return fmt.Errorf("CONCLAVE_BACKEND: the Lambda keeps its state in DynamoDB; set it to aws (got %q)", s.Storage.Backend)
+	}
+	if s.OTLPEndpoint != "" {
+		if _, err := otlpHTTPBase(s.OTLPEndpoint, s.OTLPInsecure); err != nil {
+			return err
+		}
 	}
 	return nil
 }
@@ -65,26 +74,23 @@ func awsConfig(ctx context.Context, lookup config.Lookup, region string) (aws.Co
 }
 
 // Init builds the Lambda handler; stop flushes telemetry.
-func Init(ctx context.Context, lookup config.Lookup, stderr io.Writer) (handler any, stop func(), err error) {
+func Init(ctx context.Context, lookup config.Lookup, stderr io.Writer) (lambdaHandler any, stop func(), err error) {
 	var s Settings
 	// Lambda logs are read by machines: JSON by default.
 	if err := config.Load(ctx, &s, "librarian", nil, lookup, stderr); err != nil {
-		if errors.Is(err, config.ErrHelp) {
-			return nil, nil, err
-		}
 		return nil, nil, err
 	}
 	logger := s.Logger(stderr, "librarian")
-	tel, stopTelemetry, err := s.Telemetry(ctx, "conclave-librarian", "")
+	tel, err := newLambdaTelemetry(ctx, s.Common, "conclave-librarian")
 	if err != nil {
 		return nil, nil, err
 	}
 	awsCfg, err := awsConfig(ctx, lookup, s.Storage.AWSRegion)
 	if err != nil {
-		stopTelemetry()
+		tel.stop()
 		return nil, nil, fmt.Errorf("AWS configuration: %w", err)
 	}
-	otelaws.AppendMiddlewares(&awsCfg.APIOptions, otelaws.WithTracerProvider(tel.TracerProvider()),
+	otelaws.AppendMiddlewares(&awsCfg.APIOptions, otelaws.WithTracerProvider(tel.tracerProvider),
 		otelaws.WithTextMapPropagator(propagation.TraceContext{}))
 	ddb := dynamodb.NewFromConfig(awsCfg, func(o *dynamodb.Options) {
 		if s.Storage.AWSEndpoint != "" {
@@ -97,16 +103,20 @@ func Init(ctx context.Context, lookup config.Lookup, stderr io.Writer) (handler 
 		queueEndpoint = s.Storage.AWSEndpoint
 	}
 	q := queue.NewSQS(awsCfg, queueEndpoint)
-	lib, err := service.NewHandler(s.Librarian, service.Deps{Store: st, Queue: q, Logger: logger, Telemetry: tel})
+	lib, err := handler.New(s.Librarian, handler.Deps{Store: st, Queue: q, Logger: logger, Meters: tel.meterProvider,
+		Instrument: func(h http.Handler) http.Handler {
+			opts := []otelhttp.Option{otelhttp.WithTracerProvider(tel.tracerProvider), otelhttp.WithPropagators(tel.propagator)}
+			if tel.meterProvider != nil {
+				opts = append(opts, otelhttp.WithMeterProvider(tel.meterProvider))
+			}
+			return otelhttp.NewHandler(h, "librarian", opts...)
+		}})
 	if err != nil {
-		stopTelemetry()
+		tel.stop()
 		return nil, nil, err
 	}
-	opts := []otellambda.Option{otellambda.WithTracerProvider(tel.TracerProvider()),
-		otellambda.WithPropagator(propagation.TraceContext{}), otellambda.WithEventToCarrier(apigw.EventCarrier)}
-	if f, ok := tel.TracerProvider().(otellambda.Flusher); ok {
-		// A frozen execution environment must not hold spans back.
-		opts = append(opts, otellambda.WithFlusher(f))
-	}
-	return otellambda.InstrumentHandler(apigw.Handler(lib.Handler), opts...), stopTelemetry, nil
+	// A frozen execution environment must not hold spans or metrics back.
+	return otellambda.InstrumentHandler(withSchedule(apigw.Handler(lib.Handler), lib.SweepEscalations, logger), otellambda.WithTracerProvider(tel.tracerProvider),
+		otellambda.WithPropagator(propagation.TraceContext{}), otellambda.WithEventToCarrier(apigw.EventCarrier),
+		otellambda.WithFlusher(tel)), tel.stop, nil
 }

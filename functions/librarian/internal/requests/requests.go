@@ -287,12 +287,19 @@ func (s *Store) update(ctx context.Context, id string, known *Record, change fun
 // List returns up to limit requests in state (only ESCALATED is indexed),
 // oldest first.
 func (s *Store) List(ctx context.Context, state governance.State, limit int) ([]Record, error) {
+	recs, _, err := s.ListPage(ctx, state, limit, "")
+	return recs, err
+}
+
+// ListPage is List continued from cursor (empty: the oldest); next is the
+// cursor of the following page, empty after the last.
+func (s *Store) ListPage(ctx context.Context, state governance.State, limit int, cursor string) (recs []Record, next string, err error) {
 	if !indexed[state] {
-		return nil, fmt.Errorf("requests: %s requests are not listed", state)
+		return nil, "", fmt.Errorf("requests: %s requests are not listed", state)
 	}
-	page, err := s.st.Query(ctx, Table.Name, store.Query{PK: "state#" + string(state), Limit: limit})
+	page, err := s.st.Query(ctx, Table.Name, store.Query{PK: "state#" + string(state), Limit: limit, Cursor: cursor})
 	if err != nil {
-		return nil, fmt.Errorf("requests: list %s: %w", state, err)
+		return nil, "", fmt.Errorf("requests: list %s: %w", state, err)
 	}
 	keys := make([]store.Key, 0, len(page.Items))
 	for _, it := range page.Items {
@@ -300,17 +307,17 @@ func (s *Store) List(ctx context.Context, state governance.State, limit int) ([]
 	}
 	items, err := s.st.BatchGet(ctx, Table.Name, keys)
 	if err != nil {
-		return nil, fmt.Errorf("requests: list %s: %w", state, err)
+		return nil, "", fmt.Errorf("requests: list %s: %w", state, err)
 	}
 	out := make([]Record, 0, len(items))
 	for _, it := range items {
 		r, err := decode(it)
 		if err != nil {
-			return nil, err
+			return nil, "", err
 		}
 		if r.State == state { // an entry left behind by an interrupted update
 			out = append(out, r)
 		}
 	}
-	return out, nil
+	return out, page.Cursor, nil
 }

@@ -12,6 +12,7 @@ import (
 	"syscall"
 
 	"github.com/conclave-ai/conclave/pkg/config"
+	"github.com/conclave-ai/conclave/pkg/telemetry"
 	"github.com/conclave-ai/conclave/services/bridge/service"
 )
 
@@ -42,7 +43,7 @@ func run(ctx context.Context, args []string) error {
 	}
 	cfg.Bridge.Env = os.LookupEnv
 	logger := cfg.Logger(os.Stderr, "bridge")
-	tel, stopTelemetry, err := cfg.Telemetry(ctx, "conclave-bridge", "")
+	tel, stopTelemetry, err := telemetry.Start(ctx, cfg.Common, "conclave-bridge", "")
 	if err != nil {
 		return err
 	}

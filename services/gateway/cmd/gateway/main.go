@@ -11,6 +11,7 @@ import (
 
 	"github.com/conclave-ai/conclave/pkg/config"
 	"github.com/conclave-ai/conclave/pkg/store"
+	"github.com/conclave-ai/conclave/pkg/telemetry"
 	"github.com/conclave-ai/conclave/services/gateway/service"
 )
 
@@ -40,7 +41,7 @@ func run(ctx context.Context, args []string) error {
 		return err
 	}
 	logger := cfg.Logger(os.Stderr, "gateway")
-	tel, stopTelemetry, err := cfg.Telemetry(ctx, "conclave-gateway", "")
+	tel, stopTelemetry, err := telemetry.Start(ctx, cfg.Common, "conclave-gateway", "")
 	if err != nil {
 		return err
 	}

@@ -12,6 +12,7 @@ import (
 	"github.com/conclave-ai/conclave/pkg/config"
 	"github.com/conclave-ai/conclave/pkg/queue"
 	"github.com/conclave-ai/conclave/pkg/store"
+	"github.com/conclave-ai/conclave/pkg/telemetry"
 	"github.com/conclave-ai/conclave/services/runner/service"
 )
 
@@ -41,7 +42,7 @@ func run(ctx context.Context, args []string) error {
 		return err
 	}
 	logger := cfg.Logger(os.Stderr, "runner")
-	tel, stopTelemetry, err := cfg.Telemetry(ctx, "conclave-runner", "")
+	tel, stopTelemetry, err := telemetry.Start(ctx, cfg.Common, "conclave-runner", "")
 	if err != nil {
 		return err
 	}

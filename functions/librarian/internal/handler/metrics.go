@@ -1,4 +1,4 @@
-package service
+package handler
 
 import (
 	"context"
@@ -8,7 +8,7 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 
-	"github.com/conclave-ai/conclave/pkg/telemetry"
+	"github.com/conclave-ai/conclave/pkg/telemetry/convention"
 )
 
 // metrics are the Librarian's domain metrics (docs/metrics.md). Every
@@ -21,24 +21,25 @@ type metrics struct {
 	published  metric.Int64Counter
 }
 
-func newMetrics(tel *telemetry.Provider) (*metrics, error) {
-	m := tel.Meter("librarian")
+func newMetrics(mp metric.MeterProvider) (*metrics, error) {
+	// The meter telemetry.Provider.Meter("librarian") names.
+	m := mp.Meter("github.com/conclave-ai/conclave/librarian")
 	var out metrics
 	var err error
-	if out.decisions, err = m.Int64Counter(telemetry.MetricName("librarian", "decisions"), metric.WithUnit("{request}"),
+	if out.decisions, err = m.Int64Counter(convention.MetricName("librarian", "decisions"), metric.WithUnit("{request}"),
 		metric.WithDescription("Requests decided by the validation pipeline, by request type and status.")); err != nil {
 		return nil, err
 	}
-	if out.validation, err = m.Float64Histogram(telemetry.MetricName("librarian", "validation_duration"), metric.WithUnit("s"),
+	if out.validation, err = m.Float64Histogram(convention.MetricName("librarian", "validation_duration"), metric.WithUnit("s"),
 		metric.WithDescription("Time the validation pipeline took to decide a request."),
 		metric.WithExplicitBucketBoundaries(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5)); err != nil {
 		return nil, err
 	}
-	if out.refusals, err = m.Int64Counter(telemetry.MetricName("librarian", "refusals"), metric.WithUnit("{request}"),
+	if out.refusals, err = m.Int64Counter(convention.MetricName("librarian", "refusals"), metric.WithUnit("{request}"),
 		metric.WithDescription("Requests answered with an HTTP error, by status code.")); err != nil {
 		return nil, err
 	}
-	if out.published, err = m.Int64Counter(telemetry.MetricName("librarian", "events_published"), metric.WithUnit("{event}"),
+	if out.published, err = m.Int64Counter(convention.MetricName("librarian", "events_published"), metric.WithUnit("{event}"),
 		metric.WithDescription("Governance events sent to the queue, by outcome (sent, or staged for a retry).")); err != nil {
 		return nil, err
 	}

@@ -1,0 +1,110 @@
+package main_test
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	colmetricspb "go.opentelemetry.io/proto/otlp/collector/metrics/v1"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/conclave-ai/conclave/pkg/telemetry/metricstest"
+)
+
+// otlpReceiver is an OTLP/HTTP endpoint collecting the names of the
+// metrics it is sent, standing in for the collector extension a Lambda
+// exports to.
+type otlpReceiver struct {
+	mu      sync.Mutex
+	metrics map[string]bool
+	changed chan struct{}
+}
+
+func (r *otlpReceiver) ServeHTTP(w http.ResponseWriter, req *http.Request) {
+	body, err := io.ReadAll(req.Body)
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusBadRequest)
+		return
+	}
+	if req.URL.Path == "/v1/metrics" {
+		var export colmetricspb.ExportMetricsServiceRequest
+		if err := proto.Unmarshal(body, &export); err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		r.mu.Lock()
+		for _, rm := range export.ResourceMetrics {
+			for _, sm := range rm.ScopeMetrics {
+				for _, m := range sm.Metrics {
+					r.metrics[m.Name] = true
+				}
+			}
+		}
+		r.mu.Unlock()
+		select {
+		case r.changed <- struct{}{}:
+		default:
+		}
+	}
+	w.Header().Set("Content-Type", "application/x-protobuf")
+}
+
+func (r *otlpReceiver) has(names []string) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, n := range names {
+		if !r.metrics[n] {
+			return false
+		}
+	}
+	return true
+}
+
+// TestMetricsOverOTLP: the Lambda has no /metrics to scrape; it pushes
+// every documented librarian metric over OTLP/HTTP (flushed at the end of
+// each invocation, before Lambda could freeze the environment).
+func TestMetricsOverOTLP(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs the bootstrap binary against dynalite and fauxqs")
+	}
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	recv := &otlpReceiver{metrics: map[string]bool{}, changed: make(chan struct{}, 1)}
+	collector := httptest.NewServer(recv)
+	defer collector.Close()
+	env, _, _, _ := deployment(t)
+	rt := startFunction(t, append(env, "OTEL_EXPORTER_OTLP_ENDPOINT="+collector.URL))
+	if err := rt.Ready(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// An approval is decided (decisions, validation_duration) and publishes
+	// its events (events_published); malformed JSON is refused (refusals).
+	for _, f := range []string{"request-approval.json", "request-malformed.json"} {
+		if _, err := rt.Invoke(ctx, fixture(t, f), nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The OTLP instrument names: Prometheus adds _total and the unit.
+	var want []string
+	for _, name := range metricstest.DocumentedNames(t, "librarian") {
+		name = strings.TrimSuffix(strings.TrimSuffix(name, "_total"), "_seconds")
+		want = append(want, name)
+	}
+	slices.Sort(want)
+	for !recv.has(want) {
+		select {
+		case <-recv.changed:
+		case <-ctx.Done():
+			recv.mu.Lock()
+			defer recv.mu.Unlock()
+			t.Fatalf("received %v, want %v\n%s", recv.metrics, want, rt.Output())
+		}
+	}
+}
