@@ -149,6 +149,11 @@ func decodeStrict(t *testing.T, manifest string) []runtime.Object {
 		if len(probe) == 0 {
 			continue // a template that rendered nothing
 		}
+		if probe["apiVersion"] == "monitoring.coreos.com/v1" && probe["kind"] == "PrometheusRule" {
+			// No client-go type: compare it with the rules it wraps.
+			checkPrometheusRule(t, probe)
+			continue
+		}
 		obj, gvk, err := strictDecoder.Decode(doc, nil, nil)
 		if err != nil {
 			t.Fatalf("decoding %v strictly: %v\n%s", gvk, err, doc)
@@ -246,6 +251,7 @@ func TestTemplate(t *testing.T) {
 				if _, ok := r.configMaps[release+"-runner-agent-types"]; !ok {
 					t.Errorf("no agent types ConfigMap with runner.agentTypes set")
 				}
+				checkObservability(t, r)
 			}
 		})
 	}
@@ -496,6 +502,11 @@ func allSettingsValues(t *testing.T) string {
 	values := map[string]any{
 		"jaeger": map[string]any{"enabled": true},
 		"aws":    map[string]any{"endpoint": "http://dynalite.conclave.svc:4567"},
+		"observability": map[string]any{
+			"dashboards":     map[string]any{"enabled": true},
+			"rules":          map[string]any{"enabled": true},
+			"prometheusRule": map[string]any{"enabled": true},
+		},
 	}
 	for _, d := range deployables {
 		settings := map[string]any{}
@@ -641,5 +652,61 @@ func TestDecodeStrictRejectsUnknownFields(t *testing.T) {
 	doc := []byte("apiVersion: v1\nkind: Service\nmetadata:\n  name: x\nspec:\n  ports:\n    - port: 80\n      targetPrt: http\n")
 	if _, _, err := strictDecoder.Decode(doc, nil, nil); err == nil || !strings.Contains(err.Error(), "targetPrt") {
 		t.Fatalf("strict decoding of an unknown field: err = %v, want one naming targetPrt", err)
+	}
+}
+
+// observabilityDir is the module whose dashboards and rules the chart ships
+// (helm/conclave/files links to it).
+const observabilityDir = "../deploy/observability"
+
+// checkObservability checks the chart ships every dashboard and the alert
+// rules of deploy/observability unchanged.
+func checkObservability(t *testing.T, r rendered) {
+	t.Helper()
+	dashboards, err := filepath.Glob(filepath.Join(observabilityDir, "dashboards", "*.json"))
+	if err != nil || len(dashboards) == 0 {
+		t.Fatalf("no dashboards in %s (%v)", observabilityDir, err)
+	}
+	for _, path := range dashboards {
+		name := strings.TrimSuffix(filepath.Base(path), ".json")
+		cm, ok := r.configMaps[release+"-dashboard-"+name]
+		if !ok {
+			t.Errorf("no ConfigMap for dashboard %s", name)
+			continue
+		}
+		if cm.Labels["grafana_dashboard"] != "1" {
+			t.Errorf("dashboard %s's ConfigMap lacks Grafana's sidecar label", name)
+		}
+		want, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := cm.Data["conclave-"+name+".json"]; got != strings.TrimRight(string(want), "\n") {
+			t.Errorf("dashboard %s's ConfigMap differs from %s", name, path)
+		}
+	}
+	want, err := os.ReadFile(filepath.Join(observabilityDir, "rules", "conclave.rules.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := r.configMaps[release+"-alert-rules"].Data["conclave.rules.yaml"]; got != strings.TrimRight(string(want), "\n") {
+		t.Errorf("the alert rules ConfigMap differs from deploy/observability/rules/conclave.rules.yaml")
+	}
+}
+
+// checkPrometheusRule checks a rendered PrometheusRule's spec is the rules
+// file of deploy/observability.
+func checkPrometheusRule(t *testing.T, obj map[string]any) {
+	t.Helper()
+	data, err := os.ReadFile(filepath.Join(observabilityDir, "rules", "conclave.rules.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var want map[string]any
+	if err := yaml.Unmarshal(data, &want); err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(obj["spec"], want) {
+		t.Errorf("the PrometheusRule's spec differs from deploy/observability/rules/conclave.rules.yaml")
 	}
 }
