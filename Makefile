@@ -11,8 +11,9 @@ BUF       := $(ROOT)/node_modules/.bin/buf
 MODULES   := proto pkg services/gateway services/bus services/runner services/bridge functions/librarian cmd/conclave examples/acp-agent examples/coven-agent bench infra
 # Modules outside go.work (GOWORK=off): their build lists must not reach the
 # services'. deploy/observability checks the dashboards and alert rules with
-# Prometheus' own parsers.
-STANDALONE := deploy/observability
+# Prometheus' own parsers; helm checks the chart, skaffold.yaml and the
+# Dockerfiles with k8s.io/api's types (kept out of the services' build list).
+STANDALONE := deploy/observability helm
 GO_TOOLS  := protoc-gen-go protoc-gen-go-grpc protoc-gen-grpc-gateway protoc-gen-openapiv2 grpcurl staticcheck
 TEST_FLAGS ?= -race -count=1 -timeout=20m
 

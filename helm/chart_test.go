@@ -1,0 +1,712 @@
+package helm
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"go/ast"
+	"go/parser"
+	"go/token"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"reflect"
+	"regexp"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"testing"
+
+	appsv1 "k8s.io/api/apps/v1"
+	autoscalingv2 "k8s.io/api/autoscaling/v2"
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	policyv1 "k8s.io/api/policy/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/serializer"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	"sigs.k8s.io/yaml"
+)
+
+const (
+	chartDir = "conclave"
+	release  = "conclave"
+	// kubeVersion is the cluster version helm renders for: a source-built
+	// helm defaults to v1.20, below the chart's kubeVersion constraint.
+	kubeVersion = "1.34.0"
+)
+
+// helmBinary finds helm: CONCLAVE_HELM, else the repository's .cache/bin
+// (built by `make test-tools`).
+func helmBinary(t *testing.T) string {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("runs helm; skipped with -short")
+	}
+	path := os.Getenv("CONCLAVE_HELM")
+	if path == "" {
+		path = filepath.Join(repoRoot(t), ".cache", "bin", "helm")
+	}
+	if _, err := os.Stat(path); err != nil {
+		t.Fatalf("helm not found (%v): run `make test-tools` or set CONCLAVE_HELM", err)
+	}
+	return path
+}
+
+// runHelm runs helm with args and returns its stdout, or its stderr as the
+// error.
+func runHelm(t *testing.T, args ...string) (string, error) {
+	t.Helper()
+	cmd := exec.Command(helmBinary(t), args...)
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	// helm keeps its caches and config under HOME; keep them out of the user's.
+	home := t.TempDir()
+	cmd.Env = append(os.Environ(), "HELM_CACHE_HOME="+home, "HELM_CONFIG_HOME="+home, "HELM_DATA_HOME="+home)
+	if err := cmd.Run(); err != nil {
+		return stdout.String(), fmt.Errorf("helm %s: %w\n%s", strings.Join(args, " "), err, stderr.String())
+	}
+	return stdout.String(), nil
+}
+
+// valuesFiles are the values the chart is checked with: its defaults, the
+// two shipped files, and one that turns every optional part on and sets
+// every setting the schema allows (built by allSettingsValues).
+var valuesFiles = map[string][]string{
+	"default": nil,
+	"dev":     {"conclave/values-dev.yaml"},
+	"aws":     {"conclave/values-aws.yaml"},
+}
+
+func TestLint(t *testing.T) {
+	t.Parallel()
+	for name, files := range valuesFiles {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			args := []string{"lint", chartDir, "--strict", "--kube-version", kubeVersion}
+			for _, f := range files {
+				args = append(args, "-f", f)
+			}
+			if out, err := runHelm(t, args...); err != nil {
+				t.Fatalf("%v\n%s", err, out)
+			}
+		})
+	}
+}
+
+// render runs helm template and decodes every object strictly into its
+// client-go type: an unknown or duplicated field fails.
+func render(t *testing.T, files []string, set ...string) []runtime.Object {
+	t.Helper()
+	args := []string{"template", release, chartDir, "--namespace", "conclave", "--kube-version", kubeVersion}
+	for _, f := range files {
+		args = append(args, "-f", f)
+	}
+	for _, s := range set {
+		args = append(args, "--set", s)
+	}
+	out, err := runHelm(t, args...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return decodeStrict(t, out)
+}
+
+var strictDecoder = func() runtime.Decoder {
+	scheme := runtime.NewScheme()
+	for _, add := range []func(*runtime.Scheme) error{
+		corev1.AddToScheme, appsv1.AddToScheme, policyv1.AddToScheme,
+		autoscalingv2.AddToScheme, rbacv1.AddToScheme, networkingv1.AddToScheme,
+	} {
+		if err := add(scheme); err != nil {
+			panic(err)
+		}
+	}
+	return serializer.NewCodecFactory(scheme, serializer.EnableStrict).UniversalDeserializer()
+}()
+
+func decodeStrict(t *testing.T, manifest string) []runtime.Object {
+	t.Helper()
+	reader := utilyaml.NewYAMLReader(bufio.NewReader(strings.NewReader(manifest)))
+	var objs []runtime.Object
+	for {
+		doc, err := reader.Read()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		var probe map[string]any
+		if err := yaml.Unmarshal(doc, &probe); err != nil {
+			t.Fatalf("rendered YAML does not parse: %v\n%s", err, doc)
+		}
+		if len(probe) == 0 {
+			continue // a template that rendered nothing
+		}
+		if probe["apiVersion"] == "monitoring.coreos.com/v1" && probe["kind"] == "PrometheusRule" {
+			// No client-go type: compare it with the rules it wraps.
+			checkPrometheusRule(t, probe)
+			continue
+		}
+		obj, gvk, err := strictDecoder.Decode(doc, nil, nil)
+		if err != nil {
+			t.Fatalf("decoding %v strictly: %v\n%s", gvk, err, doc)
+		}
+		objs = append(objs, obj)
+	}
+	if len(objs) == 0 {
+		t.Fatal("helm template rendered no objects")
+	}
+	return objs
+}
+
+// rendered indexes a render's objects by kind and name.
+type rendered struct {
+	deployments     map[string]*appsv1.Deployment
+	services        map[string]*corev1.Service
+	serviceAccounts map[string]*corev1.ServiceAccount
+	pdbs            map[string]*policyv1.PodDisruptionBudget
+	hpas            map[string]*autoscalingv2.HorizontalPodAutoscaler
+	netpols         map[string]*networkingv1.NetworkPolicy
+	roles           map[string]*rbacv1.Role
+	bindings        map[string]*rbacv1.RoleBinding
+	configMaps      map[string]*corev1.ConfigMap
+}
+
+func index(t *testing.T, objs []runtime.Object) rendered {
+	t.Helper()
+	r := rendered{
+		deployments: map[string]*appsv1.Deployment{}, services: map[string]*corev1.Service{},
+		serviceAccounts: map[string]*corev1.ServiceAccount{}, pdbs: map[string]*policyv1.PodDisruptionBudget{},
+		hpas: map[string]*autoscalingv2.HorizontalPodAutoscaler{}, netpols: map[string]*networkingv1.NetworkPolicy{},
+		roles: map[string]*rbacv1.Role{}, bindings: map[string]*rbacv1.RoleBinding{}, configMaps: map[string]*corev1.ConfigMap{},
+	}
+	for _, obj := range objs {
+		switch o := obj.(type) {
+		case *appsv1.Deployment:
+			r.deployments[o.Name] = o
+		case *corev1.Service:
+			r.services[o.Name] = o
+		case *corev1.ServiceAccount:
+			r.serviceAccounts[o.Name] = o
+		case *policyv1.PodDisruptionBudget:
+			r.pdbs[o.Name] = o
+		case *autoscalingv2.HorizontalPodAutoscaler:
+			r.hpas[o.Name] = o
+		case *networkingv1.NetworkPolicy:
+			r.netpols[o.Name] = o
+		case *rbacv1.Role:
+			r.roles[o.Name] = o
+		case *rbacv1.RoleBinding:
+			r.bindings[o.Name] = o
+		case *corev1.ConfigMap:
+			r.configMaps[o.Name] = o
+		default:
+			t.Fatalf("the chart renders a %T, which this test does not check", obj)
+		}
+		if ns := obj.(interface{ GetNamespace() string }).GetNamespace(); ns != "conclave" {
+			t.Errorf("%T %v is in namespace %q, not the release's", obj, obj, ns)
+		}
+	}
+	return r
+}
+
+// podEnvHelpers are env vars the chart sets that are no Conclave setting:
+// only other values expand them.
+var podEnvHelpers = []string{"POD_IP"}
+
+// secretSettings must come from a Secret, never a literal value.
+var secretSettings = regexp.MustCompile(`_(CLIENT_TOKENS|AGENT_TOKENS|GRANTS|PEER_TOKEN|RUNNER_TOKEN)$`)
+
+func TestTemplate(t *testing.T) {
+	t.Parallel()
+	allSettings := allSettingsValues(t)
+	cases := map[string][]string{"all-settings": {allSettings}}
+	for name, files := range valuesFiles {
+		cases[name] = files
+	}
+	for name, files := range cases {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			r := index(t, render(t, files))
+			for _, d := range deployables {
+				checkDeployable(t, r, d)
+			}
+			checkRunnerRole(t, r)
+			switch name {
+			case "dev":
+				checkDev(t, r)
+			case "aws":
+				checkAWS(t, r)
+			case "all-settings":
+				if len(r.hpas) != len(deployables) {
+					t.Errorf("%d HPAs, want one per deployable", len(r.hpas))
+				}
+				if _, ok := r.configMaps[release+"-runner-agent-types"]; !ok {
+					t.Errorf("no agent types ConfigMap with runner.agentTypes set")
+				}
+				checkObservability(t, r)
+			}
+		})
+	}
+}
+
+func checkDeployable(t *testing.T, r rendered, name string) {
+	t.Helper()
+	full := release + "-" + name
+	d, ok := r.deployments[full]
+	if !ok {
+		t.Fatalf("no Deployment %s", full)
+	}
+	spec := d.Spec.Template.Spec
+	if len(spec.Containers) != 1 {
+		t.Fatalf("%s: %d containers", full, len(spec.Containers))
+	}
+	c := spec.Containers[0]
+	if sc := spec.SecurityContext; sc == nil || sc.RunAsNonRoot == nil || !*sc.RunAsNonRoot {
+		t.Errorf("%s: pod does not require a non-root user", full)
+	}
+	if _, ok := r.serviceAccounts[spec.ServiceAccountName]; !ok {
+		t.Errorf("%s runs as ServiceAccount %q, which the chart does not create", full, spec.ServiceAccountName)
+	}
+
+	// Probes: liveness on /healthz, readiness on /readyz, both on the
+	// container's http port (pkg/server serves them on every HTTP listener).
+	ports := map[string]int32{}
+	for _, p := range c.Ports {
+		ports[p.Name] = p.ContainerPort
+	}
+	for probeName, probe := range map[string]struct {
+		p    *corev1.Probe
+		path string
+	}{"liveness": {c.LivenessProbe, "/healthz"}, "readiness": {c.ReadinessProbe, "/readyz"}, "startup": {c.StartupProbe, "/healthz"}} {
+		if probe.p == nil || probe.p.HTTPGet == nil {
+			t.Errorf("%s: no HTTP %s probe", full, probeName)
+			continue
+		}
+		if probe.p.HTTPGet.Path != probe.path || probe.p.HTTPGet.Port.StrVal != "http" {
+			t.Errorf("%s: %s probe on %s port %s, want %s on http", full, probeName, probe.p.HTTPGet.Path, probe.p.HTTPGet.Port.String(), probe.path)
+		}
+	}
+	if _, ok := ports["http"]; !ok {
+		t.Errorf("%s: no container port named http", full)
+	}
+
+	// Env: every name is a setting the deployable's code reads.
+	tags := envTags(t, name)
+	declared := map[string]bool{}
+	env := map[string]string{}
+	for _, e := range c.Env {
+		if declared[e.Name] {
+			t.Errorf("%s: env %s set twice", full, e.Name)
+		}
+		if !tags[e.Name] && !slices.Contains(podEnvHelpers, e.Name) {
+			t.Errorf("%s: env %s is not a setting of the %s (no env tag in its Config); the chart has drifted from the code", full, e.Name, name)
+		}
+		if secretSettings.MatchString(e.Name) && (e.Value != "" || e.ValueFrom == nil || e.ValueFrom.SecretKeyRef == nil) {
+			t.Errorf("%s: %s is not taken from a Secret", full, e.Name)
+		}
+		for _, ref := range regexp.MustCompile(`\$\(([A-Z0-9_]+)\)`).FindAllStringSubmatch(e.Value, -1) {
+			if !declared[ref[1]] {
+				t.Errorf("%s: env %s expands $(%s), which is not declared before it", full, e.Name, ref[1])
+			}
+		}
+		declared[e.Name] = true
+		env[e.Name] = e.Value
+	}
+	// The listener addresses the chart sets must be the ports it exposes.
+	for envName, port := range map[string]string{
+		"CONCLAVE_GATEWAY_GRPC_ADDR": "grpc", "CONCLAVE_GATEWAY_HTTP_ADDR": "http",
+		"CONCLAVE_BUS_ADDR":         "http",
+		"CONCLAVE_RUNNER_GRPC_ADDR": "grpc", "CONCLAVE_RUNNER_HTTP_ADDR": "http",
+	} {
+		if !strings.HasPrefix(envName, "CONCLAVE_"+strings.ToUpper(name)+"_") {
+			continue
+		}
+		if want := fmt.Sprintf(":%d", ports[port]); env[envName] != want {
+			t.Errorf("%s: %s=%q, want %q (the %s container port)", full, envName, env[envName], want, port)
+		}
+	}
+
+	svc, ok := r.services[full]
+	if !ok {
+		t.Fatalf("no Service %s", full)
+	}
+	for _, p := range svc.Spec.Ports {
+		if _, ok := ports[p.TargetPort.StrVal]; !ok {
+			t.Errorf("Service %s port %s targets %q, no container port of %s", full, p.Name, p.TargetPort.String(), full)
+		}
+	}
+	if !selects(svc.Spec.Selector, d.Spec.Template.Labels) {
+		t.Errorf("Service %s does not select %s's pods", full, full)
+	}
+	if pdb, ok := r.pdbs[full]; ok && !selects(pdb.Spec.Selector.MatchLabels, d.Spec.Template.Labels) {
+		t.Errorf("PodDisruptionBudget %s does not select %s's pods", full, full)
+	}
+	if np, ok := r.netpols[full]; ok {
+		if !selects(np.Spec.PodSelector.MatchLabels, d.Spec.Template.Labels) {
+			t.Errorf("NetworkPolicy %s does not select %s's pods", full, full)
+		}
+		for _, rule := range np.Spec.Ingress {
+			for _, p := range rule.Ports {
+				if _, ok := ports[p.Port.StrVal]; !ok {
+					t.Errorf("NetworkPolicy %s opens port %s, no container port of %s", full, p.Port.String(), full)
+				}
+			}
+		}
+	} else {
+		t.Errorf("no NetworkPolicy %s", full)
+	}
+}
+
+func selects(selector, labels map[string]string) bool {
+	if len(selector) == 0 {
+		return false
+	}
+	for k, v := range selector {
+		if labels[k] != v {
+			return false
+		}
+	}
+	return true
+}
+
+// checkRunnerRole holds the runner's Role to exactly what the Kubernetes
+// executor needs, in its own namespace, bound to its ServiceAccount.
+func checkRunnerRole(t *testing.T, r rendered) {
+	t.Helper()
+	name := release + "-runner"
+	role, ok := r.roles[name]
+	if !ok {
+		t.Fatalf("no Role %s", name)
+	}
+	want := []string{
+		"batch/jobs:create,delete,get,watch",
+		"/secrets:create,delete",
+		"/pods:get,list,watch",
+		"/pods/log:get,list,watch",
+		"/pods/attach:create",
+	}
+	var got []string
+	for _, rule := range role.Rules {
+		verbs := slices.Clone(rule.Verbs)
+		sort.Strings(verbs)
+		for _, g := range rule.APIGroups {
+			for _, res := range rule.Resources {
+				got = append(got, g+"/"+res+":"+strings.Join(verbs, ","))
+			}
+		}
+		if len(rule.ResourceNames) > 0 || len(rule.NonResourceURLs) > 0 {
+			t.Errorf("Role %s: unexpected rule %+v", name, rule)
+		}
+	}
+	sort.Strings(got)
+	sort.Strings(want)
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("Role %s grants\n  %v\nwant exactly\n  %v", name, got, want)
+	}
+	b, ok := r.bindings[name]
+	if !ok {
+		t.Fatalf("no RoleBinding %s", name)
+	}
+	if b.RoleRef.Kind != "Role" || b.RoleRef.Name != name {
+		t.Errorf("RoleBinding %s binds %s %s", name, b.RoleRef.Kind, b.RoleRef.Name)
+	}
+	if len(b.Subjects) != 1 || b.Subjects[0].Kind != "ServiceAccount" || b.Subjects[0].Name != r.deployments[name].Spec.Template.Spec.ServiceAccountName {
+		t.Errorf("RoleBinding %s subjects %+v, want the runner's ServiceAccount only", name, b.Subjects)
+	}
+}
+
+func envOf(d *appsv1.Deployment) map[string]string {
+	env := map[string]string{}
+	for _, e := range d.Spec.Template.Spec.Containers[0].Env {
+		env[e.Name] = e.Value
+	}
+	return env
+}
+
+func checkDev(t *testing.T, r rendered) {
+	t.Helper()
+	jaeger, ok := r.deployments[release+"-jaeger"]
+	if !ok {
+		t.Fatal("values-dev.yaml renders no Jaeger")
+	}
+	if img := jaeger.Spec.Template.Spec.Containers[0].Image; !strings.HasPrefix(img, "jaegertracing/all-in-one:") {
+		t.Errorf("Jaeger image %s", img)
+	}
+	if _, ok := r.services[release+"-jaeger"]; !ok {
+		t.Error("no Jaeger Service")
+	}
+	for _, d := range deployables {
+		dep := r.deployments[release+"-"+d]
+		if dep.Spec.Replicas == nil || *dep.Spec.Replicas != 1 {
+			t.Errorf("%s: replicas %v, want 1", d, dep.Spec.Replicas)
+		}
+		env := envOf(dep)
+		if env["CONCLAVE_BACKEND"] != "embedded" {
+			t.Errorf("%s: CONCLAVE_BACKEND=%q, want embedded", d, env["CONCLAVE_BACKEND"])
+		}
+		if want := release + "-jaeger:4317"; env["OTEL_EXPORTER_OTLP_ENDPOINT"] != want {
+			t.Errorf("%s: OTEL_EXPORTER_OTLP_ENDPOINT=%q, want %q", d, env["OTEL_EXPORTER_OTLP_ENDPOINT"], want)
+		}
+	}
+}
+
+func checkAWS(t *testing.T, r rendered) {
+	t.Helper()
+	for _, d := range deployables {
+		dep := r.deployments[release+"-"+d]
+		if env := envOf(dep); env["CONCLAVE_BACKEND"] != "aws" {
+			t.Errorf("%s: CONCLAVE_BACKEND=%q, want aws", d, env["CONCLAVE_BACKEND"])
+		}
+		sa := r.serviceAccounts[dep.Spec.Template.Spec.ServiceAccountName]
+		// infra/template.yaml trusts system:serviceaccount:conclave:conclave-<name>.
+		if sa == nil || sa.Name != "conclave-"+d {
+			t.Errorf("%s: ServiceAccount %v, want conclave-%s (infra/'s default)", d, sa, d)
+			continue
+		}
+		if arn := sa.Annotations["eks.amazonaws.com/role-arn"]; !strings.HasPrefix(arn, "arn:aws:iam::") {
+			t.Errorf("ServiceAccount %s: IRSA annotation %q", sa.Name, arn)
+		}
+	}
+}
+
+// schema is the part of values.schema.json the tests read.
+type schema struct {
+	Type       string             `json:"type"`
+	Enum       []any              `json:"enum"`
+	Pattern    string             `json:"pattern"`
+	Properties map[string]*schema `json:"properties"`
+}
+
+// allSettingsValues writes a values file that sets every setting
+// values.schema.json allows each deployable (a sample of its type), turns
+// on every optional part, and returns its path. Rendering it proves each
+// allowed setting becomes an env var the code reads.
+func allSettingsValues(t *testing.T) string {
+	t.Helper()
+	data, err := os.ReadFile(filepath.Join(chartDir, "values.schema.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var s schema
+	if err := json.Unmarshal(data, &s); err != nil {
+		t.Fatal(err)
+	}
+	values := map[string]any{
+		"jaeger": map[string]any{"enabled": true},
+		"aws":    map[string]any{"endpoint": "http://dynalite.conclave.svc:4567"},
+		"observability": map[string]any{
+			"dashboards":     map[string]any{"enabled": true},
+			"rules":          map[string]any{"enabled": true},
+			"prometheusRule": map[string]any{"enabled": true},
+		},
+	}
+	for _, d := range deployables {
+		settings := map[string]any{}
+		for key, prop := range s.Properties[d].Properties["settings"].Properties {
+			switch {
+			case len(prop.Enum) > 0:
+				settings[key] = prop.Enum[0]
+			case prop.Type == "boolean":
+				settings[key] = false
+			case prop.Type == "integer":
+				settings[key] = 7
+			case prop.Type == "number":
+				settings[key] = 2.5
+			case prop.Pattern != "" && strings.Contains(prop.Pattern, "ms|s|m|h"):
+				settings[key] = "1m30s"
+			default:
+				settings[key] = "sample"
+			}
+		}
+		if len(settings) == 0 {
+			t.Fatalf("the schema allows no settings for %s", d)
+		}
+		values[d] = map[string]any{
+			"settings":    settings,
+			"autoscaling": map[string]any{"enabled": true},
+		}
+	}
+	values["runner"].(map[string]any)["agentTypes"] = "my-agent:\n  command: [my-agent, --acp]\n"
+	values["bus"].(map[string]any)["runnerAgentType"] = "my-agent"
+	out, err := yaml.Marshal(values)
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), "all-settings.yaml")
+	if err := os.WriteFile(path, out, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// envTags reads the env tags of everything a deployable's process loads:
+// its service package's Config, the appConfig its main (or Serve) loads,
+// and pkg/config's Common and Storage, which appConfig embeds.
+func envTags(t *testing.T, name string) map[string]bool {
+	t.Helper()
+	root := repoRoot(t)
+	tags := map[string]bool{}
+	collect := func(dir string, types ...string) {
+		fset := token.NewFileSet()
+		files, err := filepath.Glob(filepath.Join(dir, "*.go"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, path := range files {
+			if strings.HasSuffix(path, "_test.go") {
+				continue
+			}
+			f, err := parser.ParseFile(fset, path, nil, parser.SkipObjectResolution)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ast.Inspect(f, func(n ast.Node) bool {
+				ts, ok := n.(*ast.TypeSpec)
+				if !ok || !slices.Contains(types, ts.Name.Name) {
+					return true
+				}
+				ast.Inspect(ts.Type, func(n ast.Node) bool {
+					field, ok := n.(*ast.Field)
+					if ok && field.Tag != nil {
+						tag, err := strconv.Unquote(field.Tag.Value)
+						if err != nil {
+							t.Fatalf("%s: %v", path, err)
+						}
+						if env := reflect.StructTag(tag).Get("env"); env != "" {
+							tags[env] = true
+						}
+					}
+					return true
+				})
+				return false
+			})
+		}
+	}
+	collect(filepath.Join(root, "services", name, "service"), "Config", "appConfig")
+	collect(filepath.Join(root, "services", name, "cmd", name), "appConfig")
+	collect(filepath.Join(root, "pkg", "config"), "Common", "Storage")
+	for _, must := range []string{"CONCLAVE_BACKEND", "CONCLAVE_TABLE_PREFIX", "OTEL_EXPORTER_OTLP_ENDPOINT"} {
+		if !tags[must] {
+			t.Fatalf("%s: found no %s tag; has the configuration moved?", name, must)
+		}
+	}
+	return tags
+}
+
+// TestSchemaRejects checks values.schema.json (and the chart's own fail
+// calls) turn bad values away with a message naming the value.
+func TestSchemaRejects(t *testing.T) {
+	t.Parallel()
+	cases := []struct {
+		name string
+		set  []string
+		want string
+	}{
+		{"backend not aws or embedded", []string{"backend=dynamo"}, "at '/backend': value must be one of 'aws', 'embedded'"},
+		{"zero replicas", []string{"gateway.replicaCount=0"}, "at '/gateway/replicaCount': minimum: got 0, want 1"},
+		{"too many replicas", []string{"bus.replicaCount=500"}, "at '/bus/replicaCount': maximum: got 500, want 100"},
+		{"replicas not a number", []string{"runner.replicaCount=two"}, "at '/runner/replicaCount': got string, want integer"},
+		{"embedded storage with replicas", []string{"backend=embedded", "gateway.replicaCount=2"}, "at '/gateway/replicaCount': maximum: got 2, want 1"},
+		{"unknown setting", []string{"gateway.settings.agentTimeot=5s"}, "additional properties 'agentTimeot' not allowed"},
+		{"bad duration", []string{"runner.settings.idleTimeout=ten minutes"}, "at '/runner/settings/idleTimeout': 'ten minutes' does not match pattern"},
+		{"bad bus policy", []string{"bus.settings.policy=firstWins"}, "at '/bus/settings/policy': value must be one of"},
+		{"no token secret", []string{"gateway.secret.name="}, "at '/gateway/secret/name': minLength: got 0, want 1"},
+		{"bad log level", []string{"log.level=verbose"}, "at '/log/level': value must be one of 'debug', 'info', 'warn', 'error'"},
+		{"missing image repository", []string{"bus.image.repository=null"}, "at '/bus/image': missing property 'repository'"},
+		{"bad service type", []string{"gateway.service.type=Ingress"}, "at '/gateway/service/type': value must be one of"},
+		{"port out of range", []string{"runner.service.grpcPort=70000"}, "at '/runner/service/grpcPort': maximum: got 70,000, want 65,535"},
+		{"bad queue name", []string{"runner.launchQueue=runner launches"}, "at '/runner/launchQueue'"},
+		{"unknown top-level key", []string{"gatway.enabled=false"}, "additional properties 'gatway' not allowed"},
+		{"autoscaling bounds inverted", []string{"bus.autoscaling.enabled=true", "bus.autoscaling.minReplicas=5", "bus.autoscaling.maxReplicas=3"}, "bus.autoscaling: minReplicas (5) is above maxReplicas (3)"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			args := []string{"template", release, chartDir, "--kube-version", kubeVersion}
+			for _, s := range tc.set {
+				args = append(args, "--set", s)
+			}
+			out, err := runHelm(t, args...)
+			if err == nil {
+				t.Fatalf("helm template accepted %v:\n%.500s", tc.set, out)
+			}
+			if !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("helm template rejected %v, but its message lacks %q:\n%v", tc.set, tc.want, err)
+			}
+		})
+	}
+}
+
+// TestDecodeStrictRejectsUnknownFields makes sure the strict decoding the
+// chart's checks rely on does fail on a field its type lacks.
+func TestDecodeStrictRejectsUnknownFields(t *testing.T) {
+	t.Parallel()
+	doc := []byte("apiVersion: v1\nkind: Service\nmetadata:\n  name: x\nspec:\n  ports:\n    - port: 80\n      targetPrt: http\n")
+	if _, _, err := strictDecoder.Decode(doc, nil, nil); err == nil || !strings.Contains(err.Error(), "targetPrt") {
+		t.Fatalf("strict decoding of an unknown field: err = %v, want one naming targetPrt", err)
+	}
+}
+
+// observabilityDir is the module whose dashboards and rules the chart ships
+// (helm/conclave/files links to it).
+const observabilityDir = "../deploy/observability"
+
+// checkObservability checks the chart ships every dashboard and the alert
+// rules of deploy/observability unchanged.
+func checkObservability(t *testing.T, r rendered) {
+	t.Helper()
+	dashboards, err := filepath.Glob(filepath.Join(observabilityDir, "dashboards", "*.json"))
+	if err != nil || len(dashboards) == 0 {
+		t.Fatalf("no dashboards in %s (%v)", observabilityDir, err)
+	}
+	for _, path := range dashboards {
+		name := strings.TrimSuffix(filepath.Base(path), ".json")
+		cm, ok := r.configMaps[release+"-dashboard-"+name]
+		if !ok {
+			t.Errorf("no ConfigMap for dashboard %s", name)
+			continue
+		}
+		if cm.Labels["grafana_dashboard"] != "1" {
+			t.Errorf("dashboard %s's ConfigMap lacks Grafana's sidecar label", name)
+		}
+		want, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := cm.Data["conclave-"+name+".json"]; got != strings.TrimRight(string(want), "\n") {
+			t.Errorf("dashboard %s's ConfigMap differs from %s", name, path)
+		}
+	}
+	want, err := os.ReadFile(filepath.Join(observabilityDir, "rules", "conclave.rules.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := r.configMaps[release+"-alert-rules"].Data["conclave.rules.yaml"]; got != strings.TrimRight(string(want), "\n") {
+		t.Errorf("the alert rules ConfigMap differs from deploy/observability/rules/conclave.rules.yaml")
+	}
+}
+
+// checkPrometheusRule checks a rendered PrometheusRule's spec is the rules
+// file of deploy/observability.
+func checkPrometheusRule(t *testing.T, obj map[string]any) {
+	t.Helper()
+	data, err := os.ReadFile(filepath.Join(observabilityDir, "rules", "conclave.rules.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var want map[string]any
+	if err := yaml.Unmarshal(data, &want); err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(obj["spec"], want) {
+		t.Errorf("the PrometheusRule's spec differs from deploy/observability/rules/conclave.rules.yaml")
+	}
+}

@@ -1,0 +1,167 @@
+{{/* The deployables this chart runs, in a fixed order. */}}
+{{- define "conclave.deployables" -}}
+{{- list "gateway" "bus" "runner" | toJson -}}
+{{- end -}}
+
+{{- define "conclave.fullname" -}}
+{{- if contains .Chart.Name .Release.Name -}}
+{{- .Release.Name | trunc 50 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 50 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+
+{{/* conclave.name: <fullname>-<component>; takes (dict "root" $ "name" "gateway"). */}}
+{{- define "conclave.name" -}}
+{{- printf "%s-%s" (include "conclave.fullname" .root) .name -}}
+{{- end -}}
+
+{{- define "conclave.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .root.Chart.Name .root.Chart.Version | replace "+" "_" }}
+app.kubernetes.io/managed-by: {{ .root.Release.Service }}
+app.kubernetes.io/version: {{ .root.Chart.AppVersion | quote }}
+{{ include "conclave.selectorLabels" . }}
+{{- end -}}
+
+{{- define "conclave.selectorLabels" -}}
+app.kubernetes.io/name: conclave
+app.kubernetes.io/instance: {{ .root.Release.Name }}
+app.kubernetes.io/component: {{ .name }}
+{{- end -}}
+
+{{- define "conclave.serviceAccountName" -}}
+{{- $c := index .root.Values .name -}}
+{{- if $c.serviceAccount.name -}}
+{{- $c.serviceAccount.name -}}
+{{- else -}}
+{{- include "conclave.name" . -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "conclave.image" -}}
+{{- $c := index .root.Values .name -}}
+{{- $tag := $c.image.tag | default .root.Values.image.tag | default .root.Chart.AppVersion -}}
+{{- if .root.Values.image.registry -}}
+{{- printf "%s/%s:%s" (trimSuffix "/" .root.Values.image.registry) $c.image.repository $tag -}}
+{{- else -}}
+{{- printf "%s:%s" $c.image.repository $tag -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+conclave.ports: the listeners of a deployable as a JSON list of
+{name, port, appProtocol}. "http" always serves /healthz, /readyz and
+/metrics.
+*/}}
+{{- define "conclave.ports" -}}
+{{- $c := index .root.Values .name -}}
+{{- if eq .name "bus" -}}
+{{- list (dict "name" "http" "port" $c.service.port "appProtocol" "http") | toJson -}}
+{{- else -}}
+{{- list (dict "name" "grpc" "port" $c.service.grpcPort "appProtocol" "kubernetes.io/h2c") (dict "name" "http" "port" $c.service.httpPort "appProtocol" "http") | toJson -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "conclave.otlpEndpoint" -}}
+{{- if .Values.otlp.endpoint -}}
+{{- .Values.otlp.endpoint -}}
+{{- else if .Values.jaeger.enabled -}}
+{{- printf "%s-jaeger:4317" (include "conclave.fullname" .) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* conclave.secretEnv: one env var from the deployable's existing Secret; takes (dict "env" NAME "secret" NAME "key" KEY). */}}
+{{- define "conclave.secretEnv" -}}
+{{- if and .secret .key }}
+- name: {{ .env }}
+  valueFrom:
+    secretKeyRef:
+      name: {{ .secret }}
+      key: {{ .key }}
+{{- end }}
+{{- end -}}
+
+{{/* conclave.env: every env var of a deployable's container. */}}
+{{- define "conclave.env" -}}
+{{- $root := .root -}}
+{{- $name := .name -}}
+{{- $c := index $root.Values $name -}}
+{{- $prefix := printf "CONCLAVE_%s_" (upper $name) -}}
+# POD_IP is no Conclave setting: the advertise address below expands it.
+- name: POD_IP
+  valueFrom:
+    fieldRef:
+      fieldPath: status.podIP
+- name: CONCLAVE_BACKEND
+  value: {{ $root.Values.backend | quote }}
+- name: CONCLAVE_TABLE_PREFIX
+  value: {{ $root.Values.tablePrefix | quote }}
+- name: AWS_REGION
+  value: {{ $root.Values.aws.region | quote }}
+{{- if $root.Values.aws.endpoint }}
+- name: CONCLAVE_AWS_ENDPOINT
+  value: {{ $root.Values.aws.endpoint | quote }}
+{{- end }}
+{{- if eq $root.Values.backend "embedded" }}
+- name: CONCLAVE_DATA_DIR
+  value: /var/lib/conclave
+{{- end }}
+- name: CONCLAVE_LOG_LEVEL
+  value: {{ $root.Values.log.level | quote }}
+- name: CONCLAVE_LOG_FORMAT
+  value: {{ $root.Values.log.format | quote }}
+{{- with include "conclave.otlpEndpoint" $root }}
+- name: OTEL_EXPORTER_OTLP_ENDPOINT
+  value: {{ . | quote }}
+- name: OTEL_EXPORTER_OTLP_INSECURE
+  value: {{ $root.Values.otlp.insecure | quote }}
+{{- end }}
+{{- if eq $name "gateway" }}
+- name: CONCLAVE_GATEWAY_GRPC_ADDR
+  value: {{ printf ":%v" $c.service.grpcPort | quote }}
+- name: CONCLAVE_GATEWAY_HTTP_ADDR
+  value: {{ printf ":%v" $c.service.httpPort | quote }}
+- name: CONCLAVE_GATEWAY_ADVERTISE_ADDR
+  value: {{ printf "$(POD_IP):%v" $c.service.grpcPort | quote }}
+{{- include "conclave.secretEnv" (dict "env" "CONCLAVE_GATEWAY_CLIENT_TOKENS" "secret" $c.secret.name "key" $c.secret.clientTokensKey) }}
+{{- include "conclave.secretEnv" (dict "env" "CONCLAVE_GATEWAY_AGENT_TOKENS" "secret" $c.secret.name "key" $c.secret.agentTokensKey) }}
+{{- else if eq $name "bus" }}
+- name: CONCLAVE_BUS_ADDR
+  value: {{ printf ":%v" $c.service.port | quote }}
+- name: CONCLAVE_BUS_ADVERTISE_ADDR
+  value: {{ printf "$(POD_IP):%v" $c.service.port | quote }}
+- name: CONCLAVE_BUS_PUBLIC_URL
+  value: {{ printf "ws://%s.%s.svc:%v" (include "conclave.name" .) $root.Release.Namespace $c.service.port | quote }}
+{{- include "conclave.secretEnv" (dict "env" "CONCLAVE_BUS_GRANTS" "secret" $c.secret.name "key" $c.secret.grantsKey) }}
+{{- include "conclave.secretEnv" (dict "env" "CONCLAVE_BUS_PEER_TOKEN" "secret" $c.secret.name "key" $c.secret.peerTokenKey) }}
+{{- if and $c.runnerAgentType $root.Values.runner.enabled }}
+- name: CONCLAVE_BUS_RUNNER_ADDR
+  value: {{ printf "%s:%v" (include "conclave.name" (dict "root" $root "name" "runner")) $root.Values.runner.service.grpcPort | quote }}
+- name: CONCLAVE_BUS_RUNNER_AGENT_TYPE
+  value: {{ $c.runnerAgentType | quote }}
+{{- include "conclave.secretEnv" (dict "env" "CONCLAVE_BUS_RUNNER_TOKEN" "secret" $c.secret.name "key" $c.secret.runnerTokenKey) }}
+{{- end }}
+{{- else if eq $name "runner" }}
+- name: CONCLAVE_RUNNER_GRPC_ADDR
+  value: {{ printf ":%v" $c.service.grpcPort | quote }}
+- name: CONCLAVE_RUNNER_HTTP_ADDR
+  value: {{ printf ":%v" $c.service.httpPort | quote }}
+- name: CONCLAVE_RUNNER_ADVERTISE_ADDR
+  value: {{ printf "$(POD_IP):%v" $c.service.grpcPort | quote }}
+- name: CONCLAVE_RUNNER_LAUNCH_QUEUE
+  value: {{ $c.launchQueue | quote }}
+- name: CONCLAVE_RUNNER_EVENTS_QUEUE
+  value: {{ $c.eventsQueue | quote }}
+- name: CONCLAVE_RUNNER_WORKSPACE_ROOTS
+  value: {{ $c.workspaceRoot | quote }}
+{{- if $c.agentTypes }}
+- name: CONCLAVE_RUNNER_AGENT_TYPES
+  value: /etc/conclave/agent-types.yaml
+{{- end }}
+{{- include "conclave.secretEnv" (dict "env" "CONCLAVE_RUNNER_CLIENT_TOKENS" "secret" $c.secret.name "key" $c.secret.clientTokensKey) }}
+{{- end }}
+{{- range $key, $value := $c.settings }}
+- name: {{ printf "%s%s" $prefix ($key | snakecase | upper) }}
+  value: {{ $value | toString | quote }}
+{{- end }}
+{{- end -}}
