@@ -68,7 +68,7 @@ func (*StoreBackend) FlagType() string { return "embedded|aws" }
 type Common struct {
 	LogLevel     string `env:"CONCLAVE_LOG_LEVEL" default:"info" help:"log level: debug, info, warn or error"`
 	LogFormat    string `env:"CONCLAVE_LOG_FORMAT" default:"json" help:"log format: json (production) or text (development)"`
-	OTLPEndpoint string `env:"OTEL_EXPORTER_OTLP_ENDPOINT" help:"OTLP gRPC endpoint for traces and metrics; tracing is off when empty"`
+	OTLPEndpoint string `env:"OTEL_EXPORTER_OTLP_ENDPOINT" help:"OTLP endpoint for traces and metrics (host:port over gRPC for the services; an http:// URL over OTLP/HTTP for the Librarian Lambda); tracing is off when empty"`
 	OTLPInsecure bool   `env:"OTEL_EXPORTER_OTLP_INSECURE" default:"true" help:"send OTLP without TLS"`
 }
 
