@@ -437,3 +437,50 @@ func TestOneshot(t *testing.T) {
 		}
 	})
 }
+
+// TestStrandedPrompt: a prompt stored for an instance with no launch to
+// run it (it came as the agent went away, and its resumption failed) is not
+// left pending for ever: the next prompt resumes it, and a cancel ends it.
+func TestStrandedPrompt(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs agent processes")
+	}
+	t.Parallel()
+	cfg, st, q := sharedState(t, nil)
+	r, _ := runOn(t, cfg, st, q, nil)
+	ctx := context.Background()
+	stranded := func(id, message string) {
+		in := &records.Instance{ID: id, TaskID: "task-" + id, AgentType: "acp-normal", Status: records.StatusCompleted,
+			StartedAt: time.Now().UTC(), Workspace: r.workspace(t), Turn: 2, TurnDone: 1, Prompt: message, LaunchSeq: 1, DoneSeq: 1}
+		if err := records.New(st).CreateInstance(ctx, in); err != nil {
+			t.Fatal(err)
+		}
+	}
+	stranded("stranded-resumed", "left behind")
+	var e errorBody
+	if code := r.do(t, "POST", "/api/v1/agents/stranded-resumed/prompt", map[string]string{"message": "newer"}, &e); code != http.StatusBadRequest {
+		t.Fatalf("a prompt while one is stranded: HTTP %d %+v", code, e)
+	}
+	r.waitLog(t, "stranded-resumed", "Working on: left behind")
+	if st := r.waitStatus(t, "stranded-resumed", "completed", "failed", "stopped"); st.Status != "completed" {
+		t.Fatalf("the stranded prompt's turn: %+v", st)
+	}
+
+	stranded("stranded-cancelled", "never")
+	var c struct{ Status string }
+	if code := r.do(t, "POST", "/api/v1/agents/stranded-cancelled/cancel", map[string]string{"reason": "no"}, &c); code != http.StatusOK || c.Status != "stopped" {
+		t.Fatalf("cancel of a stranded prompt: HTTP %d %+v", code, c)
+	}
+	stored, err := records.New(st).Instance(ctx, "stranded-cancelled")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if stored.PendingTurn() || stored.Launching() {
+		t.Fatalf("after the cancel: turn %d done %d, launch %d done %d", stored.Turn, stored.TurnDone, stored.LaunchSeq, stored.DoneSeq)
+	}
+	r.prompt(t, "stranded-cancelled", "after")
+	r.waitLog(t, "stranded-cancelled", "Working on: after")
+	if hasLog(r.logs(t, "stranded-cancelled"), "Working on: never") {
+		t.Error("the cancelled prompt ran")
+	}
+}

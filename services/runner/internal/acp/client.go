@@ -124,8 +124,9 @@ type Client struct {
 	// permission requests are answered with the cancelled outcome.
 	cancelled    bool
 	capabilities AgentCapabilities
-	// turn is the turn begun and not yet ended, if any.
-	turn *turnState
+	// turn is the turn begun and not yet ended, if any; turns numbers them.
+	turn  *turnState
+	turns uint64
 	// loading is set while session/load runs: the updates it brings are
 	// the session's history, replayed.
 	loading atomic.Bool
@@ -136,6 +137,7 @@ type Client struct {
 // and one that comes while it is being written waits for the write, so the
 // agent never sees session/cancel ahead of the prompt it cancels.
 type turnState struct {
+	id        uint64
 	writing   bool
 	cancelled bool
 	// written is closed once the prompt has been written, or will not be.
@@ -338,12 +340,14 @@ func (c *Client) LoadSession(ctx context.Context, cwd, sessionID string) error {
 // BeginTurn starts a turn without any I/O: from now on a Cancel applies to
 // it, even before Prompt writes its prompt. Prompt begins the turn itself
 // if BeginTurn was not called.
-func (c *Client) BeginTurn() {
+func (c *Client) BeginTurn() uint64 {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.turn == nil {
-		c.turn = &turnState{written: make(chan struct{})}
+		c.turns++
+		c.turn = &turnState{id: c.turns, written: make(chan struct{})}
 	}
+	return c.turn.id
 }
 
 // AbandonTurn ends a turn begun with BeginTurn whose prompt will not be
@@ -465,10 +469,17 @@ var ErrCannotCancel = errors.New("session/cancel: this agent speaks no protocol 
 // written (an agent that does not read its stdin), so callers that must
 // not block call it on a goroutine of their own.
 func (c *Client) Cancel(ctx context.Context, reason string) error {
+	return c.CancelTurn(ctx, reason, 0)
+}
+
+// CancelTurn is Cancel for turn id (as BeginTurn returned it) only: a
+// cancel that comes after its turn ended does not reach the next one. Id 0
+// is whatever turn is in progress.
+func (c *Client) CancelTurn(ctx context.Context, reason string, id uint64) error {
 	c.mu.Lock()
 	t := c.turn
 	switch {
-	case t == nil:
+	case t == nil || id != 0 && t.id != id:
 		c.mu.Unlock()
 		return nil
 	case !t.writing:

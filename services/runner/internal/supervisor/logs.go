@@ -89,7 +89,7 @@ type instanceLog struct {
 	seq   int64
 	// holdMu guards holding and held: lines kept back until Release (or
 	// dropped by Discard), for a launch whose claim is not settled yet.
-	holdMu  sync.Mutex
+	holdMu     sync.Mutex
 	holding    bool
 	discarding bool
 	held       []records.LogLine

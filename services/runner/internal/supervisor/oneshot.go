@@ -26,10 +26,12 @@ type conversation interface {
 	// BeginTurn starts a turn with no I/O, so that a cancel applies to it
 	// before its prompt is sent; AbandonTurn ends one whose prompt will not
 	// be sent.
-	BeginTurn()
+	BeginTurn() uint64
 	AbandonTurn()
 	Prompt(ctx context.Context, message string, acceptTimeout time.Duration) (acp.Turn, error)
-	Cancel(ctx context.Context, reason string) error
+	// CancelTurn cancels turn id, as BeginTurn numbered it, if it is still
+	// the turn in progress.
+	CancelTurn(ctx context.Context, reason string, id uint64) error
 	// Done is closed when the agent is gone.
 	Done() <-chan struct{}
 }
@@ -46,13 +48,15 @@ type oneshot struct {
 	agent    hybrid.Agent
 	onUpdate func(context.Context, acp.Update)
 
-	mu   sync.Mutex
-	turn *oneshotTurn
-	done chan struct{}
-	once sync.Once
+	mu    sync.Mutex
+	turn  *oneshotTurn
+	turns uint64
+	done  chan struct{}
+	once  sync.Once
 }
 
 type oneshotTurn struct {
+	id        uint64
 	cancelled bool
 	// stop ends the run, once it has started.
 	stop context.CancelFunc
@@ -62,12 +66,14 @@ func newOneshot(agent hybrid.Agent, onUpdate func(context.Context, acp.Update)) 
 	return &oneshot{agent: agent, onUpdate: onUpdate, done: make(chan struct{})}
 }
 
-func (o *oneshot) BeginTurn() {
+func (o *oneshot) BeginTurn() uint64 {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	if o.turn == nil {
-		o.turn = &oneshotTurn{}
+		o.turns++
+		o.turn = &oneshotTurn{id: o.turns}
 	}
+	return o.turn.id
 }
 
 func (o *oneshot) AbandonTurn() {
@@ -91,10 +97,10 @@ func (o *oneshot) Close() {
 	}
 }
 
-func (o *oneshot) Cancel(_ context.Context, _ string) error {
+func (o *oneshot) CancelTurn(_ context.Context, _ string, id uint64) error {
 	o.mu.Lock()
 	t := o.turn
-	if t == nil {
+	if t == nil || t.id != id {
 		o.mu.Unlock()
 		return nil
 	}

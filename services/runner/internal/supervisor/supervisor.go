@@ -218,6 +218,14 @@ var errStopping = errors.New("runner shutting down; the launch will be retried")
 // errDuplicate: the launch is done, superseded, or run by another delivery.
 var errDuplicate = errors.New("duplicate launch")
 
+// errRunningHere and errOlderReceipt leave a message on the queue: it is
+// the very message a session runs, received again, and deleting it under
+// an older receipt than the one its session holds could lose it.
+var (
+	errRunningHere  = errors.New("its session runs on this runner; the message stays queued")
+	errOlderReceipt = errors.New("a later receipt of the same message runs it; the message stays queued")
+)
+
 // stale reports why a launch message for in is not to be run, if it is not.
 func stale(in *records.Instance, seq int) bool {
 	return in.Deleted || seq <= in.DoneSeq || seq < in.LaunchSeq
@@ -248,6 +256,12 @@ func (s *Supervisor) handle(ctx context.Context, m queue.Message) error {
 		return nil
 	}
 	if live := s.session(in.ID); live != nil {
+		if live.seq == msg.Seq && live.claimMsg == m.ID {
+			// The same message again (its visibility lapsed while its
+			// session runs here): deleting it under this receipt would
+			// leave nothing to redeliver should this runner stop.
+			return fmt.Errorf("launch %d of instance %s: %w", msg.Seq, in.ID, errRunningHere)
+		}
 		if live.seq == msg.Seq {
 			s.o.Metrics.Launch("duplicate")
 			return nil
@@ -260,7 +274,7 @@ func (s *Supervisor) handle(ctx context.Context, m queue.Message) error {
 		}
 		return s.handle(ctx, m)
 	}
-	sess := newSession(s, msg.Seq)
+	sess := newSession(s, in, m, msg.Seq)
 	s.mu.Lock()
 	if s.sessions[in.ID] != nil {
 		s.mu.Unlock()
@@ -279,8 +293,11 @@ func (s *Supervisor) handle(ctx context.Context, m queue.Message) error {
 	claim := make(chan claimResult, 1)
 	go func() {
 		claimed, err := s.o.Records.UpdateInstance(ctx, in.ID, func(in *records.Instance) error {
-			if stale(in, msg.Seq) || in.ClaimSeq == msg.Seq && in.ClaimMsg != "" && (in.ClaimMsg != m.ID || m.ReceiveCount <= in.ClaimRecv) {
+			switch {
+			case stale(in, msg.Seq) || in.ClaimSeq == msg.Seq && in.ClaimMsg != "" && in.ClaimMsg != m.ID:
 				return errDuplicate
+			case in.ClaimSeq == msg.Seq && in.ClaimMsg == m.ID && m.ReceiveCount <= in.ClaimRecv:
+				return errOlderReceipt
 			}
 			in.ClaimSeq, in.ClaimMsg, in.ClaimRecv, in.Owner = msg.Seq, m.ID, m.ReceiveCount, s.Owner()
 			return nil
@@ -328,6 +345,13 @@ func (s *Supervisor) Prompt(ctx context.Context, id, message string) error {
 		return fmt.Errorf("instance %s is being deleted: %w", id, ErrFinished)
 	case s.RemoteOwner(in) != "":
 		return fmt.Errorf("prompt: %w", &ErrElsewhere{Owner: in.Owner})
+	case in.PendingTurn() && !in.Launching():
+		// A prompt stored as its agent went away whose resumption failed:
+		// resume it now, and this one waits its turn.
+		if err := s.resume(ctx, in, nil); err != nil {
+			return err
+		}
+		return fmt.Errorf("instance %s has a prompt waiting; resuming for it: %w", id, ErrBusy)
 	case in.Launching() || in.PendingTurn():
 		return fmt.Errorf("instance %s is %s; wait for its turn to end: %w", id, in.Status, ErrBusy)
 	}
@@ -370,6 +394,12 @@ func (s *Supervisor) resume(ctx context.Context, in *records.Instance, message *
 // if it has not stopped after the grace period), or ending a launch still
 // queued, or one whose runner is gone, stopped.
 func (s *Supervisor) Cancel(ctx context.Context, id, reason string) (*records.Instance, error) {
+	return s.cancel(ctx, id, reason, true)
+}
+
+// cancel routes a cancel; routeAgain lets a launch claimed between the read
+// and the write be routed once more, to its session or its owner.
+func (s *Supervisor) cancel(ctx context.Context, id, reason string, routeAgain bool) (*records.Instance, error) {
 	if live := s.session(id); live != nil {
 		live.cancel(reason)
 		return s.o.Records.Instance(ctx, id)
@@ -381,31 +411,47 @@ func (s *Supervisor) Cancel(ctx context.Context, id, reason string) (*records.In
 	if owner := s.RemoteOwner(cur); owner != "" {
 		return nil, fmt.Errorf("cancel: %w", &ErrElsewhere{Owner: owner})
 	}
-	return s.CancelStored(ctx, id, reason)
+	return s.cancelStored(ctx, id, reason, routeAgain)
 }
 
 // CancelStored cancels in the store alone, for an instance no runner can be
 // reached for: a launch not yet claimed ends stopped; one claimed by a
 // runner that is gone has its pending turn marked cancelled, so that the
-// delivery that takes it over ends the turn rather than running it.
+// delivery that takes it over ends the turn rather than running it; a
+// pending turn with no launch (its resumption failed) ends stopped.
 func (s *Supervisor) CancelStored(ctx context.Context, id, reason string) (*records.Instance, error) {
+	return s.cancelStored(ctx, id, reason, false)
+}
+
+// errClaimedMeanwhile sends a cancel back to routing: the launch was
+// claimed between the routing's read and the cancel's write.
+var errClaimedMeanwhile = errors.New("claimed meanwhile")
+
+func (s *Supervisor) cancelStored(ctx context.Context, id, reason string, unclaimedOnly bool) (*records.Instance, error) {
 	changed := false
 	in, err := s.o.Records.UpdateInstance(ctx, id, func(in *records.Instance) error {
 		queued := in.Launching() && in.ClaimSeq != in.LaunchSeq
+		stranded := !in.Launching() && in.PendingTurn()
+		if unclaimedOnly && in.Launching() && !queued {
+			return errClaimedMeanwhile
+		}
 		if changed = queued || in.PendingTurn(); !changed {
 			return nil
 		}
-		changed = true
 		if in.PendingTurn() {
 			in.CancelTurn = in.Turn
 		}
 		in.Status, in.FinishedAt, in.Error = records.StatusStopped, time.Now().UTC(), "cancelled: "+reason
-		if queued {
-			// Not started: the queued message is dropped as done.
+		if queued || stranded {
+			// Nothing runs it: the turn ends here, and a queued message
+			// is dropped as done.
 			in.DoneSeq, in.TurnDone, in.Prompt, in.CancelTurn = in.LaunchSeq, in.Turn, "", 0
 		}
 		return nil
 	})
+	if errors.Is(err, errClaimedMeanwhile) {
+		return s.cancel(ctx, id, reason, false)
+	}
 	if err == nil && changed {
 		s.o.Metrics.Status(in.Status)
 		s.events.Publish(ctx, EventStatusChanged, in.TaskID, in.ID, statusPayload(in))
@@ -508,6 +554,8 @@ type session struct {
 	// ended; turns counts them, so that a cancel's grace applies to its own.
 	turning bool
 	turns   int
+	// turnID is the conversation's number for the turn begun last.
+	turnID uint64
 	// killKind and killed say why the process was killed, once it was.
 	killKind stopKind
 	killed   string
@@ -519,8 +567,9 @@ type session struct {
 	launchSpan trace.SpanContext
 }
 
-func newSession(s *Supervisor, seq int) *session {
-	return &session{s: s, seq: seq, prompts: make(chan pendingPrompt, 1), done: make(chan struct{})}
+func newSession(s *Supervisor, in *records.Instance, m queue.Message, seq int) *session {
+	return &session{s: s, seq: seq, launch: *in, in: in, claimMsg: m.ID, claimRecv: m.ReceiveCount,
+		prompts: make(chan pendingPrompt, 1), done: make(chan struct{})}
 }
 
 // errClaimLost fences a session whose launch another delivery took over.
@@ -542,7 +591,7 @@ func (ss *session) prompt(ctx context.Context, message string) error {
 	// cancel from now on applies to it.
 	ss.turning = true
 	ss.turns++
-	client.BeginTurn()
+	ss.turnID = client.BeginTurn()
 	ss.mu.Unlock()
 	in, err := ss.update(ctx, func(in *records.Instance) error {
 		if in.Deleted {
@@ -550,6 +599,10 @@ func (ss *session) prompt(ctx context.Context, message string) error {
 		}
 		if in.PendingTurn() {
 			return fmt.Errorf("instance %s has a prompt waiting: %w", in.ID, ErrBusy)
+		}
+		if in.DoneSeq >= ss.seq || in.LaunchSeq != ss.seq {
+			// The agent went away as the prompt came: a retry resumes it.
+			return fmt.Errorf("instance %s is stopping; retry to resume it: %w", in.ID, ErrBusy)
 		}
 		in.Turn, in.Prompt = in.Turn+1, message
 		in.Status, in.Progress, in.FinishedAt, in.Error = records.StatusRunning, 0, time.Time{}, ""
@@ -570,7 +623,7 @@ func (ss *session) prompt(ctx context.Context, message string) error {
 
 func (ss *session) cancel(reason string) {
 	ss.mu.Lock()
-	client, turning, turnNo := ss.client, ss.turning, ss.turns
+	client, turning, turnNo, turnID := ss.client, ss.turning, ss.turns, ss.turnID
 	ss.mu.Unlock()
 	if client == nil {
 		ss.kill(stopCancel, "cancelled while starting: "+reason)
@@ -597,7 +650,7 @@ func (ss *session) cancel(reason string) {
 	go func() {
 		ctx, cancel := context.WithTimeout(context.Background(), ss.s.o.CancelGrace)
 		defer cancel()
-		if err := client.Cancel(ctx, reason); err != nil && ctx.Err() == nil {
+		if err := client.CancelTurn(ctx, reason, turnID); err != nil && ctx.Err() == nil {
 			ss.kill(stopCancel, "cancelled, and the agent could not be told: "+err.Error())
 		}
 	}()
@@ -756,8 +809,6 @@ type claimResult struct {
 // launch on the queue, when the runner is shutting down.
 func (ss *session) run(ctx context.Context, in *records.Instance, m queue.Message, claim <-chan claimResult) error {
 	defer ss.statusWrites.Wait()
-	ss.launch, ss.in = *in, in
-	ss.claimMsg, ss.claimRecv = m.ID, m.ReceiveCount
 	ss.launchSpan = trace.SpanContextFromContext(ctx)
 	ss.log = ss.s.logs.open(ctx, ss.launch.ID)
 	ss.log.Hold()
@@ -795,6 +846,24 @@ func (ss *session) run(ctx context.Context, in *records.Instance, m queue.Messag
 		ss.setStatus(ctx, func(in *records.Instance) { in.DoneSeq = ss.seq })
 		ss.log.Add(StreamRunner, fmt.Sprintf("launch %d ended: delivered again with no prompt pending, so nothing was started", ss.seq))
 		return nil
+	}
+	if in.PendingTurn() && in.CancelTurn == in.Turn {
+		// Cancelled while its runner was gone: the turn ends stopped, and
+		// nothing is started for it.
+		if err := awaitClaim(); err != nil {
+			return err
+		}
+		if ss.launch.CancelTurn == ss.launch.Turn {
+			ss.s.o.Metrics.Launch("cancelled")
+			ss.setStatus(ctx, func(in *records.Instance) {
+				in.Status, in.TurnDone, in.Prompt, in.CancelTurn, in.DoneSeq = records.StatusStopped, in.Turn, "", 0, ss.seq
+				if in.FinishedAt.IsZero() {
+					in.FinishedAt = time.Now().UTC()
+				}
+			})
+			ss.log.Add(StreamRunner, fmt.Sprintf("launch %d ended (cancelled while no runner held it; nothing was started)", ss.seq))
+			return nil
+		}
 	}
 	typ, ok := o.Registry.Get(ss.launch.AgentType)
 	if !ok || !typ.Enabled {
@@ -907,9 +976,12 @@ func (ss *session) end(ctx context.Context, proc executor.Process, outcome, reas
 	case stopShutdown:
 		ss.log.Add(StreamRunner, "stopped: runner shutting down; the launch will be retried")
 		return errStopping
-	case stopDeleted, stopSuperseded:
+	case stopDeleted:
 		ss.log.Add(StreamRunner, "stopped: "+why)
 		return nil
+	case stopSuperseded:
+		ss.log.Add(StreamRunner, "stopped: "+why)
+		return errOlderReceipt
 	case stopCancel:
 		outcome, reason = "cancelled", why
 	case stopFailure:
@@ -927,8 +999,10 @@ func (ss *session) end(ctx context.Context, proc executor.Process, outcome, reas
 			// A launch that ended before its session was up.
 			in.ContainerID = proc.ID()
 		}
-		if !in.Terminal() {
-			// No turn of this launch recorded how it ended.
+		if !in.Terminal() && !(in.PendingTurn() && in.Turn != ss.launch.Turn) {
+			// No turn of this launch recorded how it ended. (A later
+			// prompt, accepted as the agent went away, is resumed next:
+			// its status is its own.)
 			switch {
 			case outcome == "cancelled":
 				in.Status, in.Error = records.StatusStopped, reason
@@ -1039,7 +1113,7 @@ func (ss *session) converse(ctx context.Context, client conversation, sessionUp 
 	if pending {
 		ss.turning = true
 		ss.turns++
-		client.BeginTurn()
+		ss.turnID = client.BeginTurn()
 	}
 	ss.mu.Unlock()
 	if pending {
