@@ -234,9 +234,45 @@ func (c *Conn) Start(ctx context.Context, method string, params any) (*PendingCa
 	return &p, nil
 }
 
+// StartDeferred is Start, except that when the stream is a QueueingStream
+// the request is only queued: it goes out with the next Flush of this
+// connection (or with any write to it before), together with whatever
+// else was queued for the peer meanwhile. A fan-out so writes each peer
+// once for all the requests that queued up while it went round.
+func (c *Conn) StartDeferred(ctx context.Context, method string, params any) (*PendingCall, error) {
+	qs, ok := c.stream.(QueueingStream)
+	if !ok {
+		return c.Start(ctx, method, params)
+	}
+	p, err := c.startWith(ctx, method, params, qs)
+	if err != nil {
+		return nil, err
+	}
+	return &p, nil
+}
+
+// Flush writes what StartDeferred queued, unless a write under way does.
+// A write failure ends the connection.
+func (c *Conn) Flush() error {
+	qs, ok := c.stream.(QueueingStream)
+	if !ok {
+		return nil
+	}
+	if err := qs.Flush(); err != nil {
+		c.shutdown(fmt.Errorf("writing: %w", err))
+		return c.err
+	}
+	return nil
+}
+
 // start is Start without the allocation of a PendingCall that Call does
 // not need.
 func (c *Conn) start(ctx context.Context, method string, params any) (PendingCall, error) {
+	return c.startWith(ctx, method, params, nil)
+}
+
+// startWith sends a request, queued on qs when it is not nil.
+func (c *Conn) startWith(ctx context.Context, method string, params any, qs QueueingStream) (PendingCall, error) {
 	id := c.seq.Add(1)
 	frame, err := c.encodeRequest(ctx, Int64ID(id), method, params)
 	if err != nil {
@@ -247,7 +283,7 @@ func (c *Conn) start(ctx context.Context, method string, params any) (PendingCal
 	c.pending[id] = p.ch
 	c.mu.Unlock()
 
-	if err := c.write(ctx, frame); err != nil {
+	if err := c.writeWith(ctx, frame, qs); err != nil {
 		c.forget(id)
 		return PendingCall{}, err
 	}
@@ -353,12 +389,23 @@ func encodeParams(params any) (json.RawMessage, error) {
 // write sends a frame. A failure other than ctx ending before the frame was
 // started breaks the stream, and ends the connection.
 func (c *Conn) write(ctx context.Context, frame []byte) error {
+	return c.writeWith(ctx, frame, nil)
+}
+
+// writeWith is write, except that the frame is only queued on qs when qs
+// is not nil; qs then keeps it.
+func (c *Conn) writeWith(ctx context.Context, frame []byte, qs QueueingStream) error {
 	select {
 	case <-c.done:
 		return c.err
 	default:
 	}
-	err := c.stream.WriteMessage(ctx, frame)
+	var err error
+	if qs != nil {
+		err = qs.QueueMessage(ctx, frame)
+	} else {
+		err = c.stream.WriteMessage(ctx, frame)
+	}
 	if err == nil {
 		return nil
 	}

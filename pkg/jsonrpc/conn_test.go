@@ -92,6 +92,86 @@ func TestStartThenWait(t *testing.T) {
 	}
 }
 
+// queueingStream is a QueueingStream over a stream that writes only: it
+// holds queued frames until Flush.
+type queueingStream struct {
+	Stream
+	mu      sync.Mutex
+	queued  [][]byte
+	flushes int
+}
+
+func (s *queueingStream) QueueMessage(_ context.Context, data []byte) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.queued = append(s.queued, data)
+	return nil
+}
+
+func (s *queueingStream) Flush() error {
+	s.mu.Lock()
+	frames := s.queued
+	s.queued = nil
+	s.flushes++
+	s.mu.Unlock()
+	for _, f := range frames {
+		if err := s.WriteMessage(context.Background(), f); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (s *queueingStream) waiting() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.queued)
+}
+
+// TestStartDeferred: on a QueueingStream, StartDeferred only queues the
+// request, which Flush sends; on any other stream it sends at once.
+func TestStartDeferred(t *testing.T) {
+	t.Parallel()
+	for _, queueing := range []bool{true, false} {
+		t.Run(fmt.Sprintf("queueing=%v", queueing), func(t *testing.T) {
+			t.Parallel()
+			sa, sb := linePair(t, 0, 0)
+			qs := &queueingStream{Stream: sa}
+			var clientStream Stream = sa
+			if queueing {
+				clientStream = qs
+			}
+			client := NewConn(clientStream, nil, quiet)
+			server := NewConn(sb, Methods{"echo": echo.Handle}, quiet)
+			t.Cleanup(func() { client.Close(); server.Close() })
+
+			var pending []*PendingCall
+			for i := range 3 {
+				p, err := client.StartDeferred(t.Context(), "echo", echoParams{N: i})
+				if err != nil {
+					t.Fatal(err)
+				}
+				pending = append(pending, p)
+			}
+			if queueing && qs.waiting() != 3 {
+				t.Fatalf("%d requests queued before Flush, want 3", qs.waiting())
+			}
+			if err := client.Flush(); err != nil {
+				t.Fatal(err)
+			}
+			if queueing && (qs.waiting() != 0 || qs.flushes != 1) {
+				t.Fatalf("after Flush: %d queued, %d flushes", qs.waiting(), qs.flushes)
+			}
+			for i, p := range pending {
+				var got echoParams
+				if err := p.Wait(t.Context(), &got); err != nil || got.N != i {
+					t.Fatalf("call %d: %+v, %v", i, got, err)
+				}
+			}
+		})
+	}
+}
+
 // TestBidirectional has both ends call each other at once, and calls that
 // call back into their caller before answering, as an ACP agent asks for
 // permission while our session/prompt is in flight.

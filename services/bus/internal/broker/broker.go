@@ -332,13 +332,18 @@ func (b *Broker) deliverGroup(ctx context.Context, msg *message, group []*subscr
 	}
 	// Every request goes out first, then the answers are collected: no
 	// goroutine per subscriber, and the group shares one deadline, as its
-	// deliveries start together.
+	// deliveries start together. The requests are queued, then each
+	// subscriber's connection flushed: what other publishes queued for it
+	// meanwhile goes out in the same write.
 	waitCtx, cancel := context.WithTimeout(ctx, b.opts.DeliveryTimeout)
 	defer cancel()
 	var params deliveryParamsCache
 	calls := make([]delivery, len(group))
 	for k, s := range group {
-		b.startDelivery(ctx, &calls[k], s.session, msg, 1, &params)
+		b.startDelivery(ctx, &calls[k], s.session, msg, 1, &params, true)
+	}
+	for _, s := range group {
+		s.session.flush()
 	}
 	acks := make([]Ack, len(group))
 	var retries sync.WaitGroup
@@ -387,7 +392,7 @@ func (b *Broker) needsRetry(s *Session, out outcome) bool {
 // base-protocol subscriber.
 func (b *Broker) call(ctx context.Context, s *Session, msg *message, attempt int) outcome {
 	var d delivery
-	b.startDelivery(ctx, &d, s, msg, attempt, nil)
+	b.startDelivery(ctx, &d, s, msg, attempt, nil, false)
 	ctx, cancel := context.WithTimeout(ctx, b.opts.DeliveryTimeout)
 	defer cancel()
 	return b.awaitDelivery(ctx, &d)
@@ -416,10 +421,10 @@ type deliveryParamsCache struct {
 	base, process json.RawMessage
 }
 
-// startDelivery sends the request of a delivery. params, when not nil,
-// keeps the encoded params for the next delivery of the same message and
-// attempt.
-func (b *Broker) startDelivery(ctx context.Context, d *delivery, s *Session, msg *message, attempt int, params *deliveryParamsCache) {
+// startDelivery sends the request of a delivery, or with deferred queues it
+// for the session's flush. params, when not nil, keeps the encoded params
+// for the next delivery of the same message and attempt.
+func (b *Broker) startDelivery(ctx context.Context, d *delivery, s *Session, msg *message, attempt int, params *deliveryParamsCache, deferred bool) {
 	if params == nil {
 		params = &deliveryParamsCache{}
 	}
@@ -444,7 +449,7 @@ func (b *Broker) startDelivery(ctx context.Context, d *delivery, s *Session, msg
 			attribute.String("bus.client_id", s.ClientID()),
 			attribute.Int("bus.attempt", attempt))
 	}
-	d.pending, d.err = s.start(ctx, d.method, raw)
+	d.pending, d.err = s.start(ctx, d.method, raw, deferred)
 	d.msgAccepted = msg.accepted
 }
 

@@ -101,15 +101,29 @@ func (s *Session) mayReceive(t string) bool {
 }
 
 // start sends a request to the client; the answer is awaited on the
-// returned call.
-func (s *Session) start(ctx context.Context, method string, params json.RawMessage) (*jsonrpc.PendingCall, error) {
+// returned call. Deferred, the request is only queued, for flush.
+func (s *Session) start(ctx context.Context, method string, params json.RawMessage, deferred bool) (*jsonrpc.PendingCall, error) {
 	s.mu.Lock()
 	c := s.conn
 	s.mu.Unlock()
 	if c == nil {
 		return nil, jsonrpc.ErrClosed
 	}
+	if deferred {
+		return c.StartDeferred(ctx, method, params)
+	}
 	return c.Start(ctx, method, params)
+}
+
+// flush writes the requests start deferred, unless a write under way does.
+func (s *Session) flush() {
+	s.mu.Lock()
+	c := s.conn
+	s.mu.Unlock()
+	if c != nil {
+		// A failure ends the connection, and with it the calls waiting.
+		_ = c.Flush()
+	}
 }
 
 // Handle implements jsonrpc.Handler.
