@@ -21,8 +21,8 @@ var errCancelledByPeer = errors.New("jsonrpc: request cancelled by the peer")
 
 // Handler answers the peer's requests and notifications.
 //
-// Requests are handled concurrently, each on its own goroutine, so a handler
-// may take as long as it needs; its ctx ends when the peer cancels the
+// Requests are handled concurrently, each on its own goroutine (unless an
+// AsyncHandler takes it), so a handler may take as long as it needs; its ctx ends when the peer cancels the
 // request or the connection closes. Notifications are handled one at a time
 // in arrival order, on the goroutine that reads the connection, so that
 // streamed updates stay in order; a notification handler that needs to wait
