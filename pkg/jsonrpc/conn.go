@@ -54,6 +54,20 @@ type AsyncHandler interface {
 	HandleAsync(ctx context.Context, req *Request, reply func(result any, err error)) bool
 }
 
+// Inline returns a handler that runs h on the goroutine that reads the
+// connection and answers as soon as it returns: no goroutine per call, and
+// none woken. Only for handlers that are quick and never block, a Call to
+// the same peer above all, since no frame is read while they run; their
+// calls are answered in arrival order.
+func Inline(h Handler) AsyncHandler { return inlineHandler{h} }
+
+type inlineHandler struct{ Handler }
+
+func (h inlineHandler) HandleAsync(ctx context.Context, req *Request, reply func(any, error)) bool {
+	reply(h.Handle(ctx, req))
+	return true
+}
+
 // HandlerFunc adapts a function to Handler.
 type HandlerFunc func(ctx context.Context, req *Request) (any, error)
 

@@ -1039,3 +1039,53 @@ func TestAsyncHandler(t *testing.T) {
 		})
 	}
 }
+
+// TestInline: an Inline handler answers each call from the read loop, in
+// arrival order, errors and panics as Handle's would be.
+func TestInline(t *testing.T) {
+	t.Parallel()
+	var seen []int
+	h := Inline(Methods{
+		"seq": func(_ context.Context, req *Request) (any, error) {
+			var n []int
+			if err := json.Unmarshal(req.Params, &n); err != nil {
+				return nil, err
+			}
+			seen = append(seen, n[0]) // the read loop alone runs it: no lock
+			return n[0], nil
+		},
+		"panic": func(context.Context, *Request) (any, error) { panic("boom") },
+	})
+	for _, tr := range transports {
+		t.Run(tr.name, func(t *testing.T) {
+			client, _ := connPair(t, tr, nil, h)
+			seen = nil
+			var pending []*PendingCall
+			for i := range 20 {
+				p, err := client.Start(t.Context(), "seq", []int{i})
+				if err != nil {
+					t.Fatal(err)
+				}
+				pending = append(pending, p)
+			}
+			for i, p := range pending {
+				var got int
+				if err := p.Wait(t.Context(), &got); err != nil || got != i {
+					t.Fatalf("call %d: %d, %v", i, got, err)
+				}
+			}
+			for i, n := range seen {
+				if n != i {
+					t.Fatalf("handled in the order %v", seen)
+				}
+			}
+			var e *Error
+			if err := client.Call(t.Context(), "panic", nil, nil); !errors.As(err, &e) || e.Code != InternalError {
+				t.Errorf("panic: %v, want InternalError", err)
+			}
+			if err := client.Call(t.Context(), "missing", nil, nil); !errors.As(err, &e) || e.Code != MethodNotFound {
+				t.Errorf("unknown method: %v, want MethodNotFound", err)
+			}
+		})
+	}
+}
