@@ -139,32 +139,14 @@ func BenchmarkRoundTrip(b *testing.B) {
 		percentiles(b, times)
 	})
 
-	b.Run("bus_jsonrpc_clients", func(b *testing.B) {
-		// Publisher and agent on pkg/jsonrpc, as the bus's own peers are.
-		url := startBus(b)
-		agent := dial(b, url, jsonrpc.Methods{"processMessage": func(context.Context, *jsonrpc.Request) (any, error) {
-			return json.RawMessage(`{"processed":true,"should_retry":false,"retry_seconds":0,"message":"ok"}`), nil
-		}})
-		mustCall(b, agent, "initialize", map[string]any{"clientId": "agent", "capabilities": map[string]bool{"processMessage": true}})
-		mustCall(b, agent, "subscribe", map[string]string{"topic": "agent:bench"})
-		pub := dial(b, url, nil)
-		mustCall(b, pub, "initialize", map[string]string{"clientId": "pub"})
-		params := map[string]any{"topic": "agent:bench", "payload": payload}
-		times := make([]time.Duration, 0, b.N)
-		b.ReportAllocs()
-		b.ResetTimer()
-		cpuStart := cpuTime()
-		for b.Loop() {
-			start := time.Now()
-			var res json.RawMessage
-			if err := pub.Call(context.Background(), "sendMessage", params, &res); err != nil {
-				b.Fatal(err)
-			}
-			times = append(times, time.Since(start))
-		}
-		reportCPU(b, cpuStart, len(times))
-		percentiles(b, times)
-	})
+	agentMethods := jsonrpc.Methods{"processMessage": func(context.Context, *jsonrpc.Request) (any, error) {
+		return json.RawMessage(`{"processed":true,"should_retry":false,"retry_seconds":0,"message":"ok"}`), nil
+	}}
+	// Publisher and agent on pkg/jsonrpc, as the bus's own peers are: the
+	// agent's handler on a goroutine per call, or (inline_agent) on its
+	// read loop, as jsonrpc.Inline lets a quick handler run.
+	b.Run("bus_jsonrpc_clients", func(b *testing.B) { roundTripJSONRPC(b, agentMethods) })
+	b.Run("bus_jsonrpc_clients_inline_agent", func(b *testing.B) { roundTripJSONRPC(b, jsonrpc.Inline(agentMethods)) })
 
 	b.Run("relay", func(b *testing.B) {
 		url := startRelay(b)
@@ -248,6 +230,32 @@ func BenchmarkRoundTrip(b *testing.B) {
 		reportCPU(b, cpuStart, len(times))
 		percentiles(b, times)
 	})
+}
+
+// roundTripJSONRPC measures the round trip with publisher and agent on
+// pkg/jsonrpc, the agent answering with h.
+func roundTripJSONRPC(b *testing.B, h jsonrpc.Handler) {
+	url := startBus(b)
+	agent := dial(b, url, h)
+	mustCall(b, agent, "initialize", map[string]any{"clientId": "agent", "capabilities": map[string]bool{"processMessage": true}})
+	mustCall(b, agent, "subscribe", map[string]string{"topic": "agent:bench"})
+	pub := dial(b, url, nil)
+	mustCall(b, pub, "initialize", map[string]string{"clientId": "pub"})
+	params := map[string]any{"topic": "agent:bench", "payload": payload}
+	times := make([]time.Duration, 0, b.N)
+	b.ReportAllocs()
+	b.ResetTimer()
+	cpuStart := cpuTime()
+	for b.Loop() {
+		start := time.Now()
+		var res json.RawMessage
+		if err := pub.Call(context.Background(), "sendMessage", params, &res); err != nil {
+			b.Fatal(err)
+		}
+		times = append(times, time.Since(start))
+	}
+	reportCPU(b, cpuStart, len(times))
+	percentiles(b, times)
 }
 
 // startRelay is the floor: a WebSocket server that passes each publisher

@@ -21,8 +21,8 @@ var errCancelledByPeer = errors.New("jsonrpc: request cancelled by the peer")
 
 // Handler answers the peer's requests and notifications.
 //
-// Requests are handled concurrently, each on its own goroutine, so a handler
-// may take as long as it needs; its ctx ends when the peer cancels the
+// Requests are handled concurrently, each on its own goroutine (unless an
+// AsyncHandler takes it), so a handler may take as long as it needs; its ctx ends when the peer cancels the
 // request or the connection closes. Notifications are handled one at a time
 // in arrival order, on the goroutine that reads the connection, so that
 // streamed updates stay in order; a notification handler that needs to wait
@@ -35,6 +35,37 @@ var errCancelledByPeer = errors.New("jsonrpc: request cancelled by the peer")
 // notification are dropped, as the spec requires.
 type Handler interface {
 	Handle(ctx context.Context, req *Request) (result any, err error)
+}
+
+// AsyncHandler is a Handler that can take requests without a goroutine of
+// their own, answering when it is ready from whatever goroutine it is on:
+// a request whose answer comes from another connection (the bus waiting
+// for a subscriber) then costs no goroutine, and no wake-up of one.
+type AsyncHandler interface {
+	Handler
+	// HandleAsync is called, for each of the peer's calls (notifications
+	// excluded), on the goroutine that reads the connection. It either
+	// returns false, and the call goes to Handle on its own goroutine, or
+	// takes the call and returns true, and then calls reply exactly once,
+	// before returning or later, from any goroutine. reply writes the
+	// response on the goroutine that calls it. HandleAsync must not block:
+	// no frame is read while it runs. ctx is the call's, as Handle's would
+	// be; it ends when reply is called.
+	HandleAsync(ctx context.Context, req *Request, reply func(result any, err error)) bool
+}
+
+// Inline returns a handler that runs h on the goroutine that reads the
+// connection and answers as soon as it returns: no goroutine per call, and
+// none woken. Only for handlers that are quick and never block, a Call to
+// the same peer above all, since no frame is read while they run; their
+// calls are answered in arrival order.
+func Inline(h Handler) AsyncHandler { return inlineHandler{h} }
+
+type inlineHandler struct{ Handler }
+
+func (h inlineHandler) HandleAsync(ctx context.Context, req *Request, reply func(any, error)) bool {
+	reply(h.Handle(ctx, req))
+	return true
 }
 
 // HandlerFunc adapts a function to Handler.
@@ -152,7 +183,8 @@ type Conn struct {
 	seq    atomic.Int64
 
 	mu      sync.Mutex
-	pending map[int64]chan callResult // our calls awaiting a response
+	pending map[int64]pendingCall // our calls awaiting a response
+	closed  bool                  // set once shutdown has failed the calls made with Go
 	// inflight holds the peer's calls being handled: the first in one
 	// inline slot, any others in a map, nil while there are none, so that
 	// neither one call at a time nor an idle connection costs a map.
@@ -162,6 +194,13 @@ type Conn struct {
 	closeErr  error
 	done      chan struct{}
 	err       error // why the connection ended; written before done is closed
+}
+
+// pendingCall is where the response to one of our calls goes: to ch, for
+// Wait, or to done, for a call made with Go.
+type pendingCall struct {
+	ch   chan callResult
+	done func(result json.RawMessage, err error)
 }
 
 // callResult is what a pending call receives.
@@ -189,7 +228,7 @@ func NewConn(s Stream, h Handler, opts ...Option) *Conn {
 		handler: h,
 		opts:    o,
 		slots:   make(chan struct{}, o.maxInflight),
-		pending: make(map[int64]chan callResult),
+		pending: make(map[int64]pendingCall),
 		done:    make(chan struct{}),
 	}
 	ctx, cancel := context.WithCancel(context.Background())
@@ -214,12 +253,13 @@ func (c *Conn) Call(ctx context.Context, method string, params, result any) erro
 }
 
 // PendingCall is a request sent with Start whose response has not been
-// waited for yet.
+// waited for yet, or one sent with Go.
 type PendingCall struct {
 	c      *Conn
 	id     int64
 	method string
-	ch     chan callResult
+	ch     chan callResult              // Start's
+	done   func(json.RawMessage, error) // Go's
 }
 
 // Start sends a request, as Call does, but returns once it is written:
@@ -234,21 +274,93 @@ func (c *Conn) Start(ctx context.Context, method string, params any) (*PendingCa
 	return &p, nil
 }
 
+// Go sends a request, as Start does, and calls done with its raw result
+// or its error, instead of leaving them to Wait: so a caller can wait for
+// many answers, or go on when one comes, without a goroutine waiting.
+// done runs once, on the goroutine that reads the connection when the
+// response arrives, on the one ending the connection, or on Abandon's; it
+// must not block, as no other response is read while it runs. If Go
+// returns an error, done is never called.
+func (c *Conn) Go(ctx context.Context, method string, params any, done func(result json.RawMessage, err error)) (*PendingCall, error) {
+	p, err := c.startWith(ctx, method, params, nil, done)
+	if err != nil {
+		return nil, err
+	}
+	return &p, nil
+}
+
+// GoDeferred is Go, except that when the stream is a QueueingStream the
+// request is only queued: it goes out with the next Flush of this
+// connection (or with any write to it before), together with whatever
+// else was queued for the peer meanwhile. A fan-out so writes each peer
+// once for all the requests that queued up while it went round.
+func (c *Conn) GoDeferred(ctx context.Context, method string, params any, done func(result json.RawMessage, err error)) (*PendingCall, error) {
+	qs, _ := c.stream.(QueueingStream)
+	p, err := c.startWith(ctx, method, params, qs, done)
+	if err != nil {
+		return nil, err
+	}
+	return &p, nil
+}
+
+// Abandon stops waiting for the response to a call made with Go: unless
+// the response came first, done is called at once with err, and the peer
+// is told with the cancel notification (see WithCancelMethod).
+func (p *PendingCall) Abandon(err error) {
+	c := p.c
+	if !c.forget(p.id) {
+		return
+	}
+	if c.opts.cancelMethod != "" {
+		go c.sendCancel(p.id)
+	}
+	p.done(nil, err)
+}
+
+// Flush writes what GoDeferred queued, unless a write under way does.
+// A write failure ends the connection.
+func (c *Conn) Flush() error {
+	qs, ok := c.stream.(QueueingStream)
+	if !ok {
+		return nil
+	}
+	if err := qs.Flush(); err != nil {
+		c.shutdown(fmt.Errorf("writing: %w", err))
+		return c.err
+	}
+	return nil
+}
+
 // start is Start without the allocation of a PendingCall that Call does
 // not need.
 func (c *Conn) start(ctx context.Context, method string, params any) (PendingCall, error) {
+	return c.startWith(ctx, method, params, nil, nil)
+}
+
+// startWith sends a request, queued on qs when it is not nil, whose
+// response goes to done when it is not nil.
+func (c *Conn) startWith(ctx context.Context, method string, params any, qs QueueingStream, done func(json.RawMessage, error)) (PendingCall, error) {
 	id := c.seq.Add(1)
 	frame, err := c.encodeRequest(ctx, Int64ID(id), method, params)
 	if err != nil {
 		return PendingCall{}, err
 	}
-	p := PendingCall{c: c, id: id, method: method, ch: make(chan callResult, 1)}
+	p := PendingCall{c: c, id: id, method: method, done: done}
+	if done == nil {
+		p.ch = make(chan callResult, 1)
+	}
 	c.mu.Lock()
-	c.pending[id] = p.ch
+	if c.closed {
+		c.mu.Unlock()
+		return PendingCall{}, c.err
+	}
+	c.pending[id] = pendingCall{ch: p.ch, done: done}
 	c.mu.Unlock()
 
-	if err := c.write(ctx, frame); err != nil {
-		c.forget(id)
+	if err := c.writeWith(ctx, frame, qs); err != nil {
+		if !c.forget(id) && done != nil {
+			return p, nil // the connection ended meanwhile, and told done
+		}
 		return PendingCall{}, err
 	}
 	return p, nil
@@ -353,12 +465,23 @@ func encodeParams(params any) (json.RawMessage, error) {
 // write sends a frame. A failure other than ctx ending before the frame was
 // started breaks the stream, and ends the connection.
 func (c *Conn) write(ctx context.Context, frame []byte) error {
+	return c.writeWith(ctx, frame, nil)
+}
+
+// writeWith is write, except that the frame is only queued on qs when qs
+// is not nil; qs then keeps it.
+func (c *Conn) writeWith(ctx context.Context, frame []byte, qs QueueingStream) error {
 	select {
 	case <-c.done:
 		return c.err
 	default:
 	}
-	err := c.stream.WriteMessage(ctx, frame)
+	var err error
+	if qs != nil {
+		err = qs.QueueMessage(ctx, frame)
+	} else {
+		err = c.stream.WriteMessage(ctx, frame)
+	}
 	if err == nil {
 		return nil
 	}
@@ -399,6 +522,20 @@ func (c *Conn) shutdown(cause error) {
 		c.cancel()
 		c.closeErr = c.stream.Close()
 		close(c.done)
+		// Calls made with Go hear of the end here; Wait watches done.
+		c.mu.Lock()
+		c.closed = true
+		var ended []func(json.RawMessage, error)
+		for id, p := range c.pending {
+			if p.done != nil {
+				ended = append(ended, p.done)
+				delete(c.pending, id)
+			}
+		}
+		c.mu.Unlock()
+		for _, done := range ended {
+			c.callDone(done, callResult{err: c.err})
+		}
 	})
 }
 
@@ -501,19 +638,33 @@ func (c *Conn) handleInvalid(d *DecodeError) *Response {
 // deliver hands a response to the call waiting for it.
 func (c *Conn) deliver(id ID, r callResult) {
 	n, ok := id.int64()
-	var ch chan callResult
+	var p pendingCall
 	if ok {
 		c.mu.Lock()
-		ch = c.pending[n]
+		p, ok = c.pending[n]
 		delete(c.pending, n)
 		c.mu.Unlock()
 	}
-	if ch == nil {
+	switch {
+	case !ok:
 		// Usually the answer to a call its caller stopped waiting for.
 		c.opts.logger.Debug("jsonrpc: response to no pending call", "id", id.String(), "error", r.err)
-		return
+	case p.done != nil:
+		c.callDone(p.done, r)
+	default:
+		p.ch <- r
 	}
-	ch <- r
+}
+
+// callDone runs a Go call's done. A panic in it is logged rather than
+// taking down the read loop, and with it the process.
+func (c *Conn) callDone(done func(json.RawMessage, error), r callResult) {
+	defer func() {
+		if p := recover(); p != nil {
+			c.opts.logger.Error("jsonrpc: response callback panicked", "panic", p, "stack", string(debug.Stack()))
+		}
+	}()
+	done(r.result, r.err)
 }
 
 func (c *Conn) handleNotification(req *Request) {
@@ -552,9 +703,9 @@ func (c *Conn) cancelInbound(req *Request) {
 	}
 }
 
-// startCall handles one of the peer's calls on its own goroutine, holding a
-// slot the caller acquired until the handler returns, and then passes the
-// response to send.
+// startCall handles one of the peer's calls, on its own goroutine unless
+// an AsyncHandler takes it, holding a slot the caller acquired until the
+// call is answered, and then passes the response to send.
 func (c *Conn) startCall(req *Request, send func(*Response)) {
 	ctx := c.ctx
 	if c.opts.trace && req.Params != nil {
@@ -567,6 +718,11 @@ func (c *Conn) startCall(req *Request, send func(*Response)) {
 		c.mu.Lock()
 		dup = !c.inflight.add(req.ID, cancel)
 		c.mu.Unlock()
+	}
+	if !dup {
+		if ah, ok := c.handler.(AsyncHandler); ok && c.handleAsync(ah, ctx, cancel, tracked, req, send) {
+			return
+		}
 	}
 	go func() {
 		var resp *Response
@@ -585,6 +741,37 @@ func (c *Conn) startCall(req *Request, send func(*Response)) {
 		c.release()
 		send(resp)
 	}()
+}
+
+// handleAsync offers a call to an AsyncHandler, reporting whether it took
+// it. A panic becomes an InternalError answer, as in invoke.
+func (c *Conn) handleAsync(h AsyncHandler, ctx context.Context, cancel context.CancelCauseFunc, tracked bool, req *Request, send func(*Response)) (taken bool) {
+	var replied atomic.Bool
+	reply := func(result any, err error) {
+		if replied.Swap(true) {
+			c.opts.logger.Error("jsonrpc: a call was answered twice", "method", req.Method, "id", req.ID.String())
+			return
+		}
+		resp := c.response(ctx, req.ID, result, err)
+		if tracked {
+			c.mu.Lock()
+			c.inflight.remove(req.ID)
+			c.mu.Unlock()
+		}
+		cancel(nil)
+		c.release()
+		send(resp)
+	}
+	defer func() {
+		if p := recover(); p != nil {
+			c.opts.logger.Error("jsonrpc: handler panicked", "method", req.Method, "panic", p, "stack", string(debug.Stack()))
+			taken = true
+			if !replied.Load() {
+				reply(nil, &Error{Code: InternalError, Message: "Internal error"})
+			}
+		}
+	}()
+	return h.HandleAsync(ctx, req, reply)
 }
 
 // invoke calls the handler and returns the response to send, or nil for a

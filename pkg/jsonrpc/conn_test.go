@@ -92,6 +92,95 @@ func TestStartThenWait(t *testing.T) {
 	}
 }
 
+// queueingStream is a QueueingStream over a stream that writes only: it
+// holds queued frames until Flush.
+type queueingStream struct {
+	Stream
+	mu      sync.Mutex
+	queued  [][]byte
+	flushes int
+}
+
+func (s *queueingStream) QueueMessage(_ context.Context, data []byte) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.queued = append(s.queued, data)
+	return nil
+}
+
+func (s *queueingStream) Flush() error {
+	s.mu.Lock()
+	frames := s.queued
+	s.queued = nil
+	s.flushes++
+	s.mu.Unlock()
+	for _, f := range frames {
+		if err := s.WriteMessage(context.Background(), f); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (s *queueingStream) waiting() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.queued)
+}
+
+// TestGoDeferred: on a QueueingStream, GoDeferred only queues the
+// request, which Flush sends; on any other stream it sends at once. Each
+// answer goes to its callback.
+func TestGoDeferred(t *testing.T) {
+	t.Parallel()
+	for _, queueing := range []bool{true, false} {
+		t.Run(fmt.Sprintf("queueing=%v", queueing), func(t *testing.T) {
+			t.Parallel()
+			sa, sb := linePair(t, 0, 0)
+			qs := &queueingStream{Stream: sa}
+			var clientStream Stream = sa
+			if queueing {
+				clientStream = qs
+			}
+			client := NewConn(clientStream, nil, quiet)
+			server := NewConn(sb, Methods{"echo": echo.Handle}, quiet)
+			t.Cleanup(func() { client.Close(); server.Close() })
+
+			answers := make([]chan echoParams, 3)
+			for i := range answers {
+				answers[i] = make(chan echoParams, 1)
+				_, err := client.GoDeferred(t.Context(), "echo", echoParams{N: i}, func(result json.RawMessage, err error) {
+					var got echoParams
+					if err == nil {
+						err = json.Unmarshal(result, &got)
+					}
+					if err != nil {
+						t.Errorf("call %d: %v", i, err)
+					}
+					answers[i] <- got
+				})
+				if err != nil {
+					t.Fatal(err)
+				}
+			}
+			if queueing && qs.waiting() != 3 {
+				t.Fatalf("%d requests queued before Flush, want 3", qs.waiting())
+			}
+			if err := client.Flush(); err != nil {
+				t.Fatal(err)
+			}
+			if queueing && (qs.waiting() != 0 || qs.flushes != 1) {
+				t.Fatalf("after Flush: %d queued, %d flushes", qs.waiting(), qs.flushes)
+			}
+			for i, ch := range answers {
+				if got := <-ch; got.N != i {
+					t.Errorf("call %d: answered %+v", i, got)
+				}
+			}
+		})
+	}
+}
+
 // TestBidirectional has both ends call each other at once, and calls that
 // call back into their caller before answering, as an ACP agent asks for
 // permission while our session/prompt is in flight.
@@ -796,6 +885,206 @@ func TestOversizedFrame(t *testing.T) {
 			<-server.Done()
 			if err := server.Err(); !errors.Is(err, ErrFrameTooLarge) {
 				t.Errorf("server Err = %v, want ErrFrameTooLarge", err)
+			}
+		})
+	}
+}
+
+// callOutcome is what a Go call's done received.
+type callOutcome struct {
+	result json.RawMessage
+	err    error
+}
+
+func goCall(t *testing.T, c *Conn, method string, params any) (*PendingCall, <-chan callOutcome) {
+	t.Helper()
+	out := make(chan callOutcome, 2) // room for a second call, which would be a bug the test reports
+	p, err := c.Go(t.Context(), method, params, func(result json.RawMessage, err error) { out <- callOutcome{result, err} })
+	if err != nil {
+		t.Fatalf("Go %s: %v", method, err)
+	}
+	return p, out
+}
+
+// once returns the one outcome a done received, failing if there was
+// another.
+func once(t *testing.T, out <-chan callOutcome) callOutcome {
+	t.Helper()
+	o := <-out
+	select {
+	case again := <-out:
+		t.Errorf("done called twice: %+v, then %+v", o, again)
+	default:
+	}
+	return o
+}
+
+// TestGo: a call made with Go has its answer, or its end, delivered to its
+// callback once: the response, the abandonment (which cancels the peer's
+// handler), or the end of the connection.
+func TestGo(t *testing.T) {
+	t.Parallel()
+	for _, tr := range transports {
+		t.Run(tr.name, func(t *testing.T) {
+			t.Parallel()
+			blk := newBlocker()
+			client, _ := connPair(t, tr, nil, Methods{"echo": echo.Handle, "block": blk.Handle})
+
+			_, out := goCall(t, client, "echo", echoParams{N: 7})
+			if o := once(t, out); o.err != nil || string(o.result) != `{"n":7,"text":""}` {
+				t.Errorf("echo: %s, %v", o.result, o.err)
+			}
+
+			p, out := goCall(t, client, "block", nil)
+			<-blk.started
+			abandoned := errors.New("gave up")
+			p.Abandon(abandoned)
+			if o := once(t, out); !errors.Is(o.err, abandoned) {
+				t.Errorf("abandoned call: %v, want %v", o.err, abandoned)
+			}
+			if cause := <-blk.ended; !errors.Is(cause, errCancelledByPeer) {
+				t.Errorf("handler's context ended with %v, want the peer's cancellation", cause)
+			}
+			p.Abandon(abandoned) // a second time: nothing more
+
+			_, out = goCall(t, client, "block", nil)
+			client.Close()
+			if o := once(t, out); !errors.Is(o.err, ErrClosed) {
+				t.Errorf("call pending at Close: %v, want ErrClosed", o.err)
+			}
+			if _, err := client.Go(t.Context(), "echo", nil, func(json.RawMessage, error) { t.Error("done of a call that was not made") }); !errors.Is(err, ErrClosed) {
+				t.Errorf("Go after Close = %v, want ErrClosed", err)
+			}
+		})
+	}
+}
+
+// asyncHandler takes the methods in replies, answering each from its own
+// goroutine once told to, and leaves the others to echo.
+type asyncHandler struct {
+	replies map[string]chan func(any, error)
+}
+
+func (h asyncHandler) Handle(ctx context.Context, req *Request) (any, error) {
+	return echo.Handle(ctx, req)
+}
+
+func (h asyncHandler) HandleAsync(_ context.Context, req *Request, reply func(any, error)) bool {
+	switch req.Method {
+	case "now":
+		reply("answered at once", nil)
+		return true
+	case "panic":
+		panic("boom")
+	}
+	ch, ok := h.replies[req.Method]
+	if ok {
+		ch <- reply
+	}
+	return ok
+}
+
+// TestAsyncHandler: calls an AsyncHandler takes are answered when it
+// replies, from any goroutine, once, each holding its in-flight slot until
+// then; calls it declines go to Handle; a panic is an InternalError.
+func TestAsyncHandler(t *testing.T) {
+	t.Parallel()
+	for _, tr := range transports {
+		t.Run(tr.name, func(t *testing.T) {
+			t.Parallel()
+			later := make(chan func(any, error), 2)
+			h := asyncHandler{replies: map[string]chan func(any, error){"later": later}}
+			client, _ := connPair(t, tr, nil, h, WithMaxInflight(2))
+
+			var got string
+			if err := client.Call(t.Context(), "now", nil, &got); err != nil || got != "answered at once" {
+				t.Errorf("now: %q, %v", got, err)
+			}
+			var echoed []int
+			if err := client.Call(t.Context(), "declined", []int{1}, &echoed); err != nil || !slices.Equal(echoed, []int{1}) {
+				t.Errorf("declined: %v, %v", echoed, err)
+			}
+			err := client.Call(t.Context(), "panic", nil, nil)
+			var e *Error
+			if !errors.As(err, &e) || e.Code != InternalError {
+				t.Errorf("panic: %v, want InternalError", err)
+			}
+
+			// Two calls taken and not answered hold both slots: the
+			// connection stops reading until one is answered.
+			_, out1 := goCall(t, client, "later", nil)
+			_, out2 := goCall(t, client, "later", nil)
+			reply1, reply2 := <-later, <-later
+			_, blocked := goCall(t, client, "now", nil)
+			select {
+			case o := <-blocked:
+				t.Fatalf("a third call was handled with both slots held: %+v", o)
+			default:
+			}
+			go reply1("one", nil)
+			if o := once(t, out1); o.err != nil || string(o.result) != `"one"` {
+				t.Errorf("first: %s, %v", o.result, o.err)
+			}
+			if o := once(t, blocked); o.err != nil {
+				t.Errorf("third call, once a slot was free: %v", o.err)
+			}
+			reply2(nil, &Error{Code: 7, Message: "no"})
+			reply2("again", nil) // ignored
+			if o := once(t, out2); !errors.As(o.err, &e) || e.Code != 7 {
+				t.Errorf("second: %v, want error 7", o.err)
+			}
+			if err := client.Call(t.Context(), "now", nil, nil); err != nil {
+				t.Errorf("after a double reply: %v", err)
+			}
+		})
+	}
+}
+
+// TestInline: an Inline handler answers each call from the read loop, in
+// arrival order, errors and panics as Handle's would be.
+func TestInline(t *testing.T) {
+	t.Parallel()
+	var seen []int
+	h := Inline(Methods{
+		"seq": func(_ context.Context, req *Request) (any, error) {
+			var n []int
+			if err := json.Unmarshal(req.Params, &n); err != nil {
+				return nil, err
+			}
+			seen = append(seen, n[0]) // the read loop alone runs it: no lock
+			return n[0], nil
+		},
+		"panic": func(context.Context, *Request) (any, error) { panic("boom") },
+	})
+	for _, tr := range transports {
+		t.Run(tr.name, func(t *testing.T) {
+			client, _ := connPair(t, tr, nil, h)
+			seen = nil
+			var pending []*PendingCall
+			for i := range 20 {
+				p, err := client.Start(t.Context(), "seq", []int{i})
+				if err != nil {
+					t.Fatal(err)
+				}
+				pending = append(pending, p)
+			}
+			for i, p := range pending {
+				var got int
+				if err := p.Wait(t.Context(), &got); err != nil || got != i {
+					t.Fatalf("call %d: %d, %v", i, got, err)
+				}
+			}
+			for i, n := range seen {
+				if n != i {
+					t.Fatalf("handled in the order %v", seen)
+				}
+			}
+			var e *Error
+			if err := client.Call(t.Context(), "panic", nil, nil); !errors.As(err, &e) || e.Code != InternalError {
+				t.Errorf("panic: %v, want InternalError", err)
+			}
+			if err := client.Call(t.Context(), "missing", nil, nil); !errors.As(err, &e) || e.Code != MethodNotFound {
+				t.Errorf("unknown method: %v, want MethodNotFound", err)
 			}
 		})
 	}

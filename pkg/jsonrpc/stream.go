@@ -36,6 +36,23 @@ type Stream interface {
 	Close() error
 }
 
+// QueueingStream is a Stream that can also hold frames back, so that frames
+// bound for one peer from several senders go out together, in one write,
+// when one of them flushes. A fan-out queues a frame for each of its
+// peers, then flushes each: frames other fan-outs queued meanwhile for the
+// same peer share the write.
+type QueueingStream interface {
+	Stream
+	// QueueMessage adds a frame to those waiting, without writing it; the
+	// stream keeps data, which the caller must not change afterwards. It
+	// waits, as WriteMessage does, only when no more frames may wait.
+	QueueMessage(ctx context.Context, data []byte) error
+	// Flush writes the waiting frames, unless a write under way will
+	// (WriteMessage writes them too, ahead of its own frame). Frames are
+	// written in the order they were queued or written.
+	Flush() error
+}
+
 var (
 	_ Stream = (*lineStream)(nil)
 	_ Stream = (*wsStream)(nil)

@@ -94,7 +94,7 @@ func TestBadInput(t *testing.T) {
 		mute.subscribe(2, "mute:*", "")
 		pub := bus.client(t, "pub", "")
 		pub.publish(3, "mute:1", `{"text":"hello?"}`)
-		mute.expectRequest("sendMessage") // and never answered
+		id, _ := mute.expectRequest("sendMessage") // and never answered
 		res := pub.response(3)["result"].(map[string]any)
 		acks := res["acks"].([]any)
 		if len(acks) != 1 {
@@ -104,6 +104,14 @@ func TestBadInput(t *testing.T) {
 		if ack["processed"] != false || !contains(ack["message"].(string), "delivery timeout") {
 			t.Errorf("ack of a mute subscriber: %v", ack)
 		}
+		// The bus gave up on the delivery, and says so.
+		cancel := mute.recv()
+		if p, _ := cancel["params"].(map[string]any); cancel["method"] != "$/cancelRequest" || p["id"] != id {
+			t.Errorf("after the delivery timeout the subscriber got %v, want $/cancelRequest of id %v", cancel, id)
+		}
+		// A late answer is dropped, and the publisher's connection serves on.
+		mute.reply(id, `{"success":true}`)
+		pub.result(4, "ping", `{}`)
 	})
 
 	t.Run("slow reader", func(t *testing.T) {

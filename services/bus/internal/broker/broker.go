@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
@@ -254,22 +255,11 @@ func (b *Broker) checkTyped(routes []*subscription, payload json.RawMessage) err
 // reports whether one stopped propagation, and whether that left some
 // route out.
 func (b *Broker) deliverAll(ctx context.Context, msg *message, routes []*subscription) (acks []Ack, stop, skipped bool) {
-	acks = make([]Ack, 0, len(routes))
-	for i := 0; i < len(routes); {
-		// A run of continueAll subscribers cannot stop propagation, so
-		// they are delivered to at once.
-		j := i + 1
-		for routes[i].policy == ContinueAll && j < len(routes) && routes[j].policy == ContinueAll {
-			j++
-		}
-		group, stop := b.deliverGroup(ctx, msg, routes[i:j])
-		acks = append(acks, group...)
-		if stop {
-			return acks, true, j < len(routes)
-		}
-		i = j
-	}
-	return acks, false, false
+	done := make(chan struct{})
+	r := &deliveryRun{b: b, ctx: ctx, msg: msg, routes: routes, finished: func() { close(done) }}
+	r.deliverNext()
+	<-done
+	return r.acks, r.stop, r.skipped
 }
 
 // errUntyped rejects a payload without a type where delivery needs one.
@@ -280,6 +270,23 @@ func errUntyped(why string) *jsonrpc.Error {
 // Publish delivers a message to the subscribers of its topic and returns
 // the aggregated result.
 func (b *Broker) Publish(ctx context.Context, publisher, t string, payload json.RawMessage) (*SendResult, error) {
+	var (
+		res  *SendResult
+		err  error
+		done = make(chan struct{})
+	)
+	b.publishAsync(ctx, publisher, t, payload, func(r *SendResult, e error) { res, err = r, e; close(done) })
+	<-done
+	return res, err
+}
+
+// publishAsync is Publish without a goroutine waiting: the deliveries go
+// out from the calling goroutine, and done is called with the result by
+// whichever goroutine sees the last answer in (the last subscriber's
+// connection's read loop, usually), or by one of its own when what is
+// left may block (retries to schedule, other replicas, the default
+// handler).
+func (b *Broker) publishAsync(ctx context.Context, publisher, t string, payload json.RawMessage, done func(*SendResult, error)) {
 	msg := &message{id: newMessageID(), topic: t, payload: payload, publisher: publisher, accepted: time.Now()}
 	ctx, span := b.opts.Tracer.Start(ctx, "bus publish", spanKindServer)
 	if span.IsRecording() {
@@ -287,23 +294,42 @@ func (b *Broker) Publish(ctx context.Context, publisher, t string, payload json.
 			attribute.String("messaging.destination.name", t),
 			attribute.String("messaging.message.id", msg.id))
 	}
-	defer span.End()
 	// The publisher leaving does not take back an accepted message.
 	ctx = context.WithoutCancel(ctx)
 
 	routes := b.route(t)
 	if err := b.checkTyped(routes, payload); err != nil {
 		b.opts.Metrics.published(ctx, "rejected")
-		return nil, err
+		span.End()
+		done(nil, err)
+		return
 	}
 	// This replica's subscribers first, then the other replicas'.
-	acks, stop, skipped := b.deliverAll(ctx, msg, routes)
-	routed := len(routes) > 0
+	r := &deliveryRun{b: b, ctx: ctx, msg: msg, routes: routes}
+	r.finished = func() {
+		complete := func() {
+			res, err := b.completePublish(ctx, msg, len(routes) > 0, r.acks, r.stop, r.skipped)
+			span.End()
+			done(res, err)
+		}
+		if b.opts.Forwarder != nil || (len(routes) == 0 && b.opts.DefaultHandler != nil) {
+			go complete()
+		} else {
+			complete()
+		}
+	}
+	r.deliverNext()
+}
+
+// completePublish takes a message on from its delivery to this replica's
+// subscribers: to the other replicas', or to the default handler, and
+// returns the publisher's result.
+func (b *Broker) completePublish(ctx context.Context, msg *message, routed bool, acks []Ack, stop, skipped bool) (*SendResult, error) {
 	if b.opts.Forwarder != nil {
 		if stop {
 			skipped = true // the other replicas' subscribers are left out
 		} else {
-			remote := b.opts.Forwarder.Forward(ctx, Forwarded{MessageID: msg.id, Topic: t, Payload: payload, Publisher: publisher})
+			remote := b.opts.Forwarder.Forward(ctx, Forwarded{MessageID: msg.id, Topic: msg.topic, Payload: msg.payload, Publisher: msg.publisher})
 			acks = append(acks, remote.Acks...)
 			routed = routed || remote.Routed
 		}
@@ -316,7 +342,7 @@ func (b *Broker) Publish(ctx context.Context, publisher, t string, payload json.
 		b.opts.Metrics.published(ctx, "unrouted")
 		return &SendResult{Success: false, Acks: []Ack{}}, nil
 	}
-	if payloadType(payload) == "" {
+	if payloadType(msg.payload) == "" {
 		b.opts.Metrics.published(ctx, "rejected")
 		return nil, errUntyped("no subscriber matches, and the default handler delivers to a new agent with processMessage")
 	}
@@ -325,35 +351,140 @@ func (b *Broker) Publish(ctx context.Context, publisher, t string, payload json.
 	return &SendResult{Success: true, Acks: []Ack{ack}}, nil
 }
 
-func (b *Broker) deliverGroup(ctx context.Context, msg *message, group []*subscription) ([]Ack, bool) {
-	if len(group) == 1 {
-		out := b.deliver(ctx, group[0].session, msg, 1)
-		return []Ack{out.ack}, group[0].policy.stops(out.processed, out.stop)
+// deliveryRun delivers one message to its routes, group after group,
+// without a goroutine waiting for answers: a group's requests go out, and
+// its last answer, or its deadline, moves the run on, on whichever
+// goroutine that happens. Only scheduling retries, which writes to the
+// queue, gets a goroutine of its own.
+type deliveryRun struct {
+	b      *Broker
+	ctx    context.Context
+	msg    *message
+	routes []*subscription
+	// next is the first route not delivered to yet.
+	next          int
+	acks          []Ack
+	stop, skipped bool
+	finished      func()
+}
+
+// deliveryGroup is the run's deliveries in flight: one subscriber, or a
+// run of continueAll subscribers, delivered to at once.
+type deliveryGroup struct {
+	run   *deliveryRun
+	end   int // the index of the route after the group's last
+	calls []delivery
+	outs  []outcome
+	// left counts the answers awaited, plus one held while the requests
+	// go out.
+	left  atomic.Int32
+	timer *time.Timer
+}
+
+// deliverNext starts the next group, or finishes the run.
+func (r *deliveryRun) deliverNext() {
+	if r.next == len(r.routes) {
+		r.finished()
+		return
 	}
-	// Every request goes out first, then the answers are collected: no
-	// goroutine per subscriber, and the group shares one deadline, as its
-	// deliveries start together.
-	waitCtx, cancel := context.WithTimeout(ctx, b.opts.DeliveryTimeout)
-	defer cancel()
+	i := r.next
+	// A run of continueAll subscribers cannot stop propagation, so they
+	// are delivered to at once.
+	j := i + 1
+	for r.routes[i].policy == ContinueAll && j < len(r.routes) && r.routes[j].policy == ContinueAll {
+		j++
+	}
+	routes := r.routes[i:j]
+	g := &deliveryGroup{run: r, end: j, calls: make([]delivery, len(routes)), outs: make([]outcome, len(routes))}
+	g.left.Store(int32(len(routes)) + 1)
+	// With several subscribers, the requests are queued, then each
+	// subscriber's connection flushed: what other publishes queued for it
+	// meanwhile goes out in the same write. The params are encoded once.
 	var params deliveryParamsCache
-	calls := make([]delivery, len(group))
-	for k, s := range group {
-		b.startDelivery(ctx, &calls[k], s.session, msg, 1, &params)
+	deferred := len(routes) > 1
+	for k, s := range routes {
+		d := &g.calls[k]
+		r.b.startDelivery(r.ctx, d, s.session, r.msg, 1, &params, deferred, func(result json.RawMessage, err error) {
+			g.outs[k] = r.b.finishDelivery(r.ctx, d, result, err)
+			g.answered()
+		})
+		if d.err != nil {
+			g.outs[k] = r.b.finishDelivery(r.ctx, d, nil, d.err)
+			g.answered()
+		}
 	}
-	acks := make([]Ack, len(group))
+	if deferred {
+		// Flushing is writing, so it is not done here: this may be the
+		// publisher's read loop, which meanwhile reads the next publish
+		// and queues its requests, which the flush then writes with
+		// these, as NATS writes each subscriber what a read cycle of the
+		// publisher brought it.
+		go func() {
+			for _, s := range routes {
+				s.session.flush()
+			}
+		}()
+	}
+	// The group shares one deadline, as its deliveries start together.
+	g.timer = time.AfterFunc(r.b.opts.DeliveryTimeout, g.timeout)
+	g.answered() // the hold
+}
+
+// timeout gives up on the answers still awaited.
+func (g *deliveryGroup) timeout() {
+	for k := range g.calls {
+		if p := g.calls[k].pending; p != nil {
+			p.Abandon(context.DeadlineExceeded)
+		}
+	}
+}
+
+// answered counts an answer in, and moves the run on after the last.
+func (g *deliveryGroup) answered() {
+	if g.left.Add(-1) > 0 {
+		return
+	}
+	g.timer.Stop()
+	r := g.run
+	for k := range g.outs {
+		if r.b.needsRetry(g.calls[k].session, g.outs[k]) {
+			go func() {
+				g.scheduleRetries()
+				r.afterGroup(g)
+			}()
+			return
+		}
+	}
+	r.afterGroup(g)
+}
+
+// scheduleRetries schedules the retries the group's answers or failures
+// ask for. Each writes to the queue; they do so at once.
+func (g *deliveryGroup) scheduleRetries() {
+	r := g.run
 	var retries sync.WaitGroup
-	for k := range calls {
-		d := &calls[k]
-		out := b.awaitDelivery(waitCtx, d)
-		acks[k] = out.ack
-		if b.needsRetry(d.session, out) {
-			// Scheduling writes to the queue; the group's retries do so
-			// at once.
-			retries.Go(func() { acks[k].Message = b.opts.Retries.afterAttempt(ctx, msg, d.session.ClientID(), 1, out) })
+	for k := range g.outs {
+		out, s := g.outs[k], g.calls[k].session
+		if r.b.needsRetry(s, out) {
+			retries.Go(func() { g.outs[k].ack.Message = r.b.opts.Retries.afterAttempt(r.ctx, r.msg, s.ClientID(), 1, out) })
 		}
 	}
 	retries.Wait()
-	return acks, false
+}
+
+// afterGroup collects a group's acks, and delivers to the next group
+// unless its subscriber stopped propagation.
+func (r *deliveryRun) afterGroup(g *deliveryGroup) {
+	for k := range g.outs {
+		r.acks = append(r.acks, g.outs[k].ack)
+	}
+	if len(g.outs) == 1 && r.routes[r.next].policy.stops(g.outs[0].processed, g.outs[0].stop) {
+		r.stop, r.skipped = true, g.end < len(r.routes)
+		r.finished()
+		return
+	}
+	r.next = g.end
+	r.deliverNext()
 }
 
 // outcome is one delivery's result.
@@ -387,10 +518,15 @@ func (b *Broker) needsRetry(s *Session, out outcome) bool {
 // base-protocol subscriber.
 func (b *Broker) call(ctx context.Context, s *Session, msg *message, attempt int) outcome {
 	var d delivery
-	b.startDelivery(ctx, &d, s, msg, attempt, nil)
+	b.startDelivery(ctx, &d, s, msg, attempt, nil, false, nil)
 	ctx, cancel := context.WithTimeout(ctx, b.opts.DeliveryTimeout)
 	defer cancel()
-	return b.awaitDelivery(ctx, &d)
+	err := d.err
+	var answer json.RawMessage
+	if err == nil {
+		err = d.pending.Wait(ctx, &answer)
+	}
+	return b.finishDelivery(ctx, &d, answer, err)
 }
 
 // The span options of every message, made once.
@@ -416,10 +552,12 @@ type deliveryParamsCache struct {
 	base, process json.RawMessage
 }
 
-// startDelivery sends the request of a delivery. params, when not nil,
-// keeps the encoded params for the next delivery of the same message and
-// attempt.
-func (b *Broker) startDelivery(ctx context.Context, d *delivery, s *Session, msg *message, attempt int, params *deliveryParamsCache) {
+// startDelivery sends the request of a delivery, or with deferred queues it
+// for the session's flush. Its answer goes to onDone when that is not nil
+// (unless the request could not be sent: d.err), else it is waited for
+// on d.pending. params, when not nil, keeps the encoded params for the
+// next delivery of the same message and attempt.
+func (b *Broker) startDelivery(ctx context.Context, d *delivery, s *Session, msg *message, attempt int, params *deliveryParamsCache, deferred bool, onDone func(json.RawMessage, error)) {
 	if params == nil {
 		params = &deliveryParamsCache{}
 	}
@@ -444,19 +582,22 @@ func (b *Broker) startDelivery(ctx context.Context, d *delivery, s *Session, msg
 			attribute.String("bus.client_id", s.ClientID()),
 			attribute.Int("bus.attempt", attempt))
 	}
-	d.pending, d.err = s.start(ctx, d.method, raw)
+	// Everything onDone reads is set before the request goes: the answer
+	// can come before start returns.
 	d.msgAccepted = msg.accepted
+	d.pending, d.err = s.start(ctx, d.method, raw, deferred, onDone)
 }
 
-// awaitDelivery waits, until ctx ends, for the answer to a delivery
-// started with startDelivery.
-func (b *Broker) awaitDelivery(ctx context.Context, d *delivery) outcome {
+// finishDelivery makes the outcome of a delivery from its subscriber's
+// answer, or from why there was none.
+func (b *Broker) finishDelivery(ctx context.Context, d *delivery, answer json.RawMessage, err error) outcome {
 	defer d.span.End()
 	out := outcome{ack: Ack{ClientID: d.session.ClientID()}}
-	err := d.err
 	var ans subscriberAnswer
 	if err == nil {
-		err = d.pending.Wait(ctx, &ans)
+		if uerr := json.Unmarshal(answer, &ans); uerr != nil {
+			err = fmt.Errorf("decoding the answer to %s: %w", d.method, uerr)
+		}
 	}
 	method := d.method
 	switch {

@@ -76,6 +76,19 @@ func (b *Broker) spawnedAgent(clientID string) (string, bool) {
 // take places msg with a newly launched agent, and returns its ack.
 func (h *DefaultHandler) take(ctx context.Context, msg *message) Ack {
 	h.mu.Lock()
+	_, running := h.pending[msg.topic]
+	h.mu.Unlock()
+	if !running {
+		// The message found no subscriber when it was routed, but a launch
+		// for its topic may have finished since: its agent takes it, and
+		// no second agent is launched. (Not under h.mu: routing takes
+		// sessions' locks, and a session initializing holds its own while
+		// it asks for h.mu.)
+		if s := h.broker.anyAgentFor(msg.topic); s != nil {
+			return h.broker.deliver(ctx, s, msg, 1).ack
+		}
+	}
+	h.mu.Lock()
 	sp, running := h.pending[msg.topic]
 	if !running {
 		sp = &spawn{agentID: "agent-" + newMessageID()[:16], done: make(chan struct{})}

@@ -100,22 +100,39 @@ func (s *Session) mayReceive(t string) bool {
 	return s.perms != nil && s.perms.mayReceive(t)
 }
 
-// start sends a request to the client; the answer is awaited on the
-// returned call.
-func (s *Session) start(ctx context.Context, method string, params json.RawMessage) (*jsonrpc.PendingCall, error) {
+// start sends a request to the client; the answer goes to onDone, or when
+// that is nil is awaited on the returned call. Deferred (with onDone), the
+// request is only queued, for flush.
+func (s *Session) start(ctx context.Context, method string, params json.RawMessage, deferred bool, onDone func(json.RawMessage, error)) (*jsonrpc.PendingCall, error) {
 	s.mu.Lock()
 	c := s.conn
 	s.mu.Unlock()
-	if c == nil {
+	switch {
+	case c == nil:
 		return nil, jsonrpc.ErrClosed
+	case onDone == nil:
+		return c.Start(ctx, method, params)
+	case deferred:
+		return c.GoDeferred(ctx, method, params, onDone)
 	}
-	return c.Start(ctx, method, params)
+	return c.Go(ctx, method, params, onDone)
+}
+
+// flush writes the requests start deferred, unless a write under way does.
+func (s *Session) flush() {
+	s.mu.Lock()
+	c := s.conn
+	s.mu.Unlock()
+	if c != nil {
+		// A failure ends the connection, and with it the calls waiting.
+		_ = c.Flush()
+	}
 }
 
 // Handle implements jsonrpc.Handler.
 func (s *Session) Handle(ctx context.Context, req *jsonrpc.Request) (any, error) {
 	if !s.limiter.Allow() {
-		return nil, rpcError(CodeRateLimited, "Rate limited: more than %g requests a second", s.b.opts.Rate)
+		return nil, errRateLimited(s.b.opts.Rate)
 	}
 	switch req.Method {
 	case MethodInitialize, MethodSubscribe, MethodUnsubscribe, MethodSendMessage, MethodPing:
@@ -129,11 +146,8 @@ func (s *Session) Handle(ctx context.Context, req *jsonrpc.Request) (any, error)
 	if req.Method == MethodInitialize {
 		return s.initialize(ctx, req)
 	}
-	s.mu.Lock()
-	ok := s.initialized
-	s.mu.Unlock()
-	if !ok {
-		return nil, rpcError(CodeNotInitialized, "Not initialized: send initialize first")
+	if err := s.requireInitialized(); err != nil {
+		return nil, err
 	}
 	switch req.Method {
 	case MethodSubscribe:
@@ -145,6 +159,29 @@ func (s *Session) Handle(ctx context.Context, req *jsonrpc.Request) (any, error)
 	default:
 		return map[string]string{"timestamp": time.Now().UTC().Format(time.RFC3339)}, nil
 	}
+}
+
+// admit applies the rate limit and the need for initialize to a call
+// other than initialize, as Handle does.
+func (s *Session) admit() error {
+	if !s.limiter.Allow() {
+		return errRateLimited(s.b.opts.Rate)
+	}
+	return s.requireInitialized()
+}
+
+func errRateLimited(rate float64) *jsonrpc.Error {
+	return rpcError(CodeRateLimited, "Rate limited: more than %g requests a second", rate)
+}
+
+func (s *Session) requireInitialized() error {
+	s.mu.Lock()
+	ok := s.initialized
+	s.mu.Unlock()
+	if !ok {
+		return rpcError(CodeNotInitialized, "Not initialized: send initialize first")
+	}
+	return nil
 }
 
 // objectParams decodes params that must be a JSON object (or absent) into
@@ -355,33 +392,71 @@ func (s *Session) unsubscribe(req *jsonrpc.Request) (any, error) {
 	return map[string]bool{"success": true}, nil
 }
 
+// HandleAsync implements jsonrpc.AsyncHandler: it takes sendMessage on
+// the connection's read loop, sends the deliveries from there, and answers
+// when the last subscriber's answer comes in (on that subscriber's read
+// loop), so a publish costs no goroutine of its own and no wake-up of one.
+// Every other method goes to Handle.
+func (s *Session) HandleAsync(ctx context.Context, req *jsonrpc.Request, reply func(any, error)) bool {
+	if req.Method != MethodSendMessage {
+		return false
+	}
+	if err := s.admit(); err != nil {
+		reply(nil, err)
+		return true
+	}
+	clientID, t, payload, err := s.publishParams(req)
+	if err != nil {
+		reply(nil, err)
+		return true
+	}
+	s.b.publishAsync(ctx, clientID, t, payload, func(res *SendResult, err error) {
+		if err != nil {
+			reply(nil, err)
+			return
+		}
+		reply(res, nil)
+	})
+	return true
+}
+
 func (s *Session) sendMessage(ctx context.Context, req *jsonrpc.Request) (any, error) {
+	clientID, t, payload, err := s.publishParams(req)
+	if err != nil {
+		return nil, err
+	}
+	return s.b.Publish(ctx, clientID, t, payload)
+}
+
+// publishParams checks a sendMessage request and returns who publishes
+// what where.
+func (s *Session) publishParams(req *jsonrpc.Request) (clientID, t string, payload json.RawMessage, _ error) {
 	m, perr := objectParams(req)
 	if perr != nil {
-		return nil, perr
+		return "", "", nil, perr
 	}
 	t, ok, terr := stringMember(m, "topic")
 	if terr != nil {
-		return nil, terr
+		return "", "", nil, terr
 	}
 	s.mu.Lock()
 	clientID, defaultTopic, perms := s.clientID, s.defaultTopic, s.perms
 	s.mu.Unlock()
 	if !ok {
 		if defaultTopic == "" {
-			return nil, invalidParams("missing topic, and this client has no default topic")
+			return "", "", nil, invalidParams("missing topic, and this client has no default topic")
 		}
 		t = defaultTopic
 	}
 	if err := topic.Validate(t); err != nil {
-		return nil, invalidParams("topic: %v", err)
+		return "", "", nil, invalidParams("topic: %v", err)
 	}
-	payload, ok := m["payload"]
+	payload, ok = m["payload"]
 	if !ok || len(payload) == 0 || payload[0] != '{' {
-		return nil, invalidParams("payload must be a JSON object")
+		return "", "", nil, invalidParams("payload must be a JSON object")
 	}
 	if !perms.mayPublish(t) {
-		return nil, rpcError(CodeForbidden, "Forbidden: client %q may not publish to %q", clientID, t)
+		return "", "", nil, rpcError(CodeForbidden, "Forbidden: client %q may not publish to %q", clientID, t)
 	}
-	return s.b.Publish(ctx, clientID, t, payload)
+	return clientID, t, payload, nil
 }

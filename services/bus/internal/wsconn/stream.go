@@ -7,7 +7,10 @@
 // goroutine of its own and no write buffer. A frame is written by the
 // goroutine that sends it when no other write is under way; frames sent
 // meanwhile queue up and are written together, in one system call, by a
-// goroutine started for as long as the queue lasts.
+// goroutine started for as long as the queue lasts. A fan-out can also
+// queue a frame without writing (QueueMessage) and Flush once it has gone
+// round its peers, so that what several fan-outs send one peer meanwhile
+// goes out in one write.
 package wsconn
 
 import (
@@ -75,7 +78,7 @@ type Stream struct {
 	closeReason string
 }
 
-var _ jsonrpc.Stream = (*Stream)(nil)
+var _ jsonrpc.QueueingStream = (*Stream)(nil)
 
 // Accept upgrades the request to a WebSocket stream. It reads through a
 // small buffer and writes through a batching writer instead of the 4 KiB
@@ -91,13 +94,30 @@ func Accept(w http.ResponseWriter, r *http.Request, opts Options) (*Stream, erro
 	return &Stream{c: c, out: out, opts: opts, closeStatus: websocket.StatusNormalClosure}, nil
 }
 
+// readBuffers are what messages are read into before being copied out at
+// their size: the library's own Read starts every message with 512 bytes,
+// ten times a typical answer, which is garbage to collect per frame.
+var readBuffers = sync.Pool{New: func() any { return new(bytes.Buffer) }}
+
 // ReadMessage implements jsonrpc.Stream.
 func (s *Stream) ReadMessage(ctx context.Context) ([]byte, error) {
-	_, data, err := s.c.Read(ctx)
+	_, r, err := s.c.Reader(ctx)
+	if err == nil {
+		buf := readBuffers.Get().(*bytes.Buffer)
+		buf.Reset()
+		_, err = buf.ReadFrom(r)
+		data := bytes.Clone(buf.Bytes())
+		if buf.Cap() <= maxPooled {
+			readBuffers.Put(buf)
+		}
+		if err == nil {
+			return data, nil
+		}
+	}
 	if errors.Is(err, websocket.ErrMessageTooBig) {
 		return nil, fmt.Errorf("%w: websocket message over %d bytes", jsonrpc.ErrFrameTooLarge, s.opts.MaxFrame)
 	}
-	return data, err
+	return nil, err
 }
 
 // WriteMessage writes a frame, or queues it while another write is under
@@ -142,17 +162,78 @@ func (s *Stream) WriteMessage(ctx context.Context, data []byte) error {
 		s.mu.Lock()
 	}
 	s.writing = true
+	// Frames queued for a Flush go first, with this one.
+	var one [1][]byte
+	batch := one[:0]
+	if len(s.queue) > 0 {
+		batch = s.takeQueue()
+	}
+	batch = append(batch, data)
 	s.mu.Unlock()
 
-	one := [1][]byte{data}
-	err := s.writeBatch(one[:])
-	if next := s.afterBatch(err); next != nil {
-		go s.drain(next)
-	}
-	if err != nil {
+	if err := s.write(batch); err != nil {
 		return ErrSlowReader
 	}
 	return nil
+}
+
+// QueueMessage implements jsonrpc.QueueingStream: it adds a frame to the
+// queue, to be written by the next Flush or write. When the queue is full
+// it waits as WriteMessage does.
+func (s *Stream) QueueMessage(ctx context.Context, data []byte) error {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return errClosed
+	}
+	if len(s.queue) < s.opts.Buffered {
+		s.queue = append(s.queue, data)
+		s.mu.Unlock()
+		return nil
+	}
+	s.mu.Unlock()
+	return s.WriteMessage(ctx, data)
+}
+
+// Flush implements jsonrpc.QueueingStream: it writes the queue in one
+// system call, unless the queue is empty or a write under way will write
+// it.
+func (s *Stream) Flush() error {
+	s.mu.Lock()
+	if s.closed || s.writing || len(s.queue) == 0 {
+		s.mu.Unlock()
+		return nil
+	}
+	s.writing = true
+	batch := s.takeQueue()
+	s.mu.Unlock()
+	if err := s.write(batch); err != nil {
+		return ErrSlowReader
+	}
+	return nil
+}
+
+// takeQueue returns the queued frames and empties the queue, waking
+// senders waiting for room. s.mu is held.
+func (s *Stream) takeQueue() [][]byte {
+	q := s.queue
+	s.queue = nil
+	if s.room != nil {
+		close(s.room)
+		s.room = nil
+	}
+	return q
+}
+
+// write writes a batch as the write side's owner, then leaves what was
+// queued meanwhile to a goroutine, so the sender does not wait for
+// frames others sent.
+func (s *Stream) write(batch [][]byte) error {
+	err := s.writeBatch(batch)
+	if next := s.afterBatch(err); next != nil {
+		go s.drain(next)
+	}
+	return err
 }
 
 // drain writes queued frames until the queue is empty, as the owner of
@@ -194,13 +275,7 @@ func (s *Stream) afterBatch(err error) [][]byte {
 		s.writing = false
 		return nil
 	}
-	next := s.queue
-	s.queue = nil
-	if s.room != nil {
-		close(s.room)
-		s.room = nil
-	}
-	return next
+	return s.takeQueue()
 }
 
 // finish writes what is still queued, unless the peer is the reason for

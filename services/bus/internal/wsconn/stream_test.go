@@ -4,10 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -42,9 +44,9 @@ func dial(t *testing.T, url string) *websocket.Conn {
 	return c
 }
 
-// TestConcurrentWritersKeepFramesWholeAndInOrder: frames written at once
-// by many goroutines (so that most are queued and batched) each arrive
-// whole, and each goroutine's in the order it wrote them.
+// TestConcurrentWritersKeepFramesWholeAndInOrder: frames written or
+// queued at once by many goroutines (so that most are queued and batched)
+// each arrive whole, and each goroutine's in the order it sent them.
 func TestConcurrentWritersKeepFramesWholeAndInOrder(t *testing.T) {
 	t.Parallel()
 	const writers, frames = 8, 200
@@ -58,7 +60,18 @@ func TestConcurrentWritersKeepFramesWholeAndInOrder(t *testing.T) {
 				// Sizes vary around the read buffer's, so that frames
 				// straddle it.
 				frame := fmt.Sprintf(`{"writer":%d,"seq":%d,"pad":%q}`, w, i, strings.Repeat("x", (i*37)%700))
-				if err := s.WriteMessage(context.Background(), []byte(frame)); err != nil {
+				// Half the writers queue their frames as a fan-out does,
+				// flushing after every third.
+				var err error
+				if w%2 == 1 {
+					err = s.QueueMessage(context.Background(), []byte(frame))
+					if err == nil && i%3 == 2 || i == frames-1 {
+						err = errors.Join(err, s.Flush())
+					}
+				} else {
+					err = s.WriteMessage(context.Background(), []byte(frame))
+				}
+				if err != nil {
 					t.Errorf("write: %v", err)
 					return
 				}
@@ -84,6 +97,73 @@ func TestConcurrentWritersKeepFramesWholeAndInOrder(t *testing.T) {
 		next[w]++
 	}
 	wg.Wait()
+}
+
+// countingConn counts the writes to the socket.
+type countingConn struct {
+	net.Conn
+	writes atomic.Int64
+}
+
+func (c *countingConn) Write(p []byte) (int, error) {
+	c.writes.Add(1)
+	return c.Conn.Write(p)
+}
+
+// TestQueuedFramesGoOutTogether: queued frames are written by Flush, or
+// by the next WriteMessage ahead of its own frame, in order and in one
+// system call.
+func TestQueuedFramesGoOutTogether(t *testing.T) {
+	t.Parallel()
+	url, streams := serve(t, Options{MaxFrame: 1 << 20, Buffered: 100, WriteTimeout: time.Minute})
+	client := dial(t, url)
+	s := <-streams
+	counter := &countingConn{Conn: s.out.conn}
+	s.out.conn = counter // no write has happened yet: the upgrade's answer went through net/http
+
+	send := []struct {
+		frames  []string
+		queue   bool // queue every frame, then Flush; else queue all but the last, written with WriteMessage
+		written string
+	}{
+		{frames: []string{`{"a":1}`, `{"a":2}`, `{"a":3}`}, queue: true},
+		{frames: []string{`{"b":1}`, `{"b":2}`}},
+		{frames: []string{`{"c":1}`}},
+	}
+	for _, step := range send {
+		before := counter.writes.Load()
+		for i, f := range step.frames {
+			var err error
+			if !step.queue && i == len(step.frames)-1 {
+				err = s.WriteMessage(context.Background(), []byte(f))
+			} else {
+				err = s.QueueMessage(context.Background(), []byte(f))
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+		}
+		if step.queue {
+			if err := s.Flush(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if got := counter.writes.Load() - before; got != 1 {
+			t.Errorf("%v: %d writes to the socket, want 1", step.frames, got)
+		}
+		for _, want := range step.frames {
+			_, data, err := client.Read(context.Background())
+			if err != nil {
+				t.Fatal(err)
+			}
+			if string(data) != want {
+				t.Fatalf("frame %s, want %s", data, want)
+			}
+		}
+	}
+	if err := s.Flush(); err != nil {
+		t.Errorf("flushing an empty queue: %v", err)
+	}
 }
 
 // TestCloseWritesQueuedFramesThenCloses: Close returns at once; frames
