@@ -364,7 +364,9 @@ func (b *Builder) header(name string, typ byte, mode int64, owner int, size int6
 	}
 }
 
-// tarLayer makes a gzip-compressed layer of entries, in their order.
+// tarLayer makes a gzip-compressed layer of entries, in their order. The
+// compressed bytes are kept: the digest and the tarball both need them, and
+// compressing a binary twice costs more than holding it.
 func tarLayer(entries []tarEntry) (v1.Layer, error) {
 	var buf bytes.Buffer
 	tw := tar.NewWriter(&buf)
@@ -382,7 +384,7 @@ func tarLayer(entries []tarEntry) (v1.Layer, error) {
 	data := buf.Bytes()
 	return tarball.LayerFromOpener(func() (io.ReadCloser, error) {
 		return io.NopCloser(bytes.NewReader(data)), nil
-	})
+	}, tarball.WithCompressedCaching)
 }
 
 // Revision is the repository's git HEAD, with "-dirty" when tracked files
