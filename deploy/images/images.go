@@ -303,11 +303,11 @@ func (b *Builder) goBuild(ctx context.Context, pkg, out, goarch string, tags []s
 	cmd.Env = append(os.Environ(),
 		"GOWORK="+filepath.Join(b.Root, "go.work"),
 		"CGO_ENABLED=0", "GOOS=linux", "GOARCH="+goarch)
-	var stderr bytes.Buffer
-	cmd.Stdout = &stderr
-	cmd.Stderr = &stderr
+	var output bytes.Buffer
+	cmd.Stdout = &output
+	cmd.Stderr = &output
 	if err := cmd.Run(); err != nil {
-		return fmt.Errorf("go build %s for linux/%s: %w\n%s", pkg, goarch, err, stderr.Bytes())
+		return fmt.Errorf("go build %s for linux/%s: %w\n%s", pkg, goarch, err, output.Bytes())
 	}
 	return checkELF(out, goarch)
 }
