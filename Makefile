@@ -12,8 +12,9 @@ MODULES   := proto pkg services/gateway services/bus services/runner services/br
 # Modules outside go.work (GOWORK=off): their build lists must not reach the
 # services'. deploy/observability checks the dashboards and alert rules with
 # Prometheus' own parsers; helm checks the chart, skaffold.yaml and the
-# Dockerfiles with k8s.io/api's types (kept out of the services' build list).
-STANDALONE := deploy/observability helm
+# Dockerfiles with k8s.io/api's types (kept out of the services' build list);
+# deploy/images builds the offline images with go-containerregistry.
+STANDALONE := deploy/observability helm deploy/images
 GO_TOOLS  := protoc-gen-go protoc-gen-go-grpc protoc-gen-grpc-gateway protoc-gen-openapiv2 grpcurl staticcheck
 TEST_FLAGS ?= -race -count=1 -timeout=20m
 
@@ -43,6 +44,28 @@ test-deps: ## Install the Debian packages the integration tests use (nginx, chro
 .PHONY: test-tools
 test-tools: ## Build kube-apiserver, etcd, jaeger-all-in-one and helm into .cache/bin (skips what is up to date).
 	scripts/build-test-tools.sh
+
+# conclave-images is the repository's own code, not a pinned third-party tool:
+# it is built beside the shared .cache/bin, not into it, and rebuilt whenever
+# its sources change.
+IMAGES_TOOL := $(CACHE)/tool/conclave-images
+# The images' architecture (amd64 or arm64; the Librarian's zip is arm64).
+IMAGES_ARCH ?= amd64
+# Every timestamp in the images and the zip: the last commit's, so one commit
+# always builds to the same digests.
+SOURCE_DATE_EPOCH ?= $(shell git log -1 --format=%ct 2>/dev/null || echo 0)
+
+$(IMAGES_TOOL): deploy/images/go.mod deploy/images/go.sum $(filter-out %_test.go,$(wildcard deploy/images/*.go deploy/images/cmd/conclave-images/*.go))
+	@mkdir -p $(@D)
+	cd deploy/images && GOWORK=off go build -o $@ ./cmd/conclave-images
+
+.PHONY: images
+images: $(IMAGES_TOOL) ## Build the gateway, bus, runner and agent-host images offline into .cache/images/*.tar, and the Librarian's zip.
+	SOURCE_DATE_EPOCH=$(SOURCE_DATE_EPOCH) $(IMAGES_TOOL) -root $(ROOT) -out $(CACHE)/images -arch $(IMAGES_ARCH)
+
+.PHONY: librarian-zip
+librarian-zip: $(IMAGES_TOOL) ## Build only the Librarian's arm64 Lambda zip, .cache/images/librarian.zip.
+	SOURCE_DATE_EPOCH=$(SOURCE_DATE_EPOCH) $(IMAGES_TOOL) -root $(ROOT) -out $(CACHE)/images librarian
 
 .PHONY: build
 build: ## Build the conclave binary into bin/.
