@@ -113,14 +113,22 @@ func main() {
 		}
 		if a.mode == "deaf" && m.Method == "session/prompt" {
 			fmt.Fprintln(os.Stderr, "acp-agent: no longer reading stdin, on purpose")
-			select {}
+			sleepForever()
 		}
 	}
 	if a.mode == "linger" {
 		fmt.Fprintln(os.Stderr, "acp-agent: stdin closed; lingering on purpose")
-		select {}
+		sleepForever()
 	}
 	fmt.Fprintln(os.Stderr, "acp-agent: stdin closed; exiting")
+}
+
+// sleepForever blocks without looking deadlocked to the runtime (a bare
+// select{} with no other goroutine is a fatal "all goroutines are asleep").
+func sleepForever() {
+	for {
+		time.Sleep(time.Hour)
+	}
 }
 
 // childTraceparent keeps the trace id of tp and makes a new span id.

@@ -209,9 +209,10 @@ func TestIdleAgentThatWillNotExit(t *testing.T) {
 	t.Parallel()
 	r := startRunner(t, map[string]string{"CONCLAVE_RUNNER_IDLE_TIMEOUT": "500ms", "CONCLAVE_RUNNER_CANCEL_GRACE": "500ms"})
 	in := r.launch(t, "acp-linger", r.workspace(t), map[string]string{"TASK_DESCRIPTION": "short"})
-	r.waitLog(t, in.ID, "launch 1 ended (killed: did not exit after its stdin closed)")
-	if st := r.status(t, in.ID); st.Status != "completed" {
-		t.Fatalf("status %+v; logs %+v", st, r.logs(t, in.ID))
+	r.waitLog(t, in.ID, "launch 1 ended")
+	lines := r.logs(t, in.ID)
+	if st := r.status(t, in.ID); st.Status != "completed" || !hasLog(lines, "launch 1 ended (killed: did not exit after its stdin closed)") {
+		t.Fatalf("status %+v; logs %+v", st, lines)
 	}
 }
 
