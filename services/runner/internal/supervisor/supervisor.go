@@ -698,14 +698,20 @@ func (ss *session) update(ctx context.Context, fn func(in *records.Instance) err
 	return in, nil
 }
 
+// probe applies fn to a copy of the instance as last written, and reports
+// whether it changes nothing: such a change costs no write, each being a
+// durable commit. Call with stMu held.
+func (ss *session) probe(fn func(in *records.Instance)) (*records.Instance, bool) {
+	probe := *ss.in
+	fn(&probe)
+	return &probe, reflect.DeepEqual(&probe, ss.in)
+}
+
 // setStatus records a status change and sends its event, once the change
 // is written. A failed write is logged.
 func (ss *session) setStatus(ctx context.Context, fn func(in *records.Instance)) {
 	ss.stMu.Lock()
-	// A change that changes nothing costs no write: each is a durable commit.
-	probe := *ss.in
-	fn(&probe)
-	if reflect.DeepEqual(&probe, ss.in) {
+	if _, unchanged := ss.probe(fn); unchanged {
 		ss.stMu.Unlock()
 		return
 	}
@@ -729,9 +735,8 @@ func (ss *session) setStatus(ctx context.Context, fn func(in *records.Instance))
 // in the store, so its message is delivered again.
 func (ss *session) setStatusBeside(ctx context.Context, fn func(in *records.Instance)) {
 	ss.stMu.Lock()
-	probe := *ss.in
-	fn(&probe)
-	if reflect.DeepEqual(&probe, ss.in) {
+	probe, unchanged := ss.probe(fn)
+	if unchanged {
 		ss.stMu.Unlock()
 		return
 	}
@@ -744,7 +749,7 @@ func (ss *session) setStatusBeside(ctx context.Context, fn func(in *records.Inst
 			ss.in = in
 		}
 	}()
-	ss.announce(ctx, prev, &probe)
+	ss.announce(ctx, prev, probe)
 }
 
 // write applies fn to the stored instance if the session still holds its
