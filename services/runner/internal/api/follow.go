@@ -58,16 +58,21 @@ func (s *Server) FollowAgentLogs(req *runnerv1.FollowAgentLogsRequest, stream ru
 // stops here while the instance's launch goes on elsewhere (a new launch
 // claimed by another replica), it goes on from the store.
 func (s *Server) followLive(ctx context.Context, id string, n int, send func(records.LogLine) error) error {
-	// Subscribe before reading the tail, so no line falls between them; a
-	// line in both is sent once, by time.
-	live, stop := s.sup.Logs().Follow(id)
+	// Subscribe before reading the tail, so no line falls between them: a
+	// line is stored before the read, or among those unstored when
+	// subscribing, or sent live after. A line in two of them is sent once,
+	// by time (an instance's lines have distinct, increasing times).
+	live, unstored, stop := s.sup.Logs().Follow(id)
 	defer stop()
 	lines, newest, err := s.rec.TailLogs(ctx, id, n)
 	if err != nil {
 		return internal(err)
 	}
 	var last time.Time
-	for _, l := range lines {
+	for _, l := range append(lines, unstored...) {
+		if !l.Time.After(last) {
+			continue
+		}
 		if err := send(l); err != nil {
 			return err
 		}

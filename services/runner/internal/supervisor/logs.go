@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -28,49 +29,96 @@ type logBook struct {
 	rec *records.Records
 	log *slog.Logger
 
+	// mu guards followers, writing and every instanceLog's unstored lines.
 	mu        sync.Mutex
 	followers map[string]map[chan records.LogLine]struct{}
+	writing   map[string]map[*instanceLog]struct{}
 }
 
 func newLogBook(rec *records.Records, logger *slog.Logger) *logBook {
-	return &logBook{rec: rec, log: logger, followers: map[string]map[chan records.LogLine]struct{}{}}
+	return &logBook{rec: rec, log: logger,
+		followers: map[string]map[chan records.LogLine]struct{}{},
+		writing:   map[string]map[*instanceLog]struct{}{},
+	}
 }
 
-// Follow returns a channel of the instance's new lines. It is closed when
-// the follower falls more than its buffer behind, or by stop.
-func (b *logBook) Follow(instanceID string) (<-chan records.LogLine, func()) {
+// Follow returns a channel of the instance's new lines, and the lines
+// already sent to followers but not yet stored, oldest first: a follower
+// that reads the store after subscribing misses none of them. The channel
+// is closed when the follower falls more than its buffer behind, or by
+// stop.
+func (b *logBook) Follow(instanceID string) (live <-chan records.LogLine, unstored []records.LogLine, stop func()) {
 	ch := make(chan records.LogLine, 1024)
 	b.mu.Lock()
 	if b.followers[instanceID] == nil {
 		b.followers[instanceID] = map[chan records.LogLine]struct{}{}
 	}
 	b.followers[instanceID][ch] = struct{}{}
+	for l := range b.writing[instanceID] {
+		unstored = append(unstored, l.unstored...)
+	}
 	b.mu.Unlock()
+	// Two logs of one instance overlap only while a launch ends and the
+	// next begins; their lines interleave by time.
+	slices.SortStableFunc(unstored, func(a, b records.LogLine) int { return a.Time.Compare(b.Time) })
 	var once sync.Once
-	return ch, func() {
+	return ch, unstored, func() {
 		once.Do(func() {
 			b.mu.Lock()
 			if _, ok := b.followers[instanceID][ch]; ok {
 				delete(b.followers[instanceID], ch)
 				close(ch)
 			}
+			if len(b.followers[instanceID]) == 0 {
+				delete(b.followers, instanceID)
+			}
 			b.mu.Unlock()
 		})
 	}
 }
 
-func (b *logBook) fanOut(instanceID string, l records.LogLine) {
+// fanOut sends line to the instance's followers and keeps it among l's
+// unstored lines until l.stored.
+func (b *logBook) fanOut(l *instanceLog, line records.LogLine) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	for ch := range b.followers[instanceID] {
+	l.unstored = append(l.unstored, line)
+	for ch := range b.followers[l.instanceID] {
 		select {
-		case ch <- l:
+		case ch <- line:
 		default:
 			// A follower this far behind is cut off rather than slowing the
 			// agent down; it can reconnect and read the tail.
-			delete(b.followers[instanceID], ch)
+			delete(b.followers[l.instanceID], ch)
 			close(ch)
 		}
+	}
+}
+
+// stored drops l's n oldest unstored lines: they were written (or given
+// up on).
+func (b *logBook) stored(l *instanceLog, n int) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	n = min(n, len(l.unstored))
+	l.unstored = append(l.unstored[:0:0], l.unstored[n:]...)
+}
+
+func (b *logBook) register(l *instanceLog) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.writing[l.instanceID] == nil {
+		b.writing[l.instanceID] = map[*instanceLog]struct{}{}
+	}
+	b.writing[l.instanceID][l] = struct{}{}
+}
+
+func (b *logBook) unregister(l *instanceLog) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	delete(b.writing[l.instanceID], l)
+	if len(b.writing[l.instanceID]) == 0 {
+		delete(b.writing, l.instanceID)
 	}
 }
 
@@ -87,25 +135,32 @@ type instanceLog struct {
 	// seqMu guards seq: run's until done is closed, then late Adds'.
 	seqMu sync.Mutex
 	seq   int64
-	// holdMu guards holding and held: lines kept back until Release (or
-	// dropped by Discard), for a launch whose claim is not settled yet.
-	holdMu     sync.Mutex
+	// mu orders lines: each gets a time later than the one before, and
+	// reaches followers and the store in that order, so a follower can
+	// tell by time alone which lines it has sent. It also guards holding
+	// and held: lines kept back until Release (or dropped by Discard), for
+	// a launch whose claim is not settled yet.
+	mu         sync.Mutex
+	last       time.Time
 	holding    bool
 	discarding bool
 	held       []records.LogLine
+	// unstored (guarded by book.mu) are the lines sent to followers and
+	// not yet stored.
+	unstored []records.LogLine
 }
 
 // Hold keeps lines back from followers and the store until Release.
 func (l *instanceLog) Hold() {
-	l.holdMu.Lock()
+	l.mu.Lock()
 	l.holding = true
-	l.holdMu.Unlock()
+	l.mu.Unlock()
 }
 
 // Release records the lines held, in order, and those after them as usual.
 func (l *instanceLog) Release() {
-	l.holdMu.Lock()
-	defer l.holdMu.Unlock()
+	l.mu.Lock()
+	defer l.mu.Unlock()
 	for _, line := range l.held {
 		l.record(line)
 	}
@@ -115,14 +170,15 @@ func (l *instanceLog) Release() {
 // Discard drops the lines held, and those added later: the launch was not
 // this session's to log.
 func (l *instanceLog) Discard() {
-	l.holdMu.Lock()
-	defer l.holdMu.Unlock()
+	l.mu.Lock()
+	defer l.mu.Unlock()
 	l.holding, l.held = true, nil
 	l.discarding = true
 }
 
 func (b *logBook) open(ctx context.Context, instanceID string) *instanceLog {
 	l := &instanceLog{book: b, instanceID: instanceID, lines: make(chan records.LogLine, 4096), done: make(chan struct{})}
+	b.register(l)
 	go func() {
 		// A new launch of the same instance appends after what is stored;
 		// the read is off the launch's path, lines wait for it in l.lines.
@@ -146,22 +202,26 @@ func (l *instanceLog) Add(stream, text string) {
 	if !utf8.ValidString(text) {
 		text = strings.ToValidUTF8(text, "\uFFFD")
 	}
-	line := records.LogLine{Time: time.Now().UTC(), Stream: stream, Text: text}
-	l.holdMu.Lock()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	now := time.Now().UTC()
+	if !now.After(l.last) {
+		now = l.last.Add(time.Nanosecond)
+	}
+	l.last = now
+	line := records.LogLine{Time: now, Stream: stream, Text: text}
 	if l.holding {
 		if !l.discarding {
 			l.held = append(l.held, line)
 		}
-		l.holdMu.Unlock()
 		return
 	}
-	l.holdMu.Unlock()
 	l.record(line)
 }
 
-// record fans line out and stores it.
+// record fans line out and stores it; l.mu is held.
 func (l *instanceLog) record(line records.LogLine) {
-	l.book.fanOut(l.instanceID, line)
+	l.book.fanOut(l, line)
 	l.closeMu.RLock()
 	if !l.closed {
 		l.lines <- line
@@ -183,6 +243,7 @@ func (l *instanceLog) Close() {
 	}
 	l.closeMu.Unlock()
 	<-l.done
+	l.book.unregister(l)
 }
 
 // store writes lines as the next chunk.
@@ -195,6 +256,7 @@ func (l *instanceLog) store(lines []records.LogLine) {
 		l.book.log.Warn("runner: storing log lines", "instance_id", l.instanceID, "lines", len(lines), "error", err)
 	}
 	l.seq++
+	l.book.stored(l, len(lines))
 }
 
 func (l *instanceLog) run() {
