@@ -1,7 +1,7 @@
-// Package executor starts agent processes. The runner drives an agent only
-// through its stdio, so an executor is anything that can start one with a
-// pipe to its stdin and from its stdout: a local process group (Local, the
-// default) or, in issue 10, a Kubernetes Job attached to.
+// Package executor starts agent processes: a local process group (Local,
+// the default), whose stdio the runner speaks ACP over, or a Kubernetes Job
+// (Kubernetes), whose entrypoint agent-host speaks ACP to the agent where it
+// runs and dials back to the runner.
 package executor
 
 import (
@@ -22,13 +22,23 @@ type Spec struct {
 	// Env is the whole environment the agent gets: the type's declared env,
 	// the launch's env and TRACEPARENT. Nothing of the runner's own leaks.
 	Env map[string]string
+	// Launch is the instance's launch number: a Job is per launch.
+	Launch int64
+	// Host configures agent-host, for an executor that runs the agent
+	// behind it; others ignore it.
+	Host HostSpec
+}
+
+// HostSpec is what agent-host needs to run an agent and reach the runner:
+// its CONCLAVE_AGENT_HOST_* settings, and the instance's token, which is a
+// secret (it goes in a Secret, never in a spec).
+type HostSpec struct {
+	Env   map[string]string
+	Token string
 }
 
 // Process is a started agent.
 type Process interface {
-	// Stdin and Stdout carry the protocol.
-	Stdin() io.WriteCloser
-	Stdout() io.ReadCloser
 	// ID is the executor's handle, reported as the instance's
 	// container_id: a process ID, or a Job name.
 	ID() string
@@ -39,6 +49,15 @@ type Process interface {
 	// with its exit error.
 	Wait() error
 }
+
+// StdioProcess is a Process the runner speaks ACP to over its stdio.
+type StdioProcess interface {
+	Process
+	Stdin() io.WriteCloser
+	Stdout() io.ReadCloser
+}
+
+var _ StdioProcess = (*localProcess)(nil)
 
 // Executor starts agents. stderr receives the agent's stderr.
 type Executor interface {

@@ -950,7 +950,12 @@ func (ss *session) run(ctx context.Context, in *records.Instance, m queue.Messag
 	})
 	defer timeout.Stop()
 
-	client := acp.New(proc.Stdout(), proc.Stdin(), acp.Options{
+	stdio, ok := proc.(executor.StdioProcess)
+	if !ok {
+		_ = proc.Kill()
+		return ss.end(ctx, proc, "start_failed", fmt.Sprintf("executor %s gave no stdio to speak ACP over", o.Executor.Name()), <-exited, stopNone, "")
+	}
+	client := acp.New(stdio.Stdout(), stdio.Stdin(), acp.Options{
 		Dialect: typ.Protocol, Workspace: ss.launch.Workspace, Permission: typ.Permission, MaxLine: o.MaxLine,
 		OnUpdate: ss.onUpdate, OnDrop: o.Metrics.Drop, Logger: ss.s.log.With("instance_id", ss.launch.ID),
 	})
