@@ -59,7 +59,15 @@ type Options struct {
 	IdleTimeout time.Duration
 	// MaxLine bounds a line from an agent.
 	MaxLine int
-	Source  string
+	// Hosts, when set, runs every agent behind agent-host (the Kubernetes
+	// executor). HostStartTimeout bounds a launch's wait for agent-host's
+	// handshake (its pod being scheduled and its image started count);
+	// HostExitGrace is how long its Job may take to finish once agent-host
+	// is told to end before it is deleted.
+	Hosts            HostLinks
+	HostStartTimeout time.Duration
+	HostExitGrace    time.Duration
+	Source           string
 	Logger  *slog.Logger
 	// TracerProvider makes the workers' consumer spans.
 	TracerProvider trace.TracerProvider
@@ -546,6 +554,8 @@ type session struct {
 	mu     sync.Mutex
 	client conversation
 	proc   executor.Process
+	// link is the launch's agent-host link, for a hosted agent.
+	link HostLink
 	// halt ends a oneshot conversation's run in progress (it has no proc).
 	halt func()
 	// stopStart aborts an executor's Start in progress.
@@ -659,7 +669,7 @@ func (ss *session) cancel(reason string) {
 // kill ends the process group, once; the first reason is the one recorded.
 func (ss *session) kill(kind stopKind, reason string) {
 	ss.mu.Lock()
-	proc, stopStart, halt := ss.proc, ss.stopStart, ss.halt
+	proc, stopStart, halt, link := ss.proc, ss.stopStart, ss.halt, ss.link
 	if ss.killed == "" {
 		ss.killKind, ss.killed = kind, reason
 	}
@@ -669,6 +679,11 @@ func (ss *session) kill(kind stopKind, reason string) {
 	}
 	if halt != nil {
 		halt()
+	}
+	if link != nil && kind == stopShutdown {
+		// A hosted agent outlives its runner: the next one adopts it.
+		link.Detach()
+		return
 	}
 	if proc != nil {
 		_ = proc.Kill()
@@ -915,7 +930,23 @@ func (ss *session) run(ctx context.Context, in *records.Instance, m queue.Messag
 		}
 		return ss.runOneshot(ctx, typ, env)
 	}
-	proc, err := o.Executor.Start(startCtx, executor.Spec{InstanceID: ss.launch.ID, TaskID: ss.launch.TaskID, Type: typ, Workspace: ss.launch.Workspace, Env: env}, stderr)
+	spec := executor.Spec{InstanceID: ss.launch.ID, TaskID: ss.launch.TaskID, Type: typ, Workspace: ss.launch.Workspace, Env: env, Launch: int64(ss.seq)}
+	var link HostLink
+	if o.Hosts != nil {
+		link = o.Hosts.Expect(ss.launch.ID, int64(ss.seq), ss.onUpdate, ss.log.Add)
+		// Let go unless runHosted takes it over (a lost claim, a failed
+		// start): another runner may be the one it belongs to.
+		defer func() {
+			ss.mu.Lock()
+			adopted := ss.link != nil
+			ss.mu.Unlock()
+			if !adopted {
+				link.Detach()
+			}
+		}()
+		spec.Host = o.Hosts.Spec(ss.launch.ID, int64(ss.seq), typ, ss.launch.SessionID)
+	}
+	proc, err := o.Executor.Start(startCtx, spec, stderr)
 	if cerr := awaitClaim(); cerr != nil {
 		if err == nil {
 			_ = proc.Kill()
@@ -930,25 +961,32 @@ func (ss *session) run(ctx context.Context, in *records.Instance, m queue.Messag
 		return ss.fail(ctx, "start_failed", err.Error())
 	}
 	ss.mu.Lock()
-	ss.proc = proc
-	killedEarly := ss.killed != ""
+	ss.proc, ss.link = proc, link
+	killedKind := ss.killKind
 	ss.mu.Unlock()
-	if killedEarly {
+	switch {
+	case killedKind == stopShutdown && link != nil:
+		// Shutting down as it was started: the next runner adopts it.
+		link.Detach()
+	case killedKind != stopNone:
 		// Killed while it was being started.
 		_ = proc.Kill()
 	}
 	ss.log.Add(StreamRunner, fmt.Sprintf("started %s as %s %s (launch %d)", typ.ID, o.Executor.Name(), proc.ID(), ss.seq))
+	// The timeout covers the whole launch, and kills the whole group.
+	timeout := time.AfterFunc(typ.EffectiveTimeout(), func() {
+		ss.kill(stopFailure, fmt.Sprintf("timed out after %s", typ.EffectiveTimeout()))
+	})
+	defer timeout.Stop()
+	if link != nil {
+		return ss.runHosted(ctx, proc, link)
+	}
 	exited := make(chan error, 1)
 	go func() {
 		err := proc.Wait()
 		stderr.Flush()
 		exited <- err
 	}()
-	// The timeout covers the whole launch, and kills the whole group.
-	timeout := time.AfterFunc(typ.EffectiveTimeout(), func() {
-		ss.kill(stopFailure, fmt.Sprintf("timed out after %s", typ.EffectiveTimeout()))
-	})
-	defer timeout.Stop()
 
 	stdio, ok := proc.(executor.StdioProcess)
 	if !ok {
@@ -1075,24 +1113,29 @@ func (ss *session) drive(ctx context.Context, client *acp.Client) (outcome, reas
 		in.Status, in.SessionID, in.Dialect, in.ContainerID = records.StatusRunning, sessionID, client.Dialect(), containerID
 	}
 	if sessionID != "" {
-		// Beside the first turn rather than before it: the session id is for
-		// resuming later, and the turn should not wait on the write.
-		taskWritten := make(chan struct{})
-		defer func() { <-taskWritten }()
-		go func() {
-			defer close(taskWritten)
-			if _, err := o.Records.UpdateTask(ctx, ss.launch.TaskID, func(t *records.Task) {
-				if t.Metadata == nil {
-					t.Metadata = map[string]any{}
-				}
-				t.Metadata["session_id"] = sessionID
-				t.Metadata["instance_id"] = ss.launch.ID
-			}); err != nil {
-				ss.s.log.WarnContext(ctx, "runner: recording the session on the task", "task_id", ss.launch.TaskID, "error", err)
-			}
-		}()
+		defer ss.recordSession(ctx, sessionID)()
 	}
 	return ss.converse(ctx, client, sessionUp, client.Dialect() == acp.DialectLegacy)
+}
+
+// recordSession records the session on the task, for resuming later. It
+// writes beside the first turn rather than before it, as the turn should
+// not wait on the write; the func it returns waits for the write.
+func (ss *session) recordSession(ctx context.Context, sessionID string) (wait func()) {
+	taskWritten := make(chan struct{})
+	go func() {
+		defer close(taskWritten)
+		if _, err := ss.s.o.Records.UpdateTask(ctx, ss.launch.TaskID, func(t *records.Task) {
+			if t.Metadata == nil {
+				t.Metadata = map[string]any{}
+			}
+			t.Metadata["session_id"] = sessionID
+			t.Metadata["instance_id"] = ss.launch.ID
+		}); err != nil {
+			ss.s.log.WarnContext(ctx, "runner: recording the session on the task", "task_id", ss.launch.TaskID, "error", err)
+		}
+	}()
+	return func() { <-taskWritten }
 }
 
 // converse runs the launch's pending turn (a legacy agent's run is always
@@ -1180,7 +1223,15 @@ func (ss *session) turn(ctx context.Context, client conversation, p pendingPromp
 			in.Status, in.Progress, in.FinishedAt, in.Error = records.StatusRunning, 0, time.Time{}, ""
 		})
 	}
-	t, err := client.Prompt(ctx, p.message, ss.s.o.ProtocolTimeout)
+	var (
+		t   acp.Turn
+		err error
+	)
+	if d, ok := client.(durableTurns); ok {
+		t, err = d.PromptTurn(ctx, int64(p.turn), p.message, ss.s.o.ProtocolTimeout)
+	} else {
+		t, err = client.Prompt(ctx, p.message, ss.s.o.ProtocolTimeout)
+	}
 	ss.mu.Lock()
 	ss.turning = false
 	ss.mu.Unlock()

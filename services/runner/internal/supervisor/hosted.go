@@ -1,0 +1,117 @@
+package supervisor
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/conclave-ai/conclave/services/runner/internal/acp"
+	"github.com/conclave-ai/conclave/services/runner/internal/agenttype"
+	"github.com/conclave-ai/conclave/services/runner/internal/executor"
+	"github.com/conclave-ai/conclave/services/runner/internal/records"
+)
+
+// HostLinks reach agents run behind agent-host (the Kubernetes executor):
+// agent-host speaks ACP to the agent where it runs and dials back to the
+// runner, which converses with it over that link instead of over stdio.
+type HostLinks interface {
+	// Expect registers a launch whose agent-host will dial in. Updates and
+	// log lines reach onUpdate and onLog in order, once each.
+	Expect(instanceID string, launch int64, onUpdate func(context.Context, acp.Update), onLog func(stream, text string)) HostLink
+	// Spec is agent-host's settings and token for a launch; sessionID is
+	// a session to load, or empty.
+	Spec(instanceID string, launch int64, typ agenttype.Type, sessionID string) executor.HostSpec
+}
+
+// HostLink is one launch's link to its agent-host.
+type HostLink interface {
+	conversation
+	// Ready waits for agent-host's handshake with the agent: the session's
+	// id and the dialect spoken.
+	Ready(ctx context.Context) (sessionID, dialect string, err error)
+	// PromptTurn prompts as turn, the instance's durable turn number, so
+	// that agent-host runs a turn once even when a restarted runner sends
+	// it again.
+	PromptTurn(ctx context.Context, turn int64, message string, acceptTimeout time.Duration) (acp.Turn, error)
+	// Close ends the agent gracefully: agent-host closes its stdin.
+	Close()
+	// Detach lets go of the link and leaves the agent running, for the
+	// runner that claims the launch next to adopt.
+	Detach()
+}
+
+// durableTurns is a conversation that takes the durable turn number.
+type durableTurns interface {
+	PromptTurn(ctx context.Context, turn int64, message string, acceptTimeout time.Duration) (acp.Turn, error)
+}
+
+// runHosted converses with a started agent behind agent-host, then ends
+// the launch. A runner shutting down detaches rather than kills: the pod
+// goes on working, and the runner that claims the launch next adopts it.
+func (ss *session) runHosted(ctx context.Context, proc executor.Process, link HostLink) error {
+	o := ss.s.o
+	exitDone := make(chan struct{})
+	var exitErr error
+	go func() {
+		exitErr = proc.Wait()
+		close(exitDone)
+	}()
+	outcome, reason := ss.driveHosted(ctx, proc, link, exitDone)
+	ss.mu.Lock()
+	ss.ending = true
+	ss.mu.Unlock()
+	kind, why := ss.killedWhy()
+	if kind == stopShutdown {
+		link.Detach()
+		return ss.end(ctx, proc, outcome, reason, nil, kind, why)
+	}
+	link.Close()
+	select {
+	case <-exitDone:
+	case <-time.After(o.HostExitGrace):
+		ss.kill(stopFailure, fmt.Sprintf("did not exit within %s of being told to end", o.HostExitGrace))
+		<-exitDone
+	}
+	kind, why = ss.killedWhy()
+	return ss.end(ctx, proc, outcome, reason, exitErr, kind, why)
+}
+
+// driveHosted waits for agent-host's handshake, then converses.
+func (ss *session) driveHosted(ctx context.Context, proc executor.Process, link HostLink, exitDone <-chan struct{}) (outcome, reason string) {
+	o := ss.s.o
+	readyCtx, cancel := context.WithTimeout(ctx, o.HostStartTimeout)
+	defer cancel()
+	go func() {
+		select {
+		case <-exitDone:
+			cancel()
+		case <-readyCtx.Done():
+		}
+	}()
+	sessionID, dialect, err := link.Ready(readyCtx)
+	if err != nil {
+		select {
+		case <-exitDone:
+			// The pod ended before agent-host was up (an image that cannot
+			// be pulled, a crash): end says why.
+			return "", ""
+		default:
+		}
+		if kind, _ := ss.killedWhy(); kind != stopNone {
+			return "", ""
+		}
+		if errors.Is(err, context.DeadlineExceeded) {
+			return "start_failed", fmt.Sprintf("agent-host did not report the agent's session within %s (CONCLAVE_RUNNER_HOST_START_TIMEOUT)", o.HostStartTimeout)
+		}
+		return "dead_protocol", fmt.Sprintf("agent-host: %v", err)
+	}
+	containerID := proc.ID()
+	sessionUp := func(in *records.Instance) {
+		in.Status, in.SessionID, in.Dialect, in.ContainerID = records.StatusRunning, sessionID, dialect, containerID
+	}
+	if sessionID != "" {
+		defer ss.recordSession(ctx, sessionID)()
+	}
+	return ss.converse(ctx, link, sessionUp, dialect == acp.DialectLegacy)
+}
