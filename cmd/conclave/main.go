@@ -9,23 +9,14 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/signal"
-	"syscall"
 
 	"github.com/conclave-ai/conclave/pkg/config"
 )
 
 func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	err := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
-	stop()
-	switch {
-	case err == nil, errors.Is(err, config.ErrHelp):
-	default:
-		fmt.Fprintln(os.Stderr, "conclave:", err)
-		os.Exit(1)
-	}
+	config.Main("conclave", func(ctx context.Context, args []string) error {
+		return run(ctx, args, os.Stdout, os.Stderr)
+	})
 }
 
 const usage = `Usage: conclave <command> [flags]

@@ -5,12 +5,9 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"os"
-	"os/signal"
 	"path/filepath"
-	"syscall"
 
 	awsconfig "github.com/aws/aws-sdk-go-v2/config"
 
@@ -28,17 +25,7 @@ type appConfig struct {
 	TablePrefix string `env:"CONCLAVE_TABLE_PREFIX" default:"conclave-" help:"prefix of the DynamoDB table names"`
 }
 
-func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	if err := run(ctx, os.Args[1:]); err != nil {
-		if errors.Is(err, config.ErrHelp) {
-			os.Exit(0)
-		}
-		fmt.Fprintln(os.Stderr, "librarian:", err)
-		os.Exit(1)
-	}
-}
+func main() { config.Main("librarian", run) }
 
 func run(ctx context.Context, args []string) error {
 	var cfg appConfig

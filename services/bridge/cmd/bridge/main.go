@@ -5,11 +5,7 @@ package main
 
 import (
 	"context"
-	"errors"
-	"fmt"
 	"os"
-	"os/signal"
-	"syscall"
 
 	"github.com/conclave-ai/conclave/pkg/config"
 	"github.com/conclave-ai/conclave/pkg/telemetry"
@@ -21,17 +17,7 @@ type appConfig struct {
 	Bridge service.Config
 }
 
-func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	if err := run(ctx, os.Args[1:]); err != nil {
-		if errors.Is(err, config.ErrHelp) {
-			os.Exit(0)
-		}
-		fmt.Fprintln(os.Stderr, "bridge:", err)
-		os.Exit(1)
-	}
-}
+func main() { config.Main("bridge", run) }
 
 func run(ctx context.Context, args []string) error {
 	if len(args) > 0 && args[0] != "" && args[0][0] != '-' {

@@ -3,24 +3,14 @@ package main
 
 import (
 	"context"
-	"errors"
-	"fmt"
 	"os"
-	"os/signal"
-	"syscall"
 
 	"github.com/conclave-ai/conclave/pkg/config"
 	"github.com/conclave-ai/conclave/services/bus/service"
 )
 
 func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	if err := service.Serve(ctx, "bus", os.Args[1:], os.LookupEnv, os.Stderr); err != nil {
-		if errors.Is(err, config.ErrHelp) {
-			os.Exit(0)
-		}
-		fmt.Fprintln(os.Stderr, "bus:", err)
-		os.Exit(1)
-	}
+	config.Main("bus", func(ctx context.Context, args []string) error {
+		return service.Serve(ctx, "bus", args, os.LookupEnv, os.Stderr)
+	})
 }

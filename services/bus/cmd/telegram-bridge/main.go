@@ -5,11 +5,7 @@ package main
 
 import (
 	"context"
-	"errors"
-	"fmt"
 	"os"
-	"os/signal"
-	"syscall"
 
 	"github.com/conclave-ai/conclave/pkg/config"
 	"github.com/conclave-ai/conclave/services/bus/internal/telegram"
@@ -20,17 +16,7 @@ type appConfig struct {
 	Telegram telegram.Config
 }
 
-func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	if err := run(ctx, os.Args[1:]); err != nil {
-		if errors.Is(err, config.ErrHelp) {
-			os.Exit(0)
-		}
-		fmt.Fprintln(os.Stderr, "telegram-bridge:", err)
-		os.Exit(1)
-	}
-}
+func main() { config.Main("telegram-bridge", run) }
 
 func run(ctx context.Context, args []string) error {
 	var cfg appConfig
