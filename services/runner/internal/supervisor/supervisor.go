@@ -68,7 +68,7 @@ type Options struct {
 	HostStartTimeout time.Duration
 	HostExitGrace    time.Duration
 	Source           string
-	Logger  *slog.Logger
+	Logger           *slog.Logger
 	// TracerProvider makes the workers' consumer spans.
 	TracerProvider trace.TracerProvider
 	Metrics        Metrics
