@@ -9,6 +9,8 @@ import (
 	"runtime/debug"
 	"sync"
 	"sync/atomic"
+
+	"github.com/conclave-ai/conclave/pkg/jsonscan"
 )
 
 // ErrClosed is wrapped by every error that reports the end of a connection:
@@ -453,7 +455,7 @@ func encodeParams(params any) (json.RawMessage, error) {
 			return nil, err
 		}
 	}
-	switch raw[skipSpace(raw, 0)] {
+	switch raw[jsonscan.SkipSpace(raw, 0)] {
 	case '{', '[':
 		return raw, nil
 	case 'n':

@@ -6,6 +6,8 @@ import (
 	"math"
 	"strconv"
 	"unicode/utf8"
+
+	"github.com/conclave-ai/conclave/pkg/jsonscan"
 )
 
 // DecodeError says why a frame, or an element of a batch, is not a valid
@@ -54,7 +56,7 @@ func decodeFrame(data []byte) (Message, *DecodeError) {
 		}
 		return nil, &DecodeError{ID: nullID, Err: &Error{Code: ParseError, Message: msg}}
 	}
-	i := skipSpace(data, 0)
+	i := jsonscan.SkipSpace(data, 0)
 	if data[i] == '[' {
 		return decodeBatch(data[i:])
 	}
@@ -340,14 +342,14 @@ func (it *iter) init(b []byte) {
 }
 
 func (it *iter) nextElem() bool {
-	it.i = skipSpace(it.b, it.i)
+	it.i = jsonscan.SkipSpace(it.b, it.i)
 	switch it.b[it.i] {
 	case ']', '}':
 		return false
 	case ',':
-		it.i = skipSpace(it.b, it.i+1)
+		it.i = jsonscan.SkipSpace(it.b, it.i+1)
 	}
-	end := valueEnd(it.b, it.i)
+	end := jsonscan.ValueEnd(it.b, it.i)
 	it.val = it.b[it.i:end]
 	it.i = end
 	return true
@@ -364,28 +366,16 @@ func (it *iter) nextMember() bool {
 		s, _ := parseString(key)
 		it.key = []byte(s)
 	}
-	it.i = skipSpace(it.b, it.i) // at the colon
-	it.i = skipSpace(it.b, it.i+1)
-	end := valueEnd(it.b, it.i)
+	it.i = jsonscan.SkipSpace(it.b, it.i) // at the colon
+	it.i = jsonscan.SkipSpace(it.b, it.i+1)
+	end := jsonscan.ValueEnd(it.b, it.i)
 	it.val = it.b[it.i:end]
 	it.i = end
 	return true
 }
 
-func skipSpace(b []byte, i int) int {
-	for i < len(b) {
-		switch b[i] {
-		case ' ', '\t', '\n', '\r':
-			i++
-		default:
-			return i
-		}
-	}
-	return i
-}
-
 func trimSpace(b []byte) []byte {
-	b = b[skipSpace(b, 0):]
+	b = b[jsonscan.SkipSpace(b, 0):]
 	for len(b) > 0 {
 		switch b[len(b)-1] {
 		case ' ', '\t', '\n', '\r':
@@ -395,50 +385,4 @@ func trimSpace(b []byte) []byte {
 		}
 	}
 	return b
-}
-
-// valueEnd returns the index just past the valid JSON value starting at b[i].
-func valueEnd(b []byte, i int) int {
-	switch b[i] {
-	case '"':
-		return stringEnd(b, i)
-	case '{', '[':
-		depth := 0
-		for ; i < len(b); i++ {
-			switch b[i] {
-			case '"':
-				i = stringEnd(b, i) - 1
-			case '{', '[':
-				depth++
-			case '}', ']':
-				depth--
-				if depth == 0 {
-					return i + 1
-				}
-			}
-		}
-		return i
-	}
-	for i < len(b) {
-		switch b[i] {
-		case ',', '}', ']', ' ', '\t', '\n', '\r':
-			return i
-		}
-		i++
-	}
-	return i
-}
-
-// stringEnd returns the index just past the string whose opening quote is
-// at b[i].
-func stringEnd(b []byte, i int) int {
-	for i++; i < len(b); i++ {
-		switch b[i] {
-		case '\\':
-			i++
-		case '"':
-			return i + 1
-		}
-	}
-	return i
 }

@@ -6,6 +6,8 @@ import (
 
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
+
+	"github.com/conclave-ai/conclave/pkg/jsonscan"
 )
 
 // traceContext is fixed rather than taken from otel's global propagator:
@@ -43,7 +45,7 @@ func injectTrace(ctx context.Context, params json.RawMessage) json.RawMessage {
 	if !trace.SpanContextFromContext(ctx).IsValid() {
 		return params
 	}
-	start := skipSpace(params, 0)
+	start := jsonscan.SkipSpace(params, 0)
 	if start == len(params) || params[start] != '{' {
 		return params
 	}
@@ -74,7 +76,7 @@ func injectTrace(ctx context.Context, params json.RawMessage) json.RawMessage {
 	out := make([]byte, 0, len(obj)+128)
 	out = append(out, `{"_meta":`...)
 	out = appendMeta(out, carrier, nil)
-	if rest := obj[skipSpace(obj, 1):]; rest[0] != '}' {
+	if rest := obj[jsonscan.SkipSpace(obj, 1):]; rest[0] != '}' {
 		out = append(out, ',')
 		return append(out, rest...)
 	}
@@ -132,7 +134,7 @@ func isTraceField(key string) bool {
 
 // extractTrace is ExtractTraceContext for params known to be valid JSON.
 func extractTrace(ctx context.Context, params json.RawMessage) context.Context {
-	start := skipSpace(params, 0)
+	start := jsonscan.SkipSpace(params, 0)
 	if start == len(params) || params[start] != '{' {
 		return ctx
 	}

@@ -14,6 +14,7 @@ import (
 	sdk "github.com/coder/acp-go-sdk"
 
 	"github.com/conclave-ai/conclave/pkg/jsonrpc"
+	"github.com/conclave-ai/conclave/pkg/jsonscan"
 )
 
 // errNotYet answers updates sent before initialize: the session they claim
@@ -78,7 +79,7 @@ func decodeACP(params []byte) (Update, error) {
 		update []byte
 		err    error
 	)
-	if err = eachMember(params, func(k, v []byte) bool {
+	if err = jsonscan.EachMember(params, func(k, v []byte) bool {
 		if string(k) == "update" {
 			update = v
 			return false
@@ -93,18 +94,18 @@ func decodeACP(params []byte) (Update, error) {
 	var (
 		kind, content, entries []byte
 	)
-	if err = eachMember(update, func(k, v []byte) bool {
+	if err = jsonscan.EachMember(update, func(k, v []byte) bool {
 		switch string(k) {
 		case "sessionUpdate":
 			kind = v
 		case "content":
 			content = v
 		case "toolCallId":
-			u.ToolCallID = str(v)
+			u.ToolCallID = jsonscan.String(v)
 		case "title":
-			u.ToolName = str(v)
+			u.ToolName = jsonscan.String(v)
 		case "status":
-			u.ToolStatus = str(v)
+			u.ToolStatus = jsonscan.String(v)
 		case "entries":
 			entries = v
 		}
@@ -112,16 +113,16 @@ func decodeACP(params []byte) (Update, error) {
 	}); err != nil {
 		return Update{}, err
 	}
-	switch str(kind) {
+	switch jsonscan.String(kind) {
 	case "agent_message_chunk", "agent_thought_chunk":
 		u.Kind = KindContent
-		if str(kind) == "agent_thought_chunk" {
+		if jsonscan.String(kind) == "agent_thought_chunk" {
 			u.Kind = KindThought
 		}
 		if len(content) > 0 && content[0] == '{' {
-			if err := eachMember(content, func(k, v []byte) bool {
+			if err := jsonscan.EachMember(content, func(k, v []byte) bool {
 				if string(k) == "text" {
-					u.Text = str(v)
+					u.Text = jsonscan.String(v)
 					return false
 				}
 				return true
@@ -137,10 +138,10 @@ func decodeACP(params []byte) (Update, error) {
 		u.Kind = KindPlan
 		total, done := 0, 0
 		if len(entries) > 0 && entries[0] == '[' {
-			err := eachElem(entries, func(e []byte) {
+			err := jsonscan.EachElem(entries, func(e []byte) {
 				total++
-				_ = eachMember(e, func(k, v []byte) bool {
-					if string(k) == "status" && str(v) == "completed" {
+				_ = jsonscan.EachMember(e, func(k, v []byte) bool {
+					if string(k) == "status" && jsonscan.String(v) == "completed" {
 						done++
 					}
 					return true

@@ -11,6 +11,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/conclave-ai/conclave/pkg/jsonrpc"
+	"github.com/conclave-ai/conclave/pkg/jsonscan"
 )
 
 // Reasons a line from an agent is dropped instead of reaching the JSON-RPC
@@ -137,7 +138,7 @@ func (t topLevel) isResponse() bool { return t.jsonrpc && !t.method && t.resultO
 // every SDK) is after two members rather than the whole line.
 func readTopLevel(b []byte, untilMethod bool) (topLevel, error) {
 	var t topLevel
-	err := eachMember(b, func(k, v []byte) bool {
+	err := jsonscan.EachMember(b, func(k, v []byte) bool {
 		switch string(k) {
 		case "jsonrpc":
 			t.jsonrpc = true
