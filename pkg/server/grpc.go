@@ -2,13 +2,16 @@ package server
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
+	"net"
 	"runtime/debug"
 	"sync"
 	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/keepalive"
@@ -152,4 +155,27 @@ func (w *watchStream) drain() {
 	if end {
 		w.cancel()
 	}
+}
+
+// SelfClient is a client of this server's own gRPC listener, without TLS,
+// for a REST front (grpc-gateway) that should pass through the same
+// authentication, limits and tracing as gRPC clients. It dials once the
+// listener is bound, and is closed on shutdown.
+func (s *Server) SelfClient(opts ...grpc.DialOption) (*grpc.ClientConn, error) {
+	conn, err := grpc.NewClient("passthrough:///"+s.cfg.Name+"-self", append(opts,
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) {
+			select {
+			case <-s.Ready():
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			}
+			var d net.Dialer
+			return d.DialContext(ctx, "tcp", s.GRPCAddr())
+		}))...)
+	if err != nil {
+		return nil, fmt.Errorf("%s: client of its own gRPC listener: %w", s.cfg.Name, err)
+	}
+	s.OnShutdown(func(context.Context) { _ = conn.Close() })
+	return conn, nil
 }

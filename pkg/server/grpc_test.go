@@ -7,6 +7,7 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 )
@@ -122,5 +123,23 @@ func TestGRPCCallsAreLogged(t *testing.T) {
 	}
 	if !ts.logs.contains("method="+testUnaryMethod) || !ts.logs.contains("code=OK") {
 		t.Errorf("call not logged; logs:\n%s", ts.logs)
+	}
+}
+
+// TestSelfClient: a client made before Run reaches the server's own gRPC
+// listener once it is bound.
+func TestSelfClient(t *testing.T) {
+	t.Parallel()
+	var self *grpc.ClientConn
+	startServer(t, bothListeners(), func(s *Server) {
+		var err error
+		if self, err = s.SelfClient(); err != nil {
+			t.Fatal(err)
+		}
+		s.SetServingStatus("conclave.Self", true)
+	})
+	got, err := healthpb.NewHealthClient(self).Check(t.Context(), &healthpb.HealthCheckRequest{Service: "conclave.Self"})
+	if err != nil || got.GetStatus() != healthpb.HealthCheckResponse_SERVING {
+		t.Fatalf("Check through the self client = %v, %v", got, err)
 	}
 }

@@ -7,13 +7,11 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
-	"net"
 	"net/http"
 	"os"
 	"time"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/conclave-ai/conclave/pkg/auth"
 	"github.com/conclave-ai/conclave/pkg/config"
@@ -196,19 +194,9 @@ func New(cfg Config, logger *slog.Logger, tel *telemetry.Provider, st store.Stor
 	if cfg.HTTPAddr != "" {
 		// REST goes through this gateway's own gRPC listener, so it passes
 		// the same authentication, limits and tracing as gRPC clients.
-		self, err := grpc.NewClient("passthrough:///gateway-self", append(tel.GRPCDialOptions(),
-			grpc.WithTransportCredentials(insecure.NewCredentials()),
-			grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) {
-				select {
-				case <-srv.Ready():
-				case <-ctx.Done():
-					return nil, ctx.Err()
-				}
-				var d net.Dialer
-				return d.DialContext(ctx, "tcp", srv.GRPCAddr())
-			}))...)
+		self, err := srv.SelfClient(tel.GRPCDialOptions()...)
 		if err != nil {
-			return nil, fmt.Errorf("gateway REST client: %w", err)
+			return nil, err
 		}
 		rest, err := clientapi.NewREST(context.Background(), self)
 		if err != nil {
@@ -216,7 +204,6 @@ func New(cfg Config, logger *slog.Logger, tel *telemetry.Provider, st store.Stor
 		}
 		srv.Handle("/v1/", rest)
 		srv.HandleStream("POST /v1/agents/{agent_id}/messages", rest)
-		srv.OnShutdown(func(context.Context) { _ = self.Close() })
 	}
 	srv.OnShutdown(func(ctx context.Context) {
 		// The lease goes first: its agents' registrations are then free at

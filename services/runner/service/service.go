@@ -6,7 +6,6 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -193,19 +192,9 @@ func New(cfg Config, deps Deps, opts ...server.Option) (*Runner, error) {
 		append(tel.GRPCDialOptions(), grpc.WithTransportCredentials(insecure.NewCredentials()))...)
 	runnerv1.RegisterRunnerServiceServer(srv.GRPC(), api.New(rec, registry, sup, cfg.WorkspaceRoots, api.DefaultLimits, owners))
 	if cfg.HTTPAddr != "" {
-		self, err := grpc.NewClient("passthrough:///runner-self", append(tel.GRPCDialOptions(),
-			grpc.WithTransportCredentials(insecure.NewCredentials()),
-			grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) {
-				select {
-				case <-srv.Ready():
-				case <-ctx.Done():
-					return nil, ctx.Err()
-				}
-				var d net.Dialer
-				return d.DialContext(ctx, "tcp", srv.GRPCAddr())
-			}))...)
+		self, err := srv.SelfClient(tel.GRPCDialOptions()...)
 		if err != nil {
-			return nil, fmt.Errorf("runner REST client: %w", err)
+			return nil, err
 		}
 		rest, err := api.NewREST(context.Background(), self)
 		if err != nil {
@@ -215,7 +204,6 @@ func New(cfg Config, deps Deps, opts ...server.Option) (*Runner, error) {
 		// one gets seed 002's 404 from the REST mux.
 		srv.Handle("/", rest)
 		srv.HandleStream(api.FollowPattern, rest)
-		srv.OnShutdown(func(context.Context) { _ = self.Close() })
 	}
 	return &Runner{srv: srv, sup: sup, owners: owners, advertise: cfg.AdvertiseAddr}, nil
 }
