@@ -12,7 +12,13 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"testing"
 	"time"
+
+	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracegrpc"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+
+	"github.com/conclave-ai/conclave/pkg/telemetry"
 )
 
 // Jaeger is a running Jaeger all-in-one (collector, query and agent in one
@@ -35,6 +41,23 @@ func (j *Jaeger) Stop() {
 	if j != nil {
 		j.c.Stop()
 	}
+}
+
+// Provider is a telemetry provider for service whose spans reach this
+// Jaeger as each one ends, unbatched, so that a trace is complete there
+// without waiting. It is shut down when the test ends.
+func (j *Jaeger) Provider(t testing.TB, service string) *telemetry.Provider {
+	t.Helper()
+	exp, err := otlptracegrpc.New(context.Background(), otlptracegrpc.WithEndpoint(j.OTLPEndpoint), otlptracegrpc.WithInsecure())
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := telemetry.New(context.Background(), telemetry.Config{ServiceName: service, SpanProcessors: []sdktrace.SpanProcessor{sdktrace.NewSimpleSpanProcessor(exp)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = p.Shutdown(context.Background()) })
+	return p
 }
 
 // Output is what Jaeger has printed so far, for diagnosing failures.

@@ -7,8 +7,6 @@ import (
 	"time"
 
 	"github.com/coder/websocket"
-	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracegrpc"
-	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 
 	"github.com/conclave-ai/conclave/pkg/jsonrpc"
 	"github.com/conclave-ai/conclave/pkg/telemetry"
@@ -32,18 +30,7 @@ func TestRetryIsOneTraceInJaeger(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(j.Stop)
-	provider := func(service string) *telemetry.Provider {
-		exp, err := otlptracegrpc.New(ctx, otlptracegrpc.WithEndpoint(j.OTLPEndpoint), otlptracegrpc.WithInsecure())
-		if err != nil {
-			t.Fatal(err)
-		}
-		p, err := telemetry.New(ctx, telemetry.Config{ServiceName: service, SpanProcessors: []sdktrace.SpanProcessor{sdktrace.NewSimpleSpanProcessor(exp)}})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = p.Shutdown(context.Background()) })
-		return p
-	}
+	provider := func(service string) *telemetry.Provider { return j.Provider(t, service) }
 	bus := startBus(t, defaultConfig(t, nil), busOption{tel: provider("bus")})
 
 	// The agent: a Go client whose handler spans continue the bus's trace.

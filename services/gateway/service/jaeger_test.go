@@ -6,9 +6,6 @@ import (
 	"testing"
 	"time"
 
-	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracegrpc"
-	sdktrace "go.opentelemetry.io/otel/sdk/trace"
-
 	"github.com/conclave-ai/conclave/pkg/telemetry"
 	"github.com/conclave-ai/conclave/pkg/testenv"
 	gatewayv1 "github.com/conclave-ai/conclave/proto/conclave/gateway/v1"
@@ -32,20 +29,7 @@ func TestForwardedRequestIsOneTraceInJaeger(t *testing.T) {
 	// Registered first, so it stops last: the replicas export spans while
 	// they shut down.
 	t.Cleanup(j.Stop)
-	provider := func(service string) *telemetry.Provider {
-		exp, err := otlptracegrpc.New(ctx, otlptracegrpc.WithEndpoint(j.OTLPEndpoint), otlptracegrpc.WithInsecure())
-		if err != nil {
-			t.Fatal(err)
-		}
-		// Exported as each span ends, so the trace is complete in Jaeger
-		// without waiting for a batch.
-		p, err := telemetry.New(ctx, telemetry.Config{ServiceName: service, SpanProcessors: []sdktrace.SpanProcessor{sdktrace.NewSimpleSpanProcessor(exp)}})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = p.Shutdown(context.Background()) })
-		return p
-	}
+	provider := func(service string) *telemetry.Provider { return j.Provider(t, service) }
 	st := openStore(t)
 	connA, _ := startReplica(t, "gw-a", st, provider("gateway-a"))
 	connB, _ := startReplica(t, "gw-b", st, provider("gateway-b"))

@@ -7,9 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracegrpc"
 	"go.opentelemetry.io/otel/propagation"
-	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 
 	"github.com/conclave-ai/conclave/pkg/queue"
 	"github.com/conclave-ai/conclave/pkg/telemetry"
@@ -31,18 +29,7 @@ func TestLaunchIsOneTrace(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(j.Stop)
-	provider := func(service string) *telemetry.Provider {
-		exp, err := otlptracegrpc.New(ctx, otlptracegrpc.WithEndpoint(j.OTLPEndpoint), otlptracegrpc.WithInsecure())
-		if err != nil {
-			t.Fatal(err)
-		}
-		p, err := telemetry.New(ctx, telemetry.Config{ServiceName: service, SpanProcessors: []sdktrace.SpanProcessor{sdktrace.NewSimpleSpanProcessor(exp)}})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = p.Shutdown(context.Background()) })
-		return p
-	}
+	provider := func(service string) *telemetry.Provider { return j.Provider(t, service) }
 	r := startRunnerWith(t, map[string]string{"CONCLAVE_RUNNER_EVENTS_QUEUE": "traced-events",
 		// The worker's span ends with its launch: at once after the turn.
 		"CONCLAVE_RUNNER_IDLE_TIMEOUT": "1ms"}, provider("runner"))
