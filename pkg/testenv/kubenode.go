@@ -145,7 +145,7 @@ func KubeNode(ctx context.Context) (_ *KubeNodeEnv, err error) {
 		return k, err
 	}
 	if err := k.start(ctx, bin); err != nil {
-		return k, fmt.Errorf("%w\n%s", err, k.logTails())
+		return k, fmt.Errorf("%w\n%s", err, k.Logs())
 	}
 	return k, nil
 }
@@ -506,8 +506,9 @@ func (k *KubeNodeEnv) waitFor(ctx context.Context, what string, check func(conte
 	}
 }
 
-// logTails is the end of each daemon's log, for a failed start.
-func (k *KubeNodeEnv) logTails() string {
+// Logs is the end of each daemon's log (the whole logs are in Dir/logs),
+// for diagnosing a failed start or a pod that does not run.
+func (k *KubeNodeEnv) Logs() string {
 	var b strings.Builder
 	for _, d := range k.daemons {
 		data, _ := os.ReadFile(k.path("logs", d.name+".log"))
@@ -521,9 +522,15 @@ func (k *KubeNodeEnv) logTails() string {
 
 // inNetNS runs fn on a thread that has joined the node's network
 // namespace, so the sockets fn creates live there (a socket keeps the
-// namespace it was created in). The thread is never handed back to the
-// runtime: the goroutine ends locked to it, and Go then ends the thread.
+// namespace it was created in). The thread then goes back to this
+// process's namespace before it returns to the runtime. It must never just
+// end locked (which would discard it): a child started with Pdeathsig from
+// that thread earlier, by this package or any other, would be killed.
 func (k *KubeNodeEnv) inNetNS(fn func()) error {
+	home, err := hostNetNS()
+	if err != nil {
+		return err
+	}
 	k.mu.Lock()
 	f := k.nsFile
 	k.mu.Unlock()
@@ -534,18 +541,41 @@ func (k *KubeNodeEnv) inNetNS(fn func()) error {
 	if err != nil {
 		return err
 	}
+	defer unix.Close(fd)
 	errc := make(chan error, 1)
 	go func() {
 		runtime.LockOSThread()
-		defer unix.Close(fd)
 		if err := unix.Setns(fd, unix.CLONE_NEWNET); err != nil {
+			runtime.UnlockOSThread()
 			errc <- fmt.Errorf("testenv: join network namespace: %w", err)
 			return
 		}
 		fn()
+		if err := unix.Setns(home, unix.CLONE_NEWNET); err != nil {
+			errc <- nil
+			// Stuck in the node's namespace: keep the thread from every
+			// other goroutine, and alive, for good.
+			select {}
+		}
+		runtime.UnlockOSThread()
 		errc <- nil
 	}()
 	return <-errc
+}
+
+var hostNS struct {
+	sync.Once
+	fd  int
+	err error
+}
+
+// hostNetNS is this process's own network namespace. /proc/self names the
+// main thread, which never leaves it.
+func hostNetNS() (int, error) {
+	hostNS.Do(func() {
+		hostNS.fd, hostNS.err = unix.Open("/proc/self/ns/net", unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	})
+	return hostNS.fd, hostNS.err
 }
 
 // nsAddr checks that addr names an IP address: inside the namespace there

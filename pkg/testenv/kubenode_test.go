@@ -51,10 +51,12 @@ func TestKubeNode(t *testing.T) {
 		func() { after, afterErr = hostSnapshot() })
 	t.Cleanup(func() { testenv.SetKubeNodeHostHooks(nil, nil) })
 
+	start := time.Now()
 	node, err := testenv.KubeNode(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Logf("node up in %s", time.Since(start).Round(100*time.Millisecond))
 	stopped := false
 	t.Cleanup(func() {
 		if !stopped {
@@ -87,7 +89,7 @@ func TestKubeNode(t *testing.T) {
 	t.Run("pods", func(t *testing.T) {
 		t.Run("JobInitContainerAndSecret", func(t *testing.T) {
 			t.Parallel()
-			testJob(t, cs)
+			testJob(t, node, cs)
 		})
 		t.Run("PodDialsBackToListener", func(t *testing.T) {
 			t.Parallel()
@@ -96,7 +98,7 @@ func TestKubeNode(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer l.Close()
-			testPodReaches(t, cs, "dial-back", l)
+			testPodReachesVia(t, node, cs, "dial-back", l.Addr().String(), l)
 		})
 		t.Run("PodReachesHostThroughForward", func(t *testing.T) {
 			t.Parallel()
@@ -110,15 +112,17 @@ func TestKubeNode(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer fwd.Close()
-			testPodReachesVia(t, cs, "forward", fwd.Addr().String(), host)
+			testPodReachesVia(t, node, cs, "forward", fwd.Addr().String(), host)
 		})
 	})
 
 	dir := node.Dir
 	stopped = true
+	start = time.Now()
 	if err := node.Stop(); err != nil {
 		t.Fatal(err)
 	}
+	t.Logf("node stopped in %s", time.Since(start).Round(100*time.Millisecond))
 	if beforeErr != nil || afterErr != nil {
 		t.Fatalf("host snapshot: before: %v, after: %v", beforeErr, afterErr)
 	}
@@ -145,8 +149,9 @@ func TestKubeNode(t *testing.T) {
 	}
 }
 
-func testJob(t *testing.T, cs kubernetes.Interface) {
-	ctx := t.Context()
+func testJob(t *testing.T, node *testenv.KubeNodeEnv, cs kubernetes.Interface) {
+	ctx, cancel := context.WithTimeout(t.Context(), podWait)
+	defer cancel()
 	ns := "default"
 	secret := "s3cr3t-" + randomHex(t)
 	if _, err := cs.CoreV1().Secrets(ns).Create(ctx, &corev1.Secret{
@@ -192,7 +197,7 @@ func testJob(t *testing.T, cs kubernetes.Interface) {
 	for {
 		j, err := cs.BatchV1().Jobs(ns).Get(ctx, job.Name, metav1.GetOptions{})
 		if err != nil {
-			t.Fatal(err)
+			t.Fatalf("%v\n%s", err, diagnose(node, cs, "app=probe-job"))
 		}
 		if cond(j, batchv1.JobFailed) {
 			t.Fatalf("job failed: %+v\n%s", j.Status, podLogs(ctx, cs, ns, "app=probe-job"))
@@ -200,7 +205,7 @@ func testJob(t *testing.T, cs kubernetes.Interface) {
 		if cond(j, batchv1.JobComplete) {
 			break
 		}
-		sleep(t, 200*time.Millisecond)
+		time.Sleep(200 * time.Millisecond)
 	}
 	logs := podLogs(ctx, cs, ns, "app=probe-job")
 	if want := "SECRET_TOKEN=" + secret; !strings.Contains(logs, want) {
@@ -239,16 +244,11 @@ func errOrNil(err error) string {
 	return " (" + err.Error() + ")"
 }
 
-// testPodReaches runs a pod that connects to l's address and sends a line,
-// which must arrive on l.
-func testPodReaches(t *testing.T, cs kubernetes.Interface, name string, l net.Listener) {
-	testPodReachesVia(t, cs, name, l.Addr().String(), l)
-}
-
 // testPodReachesVia runs a pod that dials addr and sends a line, which
 // must arrive on l.
-func testPodReachesVia(t *testing.T, cs kubernetes.Interface, name, addr string, l net.Listener) {
-	ctx := t.Context()
+func testPodReachesVia(t *testing.T, node *testenv.KubeNodeEnv, cs kubernetes.Interface, name, addr string, l net.Listener) {
+	ctx, cancel := context.WithTimeout(t.Context(), podWait)
+	defer cancel()
 	line := name + "-" + randomHex(t)
 	got := make(chan string, 1)
 	go func() {
@@ -285,7 +285,7 @@ func testPodReachesVia(t *testing.T, cs kubernetes.Interface, name, addr string,
 			}
 			return
 		case <-ctx.Done():
-			t.Fatalf("no connection from the pod: %v\n%s", ctx.Err(), podLogs(context.Background(), cs, "default", "app="+name))
+			t.Fatalf("no connection from the pod: %v\n%s", ctx.Err(), diagnose(node, cs, "app="+name))
 		case <-time.After(500 * time.Millisecond):
 			p, err := cs.CoreV1().Pods("default").Get(ctx, name, metav1.GetOptions{})
 			if err == nil && p.Status.Phase == corev1.PodFailed {
@@ -303,12 +303,32 @@ func randomHex(t *testing.T) string {
 	return hex.EncodeToString(b)
 }
 
-func sleep(t *testing.T, d time.Duration) {
-	select {
-	case <-t.Context().Done():
-		t.Fatal(t.Context().Err())
-	case <-time.After(d):
+// podWait bounds the wait for a pod, only so that a stuck one fails with
+// its diagnosis rather than at go test's timeout: a pod runs in seconds.
+const podWait = 3 * time.Minute
+
+// diagnose is the state of the pods matching selector, their events, and
+// the daemons' logs.
+func diagnose(node *testenv.KubeNodeEnv, cs kubernetes.Interface, selector string) string {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	var b strings.Builder
+	pods, err := cs.CoreV1().Pods("default").List(ctx, metav1.ListOptions{LabelSelector: selector})
+	if err != nil {
+		fmt.Fprintf(&b, "list pods: %v\n", err)
+	} else {
+		for _, p := range pods.Items {
+			fmt.Fprintf(&b, "pod %s: %s %+v\n", p.Name, p.Status.Phase, p.Status.ContainerStatuses)
+		}
 	}
+	if evs, err := cs.CoreV1().Events("default").List(ctx, metav1.ListOptions{}); err == nil {
+		for _, e := range evs.Items {
+			fmt.Fprintf(&b, "event %s %s: %s %s\n", e.InvolvedObject.Kind, e.InvolvedObject.Name, e.Reason, e.Message)
+		}
+	}
+	b.WriteString(podLogs(ctx, cs, "default", selector))
+	b.WriteString(node.Logs())
+	return b.String()
 }
 
 // crashedNode is what a killed test process leaves: a node directory whose
