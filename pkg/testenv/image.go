@@ -115,9 +115,13 @@ func imageLayer(files []ImageFile) ([]byte, error) {
 	// A fixed time keeps the layer's digest the same from build to build.
 	mtime := time.Unix(0, 0)
 	dirs := map[string]bool{"/": true}
+	written := map[string]bool{}
 	mkdirs := func(p string) error {
 		var parents []string
 		for d := p; !dirs[d]; d = path.Dir(d) {
+			if written[d] {
+				return fmt.Errorf("%s is a file and a directory", d)
+			}
 			parents = append(parents, d)
 		}
 		for i := len(parents) - 1; i >= 0; i-- {
@@ -162,9 +166,10 @@ func imageLayer(files []ImageFile) ([]byte, error) {
 		if err := mkdirs(path.Dir(p)); err != nil {
 			return nil, err
 		}
-		if dirs[p] {
-			return nil, fmt.Errorf("file %s is also a directory", p)
+		if dirs[p] || written[p] {
+			return nil, fmt.Errorf("%s is in the image twice", p)
 		}
+		written[p] = true
 		if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeReg, Name: strings.TrimPrefix(p, "/"), Mode: int64(mode), Size: int64(len(data)), ModTime: mtime}); err != nil {
 			return nil, err
 		}

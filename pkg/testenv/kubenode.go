@@ -778,7 +778,9 @@ func (k *KubeNodeEnv) deleteWorkloads() {
 	}
 }
 
-// stopDaemons stops the named daemons: SIGTERM, then SIGKILL after 15 s.
+// stopDaemons stops the named daemons: SIGTERM, then SIGKILL after 3 s.
+// Nothing of theirs needs keeping (etcd's data and containerd's state go
+// with the node), so there is no point waiting for a long graceful drain.
 func (k *KubeNodeEnv) stopDaemons(names ...string) {
 	var wg sync.WaitGroup
 	for _, d := range k.daemons {
@@ -792,7 +794,7 @@ func (k *KubeNodeEnv) stopDaemons(names ...string) {
 				_ = syscall.Kill(-d.cmd.Process.Pid, syscall.SIGTERM)
 				select {
 				case <-d.done:
-				case <-time.After(15 * time.Second):
+				case <-time.After(3 * time.Second):
 					_ = syscall.Kill(-d.cmd.Process.Pid, syscall.SIGKILL)
 					<-d.done
 				}

@@ -86,6 +86,15 @@ func TestKubeNode(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	t.Run("CommandRunsInNamespace", func(t *testing.T) {
+		out, err := node.Command(ctx, "ip", "-o", "-4", "addr", "show").CombinedOutput()
+		if err != nil {
+			t.Fatalf("%v: %s", err, out)
+		}
+		if !strings.Contains(string(out), testenv.KubeNodeIP+"/32") {
+			t.Fatalf("the node address is not among the namespace's:\n%s", out)
+		}
+	})
 	t.Run("pods", func(t *testing.T) {
 		t.Run("JobInitContainerAndSecret", func(t *testing.T) {
 			t.Parallel()
