@@ -113,7 +113,7 @@ var kubeNodeHooks struct {
 // down what a crashed test process left behind. The binaries are built
 // first if missing (minutes; see Kube) and the Debian packages installed
 // with scripts/install-test-deps.sh. Stop it with Stop.
-func KubeNode(ctx context.Context) (_ *KubeNodeEnv, err error) {
+func KubeNode(ctx context.Context) (node *KubeNodeEnv, err error) {
 	if os.Geteuid() != 0 {
 		return nil, errors.New("testenv: KubeNode needs root: it creates a network namespace, mounts and cgroups (run the tests as root, or with -short)")
 	}
@@ -139,6 +139,7 @@ func KubeNode(ctx context.Context) (_ *KubeNodeEnv, err error) {
 	defer func() {
 		if err != nil {
 			err = errors.Join(err, k.Stop())
+			node = nil
 		}
 	}()
 	if err := k.prepare(); err != nil {
