@@ -30,19 +30,102 @@ import (
 // prints its environment and dials addresses, with no shell.
 const probeImage = "local/probe:1"
 
+// crashChildEnv makes the test binary, run by TestKubeNode, a test process
+// that starts a node, runs a pod, says so, and waits to be killed.
+const crashChildEnv = "CONCLAVE_TESTENV_KUBENODE_CRASH_CHILD"
+
+func TestMain(m *testing.M) {
+	if os.Getenv(crashChildEnv) != "" {
+		crashChild()
+		return
+	}
+	os.Exit(m.Run())
+}
+
+// crashChild starts a node with a running pod (so containerd's shims, the
+// pod's processes and cgroups, the kubelet's sysctls all exist), prints
+// "READY <dir>" and waits for its parent to SIGKILL it.
+func crashChild() {
+	fail := func(err error) {
+		fmt.Println("FAILED", err)
+		os.Exit(1)
+	}
+	ctx := context.Background()
+	node, err := testenv.KubeNode(ctx)
+	if err != nil {
+		fail(err)
+	}
+	cs, err := kubernetes.NewForConfig(node.Config)
+	if err != nil {
+		fail(err)
+	}
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "left-running"},
+		Spec: corev1.PodSpec{Containers: []corev1.Container{{
+			Name: "main", Image: testenv.PauseImage, ImagePullPolicy: corev1.PullNever,
+		}}},
+	}
+	if _, err := cs.CoreV1().Pods("default").Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+		fail(err)
+	}
+	for {
+		p, err := cs.CoreV1().Pods("default").Get(ctx, pod.Name, metav1.GetOptions{})
+		if err != nil {
+			fail(err)
+		}
+		if p.Status.Phase == corev1.PodRunning {
+			break
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	fmt.Println("READY", node.Dir)
+	select {}
+}
+
+// crashNode runs crashChild and kills it once its pod runs, leaving what a
+// test process killed mid-run leaves. It returns the node's directory.
+func crashNode(t *testing.T) string {
+	ctx, cancel := context.WithTimeout(t.Context(), podWait)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), crashChildEnv+"=1")
+	cmd.Stderr = os.Stderr
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	line, err := bufio.NewReader(out).ReadString('\n')
+	_ = cmd.Process.Kill()
+	_ = cmd.Wait()
+	dir, ok := strings.CutPrefix(strings.TrimSpace(line), "READY ")
+	if !ok {
+		t.Fatalf("the crashing test process said %q (%v)", line, err)
+	}
+	return dir
+}
+
 // TestKubeNode starts one real node and, on it: a Job whose init container
 // copies a binary into an emptyDir for the main container, which sees a
 // Secret through secretKeyRef; a pod that dials back to a listener the
 // test made inside the node's namespace; a pod that reaches a host
 // loopback listener through Forward. After Stop the host must be exactly
 // as before, and a crashed run's leftovers must have been cleaned up by
-// the start.
+// the start: a node whose test process was killed while a pod ran, and
+// planted leftovers.
 func TestKubeNode(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a real Kubernetes node")
 	}
 	ctx := t.Context()
-	stale := plantCrashedNode(t)
+	pristine, err := hostSnapshot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	crashed := crashNode(t)
+	stale := plantCrashedNode(t, pristine)
 
 	var before, after map[string]string
 	var beforeErr, afterErr error
@@ -64,6 +147,14 @@ func TestKubeNode(t *testing.T) {
 		}
 	})
 	stale.checkGone(t)
+	if _, err := os.Stat(crashed); !os.IsNotExist(err) {
+		t.Errorf("the killed test process's node %s is still there (%v)", crashed, err)
+	}
+	if pids := processesNaming(crashed); len(pids) > 0 {
+		t.Errorf("the killed test process's node still runs: %v", pids)
+	}
+	// What the killed process's node changed is undone too.
+	compareSnapshots(t, "before the killed test process's node", pristine, "before this node", before)
 
 	images := t.TempDir()
 	probe := filepath.Join(images, "kubeprobe")
@@ -141,19 +232,24 @@ func TestKubeNode(t *testing.T) {
 	if pids := processesNaming(dir); len(pids) > 0 {
 		t.Errorf("processes naming %s still run: %v", dir, pids)
 	}
+	compareSnapshots(t, "before start", before, "after Stop", after)
+}
+
+func compareSnapshots(t *testing.T, aName string, a map[string]string, bName string, b map[string]string) {
+	t.Helper()
 	var keys []string
-	for k := range before {
+	for k := range a {
 		keys = append(keys, k)
 	}
-	for k := range after {
-		if _, ok := before[k]; !ok {
+	for k := range b {
+		if _, ok := a[k]; !ok {
 			keys = append(keys, k)
 		}
 	}
 	sort.Strings(keys)
 	for _, k := range keys {
-		if before[k] != after[k] {
-			t.Errorf("host %s changed:\n--- before\n%s\n--- after\n%s", k, before[k], after[k])
+		if a[k] != b[k] {
+			t.Errorf("host %s differs:\n--- %s\n%s\n--- %s\n%s", k, aName, a[k], bName, b[k])
 		}
 	}
 }
@@ -348,7 +444,7 @@ type crashedNode struct {
 	proc       *exec.Cmd
 }
 
-func plantCrashedNode(t *testing.T) *crashedNode {
+func plantCrashedNode(t *testing.T, pristine map[string]string) *crashedNode {
 	dead := exec.Command("true")
 	if err := dead.Run(); err != nil {
 		t.Fatal(err)
@@ -373,12 +469,12 @@ func plantCrashedNode(t *testing.T) *crashedNode {
 			t.Fatal(err)
 		}
 	}
-	// The records a node writes before changing anything; /run/netns is
-	// recorded as it is now, so the cleanup leaves it so.
+	// The records a node writes before changing anything, under the lock,
+	// with no other node around: /run/netns as it was before any node.
 	runNetNS := "none"
-	if _, err := os.Stat("/run/netns"); err == nil {
+	if pristine["exists /run/netns"] == "true" {
 		runNetNS = "dir"
-		if mountedAt("/run/netns") {
+		if strings.Contains(pristine["mounts"], " /run/netns ") {
 			runNetNS = "mounted"
 		}
 	}
