@@ -38,11 +38,11 @@ node_modules/.stamp: package.json package-lock.json
 tools: $(BIN)/.stamp node_modules/.stamp ## Build the code generators, grpcurl and staticcheck; install the npm packages.
 
 .PHONY: test-deps
-test-deps: ## Install the Debian packages the integration tests use (nginx, chromium).
+test-deps: ## Install the Debian packages the integration tests use (nginx, chromium, containerd, CNI plugins, iptables).
 	scripts/install-test-deps.sh
 
 .PHONY: test-tools
-test-tools: ## Build kube-apiserver, etcd, jaeger-all-in-one and helm into .cache/bin (skips what is up to date).
+test-tools: ## Build kube-apiserver, etcd, the node (kubelet, controller-manager, scheduler), jaeger-all-in-one and helm into .cache/bin (skips what is up to date).
 	scripts/build-test-tools.sh
 
 # conclave-images is the repository's own code, not a pinned third-party tool:

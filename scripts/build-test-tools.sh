@@ -3,7 +3,8 @@
 # .cache/bin, each from its own pinned module under tools/ (outside go.work,
 # so their conflicting dependency versions never meet):
 #
-#   tools/k8s     kube-apiserver, etcd
+#   tools/k8s     kube-apiserver, etcd, and the node: kubelet,
+#                 kube-controller-manager, kube-scheduler
 #   tools/jaeger  jaeger-all-in-one
 #   tools/helm    helm
 #
@@ -37,7 +38,9 @@ now() { date +%s; }
 version() { (cd "$1" && go list -m -f '{{.Version}}' "$2"); }
 
 # build NAME OUT=PKG... builds each PKG of tools/NAME into $bin/OUT, with the
-# extra -ldflags in the variable ldflags_OUT (dashes as underscores).
+# extra -ldflags in the variable ldflags_OUT (dashes as underscores). All of a
+# module's binaries come from one `go build`, which compiles the packages they
+# share once and keeps both cores busy while one binary links.
 build() {
 	local name=$1
 	shift
@@ -57,20 +60,36 @@ build() {
 		return
 	fi
 
-	local start out pkg var t
+	local start out pkg var elem
+	local pkgs=() flags=()
 	start=$(now)
 	rm -f "$stamp"
 	for spec in "$@"; do
 		out=${spec%%=*}
 		pkg=${spec#*=}
 		var=ldflags_${out//-/_}
-		t=$(now)
-		echo "build-test-tools: building $out from $pkg ..."
-		# Into a temporary name first, so a reader never sees half a binary.
-		(cd "$dir" && go build -trimpath -ldflags="$ldflags_common ${!var:-}" -o "$bin/.$out.tmp.$$" "$pkg")
-		mv -f "$bin/.$out.tmp.$$" "$bin/$out"
-		echo "build-test-tools: built $out in $(($(now) - t))s"
+		pkgs+=("$pkg")
+		# A package pattern before the flags scopes them to that binary.
+		flags+=("-ldflags=$pkg=$ldflags_common ${!var:-}")
 	done
+	# Into a temporary directory first, so a reader never sees half a binary.
+	local tmp=$bin/.build-$name.$$
+	rm -rf "$tmp"
+	mkdir "$tmp"
+	trap 'rm -rf "$tmp"' EXIT
+	echo "build-test-tools: building ${*%%=*} ..."
+	(cd "$dir" && go build -trimpath "${flags[@]}" -o "$tmp/" "${pkgs[@]}")
+	for spec in "$@"; do
+		out=${spec%%=*}
+		pkg=${spec#*=}
+		# go build names a binary after its package's last path element,
+		# skipping a major version suffix (go.etcd.io/etcd/server/v3 -> server).
+		elem=${pkg##*/}
+		[[ $elem =~ ^v[0-9]+$ ]] && elem=${pkg%/*} && elem=${elem##*/}
+		mv -f "$tmp/$elem" "$bin/$out"
+	done
+	rm -rf "$tmp"
+	trap - EXIT
 	echo "$sum" >"$stamp"
 	echo "build-test-tools: $name done in $(($(now) - start))s"
 }
@@ -85,10 +104,18 @@ k8s() {
 	# What kubernetes' own release build stamps: clients (helm's kubeVersion
 	# checks among them) read it through the discovery /version endpoint.
 	local p=k8s.io/component-base/version
-	ldflags_kube_apiserver="-X $p.gitVersion=$v -X $p.gitMajor=$major -X $p.gitMinor=$minor -X $p.gitTreeState=clean"
+	# The kubelet reports it as the node's version too.
+	local stamped="-X $p.gitVersion=$v -X $p.gitMajor=$major -X $p.gitMinor=$minor -X $p.gitTreeState=clean"
+	ldflags_kube_apiserver=$stamped
+	ldflags_kubelet=$stamped
+	ldflags_kube_controller_manager=$stamped
+	ldflags_kube_scheduler=$stamped
 	build k8s \
 		kube-apiserver=k8s.io/kubernetes/cmd/kube-apiserver \
-		etcd=go.etcd.io/etcd/server/v3
+		etcd=go.etcd.io/etcd/server/v3 \
+		kubelet=k8s.io/kubernetes/cmd/kubelet \
+		kube-controller-manager=k8s.io/kubernetes/cmd/kube-controller-manager \
+		kube-scheduler=k8s.io/kubernetes/cmd/kube-scheduler
 }
 
 jaeger() {

@@ -2,10 +2,12 @@
 # Installs the Debian packages the integration tests use: nginx, which
 # load-balances gRPC across gateway replicas; chromium, the headless browser
 # that drives the Librarian's review page; and python3, which runs the
-# bridge's example tool agents. Idempotent; needs root (CI and the
-# development machines run as root) or sudo.
+# bridge's example tool agents; containerd (with runc), the CNI plugins,
+# iptables and iproute2, which testenv.KubeNode's single-node Kubernetes
+# cluster runs pods with. Idempotent; needs root (CI and the development
+# machines run as root) or sudo.
 set -euo pipefail
-packages=(nginx chromium python3)
+packages=(nginx chromium python3 containerd iptables)
 missing=()
 for p in "${packages[@]}"; do
 	command -v "$p" >/dev/null 2>&1 || [ -x "/usr/sbin/$p" ] || missing+=("$p")
@@ -13,11 +15,15 @@ done
 # ca-certificates has no command: `make images` and deploy/images' test copy
 # its bundle into the images' base.
 [ -f /etc/ssl/certs/ca-certificates.crt ] || missing+=(ca-certificates)
+# Nor have the CNI plugins, which live in /usr/lib/cni.
+[ -x /usr/lib/cni/bridge ] || missing+=(containernetworking-plugins)
+command -v ip >/dev/null 2>&1 || [ -x /usr/sbin/ip ] || [ -x /sbin/ip ] || missing+=(iproute2)
 [ ${#missing[@]} -eq 0 ] && exit 0
 sudo=""
 [ "$(id -u)" -eq 0 ] || sudo="sudo"
 export DEBIAN_FRONTEND=noninteractive
 $sudo apt-get update -qq
-# The tests start nginx themselves on free loopback ports; the package's own
-# service is never started (there is no init system here to start it).
+# The tests start nginx and containerd themselves (on free loopback ports, or
+# inside a network namespace of their own); the packages' services are never
+# started (there is no init system here to start them).
 $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"

@@ -2,7 +2,8 @@
 // against: dynalite (DynamoDB) and fauxqs (SQS) from the project's npm lock
 // file, and, in sibling files, kube-apiserver, etcd and Jaeger from the tools
 // modules. Tests start each once per package in TestMain, on a free loopback
-// port, and stop it after.
+// port, and stop it after. KubeNode runs a whole single-node Kubernetes
+// cluster, in a network namespace of its own (docs/testing.md).
 //
 // Components are installed by `make test`; when a test runs under plain
 // `go test` on a fresh clone, testenv installs what is missing the same way
