@@ -327,8 +327,11 @@ type Hello struct {
 	// How often the host sends a Heartbeat; the runner ends a stream silent
 	// for three of them.
 	HeartbeatInterval *durationpb.Duration `protobuf:"bytes,5,opt,name=heartbeat_interval,json=heartbeatInterval,proto3" json:"heartbeat_interval,omitempty"`
-	unknownFields     protoimpl.UnknownFields
-	sizeCache         protoimpl.SizeCache
+	// Random per agent-host process: a new process numbers its events from
+	// 1 again.
+	HostId        string `protobuf:"bytes,6,opt,name=host_id,json=hostId,proto3" json:"host_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Hello) Reset() {
@@ -394,6 +397,13 @@ func (x *Hello) GetHeartbeatInterval() *durationpb.Duration {
 		return x.HeartbeatInterval
 	}
 	return nil
+}
+
+func (x *Hello) GetHostId() string {
+	if x != nil {
+		return x.HostId
+	}
+	return ""
 }
 
 // Welcome accepts a Hello.
@@ -1398,14 +1408,15 @@ const file_conclave_runner_v1_agenthost_proto_rawDesc = "" +
 	"\tevent_ack\x18\x02 \x01(\v2\x1c.conclave.runner.v1.EventAckH\x00R\beventAck\x12;\n" +
 	"\acommand\x18\x03 \x01(\v2\x1f.conclave.runner.v1.HostCommandH\x00R\acommand\x12=\n" +
 	"\theartbeat\x18\x04 \x01(\v2\x1d.conclave.runner.v1.HeartbeatH\x00R\theartbeatB\t\n" +
-	"\amessage\"\xcd\x01\n" +
+	"\amessage\"\xe6\x01\n" +
 	"\x05Hello\x12\x1f\n" +
 	"\vinstance_id\x18\x01 \x01(\tR\n" +
 	"instanceId\x12\x16\n" +
 	"\x06launch\x18\x02 \x01(\x03R\x06launch\x12\x17\n" +
 	"\alink_id\x18\x03 \x01(\tR\x06linkId\x12(\n" +
 	"\x10last_command_seq\x18\x04 \x01(\x03R\x0elastCommandSeq\x12H\n" +
-	"\x12heartbeat_interval\x18\x05 \x01(\v2\x19.google.protobuf.DurationR\x11heartbeatInterval\"?\n" +
+	"\x12heartbeat_interval\x18\x05 \x01(\v2\x19.google.protobuf.DurationR\x11heartbeatInterval\x12\x17\n" +
+	"\ahost_id\x18\x06 \x01(\tR\x06hostId\"?\n" +
 	"\aWelcome\x12\x17\n" +
 	"\alink_id\x18\x01 \x01(\tR\x06linkId\x12\x1b\n" +
 	"\tacked_seq\x18\x02 \x01(\x03R\backedSeq\"\v\n" +
