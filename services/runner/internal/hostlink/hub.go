@@ -96,7 +96,7 @@ func (h *Hub) Expect(instanceID string, launch int64, opts LinkOptions) *Link {
 	_, _ = rand.Read(b[:])
 	l := &Link{hub: h, instanceID: instanceID, launch: launch, id: hex.EncodeToString(b[:]), opts: opts,
 		readyCh: make(chan struct{}), done: make(chan struct{}), ended: map[int64]turnResult{}, waiters: map[int64][]chan turnResult{},
-		prompted: map[int64]bool{}}
+		prompted: map[int64]bool{}, applied: make(chan struct{})}
 	h.mu.Lock()
 	old := h.links[instanceID]
 	h.links[instanceID] = l
@@ -248,8 +248,8 @@ type hostStream struct {
 	stopped  chan struct{}
 	stopErr  error
 	// Under the link's mu: what was sent on this stream.
-	sentCmd  int64
-	sentAck  int64
+	sentCmd int64
+	sentAck int64
 	beatDue bool
 }
 
@@ -331,9 +331,7 @@ func (s *hostStream) serve(ctx context.Context, beat time.Duration) error {
 			// The event being handled, if any, is taken and acknowledged;
 			// none after it is (handle checks stopped), so the host re-sends
 			// exactly what this runner did not take.
-			l.procMu.Lock()
-			//lint:ignore SA2001 an empty critical section waits for the event in progress
-			l.procMu.Unlock()
+			l.waitEventInProgress()
 			if err := s.flush(); err != nil {
 				return err
 			}

@@ -418,6 +418,12 @@ func (l *Link) applyUpTo(seq int64) {
 	l.applied = make(chan struct{})
 }
 
+// waitEventInProgress returns once the event being handled, if any, is.
+func (l *Link) waitEventInProgress() {
+	l.procMu.Lock()
+	defer l.procMu.Unlock()
+}
+
 // handle takes one message from the host on stream s.
 func (l *Link) handle(ctx context.Context, s *hostStream, m *runnerv1.ConnectRequest) error {
 	switch k := m.GetMessage().(type) {
