@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	mrand "math/rand/v2"
 	"sync"
@@ -275,24 +276,19 @@ func (h *host) stream(ctx context.Context) (welcomed, done bool, err error) {
 	h.buf.ack(w.GetAckedSeq())
 	h.welcomedOnce.Do(func() { close(h.welcomed) })
 
-	sendErr := make(chan error, 1)
 	sent := make(chan struct{})
 	go func() {
 		defer close(sent)
-		sendErr <- h.send(ctx, stream)
+		_ = h.send(ctx, stream)
 	}()
 	defer func() { cancel(); <-sent }()
 	for {
 		m, err := stream.Recv()
 		if err != nil {
-			select {
-			case e := <-sendErr:
-				if e == nil {
-					// Half-closed after the last ack: the runner ended the
-					// stream in turn.
-					return true, true, nil
-				}
-			default:
+			if errors.Is(err, io.EOF) && h.finished() {
+				// Half-closed after the last ack: the runner ended the
+				// stream in turn.
+				return true, true, nil
 			}
 			return true, false, err
 		}
@@ -306,6 +302,18 @@ func (h *host) stream(ctx context.Context) (welcomed, done bool, err error) {
 		default:
 			return true, false, status.Error(codes.Internal, "unexpected message from the runner")
 		}
+	}
+}
+
+// finished reports that the agent's exit is pushed and everything is
+// acknowledged.
+func (h *host) finished() bool {
+	select {
+	case <-h.finishing:
+		n, _ := h.buf.pending()
+		return n == 0
+	default:
+		return false
 	}
 }
 

@@ -234,7 +234,13 @@ func TestDroppedConnection(t *testing.T) {
 	rec.onUpdate = func(u acp.Update) {
 		switch u.Text {
 		case "chunk 50", "chunk 120", "chunk 180":
+			// Held until agent-host has reconnected, so that each drop
+			// makes it re-send what follows.
+			before := px.connections()
 			px.dropAll()
+			for px.connections() == before {
+				time.Sleep(10 * time.Millisecond)
+			}
 		}
 	}
 	link := rig.hub.Expect("inst-drop", 1, rec.options())
@@ -251,11 +257,8 @@ func TestDroppedConnection(t *testing.T) {
 	if got := rec.texts(); !slices.Equal(got, want) {
 		t.Fatalf("updates = %q\nwant %q", got, want)
 	}
-	// Events already received when a connection drops are still taken
-	// (their acks are lost, so they come again, and are dropped as
-	// duplicates): not every drop forces a reconnect before the turn ends.
-	if px.connections() < 2 {
-		t.Fatalf("agent-host connected %d times, want at least 2", px.connections())
+	if px.connections() < 4 {
+		t.Fatalf("agent-host connected %d times, want at least 4 (3 drops)", px.connections())
 	}
 	_ = link.Close()
 	if code := p.wait(t); code != 0 {

@@ -15,6 +15,7 @@ import (
 	"io"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.opentelemetry.io/otel/propagation"
@@ -285,6 +286,9 @@ func (s *hostStream) serve(ctx context.Context, beat time.Duration) error {
 	defer cancel()
 	received := make(chan struct{}, 1)
 	recvErr := make(chan error, 1)
+	// handling: an event is being handled, which may block (a slow
+	// consumer); the host is not silent meanwhile, only unheard.
+	var handling atomic.Bool
 	go func() {
 		for {
 			m, err := s.stream.Recv()
@@ -292,11 +296,14 @@ func (s *hostStream) serve(ctx context.Context, beat time.Duration) error {
 				recvErr <- err
 				return
 			}
+			handling.Store(true)
+			err = l.handle(ctx, s, m)
+			handling.Store(false)
 			select {
 			case received <- struct{}{}:
 			default:
 			}
-			if err := l.handle(ctx, s, m); err != nil {
+			if err != nil {
 				recvErr <- err
 				return
 			}
@@ -319,6 +326,10 @@ func (s *hostStream) serve(ctx context.Context, beat time.Duration) error {
 			s.beatDue = true
 			l.mu.Unlock()
 		case <-silence.C:
+			if handling.Load() {
+				silence.Reset(3 * beat)
+				continue
+			}
 			return status.Errorf(codes.DeadlineExceeded, "agent-host silent for %s", 3*beat)
 		case err := <-recvErr:
 			if errors.Is(err, io.EOF) {
