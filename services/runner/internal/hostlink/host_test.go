@@ -451,3 +451,55 @@ func TestConnectBeforeExpect(t *testing.T) {
 		t.Fatalf("agent-host exited %d, want %d", code, ExitRefused)
 	}
 }
+
+// The kandev dialect works through agent-host as it does locally: the
+// agent accepts the prompt at once and ends the turn with a complete
+// update.
+func TestKandevDialect(t *testing.T) {
+	skipShort(t)
+	t.Parallel()
+	rig := startHub(t, "")
+	rec := newRecorder()
+	link := rig.hub.Expect("inst-kandev", 1, rec.options())
+	p := startHost(t, hostSpec{addr: rig.addr, instance: "inst-kandev", workspace: t.TempDir(),
+		env:   map[string]string{"CONCLAVE_AGENT_HOST_PROTOCOL": "kandev"},
+		agent: []string{acpAgentBin, "-dialect", "kandev"}})
+	ready, err := link.Ready(t.Context())
+	if err != nil || ready.Dialect != acp.DialectKandev {
+		t.Fatalf("ready = %+v, %v", ready, err)
+	}
+	tr, err := link.PromptTurn(t.Context(), 1, "hi", acceptTimeout)
+	if err != nil || tr.StopReason != acp.StopEndTurn {
+		t.Fatalf("turn = %+v, %v", tr, err)
+	}
+	rec.waitFor(t, "the complete update", func(us []acp.Update, _ []string) bool {
+		return len(us) > 0 && us[len(us)-1].Kind == acp.KindComplete
+	})
+	_ = link.Close()
+	if code := p.wait(t); code != 0 {
+		t.Fatalf("agent-host exited %d", code)
+	}
+}
+
+// SIGTERM to agent-host (its pod deleted) ends the agent and reports how.
+func TestSIGTERM(t *testing.T) {
+	skipShort(t)
+	t.Parallel()
+	rig := startHub(t, "")
+	link := rig.hub.Expect("inst-term", 1, newRecorder().options())
+	p := startHost(t, hostSpec{addr: rig.addr, instance: "inst-term", workspace: t.TempDir(), agent: []string{acpAgentBin, "-mode", "linger"}})
+	if _, err := link.Ready(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	<-link.Done()
+	x := link.Exit()
+	if x == nil || x.Signal != "terminated" {
+		t.Fatalf("exit = %+v, want the agent terminated", x)
+	}
+	if code := p.wait(t); code != 128+int(syscall.SIGTERM) {
+		t.Fatalf("agent-host exited %d, want %d", code, 128+int(syscall.SIGTERM))
+	}
+}
