@@ -186,6 +186,14 @@ func (h *host) runAgent(ctx context.Context) (int, error) {
 		return 0, nil
 	}
 
+	if h.s.Protocol == acp.DialectLegacy {
+		// Nothing to shake hands over: the session is up as it is.
+		h.pushReady(ctx, &runnerv1.Ready{Dialect: acp.DialectLegacy})
+		if !a.awaitPrompt(ctx) {
+			exit(0, "", "closed before the agent was started")
+			return 0, nil
+		}
+	}
 	cmd := exec.Command(h.o.Command[0], h.o.Command[1:]...)
 	cmd.Env = telemetry.InjectEnv(ctx, h.o.AgentEnv)
 	cmd.Dir = h.s.Workspace
@@ -349,6 +357,9 @@ func (h *host) handshake(ctx context.Context, client *acp.Client) string {
 		}
 		return fmt.Sprintf("%s failed: %v", method, err)
 	}
+	if h.s.Protocol == acp.DialectLegacy {
+		return ""
+	}
 	if err := call("initialize", client.Initialize); err != nil {
 		return failed("initialize", err)
 	}
@@ -371,12 +382,39 @@ func (h *host) handshake(ctx context.Context, client *acp.Client) string {
 		sessionID = ""
 	}
 	caps := client.Capabilities()
-	ready := &runnerv1.Ready{SessionId: sessionID, Dialect: client.Dialect(), Loaded: loaded, LoadSession: caps.LoadSession, AgentName: caps.AgentName}
+	h.pushReady(ctx, &runnerv1.Ready{SessionId: sessionID, Dialect: client.Dialect(), Loaded: loaded, LoadSession: caps.LoadSession, AgentName: caps.AgentName})
+	return ""
+}
+
+// pushReady reports the session up, and keeps it for a new link.
+func (h *host) pushReady(ctx context.Context, ready *runnerv1.Ready) {
 	h.agent.mu.Lock()
 	h.agent.ready = ready
 	h.agent.mu.Unlock()
 	_ = h.buf.push(ctx, &runnerv1.HostEvent{Kind: &runnerv1.HostEvent_Ready{Ready: ready}})
-	return ""
+}
+
+// awaitPrompt waits for the first prompt: a legacy agent is sent nothing,
+// its whole run is the turn, so it starts when its turn is asked for
+// rather than racing the prompt to its result line. It reports false when
+// the runner closed the launch (or agent-host is stopping) first.
+func (a *agentRun) awaitPrompt(ctx context.Context) bool {
+	for {
+		a.mu.Lock()
+		queued := len(a.queue) > 0
+		a.mu.Unlock()
+		if queued {
+			return true
+		}
+		select {
+		case <-a.kick:
+			// Taken here; runTurns finds the queue as it is.
+		case <-a.closeCh:
+			return false
+		case <-ctx.Done():
+			return false
+		}
+	}
 }
 
 // runTurns runs the queued prompts one after another until the agent is

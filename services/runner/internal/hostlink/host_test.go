@@ -503,3 +503,37 @@ func TestSIGTERM(t *testing.T) {
 		t.Fatalf("agent-host exited %d, want %d", code, 128+int(syscall.SIGTERM))
 	}
 }
+
+// A legacy agent's run is its turn: agent-host starts it when the turn is
+// asked for, and its result line ends the turn.
+func TestLegacyDialect(t *testing.T) {
+	skipShort(t)
+	t.Parallel()
+	rig := startHub(t, "")
+	rec := newRecorder()
+	link := rig.hub.Expect("inst-legacy", 1, rec.options())
+	p := startHost(t, hostSpec{addr: rig.addr, instance: "inst-legacy", workspace: t.TempDir(),
+		env:   map[string]string{"CONCLAVE_AGENT_HOST_PROTOCOL": "legacy"},
+		agent: []string{acpAgentBin, "-dialect", "legacy"}})
+	// Ready before the prompt, as with any agent: the supervisor waits for
+	// it first.
+	ready, err := link.Ready(t.Context())
+	if err != nil || ready.Dialect != acp.DialectLegacy || ready.SessionID != "" {
+		t.Fatalf("ready = %+v, %v", ready, err)
+	}
+	tr, err := link.PromptTurn(t.Context(), 1, "run", acceptTimeout)
+	if err != nil || tr.StopReason != acp.StopEndTurn {
+		t.Fatalf("turn = %+v, %v", tr, err)
+	}
+	var kinds []string
+	for _, u := range rec.texts() {
+		kinds = append(kinds, strings.SplitN(u, ":", 2)[0])
+	}
+	if want := []string{"status", "progress", "log", "heartbeat", "complete"}; !slices.Equal(kinds, want) {
+		t.Fatalf("update kinds = %q, want %q", kinds, want)
+	}
+	<-link.Done() // a legacy agent exits after its run
+	if code := p.wait(t); code != 0 {
+		t.Fatalf("agent-host exited %d", code)
+	}
+}
