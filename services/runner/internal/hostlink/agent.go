@@ -43,8 +43,14 @@ type agentRun struct {
 	client *acp.Client
 	// closed: the runner asked for the agent's end (Close).
 	closed bool
-	// why is the reason the agent was ended by agent-host, if it was.
-	why string
+	// why is the reason the agent was ended by agent-host, if it was;
+	// refused: it was ended because the runner refused the link or gave
+	// no sign of life past the give-up time.
+	why     string
+	refused bool
+	// halted: the link is refused; an agent not yet started is killed as
+	// soon as it is.
+	halted bool
 	// queue holds prompts not yet begun, in order; turns every turn known
 	// (queued, running or ended), by number; order the ended ones, oldest
 	// first.
@@ -158,6 +164,12 @@ func (a *agentRun) close(ctx context.Context) {
 	}
 }
 
+func (a *agentRun) endedByRefusal() bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.refused
+}
+
 // killGroup kills the agent's process group, if it was started.
 func (a *agentRun) killGroup() { a.signalGroup(syscall.SIGKILL) }
 
@@ -225,7 +237,12 @@ func (h *host) runAgent(ctx context.Context) (int, error) {
 	}
 	a.mu.Lock()
 	a.pid = cmd.Process.Pid
+	halted := a.halted
 	a.mu.Unlock()
+	if halted {
+		// Refused as it was being started.
+		a.killGroup()
+	}
 	h.note(ctx, "started the agent (pid %d)", cmd.Process.Pid)
 
 	stderrDone := make(chan struct{})

@@ -152,7 +152,13 @@ func RunHost(ctx context.Context, o HostOptions) (int, error) {
 			continue
 		case err := <-h.refused:
 			h.buf.close()
-			return exitCodeFor(err), errors.Join(runErr, err)
+			if h.agent.endedByRefusal() {
+				return exitCodeFor(err), errors.Join(runErr, err)
+			}
+			// The agent ended on its own; the runner will take no more
+			// (it has the exit, or the launch moved on): the pod's status
+			// is the agent's.
+			return code, errors.Join(runErr, err)
 		case <-drain:
 			h.buf.close()
 			return code, errors.Join(runErr, errors.New("the runner did not acknowledge the agent's last events before agent-host stopped"))
@@ -178,12 +184,17 @@ func exitCodeFor(err error) int {
 func (h *host) refuse(err error) {
 	h.refusedOnce.Do(func() { h.refused <- err })
 	h.buf.close()
-	h.agent.mu.Lock()
-	if h.agent.why == "" {
-		h.agent.why = err.Error()
+	a := h.agent
+	a.mu.Lock()
+	a.halted = true
+	if !a.exited {
+		a.refused = true
+		if a.why == "" {
+			a.why = err.Error()
+		}
 	}
-	h.agent.mu.Unlock()
-	h.agent.killGroup()
+	a.mu.Unlock()
+	a.killGroup()
 }
 
 // note records a line of agent-host's own in the instance's log.
