@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"sync"
+	"unicode/utf8"
 
 	"google.golang.org/protobuf/proto"
 
@@ -40,8 +41,43 @@ func (b *eventBuffer) signal() {
 	b.changed = make(chan struct{})
 }
 
+// maxEventBytes leaves room in a message for its envelope and seq.
+const maxEventBytes = MaxMessageBytes - 4<<10
+
+// fitEvent cuts an event that would not fit in one message: an update's
+// raw JSON is left out (over half the room) and its text cut, a log line's
+// text cut. It reports whether it cut anything.
+func fitEvent(e *runnerv1.HostEvent) bool {
+	if proto.Size(e) <= maxEventBytes {
+		return false
+	}
+	switch k := e.GetKind().(type) {
+	case *runnerv1.HostEvent_Update:
+		u := k.Update
+		if len(u.Raw) > maxEventBytes/2 {
+			u.Raw = nil
+		}
+		u.Text = truncateUTF8(u.Text, max(0, maxEventBytes/2-len(u.Raw)))
+	case *runnerv1.HostEvent_Log:
+		k.Log.Text = truncateUTF8(k.Log.Text, maxEventBytes/2)
+	}
+	return true
+}
+
+// truncateUTF8 cuts s to at most n bytes, at a rune boundary.
+func truncateUTF8(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n]
+}
+
 // push numbers e and appends it, waiting for room.
 func (b *eventBuffer) push(ctx context.Context, e *runnerv1.HostEvent) error {
+	fitEvent(e)
 	n := proto.Size(e) + 10 // the seq, at most
 	for {
 		b.mu.Lock()

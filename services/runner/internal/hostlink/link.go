@@ -479,7 +479,9 @@ func (l *Link) event(ctx context.Context, e *runnerv1.HostEvent) {
 		l.mu.Unlock()
 	case *runnerv1.HostEvent_Update:
 		u := k.Update
-		l.opts.OnUpdate(traceContext(ctx, u.GetTraceparent()), acp.Update{
+		// Not the stream's context: a reconnect must not cancel what the
+		// update starts (a status write).
+		l.opts.OnUpdate(traceContext(context.WithoutCancel(ctx), u.GetTraceparent()), acp.Update{
 			Kind: u.GetKind(), Text: u.GetText(), ToolCallID: u.GetToolCallId(), ToolName: u.GetToolName(), ToolStatus: u.GetToolStatus(),
 			Progress: int(u.GetProgress()), Success: u.GetSuccess(), SessionID: u.GetSessionId(), Replay: u.GetReplay(), Raw: u.GetRaw(),
 		})

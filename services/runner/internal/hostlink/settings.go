@@ -70,8 +70,8 @@ func (s Settings) Validate() error {
 	if s.BufferBytes < 1<<10 {
 		errs = append(errs, fmt.Errorf("CONCLAVE_AGENT_HOST_BUFFER_BYTES: must be at least 1024, not %d", s.BufferBytes))
 	}
-	if s.MaxLine < 1<<10 || s.MaxLine > MaxMessageBytes/2 {
-		errs = append(errs, fmt.Errorf("CONCLAVE_AGENT_HOST_MAX_LINE: must be within 1024 and %d, not %d", MaxMessageBytes/2, s.MaxLine))
+	if s.MaxLine < 1<<10 {
+		errs = append(errs, fmt.Errorf("CONCLAVE_AGENT_HOST_MAX_LINE: must be at least 1024, not %d", s.MaxLine))
 	}
 	positive := func(key string, d time.Duration) {
 		if d <= 0 {

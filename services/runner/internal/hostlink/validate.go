@@ -12,9 +12,11 @@ import (
 const (
 	maxInstanceID = 128
 	maxLinkID     = 64
-	// MaxMessageBytes bounds one gRPC message either way: an update carries
-	// the agent's line (bounded at 4 MiB by default) and its text.
-	MaxMessageBytes = 16 << 20
+	// MaxMessageBytes bounds one gRPC message either way: the runner's gRPC
+	// server's default (pkg/server.DefaultMaxRecvMsgSize). agent-host cuts
+	// an event that would be larger (fitEvent), so that one huge line
+	// cannot wedge the link.
+	MaxMessageBytes = 4 << 20
 	minHeartbeat    = 100 * time.Millisecond
 	maxHeartbeat    = 5 * time.Minute
 	// DefaultHeartbeat is how often each side sends a Heartbeat when the

@@ -1,6 +1,7 @@
 package hostlink
 
 import (
+	"strings"
 	"testing"
 	"time"
 
@@ -102,4 +103,30 @@ func FuzzConnectRequest(f *testing.F) {
 			}
 		}
 	})
+}
+
+// An event too large for one message is cut to fit, its text still UTF-8.
+func TestFitEvent(t *testing.T) {
+	t.Parallel()
+	big := strings.Repeat("é", MaxMessageBytes) // two bytes each
+	for _, e := range []*runnerv1.HostEvent{
+		{Seq: 1, Kind: &runnerv1.HostEvent_Update{Update: &runnerv1.AgentUpdate{Kind: "content", Text: big, Raw: []byte(`"` + big + `"`)}}},
+		{Seq: 2, Kind: &runnerv1.HostEvent_Update{Update: &runnerv1.AgentUpdate{Kind: "content", Text: big[:MaxMessageBytes], Raw: []byte(`{}`)}}},
+		{Seq: 3, Kind: &runnerv1.HostEvent_Log{Log: &runnerv1.AgentLog{Stream: "stderr", Text: big}}},
+	} {
+		if !fitEvent(e) {
+			t.Fatalf("event %d was not cut", e.GetSeq())
+		}
+		b, err := proto.Marshal(&runnerv1.ConnectRequest{Message: &runnerv1.ConnectRequest_Event{Event: e}})
+		if err != nil {
+			t.Fatalf("event %d: %v", e.GetSeq(), err)
+		}
+		if len(b) > MaxMessageBytes {
+			t.Fatalf("event %d is %d bytes, over %d", e.GetSeq(), len(b), MaxMessageBytes)
+		}
+	}
+	small := &runnerv1.HostEvent{Seq: 4, Kind: &runnerv1.HostEvent_Log{Log: &runnerv1.AgentLog{Text: "short"}}}
+	if fitEvent(small) || small.GetLog().GetText() != "short" {
+		t.Fatal("a small event was cut")
+	}
 }
