@@ -116,7 +116,11 @@ func (a *agentRun) prompt(ctx context.Context, p *runnerv1.Prompt) {
 	a.mu.Unlock()
 	if ended != nil {
 		again := &runnerv1.TurnEnded{Turn: ended.GetTurn(), StopReason: ended.GetStopReason(), Message: ended.GetMessage(), Failure: ended.GetFailure()}
-		_ = a.h.buf.push(ctx, &runnerv1.HostEvent{Kind: &runnerv1.HostEvent_TurnEnded{TurnEnded: again}})
+		// Not on the link's receiving goroutine, which a full buffer would
+		// block, and with it the acks that empty the buffer.
+		go func() {
+			_ = a.h.buf.push(context.WithoutCancel(ctx), &runnerv1.HostEvent{Kind: &runnerv1.HostEvent_TurnEnded{TurnEnded: again}})
+		}()
 	}
 }
 
@@ -137,8 +141,8 @@ func (a *agentRun) cancel(ctx context.Context, c *runnerv1.Cancel) {
 	}
 	client, id := a.client, t.clientID
 	a.mu.Unlock()
-	a.h.note(ctx, "cancel requested for turn %d: %s", c.GetTurn(), c.GetReason())
 	go func() {
+		a.h.note(context.WithoutCancel(ctx), "cancel requested for turn %d: %s", c.GetTurn(), c.GetReason())
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), a.h.s.KillGrace)
 		defer cancel()
 		if err := client.CancelTurn(cctx, c.GetReason(), id); err != nil && cctx.Err() == nil {
@@ -158,10 +162,10 @@ func (a *agentRun) close(ctx context.Context) {
 	client := a.client
 	close(a.closeCh)
 	a.mu.Unlock()
-	a.h.note(ctx, "closing the agent's stdin, as the runner asked")
 	if client != nil {
 		_ = client.Close()
 	}
+	go a.h.note(context.WithoutCancel(ctx), "closed the agent's stdin, as the runner asked")
 }
 
 func (a *agentRun) endedByRefusal() bool {
