@@ -537,3 +537,45 @@ func TestLegacyDialect(t *testing.T) {
 		t.Fatalf("agent-host exited %d", code)
 	}
 }
+
+// A runner that recorded nothing of a turn that ended (it crashed after
+// taking the turn's end) re-sends its prompt after a restart: agent-host
+// answers with the turn's end again, and the agent does not run it twice.
+func TestPromptAgainAfterRestart(t *testing.T) {
+	skipShort(t)
+	t.Parallel()
+	rig1 := startHub(t, "")
+	rec1 := newRecorder()
+	link1 := rig1.hub.Expect("inst-again", 1, rec1.options())
+	p := startHost(t, hostSpec{addr: rig1.addr, instance: "inst-again", workspace: t.TempDir(), agent: []string{acpAgentBin}})
+	tr, err := link1.PromptTurn(t.Context(), 1, "once", acceptTimeout)
+	if err != nil || tr.StopReason != acp.StopEndTurn {
+		t.Fatalf("turn = %+v, %v", tr, err)
+	}
+	rig1.stop()
+
+	rig2 := startHub(t, rig1.addr)
+	rec2 := newRecorder()
+	link2 := rig2.hub.Expect("inst-again", 1, rec2.options())
+	tr, err = link2.PromptTurn(t.Context(), 1, "once", acceptTimeout)
+	if err != nil || tr.StopReason != acp.StopEndTurn {
+		t.Fatalf("turn again = %+v, %v", tr, err)
+	}
+	// Turn 2 runs: the agent is alive and takes the next prompt.
+	tr, err = link2.PromptTurn(t.Context(), 2, "twice", acceptTimeout)
+	if err != nil || tr.StopReason != acp.StopEndTurn {
+		t.Fatalf("turn 2 = %+v, %v", tr, err)
+	}
+	for _, u := range rec2.texts() {
+		if strings.Contains(u, "Working on: once") {
+			t.Fatalf("turn 1 ran again: %q", rec2.texts())
+		}
+	}
+	if !slices.Contains(rec2.texts(), "content: Working on: twice") {
+		t.Fatalf("turn 2's updates are missing: %q", rec2.texts())
+	}
+	_ = link2.Close()
+	if code := p.wait(t); code != 0 {
+		t.Fatalf("agent-host exited %d", code)
+	}
+}
