@@ -22,6 +22,10 @@
 //	               (with -dialect kandev its turn still ends)
 //	orphan         mid-turn, starts a process in a session of its own that
 //	               keeps its stdout and stderr open, then exits with status 3
+//	gated          a turn writes agent.pid in the session's directory, streams
+//	               "Working on", waits for a file named release there (or a
+//	               cancel), then streams -chunks chunks "chunk 1", "chunk 2", ...
+//	               and ends; it writes streamed there once they are written
 //
 // In every mode, session/load replays the session's history (one
 // agent_message_chunk "replayed history of <id>") before answering, as ACP
@@ -29,6 +33,9 @@
 //
 // -flood N makes a turn stream N agent_message_chunk notifications as fast
 // as it can, and nothing else, for the runner's benchmarks.
+//
+// -print-env makes it write its environment to stderr at start, one
+// "acp-agent: env NAME=VALUE" line each, for tests of what reaches it.
 //
 // It logs to stderr, including the TRACEPARENT it was given, and puts a
 // child of that trace in params._meta.traceparent of its notifications.
@@ -61,7 +68,7 @@ type message struct {
 
 type agent struct {
 	dialect, mode string
-	flood         int
+	flood, chunks int
 	traceparent   string
 	out           *bufio.Writer
 	mu            sync.Mutex
@@ -75,10 +82,17 @@ type agent struct {
 
 func main() {
 	dialect := flag.String("dialect", "acp", "acp, kandev or legacy")
-	mode := flag.String("mode", "normal", "normal, slow-tool, ignore-cancel, hang, hang-init, hang-init-once, crash, junk, linger, deaf or orphan")
+	mode := flag.String("mode", "normal", "normal, slow-tool, ignore-cancel, hang, hang-init, hang-init-once, crash, junk, linger, deaf, orphan or gated")
 	flood := flag.Int("flood", 0, "stream this many chunks per turn and nothing else")
+	chunks := flag.Int("chunks", 100, "the chunks a gated turn streams once released")
+	printEnv := flag.Bool("print-env", false, "write the environment to stderr at start")
 	flag.Parse()
-	a := &agent{dialect: *dialect, mode: *mode, flood: *flood, out: bufio.NewWriterSize(os.Stdout, 64<<10), pending: map[string]chan message{}}
+	a := &agent{dialect: *dialect, mode: *mode, flood: *flood, chunks: *chunks, out: bufio.NewWriterSize(os.Stdout, 64<<10), pending: map[string]chan message{}}
+	if *printEnv {
+		for _, kv := range os.Environ() {
+			fmt.Fprintln(os.Stderr, "acp-agent: env", kv)
+		}
+	}
 	if tp := os.Getenv("TRACEPARENT"); tp != "" {
 		a.traceparent = childTraceparent(tp)
 		fmt.Fprintln(os.Stderr, "acp-agent: TRACEPARENT", tp)
@@ -284,6 +298,10 @@ func (a *agent) turn(m message) {
 	}
 	a.update(map[string]any{"sessionUpdate": "agent_message_chunk", "content": map[string]any{"type": "text", "text": "Working on: " + text}},
 		"content", map[string]any{"text": "Working on: " + text})
+	if a.mode == "gated" {
+		a.gatedTurn(m)
+		return
+	}
 	if a.mode == "crash" {
 		fmt.Fprintln(os.Stderr, "acp-agent: crashing on purpose")
 		os.Exit(3)
@@ -393,5 +411,32 @@ func (a *agent) floodTurn(m message) {
 	}
 	a.out.Flush()
 	a.mu.Unlock()
+	a.respond(m.ID, map[string]any{"stopReason": "end_turn"})
+}
+
+// gatedTurn waits for the test to release it, then streams a.chunks chunks.
+func (a *agent) gatedTurn(m message) {
+	_ = os.WriteFile(filepath.Join(a.cwd, "agent.pid"), []byte(fmt.Sprint(os.Getpid())), 0o644)
+	for {
+		if _, err := os.Stat(filepath.Join(a.cwd, "release")); err == nil {
+			break
+		}
+		select {
+		case <-a.cancel:
+			a.respond(m.ID, map[string]any{"stopReason": "cancelled"})
+			return
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	for i := 1; i <= a.chunks; i++ {
+		text := fmt.Sprintf("chunk %d", i)
+		a.update(map[string]any{"sessionUpdate": "agent_message_chunk", "content": map[string]any{"type": "text", "text": text}},
+			"content", map[string]any{"text": text})
+	}
+	_ = os.WriteFile(filepath.Join(a.cwd, "streamed"), nil, 0o644)
+	if a.dialect == "kandev" {
+		a.update(nil, "complete", map[string]any{"sessionId": a.sessionID, "success": true, "summary": "streamed"})
+		return
+	}
 	a.respond(m.ID, map[string]any{"stopReason": "end_turn"})
 }

@@ -1,0 +1,581 @@
+package hostlink
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/conclave-ai/conclave/services/runner/internal/acp"
+)
+
+const acceptTimeout = 30 * time.Second
+
+func skipShort(t *testing.T) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("starts agent-host and the example agent")
+	}
+}
+
+// A prompt streams the agent's updates in order and ends its turn; a
+// second prompt works; a prompt re-sent for a turn that ended is answered
+// without the agent; Close ends the agent and agent-host with status 0.
+// The agent sees none of agent-host's settings, and continues its trace.
+func TestConversation(t *testing.T) {
+	skipShort(t)
+	t.Parallel()
+	rig := startHub(t, "")
+	rec := newRecorder()
+	link := rig.hub.Expect("inst-conv", 1, rec.options())
+	ws := t.TempDir()
+	const trace = "0af7651916cd43dd8448eb211c80319c"
+	p := startHost(t, hostSpec{addr: rig.addr, instance: "inst-conv", workspace: ws,
+		env:   map[string]string{"TRACEPARENT": "00-" + trace + "-b7ad6b7169203331-01"},
+		agent: []string{acpAgentBin, "-dialect", "acp", "-print-env"}})
+	ctx := t.Context()
+
+	ready, err := link.Ready(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ready.SessionID == "" || ready.Dialect != acp.DialectACP || !ready.LoadSession || ready.Loaded {
+		t.Fatalf("ready = %+v", ready)
+	}
+	turn, err := link.PromptTurn(ctx, 1, "hello", acceptTimeout)
+	if err != nil || turn.StopReason != acp.StopEndTurn {
+		t.Fatalf("turn 1 = %+v, %v", turn, err)
+	}
+	want := []string{"content: Working on: hello", "plan: ", "tool_call: ", "tool_call_update: ", "content:  Done."}
+	if got := rec.texts(); !slices.Equal(got, want) {
+		t.Fatalf("updates = %q, want %q", got, want)
+	}
+	if !fileExists(ws, "notes.txt") {
+		t.Fatal("the agent's fs/write_text_file did not reach the workspace")
+	}
+	turn, err = link.Prompt(ctx, "again", acceptTimeout)
+	if err != nil || turn.StopReason != acp.StopEndTurn {
+		t.Fatalf("turn 2 = %+v, %v", turn, err)
+	}
+	if n := len(rec.texts()); n != 2*len(want) {
+		t.Fatalf("%d updates after two turns, want %d", n, 2*len(want))
+	}
+	// Idempotent by turn: turn 2 again is its result, not a third run.
+	turn, err = link.PromptTurn(ctx, 2, "again", acceptTimeout)
+	if err != nil || turn.StopReason != acp.StopEndTurn {
+		t.Fatalf("turn 2 again = %+v, %v", turn, err)
+	}
+
+	if err := link.Close(); err != nil {
+		t.Fatal(err)
+	}
+	<-link.Done()
+	if code := p.wait(t); code != 0 {
+		t.Fatalf("agent-host exited %d", code)
+	}
+	if x := link.Exit(); x == nil || x.Code != 0 {
+		t.Fatalf("exit = %+v", x)
+	}
+	if n := len(rec.texts()); n != 2*len(want) {
+		t.Fatalf("%d updates in all, want %d", n, 2*len(want))
+	}
+	token := Token(testKey, "inst-conv")
+	var env []string
+	for _, l := range rec.allLogs() {
+		if strings.Contains(l, token) {
+			t.Errorf("the token reached the log: %q", l)
+		}
+		if v, ok := strings.CutPrefix(l, "stderr: acp-agent: env "); ok {
+			env = append(env, v)
+		}
+	}
+	if !slices.Contains(env, "SOMETHING_THE_AGENT_SHOULD_SEE=yes") {
+		t.Fatalf("the agent's env lacks agent-host's other variables: %q", env)
+	}
+	sawTrace := false
+	for _, kv := range env {
+		if strings.HasPrefix(kv, EnvPrefix) {
+			t.Errorf("the agent got %s", kv)
+		}
+		if strings.HasPrefix(kv, "TRACEPARENT=00-"+trace+"-") {
+			sawTrace = true
+		}
+	}
+	if !sawTrace {
+		t.Errorf("the agent's TRACEPARENT does not continue trace %s: %q", trace, env)
+	}
+	if strings.Contains(p.stderr.String(), token) {
+		t.Error("agent-host logged its token")
+	}
+}
+
+// A cancel ends the turn in progress without ending the agent; a cancel
+// before the prompt is sent keeps it from the agent.
+func TestCancel(t *testing.T) {
+	skipShort(t)
+	t.Parallel()
+	rig := startHub(t, "")
+	rec := newRecorder()
+	link := rig.hub.Expect("inst-cancel", 1, rec.options())
+	ws := t.TempDir()
+	p := startHost(t, hostSpec{addr: rig.addr, instance: "inst-cancel", workspace: ws, agent: []string{acpAgentBin, "-mode", "slow-tool"}})
+	ctx := t.Context()
+	if _, err := link.Ready(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for turn := int64(1); turn <= 2; turn++ {
+		id := link.BeginTurn()
+		type result struct {
+			turn acp.Turn
+			err  error
+		}
+		res := make(chan result, 1)
+		go func() {
+			tr, err := link.PromptTurn(ctx, turn, "slowly", acceptTimeout)
+			res <- result{tr, err}
+		}()
+		tools := turn
+		rec.waitFor(t, "the tool call", func(us []acp.Update, _ []string) bool {
+			n := 0
+			for _, u := range us {
+				if u.Kind == acp.KindToolCall {
+					n++
+				}
+			}
+			return int64(n) == tools
+		})
+		if err := link.CancelTurn(ctx, "enough", id); err != nil {
+			t.Fatal(err)
+		}
+		r := <-res
+		if r.err != nil || r.turn.StopReason != acp.StopCancelled {
+			t.Fatalf("turn %d = %+v, %v", turn, r.turn, r.err)
+		}
+	}
+	before := len(rec.texts())
+	id := link.BeginTurn()
+	if err := link.CancelTurn(ctx, "never mind", id); err != nil {
+		t.Fatal(err)
+	}
+	tr, err := link.PromptTurn(ctx, 3, "unsent", acceptTimeout)
+	if err != nil || tr.StopReason != acp.StopCancelled {
+		t.Fatalf("turn 3 = %+v, %v", tr, err)
+	}
+	_ = link.Close()
+	if code := p.wait(t); code != 0 {
+		t.Fatalf("agent-host exited %d", code)
+	}
+	if after := len(rec.texts()); after != before {
+		t.Fatalf("the unsent turn reached the agent: %q", rec.texts()[before:])
+	}
+}
+
+// A wrong token is refused (Unauthenticated) before the agent is started.
+func TestWrongToken(t *testing.T) {
+	skipShort(t)
+	t.Parallel()
+	rig := startHub(t, "")
+	rec := newRecorder()
+	rig.hub.Expect("inst-token", 1, rec.options())
+	ws := t.TempDir()
+	p := startHost(t, hostSpec{addr: rig.addr, instance: "inst-token", workspace: ws, token: Token([]byte("another key"), "inst-token"),
+		agent: []string{"/bin/sh", "-c", "touch started; exec " + acpAgentBin}})
+	if code := p.wait(t); code != ExitRefused {
+		t.Fatalf("agent-host exited %d, want %d", code, ExitRefused)
+	}
+	if !strings.Contains(p.stderr.String(), "Unauthenticated") {
+		t.Fatalf("agent-host's stderr does not say Unauthenticated:\n%s", p.stderr.String())
+	}
+	if fileExists(ws, "started") {
+		t.Fatal("the agent was started")
+	}
+	if logs := rec.allLogs(); len(logs) > 0 {
+		t.Fatalf("the link got logs: %q", logs)
+	}
+}
+
+// An agent that crashes mid-turn fails the turn with acp.ErrAgentGone and
+// ends the link with its exit code, which agent-host exits with too.
+func TestCrash(t *testing.T) {
+	skipShort(t)
+	t.Parallel()
+	rig := startHub(t, "")
+	rec := newRecorder()
+	link := rig.hub.Expect("inst-crash", 1, rec.options())
+	p := startHost(t, hostSpec{addr: rig.addr, instance: "inst-crash", workspace: t.TempDir(), agent: []string{acpAgentBin, "-mode", "crash"}})
+	tr, err := link.PromptTurn(t.Context(), 1, "crash", acceptTimeout)
+	if !errors.Is(err, acp.ErrAgentGone) || tr.StopReason != acp.StopError {
+		t.Fatalf("turn = %+v, %v; want an error wrapping acp.ErrAgentGone", tr, err)
+	}
+	<-link.Done()
+	if x := link.Exit(); x == nil || x.Code != 3 {
+		t.Fatalf("exit = %+v, want code 3", x)
+	}
+	if code := p.wait(t); code != 3 {
+		t.Fatalf("agent-host exited %d, want 3", code)
+	}
+}
+
+// A dropped connection, several times mid-turn, loses and duplicates no
+// update: agent-host re-sends what was not acknowledged, the hub drops
+// what it already took.
+func TestDroppedConnection(t *testing.T) {
+	skipShort(t)
+	t.Parallel()
+	rig := startHub(t, "")
+	px := startProxy(t, rig.addr)
+	rec := newRecorder()
+	rec.onUpdate = func(u acp.Update) {
+		switch u.Text {
+		case "chunk 50", "chunk 120", "chunk 180":
+			// Held until agent-host has reconnected, so that each drop
+			// makes it re-send what follows.
+			before := px.connections()
+			px.dropAll()
+			for px.connections() == before {
+				time.Sleep(10 * time.Millisecond)
+			}
+		}
+	}
+	link := rig.hub.Expect("inst-drop", 1, rec.options())
+	ws := t.TempDir()
+	p := startHost(t, hostSpec{addr: px.addr, instance: "inst-drop", workspace: ws, agent: []string{acpAgentBin, "-mode", "gated", "-chunks", "200"}})
+	if err := os.WriteFile(filepath.Join(ws, "release"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	tr, err := link.PromptTurn(t.Context(), 1, "stream", acceptTimeout)
+	if err != nil || tr.StopReason != acp.StopEndTurn {
+		t.Fatalf("turn = %+v, %v", tr, err)
+	}
+	want := append([]string{"content: Working on: stream"}, chunks(200)...)
+	if got := rec.texts(); !slices.Equal(got, want) {
+		t.Fatalf("updates = %q\nwant %q", got, want)
+	}
+	if px.connections() < 4 {
+		t.Fatalf("agent-host connected %d times, want at least 4 (3 drops)", px.connections())
+	}
+	_ = link.Close()
+	if code := p.wait(t); code != 0 {
+		t.Fatalf("agent-host exited %d", code)
+	}
+}
+
+// A runner restart mid-prompt: the runner stops while the agent streams;
+// agent-host buffers; a new runner (a new hub, the same key and address)
+// expects the same launch and re-sends the pending prompt by its turn; the
+// buffered updates arrive, the turn ends once, nothing is duplicated.
+func TestRunnerRestart(t *testing.T) {
+	skipShort(t)
+	t.Parallel()
+	rig1 := startHub(t, "")
+	rec1 := newRecorder()
+	link1 := rig1.hub.Expect("inst-restart", 1, rec1.options())
+	ws := t.TempDir()
+	p := startHost(t, hostSpec{addr: rig1.addr, instance: "inst-restart", workspace: ws, agent: []string{acpAgentBin, "-mode", "gated", "-chunks", "300"}})
+	ready1, err := link1.Ready(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _, _ = link1.PromptTurn(t.Context(), 1, "go", acceptTimeout) }()
+	rec1.waitFor(t, "the turn's first update", hasUpdate("Working on: go"))
+	rig1.stop()
+
+	// The runner is gone: the agent streams its turn into agent-host's
+	// buffer.
+	if err := os.WriteFile(filepath.Join(ws, "release"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for !fileExists(ws, "streamed") {
+		time.Sleep(20 * time.Millisecond)
+	}
+
+	rig2 := startHub(t, rig1.addr)
+	rec2 := newRecorder()
+	link2 := rig2.hub.Expect("inst-restart", 1, rec2.options())
+	tr, err := link2.PromptTurn(t.Context(), 1, "go", acceptTimeout)
+	if err != nil || tr.StopReason != acp.StopEndTurn {
+		t.Fatalf("turn = %+v, %v", tr, err)
+	}
+	ready2, err := link2.Ready(t.Context())
+	if err != nil || ready2.SessionID != ready1.SessionID {
+		t.Fatalf("ready after the restart = %+v, %v; want session %s", ready2, err, ready1.SessionID)
+	}
+	if got := rec1.texts(); !slices.Equal(got, []string{"content: Working on: go"}) {
+		t.Fatalf("the first runner took %q", got)
+	}
+	if got := rec2.texts(); !slices.Equal(got, chunks(300)) {
+		t.Fatalf("the second runner took %d updates, want chunks 1-300 once each, in order: %q", len(got), got)
+	}
+	// The second prompt of turn 1 did not run it again.
+	if n := strings.Count(strings.Join(rec2.allLogs(), "\n"), "started the agent"); n != 0 {
+		t.Fatalf("the agent was started again")
+	}
+	_ = link2.Close()
+	if code := p.wait(t); code != 0 {
+		t.Fatalf("agent-host exited %d", code)
+	}
+}
+
+// A full buffer stops agent-host reading the agent's stdout: the agent
+// blocks in its write, nothing is dropped, and everything arrives once the
+// runner takes it again.
+func TestBackpressure(t *testing.T) {
+	skipShort(t)
+	t.Parallel()
+	// Fixed flow-control windows, so that what gRPC buffers is small.
+	rig := startHub(t, "", grpcWindows()...)
+	rec := newRecorder()
+	release := make(chan struct{})
+	var once sync.Once
+	rec.onUpdate = func(u acp.Update) {
+		if u.Text == "chunk 1" {
+			once.Do(func() { <-release })
+		}
+	}
+	link := rig.hub.Expect("inst-full", 1, rec.options())
+	ws := t.TempDir()
+	const n = 20000 // about 4 MB, far over what the buffer, gRPC and the pipe hold
+	p := startHost(t, hostSpec{addr: rig.addr, instance: "inst-full", workspace: ws,
+		env:   map[string]string{"CONCLAVE_AGENT_HOST_BUFFER_BYTES": "65536", "CONCLAVE_AGENT_HOST_HEARTBEAT": "1m"},
+		agent: []string{acpAgentBin, "-mode", "gated", "-chunks", strconv.Itoa(n)}})
+	if err := os.WriteFile(filepath.Join(ws, "release"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	type result struct {
+		turn acp.Turn
+		err  error
+	}
+	res := make(chan result, 1)
+	go func() {
+		tr, err := link.PromptTurn(t.Context(), 1, "flood", acceptTimeout)
+		res <- result{tr, err}
+	}()
+	for !fileExists(ws, "agent.pid") {
+		time.Sleep(20 * time.Millisecond)
+	}
+	raw, _ := os.ReadFile(filepath.Join(ws, "agent.pid"))
+	pid, _ := strconv.Atoi(string(raw))
+	// The agent is blocked writing its stdout, which nobody reads.
+	for !blockedInPipeWrite(pid) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	if fileExists(ws, "streamed") {
+		t.Fatal("the agent streamed everything while the runner took nothing")
+	}
+	close(release)
+	r := <-res
+	if r.err != nil || r.turn.StopReason != acp.StopEndTurn {
+		t.Fatalf("turn = %+v, %v", r.turn, r.err)
+	}
+	if got := onlyChunks(rec.texts()); !slices.Equal(got, chunks(n)) {
+		t.Fatalf("took %d chunks, want %d once each, in order", len(got), n)
+	}
+	_ = link.Close()
+	if code := p.wait(t); code != 0 {
+		t.Fatalf("agent-host exited %d", code)
+	}
+}
+
+// blockedInPipeWrite reports whether a thread of pid sleeps in a pipe
+// write (the agent is a Go program: any of its threads may be writing).
+func blockedInPipeWrite(pid int) bool {
+	tasks, _ := filepath.Glob("/proc/" + strconv.Itoa(pid) + "/task/*")
+	for _, task := range tasks {
+		wchan, _ := os.ReadFile(filepath.Join(task, "wchan"))
+		stat, _ := os.ReadFile(filepath.Join(task, "stat"))
+		i := strings.LastIndexByte(string(stat), ')')
+		if i < 0 {
+			continue
+		}
+		fields := strings.Fields(string(stat[i+1:]))
+		if len(fields) > 0 && fields[0] == "S" && strings.Contains(string(wchan), "pipe_write") {
+			return true
+		}
+	}
+	return false
+}
+
+// A runner unreachable past the give-up time: agent-host kills the agent
+// and exits 69.
+func TestGiveUp(t *testing.T) {
+	skipShort(t)
+	t.Parallel()
+	rig := startHub(t, "")
+	link := rig.hub.Expect("inst-giveup", 1, newRecorder().options())
+	ws := t.TempDir()
+	p := startHost(t, hostSpec{addr: rig.addr, instance: "inst-giveup", workspace: ws,
+		env:   map[string]string{"CONCLAVE_AGENT_HOST_GIVE_UP": "1s"},
+		agent: []string{acpAgentBin, "-mode", "gated"}})
+	go func() { _, _ = link.PromptTurn(t.Context(), 1, "wait", acceptTimeout) }()
+	for !fileExists(ws, "agent.pid") {
+		time.Sleep(20 * time.Millisecond)
+	}
+	raw, _ := os.ReadFile(filepath.Join(ws, "agent.pid"))
+	pid, _ := strconv.Atoi(string(raw))
+	rig.stop()
+	if code := p.wait(t); code != ExitUnavailable {
+		t.Fatalf("agent-host exited %d, want %d", code, ExitUnavailable)
+	}
+	if err := syscall.Kill(pid, 0); !errors.Is(err, syscall.ESRCH) {
+		t.Fatalf("the agent (pid %d) outlived agent-host: %v", pid, err)
+	}
+	if !strings.Contains(p.stderr.String(), "giving up") {
+		t.Fatalf("agent-host's stderr does not say it gave up:\n%s", p.stderr.String())
+	}
+}
+
+// agent-host started before its launch is expected (a runner that has
+// not claimed it yet) retries until it is.
+func TestConnectBeforeExpect(t *testing.T) {
+	skipShort(t)
+	t.Parallel()
+	rig := startHub(t, "")
+	p := startHost(t, hostSpec{addr: rig.addr, instance: "inst-early", workspace: t.TempDir(), launch: 2, agent: []string{acpAgentBin}})
+	for !strings.Contains(p.stderr.String(), "NotFound") {
+		time.Sleep(20 * time.Millisecond)
+	}
+	rig.hub.Expect("inst-early", 1, LinkOptions{}).Close() // an older launch: still not this one
+	link := rig.hub.Expect("inst-early", 2, newRecorder().options())
+	if _, err := link.Ready(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	// A newer launch supersedes it: its host is told to stop.
+	rig.hub.Expect("inst-early", 3, LinkOptions{})
+	if code := p.wait(t); code != ExitRefused {
+		t.Fatalf("agent-host exited %d, want %d", code, ExitRefused)
+	}
+}
+
+// The kandev dialect works through agent-host as it does locally: the
+// agent accepts the prompt at once and ends the turn with a complete
+// update.
+func TestKandevDialect(t *testing.T) {
+	skipShort(t)
+	t.Parallel()
+	rig := startHub(t, "")
+	rec := newRecorder()
+	link := rig.hub.Expect("inst-kandev", 1, rec.options())
+	p := startHost(t, hostSpec{addr: rig.addr, instance: "inst-kandev", workspace: t.TempDir(),
+		env:   map[string]string{"CONCLAVE_AGENT_HOST_PROTOCOL": "kandev"},
+		agent: []string{acpAgentBin, "-dialect", "kandev"}})
+	ready, err := link.Ready(t.Context())
+	if err != nil || ready.Dialect != acp.DialectKandev {
+		t.Fatalf("ready = %+v, %v", ready, err)
+	}
+	tr, err := link.PromptTurn(t.Context(), 1, "hi", acceptTimeout)
+	if err != nil || tr.StopReason != acp.StopEndTurn {
+		t.Fatalf("turn = %+v, %v", tr, err)
+	}
+	rec.waitFor(t, "the complete update", func(us []acp.Update, _ []string) bool {
+		return len(us) > 0 && us[len(us)-1].Kind == acp.KindComplete
+	})
+	_ = link.Close()
+	if code := p.wait(t); code != 0 {
+		t.Fatalf("agent-host exited %d", code)
+	}
+}
+
+// SIGTERM to agent-host (its pod deleted) ends the agent and reports how.
+func TestSIGTERM(t *testing.T) {
+	skipShort(t)
+	t.Parallel()
+	rig := startHub(t, "")
+	link := rig.hub.Expect("inst-term", 1, newRecorder().options())
+	p := startHost(t, hostSpec{addr: rig.addr, instance: "inst-term", workspace: t.TempDir(), agent: []string{acpAgentBin, "-mode", "linger"}})
+	if _, err := link.Ready(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	<-link.Done()
+	x := link.Exit()
+	if x == nil || x.Signal != "terminated" {
+		t.Fatalf("exit = %+v, want the agent terminated", x)
+	}
+	if code := p.wait(t); code != 128+int(syscall.SIGTERM) {
+		t.Fatalf("agent-host exited %d, want %d", code, 128+int(syscall.SIGTERM))
+	}
+}
+
+// A legacy agent's run is its turn: agent-host starts it when the turn is
+// asked for, and its result line ends the turn.
+func TestLegacyDialect(t *testing.T) {
+	skipShort(t)
+	t.Parallel()
+	rig := startHub(t, "")
+	rec := newRecorder()
+	link := rig.hub.Expect("inst-legacy", 1, rec.options())
+	p := startHost(t, hostSpec{addr: rig.addr, instance: "inst-legacy", workspace: t.TempDir(),
+		env:   map[string]string{"CONCLAVE_AGENT_HOST_PROTOCOL": "legacy"},
+		agent: []string{acpAgentBin, "-dialect", "legacy"}})
+	// Ready before the prompt, as with any agent: the supervisor waits for
+	// it first.
+	ready, err := link.Ready(t.Context())
+	if err != nil || ready.Dialect != acp.DialectLegacy || ready.SessionID != "" {
+		t.Fatalf("ready = %+v, %v", ready, err)
+	}
+	tr, err := link.PromptTurn(t.Context(), 1, "run", acceptTimeout)
+	if err != nil || tr.StopReason != acp.StopEndTurn {
+		t.Fatalf("turn = %+v, %v", tr, err)
+	}
+	var kinds []string
+	for _, u := range rec.texts() {
+		kinds = append(kinds, strings.SplitN(u, ":", 2)[0])
+	}
+	if want := []string{"status", "progress", "log", "heartbeat", "complete"}; !slices.Equal(kinds, want) {
+		t.Fatalf("update kinds = %q, want %q", kinds, want)
+	}
+	<-link.Done() // a legacy agent exits after its run
+	if code := p.wait(t); code != 0 {
+		t.Fatalf("agent-host exited %d", code)
+	}
+}
+
+// A runner that recorded nothing of a turn that ended (it crashed after
+// taking the turn's end) re-sends its prompt after a restart: agent-host
+// answers with the turn's end again, and the agent does not run it twice.
+func TestPromptAgainAfterRestart(t *testing.T) {
+	skipShort(t)
+	t.Parallel()
+	rig1 := startHub(t, "")
+	rec1 := newRecorder()
+	link1 := rig1.hub.Expect("inst-again", 1, rec1.options())
+	p := startHost(t, hostSpec{addr: rig1.addr, instance: "inst-again", workspace: t.TempDir(), agent: []string{acpAgentBin}})
+	tr, err := link1.PromptTurn(t.Context(), 1, "once", acceptTimeout)
+	if err != nil || tr.StopReason != acp.StopEndTurn {
+		t.Fatalf("turn = %+v, %v", tr, err)
+	}
+	rig1.stop()
+
+	rig2 := startHub(t, rig1.addr)
+	rec2 := newRecorder()
+	link2 := rig2.hub.Expect("inst-again", 1, rec2.options())
+	tr, err = link2.PromptTurn(t.Context(), 1, "once", acceptTimeout)
+	if err != nil || tr.StopReason != acp.StopEndTurn {
+		t.Fatalf("turn again = %+v, %v", tr, err)
+	}
+	// Turn 2 runs: the agent is alive and takes the next prompt.
+	tr, err = link2.PromptTurn(t.Context(), 2, "twice", acceptTimeout)
+	if err != nil || tr.StopReason != acp.StopEndTurn {
+		t.Fatalf("turn 2 = %+v, %v", tr, err)
+	}
+	for _, u := range rec2.texts() {
+		if strings.Contains(u, "Working on: once") {
+			t.Fatalf("turn 1 ran again: %q", rec2.texts())
+		}
+	}
+	if !slices.Contains(rec2.texts(), "content: Working on: twice") {
+		t.Fatalf("turn 2's updates are missing: %q", rec2.texts())
+	}
+	_ = link2.Close()
+	if code := p.wait(t); code != 0 {
+		t.Fatalf("agent-host exited %d", code)
+	}
+}

@@ -1,0 +1,82 @@
+package hostlink
+
+import (
+	"context"
+	"slices"
+	"sync"
+	"testing"
+
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/conclave-ai/conclave/pkg/testenv"
+	"github.com/conclave-ai/conclave/services/runner/internal/acp"
+)
+
+// agent-host continues the TRACEPARENT it is given: its spans (the run,
+// its ACP calls, its gRPC stream) are in that trace in a real Jaeger, the
+// agent's updates carry it to the runner, and the agent's TRACEPARENT is
+// agent-host's span.
+func TestTrace(t *testing.T) {
+	skipShort(t)
+	t.Parallel()
+	j, err := testenv.StartJaeger(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(j.Stop)
+	rig := startHub(t, "")
+	const traceID = "4bf92f3577b34da6a3ce929d0e0e4736"
+	var (
+		mu           sync.Mutex
+		updateTraces []string
+		rec          = newRecorder()
+	)
+	opts := rec.options()
+	record := opts.OnUpdate
+	opts.OnUpdate = func(ctx context.Context, u acp.Update) {
+		mu.Lock()
+		updateTraces = append(updateTraces, trace.SpanContextFromContext(ctx).TraceID().String())
+		mu.Unlock()
+		record(ctx, u)
+	}
+	link := rig.hub.Expect("inst-trace", 1, opts)
+	p := startHost(t, hostSpec{addr: rig.addr, instance: "inst-trace", workspace: t.TempDir(),
+		env: map[string]string{"TRACEPARENT": "00-" + traceID + "-00f067aa0ba902b7-01",
+			"OTEL_EXPORTER_OTLP_ENDPOINT": j.OTLPEndpoint, "OTEL_EXPORTER_OTLP_INSECURE": "true"},
+		agent: []string{acpAgentBin}})
+	if _, err := link.PromptTurn(t.Context(), 1, "trace me", acceptTimeout); err != nil {
+		t.Fatal(err)
+	}
+	_ = link.Close()
+	if code := p.wait(t); code != 0 {
+		t.Fatalf("agent-host exited %d", code)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(updateTraces) == 0 {
+		t.Fatal("no update reached the runner")
+	}
+	for i, id := range updateTraces {
+		if id != traceID {
+			t.Fatalf("update %d is in trace %s, want %s", i, id, traceID)
+		}
+	}
+	tr, err := j.WaitTrace(t.Context(), traceID, 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ops []string
+	for _, s := range tr.Spans {
+		if s.ServiceName == "conclave-agent-host" {
+			ops = append(ops, s.OperationName)
+		}
+	}
+	for _, want := range []string{"agent-host", "acp initialize", "acp session/new", "acp session/prompt"} {
+		if !slices.Contains(ops, want) {
+			t.Errorf("no %q span of agent-host in the trace; its spans: %q", want, ops)
+		}
+	}
+	if root := tr.Span("agent-host"); root == nil || root.ParentSpanID != "00f067aa0ba902b7" {
+		t.Errorf("agent-host's span does not continue the TRACEPARENT it was given: %+v", root)
+	}
+}

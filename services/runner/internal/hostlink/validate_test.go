@@ -1,0 +1,132 @@
+package hostlink
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	runnerv1 "github.com/conclave-ai/conclave/proto/conclave/runner/v1"
+)
+
+func TestToken(t *testing.T) {
+	t.Parallel()
+	a := Token([]byte("key"), "inst-1")
+	if a != Token([]byte("key"), "inst-1") {
+		t.Fatal("Token is not deterministic")
+	}
+	for _, other := range []string{Token([]byte("key"), "inst-2"), Token([]byte("other"), "inst-1")} {
+		if other == a {
+			t.Fatal("tokens of another instance or key collide")
+		}
+	}
+	if !validToken([]byte("key"), "inst-1", a) || validToken([]byte("key"), "inst-2", a) || validToken([]byte("key"), "inst-1", "") {
+		t.Fatal("validToken")
+	}
+}
+
+func TestCheckHello(t *testing.T) {
+	t.Parallel()
+	ok := func() *runnerv1.Hello {
+		return &runnerv1.Hello{InstanceId: "inst", Launch: 1, HostId: "abc", HeartbeatInterval: durationpb.New(time.Second)}
+	}
+	for _, tc := range []struct {
+		name  string
+		edit  func(h *runnerv1.Hello)
+		valid bool
+	}{
+		{"valid", func(*runnerv1.Hello) {}, true},
+		{"no instance", func(h *runnerv1.Hello) { h.InstanceId = "" }, false},
+		{"space in instance", func(h *runnerv1.Hello) { h.InstanceId = "a b" }, false},
+		{"launch 0", func(h *runnerv1.Hello) { h.Launch = 0 }, false},
+		{"no host id", func(h *runnerv1.Hello) { h.HostId = "" }, false},
+		{"negative command seq", func(h *runnerv1.Hello) { h.LastCommandSeq = -1 }, false},
+		{"heartbeat too fast", func(h *runnerv1.Hello) { h.HeartbeatInterval = durationpb.New(time.Millisecond) }, false},
+		{"no heartbeat", func(h *runnerv1.Hello) { h.HeartbeatInterval = nil }, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := ok()
+			tc.edit(h)
+			_, _, err := checkHello(&runnerv1.ConnectRequest{Message: &runnerv1.ConnectRequest_Hello{Hello: h}})
+			if (err == nil) != tc.valid {
+				t.Fatalf("checkHello = %v, want valid %v", err, tc.valid)
+			}
+		})
+	}
+	if _, _, err := checkHello(&runnerv1.ConnectRequest{Message: &runnerv1.ConnectRequest_Heartbeat{}}); err == nil {
+		t.Fatal("a first message that is not a hello passed")
+	}
+}
+
+// FuzzConnectRequest feeds arbitrary bytes, as a host's message, through
+// what the hub does with one: decode, then check it as a hello and as an
+// event. Nothing panics, and what passes holds the invariants the hub
+// relies on.
+func FuzzConnectRequest(f *testing.F) {
+	for _, m := range []*runnerv1.ConnectRequest{
+		{Message: &runnerv1.ConnectRequest_Hello{Hello: &runnerv1.Hello{InstanceId: "inst", Launch: 2, HostId: "h", LinkId: "l", LastCommandSeq: 3}}},
+		{Message: &runnerv1.ConnectRequest_Event{Event: &runnerv1.HostEvent{Seq: 1, Kind: &runnerv1.HostEvent_Update{Update: &runnerv1.AgentUpdate{Kind: "content", Text: "hi", Progress: -1, Raw: []byte(`{}`)}}}}},
+		{Message: &runnerv1.ConnectRequest_Event{Event: &runnerv1.HostEvent{Seq: 2, Kind: &runnerv1.HostEvent_TurnEnded{TurnEnded: &runnerv1.TurnEnded{Turn: 1, StopReason: "end_turn"}}}}},
+		{Message: &runnerv1.ConnectRequest_Event{Event: &runnerv1.HostEvent{Seq: 3, Kind: &runnerv1.HostEvent_Exited{Exited: &runnerv1.Exited{ExitCode: 3}}}}},
+		{Message: &runnerv1.ConnectRequest_CommandAck{CommandAck: &runnerv1.CommandAck{Seq: 4}}},
+	} {
+		b, err := proto.Marshal(m)
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(b)
+	}
+	f.Add([]byte{0x0a, 0x03, 0xff, 0xfe, 0xfd})
+	f.Fuzz(func(t *testing.T, data []byte) {
+		var m runnerv1.ConnectRequest
+		if err := proto.Unmarshal(data, &m); err != nil {
+			return
+		}
+		if h, beat, err := checkHello(&m); err == nil {
+			if h.GetLaunch() < 1 || !validID(h.GetInstanceId(), maxInstanceID) || !validID(h.GetHostId(), maxLinkID) || beat < minHeartbeat || beat > maxHeartbeat {
+				t.Fatalf("accepted a bad hello: %v (heartbeat %s)", h, beat)
+			}
+		}
+		if e := m.GetEvent(); e != nil {
+			if err := checkEvent(e); err == nil {
+				if e.GetSeq() < 1 {
+					t.Fatalf("accepted seq %d", e.GetSeq())
+				}
+				if u := e.GetUpdate(); u != nil && (u.GetProgress() < -1 || u.GetProgress() > 100 || u.GetKind() == "") {
+					t.Fatalf("accepted a bad update: %v", u)
+				}
+				if te := e.GetTurnEnded(); te != nil && te.GetTurn() < 1 {
+					t.Fatalf("accepted turn %d", te.GetTurn())
+				}
+			}
+		}
+	})
+}
+
+// An event too large for one message is cut to fit, its text still UTF-8.
+func TestFitEvent(t *testing.T) {
+	t.Parallel()
+	big := strings.Repeat("é", MaxMessageBytes) // two bytes each
+	for _, e := range []*runnerv1.HostEvent{
+		{Seq: 1, Kind: &runnerv1.HostEvent_Update{Update: &runnerv1.AgentUpdate{Kind: "content", Text: big, Raw: []byte(`"` + big + `"`)}}},
+		{Seq: 2, Kind: &runnerv1.HostEvent_Update{Update: &runnerv1.AgentUpdate{Kind: "content", Text: big[:MaxMessageBytes], Raw: []byte(`{}`)}}},
+		{Seq: 3, Kind: &runnerv1.HostEvent_Log{Log: &runnerv1.AgentLog{Stream: "stderr", Text: big}}},
+	} {
+		if !fitEvent(e) {
+			t.Fatalf("event %d was not cut", e.GetSeq())
+		}
+		b, err := proto.Marshal(&runnerv1.ConnectRequest{Message: &runnerv1.ConnectRequest_Event{Event: e}})
+		if err != nil {
+			t.Fatalf("event %d: %v", e.GetSeq(), err)
+		}
+		if len(b) > MaxMessageBytes {
+			t.Fatalf("event %d is %d bytes, over %d", e.GetSeq(), len(b), MaxMessageBytes)
+		}
+	}
+	small := &runnerv1.HostEvent{Seq: 4, Kind: &runnerv1.HostEvent_Log{Log: &runnerv1.AgentLog{Text: "short"}}}
+	if fitEvent(small) || small.GetLog().GetText() != "short" {
+		t.Fatal("a small event was cut")
+	}
+}
