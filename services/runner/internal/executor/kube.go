@@ -42,6 +42,10 @@ var (
 	// ErrJobDeleted: the Job was deleted before it finished (Kill, or
 	// anyone else).
 	ErrJobDeleted = errors.New("agent job deleted")
+	// ErrNotWatching: the executor's Run ended (the runner is stopping),
+	// so the Job's end can no longer be seen. The Job goes on: a runner
+	// that starts the launch again adopts it.
+	ErrNotWatching = errors.New("the kubernetes executor stopped watching")
 )
 
 // ExitError is a container of the agent's pod that exited non-zero (or was
@@ -117,10 +121,14 @@ type Kubernetes struct {
 	jobs   batchlisters.JobLister
 	pods   corelisters.PodLister
 	synced chan struct{}
-	ran    sync.Once
+	// ended is closed when Run returns.
+	ended chan struct{}
+	ran   sync.Once
 
 	mu    sync.Mutex
 	procs map[string]*kubeProcess // by Job name
+	// stopped: Run has ended; Start refuses.
+	stopped bool
 }
 
 // NewKubernetes builds the executor on client; cfg must name the namespace
@@ -138,7 +146,7 @@ func NewKubernetes(cfg KubeConfig, client kubernetes.Interface, logger *slog.Log
 	}
 	return &Kubernetes{
 		cfg: cfg, client: client, logger: logger, now: time.Now,
-		synced: make(chan struct{}), procs: map[string]*kubeProcess{},
+		synced: make(chan struct{}), ended: make(chan struct{}), procs: map[string]*kubeProcess{},
 	}, nil
 }
 
@@ -154,6 +162,7 @@ func (k *Kubernetes) Run(ctx context.Context) error {
 	if !first {
 		return errors.New("the Kubernetes executor is already running")
 	}
+	defer close(k.ended)
 	factory := informers.NewSharedInformerFactoryWithOptions(k.client, 0,
 		informers.WithNamespace(k.cfg.Namespace),
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
@@ -191,6 +200,16 @@ func (k *Kubernetes) Run(ctx context.Context) error {
 	close(k.synced)
 	k.logger.Info("kubernetes executor watching", "namespace", k.cfg.Namespace)
 	<-ctx.Done()
+	k.mu.Lock()
+	procs := make([]*kubeProcess, 0, len(k.procs))
+	for _, p := range k.procs {
+		procs = append(procs, p)
+	}
+	k.stopped = true
+	k.mu.Unlock()
+	for _, p := range procs {
+		p.finish(fmt.Errorf("job %s: %w", p.name, ErrNotWatching))
+	}
 	return nil
 }
 
@@ -230,11 +249,17 @@ func (k *Kubernetes) Start(ctx context.Context, spec Spec, _ io.Writer) (Process
 	}
 	select {
 	case <-k.synced:
+	case <-k.ended:
+		return nil, ErrNotWatching
 	case <-ctx.Done():
 		return nil, fmt.Errorf("the Kubernetes executor's watch has not started (is Run running?): %w", ctx.Err())
 	}
 	name := objs.job.Name
 	k.mu.Lock()
+	if k.stopped {
+		k.mu.Unlock()
+		return nil, ErrNotWatching
+	}
 	if p := k.procs[name]; p != nil {
 		k.mu.Unlock()
 		return p, nil
@@ -332,6 +357,11 @@ func (k *Kubernetes) track(name string, uid types.UID, spec Spec) *kubeProcess {
 		return p
 	}
 	p := &kubeProcess{k: k, name: name, uid: uid, instance: spec.InstanceID, phase: PhasePending, done: make(chan struct{})}
+	if k.stopped {
+		k.mu.Unlock()
+		p.finish(fmt.Errorf("job %s: %w", name, ErrNotWatching))
+		return p
+	}
 	k.procs[name] = p
 	k.mu.Unlock()
 	p.evaluate()

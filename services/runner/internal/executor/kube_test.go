@@ -11,8 +11,10 @@ import (
 	"testing"
 	"time"
 
+	authorizationv1 "k8s.io/api/authorization/v1"
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -58,7 +60,10 @@ func shortFlag() bool {
 
 // kubeTest is one test's namespace and executor.
 type kubeTest struct {
+	// client is an admin's, for what the test does in a controller's or
+	// kubelet's stead; runner is the executor's.
 	client kubernetes.Interface
+	runner kubernetes.Interface
 	ns     string
 	exec   *Kubernetes
 }
@@ -71,8 +76,18 @@ func testKubeConfig() KubeConfig {
 	}
 }
 
+// runnerRoleRules are the rules of the runner's Role in the chart
+// (helm/conclave/templates/runner-rbac.yaml, held to the same list by
+// helm/chart_test.go): every test's executor runs as a ServiceAccount
+// bound to exactly these, so a call the Role does not allow fails the test.
+var runnerRoleRules = []rbacv1.PolicyRule{
+	{APIGroups: []string{"batch"}, Resources: []string{"jobs"}, Verbs: []string{"create", "get", "list", "watch", "delete"}},
+	{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"list", "watch"}},
+	{APIGroups: []string{""}, Resources: []string{"secrets"}, Verbs: []string{"create", "patch", "delete"}},
+}
+
 // newKubeTest makes a namespace and runs an executor on it with cfg
-// (its Namespace is filled in).
+// (its Namespace is filled in), as a ServiceAccount with the runner's Role.
 func newKubeTest(t *testing.T, cfg KubeConfig) *kubeTest {
 	t.Helper()
 	if testing.Short() {
@@ -86,10 +101,51 @@ func newKubeTest(t *testing.T, cfg KubeConfig) *kubeTest {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg.Namespace = ns.Name
 	kt := &kubeTest{client: client, ns: ns.Name}
+	kt.runner = kt.runnerClient(t)
 	kt.exec = kt.runExecutor(t, cfg)
 	return kt
+}
+
+// runnerClient is a client as the runner's ServiceAccount, once the API
+// server's authorizer knows its Role.
+func (kt *kubeTest) runnerClient(t *testing.T) kubernetes.Interface {
+	t.Helper()
+	ctx := t.Context()
+	if _, err := kt.client.CoreV1().ServiceAccounts(kt.ns).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "runner"}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kt.client.RbacV1().Roles(kt.ns).Create(ctx, &rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Name: "runner"}, Rules: runnerRoleRules}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kt.client.RbacV1().RoleBindings(kt.ns).Create(ctx, &rbacv1.RoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: "runner"},
+		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: "runner"},
+		Subjects:   []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Name: "runner", Namespace: kt.ns}},
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	cfg := rest.CopyConfig(kubeEnv.Config)
+	cfg.Impersonate = rest.ImpersonationConfig{UserName: "system:serviceaccount:" + kt.ns + ":runner"}
+	runner, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The authorizer learns of the binding through its own watch.
+	for {
+		review, err := runner.AuthorizationV1().SelfSubjectAccessReviews().Create(ctx, &authorizationv1.SelfSubjectAccessReview{
+			Spec: authorizationv1.SelfSubjectAccessReviewSpec{ResourceAttributes: &authorizationv1.ResourceAttributes{
+				Namespace: kt.ns, Verb: "delete", Group: "", Resource: "secrets",
+			}},
+		}, metav1.CreateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if review.Status.Allowed {
+			return runner
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 }
 
 // runExecutor starts another executor on the test's namespace, as a
@@ -97,7 +153,7 @@ func newKubeTest(t *testing.T, cfg KubeConfig) *kubeTest {
 func (kt *kubeTest) runExecutor(t *testing.T, cfg KubeConfig) *Kubernetes {
 	t.Helper()
 	cfg.Namespace = kt.ns
-	exec, err := NewKubernetes(cfg, kt.client, nil)
+	exec, err := NewKubernetes(cfg, kt.runner, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -620,15 +676,18 @@ func TestKubeStatus(t *testing.T) {
 			wantText: "container agent-host-install: exit code 1",
 		},
 		{
-			name:     "deadline exceeded",
-			finish:   batchv1.JobFailed, reason: batchv1.JobReasonDeadlineExceeded,
+			name:   "deadline exceeded",
+			finish: batchv1.JobFailed, reason: batchv1.JobReasonDeadlineExceeded,
 			check:    func(err error) bool { return errors.Is(err, ErrDeadlineExceeded) && errors.Is(err, ErrJobFailed) },
 			wantText: "deadline exceeded",
 		},
 		{
-			name:     "failed without a pod",
-			finish:   batchv1.JobFailed, reason: "PodFailurePolicy",
-			check:    func(err error) bool { var exit *ExitError; return errors.Is(err, ErrJobFailed) && !errors.As(err, &exit) },
+			name:   "failed without a pod",
+			finish: batchv1.JobFailed, reason: "PodFailurePolicy",
+			check: func(err error) bool {
+				var exit *ExitError
+				return errors.Is(err, ErrJobFailed) && !errors.As(err, &exit)
+			},
 			wantText: "PodFailurePolicy",
 		},
 		{
@@ -754,5 +813,74 @@ func TestKubeConfigValidate(t *testing.T) {
 		if _, err := NewKubernetes(c, kubernetes.NewForConfigOrDie(&rest.Config{Host: "http://127.0.0.1:1"}), nil); err == nil {
 			t.Errorf("NewKubernetes(%+v) accepted", c)
 		}
+	}
+}
+
+// The executor's ServiceAccount is held to its Role: what it does not need
+// is refused, so the suite passing shows the Role is enough.
+func TestKubeRunnerRoleDenies(t *testing.T) {
+	t.Parallel()
+	kt := newKubeTest(t, testKubeConfig())
+	ctx := t.Context()
+	for what, call := range map[string]func() error{
+		"read a secret": func() error {
+			_, err := kt.runner.CoreV1().Secrets(kt.ns).Get(ctx, "any", metav1.GetOptions{})
+			return err
+		},
+		"list secrets": func() error {
+			_, err := kt.runner.CoreV1().Secrets(kt.ns).List(ctx, metav1.ListOptions{})
+			return err
+		},
+		"create a pod": func() error {
+			_, err := kt.runner.CoreV1().Pods(kt.ns).Create(ctx, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "p"},
+				Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: "x"}}}}, metav1.CreateOptions{})
+			return err
+		},
+		"list jobs in another namespace": func() error {
+			_, err := kt.runner.BatchV1().Jobs("default").List(ctx, metav1.ListOptions{})
+			return err
+		},
+		"update a job": func() error {
+			_, err := kt.runner.BatchV1().Jobs(kt.ns).Update(ctx, &batchv1.Job{ObjectMeta: metav1.ObjectMeta{Name: "j"}}, metav1.UpdateOptions{})
+			return err
+		},
+	} {
+		if err := call(); !apierrors.IsForbidden(err) {
+			t.Errorf("%s: %v, want Forbidden", what, err)
+		}
+	}
+}
+
+// Once Run ends, Wait returns rather than waiting for a Job it cannot see,
+// and the Job is left for the next runner to adopt.
+func TestKubeRunEndReleasesWait(t *testing.T) {
+	t.Parallel()
+	kt := newKubeTest(t, testKubeConfig())
+	exec, err := NewKubernetes(KubeConfig{Namespace: kt.ns, HostImage: "conclave/agent-host:test"}, kt.runner, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	ran := make(chan error, 1)
+	go func() { ran <- exec.Run(ctx) }()
+	p, err := exec.Start(t.Context(), agentSpec("left-running", 1), io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cancel()
+	if err := <-ran; err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Wait(); !errors.Is(err, ErrNotWatching) {
+		t.Errorf("Wait: %v, want ErrNotWatching", err)
+	}
+	if job := kt.job(t, p.ID()); job.DeletionTimestamp != nil {
+		t.Error("the Job was deleted")
+	}
+	if _, err := exec.Start(t.Context(), agentSpec("after-the-end", 1), io.Discard); !errors.Is(err, ErrNotWatching) {
+		t.Errorf("Start after Run: %v, want ErrNotWatching", err)
+	}
+	if err := exec.Run(t.Context()); err == nil {
+		t.Error("a second Run started")
 	}
 }
