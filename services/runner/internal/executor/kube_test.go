@@ -884,3 +884,22 @@ func TestKubeRunEndReleasesWait(t *testing.T) {
 		t.Error("a second Run started")
 	}
 }
+
+// An image that will not start fails the launch once the grace has passed
+// since it was first seen, though nothing changes in between.
+func TestKubeStartGrace(t *testing.T) {
+	t.Parallel()
+	cfg := testKubeConfig()
+	cfg.StartGrace = 200 * time.Millisecond
+	kt := newKubeTest(t, cfg)
+	p, err := kt.exec.Start(t.Context(), agentSpec("no-such-image", 1), io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kt.createPod(t, p.ID(), corev1.PodStatus{Phase: corev1.PodPending,
+		InitContainerStatuses: []corev1.ContainerStatus{terminated(HostInitContainer, 0, "Completed")},
+		ContainerStatuses:     []corev1.ContainerStatus{waiting(AgentContainer, "ImagePullBackOff")}})
+	if err := p.Wait(); !errors.Is(err, ErrCannotStart) || !strings.Contains(err.Error(), "ImagePullBackOff: as the kubelet says") {
+		t.Errorf("Wait: %v, want ErrCannotStart with the reason and message", err)
+	}
+}
