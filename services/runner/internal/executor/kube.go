@@ -93,6 +93,9 @@ const (
 type PhasedProcess interface {
 	Process
 	Phase() Phase
+	// PhaseChanges receives the phase as it changes (the latest one only,
+	// if the receiver is behind), and is closed once finished.
+	PhaseChanges() <-chan Phase
 }
 
 var _ PhasedProcess = (*kubeProcess)(nil)
@@ -356,7 +359,7 @@ func (k *Kubernetes) track(name string, uid types.UID, spec Spec) *kubeProcess {
 		k.mu.Unlock()
 		return p
 	}
-	p := &kubeProcess{k: k, name: name, uid: uid, instance: spec.InstanceID, phase: PhasePending, done: make(chan struct{})}
+	p := &kubeProcess{k: k, name: name, uid: uid, instance: spec.InstanceID, phase: PhasePending, changes: make(chan Phase, 1), done: make(chan struct{})}
 	if k.stopped {
 		k.mu.Unlock()
 		p.finish(fmt.Errorf("job %s: %w", name, ErrNotWatching))
@@ -386,9 +389,9 @@ type kubeProcess struct {
 
 	mu sync.Mutex
 	// seen: the cache has held the Job, so its absence means deleted.
-	seen   bool
-	killed bool
-	phase  Phase
+	seen    bool
+	phase   Phase
+	changes chan Phase
 	// stuckSince is when a container was first seen unable to start.
 	stuckSince time.Time
 	stuckTimer *time.Timer
@@ -408,12 +411,27 @@ func (p *kubeProcess) Phase() Phase {
 	return p.phase
 }
 
+// PhaseChanges holds the latest phase not yet received, and is closed
+// after PhaseFinished.
+func (p *kubeProcess) PhaseChanges() <-chan Phase { return p.changes }
+
+// setPhaseLocked records ph and offers it on changes, replacing a phase
+// not yet received: only the latest matters. p.mu is held.
+func (p *kubeProcess) setPhaseLocked(ph Phase) {
+	if ph == p.phase {
+		return
+	}
+	p.phase = ph
+	select {
+	case <-p.changes:
+	default:
+	}
+	p.changes <- ph
+}
+
 // Kill deletes the Job, its pods first (foreground), and its Secret. Wait
 // returns once the Job is gone (or had finished).
 func (p *kubeProcess) Kill() error {
-	p.mu.Lock()
-	p.killed = true
-	p.mu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	return p.deleteJob(ctx)
@@ -456,7 +474,8 @@ func (p *kubeProcess) finishLocked(err error) {
 		p.stuckTimer.Stop()
 	}
 	p.err = err
-	p.phase = PhaseFinished
+	p.setPhaseLocked(PhaseFinished)
+	close(p.changes)
 	close(p.done)
 	p.k.untrack(p)
 }
@@ -496,21 +515,22 @@ func (p *kubeProcess) evaluate() {
 		return
 	}
 	pods, _ := p.k.pods.Pods(p.k.cfg.Namespace).List(labels.SelectorFromSet(labels.Set{LabelJob: p.name}))
-	p.phase = PhasePending
+	phase := PhasePending
 	var stuck *corev1.ContainerStatus
 	for _, pod := range pods {
-		if pod.Spec.NodeName != "" || podScheduled(pod) {
-			p.phase = PhasePendingImage
+		if phase == PhasePending && (pod.Spec.NodeName != "" || podScheduled(pod)) {
+			phase = PhasePendingImage
 		}
 		for _, cs := range append(statuses(pod.Status.InitContainerStatuses), pod.Status.ContainerStatuses...) {
 			if cs.Name == AgentContainer && cs.State.Running != nil {
-				p.phase = PhaseRunning
+				phase = PhaseRunning
 			}
 			if w := cs.State.Waiting; w != nil && cannotStartReasons[w.Reason] && stuck == nil {
 				stuck = &cs
 			}
 		}
 	}
+	p.setPhaseLocked(phase)
 	if stuck == nil {
 		p.stuckSince = time.Time{}
 		return

@@ -53,6 +53,11 @@ type jobObjects struct {
 // buildJob makes the Job and Secret of spec. Nothing is sent.
 func (k *Kubernetes) buildJob(spec Spec) (jobObjects, error) {
 	typ := spec.Type
+	if spec.Launch < 1 {
+		// Launches are numbered from 1; a Job is per launch, so an unset
+		// number would make every launch adopt the first one's Job.
+		return jobObjects{}, fmt.Errorf("launch %d of instance %s: the Kubernetes executor needs the launch number", spec.Launch, spec.InstanceID)
+	}
 	if typ.Image == "" {
 		return jobObjects{}, fmt.Errorf("agent type %s has no image for the Kubernetes executor", typ.ID)
 	}

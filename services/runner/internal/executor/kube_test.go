@@ -431,6 +431,7 @@ func TestKubeStartRefuses(t *testing.T) {
 		want string
 	}{
 		{"no image", func(s Spec) Spec { s.Type.Image = ""; return s }, "no image"},
+		{"no launch number", func(s Spec) Spec { s.Launch = 0; return s }, "launch number"},
 		{"no command", func(s Spec) Spec { s.Type.Command = nil; return s }, "no command"},
 		{"workspace outside the claim", func(s Spec) Spec { s.Workspace = "/srv/other"; return s }, "not within"},
 		{"working_dir over agent-host", func(s Spec) Spec { s.Type.WorkingDir = "/conclave/bin"; return s }, "working_dir"},
@@ -732,6 +733,13 @@ func TestKubeStatus(t *testing.T) {
 			if got := p.(PhasedProcess).Phase(); got != PhaseFinished {
 				t.Errorf("phase %s after Wait", got)
 			}
+			var last Phase
+			for ph := range p.(PhasedProcess).PhaseChanges() {
+				last = ph
+			}
+			if last != PhaseFinished {
+				t.Errorf("the last phase change was %q, want finished", last)
+			}
 		})
 	}
 }
@@ -753,9 +761,7 @@ func TestKubePhase(t *testing.T) {
 	kt.createPod(t, p.ID(), corev1.PodStatus{Phase: corev1.PodPending,
 		InitContainerStatuses: []corev1.ContainerStatus{terminated(HostInitContainer, 0, "Completed")},
 		ContainerStatuses:     []corev1.ContainerStatus{waiting(AgentContainer, "ErrImagePull")}})
-	for phased.Phase() != PhasePendingImage {
-		time.Sleep(10 * time.Millisecond)
-	}
+	awaitPhase(t, phased, PhasePendingImage)
 	pod, err := kt.client.CoreV1().Pods(kt.ns).Get(t.Context(), p.ID()+"-x7k2p", metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
@@ -765,14 +771,26 @@ func TestKubePhase(t *testing.T) {
 	if _, err := kt.client.CoreV1().Pods(kt.ns).UpdateStatus(t.Context(), pod, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	for phased.Phase() != PhaseRunning {
-		time.Sleep(10 * time.Millisecond)
-	}
+	awaitPhase(t, phased, PhaseRunning)
 	select {
 	case <-p.(*kubeProcess).done:
 		t.Fatalf("Wait returned while running: %v", p.Wait())
 	default:
 	}
+}
+
+// awaitPhase receives p's phase changes until want.
+func awaitPhase(t *testing.T, p PhasedProcess, want Phase) {
+	t.Helper()
+	for ph := range p.PhaseChanges() {
+		if ph == want {
+			if got := p.Phase(); got != want {
+				t.Errorf("Phase() = %s after the change to %s", got, want)
+			}
+			return
+		}
+	}
+	t.Fatalf("finished (%v) without reaching phase %s", p.Wait(), want)
 }
 
 func TestKubeConfigValidate(t *testing.T) {
