@@ -304,12 +304,7 @@ func (k *Kubernetes) Start(ctx context.Context, spec Spec, _ io.Writer) (Process
 	created, err := jobs.Create(ctx, objs.job, metav1.CreateOptions{})
 	if err != nil {
 		if objs.secret != nil {
-			// Not ctx: it may be why the create failed.
-			cleanup, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-			if derr := k.deleteSecret(cleanup, name); derr != nil {
-				k.logger.Warn("deleting the secret of a job not created", "secret", name, "err", derr)
-			}
-			cancel()
+			k.abandonSecret(ctx, name, err)
 		}
 		return nil, fmt.Errorf("creating job %s: %w", name, err)
 	}
@@ -340,6 +335,25 @@ func (k *Kubernetes) ownSecret(ctx context.Context, job *batchv1.Job) {
 	_, err := k.client.CoreV1().Secrets(k.cfg.Namespace).Patch(ctx, job.Name, types.MergePatchType, []byte(patch), metav1.PatchOptions{})
 	if err != nil && !apierrors.IsNotFound(err) {
 		k.logger.Warn("setting the job as its secret's owner", "secret", job.Name, "err", err)
+	}
+}
+
+// abandonSecret deletes the Secret of a Job whose creation failed with
+// err. When err is not the API server's answer (a timeout, a dropped
+// connection), the Job may exist all the same: then the Secret is its, and
+// is owned to it instead, for the next Start to adopt the two.
+func (k *Kubernetes) abandonSecret(ctx context.Context, name string, err error) {
+	// Not ctx: it may be why the create failed.
+	cleanup, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	if _, answered := err.(apierrors.APIStatus); !answered {
+		if job, gerr := k.client.BatchV1().Jobs(k.cfg.Namespace).Get(cleanup, name, metav1.GetOptions{}); gerr == nil {
+			k.ownSecret(cleanup, job)
+			return
+		}
+	}
+	if derr := k.deleteSecret(cleanup, name); derr != nil {
+		k.logger.Warn("deleting the secret of a job not created", "secret", name, "err", derr)
 	}
 }
 

@@ -3,6 +3,7 @@ package executor
 import (
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"path"
 	"path/filepath"
@@ -11,6 +12,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/util/validation"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 )
@@ -130,6 +132,31 @@ func (c KubeConfig) RESTConfig() (*rest.Config, error) {
 		return nil, fmt.Errorf("the Kubernetes executor outside a cluster needs CONCLAVE_RUNNER_KUBE_KUBECONFIG: %w", err)
 	}
 	return cfg, nil
+}
+
+// NewKubernetesFromConfig is NewKubernetes with a client built from cfg:
+// RESTConfig, and the runner's own namespace when cfg.Namespace is unset.
+func NewKubernetesFromConfig(cfg KubeConfig, logger *slog.Logger) (*Kubernetes, error) {
+	rc, err := cfg.RESTConfig()
+	if err != nil {
+		return nil, err
+	}
+	rc.UserAgent = "conclave-runner"
+	// client-go's default, 5 a second, would pace a burst of launches
+	// (two or three calls each) behind one another.
+	if rc.QPS == 0 {
+		rc.QPS, rc.Burst = 20, 40
+	}
+	if cfg.Namespace == "" {
+		if cfg.Namespace, err = ServiceAccountNamespace(); err != nil {
+			return nil, err
+		}
+	}
+	client, err := kubernetes.NewForConfig(rc)
+	if err != nil {
+		return nil, fmt.Errorf("kubernetes client: %w", err)
+	}
+	return NewKubernetes(cfg, client, logger)
 }
 
 // serviceAccountNamespaceFile is where a pod finds its own namespace.

@@ -921,3 +921,42 @@ func TestKubeStartGrace(t *testing.T) {
 		t.Errorf("Wait: %v, want ErrCannotStart with the reason and message", err)
 	}
 }
+
+// The constructor the runner's service uses: a client from a kubeconfig
+// file, or a clear error without one outside a cluster.
+func TestKubeFromConfig(t *testing.T) {
+	t.Parallel()
+	kt := newKubeTest(t, testKubeConfig())
+	cfg := testKubeConfig()
+	cfg.Namespace, cfg.Kubeconfig = kt.ns, kubeEnv.Kubeconfig
+	exec, err := NewKubernetesFromConfig(cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	ran := make(chan error, 1)
+	go func() { ran <- exec.Run(ctx) }()
+	p, err := exec.Start(t.Context(), agentSpec("from-kubeconfig", 1), io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kt.job(t, p.ID())
+	cancel()
+	if err := <-ran; err != nil {
+		t.Error(err)
+	}
+
+	for _, tt := range []struct {
+		kubeconfig, want string
+	}{
+		{"/nonexistent/kubeconfig", "CONCLAVE_RUNNER_KUBE_KUBECONFIG"},
+		// Not in a pod: no service account to fall back on.
+		{"", "CONCLAVE_RUNNER_KUBE_KUBECONFIG"},
+	} {
+		c := testKubeConfig()
+		c.Namespace, c.Kubeconfig = kt.ns, tt.kubeconfig
+		if _, err := NewKubernetesFromConfig(c, nil); err == nil || !strings.Contains(err.Error(), tt.want) {
+			t.Errorf("kubeconfig %q: %v, want an error naming %s", tt.kubeconfig, err, tt.want)
+		}
+	}
+}
