@@ -273,16 +273,7 @@ func (k *Kubernetes) Start(ctx context.Context, spec Spec, _ io.Writer) (Process
 	existing, err := jobs.Get(ctx, name, metav1.GetOptions{})
 	switch {
 	case err == nil:
-		if err := sameLaunch(existing, spec); err != nil {
-			return nil, err
-		}
-		k.logger.Info("adopting the launch's job", "job", name, "instance_id", spec.InstanceID, "launch", spec.Launch)
-		// A runner that died between creating the Job and owning the
-		// Secret to it left the Secret without an owner.
-		if objs.secret != nil {
-			k.ownSecret(ctx, existing)
-		}
-		return k.track(name, existing.UID, spec), nil
+		return k.adopt(ctx, existing, spec, objs.secret != nil)
 	case !apierrors.IsNotFound(err):
 		return nil, fmt.Errorf("looking up job %s: %w", name, err)
 	}
@@ -302,6 +293,12 @@ func (k *Kubernetes) Start(ctx context.Context, spec Spec, _ io.Writer) (Process
 		}
 	}
 	created, err := jobs.Create(ctx, objs.job, metav1.CreateOptions{})
+	if apierrors.IsAlreadyExists(err) {
+		// Another replica started the same launch at the same moment.
+		if existing, err := jobs.Get(ctx, name, metav1.GetOptions{}); err == nil {
+			return k.adopt(ctx, existing, spec, objs.secret != nil)
+		}
+	}
 	if err != nil {
 		if objs.secret != nil {
 			k.abandonSecret(ctx, name, err)
@@ -313,6 +310,20 @@ func (k *Kubernetes) Start(ctx context.Context, spec Spec, _ io.Writer) (Process
 	}
 	k.logger.Info("created the launch's job", "job", name, "instance_id", spec.InstanceID, "launch", spec.Launch)
 	return k.track(name, created.UID, spec), nil
+}
+
+// adopt follows a launch's Job that exists already.
+func (k *Kubernetes) adopt(ctx context.Context, job *batchv1.Job, spec Spec, hasSecret bool) (Process, error) {
+	if err := sameLaunch(job, spec); err != nil {
+		return nil, err
+	}
+	k.logger.Info("adopting the launch's job", "job", job.Name, "instance_id", spec.InstanceID, "launch", spec.Launch)
+	// A runner that died between creating the Job and owning the Secret
+	// to it left the Secret without an owner.
+	if hasSecret {
+		k.ownSecret(ctx, job)
+	}
+	return k.track(job.Name, job.UID, spec), nil
 }
 
 // sameLaunch checks that job, found under the launch's name, is that

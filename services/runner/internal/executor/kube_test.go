@@ -960,3 +960,39 @@ func TestKubeFromConfig(t *testing.T) {
 		}
 	}
 }
+
+// Two replicas starting the same launch at once end with one Job, both
+// following it, and its Secret owned by it.
+func TestKubeConcurrentStart(t *testing.T) {
+	t.Parallel()
+	kt := newKubeTest(t, testKubeConfig())
+	other := kt.runExecutor(t, testKubeConfig())
+	type started struct {
+		p   Process
+		err error
+	}
+	results := make(chan started, 2)
+	for _, exec := range []*Kubernetes{kt.exec, other} {
+		go func() {
+			p, err := exec.Start(t.Context(), agentSpec("raced", 1), io.Discard)
+			results <- started{p, err}
+		}()
+	}
+	for range 2 {
+		r := <-results
+		if r.err != nil {
+			t.Fatal(r.err)
+		}
+	}
+	jobs, err := kt.client.BatchV1().Jobs(kt.ns).List(t.Context(), metav1.ListOptions{})
+	if err != nil || len(jobs.Items) != 1 {
+		t.Fatalf("jobs %v, %v; want one", jobs, err)
+	}
+	secret, err := kt.client.CoreV1().Secrets(kt.ns).Get(t.Context(), jobs.Items[0].Name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if refs := secret.OwnerReferences; len(refs) != 1 || refs[0].UID != jobs.Items[0].UID {
+		t.Errorf("secret owners %+v, want the Job", refs)
+	}
+}
