@@ -618,6 +618,14 @@ func (p *kubeProcess) failure(job *batchv1.Job, c batchv1.JobCondition) error {
 		if exit := exitOf(job.Name, listed); exit != nil {
 			return exit
 		}
+		pods = listed
+	}
+	// A pod that failed without a container's exit: evicted, its node
+	// lost, deleted.
+	for _, pod := range pods {
+		if pod.Status.Reason != "" {
+			return fmt.Errorf("job %s: %s: %s: pod %s: %s: %s: %w", job.Name, c.Reason, c.Message, pod.Name, pod.Status.Reason, pod.Status.Message, ErrJobFailed)
+		}
 	}
 	return fmt.Errorf("job %s: %s: %s: %w", job.Name, c.Reason, c.Message, ErrJobFailed)
 }

@@ -677,6 +677,16 @@ func TestKubeStatus(t *testing.T) {
 			wantText: "container agent-host-install: exit code 1",
 		},
 		{
+			name:   "pod evicted",
+			pod:    corev1.PodStatus{Phase: corev1.PodFailed, Reason: "Evicted", Message: "The node was low on resource: memory."},
+			finish: batchv1.JobFailed, reason: batchv1.JobReasonBackoffLimitExceeded,
+			check: func(err error) bool {
+				var exit *ExitError
+				return errors.Is(err, ErrJobFailed) && !errors.As(err, &exit)
+			},
+			wantText: "Evicted: The node was low on resource: memory.",
+		},
+		{
 			name:   "deadline exceeded",
 			finish: batchv1.JobFailed, reason: batchv1.JobReasonDeadlineExceeded,
 			check:    func(err error) bool { return errors.Is(err, ErrDeadlineExceeded) && errors.Is(err, ErrJobFailed) },
