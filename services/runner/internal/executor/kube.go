@@ -309,7 +309,7 @@ func (k *Kubernetes) Start(ctx context.Context, spec Spec, _ io.Writer) (Process
 		k.ownSecret(ctx, created)
 	}
 	k.logger.Info("created the launch's job", "job", name, "instance_id", spec.InstanceID, "launch", spec.Launch)
-	return k.track(name, created.UID, spec), nil
+	return k.track(name, created.UID), nil
 }
 
 // adopt follows a launch's Job that exists already.
@@ -323,7 +323,7 @@ func (k *Kubernetes) adopt(ctx context.Context, job *batchv1.Job, spec Spec, has
 	if hasSecret {
 		k.ownSecret(ctx, job)
 	}
-	return k.track(job.Name, job.UID, spec), nil
+	return k.track(job.Name, job.UID), nil
 }
 
 // sameLaunch checks that job, found under the launch's name, is that
@@ -378,13 +378,13 @@ func (k *Kubernetes) deleteSecret(ctx context.Context, name string) error {
 
 // track registers the Process of Job name and evaluates it against what the
 // caches hold.
-func (k *Kubernetes) track(name string, uid types.UID, spec Spec) *kubeProcess {
+func (k *Kubernetes) track(name string, uid types.UID) *kubeProcess {
 	k.mu.Lock()
 	if p := k.procs[name]; p != nil {
 		k.mu.Unlock()
 		return p
 	}
-	p := &kubeProcess{k: k, name: name, uid: uid, instance: spec.InstanceID, phase: PhasePending, changes: make(chan Phase, 1), done: make(chan struct{})}
+	p := &kubeProcess{k: k, name: name, uid: uid, phase: PhasePending, changes: make(chan Phase, 1), done: make(chan struct{})}
 	if k.stopped {
 		k.mu.Unlock()
 		p.finish(fmt.Errorf("job %s: %w", name, ErrNotWatching))
@@ -406,11 +406,10 @@ func (k *Kubernetes) untrack(p *kubeProcess) {
 
 // kubeProcess is one launch's Job, followed through the executor's caches.
 type kubeProcess struct {
-	k        *Kubernetes
-	name     string
-	uid      types.UID
-	instance string
-	done     chan struct{}
+	k    *Kubernetes
+	name string
+	uid  types.UID
+	done chan struct{}
 
 	mu sync.Mutex
 	// seen: the cache has held the Job, so its absence means deleted.
