@@ -21,23 +21,38 @@ import (
 func TestConfigValidation(t *testing.T) {
 	t.Parallel()
 	base := map[string]string{"CONCLAVE_RUNNER_CLIENT_TOKENS": "t", "CONCLAVE_RUNNER_WORKSPACE_ROOTS": "/tmp"}
+	kube := map[string]string{"CONCLAVE_RUNNER_EXECUTOR": "kubernetes", "CONCLAVE_RUNNER_HOST_KEY": strings.Repeat("k", 32),
+		"CONCLAVE_RUNNER_KUBE_HOST_IMAGE": "conclave/agent-host:1"}
 	for _, tt := range []struct {
 		key, value, want string
+		// also are settings besides base.
+		also map[string]string
 	}{
-		{"CONCLAVE_RUNNER_CLIENT_TOKENS", "", "CONCLAVE_RUNNER_CLIENT_TOKENS"},
-		{"CONCLAVE_RUNNER_WORKSPACE_ROOTS", "", "CONCLAVE_RUNNER_WORKSPACE_ROOTS"},
-		{"CONCLAVE_RUNNER_WORKSPACE_ROOTS", "relative/dir", "CONCLAVE_RUNNER_WORKSPACE_ROOTS"},
-		{"CONCLAVE_RUNNER_WORKERS", "0", "CONCLAVE_RUNNER_WORKERS"},
-		{"CONCLAVE_RUNNER_LAUNCH_RETRY", "100ms", "CONCLAVE_RUNNER_LAUNCH_RETRY"},
-		{"CONCLAVE_RUNNER_PROTOCOL_TIMEOUT", "0s", "CONCLAVE_RUNNER_PROTOCOL_TIMEOUT"},
-		{"CONCLAVE_RUNNER_FORWARD_TIMEOUT", "0s", "CONCLAVE_RUNNER_FORWARD_TIMEOUT"},
-		{"CONCLAVE_RUNNER_MAX_LINE_BYTES", "10", "CONCLAVE_RUNNER_MAX_LINE_BYTES"},
-		{"CONCLAVE_RUNNER_AGENT_TYPES", "/does/not/exist.yaml", "CONCLAVE_RUNNER_AGENT_TYPES"},
+		{"CONCLAVE_RUNNER_CLIENT_TOKENS", "", "CONCLAVE_RUNNER_CLIENT_TOKENS", nil},
+		{"CONCLAVE_RUNNER_WORKSPACE_ROOTS", "", "CONCLAVE_RUNNER_WORKSPACE_ROOTS", nil},
+		{"CONCLAVE_RUNNER_WORKSPACE_ROOTS", "relative/dir", "CONCLAVE_RUNNER_WORKSPACE_ROOTS", nil},
+		{"CONCLAVE_RUNNER_WORKERS", "0", "CONCLAVE_RUNNER_WORKERS", nil},
+		{"CONCLAVE_RUNNER_LAUNCH_RETRY", "100ms", "CONCLAVE_RUNNER_LAUNCH_RETRY", nil},
+		{"CONCLAVE_RUNNER_PROTOCOL_TIMEOUT", "0s", "CONCLAVE_RUNNER_PROTOCOL_TIMEOUT", nil},
+		{"CONCLAVE_RUNNER_FORWARD_TIMEOUT", "0s", "CONCLAVE_RUNNER_FORWARD_TIMEOUT", nil},
+		{"CONCLAVE_RUNNER_MAX_LINE_BYTES", "10", "CONCLAVE_RUNNER_MAX_LINE_BYTES", nil},
+		{"CONCLAVE_RUNNER_AGENT_TYPES", "/does/not/exist.yaml", "CONCLAVE_RUNNER_AGENT_TYPES", nil},
+		{"CONCLAVE_RUNNER_EXECUTOR", "docker", "CONCLAVE_RUNNER_EXECUTOR", nil},
+		{"CONCLAVE_RUNNER_HOST_KEY", "", "CONCLAVE_RUNNER_HOST_KEY", kube},
+		{"CONCLAVE_RUNNER_HOST_KEY", "short", "at least 32 bytes", kube},
+		{"CONCLAVE_RUNNER_KUBE_HOST_IMAGE", "", "CONCLAVE_RUNNER_KUBE_HOST_IMAGE", kube},
+		{"CONCLAVE_RUNNER_HOST_ADDR", "no-port", "CONCLAVE_RUNNER_HOST_ADDR", kube},
+		{"CONCLAVE_RUNNER_HOST_START_TIMEOUT", "0s", "CONCLAVE_RUNNER_HOST_START_TIMEOUT", kube},
+		{"CONCLAVE_RUNNER_KUBE_IMAGE_PULL_POLICY", "Sometimes", "CONCLAVE_RUNNER_KUBE_IMAGE_PULL_POLICY", kube},
+		{"CONCLAVE_RUNNER_KUBE_NAMESPACE", "Not_A_Label", "CONCLAVE_RUNNER_KUBE_NAMESPACE", kube},
 	} {
 		t.Run(tt.key+"="+tt.value, func(t *testing.T) {
 			t.Parallel()
 			env := map[string]string{}
 			for k, v := range base {
+				env[k] = v
+			}
+			for k, v := range tt.also {
 				env[k] = v
 			}
 			env[tt.key] = tt.value
@@ -48,10 +63,22 @@ func TestConfigValidation(t *testing.T) {
 			}
 		})
 	}
-	var cfg struct{ Runner service.Config }
-	if err := config.Load(context.Background(), &cfg, "runner", nil, func(k string) (string, bool) { v, ok := base[k]; return v, ok }, io.Discard); err != nil {
-		t.Fatalf("the base configuration: %v", err)
+	for name, env := range map[string]map[string]string{"local": base, "kubernetes": merge(base, kube)} {
+		var cfg struct{ Runner service.Config }
+		if err := config.Load(context.Background(), &cfg, "runner", nil, func(k string) (string, bool) { v, ok := env[k]; return v, ok }, io.Discard); err != nil {
+			t.Fatalf("the base %s configuration: %v", name, err)
+		}
 	}
+}
+
+func merge(ms ...map[string]string) map[string]string {
+	out := map[string]string{}
+	for _, m := range ms {
+		for k, v := range m {
+			out[k] = v
+		}
+	}
+	return out
 }
 
 // TestRunEndsWhenItCannotListen: a runner whose HTTP address is taken

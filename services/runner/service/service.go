@@ -4,8 +4,10 @@ package service
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -13,6 +15,8 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 
 	"github.com/conclave-ai/conclave/pkg/auth"
 	"github.com/conclave-ai/conclave/pkg/config"
@@ -24,6 +28,7 @@ import (
 	"github.com/conclave-ai/conclave/services/runner/internal/agenttype"
 	"github.com/conclave-ai/conclave/services/runner/internal/api"
 	"github.com/conclave-ai/conclave/services/runner/internal/executor"
+	"github.com/conclave-ai/conclave/services/runner/internal/hostlink"
 	"github.com/conclave-ai/conclave/services/runner/internal/metrics"
 	"github.com/conclave-ai/conclave/services/runner/internal/records"
 	"github.com/conclave-ai/conclave/services/runner/internal/supervisor"
@@ -53,7 +58,25 @@ type Config struct {
 	// AllowUnauthenticated opens the API without tokens; conclave dev sets
 	// it, on loopback only.
 	AllowUnauthenticated bool `env:"CONCLAVE_RUNNER_ALLOW_UNAUTHENTICATED" default:"false" help:"serve the API without bearer tokens (development only)"`
+
+	Executor string `env:"CONCLAVE_RUNNER_EXECUTOR" default:"local" help:"where agents run: local (a process group on this host, spoken to over stdio) or kubernetes (a Job per launch, behind agent-host; docs/runner.md)"`
+	// HostKey signs the per-instance tokens agent-host presents: a secret.
+	HostKey          string        `env:"CONCLAVE_RUNNER_HOST_KEY" help:"secret key (at least 32 bytes) the per-instance tokens of agent-host are signed with; required by the kubernetes executor, the same on every replica"`
+	HostAddr         string        `env:"CONCLAVE_RUNNER_HOST_ADDR" help:"host:port agents' pods dial this replica's gRPC listener at (default: CONCLAVE_RUNNER_ADVERTISE_ADDR)"`
+	HostStartTimeout time.Duration `env:"CONCLAVE_RUNNER_HOST_START_TIMEOUT" default:"5m" help:"how long a Kubernetes launch may take from its Job's creation to agent-host reporting the agent's session up (scheduling, image pulls, the agent's start)"`
+	HostExitGrace    time.Duration `env:"CONCLAVE_RUNNER_HOST_EXIT_GRACE" default:"30s" help:"how long an agent's Job may take to finish once agent-host was told to end it, before it is deleted"`
+	executor.KubeConfig
 }
+
+// Executors the runner can run agents on.
+const (
+	ExecutorLocal      = "local"
+	ExecutorKubernetes = "kubernetes"
+)
+
+// minHostKeyBytes is the shortest CONCLAVE_RUNNER_HOST_KEY: an HMAC key of
+// SHA-256's block of entropy.
+const minHostKeyBytes = 32
 
 // Validate implements config.Validator.
 func (c Config) Validate() error {
@@ -100,7 +123,27 @@ func (c Config) Validate() error {
 	if _, err := agenttype.Load(c.AgentTypesFile); err != nil {
 		return fmt.Errorf("CONCLAVE_RUNNER_AGENT_TYPES: %w", err)
 	}
-	return nil
+	switch c.Executor {
+	case ExecutorLocal:
+	case ExecutorKubernetes:
+		if len(c.HostKey) < minHostKeyBytes {
+			return fmt.Errorf("CONCLAVE_RUNNER_HOST_KEY: the kubernetes executor needs a key of at least %d bytes, the same on every replica", minHostKeyBytes)
+		}
+		if c.HostStartTimeout <= 0 || c.HostExitGrace <= 0 {
+			return fmt.Errorf("CONCLAVE_RUNNER_HOST_START_TIMEOUT and CONCLAVE_RUNNER_HOST_EXIT_GRACE: must be positive, got %s and %s", c.HostStartTimeout, c.HostExitGrace)
+		}
+		if c.HostAddr != "" {
+			if _, _, err := net.SplitHostPort(c.HostAddr); err != nil {
+				return fmt.Errorf("CONCLAVE_RUNNER_HOST_ADDR: %w", err)
+			}
+		}
+		if c.HostImage == "" {
+			return fmt.Errorf("CONCLAVE_RUNNER_KUBE_HOST_IMAGE: the kubernetes executor needs the agent-host image")
+		}
+	default:
+		return fmt.Errorf("CONCLAVE_RUNNER_EXECUTOR: %q is not local or kubernetes", c.Executor)
+	}
+	return c.KubeConfig.Validate()
 }
 
 // Tables lists the tables the runner keeps its state in.
@@ -122,8 +165,12 @@ type Deps struct {
 	Queue     queue.Queue
 	Logger    *slog.Logger
 	Telemetry *telemetry.Provider
-	// Executor defaults to the local executor over Config.WorkspaceRoots.
+	// Executor, when set, replaces the executor Config.Executor names (with
+	// a local one's stdio; tests).
 	Executor executor.Executor
+	// Kube, when set, is the Kubernetes executor's client configuration
+	// in place of CONCLAVE_RUNNER_KUBE_KUBECONFIG or the in-cluster one.
+	Kube *rest.Config
 }
 
 // Runner is a configured, not yet running, runner.
@@ -132,6 +179,10 @@ type Runner struct {
 	sup       *supervisor.Supervisor
 	owners    *api.Owners
 	advertise string
+	// kube and hub, with the kubernetes executor: its informers run
+	// beside the supervisor, and the hub's streams end before the drain.
+	kube *executor.Kubernetes
+	hub  *hostlink.Hub
 }
 
 // New builds the runner. The store's Tables and the Queues must exist.
@@ -147,23 +198,47 @@ func New(cfg Config, deps Deps, opts ...server.Option) (*Runner, error) {
 			return nil, fmt.Errorf("runner server id: %w", err)
 		}
 	}
+	r := &Runner{advertise: cfg.AdvertiseAddr}
 	exec := deps.Executor
-	if exec == nil {
+	// confine checks a launch's workspace_path: a directory on this host,
+	// or only a name where the agent gets a throwaway emptyDir.
+	confine := func(p string) (string, error) { return executor.ConfineWorkspace(cfg.WorkspaceRoots, p) }
+	var hosts *hostLinks
+	switch {
+	case exec != nil:
+	case cfg.Executor == ExecutorKubernetes:
+		if r.kube, err = newKubernetes(cfg.KubeConfig, deps.Kube, logger); err != nil {
+			return nil, err
+		}
+		exec = r.kube
+		if cfg.WorkspaceClaim == "" {
+			confine = func(p string) (string, error) { return executor.ConfineWorkspaceName(cfg.WorkspaceRoots, p) }
+		}
+		r.hub = hostlink.NewHub([]byte(cfg.HostKey), logger)
+		hosts = &hostLinks{hub: r.hub, key: []byte(cfg.HostKey), runnerAddr: r.hostAddr(cfg.HostAddr),
+			settings: hostlink.Settings{ProtocolTimeout: cfg.ProtocolTimeout, MaxLine: cfg.MaxLineBytes}}
+	default:
 		exec = &executor.Local{Roots: cfg.WorkspaceRoots}
 	}
 	rec := records.New(deps.Store)
 	runnerMetrics := metrics.New(tel.Meter("runner"))
-	sup := supervisor.New(supervisor.Options{
+	supOpts := supervisor.Options{
 		Records: rec, Queue: deps.Queue, Registry: registry, Executor: exec,
 		LaunchQueue: cfg.LaunchQueue, EventsQueue: cfg.EventsQueue,
 		Workers: cfg.Workers, Visibility: cfg.LaunchRetry, ProtocolTimeout: cfg.ProtocolTimeout,
 		CancelGrace: cfg.CancelGrace, IdleTimeout: cfg.IdleTimeout, MaxLine: cfg.MaxLineBytes,
 		Source: "runner/" + serverID, Logger: logger, Metrics: runnerMetrics,
 		TracerProvider: tel.TracerProvider(),
-	})
+	}
+	if hosts != nil {
+		supOpts.Hosts, supOpts.HostStartTimeout, supOpts.HostExitGrace = hosts, cfg.HostStartTimeout, cfg.HostExitGrace
+	}
+	sup := supervisor.New(supOpts)
 
 	grpcOpts := tel.GRPCServerOptions()
 	if !cfg.AllowUnauthenticated {
+		// Protect covers the API's service only: agent-host's link
+		// (AgentHostService) presents its instance's token to the hub.
 		unary, stream := auth.NewTokens(cfg.ClientTokens...).Protect(api.ServicePrefix)
 		grpcOpts = append(grpcOpts, grpc.ChainUnaryInterceptor(unary), grpc.ChainStreamInterceptor(stream))
 	} else {
@@ -190,7 +265,10 @@ func New(cfg Config, deps Deps, opts ...server.Option) (*Runner, error) {
 	// without TLS, on the internal network.
 	owners := api.NewOwners(cfg.ForwardTimeout, runnerMetrics, logger,
 		append(tel.GRPCDialOptions(), grpc.WithTransportCredentials(insecure.NewCredentials()))...)
-	runnerv1.RegisterRunnerServiceServer(srv.GRPC(), api.New(rec, registry, sup, cfg.WorkspaceRoots, api.DefaultLimits, owners))
+	runnerv1.RegisterRunnerServiceServer(srv.GRPC(), api.New(rec, registry, sup, confine, api.DefaultLimits, owners))
+	if r.hub != nil {
+		r.hub.Register(srv.GRPC())
+	}
 	if cfg.HTTPAddr != "" {
 		self, err := srv.SelfClient(tel.GRPCDialOptions()...)
 		if err != nil {
@@ -205,7 +283,40 @@ func New(cfg Config, deps Deps, opts ...server.Option) (*Runner, error) {
 		srv.Handle("/", rest)
 		srv.HandleStream(api.FollowPattern, rest)
 	}
-	return &Runner{srv: srv, sup: sup, owners: owners, advertise: cfg.AdvertiseAddr}, nil
+	if r.hub != nil {
+		// agent-host's streams are ended first (their hosts buffer and
+		// redial whichever runner claims the launch), so that the gRPC
+		// drain does not wait on them.
+		srv.OnShutdown(func(context.Context) { r.hub.Shutdown() })
+	}
+	r.srv, r.sup, r.owners = srv, sup, owners
+	return r, nil
+}
+
+// newKubernetes builds the Kubernetes executor, on rc when it is given.
+func newKubernetes(cfg executor.KubeConfig, rc *rest.Config, logger *slog.Logger) (*executor.Kubernetes, error) {
+	if rc == nil {
+		return executor.NewKubernetesFromConfig(cfg, logger)
+	}
+	client, err := kubernetes.NewForConfig(rc)
+	if err != nil {
+		return nil, fmt.Errorf("kubernetes executor: %w", err)
+	}
+	return executor.NewKubernetes(cfg, client, logger)
+}
+
+// hostAddr is where agent-host dials this replica: set, advertised, or the
+// bound listener's address.
+func (r *Runner) hostAddr(set string) func() string {
+	return func() string {
+		switch {
+		case set != "":
+			return set
+		case r.advertise != "":
+			return r.advertise
+		}
+		return server.AdvertisedAddr(r.srv.GRPCAddr())
+	}
 }
 
 // Run serves and runs launches until ctx is cancelled, then drains: agents
@@ -229,7 +340,22 @@ func (r *Runner) Run(ctx context.Context) error {
 		if owner == "" {
 			owner = server.AdvertisedAddr(r.srv.GRPCAddr())
 		}
-		errs <- r.sup.Run(ctx, owner)
+		if r.kube == nil {
+			errs <- r.sup.Run(ctx, owner)
+			cancel()
+			return
+		}
+		// The informers outlive the supervisor: its launches, stopping,
+		// still wait on their Jobs.
+		kubeCtx, stopKube := context.WithCancel(context.WithoutCancel(ctx))
+		kubeErr := make(chan error, 1)
+		go func() { kubeErr <- r.kube.Run(kubeCtx) }()
+		err := r.sup.Run(ctx, owner)
+		stopKube()
+		if kerr := <-kubeErr; err == nil && kerr != nil && !errors.Is(kerr, context.Canceled) {
+			err = fmt.Errorf("kubernetes executor: %w", kerr)
+		}
+		errs <- err
 		cancel()
 	}()
 	err := r.srv.Run(ctx)

@@ -6,6 +6,11 @@
 //
 //	agent-host [flags] -- <agent command> [args...]
 //	agent-host <agent command> [args...]
+//	agent-host install <path>
+//
+// install copies agent-host's own binary to path: an agent pod's init
+// container runs it to put agent-host where the agent's image can run it,
+// with no shell or cp in agent-host's image.
 //
 // Settings come from CONCLAVE_AGENT_HOST_* (agent-host -h -- lists them);
 // the agent gets agent-host's environment without any of them. It exits
@@ -59,6 +64,9 @@ func splitArgs(args []string) (flags, command []string) {
 }
 
 func run(ctx context.Context, args []string) (int, error) {
+	if len(args) > 0 && args[0] == installCommand {
+		return install(args[1:])
+	}
 	flags, command := splitArgs(args)
 	var cfg appConfig
 	if err := config.Load(ctx, &cfg, "agent-host", flags, os.LookupEnv, os.Stderr); err != nil {
@@ -81,4 +89,21 @@ func run(ctx context.Context, args []string) (int, error) {
 		Tracer:      tel.TracerProvider().Tracer("conclave-agent-host"),
 		DialOptions: tel.GRPCDialOptions(),
 	})
+}
+
+// installCommand is the executor's init container's: kube_spec.go.
+const installCommand = "install"
+
+func install(args []string) (int, error) {
+	if len(args) != 1 {
+		return 2, fmt.Errorf("usage: agent-host install <path>")
+	}
+	self, err := os.Executable()
+	if err != nil {
+		return 1, fmt.Errorf("install: %w", err)
+	}
+	if err := hostlink.Install(self, args[0]); err != nil {
+		return 1, fmt.Errorf("install: %w", err)
+	}
+	return 0, nil
 }

@@ -22,7 +22,6 @@ import (
 	runnerv1 "github.com/conclave-ai/conclave/proto/conclave/runner/v1"
 	"github.com/conclave-ai/conclave/services/runner/internal/acp"
 	"github.com/conclave-ai/conclave/services/runner/internal/agenttype"
-	"github.com/conclave-ai/conclave/services/runner/internal/executor"
 	"github.com/conclave-ai/conclave/services/runner/internal/records"
 	"github.com/conclave-ai/conclave/services/runner/internal/supervisor"
 )
@@ -50,7 +49,7 @@ type Server struct {
 	rec      *records.Records
 	registry *agenttype.Registry
 	sup      *supervisor.Supervisor
-	roots    []string
+	confine  func(workspacePath string) (string, error)
 	limits   Limits
 	// owners reaches the replicas running other instances' agents.
 	owners *Owners
@@ -58,8 +57,8 @@ type Server struct {
 
 // New returns the API over the runner's parts; owners forwards calls for
 // instances whose agents other replicas run.
-func New(rec *records.Records, registry *agenttype.Registry, sup *supervisor.Supervisor, roots []string, limits Limits, owners *Owners) *Server {
-	return &Server{rec: rec, registry: registry, sup: sup, roots: roots, limits: limits, owners: owners}
+func New(rec *records.Records, registry *agenttype.Registry, sup *supervisor.Supervisor, confine func(workspacePath string) (string, error), limits Limits, owners *Owners) *Server {
+	return &Server{rec: rec, registry: registry, sup: sup, confine: confine, limits: limits, owners: owners}
 }
 
 // Seed 002's error codes, carried as the reason of an ErrorInfo detail so
@@ -184,7 +183,7 @@ func (s *Server) LaunchAgent(ctx context.Context, req *runnerv1.LaunchAgentReque
 	if missing := typ.MissingEnv(req.GetEnv()); missing != "" {
 		return nil, validation(fmt.Sprintf("required environment variable %s is missing", missing), fmt.Sprintf("agent type %s requires %s", typ.ID, strings.Join(typ.RequiredEnv, ", ")))
 	}
-	workspace, err := executor.ConfineWorkspace(s.roots, req.GetWorkspacePath())
+	workspace, err := s.confine(req.GetWorkspacePath())
 	if err != nil {
 		return nil, validation("workspace_path is not allowed", err.Error())
 	}

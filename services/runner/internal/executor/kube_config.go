@@ -26,7 +26,7 @@ type KubeConfig struct {
 	Kubeconfig      string        `env:"CONCLAVE_RUNNER_KUBE_KUBECONFIG" help:"kubeconfig file for the Kubernetes executor (default: the in-cluster service account)"`
 	Namespace       string        `env:"CONCLAVE_RUNNER_KUBE_NAMESPACE" help:"namespace the Kubernetes executor runs agents' Jobs in (default: the runner's own, from its service account)"`
 	HostImage       string        `env:"CONCLAVE_RUNNER_KUBE_HOST_IMAGE" help:"image holding the agent-host binary, copied into every agent's pod by an init container"`
-	HostBinary      string        `env:"CONCLAVE_RUNNER_KUBE_HOST_BINARY" default:"/agent-host" help:"path of the agent-host binary inside CONCLAVE_RUNNER_KUBE_HOST_IMAGE"`
+	HostBinary      string        `env:"CONCLAVE_RUNNER_KUBE_HOST_BINARY" default:"/usr/local/bin/agent-host" help:"path of the agent-host binary inside CONCLAVE_RUNNER_KUBE_HOST_IMAGE (make images puts it here)"`
 	ImagePullPolicy string        `env:"CONCLAVE_RUNNER_KUBE_IMAGE_PULL_POLICY" default:"IfNotPresent" help:"imagePullPolicy of agent and agent-host containers: Always, IfNotPresent or Never"`
 	ServiceAccount  string        `env:"CONCLAVE_RUNNER_KUBE_SERVICE_ACCOUNT" help:"ServiceAccount agents' pods run as (its token is never mounted; default: the namespace's default)"`
 	RunAsNonRoot    bool          `env:"CONCLAVE_RUNNER_KUBE_RUN_AS_NON_ROOT" default:"true" help:"refuse to start agent and agent-host containers whose image runs as root (their images need a numeric non-root USER)"`
@@ -95,7 +95,7 @@ func (c KubeConfig) withDefaults() KubeConfig {
 		c.ImagePullPolicy = string(corev1.PullIfNotPresent)
 	}
 	if c.HostBinary == "" {
-		c.HostBinary = "/agent-host"
+		c.HostBinary = "/usr/local/bin/agent-host"
 	}
 	if c.WorkspaceMount == "" {
 		c.WorkspaceMount = "/workspace"

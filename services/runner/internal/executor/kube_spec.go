@@ -40,6 +40,7 @@ const (
 	hostBinDir         = "/conclave/bin"
 	hostBinPath        = hostBinDir + "/agent-host"
 	hostTokenEnv       = "CONCLAVE_AGENT_HOST_TOKEN"
+	hostWorkspaceEnv   = "CONCLAVE_AGENT_HOST_WORKSPACE"
 	hostInstallCommand = "install"
 )
 
@@ -90,7 +91,7 @@ func (k *Kubernetes) buildJob(spec Spec) (jobObjects, error) {
 		return jobObjects{}, err
 	}
 
-	env, secretData := k.splitEnv(spec, name)
+	env, secretData := k.splitEnv(spec, name, mount)
 	var secret *corev1.Secret
 	if len(secretData) > 0 {
 		secret = &corev1.Secret{
@@ -191,11 +192,14 @@ func (k *Kubernetes) workspaceVolume(workspace string) (corev1.VolumeSource, str
 // splitEnv is the container's env, sorted, with the values of secret names
 // (and agent-host's token) referenced from the Secret name, and those
 // values. agent-host's settings win over an agent env of the same name.
-func (k *Kubernetes) splitEnv(spec Spec, secretName string) ([]corev1.EnvVar, map[string][]byte) {
-	all := make(map[string]string, len(spec.Env)+len(spec.Host.Env)+1)
+func (k *Kubernetes) splitEnv(spec Spec, secretName, mount string) ([]corev1.EnvVar, map[string][]byte) {
+	all := make(map[string]string, len(spec.Env)+len(spec.Host.Env)+2)
 	for n, v := range spec.Env {
 		all[n] = v
 	}
+	// The agent's fs/* requests are confined to its workspace, wherever
+	// this pod mounts it.
+	all[hostWorkspaceEnv] = mount
 	for n, v := range spec.Host.Env {
 		all[n] = v
 	}

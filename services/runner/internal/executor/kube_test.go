@@ -253,7 +253,7 @@ func TestKubeJobSpec(t *testing.T) {
 					t.Fatalf("containers %d + init %d", len(pod.Containers), len(pod.InitContainers))
 				}
 				init, agent := pod.InitContainers[0], pod.Containers[0]
-				if init.Image != "conclave/agent-host:test" || strings.Join(init.Command, " ") != "/agent-host install /conclave/bin/agent-host" {
+				if init.Image != "conclave/agent-host:test" || strings.Join(init.Command, " ") != "/usr/local/bin/agent-host install /conclave/bin/agent-host" {
 					t.Errorf("init container %s %v", init.Image, init.Command)
 				}
 				if agent.Name != "agent" || agent.Image != "conclave/acp-agent:test" ||

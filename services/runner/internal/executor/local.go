@@ -62,6 +62,27 @@ func ConfineWorkspace(roots []string, path string) (string, error) {
 	return "", fmt.Errorf("%w: workspace_path %q is outside the allowed roots (CONCLAVE_RUNNER_WORKSPACE_ROOTS)", ErrWorkspace, path)
 }
 
+// ConfineWorkspaceName is ConfineWorkspace for a workspace that is not on
+// the runner's filesystem (a Kubernetes agent's throwaway emptyDir): the
+// same rules on the path's text, which need not exist.
+func ConfineWorkspaceName(roots []string, path string) (string, error) {
+	switch {
+	case path == "":
+		return "", fmt.Errorf("%w: workspace_path is required", ErrWorkspace)
+	case !filepath.IsAbs(path):
+		return "", fmt.Errorf("%w: workspace_path %q must be absolute", ErrWorkspace, path)
+	case hasDotDot(path):
+		return "", fmt.Errorf("%w: workspace_path %q must not contain a \"..\" element", ErrWorkspace, path)
+	}
+	clean := filepath.Clean(path)
+	for _, root := range roots {
+		if acp.Within(filepath.Clean(root), clean) {
+			return clean, nil
+		}
+	}
+	return "", fmt.Errorf("%w: workspace_path %q is outside the allowed roots (CONCLAVE_RUNNER_WORKSPACE_ROOTS)", ErrWorkspace, path)
+}
+
 func hasDotDot(path string) bool {
 	for _, el := range strings.Split(filepath.ToSlash(path), "/") {
 		if el == ".." {

@@ -14,6 +14,30 @@ import (
 	"github.com/conclave-ai/conclave/services/runner/internal/agenttype"
 )
 
+func TestConfineWorkspaceName(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct {
+		path, want string
+	}{
+		{"/workspace/task-1", "/workspace/task-1"},
+		{"/workspace", "/workspace"},
+		{"/workspace/a//b/", "/workspace/a/b"},
+		{"/workspace/../etc", ""},
+		{"/workspaces", ""},
+		{"/etc", ""},
+		{"workspace/a", ""},
+		{"", ""},
+	} {
+		got, err := ConfineWorkspaceName([]string{"/workspace", "/srv/ws/"}, tt.path)
+		if got != tt.want || (err == nil) != (tt.want != "") {
+			t.Errorf("ConfineWorkspaceName(%q) = %q, %v; want %q", tt.path, got, err, tt.want)
+		}
+		if err != nil && !errors.Is(err, ErrWorkspace) {
+			t.Errorf("%q: error %v does not wrap ErrWorkspace", tt.path, err)
+		}
+	}
+}
+
 func TestConfineWorkspace(t *testing.T) {
 	t.Parallel()
 	root := t.TempDir()

@@ -579,3 +579,51 @@ func TestPromptAgainAfterRestart(t *testing.T) {
 		t.Fatalf("agent-host exited %d", code)
 	}
 }
+
+// A detached link leaves the agent running: its host reconnects once the
+// launch is expected again, and the turn it was in is answered, not run
+// again, with every update once.
+func TestDetach(t *testing.T) {
+	skipShort(t)
+	t.Parallel()
+	rig := startHub(t, "")
+	rec1 := newRecorder()
+	link1 := rig.hub.Expect("inst-detach", 1, rec1.options())
+	ws := t.TempDir()
+	p := startHost(t, hostSpec{addr: rig.addr, instance: "inst-detach", workspace: ws, agent: []string{acpAgentBin, "-mode", "gated", "-chunks", "50"}})
+	if _, err := link1.Ready(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	turn1 := make(chan error, 1)
+	go func() {
+		_, err := link1.PromptTurn(t.Context(), 1, "go", acceptTimeout)
+		turn1 <- err
+	}()
+	rec1.waitFor(t, "the turn's first update", hasUpdate("Working on: go"))
+	link1.Detach()
+	if err := <-turn1; !errors.Is(err, acp.ErrAgentGone) {
+		t.Fatalf("the detached link's turn ended with %v, want acp.ErrAgentGone", err)
+	}
+	select {
+	case <-link1.Done():
+	default:
+		t.Fatal("a detached link is not Done")
+	}
+
+	if err := os.WriteFile(filepath.Join(ws, "release"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	rec2 := newRecorder()
+	link2 := rig.hub.Expect("inst-detach", 1, rec2.options())
+	tr, err := link2.PromptTurn(t.Context(), 1, "go", acceptTimeout)
+	if err != nil || tr.StopReason != acp.StopEndTurn {
+		t.Fatalf("turn = %+v, %v", tr, err)
+	}
+	if got := rec2.texts(); !slices.Equal(got, chunks(50)) {
+		t.Fatalf("the link after the detach took %d updates, want chunks 1-50 once each, in order: %q", len(got), got)
+	}
+	_ = link2.Close()
+	if code := p.wait(t); code != 0 {
+		t.Fatalf("agent-host exited %d", code)
+	}
+}

@@ -114,6 +114,16 @@ func (h *Hub) Expect(instanceID string, launch int64, opts LinkOptions) *Link {
 
 var errSuperseded = errors.New("hostlink: the link was superseded")
 
+// forget drops l, if it is still its instance's link, without
+// remembering its launch as closed.
+func (h *Hub) forget(l *Link) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.links[l.instanceID] == l {
+		delete(h.links, l.instanceID)
+	}
+}
+
 // tombstone remembers l's launch as closed, with why.
 func (h *Hub) tombstone(l *Link, why string) {
 	h.mu.Lock()

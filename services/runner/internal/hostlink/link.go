@@ -41,6 +41,9 @@ type Exit struct {
 // ErrClosed is returned by a Link's calls once it is closed or superseded.
 var ErrClosed = errors.New("hostlink: the link is closed")
 
+// ErrDetached is why a detached link's calls fail.
+var ErrDetached = errors.New("hostlink: the runner let go of the link")
+
 // Link is one expected launch's conversation with its agent-host. It
 // implements the supervisor's conversation (BeginTurn, AbandonTurn,
 // Prompt, CancelTurn, Done) and adds PromptTurn, Ready, Exit and Close.
@@ -316,6 +319,16 @@ func (l *Link) Close() error {
 		l.end(ErrClosed, codes.PermissionDenied, "the launch was closed; stop the agent")
 	})
 	return nil
+}
+
+// Detach lets go of the link without telling the host to stop: its stream
+// ends with Unavailable, the host keeps the agent running and its events
+// buffered, and reconnects until a runner expects the launch again (the
+// one that claims it next, possibly this one). Calls in progress return
+// acp.ErrAgentGone.
+func (l *Link) Detach() {
+	l.hub.forget(l)
+	l.end(ErrDetached, codes.Unavailable, "the runner let go of the launch; reconnect")
 }
 
 // queue adds a command and wakes the stream, if any. Call with mu held.

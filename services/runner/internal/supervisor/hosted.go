@@ -57,6 +57,9 @@ func (ss *session) runHosted(ctx context.Context, proc executor.Process, link Ho
 		exitErr = proc.Wait()
 		close(exitDone)
 	}()
+	if phased, ok := proc.(executor.PhasedProcess); ok {
+		go ss.logPhases(phased)
+	}
 	outcome, reason := ss.driveHosted(ctx, proc, link, exitDone)
 	ss.mu.Lock()
 	ss.ending = true
@@ -74,7 +77,35 @@ func (ss *session) runHosted(ctx context.Context, proc executor.Process, link Ho
 		<-exitDone
 	}
 	kind, why = ss.killedWhy()
+	outcome, reason = podEnd(outcome, reason, exitErr, ss.timeout)
 	return ss.end(ctx, proc, outcome, reason, exitErr, kind, why)
+}
+
+// podEnd adds what the end of the agent's pod says to what its link saw:
+// the link sees the agent go, the pod says why (a Job past its deadline, a
+// container's exit code and reason).
+func podEnd(outcome, reason string, exitErr error, timeout time.Duration) (string, string) {
+	switch {
+	case exitErr == nil || outcome == "cancelled" || errors.Is(exitErr, executor.ErrJobDeleted):
+		// A Job deleted is the runner's own kill, whose reason is set.
+		return outcome, reason
+	case errors.Is(exitErr, executor.ErrDeadlineExceeded):
+		return "killed", fmt.Sprintf("deadline exceeded: the agent's Job ran past its timeout of %s", timeout)
+	case reason == "":
+		// end says "exited" with exitErr.
+		return outcome, reason
+	}
+	return outcome, fmt.Sprintf("%s; %v", reason, exitErr)
+}
+
+// logPhases notes in the instance's log where its pod is: waiting to be
+// scheduled, pulling images, running.
+func (ss *session) logPhases(p executor.PhasedProcess) {
+	for ph := range p.PhaseChanges() {
+		if ph != executor.PhaseFinished {
+			ss.log.Add(StreamRunner, fmt.Sprintf("pod %s: %s", p.ID(), ph))
+		}
+	}
 }
 
 // driveHosted waits for agent-host's handshake, then converses.

@@ -556,6 +556,8 @@ type session struct {
 	proc   executor.Process
 	// link is the launch's agent-host link, for a hosted agent.
 	link HostLink
+	// timeout is the launch's agent type's.
+	timeout time.Duration
 	// halt ends a oneshot conversation's run in progress (it has no proc).
 	halt func()
 	// stopStart aborts an executor's Start in progress.
@@ -973,9 +975,16 @@ func (ss *session) run(ctx context.Context, in *records.Instance, m queue.Messag
 		_ = proc.Kill()
 	}
 	ss.log.Add(StreamRunner, fmt.Sprintf("started %s as %s %s (launch %d)", typ.ID, o.Executor.Name(), proc.ID(), ss.seq))
-	// The timeout covers the whole launch, and kills the whole group.
-	timeout := time.AfterFunc(typ.EffectiveTimeout(), func() {
-		ss.kill(stopFailure, fmt.Sprintf("timed out after %s", typ.EffectiveTimeout()))
+	// The timeout covers the whole launch, and kills the whole group. A
+	// Job has it as its own deadline, which says so when it passes: this
+	// is the backstop.
+	ss.timeout = typ.EffectiveTimeout()
+	limit := ss.timeout
+	if link != nil {
+		limit += o.HostExitGrace
+	}
+	timeout := time.AfterFunc(limit, func() {
+		ss.kill(stopFailure, fmt.Sprintf("timed out after %s", ss.timeout))
 	})
 	defer timeout.Stop()
 	if link != nil {

@@ -1,4 +1,4 @@
-package executor
+package hostlink
 
 import (
 	"fmt"
@@ -7,13 +7,13 @@ import (
 	"path/filepath"
 )
 
-// InstallAgentHost copies the executable src (agent-host's own,
+// Install copies the executable src (agent-host's own,
 // os.Executable) to dest, readable and executable by every user, for the
 // init container's `agent-host install /conclave/bin/agent-host`: the
 // agent-host image then needs no shell or cp, and the agent's container may
 // run as another user than the init container. The copy is written beside
 // dest and renamed over it, so dest is never a partial binary.
-func InstallAgentHost(src, dest string) error {
+func Install(src, dest string) error {
 	in, err := os.Open(src)
 	if err != nil {
 		return fmt.Errorf("install agent-host: %w", err)

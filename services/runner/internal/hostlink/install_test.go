@@ -1,4 +1,4 @@
-package executor
+package hostlink
 
 import (
 	"bytes"
@@ -9,7 +9,7 @@ import (
 )
 
 // The copy is whole, executable by anyone, and runs.
-func TestInstallAgentHost(t *testing.T) {
+func TestInstall(t *testing.T) {
 	// Not parallel: running a file just written while another test forks
 	// can fail with "text file busy".
 	src, err := exec.LookPath("true")
@@ -22,7 +22,7 @@ func TestInstallAgentHost(t *testing.T) {
 	if err := os.WriteFile(dest, []byte("stale"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if err := InstallAgentHost(src, dest); err != nil {
+	if err := Install(src, dest); err != nil {
 		t.Fatal(err)
 	}
 	want, _ := os.ReadFile(src)
@@ -42,8 +42,8 @@ func TestInstallAgentHost(t *testing.T) {
 		t.Errorf("left behind %v", entries)
 	}
 	for _, bad := range [][2]string{{filepath.Join(dir, "missing"), filepath.Join(dir, "x")}, {src, filepath.Join(dir, "no", "such", "dir")}} {
-		if err := InstallAgentHost(bad[0], bad[1]); err == nil {
-			t.Errorf("InstallAgentHost(%q, %q) succeeded", bad[0], bad[1])
+		if err := Install(bad[0], bad[1]); err == nil {
+			t.Errorf("Install(%q, %q) succeeded", bad[0], bad[1])
 		}
 	}
 }
