@@ -48,6 +48,9 @@ type Image struct {
 	// /bin:/usr/bin:/sbin:/usr/sbin.
 	Env        []string
 	WorkingDir string
+	// User is the image's USER, e.g. "65532:65532" (numeric, for pods
+	// that must run as non-root); empty is root.
+	User string
 }
 
 // imageDirs exist in every image: the runtime mounts proc, sys and dev
@@ -84,6 +87,7 @@ func WriteImage(path string, img Image) error {
 	cf.Config.Entrypoint = img.Entrypoint
 	cf.Config.Cmd = img.Cmd
 	cf.Config.WorkingDir = img.WorkingDir
+	cf.Config.User = img.User
 	cf.Config.Env = img.Env
 	if !hasEnv(img.Env, "PATH") {
 		cf.Config.Env = append([]string{"PATH=/bin:/usr/bin:/sbin:/usr/sbin"}, img.Env...)

@@ -34,6 +34,7 @@ func TestWriteImage(t *testing.T) {
 		Cmd:        []string{"serve"},
 		Env:        []string{"MODE=test"},
 		WorkingDir: "/tmp",
+		User:       "65532:65532",
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -53,7 +54,7 @@ func TestWriteImage(t *testing.T) {
 	if cf.OS != "linux" || cf.Architecture != "amd64" {
 		t.Errorf("platform %s/%s", cf.OS, cf.Architecture)
 	}
-	if !slices.Equal(cf.Config.Entrypoint, []string{"/usr/local/bin/tool"}) || !slices.Equal(cf.Config.Cmd, []string{"serve"}) || cf.Config.WorkingDir != "/tmp" {
+	if !slices.Equal(cf.Config.Entrypoint, []string{"/usr/local/bin/tool"}) || !slices.Equal(cf.Config.Cmd, []string{"serve"}) || cf.Config.WorkingDir != "/tmp" || cf.Config.User != "65532:65532" {
 		t.Errorf("config %+v", cf.Config)
 	}
 	if !slices.Contains(cf.Config.Env, "MODE=test") || !slices.Contains(cf.Config.Env, "PATH=/bin:/usr/bin:/sbin:/usr/sbin") {

@@ -335,7 +335,8 @@ func TestKubeJobSpec(t *testing.T) {
 						inline[e.Name] = e.Value
 					}
 				}
-				if inline["TASK_DESCRIPTION"] != "fix it" || inline["CONCLAVE_AGENT_HOST_RUNNER"] != "runner:50052" || len(inline) != 2 {
+				if inline["TASK_DESCRIPTION"] != "fix it" || inline["CONCLAVE_AGENT_HOST_RUNNER"] != "runner:50052" ||
+					inline["CONCLAVE_AGENT_HOST_WORKSPACE"] != "/workspace" || len(inline) != 3 {
 					t.Errorf("inline env %v", inline)
 				}
 				for _, n := range []string{"AUGMENT_SESSION_AUTH", "OPENAI_API_KEY", "CONCLAVE_AGENT_HOST_TOKEN"} {
