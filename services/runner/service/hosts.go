@@ -20,6 +20,8 @@ type hostLinks struct {
 	runnerAddr func() string
 	// settings are agent-host's settings common to every launch.
 	settings hostlink.Settings
+	// otlp is where agent-host exports its spans, if anywhere.
+	otlp string
 }
 
 var _ supervisor.HostLinks = (*hostLinks)(nil)
@@ -41,7 +43,11 @@ func (h *hostLinks) Spec(instanceID string, launch int64, typ agenttype.Type, se
 	s := h.settings
 	s.RunnerAddr, s.InstanceID, s.Launch = h.runnerAddr(), instanceID, launch
 	s.Protocol, s.Permission, s.SessionID = typ.Protocol, typ.Permission, sessionID
-	return executor.HostSpec{Env: s.Env(), Token: hostlink.Token(h.key, instanceID)}
+	env := s.Env()
+	if h.otlp != "" {
+		env["OTEL_EXPORTER_OTLP_ENDPOINT"] = h.otlp
+	}
+	return executor.HostSpec{Env: env, Token: hostlink.Token(h.key, instanceID)}
 }
 
 // hostLink is a hostlink.Link as the supervisor converses with it.

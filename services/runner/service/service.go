@@ -64,6 +64,7 @@ type Config struct {
 	HostKey          string        `env:"CONCLAVE_RUNNER_HOST_KEY" help:"secret key (at least 32 bytes) the per-instance tokens of agent-host are signed with; required by the kubernetes executor, the same on every replica"`
 	HostAddr         string        `env:"CONCLAVE_RUNNER_HOST_ADDR" help:"host:port agents' pods dial this replica's gRPC listener at (default: CONCLAVE_RUNNER_ADVERTISE_ADDR)"`
 	HostStartTimeout time.Duration `env:"CONCLAVE_RUNNER_HOST_START_TIMEOUT" default:"5m" help:"how long a Kubernetes launch may take from its Job's creation to agent-host reporting the agent's session up (scheduling, image pulls, the agent's start)"`
+	HostOTLPEndpoint string        `env:"CONCLAVE_RUNNER_HOST_OTLP_ENDPOINT" help:"OTLP gRPC endpoint (host:port, reachable from agents' pods) agent-host exports its spans to; empty: they are not exported (the launch's trace still continues in the agent's updates)"`
 	HostExitGrace    time.Duration `env:"CONCLAVE_RUNNER_HOST_EXIT_GRACE" default:"30s" help:"how long an agent's Job may take to finish once agent-host was told to end it, before it is deleted"`
 	executor.KubeConfig
 }
@@ -216,7 +217,7 @@ func New(cfg Config, deps Deps, opts ...server.Option) (*Runner, error) {
 		}
 		r.hub = hostlink.NewHub([]byte(cfg.HostKey), logger)
 		hosts = &hostLinks{hub: r.hub, key: []byte(cfg.HostKey), runnerAddr: r.hostAddr(cfg.HostAddr),
-			settings: hostlink.Settings{ProtocolTimeout: cfg.ProtocolTimeout, MaxLine: cfg.MaxLineBytes}}
+			settings: hostlink.Settings{ProtocolTimeout: cfg.ProtocolTimeout, MaxLine: cfg.MaxLineBytes}, otlp: cfg.HostOTLPEndpoint}
 	default:
 		exec = &executor.Local{Roots: cfg.WorkspaceRoots}
 	}

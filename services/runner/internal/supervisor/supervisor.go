@@ -15,8 +15,11 @@ import (
 	"sync/atomic"
 	"time"
 
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/conclave-ai/conclave/pkg/queue"
 	"github.com/conclave-ai/conclave/services/runner/internal/acp"
@@ -90,6 +93,7 @@ type Supervisor struct {
 	log    *slog.Logger
 	logs   *logBook
 	events *events
+	tracer trace.Tracer
 
 	mu       sync.Mutex
 	sessions map[string]*session
@@ -106,6 +110,11 @@ func New(o Options) *Supervisor {
 	s := &Supervisor{o: o, log: o.Logger, sessions: map[string]*session{}, writing: map[string]chan struct{}{}, stopping: make(chan struct{})}
 	s.logs = newLogBook(o.Records, o.Logger)
 	s.events = newEvents(o.Queue, o.EventsQueue, o.Source, o.Logger, o.Metrics.Events)
+	tp := o.TracerProvider
+	if tp == nil {
+		tp = noop.NewTracerProvider()
+	}
+	s.tracer = tp.Tracer("conclave-runner")
 	return s
 }
 
@@ -899,8 +908,28 @@ func (ss *session) run(ctx context.Context, in *records.Instance, m queue.Messag
 		env = map[string]string{}
 	}
 	maps.Copy(env, ss.launch.Env)
+	// The agent's start is a span of the launch's trace, and the agent's
+	// (or agent-host's) own spans continue from it.
+	spanCtx, startSpan := ss.s.tracer.Start(ctx, "start agent", trace.WithSpanKind(trace.SpanKindClient),
+		trace.WithAttributes(attribute.String("conclave.executor", o.Executor.Name()),
+			attribute.String("conclave.instance_id", ss.launch.ID), attribute.Int64("conclave.launch", int64(ss.seq))))
+	startSpanOpen := true
+	endStartSpan := func(proc executor.Process, err error) {
+		if !startSpanOpen {
+			return
+		}
+		startSpanOpen = false
+		if err != nil {
+			startSpan.RecordError(err)
+			startSpan.SetStatus(codes.Error, err.Error())
+		} else if proc != nil {
+			startSpan.SetAttributes(attribute.String("conclave.container_id", proc.ID()))
+		}
+		startSpan.End()
+	}
+	defer endStartSpan(nil, nil)
 	carrier := propagation.MapCarrier{}
-	propagation.TraceContext{}.Inject(ctx, carrier)
+	propagation.TraceContext{}.Inject(spanCtx, carrier)
 	if tp := carrier["traceparent"]; tp != "" {
 		env["TRACEPARENT"] = tp
 	}
@@ -949,6 +978,7 @@ func (ss *session) run(ctx context.Context, in *records.Instance, m queue.Messag
 		spec.Host = o.Hosts.Spec(ss.launch.ID, int64(ss.seq), typ, ss.launch.SessionID)
 	}
 	proc, err := o.Executor.Start(startCtx, spec, stderr)
+	endStartSpan(proc, err)
 	if cerr := awaitClaim(); cerr != nil {
 		if err == nil {
 			_ = proc.Kill()
