@@ -2,12 +2,15 @@ package helm
 
 import (
 	"maps"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
+	"sigs.k8s.io/yaml"
 )
 
 // agentPodLabels are labels the runner's Kubernetes executor puts on an
@@ -36,6 +39,7 @@ func TestKubernetesExecutor(t *testing.T) {
 		claim          string
 		agentNamespace string // "" with the local executor
 		egressRule     bool   // runner.kubernetes.networkPolicy.egress is set
+		jaeger         bool   // jaeger.enabled
 	}{
 		{
 			name:          "local",
@@ -97,6 +101,27 @@ func TestKubernetesExecutor(t *testing.T) {
 			agentNamespace: "agents",
 			egressRule:     true,
 		},
+		{
+			name: "kubernetes with the dev Jaeger",
+			set:  []string{"runner.executor=kubernetes", "runner.kubernetes.namespace=agents", "jaeger.enabled=true"},
+			env: map[string]string{
+				"CONCLAVE_RUNNER_EXECUTOR":                "kubernetes",
+				"CONCLAVE_RUNNER_HOST_KEY":                "",
+				"CONCLAVE_RUNNER_HOST_ADDR":               "$(POD_IP):50052",
+				"CONCLAVE_RUNNER_HOST_OTLP_ENDPOINT":      "conclave-jaeger.conclave.svc:4317",
+				"CONCLAVE_RUNNER_KUBE_NAMESPACE":          "agents",
+				"CONCLAVE_RUNNER_KUBE_HOST_IMAGE":         "conclave/agent-host:" + chartAppVersion(t),
+				"CONCLAVE_RUNNER_KUBE_IMAGE_PULL_POLICY":  "IfNotPresent",
+				"CONCLAVE_RUNNER_KUBE_RUN_AS_NON_ROOT":    "true",
+				"CONCLAVE_RUNNER_KUBE_WORKSPACE_MOUNT":    "/workspace",
+				"CONCLAVE_RUNNER_KUBE_TTL_AFTER_FINISHED": "10m",
+				"CONCLAVE_RUNNER_KUBE_START_GRACE":        "2m",
+				"CONCLAVE_RUNNER_KUBE_SECRET_ENV":         "*_AUTH,*_TOKEN,*_KEY",
+			},
+			workspaceRoot:  "/workspace",
+			agentNamespace: "agents",
+			jaeger:         true,
+		},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -138,7 +163,7 @@ func TestKubernetesExecutor(t *testing.T) {
 			} else if len(r.roles)+len(r.bindings) > 0 {
 				t.Errorf("the local executor gets Roles %v and bindings %v, want none", r.roles, r.bindings)
 			}
-			checkAgentNetworkPolicies(t, r, tc.agentNamespace, tc.egressRule)
+			checkAgentNetworkPolicies(t, r, tc.agentNamespace, tc.egressRule, tc.jaeger)
 		})
 	}
 }
@@ -165,10 +190,11 @@ func checkWorkspaceVolume(t *testing.T, spec corev1.PodSpec, root, claim string)
 
 // checkAgentNetworkPolicies checks, by evaluating the rendered policies,
 // who reaches whom: agent pods reach the runner's gRPC port (not its HTTP
-// one), the bus and DNS, and nothing else unless an egress rule was added;
-// nothing reaches an agent pod. With agentNamespace "" (the local
-// executor) no policy mentions agent pods.
-func checkAgentNetworkPolicies(t *testing.T, r rendered, agentNamespace string, egressRule bool) {
+// one), the bus, DNS and the dev Jaeger's OTLP port when there is one, and
+// nothing else unless an egress rule was added; nothing reaches an agent
+// pod. With agentNamespace "" (the local executor) no policy mentions agent
+// pods.
+func checkAgentNetworkPolicies(t *testing.T, r rendered, agentNamespace string, egressRule, jaeger bool) {
 	t.Helper()
 	runnerPolicy := r.netpols[release+"-runner"]
 	runnerLabels := r.deployments[release+"-runner"].Spec.Template.Labels
@@ -209,6 +235,13 @@ func checkAgentNetworkPolicies(t *testing.T, r rendered, agentNamespace string, 
 	if !ingressAllows(r.netpols[release+"-bus"], agentPodLabels, agentNamespace, "http", 7892) {
 		t.Errorf("agent pods may not reach the bus")
 	}
+	jaegerLabels := map[string]string{}
+	if jaeger {
+		jaegerLabels = r.deployments[release+"-jaeger"].Spec.Template.Labels
+		if !ingressAllows(r.netpols[release+"-jaeger"], agentPodLabels, agentNamespace, "otlp-grpc", 4317) {
+			t.Errorf("agent pods may not send spans to the dev Jaeger")
+		}
+	}
 
 	for _, to := range []struct {
 		what   string
@@ -225,6 +258,7 @@ func checkAgentNetworkPolicies(t *testing.T, r rendered, agentNamespace string, 
 		{"DNS over TCP", map[string]string{"k8s-app": "kube-dns"}, "kube-system", 53, corev1.ProtocolTCP, true},
 		{"another pod's gRPC port", map[string]string{"app": "database"}, "conclave", grpcPort.ContainerPort, corev1.ProtocolTCP, false},
 		{"a pod elsewhere on 443", map[string]string{"app": "model-api"}, "models", 443, corev1.ProtocolTCP, egressRule},
+		{"the dev Jaeger's OTLP port", jaegerLabels, "conclave", 4317, corev1.ProtocolTCP, jaeger},
 	} {
 		if got := egressAllows(agents, to.labels, to.ns, to.port, to.proto); got != to.want {
 			t.Errorf("agent pods reach %s: %v, want %v", to.what, got, to.want)
@@ -317,4 +351,20 @@ func egressAllows(np *networkingv1.NetworkPolicy, labels map[string]string, ns s
 		}
 	}
 	return false
+}
+
+// chartAppVersion is Chart.yaml's appVersion, the images' default tag.
+func chartAppVersion(t *testing.T) string {
+	t.Helper()
+	data, err := os.ReadFile(filepath.Join(chartDir, "Chart.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var chart struct {
+		AppVersion string `json:"appVersion"`
+	}
+	if err := yaml.Unmarshal(data, &chart); err != nil || chart.AppVersion == "" {
+		t.Fatalf("Chart.yaml's appVersion: %q, %v", chart.AppVersion, err)
+	}
+	return chart.AppVersion
 }

@@ -222,6 +222,12 @@ app.kubernetes.io/managed-by: conclave-runner
   value: {{ $k.startGrace | quote }}
 - name: CONCLAVE_RUNNER_KUBE_SECRET_ENV
   value: {{ join "," $k.secretEnv | quote }}
+{{- if and $root.Values.jaeger.enabled (not $root.Values.otlp.endpoint) (not (hasKey $c.settings "hostOtlpEndpoint")) }}
+# agent-host's spans go to the dev Jaeger too, by a name the agents'
+# namespace resolves.
+- name: CONCLAVE_RUNNER_HOST_OTLP_ENDPOINT
+  value: {{ printf "%s-jaeger.%s.svc:4317" (include "conclave.fullname" $root) $root.Release.Namespace | quote }}
+{{- end }}
 {{- end }}
 {{- end }}
 {{- range $key, $value := $c.settings }}
