@@ -181,6 +181,13 @@ type rendered struct {
 
 func index(t *testing.T, objs []runtime.Object) rendered {
 	t.Helper()
+	return indexIn(t, objs, "conclave")
+}
+
+// indexIn is index for a render whose objects may be in any of namespaces
+// (the Kubernetes executor's agents' namespace besides the release's).
+func indexIn(t *testing.T, objs []runtime.Object, namespaces ...string) rendered {
+	t.Helper()
 	r := rendered{
 		deployments: map[string]*appsv1.Deployment{}, services: map[string]*corev1.Service{},
 		serviceAccounts: map[string]*corev1.ServiceAccount{}, pdbs: map[string]*policyv1.PodDisruptionBudget{},
@@ -210,8 +217,8 @@ func index(t *testing.T, objs []runtime.Object) rendered {
 		default:
 			t.Fatalf("the chart renders a %T, which this test does not check", obj)
 		}
-		if ns := obj.(interface{ GetNamespace() string }).GetNamespace(); ns != "conclave" {
-			t.Errorf("%T %v is in namespace %q, not the release's", obj, obj, ns)
+		if ns := obj.(interface{ GetNamespace() string }).GetNamespace(); !slices.Contains(namespaces, ns) {
+			t.Errorf("%T %v is in namespace %q, not one of %q", obj, obj, ns, namespaces)
 		}
 	}
 	return r
@@ -222,7 +229,7 @@ func index(t *testing.T, objs []runtime.Object) rendered {
 var podEnvHelpers = []string{"POD_IP"}
 
 // secretSettings must come from a Secret, never a literal value.
-var secretSettings = regexp.MustCompile(`_(CLIENT_TOKENS|AGENT_TOKENS|GRANTS|PEER_TOKEN|RUNNER_TOKEN)$`)
+var secretSettings = regexp.MustCompile(`_(CLIENT_TOKENS|AGENT_TOKENS|GRANTS|PEER_TOKEN|RUNNER_TOKEN|HOST_KEY)$`)
 
 func TestTemplate(t *testing.T) {
 	t.Parallel()
@@ -238,7 +245,13 @@ func TestTemplate(t *testing.T) {
 			for _, d := range deployables {
 				checkDeployable(t, r, d)
 			}
-			checkRunnerRole(t, r)
+			// all-settings runs the Kubernetes executor; the others the
+			// local one, which gets no Role.
+			if name == "all-settings" {
+				checkRunnerRole(t, r, "conclave")
+			} else if len(r.roles)+len(r.bindings) > 0 {
+				t.Errorf("the local executor gets Roles %v and bindings %v, want none", r.roles, r.bindings)
+			}
 			switch name {
 			case "dev":
 				checkDev(t, r)
@@ -378,13 +391,16 @@ func selects(selector, labels map[string]string) bool {
 }
 
 // checkRunnerRole holds the runner's Role to exactly what the Kubernetes
-// executor needs, in its own namespace, bound to its ServiceAccount.
-func checkRunnerRole(t *testing.T, r rendered) {
+// executor needs, in the agents' namespace, bound to its ServiceAccount.
+func checkRunnerRole(t *testing.T, r rendered, agentNamespace string) {
 	t.Helper()
 	name := release + "-runner"
 	role, ok := r.roles[name]
 	if !ok {
 		t.Fatalf("no Role %s", name)
+	}
+	if role.Namespace != agentNamespace {
+		t.Errorf("Role %s is in namespace %s, want the agents' %s", name, role.Namespace, agentNamespace)
 	}
 	want := []string{
 		// services/runner/internal/executor's runnerRoleRules: its tests
@@ -418,8 +434,12 @@ func checkRunnerRole(t *testing.T, r rendered) {
 	if b.RoleRef.Kind != "Role" || b.RoleRef.Name != name {
 		t.Errorf("RoleBinding %s binds %s %s", name, b.RoleRef.Kind, b.RoleRef.Name)
 	}
-	if len(b.Subjects) != 1 || b.Subjects[0].Kind != "ServiceAccount" || b.Subjects[0].Name != r.deployments[name].Spec.Template.Spec.ServiceAccountName {
-		t.Errorf("RoleBinding %s subjects %+v, want the runner's ServiceAccount only", name, b.Subjects)
+	if b.Namespace != agentNamespace {
+		t.Errorf("RoleBinding %s is in namespace %s, want the agents' %s", name, b.Namespace, agentNamespace)
+	}
+	if len(b.Subjects) != 1 || b.Subjects[0].Kind != "ServiceAccount" || b.Subjects[0].Name != r.deployments[name].Spec.Template.Spec.ServiceAccountName ||
+		b.Subjects[0].Namespace != "conclave" {
+		t.Errorf("RoleBinding %s subjects %+v, want the runner's ServiceAccount (in the release's namespace) only", name, b.Subjects)
 	}
 }
 
@@ -535,6 +555,16 @@ func allSettingsValues(t *testing.T) string {
 		}
 	}
 	values["runner"].(map[string]any)["agentTypes"] = "my-agent:\n  command: [my-agent, --acp]\n"
+	// Every part of the Kubernetes executor's block, in the release's
+	// namespace (TestKubernetesExecutor renders another).
+	values["runner"].(map[string]any)["executor"] = "kubernetes"
+	values["runner"].(map[string]any)["kubernetes"] = map[string]any{
+		"hostImage": "registry.example.com/agent-host:1", "imagePullPolicy": "Always",
+		"serviceAccount": "agents", "runAsNonRoot": true, "workspaceClaim": "workspaces",
+		"workspaceRoot": "/claims", "workspaceMount": "/src", "ttlAfterFinished": "1h",
+		"startGrace": "30s", "secretEnv": []string{"*_SECRET"},
+		"networkPolicy": map[string]any{"egress": []any{map[string]any{"ports": []any{map[string]any{"port": 443, "protocol": "TCP"}}}}},
+	}
 	values["bus"].(map[string]any)["runnerAgentType"] = "my-agent"
 	out, err := yaml.Marshal(values)
 	if err != nil {
@@ -547,14 +577,31 @@ func allSettingsValues(t *testing.T) string {
 	return path
 }
 
+// modulePrefix is the import path prefix of this repository's packages.
+const modulePrefix = "github.com/conclave-ai/conclave/"
+
 // envTags reads the env tags of everything a deployable's process loads:
 // its service package's Config, the appConfig its main (or Serve) loads,
-// and pkg/config's Common and Storage, which appConfig embeds.
+// and pkg/config's Common and Storage, which appConfig embeds, following
+// the structs they embed (the runner's executor.KubeConfig) into this
+// repository's other packages.
 func envTags(t *testing.T, name string) map[string]bool {
 	t.Helper()
 	root := repoRoot(t)
 	tags := map[string]bool{}
-	collect := func(dir string, types ...string) {
+	seen := map[string]bool{}
+	var collect func(dir string, types ...string)
+	collect = func(dir string, types ...string) {
+		var want []string
+		for _, typ := range types {
+			if !seen[dir+"."+typ] {
+				seen[dir+"."+typ] = true
+				want = append(want, typ)
+			}
+		}
+		if len(want) == 0 {
+			return
+		}
 		fset := token.NewFileSet()
 		files, err := filepath.Glob(filepath.Join(dir, "*.go"))
 		if err != nil {
@@ -568,20 +615,47 @@ func envTags(t *testing.T, name string) map[string]bool {
 			if err != nil {
 				t.Fatal(err)
 			}
+			imports := map[string]string{}
+			for _, imp := range f.Imports {
+				p, _ := strconv.Unquote(imp.Path.Value)
+				local := p[strings.LastIndex(p, "/")+1:]
+				if imp.Name != nil {
+					local = imp.Name.Name
+				}
+				imports[local] = p
+			}
 			ast.Inspect(f, func(n ast.Node) bool {
 				ts, ok := n.(*ast.TypeSpec)
-				if !ok || !slices.Contains(types, ts.Name.Name) {
+				if !ok || !slices.Contains(want, ts.Name.Name) {
 					return true
 				}
 				ast.Inspect(ts.Type, func(n ast.Node) bool {
 					field, ok := n.(*ast.Field)
-					if ok && field.Tag != nil {
+					if !ok {
+						return true
+					}
+					if field.Tag != nil {
 						tag, err := strconv.Unquote(field.Tag.Value)
 						if err != nil {
 							t.Fatalf("%s: %v", path, err)
 						}
 						if env := reflect.StructTag(tag).Get("env"); env != "" {
 							tags[env] = true
+						}
+					}
+					if len(field.Names) == 0 {
+						// Embedded: its fields are the struct's settings.
+						switch typ := field.Type.(type) {
+						case *ast.Ident:
+							collect(dir, typ.Name)
+						case *ast.SelectorExpr:
+							pkg, ok := typ.X.(*ast.Ident)
+							if !ok {
+								break
+							}
+							if rel, ok := strings.CutPrefix(imports[pkg.Name], modulePrefix); ok {
+								collect(filepath.Join(root, filepath.FromSlash(rel)), typ.Sel.Name)
+							}
 						}
 					}
 					return true
@@ -625,6 +699,14 @@ func TestSchemaRejects(t *testing.T) {
 		{"port out of range", []string{"runner.service.grpcPort=70000"}, "at '/runner/service/grpcPort': maximum: got 70,000, want 65,535"},
 		{"bad queue name", []string{"runner.launchQueue=runner launches"}, "at '/runner/launchQueue'"},
 		{"unknown top-level key", []string{"gatway.enabled=false"}, "additional properties 'gatway' not allowed"},
+		{"executor not local or kubernetes", []string{"runner.executor=docker"}, "at '/runner/executor': value must be one of 'local', 'kubernetes'"},
+		{"bad agent pull policy", []string{"runner.executor=kubernetes", "runner.kubernetes.imagePullPolicy=Sometimes"}, "at '/runner/kubernetes/imagePullPolicy': value must be one of 'Always', 'IfNotPresent', 'Never'"},
+		{"agent ttl not a duration", []string{"runner.kubernetes.ttlAfterFinished=600"}, "at '/runner/kubernetes/ttlAfterFinished': got number, want string"},
+		{"bad agent start grace", []string{"runner.kubernetes.startGrace=two minutes"}, "at '/runner/kubernetes/startGrace': 'two minutes' does not match pattern"},
+		{"bad agents' namespace", []string{"runner.kubernetes.namespace=Agents"}, "at '/runner/kubernetes/namespace': 'Agents' does not match pattern"},
+		{"unknown kubernetes key", []string{"runner.kubernetes.hostImg=x"}, "additional properties 'hostImg' not allowed"},
+		{"kubernetes executor without a host key", []string{"runner.executor=kubernetes", "runner.secret.hostKeyKey="}, "at '/runner/secret/hostKeyKey': minLength: got 0, want 1"},
+		{"kubernetes executor without the runner's Secret", []string{"runner.executor=kubernetes", "runner.secret.name=", "runner.settings.allowUnauthenticated=true"}, "at '/runner/secret/name': minLength: got 0, want 1"},
 		{"autoscaling bounds inverted", []string{"bus.autoscaling.enabled=true", "bus.autoscaling.minReplicas=5", "bus.autoscaling.maxReplicas=3"}, "bus.autoscaling: minReplicas (5) is above maxReplicas (3)"},
 	}
 	for _, tc := range cases {

@@ -13,6 +13,34 @@ import (
 // a skaffold artifact and a section of the chart's values.
 var deployables = []string{"gateway", "bus", "runner"}
 
+// dockerImage is an image built from a Dockerfile in this repository.
+type dockerImage struct {
+	name       string // conclave/<name>
+	dockerfile string // relative to the repository root, the build context
+	pkg        string // the main package it builds
+	// values is the chart's value naming the image (<values>.repository,
+	// .tag), which skaffold sets to what it built; "" for an image the
+	// chart does not run (skaffold does not build it).
+	values string
+	// numericUser: the runner's Kubernetes executor runs it, whose pods set
+	// runAsNonRoot without a runAsUser, so the kubelet must see a numeric
+	// non-root USER (the chart sets the deployables' runAsUser itself).
+	numericUser bool
+}
+
+// dockerImages are every image with a Dockerfile: the deployables,
+// agent-host (the executor's init container) and the example agent.
+var dockerImages = func() []dockerImage {
+	var images []dockerImage
+	for _, d := range deployables {
+		images = append(images, dockerImage{name: d, dockerfile: "services/" + d + "/Dockerfile", pkg: "./services/" + d + "/cmd/" + d, values: d + ".image"})
+	}
+	return append(images,
+		dockerImage{name: "agent-host", dockerfile: "services/runner/Dockerfile.agent-host", pkg: "./services/runner/cmd/agent-host", values: "agentHost.image", numericUser: true},
+		dockerImage{name: "acp-agent", dockerfile: "examples/acp-agent/Dockerfile", pkg: "./examples/acp-agent", numericUser: true},
+	)
+}()
+
 // repoRoot is the repository root, one directory above this module.
 func repoRoot(t *testing.T) string {
 	t.Helper()
@@ -95,17 +123,17 @@ func parseDockerfile(t *testing.T, path string) dockerfile {
 
 var goBuildPackage = regexp.MustCompile(`go build .*\s(\./\S+)$`)
 
-// TestDockerfiles checks each deployable's Dockerfile as far as can be done
-// without Docker: the toolchain is go.work's, the build is static, trimmed
-// and honours SKAFFOLD_GO_GCFLAGS, the package built is the deployable's main
+// TestDockerfiles checks each Dockerfile as far as can be done without
+// Docker: the toolchain is go.work's, the build is static, trimmed and
+// honours SKAFFOLD_GO_GCFLAGS, the package built is the image's main
 // package, and the final image is distroless static running as non-root.
 func TestDockerfiles(t *testing.T) {
 	root := repoRoot(t)
 	goVersion := goWorkVersion(t)
-	for _, name := range deployables {
-		t.Run(name, func(t *testing.T) {
+	for _, img := range dockerImages {
+		t.Run(img.name, func(t *testing.T) {
 			t.Parallel()
-			path := filepath.Join(root, "services", name, "Dockerfile")
+			path := filepath.Join(root, img.dockerfile)
 			df := parseDockerfile(t, path)
 			build, final := df.stages[0], df.stages[len(df.stages)-1]
 
@@ -137,8 +165,8 @@ func TestDockerfiles(t *testing.T) {
 					pkg = m[1]
 				}
 			}
-			if want := "./services/" + name + "/cmd/" + name; pkg != want {
-				t.Fatalf("go build builds %q, want %q", pkg, want)
+			if pkg != img.pkg {
+				t.Fatalf("go build builds %q, want %q", pkg, img.pkg)
 			}
 			if !isMainPackage(t, filepath.Join(root, pkg)) {
 				t.Errorf("%s is not a main package", pkg)
@@ -155,6 +183,9 @@ func TestDockerfiles(t *testing.T) {
 			}
 			if user == "" || strings.HasPrefix(user, "root") || strings.HasPrefix(user, "0") {
 				t.Errorf("final stage runs as %q, want a non-root USER", user)
+			}
+			if img.numericUser && !regexp.MustCompile(`^[1-9][0-9]*(:[0-9]+)?$`).MatchString(user) {
+				t.Errorf("final stage runs as %q, want a numeric non-root USER (the Kubernetes executor's pods check runAsNonRoot)", user)
 			}
 		})
 	}

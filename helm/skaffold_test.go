@@ -55,9 +55,10 @@ type skaffoldConfig struct {
 }
 
 // TestSkaffold checks skaffold.yaml against the Dockerfiles and the chart:
-// one artifact per deployable built from its Dockerfile with the repository
-// root as context, its image handed to the chart's values for that
-// deployable, and profiles dev and aws selecting values files that exist.
+// one artifact per image the chart runs (the deployables and agent-host)
+// built from its Dockerfile with the repository root as context, its image
+// handed to the chart's value for it, and profiles dev and aws selecting
+// values files that exist.
 func TestSkaffold(t *testing.T) {
 	t.Parallel()
 	root := repoRoot(t)
@@ -82,7 +83,13 @@ func TestSkaffold(t *testing.T) {
 		t.Errorf("release %s: chartPath %s is no chart: %v", rel.Name, rel.ChartPath, err)
 	}
 
-	var built []string
+	var built, want, imageValues []string
+	for _, img := range dockerImages {
+		if img.values != "" {
+			want = append(want, img.name)
+			imageValues = append(imageValues, img.values)
+		}
+	}
 	for _, a := range cfg.Build.Artifacts {
 		if a.Context != "." {
 			t.Errorf("artifact %s: context %q, want the repository root", a.Image, a.Context)
@@ -91,34 +98,35 @@ func TestSkaffold(t *testing.T) {
 		if _, err := os.Stat(filepath.Join(root, df)); err != nil {
 			t.Errorf("artifact %s: %v", a.Image, err)
 		}
-		name := strings.TrimSuffix(strings.TrimPrefix(df, "services/"), "/Dockerfile")
-		if !slices.Contains(deployables, name) {
-			t.Errorf("artifact %s builds %s, no deployable's Dockerfile", a.Image, df)
+		i := slices.IndexFunc(dockerImages, func(img dockerImage) bool { return img.dockerfile == df })
+		if i < 0 || dockerImages[i].values == "" {
+			t.Errorf("artifact %s builds %s, the Dockerfile of no image the chart runs", a.Image, df)
 			continue
 		}
-		built = append(built, name)
+		img := dockerImages[i]
+		built = append(built, img.name)
 		// Skaffold's template names: "/" and "-" in the image become "_".
 		key := strings.NewReplacer("/", "_", "-", "_").Replace(a.Image)
 		for value, want := range map[string]string{
-			name + ".image.repository": "{{.IMAGE_REPO_" + key + "}}",
-			name + ".image.tag":        "{{.IMAGE_TAG_" + key + "}}",
+			img.values + ".repository": "{{.IMAGE_REPO_" + key + "}}",
+			img.values + ".tag":        "{{.IMAGE_TAG_" + key + "}}",
 		} {
 			if got := rel.SetValueTemplates[value]; got != want {
 				t.Errorf("setValueTemplates[%s] = %q, want %q", value, got, want)
 			}
 		}
-		if repo := values[name].(map[string]any)["image"].(map[string]any)["repository"]; repo != a.Image {
-			t.Errorf("the chart's %s.image.repository is %v, skaffold builds %s", name, repo, a.Image)
+		if repo := valueAt(values, img.values+".repository"); repo != a.Image {
+			t.Errorf("the chart's %s.repository is %v, skaffold builds %s", img.values, repo, a.Image)
 		}
 	}
 	slices.Sort(built)
-	want := slices.Sorted(slices.Values(deployables))
+	slices.Sort(want)
 	if !slices.Equal(built, want) {
-		t.Errorf("skaffold builds %v, want one artifact per deployable %v", built, want)
+		t.Errorf("skaffold builds %v, want one artifact per image the chart runs %v", built, want)
 	}
 	for key := range rel.SetValueTemplates {
-		if !slices.Contains(deployables, strings.Split(key, ".")[0]) {
-			t.Errorf("setValueTemplates sets %s, no deployable's value", key)
+		if !slices.ContainsFunc(imageValues, func(v string) bool { return strings.HasPrefix(key, v+".") }) {
+			t.Errorf("setValueTemplates sets %s, no image's value", key)
 		}
 	}
 
@@ -143,6 +151,19 @@ func TestSkaffold(t *testing.T) {
 			t.Errorf("profile %s uses values %q, want %s", name, profiles[name], file)
 		}
 	}
+}
+
+// valueAt is the value at a dotted path of values, or nil.
+func valueAt(values map[string]any, path string) any {
+	var v any = values
+	for _, key := range strings.Split(path, ".") {
+		m, ok := v.(map[string]any)
+		if !ok {
+			return nil
+		}
+		v = m[key]
+	}
+	return v
 }
 
 // chartValues reads the chart's default values.

@@ -47,6 +47,9 @@ type Image struct {
 	Package string
 	// Ports are the TCP ports the deployable listens on by default.
 	Ports []int
+	// Dockerfile builds the same image with Docker, relative to the
+	// repository root (which is its build context).
+	Dockerfile string
 }
 
 // Images are the images `make images` builds. The ports are the defaults
@@ -54,12 +57,25 @@ type Image struct {
 // services/<name>/service/service.go) and the Dockerfiles' EXPOSE lines; the
 // test checks all three agree.
 var Images = []Image{
-	{Name: "gateway", Binary: "gateway", Package: "./services/gateway/cmd/gateway", Ports: []int{50051, 8080}},
-	{Name: "bus", Binary: "bus", Package: "./services/bus/cmd/bus", Ports: []int{7892}},
-	{Name: "runner", Binary: "runner", Package: "./services/runner/cmd/runner", Ports: []int{50052, 8082}},
-	// The image of the runner's future init container (the Kubernetes
-	// executor, issue 10): for now the example ACP agent on the base.
-	{Name: "agent-host", Binary: "acp-agent", Package: "./examples/acp-agent"},
+	{Name: "gateway", Binary: "gateway", Package: "./services/gateway/cmd/gateway", Ports: []int{50051, 8080}, Dockerfile: "services/gateway/Dockerfile"},
+	{Name: "bus", Binary: "bus", Package: "./services/bus/cmd/bus", Ports: []int{7892}, Dockerfile: "services/bus/Dockerfile"},
+	{Name: "runner", Binary: "runner", Package: "./services/runner/cmd/runner", Ports: []int{50052, 8082}, Dockerfile: "services/runner/Dockerfile"},
+	// The runner's Kubernetes executor copies agent-host from this image
+	// into every agent's pod (its init container runs `agent-host
+	// install`), where it runs the agent and dials back to the runner.
+	{Name: "agent-host", Binary: "agent-host", Package: "./services/runner/cmd/agent-host", Dockerfile: "services/runner/Dockerfile.agent-host"},
+	// The example ACP agent on stdio, an agent image for the Kubernetes
+	// executor (an agent type's image, command /usr/local/bin/acp-agent).
+	{Name: "acp-agent", Binary: "acp-agent", Package: "./examples/acp-agent", Dockerfile: "examples/acp-agent/Dockerfile"},
+}
+
+// Names are the images' names, in Images' order.
+func Names() []string {
+	names := make([]string, len(Images))
+	for i, img := range Images {
+		names[i] = img.Name
+	}
+	return names
 }
 
 // Lookup returns the image called name.

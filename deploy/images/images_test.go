@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -35,14 +36,23 @@ func repoRoot(t *testing.T) string {
 	return root
 }
 
-// runCommand builds conclave-images and runs it for the runner's image and
-// the Librarian's zip into a fresh directory, as `make images` does. The
+// testedImages are the images TestCommand builds: a service, and the two
+// the Kubernetes executor runs.
+var testedImages = []string{"runner", "agent-host", "acp-agent"}
+
+// testArch is the tested images' architecture, the machine's own, so that
+// the test can run the binaries it unpacks from them.
+var testArch = runtime.GOARCH
+
+// runCommand builds conclave-images and runs it for testedImages and the
+// Librarian's zip into a fresh directory, as `make images` does. The
 // builds run outside the test binary, so -race does not slow compressing
 // the binaries down.
 func runCommand(t *testing.T, tool string) string {
 	t.Helper()
 	out := t.TempDir()
-	cmd := exec.CommandContext(t.Context(), tool, "-root", repoRoot(t), "-out", out, "runner", "librarian")
+	args := append([]string{"-root", repoRoot(t), "-out", out, "-arch", testArch}, testedImages...)
+	cmd := exec.CommandContext(t.Context(), tool, append(args, "librarian")...)
 	cmd.Env = append(os.Environ(), "SOURCE_DATE_EPOCH="+strconv.FormatInt(testEpoch.Unix(), 10))
 	if output, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("%s: %v\n%s", cmd, err, output)
@@ -53,12 +63,12 @@ func runCommand(t *testing.T, tool string) string {
 // testEpoch is the SOURCE_DATE_EPOCH of the tests' builds.
 var testEpoch = time.Unix(1700000000, 0).UTC()
 
-// TestCommand builds the runner's image and the Librarian's zip twice with
+// TestCommand builds testedImages and the Librarian's zip twice with
 // conclave-images, checks both builds are identical byte for byte, and reads
 // them back the way a container runtime and Lambda would.
 func TestCommand(t *testing.T) {
 	if testing.Short() {
-		t.Skip("-short: builds the runner and the Librarian with go build")
+		t.Skip("-short: builds the runner, agent-host, acp-agent and the Librarian with go build")
 	}
 	tool := filepath.Join(t.TempDir(), "conclave-images")
 	build := exec.CommandContext(t.Context(), "go", "build", "-o", tool, "./cmd/conclave-images")
@@ -66,7 +76,11 @@ func TestCommand(t *testing.T) {
 		t.Fatalf("go build conclave-images: %v\n%s", err, output)
 	}
 	first, second := runCommand(t, tool), runCommand(t, tool)
-	for _, name := range []string{"runner.tar", "librarian.zip"} {
+	outputs := []string{"librarian.zip"}
+	for _, name := range testedImages {
+		outputs = append(outputs, name+".tar")
+	}
+	for _, name := range outputs {
 		a, err := os.ReadFile(filepath.Join(first, name))
 		if err != nil {
 			t.Fatal(err)
@@ -79,17 +93,28 @@ func TestCommand(t *testing.T) {
 			t.Errorf("two builds of one tree wrote different %s", name)
 		}
 	}
-	t.Run("runner image", func(t *testing.T) {
-		t.Parallel()
-		checkRunnerImage(t, filepath.Join(first, "runner.tar"), filepath.Join(second, "runner.tar"))
-	})
+	for _, name := range testedImages {
+		t.Run(name+" image", func(t *testing.T) {
+			t.Parallel()
+			img, ok := Lookup(name)
+			if !ok {
+				t.Fatalf("no image %s", name)
+			}
+			files := checkImage(t, img, filepath.Join(first, name+".tar"), filepath.Join(second, name+".tar"))
+			if name == "agent-host" {
+				checkAgentHostInstall(t, files["usr/local/bin/agent-host"].body)
+			}
+		})
+	}
 	t.Run("librarian zip", func(t *testing.T) {
 		t.Parallel()
 		checkLibrarianZip(t, filepath.Join(first, "librarian.zip"))
 	})
 }
 
-func checkRunnerImage(t *testing.T, path, againPath string) {
+// checkImage checks the image img built at path (and again at againPath):
+// its tag, configuration and filesystem. It returns the filesystem.
+func checkImage(t *testing.T, want Image, path, againPath string) map[string]layerFile {
 	root := repoRoot(t)
 	version, err := ChartVersion(root)
 	if err != nil {
@@ -114,7 +139,7 @@ func checkRunnerImage(t *testing.T, path, againPath string) {
 	if againDigest, err := again.Digest(); err != nil || againDigest != digest {
 		t.Errorf("two builds of one tree: digests %s and %s (%v)", digest, againDigest, err)
 	}
-	tag, err := name.NewTag("conclave/runner:" + version)
+	tag, err := name.NewTag("conclave/" + want.Name + ":" + version)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -126,8 +151,8 @@ func checkRunnerImage(t *testing.T, path, againPath string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if cf.OS != "linux" || cf.Architecture != "amd64" {
-		t.Errorf("platform %s/%s, want linux/amd64", cf.OS, cf.Architecture)
+	if cf.OS != "linux" || cf.Architecture != testArch {
+		t.Errorf("platform %s/%s, want linux/%s", cf.OS, cf.Architecture, testArch)
 	}
 	if !cf.Created.Equal(testEpoch) {
 		t.Errorf("created %s, want SOURCE_DATE_EPOCH's %s", cf.Created, testEpoch)
@@ -136,8 +161,9 @@ func checkRunnerImage(t *testing.T, path, againPath string) {
 	if c.User != "65532:65532" {
 		t.Errorf("User %q, want 65532:65532", c.User)
 	}
-	if !slices.Equal(c.Entrypoint, []string{"/usr/local/bin/runner"}) {
-		t.Errorf("Entrypoint %q", c.Entrypoint)
+	binPath := "/usr/local/bin/" + want.Binary
+	if !slices.Equal(c.Entrypoint, []string{binPath}) {
+		t.Errorf("Entrypoint %q, want %s", c.Entrypoint, binPath)
 	}
 	if c.WorkingDir != "/" {
 		t.Errorf("WorkingDir %q", c.WorkingDir)
@@ -145,10 +171,21 @@ func checkRunnerImage(t *testing.T, path, againPath string) {
 	if !slices.Contains(c.Env, "SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt") || !slices.ContainsFunc(c.Env, func(e string) bool { return strings.HasPrefix(e, "PATH=") }) {
 		t.Errorf("Env %q lacks PATH or SSL_CERT_FILE", c.Env)
 	}
-	if len(c.ExposedPorts) != 2 || c.ExposedPorts["50052/tcp"] != struct{}{} || c.ExposedPorts["8082/tcp"] != struct{}{} {
-		t.Errorf("ExposedPorts %v, want 50052/tcp and 8082/tcp", c.ExposedPorts)
+	var exposed []string
+	for p := range c.ExposedPorts {
+		exposed = append(exposed, p)
 	}
-	if c.Labels["org.opencontainers.image.source"] != "https://github.com/conclave-ai/conclave" || c.Labels["org.opencontainers.image.revision"] != revision || c.Labels["org.opencontainers.image.version"] != version {
+	var wantPorts []string
+	for _, p := range want.Ports {
+		wantPorts = append(wantPorts, strconv.Itoa(p)+"/tcp")
+	}
+	slices.Sort(exposed)
+	slices.Sort(wantPorts)
+	if !slices.Equal(exposed, wantPorts) {
+		t.Errorf("ExposedPorts %v, want %v", exposed, wantPorts)
+	}
+	if c.Labels["org.opencontainers.image.source"] != "https://github.com/conclave-ai/conclave" || c.Labels["org.opencontainers.image.revision"] != revision ||
+		c.Labels["org.opencontainers.image.version"] != version || c.Labels["org.opencontainers.image.title"] != "conclave/"+want.Name {
 		t.Errorf("labels %v", c.Labels)
 	}
 
@@ -182,11 +219,44 @@ func checkRunnerImage(t *testing.T, path, againPath string) {
 			t.Errorf("%s: header %+v, want a directory of mode %o owned by %d", d.path, h, d.mode, d.owner)
 		}
 	}
-	bin := files["usr/local/bin/runner"]
+	bin := files[strings.TrimPrefix(binPath, "/")]
 	if bin.header == nil || bin.header.Typeflag != tar.TypeReg || bin.header.Mode != 0o755 {
-		t.Fatalf("/usr/local/bin/runner: header %+v, want a regular file of mode 755", bin.header)
+		t.Fatalf("%s: header %+v, want a regular file of mode 755", binPath, bin.header)
 	}
-	assertELF(t, "/usr/local/bin/runner", bin.body, elf.EM_X86_64)
+	assertELF(t, binPath, bin.body, machines[testArch])
+	return files
+}
+
+// machines are the ELF machines of the architectures images are built for.
+var machines = map[string]elf.Machine{"amd64": elf.EM_X86_64, "arm64": elf.EM_AARCH64}
+
+// checkAgentHostInstall runs the agent-host binary unpacked from its image
+// as the Kubernetes executor's init container does, `agent-host install
+// <path>`, and checks it copied itself there, executable: the image holds
+// the real agent-host, which needs no shell to install.
+func checkAgentHostInstall(t *testing.T, binary []byte) {
+	dir := t.TempDir()
+	bin := filepath.Join(dir, "agent-host")
+	if err := os.WriteFile(bin, binary, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	dest := filepath.Join(dir, "pod", "agent-host")
+	if err := os.Mkdir(filepath.Dir(dest), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.CommandContext(t.Context(), bin, "install", dest).CombinedOutput(); err != nil {
+		t.Fatalf("agent-host install %s: %v\n%s", dest, err, out)
+	}
+	installed, err := os.ReadFile(dest)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(installed, binary) {
+		t.Errorf("agent-host install wrote %d bytes, not its own %d", len(installed), len(binary))
+	}
+	if fi, err := os.Stat(dest); err != nil || fi.Mode().Perm() != 0o755 {
+		t.Errorf("installed agent-host: %v, %v; want mode 0755", fi, err)
+	}
 }
 
 type layerFile struct {
@@ -262,6 +332,13 @@ func checkLibrarianZip(t *testing.T, path string) {
 	assertELF(t, "bootstrap", data, elf.EM_AARCH64)
 }
 
+// executorImages are the images the runner's Kubernetes executor runs. Its
+// pods set runAsNonRoot without a runAsUser, so the kubelet must see a
+// numeric non-root user in the image: their Dockerfiles say USER
+// 65532:65532 where the services' say nonroot:nonroot (the chart sets the
+// services' runAsUser).
+var executorImages = []string{"agent-host", "acp-agent"}
+
 // TestImagesMatchDockerfilesAndConfig checks the image table against what
 // the Dockerfiles build and the ports the services' Config listens on by
 // default, so the offline images and the Docker ones cannot drift apart.
@@ -270,20 +347,15 @@ func TestImagesMatchDockerfilesAndConfig(t *testing.T) {
 	root := repoRoot(t)
 	listenDefault := regexp.MustCompile("config\\.ListenAddr\\s+`env:\"[^\"]+\" default:\":(\\d+)\"")
 	for _, img := range Images {
-		if img.Name == "agent-host" {
-			if img.Package != "./examples/acp-agent" || len(img.Ports) != 0 {
-				t.Errorf("agent-host: %+v, want the example agent on stdio, no ports", img)
-			}
-			continue
-		}
 		t.Run(img.Name, func(t *testing.T) {
 			t.Parallel()
-			dockerfile, err := os.ReadFile(filepath.Join(root, "services", img.Name, "Dockerfile"))
+			dockerfile, err := os.ReadFile(filepath.Join(root, img.Dockerfile))
 			if err != nil {
 				t.Fatal(err)
 			}
 			df := string(dockerfile)
 			var exposed []int
+			var user string
 			for line := range strings.SplitSeq(df, "\n") {
 				if ports, ok := strings.CutPrefix(line, "EXPOSE "); ok {
 					for _, p := range strings.Fields(ports) {
@@ -294,6 +366,9 @@ func TestImagesMatchDockerfilesAndConfig(t *testing.T) {
 						exposed = append(exposed, n)
 					}
 				}
+				if u, ok := strings.CutPrefix(line, "USER "); ok {
+					user = strings.TrimSpace(u)
+				}
 			}
 			if !slices.Equal(exposed, img.Ports) {
 				t.Errorf("Dockerfile exposes %v, the offline image %v", exposed, img.Ports)
@@ -301,11 +376,26 @@ func TestImagesMatchDockerfilesAndConfig(t *testing.T) {
 			if want := `ENTRYPOINT ["/usr/local/bin/` + img.Binary + `"]`; !strings.Contains(df, want) {
 				t.Errorf("Dockerfile lacks %s", want)
 			}
-			if !strings.Contains(df, " "+img.Package+"\n") || !strings.Contains(df, "USER nonroot") {
-				t.Errorf("Dockerfile does not build %s as nonroot", img.Package)
+			if want := "/out/" + img.Binary + " " + img.Package + "\n"; !strings.Contains(df, want) {
+				t.Errorf("Dockerfile does not build %s as /out/%s", img.Package, img.Binary)
+			}
+			wantUser := "nonroot:nonroot"
+			if slices.Contains(executorImages, img.Name) {
+				wantUser = "65532:65532"
+			}
+			if user != wantUser {
+				t.Errorf("Dockerfile's final USER is %q, want %s", user, wantUser)
 			}
 
-			src, err := os.ReadFile(filepath.Join(root, "services", img.Name, "service", "service.go"))
+			service := filepath.Join(root, "services", img.Name, "service", "service.go")
+			if img.Package != "./services/"+img.Name+"/cmd/"+img.Name {
+				// Not a service: it listens on nothing.
+				if len(img.Ports) != 0 {
+					t.Errorf("%s is no service but exposes %v", img.Name, img.Ports)
+				}
+				return
+			}
+			src, err := os.ReadFile(service)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -322,7 +412,8 @@ func TestImagesMatchDockerfilesAndConfig(t *testing.T) {
 }
 
 // TestImagesMatchChart checks that the tarballs' tags are what the Helm
-// chart asks for by default: conclave/<name>:<appVersion>.
+// chart asks for by default: conclave/<name>:<appVersion> (the deployables'
+// images, and agent-host's, agentHost.image).
 func TestImagesMatchChart(t *testing.T) {
 	t.Parallel()
 	root := repoRoot(t)
@@ -335,7 +426,7 @@ func TestImagesMatchChart(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, name := range []string{"gateway", "bus", "runner"} {
+	for _, name := range []string{"gateway", "bus", "runner", "agent-host"} {
 		img, _ := Lookup(name)
 		ref, err := b.Ref(img)
 		if err != nil {

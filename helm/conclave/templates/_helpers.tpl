@@ -62,6 +62,34 @@ conclave.ports: the listeners of a deployable as a JSON list of
 {{- end -}}
 {{- end -}}
 
+{{/*
+conclave.runnerWorkspaceRoot: where the runner's workspace volume is
+mounted: the Kubernetes executor's claim's root when it has a claim, else
+runner.workspaceRoot.
+*/}}
+{{- define "conclave.runnerWorkspaceRoot" -}}
+{{- $r := .Values.runner -}}
+{{- if and (eq $r.executor "kubernetes") $r.kubernetes.workspaceClaim -}}
+{{- $r.kubernetes.workspaceRoot | default $r.workspaceRoot -}}
+{{- else -}}
+{{- $r.workspaceRoot -}}
+{{- end -}}
+{{- end -}}
+
+{{/* conclave.agentNamespace: the namespace of the Kubernetes executor's Jobs. */}}
+{{- define "conclave.agentNamespace" -}}
+{{- .Values.runner.kubernetes.namespace | default .Release.Namespace -}}
+{{- end -}}
+
+{{/*
+conclave.agentSelectorLabels: the labels the runner's Kubernetes executor
+puts on every agent pod (services/runner/internal/executor/kube_spec.go:
+LabelManagedBy, ManagedByRunner).
+*/}}
+{{- define "conclave.agentSelectorLabels" -}}
+app.kubernetes.io/managed-by: conclave-runner
+{{- end -}}
+
 {{- define "conclave.otlpEndpoint" -}}
 {{- if .Values.otlp.endpoint -}}
 {{- .Values.otlp.endpoint -}}
@@ -153,12 +181,54 @@ conclave.ports: the listeners of a deployable as a JSON list of
 - name: CONCLAVE_RUNNER_EVENTS_QUEUE
   value: {{ $c.eventsQueue | quote }}
 - name: CONCLAVE_RUNNER_WORKSPACE_ROOTS
-  value: {{ $c.workspaceRoot | quote }}
+  value: {{ include "conclave.runnerWorkspaceRoot" $root | quote }}
 {{- if $c.agentTypes }}
 - name: CONCLAVE_RUNNER_AGENT_TYPES
   value: /etc/conclave/agent-types.yaml
 {{- end }}
 {{- include "conclave.secretEnv" (dict "env" "CONCLAVE_RUNNER_CLIENT_TOKENS" "secret" $c.secret.name "key" $c.secret.clientTokensKey) }}
+- name: CONCLAVE_RUNNER_EXECUTOR
+  value: {{ $c.executor | quote }}
+{{- if eq $c.executor "kubernetes" }}
+{{- $k := $c.kubernetes }}
+{{- include "conclave.secretEnv" (dict "env" "CONCLAVE_RUNNER_HOST_KEY" "secret" $c.secret.name "key" $c.secret.hostKeyKey) }}
+# Agents' pods dial the replica that launched them, by its pod IP: only it
+# expects their link.
+- name: CONCLAVE_RUNNER_HOST_ADDR
+  value: {{ printf "$(POD_IP):%v" $c.service.grpcPort | quote }}
+- name: CONCLAVE_RUNNER_KUBE_NAMESPACE
+  value: {{ include "conclave.agentNamespace" $root | quote }}
+- name: CONCLAVE_RUNNER_KUBE_HOST_IMAGE
+  value: {{ $k.hostImage | default (include "conclave.image" (dict "root" $root "name" "agentHost")) | quote }}
+- name: CONCLAVE_RUNNER_KUBE_IMAGE_PULL_POLICY
+  value: {{ $k.imagePullPolicy | quote }}
+{{- if $k.serviceAccount }}
+- name: CONCLAVE_RUNNER_KUBE_SERVICE_ACCOUNT
+  value: {{ $k.serviceAccount | quote }}
+{{- end }}
+- name: CONCLAVE_RUNNER_KUBE_RUN_AS_NON_ROOT
+  value: {{ $k.runAsNonRoot | quote }}
+{{- if $k.workspaceClaim }}
+- name: CONCLAVE_RUNNER_KUBE_WORKSPACE_CLAIM
+  value: {{ $k.workspaceClaim | quote }}
+- name: CONCLAVE_RUNNER_KUBE_WORKSPACE_ROOT
+  value: {{ include "conclave.runnerWorkspaceRoot" $root | quote }}
+{{- end }}
+- name: CONCLAVE_RUNNER_KUBE_WORKSPACE_MOUNT
+  value: {{ $k.workspaceMount | quote }}
+- name: CONCLAVE_RUNNER_KUBE_TTL_AFTER_FINISHED
+  value: {{ $k.ttlAfterFinished | quote }}
+- name: CONCLAVE_RUNNER_KUBE_START_GRACE
+  value: {{ $k.startGrace | quote }}
+- name: CONCLAVE_RUNNER_KUBE_SECRET_ENV
+  value: {{ join "," $k.secretEnv | quote }}
+{{- if and $root.Values.jaeger.enabled (not $root.Values.otlp.endpoint) (not (hasKey $c.settings "hostOtlpEndpoint")) }}
+# agent-host's spans go to the dev Jaeger too, by a name the agents'
+# namespace resolves.
+- name: CONCLAVE_RUNNER_HOST_OTLP_ENDPOINT
+  value: {{ printf "%s-jaeger.%s.svc:4317" (include "conclave.fullname" $root) $root.Release.Namespace | quote }}
+{{- end }}
+{{- end }}
 {{- end }}
 {{- range $key, $value := $c.settings }}
 - name: {{ printf "%s%s" $prefix ($key | snakecase | upper) }}

@@ -3,8 +3,8 @@
 //
 //	conclave-images [-root DIR] [-out DIR] [-arch amd64|arm64] [-tag TAG] [NAME ...]
 //
-// NAME is gateway, bus, runner, agent-host or librarian (the zip); with no
-// NAME it builds them all. Each image is written as <out>/<NAME>.tar tagged
+// NAME is gateway, bus, runner, agent-host, acp-agent or librarian (the
+// zip); with no NAME it builds them all. Each image is written as <out>/<NAME>.tar tagged
 // conclave/<NAME>:<TAG>, the zip as <out>/librarian.zip. Timestamps come
 // from SOURCE_DATE_EPOCH (1970 when unset), so a commit builds to the same
 // digests every time.
@@ -17,6 +17,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strings"
 	"syscall"
 
 	"github.com/conclave-ai/conclave/deploy/images"
@@ -73,7 +74,7 @@ func run(ctx context.Context, args []string) error {
 		}
 		img, ok := images.Lookup(n)
 		if !ok {
-			return fmt.Errorf("no image %q: want gateway, bus, runner, agent-host or %s", n, librarian)
+			return fmt.Errorf("no image %q: want one of %s or %s", n, strings.Join(images.Names(), ", "), librarian)
 		}
 		selected = append(selected, img)
 	}
