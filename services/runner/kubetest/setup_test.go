@@ -156,6 +156,9 @@ func setUpNamespace(ctx context.Context) error {
 		return err
 	}
 	env.runnerSA = binding.Subjects[0].Name
+	if ns := binding.Subjects[0].Namespace; ns != namespace {
+		return fmt.Errorf("the chart binds the runner's Role to a ServiceAccount in %q, want the release's namespace %q", ns, namespace)
+	}
 	if _, err := env.admin.CoreV1().ServiceAccounts(namespace).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: env.runnerSA}}, metav1.CreateOptions{}); err != nil {
 		return err
 	}
@@ -233,7 +236,7 @@ func chartRBAC(ctx context.Context) (*rbacv1.Role, *rbacv1.RoleBinding, error) {
 		return nil, nil, err
 	}
 	cmd := exec.CommandContext(ctx, helm, "template", "kubetest", filepath.Join(root, "helm", "conclave"),
-		"--namespace", namespace, "--kube-version", "v1.34.4",
+		"--namespace", namespace, "--kube-version", "v1.34.4", "--set", "runner.executor=kubernetes",
 		"--show-only", "templates/runner-rbac.yaml")
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
