@@ -17,6 +17,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/conclave-ai/conclave/pkg/queue"
+	"github.com/conclave-ai/conclave/pkg/telemetry/metricstest"
 )
 
 func skipShort(t *testing.T) {
@@ -87,6 +88,12 @@ func TestKubernetesExecutor(t *testing.T) {
 		}
 		if res := pods.Items[0].Spec.Containers[0].Resources; res.Limits.Memory().String() != "128Mi" || res.Requests.Cpu().String() != "250m" {
 			t.Errorf("the agent's container resources are %+v, want the type's memory_mb and cpu_cores", res)
+		}
+
+		// The replica counts agent-host's stream.
+		f := metricstest.Scrape(t, r.base+"/metrics")
+		if f.Value("conclave_runner_host_connects_total", "outcome", "accepted") < 1 || !f.Has("conclave_runner_host_streams") {
+			t.Errorf("host metrics: connects accepted %v, streams series %v", f.Value("conclave_runner_host_connects_total", "outcome", "accepted"), f.Has("conclave_runner_host_streams"))
 		}
 
 		r.delete(t, in.ID)

@@ -7,6 +7,7 @@ import (
 	"github.com/conclave-ai/conclave/services/runner/internal/agenttype"
 	"github.com/conclave-ai/conclave/services/runner/internal/executor"
 	"github.com/conclave-ai/conclave/services/runner/internal/hostlink"
+	"github.com/conclave-ai/conclave/services/runner/internal/metrics"
 	"github.com/conclave-ai/conclave/services/runner/internal/supervisor"
 )
 
@@ -24,7 +25,10 @@ type hostLinks struct {
 	otlp string
 }
 
-var _ supervisor.HostLinks = (*hostLinks)(nil)
+var (
+	_ supervisor.HostLinks = (*hostLinks)(nil)
+	_ hostlink.HubMetrics  = (*metrics.Metrics)(nil)
+)
 
 func (h *hostLinks) Expect(instanceID string, launch int64, onUpdate func(context.Context, acp.Update), onLog func(stream, text string)) supervisor.HostLink {
 	return hostLink{h.hub.Expect(instanceID, launch, hostlink.LinkOptions{

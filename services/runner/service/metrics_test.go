@@ -39,6 +39,10 @@ func TestMetrics(t *testing.T) {
 		t.Errorf("forwarded_requests_total{method=cancel,outcome=ok} = %v after one forwarded cancel", v)
 	}
 	tested["conclave_runner_forwarded_requests_total"] = true
+	// agent-host's streams exist only with the Kubernetes executor: they
+	// are tested on the real node (kubetest, TestKubernetesExecutor).
+	tested["conclave_runner_host_connects_total"] = true
+	tested["conclave_runner_host_streams"] = true
 	if err := stopOther(); err != nil {
 		t.Fatal(err)
 	}

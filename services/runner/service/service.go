@@ -223,6 +223,9 @@ func New(cfg Config, deps Deps, opts ...server.Option) (*Runner, error) {
 	}
 	rec := records.New(deps.Store)
 	runnerMetrics := metrics.New(tel.Meter("runner"))
+	if r.hub != nil {
+		r.hub.SetMetrics(runnerMetrics)
+	}
 	supOpts := supervisor.Options{
 		Records: rec, Queue: deps.Queue, Registry: registry, Executor: exec,
 		LaunchQueue: cfg.LaunchQueue, EventsQueue: cfg.EventsQueue,

@@ -54,7 +54,25 @@ type Hub struct {
 	closedList []launchKey
 	shutdown   bool
 	streams    map[*hostStream]struct{}
+	metrics    HubMetrics
 }
+
+// HubMetrics counts the hub's streams.
+type HubMetrics interface {
+	// HostConnect counts a Connect by outcome: accepted, unauthenticated,
+	// no_hello, invalid, not_expected, refused or unavailable.
+	HostConnect(outcome string)
+	// HostStreams moves the gauge of streams attached to a link.
+	HostStreams(delta int)
+}
+
+type noMetrics struct{}
+
+func (noMetrics) HostConnect(string) {}
+func (noMetrics) HostStreams(int)    {}
+
+// SetMetrics makes the hub count its streams in m; call it before Register.
+func (h *Hub) SetMetrics(m HubMetrics) { h.metrics = m }
 
 type launchKey struct {
 	instance string
@@ -66,7 +84,7 @@ func NewHub(key []byte, logger *slog.Logger) *Hub {
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
-	return &Hub{key: key, log: logger, links: map[string]*Link{}, closed: map[launchKey]string{}, streams: map[*hostStream]struct{}{}}
+	return &Hub{key: key, log: logger, links: map[string]*Link{}, closed: map[launchKey]string{}, streams: map[*hostStream]struct{}{}, metrics: noMetrics{}}
 }
 
 // Register adds the service to a gRPC server.
@@ -164,35 +182,48 @@ func (h *Hub) Connect(stream grpc.BidiStreamingServer[runnerv1.ConnectRequest, r
 	ctx := stream.Context()
 	token := bearer(ctx)
 	if token == "" {
+		h.metrics.HostConnect("unauthenticated")
 		return status.Error(codes.Unauthenticated, "missing authorization: Bearer <token>")
 	}
 	first, err := recvWithin(stream, HelloTimeout)
 	if err != nil {
+		h.metrics.HostConnect("no_hello")
 		return err
 	}
 	hello, beat, err := checkHello(first)
 	if err != nil {
+		h.metrics.HostConnect("invalid")
 		return status.Error(codes.InvalidArgument, err.Error())
 	}
 	if !validToken(h.key, hello.GetInstanceId(), token) {
+		h.metrics.HostConnect("unauthenticated")
 		return status.Error(codes.Unauthenticated, "the token is not this instance's")
 	}
 	l, err := h.route(hello)
 	if err != nil {
+		if status.Code(err) == codes.NotFound {
+			h.metrics.HostConnect("not_expected")
+		} else {
+			h.metrics.HostConnect("refused")
+		}
 		return err
 	}
 	s := &hostStream{link: l, stream: stream, kick: make(chan struct{}, 1), stopped: make(chan struct{})}
 	h.mu.Lock()
 	if h.shutdown {
 		h.mu.Unlock()
+		h.metrics.HostConnect("unavailable")
 		return status.Error(codes.Unavailable, "the runner is shutting down; reconnect")
 	}
 	h.streams[s] = struct{}{}
 	h.mu.Unlock()
+	h.metrics.HostConnect("accepted")
+	h.metrics.HostStreams(1)
 	defer func() {
 		h.mu.Lock()
 		delete(h.streams, s)
 		h.mu.Unlock()
+		h.metrics.HostStreams(-1)
 	}()
 	acked := l.attach(s, hello)
 	if err := stream.Send(&runnerv1.ConnectResponse{Message: &runnerv1.ConnectResponse_Welcome{Welcome: &runnerv1.Welcome{LinkId: l.id, AckedSeq: acked}}}); err != nil {

@@ -13,13 +13,15 @@ import (
 
 // Metrics implements supervisor.Metrics.
 type Metrics struct {
-	launches metric.Int64Counter
-	updates  metric.Int64Counter
-	drops    metric.Int64Counter
-	statuses metric.Int64Counter
-	events   metric.Int64Counter
-	running  metric.Int64UpDownCounter
-	forwards metric.Int64Counter
+	launches     metric.Int64Counter
+	updates      metric.Int64Counter
+	drops        metric.Int64Counter
+	statuses     metric.Int64Counter
+	events       metric.Int64Counter
+	running      metric.Int64UpDownCounter
+	forwards     metric.Int64Counter
+	hostConnects metric.Int64Counter
+	hostStreams  metric.Int64UpDownCounter
 }
 
 // New makes the instruments from m.
@@ -33,6 +35,8 @@ func New(m metric.Meter) *Metrics {
 	out.events, _ = m.Int64Counter(name("events_published_total"), metric.WithDescription("Event envelopes sent to the events queue."))
 	out.running, _ = m.Int64UpDownCounter(name("running_agents"), metric.WithDescription("Agent processes this replica runs."))
 	out.forwards, _ = m.Int64Counter(name("forwarded_requests_total"), metric.WithDescription("Requests for instances another replica runs, forwarded to it, by method and outcome."))
+	out.hostConnects, _ = m.Int64Counter(name("host_connects_total"), metric.WithDescription("agent-host streams opened to this replica (Kubernetes executor), by outcome."))
+	out.hostStreams, _ = m.Int64UpDownCounter(name("host_streams"), metric.WithDescription("agent-host streams attached to a launch on this replica."))
 	return out
 }
 
@@ -71,3 +75,12 @@ func (m *Metrics) Running(delta int) { m.running.Add(bg, int64(delta)) }
 func (m *Metrics) Forwarded(method, outcome string) {
 	m.forwards.Add(bg, 1, metric.WithAttributes(attribute.String("method", method), attribute.String("outcome", outcome)))
 }
+
+// HostConnect outcomes are hostlink's: accepted, unauthenticated, no_hello,
+// invalid, not_expected, refused, unavailable.
+func (m *Metrics) HostConnect(outcome string) {
+	m.hostConnects.Add(bg, 1, metric.WithAttributes(attribute.String("outcome", outcome)))
+}
+
+// HostStreams moves the attached agent-host streams gauge.
+func (m *Metrics) HostStreams(delta int) { m.hostStreams.Add(bg, int64(delta)) }
