@@ -120,6 +120,12 @@ func TestKubeNode(t *testing.T) {
 		t.Skip("starts a real Kubernetes node")
 	}
 	ctx := t.Context()
+	// A run killed before this one (a CI job past its timeout, say) may
+	// have left a node on this machine; the host as it should be after
+	// every teardown is the host without it.
+	if err := testenv.CleanStaleKubeNodes(ctx); err != nil {
+		t.Fatal(err)
+	}
 	pristine, err := hostSnapshot()
 	if err != nil {
 		t.Fatal(err)
