@@ -737,9 +737,14 @@ func (ss *session) probe(fn func(in *records.Instance)) (*records.Instance, bool
 // is written. A failed write is logged.
 func (ss *session) setStatus(ctx context.Context, fn func(in *records.Instance)) {
 	ss.stMu.Lock()
-	if _, unchanged := ss.probe(fn); unchanged {
+	probe, unchanged := ss.probe(fn)
+	if unchanged {
 		ss.stMu.Unlock()
 		return
+	}
+	if probe.Terminal() && ss.log != nil {
+		// A client that sees the turn end reads all of its lines.
+		ss.log.Sync(ctx)
 	}
 	prev := ss.in.Status
 	in, err := ss.write(ctx, func(in *records.Instance) error { fn(in); return nil })
