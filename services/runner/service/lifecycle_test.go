@@ -419,6 +419,19 @@ func TestOneshot(t *testing.T) {
 			t.Fatalf("second prompt: %+v", st)
 		}
 	})
+	t.Run("seed 000's validation before the run", func(t *testing.T) {
+		t.Parallel()
+		// The agent would answer this repo_name with labels ("triage"); the
+		// runner refuses it first, as the bridge does, so the agent never runs.
+		in := r.launch(t, "oneshot-labels", r.workspace(t), map[string]string{"TASK_DESCRIPTION": `{"repo_name": "acme/docs; rm -rf ~", "issue_number": 4}`})
+		if st := r.waitStatus(t, in.ID, "completed", "failed", "stopped"); st.Status != "failed" {
+			t.Fatalf("status %+v; logs %+v", st, r.logs(t, in.ID))
+		}
+		r.waitLog(t, in.ID, "Validation error: Invalid repo_name format")
+		if hasLog(r.logs(t, in.ID), "triage") {
+			t.Error("the agent ran on parameters that fail validation")
+		}
+	})
 	t.Run("agent-side error", func(t *testing.T) {
 		t.Parallel()
 		in := r.launch(t, "oneshot-fails", r.workspace(t), map[string]string{"TASK_DESCRIPTION": `{"reason": "boom"}`})

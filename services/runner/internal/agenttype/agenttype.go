@@ -14,6 +14,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/conclave-ai/conclave/pkg/hybrid"
 	"go.yaml.in/yaml/v3"
 )
 
@@ -68,6 +69,23 @@ type Type struct {
 	Args map[string]string `yaml:"args"`
 	// MaxStdoutBytes bounds a oneshot agent's output (default 10 MiB).
 	MaxStdoutBytes int64 `yaml:"max_stdout_bytes"`
+	// ValidateInputs applies seed 000's input rules to a oneshot agent's
+	// parameters before it runs, as the bridge's security.validate_inputs
+	// does (default true); MaxParamLength is security.max_param_length
+	// (default 10,000).
+	ValidateInputs *bool `yaml:"validate_inputs"`
+	MaxParamLength int   `yaml:"max_param_length"`
+}
+
+// OneshotValidation is whether a oneshot agent's parameters are validated
+// before it runs, and the longest string parameter allowed.
+func (t Type) OneshotValidation() (validate bool, maxParamLength int) {
+	validate = t.ValidateInputs == nil || *t.ValidateInputs
+	maxParamLength = t.MaxParamLength
+	if maxParamLength == 0 {
+		maxParamLength = hybrid.DefaultMaxParamLength
+	}
+	return validate, maxParamLength
 }
 
 var idPattern = regexp.MustCompile(`^[a-z0-9][a-z0-9._-]{0,62}$`)
@@ -86,8 +104,8 @@ func (t Type) Validate() error {
 	}
 	switch t.Protocol {
 	case ProtocolDetect, ProtocolACP, ProtocolKandev, ProtocolLegacy:
-		if len(t.Args) > 0 || t.MaxStdoutBytes != 0 {
-			return fmt.Errorf("agent type %s: args and max_stdout_bytes are for protocol oneshot only", t.ID)
+		if len(t.Args) > 0 || t.MaxStdoutBytes != 0 || t.ValidateInputs != nil || t.MaxParamLength != 0 {
+			return fmt.Errorf("agent type %s: args, max_stdout_bytes, validate_inputs and max_param_length are for protocol oneshot only", t.ID)
 		}
 	case ProtocolOneshot:
 		if t.Enabled && (len(t.Command) < 1 || len(t.Command) > 2) {
@@ -95,6 +113,9 @@ func (t Type) Validate() error {
 		}
 		if t.MaxStdoutBytes < 0 {
 			return fmt.Errorf("agent type %s: negative max_stdout_bytes", t.ID)
+		}
+		if t.MaxParamLength < 0 {
+			return fmt.Errorf("agent type %s: negative max_param_length", t.ID)
 		}
 		for param, flag := range t.Args {
 			if param == "" || !strings.HasPrefix(flag, "-") {
