@@ -7,6 +7,7 @@ require (
 	github.com/conclave-ai/conclave/pkg v0.0.0-00010101000000-000000000000
 	github.com/conclave-ai/conclave/services/bridge v0.0.0-00010101000000-000000000000
 	github.com/conclave-ai/conclave/services/bus v0.0.0-00010101000000-000000000000
+	github.com/conclave-ai/conclave/services/console v0.0.0-00010101000000-000000000000
 	github.com/conclave-ai/conclave/services/gateway v0.0.0-00010101000000-000000000000
 	github.com/conclave-ai/conclave/services/runner v0.0.0-00010101000000-000000000000
 )
@@ -131,6 +132,7 @@ replace (
 	github.com/conclave-ai/conclave/proto => ../../proto
 	github.com/conclave-ai/conclave/services/bridge => ../../services/bridge
 	github.com/conclave-ai/conclave/services/bus => ../../services/bus
+	github.com/conclave-ai/conclave/services/console => ../../services/console
 	github.com/conclave-ai/conclave/services/gateway => ../../services/gateway
 	github.com/conclave-ai/conclave/services/runner => ../../services/runner
 )
