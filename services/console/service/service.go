@@ -144,11 +144,11 @@ func WithServerOptions(opts ...server.Option) Option {
 
 // Console is a configured, not yet running, console.
 type Console struct {
-	srv    *server.Server
-	web    *web.Handler
-	cfg    Config
-	log    *slog.Logger
-	stop   context.CancelFunc
+	srv  *server.Server
+	web  *web.Handler
+	cfg  Config
+	log  *slog.Logger
+	stop context.CancelFunc
 }
 
 // New builds the console.

@@ -206,8 +206,3 @@ func eventOf(m *gatewayv1.SendMessageResponse) chatEvent {
 func usageText(u *covenpb.TokenUsage) string {
 	return fmt.Sprintf("%d input tokens, %d output tokens", u.GetInputTokens(), u.GetOutputTokens())
 }
-
-// terminal reports whether kind ends a reply.
-func terminal(kind string) bool {
-	return kind == "done" || kind == "error" || kind == "cancelled"
-}

@@ -213,12 +213,13 @@ func (h *Handler) liveBus(w http.ResponseWriter, r *http.Request, s session.Sess
 	}
 	defer done()
 	msgs := make(chan backend.Message, busBuffer)
-	subscribed := make(chan struct{})
+	subscribedCh := make(chan struct{})
+	subscribed := subscribedCh // set to nil once reported
 	var dropped int
 	var mu sync.Mutex
 	watchErr := make(chan error, 1)
 	go func() {
-		watchErr <- h.o.Bus.Watch(ctx, s.Tokens.Bus, pattern, func() { close(subscribed) }, func(m backend.Message) {
+		watchErr <- h.o.Bus.Watch(ctx, s.Tokens.Bus, pattern, func() { close(subscribedCh) }, func(m backend.Message) {
 			select {
 			case msgs <- m:
 			default:
@@ -290,10 +291,14 @@ func (h *Handler) liveLogs(w http.ResponseWriter, r *http.Request, s session.Ses
 		return
 	}
 	defer done()
+	// The status goroutine writes to the response too: it must be gone
+	// before the handler returns, so stop it first, then wait for it.
+	var wg sync.WaitGroup
+	defer wg.Wait()
 	ctx, stop := context.WithCancel(ctx)
 	defer stop()
 	// The status, read every refresh interval while the logs stream.
-	go func() {
+	wg.Go(func() {
 		tick := time.NewTicker(h.o.RefreshInterval)
 		defer tick.Stop()
 		last := ""
@@ -318,7 +323,7 @@ func (h *Handler) liveLogs(w http.ResponseWriter, r *http.Request, s session.Ses
 			case <-tick.C:
 			}
 		}
-	}()
+	})
 	err := h.o.Runner.FollowLogs(ctx, s.Tokens.Runner, id, 500, func(l backend.LogLine) {
 		if st.send("line", "", logEvent{Time: formatTime(l.Time), Stream: l.Stream, Text: l.Text}) != nil {
 			stop()
