@@ -84,6 +84,7 @@ func TestMetrics(t *testing.T) {
 	}
 	// ok (gateway), unavailable (runner), unauthorized (gateway, bad token).
 	get("/", &good, nil).Body.Close()
+	get("/runner", &good, nil).Body.Close()
 	bad := codec.New(session.Tokens{Gateway: "bad"}, false)
 	get("/agents", &bad, nil).Body.Close()
 	// Refusals: csrf, expired_session, signin.
