@@ -216,18 +216,34 @@ func eval[T any](t *testing.T, ctx context.Context, expr string) T {
 	return v
 }
 
-// waitFor waits until expr (JavaScript) is true in the page.
+// waitFor waits until expr (JavaScript) is true in the page. It asks
+// again and again rather than polling inside the page, so that it
+// outlives the navigations a form's submission causes.
 func waitFor(t *testing.T, ctx context.Context, what, expr string) {
 	t.Helper()
-	if _, err := chromedp.Run(ctx, chromedp.Poll[bool](expr, chromedp.WithPollingInterval(50*time.Millisecond))); err != nil {
-		t.Fatalf("waiting until %s: %v\npage:\n%s", what, err, pageText(ctx))
+	check := fmt.Sprintf(`(() => { try { return !!(%s); } catch (e) { return false; } })()`, expr)
+	var last error
+	// Its own deadline, shorter than the tab's, leaves time to show the
+	// page when it fails.
+	deadline := time.After(45 * time.Second)
+	for {
+		ok, err := chromedp.Run(ctx, chromedp.Evaluate[bool](check))
+		if err == nil && ok {
+			return
+		}
+		last = err
+		select {
+		case <-deadline:
+			t.Fatalf("waiting until %s: gave up after 45s (last error: %v)\npage:\n%s", what, last, pageText(ctx))
+		case <-time.After(50 * time.Millisecond):
+		}
 	}
 }
 
 func pageText(ctx context.Context) string {
 	c, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
-	s, err := chromedp.Run(c, chromedp.Evaluate[string](`location.href + "\n" + document.body.innerText`))
+	s, err := chromedp.Run(c, chromedp.Evaluate[string](`location.href + "\n" + (document.body ? document.body.innerText : "")`))
 	if err != nil {
 		return "(unreadable: " + err.Error() + ")"
 	}
@@ -623,6 +639,12 @@ func TestServiceDownShowsABanner(t *testing.T) {
 	go func() { done <- c.Run(runCtx) }()
 	t.Cleanup(func() { stop(); <-done })
 	<-c.Ready()
+	probe, err := http.Get(c.URL() + "/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	probe.Body.Close()
+	t.Logf("probe: %s", probe.Status)
 	do(t, ctx, chromedp.Navigate(c.URL()+"/"), chromedp.WaitVisible(chromedp.ID("panel-runner")))
 	if banner := text(t, ctx, "#panel-runner .banner"); !strings.Contains(banner, "UNAVAILABLE") || !strings.Contains(banner, "runner") {
 		t.Fatalf("runner banner: %q", banner)

@@ -170,7 +170,13 @@ func (h *Handler) overview(w http.ResponseWriter, r *http.Request, s session.Ses
 		d.Bus, d.DeadLetters = panelOf("bus", err), dls
 	})
 	wg.Go(func() {
+		// The agent types say whether the runner answers at all, known
+		// instances or not.
+		_, typesErr := h.o.Runner.AgentTypes(ctx, s.Tokens.Runner)
 		rows, err := h.instanceRows(ctx, s.Tokens.Runner)
+		if typesErr != nil {
+			err = typesErr
+		}
 		d.Runner, d.Instances = panelOf("runner", err), rows
 	})
 	wg.Go(func() {
@@ -392,11 +398,12 @@ func (h *Handler) launch(w http.ResponseWriter, r *http.Request, s session.Sessi
 			return
 		}
 	}
-	if l.TaskID != "" {
-		if err := validText("The task id", l.TaskID, 256); err != nil {
-			h.problem(w, r, http.StatusBadRequest, err.Error())
-			return
-		}
+	if l.TaskID == "" {
+		// The runner needs one; like `conclave runner launch`, make it.
+		l.TaskID = "console-" + newChatID()[:16]
+	} else if err := validText("The task id", l.TaskID, 256); err != nil {
+		h.problem(w, r, http.StatusBadRequest, err.Error())
+		return
 	}
 	if prompt := r.PostForm.Get("prompt"); strings.TrimSpace(prompt) != "" {
 		if len(prompt) > maxMessageBytes {

@@ -204,12 +204,12 @@ func (h *Handler) session(next sessionHandler) http.Handler {
 }
 
 // sameOrigin refuses a request whose Origin header names another site.
-// Browsers send Origin on every POST; a request without one (a program)
-// still needs the CSRF token.
+// Browsers send Origin on every POST; a request without one (a program),
+// or with "null" (a privacy setting), still needs the CSRF token.
 func sameOrigin(r *http.Request) bool {
 	origin := r.Header.Get("Origin")
 	if origin == "" || origin == "null" {
-		return origin == ""
+		return true
 	}
 	u, err := url.Parse(origin)
 	return err == nil && u.Host == r.Host
@@ -259,7 +259,9 @@ func securityHeaders(w http.ResponseWriter) {
 	hd.Set("Content-Security-Policy", "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'; object-src 'none'")
 	hd.Set("X-Frame-Options", "DENY")
 	hd.Set("X-Content-Type-Options", "nosniff")
-	hd.Set("Referrer-Policy", "no-referrer")
+	// same-origin, not no-referrer: under no-referrer browsers send
+	// "Origin: null" with the console's own form posts.
+	hd.Set("Referrer-Policy", "same-origin")
 }
 
 // render writes a page. It renders into a buffer first so that a template
@@ -375,13 +377,23 @@ func since(t *timestamppb.Timestamp) string {
 	return d.String() + " ago"
 }
 
-// prettyJSON indents JSON for display; what is not JSON is shown as is.
+// prettyJSON indents JSON for display, with <, > and & as themselves
+// (the page escapes them, as text); what is not JSON is shown as is.
 func prettyJSON(raw json.RawMessage) string {
-	var buf bytes.Buffer
-	if err := json.Indent(&buf, raw, "", "  "); err != nil {
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.UseNumber()
+	var v any
+	if err := dec.Decode(&v); err != nil {
 		return string(raw)
 	}
-	return buf.String()
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false)
+	enc.SetIndent("", "  ")
+	if err := enc.Encode(v); err != nil {
+		return string(raw)
+	}
+	return strings.TrimSuffix(buf.String(), "\n")
 }
 
 // safeNext keeps a redirect after sign-in on this console.
