@@ -81,7 +81,7 @@ func TestDefaultHandlerAcrossReplicas(t *testing.T) {
 		a, _, launches, agents := twoReplicasWithLaunchers(t, nil)
 		pub := a.client(t, "bridge-on-a", "")
 		pub.publish(2, "tg:1001", `{"type":"telegram_message","text":"hello","chat_id":"1001"}`)
-		agent := <-agents
+		agent := receive(t, agents, "launched agent")
 		id, params := agent.w.expectRequest("processMessage")
 		if params["topic"] != "tg:1001" || params["attempt"] != float64(1) {
 			t.Errorf("delivered %v", params)
@@ -134,7 +134,7 @@ func TestDefaultHandlerAcrossReplicas(t *testing.T) {
 			wg.Go(func() { p.publish(2, "tg:2002", `{"type":"telegram_message","text":"hello"}`) })
 		}
 		wg.Wait()
-		agent := <-agents
+		agent := receive(t, agents, "launched agent")
 		for range len(pubs) {
 			id, params := agent.w.expectRequest("processMessage")
 			if params["topic"] != "tg:2002" {

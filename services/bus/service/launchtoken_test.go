@@ -32,7 +32,7 @@ func TestLaunchedAgentToken(t *testing.T) {
 	// The launched agent dialled with its token in the upgrade, initialized
 	// as its id and subscribed to its topic (fakeLauncher fails the test
 	// otherwise), and takes the message.
-	agent := <-l.agents
+	agent := receive(t, l.agents, "launched agent")
 	id, params := agent.expectRequest("processMessage")
 	if params["topic"] != "tg:5005" {
 		t.Errorf("delivered %v", params)
