@@ -65,12 +65,26 @@ func (h *Handler) recordDecision(m backend.Message) {
 	if d.RequestID == "" {
 		return
 	}
+	h.decisionsMu.Lock()
+	defer h.decisionsMu.Unlock()
 	// A decision made from this console is already listed, with its
 	// comment; the bus's copy adds the agent.
 	if mine, ok := h.decisions.get(d.key()); ok && mine.Source == "console" {
 		mine.AgentID, mine.EventID = d.AgentID, d.EventID
 		h.decisions.add(mine)
 		return
+	}
+	h.decisions.add(d)
+}
+
+// recordOwnDecision lists a decision made from this console. The
+// Librarian announces it on the bus while it answers the console, so the
+// bus's copy may be listed first: its agent is kept.
+func (h *Handler) recordOwnDecision(d decision) {
+	h.decisionsMu.Lock()
+	defer h.decisionsMu.Unlock()
+	if theirs, ok := h.decisions.get(d.key()); ok && theirs.Source == "bus" {
+		d.AgentID, d.EventID = theirs.AgentID, theirs.EventID
 	}
 	h.decisions.add(d)
 }

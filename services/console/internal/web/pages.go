@@ -530,7 +530,7 @@ func (h *Handler) decide(w http.ResponseWriter, r *http.Request, s session.Sessi
 		h.backendProblem(w, r, err)
 		return
 	}
-	h.decisions.add(decision{RequestID: st.GetRequestId(), Outcome: st.GetStatus(), Source: "console", Comment: comment, TraceID: traceID, At: timeNow()})
+	h.recordOwnDecision(decision{RequestID: st.GetRequestId(), Outcome: st.GetStatus(), Source: "console", Comment: comment, TraceID: traceID, At: timeNow()})
 	http.Redirect(w, r, "/librarian?done="+map[string]string{"approve": "approved", "reject": "rejected"}[choice], http.StatusSeeOther)
 }
 

@@ -17,6 +17,7 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -72,7 +73,10 @@ type Handler struct {
 	chats     *chatStore
 	instances *recent[knownInstance]
 	decisions *recent[decision]
-	streams   atomic.Int64
+	// decisionsMu makes merging the console's and the bus's copies of one
+	// decision a single step (each reads, then replaces).
+	decisionsMu sync.Mutex
+	streams     atomic.Int64
 	// base is cancelled when the console shuts down; chats run under it.
 	base context.Context
 }
