@@ -24,6 +24,7 @@ import (
 	"github.com/conclave-ai/conclave/pkg/server"
 	"github.com/conclave-ai/conclave/pkg/store"
 	"github.com/conclave-ai/conclave/pkg/telemetry"
+	eventsv1 "github.com/conclave-ai/conclave/proto/conclave/events/v1"
 	runnerv1 "github.com/conclave-ai/conclave/proto/conclave/runner/v1"
 	"github.com/conclave-ai/conclave/services/runner/internal/agenttype"
 	"github.com/conclave-ai/conclave/services/runner/internal/api"
@@ -172,6 +173,10 @@ type Deps struct {
 	// Kube, when set, is the Kubernetes executor's client configuration
 	// in place of CONCLAVE_RUNNER_KUBE_KUBECONFIG or the in-cluster one.
 	Kube *rest.Config
+	// BeforeEventSend, when set, sees each event envelope before it is
+	// sent to the events queue: a crash point for tests (cmd/runner sets
+	// it only under CONCLAVE_RUNNER_TEST_CRASHPOINT).
+	BeforeEventSend func(*eventsv1.Envelope)
 }
 
 // Runner is a configured, not yet running, runner.
@@ -232,7 +237,7 @@ func New(cfg Config, deps Deps, opts ...server.Option) (*Runner, error) {
 		Workers: cfg.Workers, Visibility: cfg.LaunchRetry, ProtocolTimeout: cfg.ProtocolTimeout,
 		CancelGrace: cfg.CancelGrace, IdleTimeout: cfg.IdleTimeout, MaxLine: cfg.MaxLineBytes,
 		Source: "runner/" + serverID, Logger: logger, Metrics: runnerMetrics,
-		TracerProvider: tel.TracerProvider(),
+		TracerProvider: tel.TracerProvider(), BeforeEventSend: deps.BeforeEventSend,
 	}
 	if hosts != nil {
 		supOpts.Hosts, supOpts.HostStartTimeout, supOpts.HostExitGrace = hosts, cfg.HostStartTimeout, cfg.HostExitGrace

@@ -212,7 +212,7 @@ func (s *Server) LaunchAgent(ctx context.Context, req *runnerv1.LaunchAgentReque
 	// The instance, its task and the launch message all at once: the
 	// embedded store commits the two writes together, beside the queue's
 	// commit.
-	err = s.sup.Launch(ctx, in.ID, func(ctx context.Context) error {
+	err = s.sup.Launch(ctx, in, func(ctx context.Context) error {
 		taskErr := make(chan error, 1)
 		go func() {
 			_, err := s.rec.UpdateTask(ctx, in.TaskID, func(t *records.Task) {

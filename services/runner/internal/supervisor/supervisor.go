@@ -22,6 +22,7 @@ import (
 	"go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/conclave-ai/conclave/pkg/queue"
+	eventsv1 "github.com/conclave-ai/conclave/proto/conclave/events/v1"
 	"github.com/conclave-ai/conclave/services/runner/internal/acp"
 	"github.com/conclave-ai/conclave/services/runner/internal/agenttype"
 	"github.com/conclave-ai/conclave/services/runner/internal/executor"
@@ -75,6 +76,9 @@ type Options struct {
 	// TracerProvider makes the workers' consumer spans.
 	TracerProvider trace.TracerProvider
 	Metrics        Metrics
+	// BeforeEventSend, when set, sees each envelope before it is sent (a
+	// test's crash point).
+	BeforeEventSend func(*eventsv1.Envelope)
 }
 
 // Metrics is told of what the supervisor does.
@@ -110,6 +114,7 @@ func New(o Options) *Supervisor {
 	s := &Supervisor{o: o, log: o.Logger, sessions: map[string]*session{}, writing: map[string]chan struct{}{}, stopping: make(chan struct{})}
 	s.logs = newLogBook(o.Records, o.Logger)
 	s.events = newEvents(o.Queue, o.EventsQueue, o.Source, o.Logger, o.Metrics.Events)
+	s.events.hold = o.BeforeEventSend
 	tp := o.TracerProvider
 	if tp == nil {
 		tp = noop.NewTracerProvider()
@@ -155,12 +160,122 @@ func (e *ErrElsewhere) Error() string { return "the instance runs on runner " + 
 // caller answers only once both have succeeded. A worker of this replica
 // that receives the launch before the write ends waits for it; see handle
 // for other replicas.
-func (s *Supervisor) Launch(ctx context.Context, instanceID string, write func(context.Context) error) error {
-	defer s.writingBeside(instanceID)()
-	if err := s.Enqueue(ctx, instanceID, 1); err != nil {
+//
+// The instance's first status, starting, is announced like every status
+// change: its event goes in the instance's outbox, so write must write in
+// as it is once Launch has added it.
+func (s *Supervisor) Launch(ctx context.Context, in *records.Instance, write func(context.Context) error) error {
+	defer s.writingBeside(in.ID)()
+	if err := s.Enqueue(ctx, in.ID, 1); err != nil {
 		return err
 	}
-	return write(ctx)
+	ev := s.events.prepare(ctx, EventStatusChanged, in.TaskID, in.ID, statusPayload(in))
+	in.Outbox = nil
+	in.AddToOutbox(ev)
+	if err := write(ctx); err != nil {
+		return err
+	}
+	s.announce(ctx, &ev, in.Status)
+	return nil
+}
+
+// withStatusEvent wraps a write of an instance so that a change of status
+// it makes is announced by an event written in the instance's outbox by
+// the same write; *ev is set to that event, nil when there is none. With
+// planned set, that event (announced already) is the one written, if the
+// write changes anything; events the outbox holds that were sent are
+// dropped from it.
+func (s *Supervisor) withStatusEvent(ctx context.Context, fn func(*records.Instance) error, planned *records.OutboxEvent, ev **records.OutboxEvent) func(*records.Instance) error {
+	return func(in *records.Instance) error {
+		*ev = nil
+		prev := in.Status
+		if err := fn(in); err != nil {
+			return err
+		}
+		in.Outbox = s.events.Unsent(in.Outbox)
+		switch {
+		case planned != nil:
+			*ev = planned
+		case in.Status != prev:
+			e := s.events.prepare(ctx, EventStatusChanged, in.TaskID, in.ID, statusPayload(in))
+			*ev = &e
+		default:
+			return nil
+		}
+		if n := in.AddToOutbox(**ev); n > 0 {
+			s.log.WarnContext(ctx, "runner: an instance's event outbox is full; its oldest events were dropped", "instance_id", in.ID, "dropped", n)
+			s.o.Metrics.Drop("outbox_full")
+		}
+		return nil
+	}
+}
+
+// announce publishes a status change's event (nil: none), written in its
+// instance's outbox.
+func (s *Supervisor) announce(ctx context.Context, ev *records.OutboxEvent, status string) {
+	if ev == nil {
+		return
+	}
+	s.o.Metrics.Status(status)
+	s.events.PublishOutbox(ctx, *ev)
+}
+
+// errOutboxUnchanged ends a write that would change nothing.
+var errOutboxUnchanged = errors.New("outbox unchanged")
+
+// drainOutbox makes sure every event in the instance's outbox is on the
+// events queue, and then removes them from it: those published here are
+// waited for, and those this runner does not know of (left by a runner
+// that died before sending them, or by another replica) are sent again,
+// under their own ids. It runs before a launch message is deleted, so a
+// crash anywhere before it leaves the message, whose next delivery drains
+// the outbox again. It fails with errStopping when the runner stops first.
+func (s *Supervisor) drainOutbox(ctx context.Context, id string) error {
+	in, err := s.o.Records.Instance(ctx, id)
+	if errors.Is(err, records.ErrNotFound) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if len(in.Outbox) == 0 {
+		return nil
+	}
+	var last uint64
+	resent := 0
+	for _, ev := range in.Outbox {
+		if s.events.Sent(ev.ID) {
+			continue
+		}
+		seq, ok := s.events.Tracked(ev.ID)
+		if !ok {
+			seq = s.events.PublishOutbox(ctx, ev)
+			resent++
+		}
+		last = max(last, seq)
+	}
+	if resent > 0 {
+		s.log.InfoContext(ctx, "runner: sending events a runner left unsent", "instance_id", id, "events", resent)
+		l := s.logs.open(ctx, id)
+		l.Add(StreamRunner, fmt.Sprintf("events: sent %d status event(s) again that a runner had left unsent", resent))
+		l.Close()
+	}
+	if !s.events.waitSent(last, s.stopping) {
+		return errStopping
+	}
+	_, err = s.o.Records.UpdateInstance(ctx, id, func(in *records.Instance) error {
+		unsent := s.events.Unsent(in.Outbox)
+		if len(unsent) == len(in.Outbox) {
+			return errOutboxUnchanged
+		}
+		in.Outbox = unsent
+		return nil
+	})
+	switch {
+	case err == nil, errors.Is(err, errOutboxUnchanged), errors.Is(err, records.ErrNotFound):
+		return nil
+	}
+	return err
 }
 
 // writingBeside registers a write of the instance in progress beside its
@@ -270,7 +385,9 @@ func (s *Supervisor) handle(ctx context.Context, m queue.Message) error {
 	}
 	if stale(in, msg.Seq) {
 		s.o.Metrics.Launch("duplicate")
-		return nil
+		// Its events may not all have been sent: the runner that ran it
+		// may have died after recording its end.
+		return s.drainOutbox(ctx, in.ID)
 	}
 	if live := s.session(in.ID); live != nil {
 		if live.seq == msg.Seq && live.claimMsg == m.ID {
@@ -290,6 +407,12 @@ func (s *Supervisor) handle(ctx context.Context, m queue.Message) error {
 			return errStopping
 		}
 		return s.handle(ctx, m)
+	}
+	// Events a runner that died left unsent go out before the new ones.
+	if len(in.Outbox) > 0 {
+		if err := s.drainOutbox(ctx, in.ID); err != nil {
+			return err
+		}
 	}
 	sess := newSession(s, in, m, msg.Seq)
 	s.mu.Lock()
@@ -334,6 +457,11 @@ func (s *Supervisor) handle(ctx context.Context, m queue.Message) error {
 		s.o.Metrics.Launch("duplicate")
 		return nil
 	case err != nil:
+		return err
+	}
+	// The launch's message is deleted only once the events of its status
+	// changes are on the events queue.
+	if err := s.drainOutbox(context.WithoutCancel(ctx), in.ID); err != nil {
 		return err
 	}
 	// A prompt accepted as the agent went away: resume the session for it.
@@ -385,7 +513,8 @@ func (s *Supervisor) resume(ctx context.Context, in *records.Instance, message *
 	if err := s.Enqueue(ctx, in.ID, seq); err != nil {
 		return err
 	}
-	in, err := s.o.Records.UpdateInstance(ctx, in.ID, func(cur *records.Instance) error {
+	var ev *records.OutboxEvent
+	in, err := s.o.Records.UpdateInstance(ctx, in.ID, s.withStatusEvent(ctx, func(cur *records.Instance) error {
 		switch {
 		case cur.Deleted:
 			return fmt.Errorf("instance %s is being deleted: %w", cur.ID, ErrFinished)
@@ -398,12 +527,11 @@ func (s *Supervisor) resume(ctx context.Context, in *records.Instance, message *
 		}
 		cur.Status, cur.Progress, cur.FinishedAt, cur.Error = records.StatusStarting, 0, time.Time{}, ""
 		return nil
-	})
+	}, nil, &ev))
 	if err != nil {
 		return err
 	}
-	s.o.Metrics.Status(in.Status)
-	s.events.Publish(ctx, EventStatusChanged, in.TaskID, in.ID, statusPayload(in))
+	s.announce(ctx, ev, in.Status)
 	return nil
 }
 
@@ -446,7 +574,8 @@ var errClaimedMeanwhile = errors.New("claimed meanwhile")
 
 func (s *Supervisor) cancelStored(ctx context.Context, id, reason string, unclaimedOnly bool) (*records.Instance, error) {
 	changed := false
-	in, err := s.o.Records.UpdateInstance(ctx, id, func(in *records.Instance) error {
+	var ev *records.OutboxEvent
+	in, err := s.o.Records.UpdateInstance(ctx, id, s.withStatusEvent(ctx, func(in *records.Instance) error {
 		queued := in.Launching() && in.ClaimSeq != in.LaunchSeq
 		stranded := !in.Launching() && in.PendingTurn()
 		if unclaimedOnly && in.Launching() && !queued {
@@ -465,13 +594,12 @@ func (s *Supervisor) cancelStored(ctx context.Context, id, reason string, unclai
 			in.DoneSeq, in.TurnDone, in.Prompt, in.CancelTurn = in.LaunchSeq, in.Turn, "", 0
 		}
 		return nil
-	})
+	}, nil, &ev))
 	if errors.Is(err, errClaimedMeanwhile) {
 		return s.cancel(ctx, id, reason, false)
 	}
 	if err == nil && changed {
-		s.o.Metrics.Status(in.Status)
-		s.events.Publish(ctx, EventStatusChanged, in.TaskID, in.ID, statusPayload(in))
+		s.announce(ctx, ev, in.Status)
 	}
 	return in, err
 }
@@ -711,8 +839,7 @@ func (ss *session) killedWhy() (stopKind, string) {
 // records the result and announces a change of status.
 func (ss *session) update(ctx context.Context, fn func(in *records.Instance) error) (*records.Instance, error) {
 	ss.stMu.Lock()
-	prev := ss.in.Status
-	in, err := ss.write(ctx, fn)
+	in, ev, err := ss.write(ctx, fn, nil)
 	if err == nil {
 		ss.in = in
 	}
@@ -720,7 +847,7 @@ func (ss *session) update(ctx context.Context, fn func(in *records.Instance) err
 	if err != nil {
 		return nil, err
 	}
-	ss.announce(ctx, prev, in)
+	ss.announce(ctx, in, ev)
 	return in, nil
 }
 
@@ -741,14 +868,13 @@ func (ss *session) setStatus(ctx context.Context, fn func(in *records.Instance))
 		ss.stMu.Unlock()
 		return
 	}
-	prev := ss.in.Status
-	in, err := ss.write(ctx, func(in *records.Instance) error { fn(in); return nil })
+	in, ev, err := ss.write(ctx, func(in *records.Instance) error { fn(in); return nil }, nil)
 	if err == nil {
 		ss.in = in
 	}
 	ss.stMu.Unlock()
 	if err == nil {
-		ss.announce(ctx, prev, in)
+		ss.announce(ctx, in, ev)
 	}
 }
 
@@ -766,28 +892,34 @@ func (ss *session) setStatusBeside(ctx context.Context, fn func(in *records.Inst
 		ss.stMu.Unlock()
 		return
 	}
-	prev := ss.in.Status
+	var planned *records.OutboxEvent
+	if probe.Status != ss.in.Status {
+		ev := ss.s.events.prepare(ctx, EventStatusChanged, probe.TaskID, probe.ID, statusPayload(probe))
+		planned = &ev
+	}
 	ss.statusWrites.Add(1)
 	go func() {
 		defer ss.statusWrites.Done()
 		defer ss.stMu.Unlock()
-		if in, err := ss.write(ctx, func(in *records.Instance) error { fn(in); return nil }); err == nil {
+		if in, _, err := ss.write(ctx, func(in *records.Instance) error { fn(in); return nil }, planned); err == nil {
 			ss.in = in
 		}
 	}()
-	ss.announce(ctx, prev, probe)
+	ss.announce(ctx, probe, planned)
 }
 
 // write applies fn to the stored instance if the session still holds its
-// claim. A lost claim, or a deleted instance, kills the session quietly.
-// Call with stMu held.
-func (ss *session) write(ctx context.Context, fn func(in *records.Instance) error) (*records.Instance, error) {
-	in, err := ss.s.o.Records.UpdateInstance(ctx, ss.launch.ID, func(in *records.Instance) error {
+// claim, with the event of the status change it makes, if any, in the
+// outbox (planned: that event, announced already). A lost claim, or a
+// deleted instance, kills the session quietly. Call with stMu held.
+func (ss *session) write(ctx context.Context, fn func(in *records.Instance) error, planned *records.OutboxEvent) (*records.Instance, *records.OutboxEvent, error) {
+	var ev *records.OutboxEvent
+	in, err := ss.s.o.Records.UpdateInstance(ctx, ss.launch.ID, ss.s.withStatusEvent(ctx, func(in *records.Instance) error {
 		if in.ClaimMsg != ss.claimMsg || in.ClaimRecv != ss.claimRecv || in.ClaimSeq != ss.seq {
 			return errClaimLost
 		}
 		return fn(in)
-	})
+	}, planned, &ev))
 	switch {
 	case errors.Is(err, errClaimLost):
 		ss.kill(stopSuperseded, "superseded: "+errClaimLost.Error())
@@ -796,16 +928,17 @@ func (ss *session) write(ctx context.Context, fn func(in *records.Instance) erro
 	case err != nil && !errors.Is(err, ErrBusy) && !errors.Is(err, ErrFinished):
 		ss.s.log.WarnContext(ctx, "runner: recording an instance's status", "instance_id", ss.launch.ID, "error", err)
 	}
-	return in, err
+	return in, ev, err
 }
 
-// announce logs and publishes a change of status from prev to in's.
-func (ss *session) announce(ctx context.Context, prev string, in *records.Instance) {
-	if in.Status != prev {
-		ss.s.o.Metrics.Status(in.Status)
-		ss.log.Add(StreamRunner, "status: "+in.Status+errorSuffix(in.Error))
-		ss.s.events.Publish(ctx, EventStatusChanged, in.TaskID, in.ID, statusPayload(in))
+// announce logs and publishes a change of status to in's, whose event is
+// ev (nil: the status did not change).
+func (ss *session) announce(ctx context.Context, in *records.Instance, ev *records.OutboxEvent) {
+	if ev == nil {
+		return
 	}
+	ss.log.Add(StreamRunner, "status: "+in.Status+errorSuffix(in.Error))
+	ss.s.announce(ctx, ev, in.Status)
 }
 
 func errorSuffix(e string) string {
