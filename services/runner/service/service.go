@@ -49,6 +49,7 @@ type Config struct {
 	EventsQueue     string            `env:"CONCLAVE_RUNNER_EVENTS_QUEUE" default:"bus-events" help:"queue the bus publishes task events from"`
 	LaunchRetry     time.Duration     `env:"CONCLAVE_RUNNER_LAUNCH_RETRY" default:"30s" help:"how soon a launch whose runner died is retried by another"`
 	ProtocolTimeout time.Duration     `env:"CONCLAVE_RUNNER_PROTOCOL_TIMEOUT" default:"30s" help:"how long an agent may take to answer initialize, session/new, session/load or to accept a prompt before its protocol is declared dead"`
+	SilenceTimeout  time.Duration     `env:"CONCLAVE_RUNNER_SILENCE_TIMEOUT" default:"10m" help:"how long an agent may send nothing on stdout in the middle of a turn before its protocol is declared dead (an agent type's silence_timeout overrides it)"`
 	CancelGrace     time.Duration     `env:"CONCLAVE_RUNNER_CANCEL_GRACE" default:"10s" help:"how long an agent may take to end a cancelled turn before it is killed"`
 	IdleTimeout     time.Duration     `env:"CONCLAVE_RUNNER_IDLE_TIMEOUT" default:"10m" help:"how long an idle agent is kept for more prompts; later prompts resume its session in a new process"`
 	MaxLineBytes    int               `env:"CONCLAVE_RUNNER_MAX_LINE_BYTES" default:"4194304" help:"longest line accepted from an agent; longer ones are dropped"`
@@ -114,6 +115,7 @@ func (c Config) Validate() error {
 	for key, d := range map[string]time.Duration{
 		"CONCLAVE_RUNNER_PROTOCOL_TIMEOUT": c.ProtocolTimeout,
 		"CONCLAVE_RUNNER_CANCEL_GRACE":     c.CancelGrace,
+		"CONCLAVE_RUNNER_SILENCE_TIMEOUT":  c.SilenceTimeout,
 		"CONCLAVE_RUNNER_IDLE_TIMEOUT":     c.IdleTimeout,
 		"CONCLAVE_RUNNER_SHUTDOWN_TIMEOUT": c.ShutdownTimeout,
 		"CONCLAVE_RUNNER_FORWARD_TIMEOUT":  c.ForwardTimeout,
@@ -234,7 +236,7 @@ func New(cfg Config, deps Deps, opts ...server.Option) (*Runner, error) {
 	supOpts := supervisor.Options{
 		Records: rec, Queue: deps.Queue, Registry: registry, Executor: exec,
 		LaunchQueue: cfg.LaunchQueue, EventsQueue: cfg.EventsQueue,
-		Workers: cfg.Workers, Visibility: cfg.LaunchRetry, ProtocolTimeout: cfg.ProtocolTimeout,
+		Workers: cfg.Workers, Visibility: cfg.LaunchRetry, ProtocolTimeout: cfg.ProtocolTimeout, SilenceTimeout: cfg.SilenceTimeout,
 		CancelGrace: cfg.CancelGrace, IdleTimeout: cfg.IdleTimeout, MaxLine: cfg.MaxLineBytes,
 		Source: "runner/" + serverID, Logger: logger, Metrics: runnerMetrics,
 		TracerProvider: tel.TracerProvider(), BeforeEventSend: deps.BeforeEventSend,

@@ -4,6 +4,7 @@
 package supervisor
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -55,6 +56,9 @@ type Options struct {
 	// a kandev agent's accepting a prompt: a live process silent that long
 	// has a dead protocol.
 	ProtocolTimeout time.Duration
+	// SilenceTimeout is how long an agent may send nothing in the middle of
+	// a turn before its protocol is dead, unless its type sets its own.
+	SilenceTimeout time.Duration
 	// CancelGrace is how long a turn may take to end after session/cancel
 	// before the process is killed.
 	CancelGrace time.Duration
@@ -658,6 +662,8 @@ const (
 	stopCancel
 	// stopFailure: timed out, would not exit, and the like: failed.
 	stopFailure
+	// stopDead: a dead protocol, found mid-turn: failed.
+	stopDead
 )
 
 // quiet reports whether a session killed so records nothing more.
@@ -693,8 +699,10 @@ type session struct {
 	proc   executor.Process
 	// link is the launch's agent-host link, for a hosted agent.
 	link HostLink
-	// timeout is the launch's agent type's.
+	// timeout is the launch's agent type's; silence its limit on an
+	// agent's silence mid-turn.
 	timeout time.Duration
+	silence time.Duration
 	// halt ends a oneshot conversation's run in progress (it has no proc).
 	halt func()
 	// stopStart aborts an executor's Start in progress.
@@ -1142,6 +1150,7 @@ func (ss *session) run(ctx context.Context, in *records.Instance, m queue.Messag
 	// Job has it as its own deadline, which says so when it passes: this
 	// is the backstop.
 	ss.timeout = typ.EffectiveTimeout()
+	ss.silence = cmp.Or(typ.SilenceTimeout, o.SilenceTimeout)
 	limit := ss.timeout
 	if link != nil {
 		limit += o.HostExitGrace
@@ -1204,7 +1213,7 @@ func (ss *session) end(ctx context.Context, proc executor.Process, outcome, reas
 		return errOlderReceipt
 	case stopCancel:
 		outcome, reason = "cancelled", why
-	case stopFailure:
+	case stopFailure, stopDead:
 		if outcome == "" || outcome == "completed" {
 			outcome, reason = "killed", why
 		}
@@ -1399,11 +1408,13 @@ func (ss *session) turn(ctx context.Context, client conversation, p pendingPromp
 		t   acp.Turn
 		err error
 	)
+	stopWatch := ss.watchSilence(client)
 	if d, ok := client.(durableTurns); ok {
 		t, err = d.PromptTurn(ctx, int64(p.turn), p.message, ss.s.o.ProtocolTimeout)
 	} else {
 		t, err = client.Prompt(ctx, p.message, ss.s.o.ProtocolTimeout)
 	}
+	stopWatch()
 	ss.mu.Lock()
 	ss.turning = false
 	ss.mu.Unlock()
@@ -1429,7 +1440,7 @@ func (ss *session) turn(ctx context.Context, client conversation, p pendingPromp
 	switch kind {
 	case stopCancel:
 		status, errText = records.StatusStopped, why
-	case stopFailure:
+	case stopFailure, stopDead:
 		status, errText = records.StatusFailed, why
 	}
 	ss.setStatus(ctx, func(in *records.Instance) {
@@ -1445,6 +1456,9 @@ func (ss *session) turn(ctx context.Context, client conversation, p pendingPromp
 			in.CancelTurn = 0
 		}
 	})
+	if kind == stopDead {
+		return "dead_protocol", errText
+	}
 	if err != nil && (errors.Is(err, acp.ErrAgentGone) || errors.Is(err, context.DeadlineExceeded)) {
 		if errors.Is(err, context.DeadlineExceeded) {
 			return "dead_protocol", errText
@@ -1505,3 +1519,49 @@ func (ss *session) traceCtx(ctx context.Context) context.Context {
 
 // Live reports whether this replica runs a process for the instance.
 func (s *Supervisor) Live(id string) bool { return s.session(id) != nil }
+
+// heardFrom is a conversation that knows when its agent last wrote
+// anything (the ACP client over a local agent's stdout).
+type heardFrom interface {
+	LastHeard() time.Time
+}
+
+// watchSilence watches a turn of client for a dead protocol: an agent that
+// has sent nothing at all (no update, request or response, not even part
+// of a line) for the silence limit of its type is killed, and the turn
+// fails. An agent that thinks for long keeps the turn alive with updates
+// (ACP agent_thought_chunk, a kandev progress update, a legacy heartbeat)
+// or needs a longer silence_timeout; the type's timeout bounds the launch
+// either way. The returned func stops the watch.
+func (ss *session) watchSilence(client conversation) (stop func()) {
+	h, ok := client.(heardFrom)
+	limit := ss.silence
+	if !ok || limit <= 0 {
+		return func() {}
+	}
+	done := make(chan struct{})
+	go func() {
+		since := time.Now()
+		check := time.NewTimer(limit)
+		defer check.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-check.C:
+			}
+			last := h.LastHeard()
+			if last.Before(since) {
+				last = since
+			}
+			if quiet := time.Since(last); quiet < limit {
+				check.Reset(limit - quiet)
+				continue
+			}
+			ss.log.Add(StreamRunner, fmt.Sprintf("the agent has sent nothing for %s in the middle of a turn; killing it (dead protocol)", limit))
+			ss.kill(stopDead, fmt.Sprintf("dead protocol: no message from the agent for %s mid-turn", limit))
+			return
+		}
+	}()
+	return sync.OnceFunc(func() { close(done) })
+}
