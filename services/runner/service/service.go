@@ -157,10 +157,14 @@ var Tables = []store.Table{records.Table}
 // dead-letter queue for launches that keep failing to be handled) and the
 // bus's events queue, defined as the bus defines it.
 func Queues(cfg Config) []queue.Definition {
-	return []queue.Definition{
-		{Name: cfg.LaunchQueue, VisibilityTimeout: cfg.LaunchRetry, MaxReceiveCount: 10},
-		{Name: cfg.EventsQueue, VisibilityTimeout: 2 * time.Minute, MaxReceiveCount: 5},
+	defs := []queue.Definition{{Name: cfg.LaunchQueue, VisibilityTimeout: cfg.LaunchRetry, MaxReceiveCount: 10}}
+	// A launch queue per priority above 0, sharing the priority 0 queue's
+	// dead-letter queue.
+	for p := 1; p <= supervisor.MaxPriority; p++ {
+		defs = append(defs, queue.Definition{Name: supervisor.LaneQueue(cfg.LaunchQueue, p), VisibilityTimeout: cfg.LaunchRetry,
+			MaxReceiveCount: 10, DeadLetterQueue: cfg.LaunchQueue + "-dlq"})
 	}
+	return append(defs, queue.Definition{Name: cfg.EventsQueue, VisibilityTimeout: 2 * time.Minute, MaxReceiveCount: 5})
 }
 
 // Deps are what the runner runs on.

@@ -161,6 +161,9 @@ func (s *Server) LaunchAgent(ctx context.Context, req *runnerv1.LaunchAgentReque
 	if !typ.Enabled {
 		return nil, validation(fmt.Sprintf("agent_type %q is disabled", typ.ID), "")
 	}
+	if p := req.GetPriority(); p < 0 || p > supervisor.MaxPriority {
+		return nil, validation(fmt.Sprintf("priority %d is outside 0 to %d", p, supervisor.MaxPriority), "a higher priority starts before lower ones while workers are busy; 0 is the default")
+	}
 	if len(req.GetEnv()) > s.limits.MaxEnvVars {
 		return nil, validation(fmt.Sprintf("env has %d variables, at most %d", len(req.GetEnv()), s.limits.MaxEnvVars), "")
 	}

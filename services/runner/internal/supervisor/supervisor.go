@@ -133,15 +133,6 @@ type launchMessage struct {
 	Seq        int    `json:"seq"`
 }
 
-// Enqueue queues launch seq of an instance.
-func (s *Supervisor) Enqueue(ctx context.Context, instanceID string, seq int) error {
-	body, _ := json.Marshal(launchMessage{InstanceID: instanceID, Seq: seq})
-	if _, err := s.o.Queue.Send(ctx, s.o.LaunchQueue, queue.Outgoing{Body: body}); err != nil {
-		return fmt.Errorf("queueing the launch: %w", err)
-	}
-	return nil
-}
-
 // instanceWriteGrace is how long after it was sent a launch whose write is
 // not in the store is tried again rather than dropped: the write may still
 // be in progress on another replica (a launch is queued before it is
@@ -170,7 +161,7 @@ func (e *ErrElsewhere) Error() string { return "the instance runs on runner " + 
 // as it is once Launch has added it.
 func (s *Supervisor) Launch(ctx context.Context, in *records.Instance, write func(context.Context) error) error {
 	defer s.writingBeside(in.ID)()
-	if err := s.Enqueue(ctx, in.ID, 1); err != nil {
+	if err := s.Enqueue(ctx, in.ID, 1, in.Priority); err != nil {
 		return err
 	}
 	ev := s.events.prepare(ctx, EventStatusChanged, in.TaskID, in.ID, statusPayload(in))
@@ -331,7 +322,7 @@ func (s *Supervisor) Run(ctx context.Context, owner string) error {
 		<-ctx.Done()
 		s.stopOnce.Do(func() { close(s.stopping) })
 	}()
-	err := queue.Consume(ctx, s.o.Queue, s.o.LaunchQueue, s.handle, queue.ConsumerOptions{
+	err := queue.Consume(ctx, newLanes(s.o.Queue, s.o.LaunchQueue, s.log), s.o.LaunchQueue, s.handle, queue.ConsumerOptions{
 		Workers: s.o.Workers, Visibility: s.o.Visibility, Logger: s.log, TracerProvider: s.o.TracerProvider})
 	flush, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -514,7 +505,7 @@ func (s *Supervisor) Prompt(ctx context.Context, id, message string) error {
 func (s *Supervisor) resume(ctx context.Context, in *records.Instance, message *string) error {
 	seq := in.LaunchSeq + 1
 	defer s.writingBeside(in.ID)()
-	if err := s.Enqueue(ctx, in.ID, seq); err != nil {
+	if err := s.Enqueue(ctx, in.ID, seq, in.Priority); err != nil {
 		return err
 	}
 	var ev *records.OutboxEvent
