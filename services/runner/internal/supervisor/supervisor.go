@@ -12,6 +12,7 @@ import (
 	"log/slog"
 	"maps"
 	"reflect"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -171,7 +172,65 @@ func (s *Supervisor) Launch(ctx context.Context, in *records.Instance, write fun
 		return err
 	}
 	s.announce(ctx, &ev, in.Status)
+	s.clearOnceSent(in.ID, ev.ID)
 	return nil
+}
+
+// clearOnceSent removes an event that a request (not a launch's session)
+// wrote in an instance's outbox once it is sent, so that the runner that
+// runs the launch (maybe another replica) does not send it again. A runner
+// that dies first leaves it for the launch's end.
+func (s *Supervisor) clearOnceSent(instanceID, eventID string) {
+	seq, ok := s.events.Tracked(eventID)
+	if !ok {
+		return
+	}
+	go func() {
+		if !s.events.waitSent(seq, s.stopping) || !s.events.Sent(eventID) {
+			return
+		}
+		_, err := s.o.Records.UpdateInstance(context.Background(), instanceID, func(in *records.Instance) error {
+			kept := slices.DeleteFunc(slices.Clone(in.Outbox), func(ev records.OutboxEvent) bool { return ev.ID == eventID })
+			if len(kept) == len(in.Outbox) {
+				return errOutboxUnchanged
+			}
+			in.Outbox = kept
+			return nil
+		})
+		if err != nil && !errors.Is(err, errOutboxUnchanged) && !errors.Is(err, records.ErrNotFound) {
+			s.log.Warn("runner: clearing a sent event from an instance's outbox", "instance_id", instanceID, "error", err)
+		}
+	}()
+}
+
+// resendOrphans sends again, before a launch starts, the events of its
+// instance's outbox that this runner does not know of and that are older
+// than the outbox grace: left unsent by a runner that died (younger ones
+// are most likely being sent by the replica that wrote them, and the
+// launch's end sends whatever is left). They go out ahead of the launch's
+// own events.
+func (s *Supervisor) resendOrphans(ctx context.Context, in *records.Instance) {
+	grace := max(s.o.Visibility/4, 250*time.Millisecond)
+	resent := 0
+	for _, ev := range in.Outbox {
+		if _, tracked := s.events.Tracked(ev.ID); tracked || s.events.Sent(ev.ID) || time.Since(ev.Time) < grace {
+			continue
+		}
+		s.events.PublishOutbox(ctx, ev)
+		resent++
+	}
+	s.noteResent(ctx, in.ID, resent)
+}
+
+// noteResent logs events sent again for an instance, in its log too.
+func (s *Supervisor) noteResent(ctx context.Context, id string, n int) {
+	if n == 0 {
+		return
+	}
+	s.log.InfoContext(ctx, "runner: sending events a runner left unsent", "instance_id", id, "events", n)
+	l := s.logs.open(ctx, id)
+	l.Add(StreamRunner, fmt.Sprintf("events: sent %d status event(s) again that a runner had left unsent", n))
+	l.Close()
 }
 
 // withStatusEvent wraps a write of an instance so that a change of status
@@ -199,7 +258,6 @@ func (s *Supervisor) withStatusEvent(ctx context.Context, fn func(*records.Insta
 		}
 		if n := in.AddToOutbox(**ev); n > 0 {
 			s.log.WarnContext(ctx, "runner: an instance's event outbox is full; its oldest events were dropped", "instance_id", in.ID, "dropped", n)
-			s.o.Metrics.Drop("outbox_full")
 		}
 		return nil
 	}
@@ -249,12 +307,7 @@ func (s *Supervisor) drainOutbox(ctx context.Context, id string) error {
 		}
 		last = max(last, seq)
 	}
-	if resent > 0 {
-		s.log.InfoContext(ctx, "runner: sending events a runner left unsent", "instance_id", id, "events", resent)
-		l := s.logs.open(ctx, id)
-		l.Add(StreamRunner, fmt.Sprintf("events: sent %d status event(s) again that a runner had left unsent", resent))
-		l.Close()
-	}
+	s.noteResent(ctx, id, resent)
 	if !s.events.waitSent(last, s.stopping) {
 		return errStopping
 	}
@@ -404,11 +457,7 @@ func (s *Supervisor) handle(ctx context.Context, m queue.Message) error {
 		return s.handle(ctx, m)
 	}
 	// Events a runner that died left unsent go out before the new ones.
-	if len(in.Outbox) > 0 {
-		if err := s.drainOutbox(ctx, in.ID); err != nil {
-			return err
-		}
-	}
+	s.resendOrphans(ctx, in)
 	sess := newSession(s, in, m, msg.Seq)
 	s.mu.Lock()
 	if s.sessions[in.ID] != nil {
@@ -527,6 +576,9 @@ func (s *Supervisor) resume(ctx context.Context, in *records.Instance, message *
 		return err
 	}
 	s.announce(ctx, ev, in.Status)
+	if ev != nil {
+		s.clearOnceSent(in.ID, ev.ID)
+	}
 	return nil
 }
 
@@ -595,6 +647,9 @@ func (s *Supervisor) cancelStored(ctx context.Context, id, reason string, unclai
 	}
 	if err == nil && changed {
 		s.announce(ctx, ev, in.Status)
+		if ev != nil {
+			s.clearOnceSent(in.ID, ev.ID)
+		}
 	}
 	return in, err
 }
