@@ -12,10 +12,13 @@ import (
 	"time"
 
 	"go.opentelemetry.io/otel/propagation"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/conclave-ai/conclave/pkg/queue"
+	"github.com/conclave-ai/conclave/pkg/telemetry"
 )
 
 // statusEvent is a runner.task.status_changed envelope as the bus reads it.
@@ -80,7 +83,13 @@ func TestStatusChangedEvents(t *testing.T) {
 		t.Skip("runs agent processes")
 	}
 	t.Parallel()
-	r := startRunner(t, map[string]string{"CONCLAVE_RUNNER_IDLE_TIMEOUT": "300ms"})
+	// Tracing on (spans recorded in memory), so that events carry a trace.
+	spans := tracetest.NewSpanRecorder()
+	tel, err := telemetry.New(context.Background(), telemetry.Config{ServiceName: "runner-test", SpanProcessors: []sdktrace.SpanProcessor{spans}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := startRunnerWith(t, map[string]string{"CONCLAVE_RUNNER_IDLE_TIMEOUT": "300ms"}, tel)
 	in := r.launch(t, "acp-normal", r.workspace(t), map[string]string{"TASK_DESCRIPTION": "status events"})
 	r.waitLog(t, in.ID, "launch 1 ended")
 	var evs []statusEvent
@@ -95,6 +104,16 @@ func TestStatusChangedEvents(t *testing.T) {
 	if got := strings.Join(statuses(evs), " → "); got != "starting → running → completed" {
 		t.Fatalf("status events: %s", got)
 	}
+	// The launch's trace is the one its REST request began.
+	var launchTrace trace.TraceID
+	for _, sp := range spans.Ended() {
+		if sp.SpanKind() == trace.SpanKindServer && strings.Contains(sp.Name(), "LaunchAgent") {
+			launchTrace = sp.SpanContext().TraceID()
+		}
+	}
+	if !launchTrace.IsValid() {
+		t.Fatal("no server span of the launch was recorded")
+	}
 	ids := map[string]bool{}
 	for _, e := range evs {
 		if e.TaskID != in.TaskID || e.PayloadTaskID != in.TaskID || e.InstanceID != in.ID {
@@ -102,8 +121,8 @@ func TestStatusChangedEvents(t *testing.T) {
 		}
 		if !e.Trace.IsValid() {
 			t.Errorf("%s event has no trace parent", e.Status)
-		} else if e.Trace.TraceID() != evs[0].Trace.TraceID() {
-			t.Errorf("%s event is in trace %s, the launch in %s", e.Status, e.Trace.TraceID(), evs[0].Trace.TraceID())
+		} else if e.Trace.TraceID() != launchTrace {
+			t.Errorf("%s event is in trace %s, the launch in %s", e.Status, e.Trace.TraceID(), launchTrace)
 		}
 		if ids[e.ID] {
 			t.Errorf("event id %s used twice", e.ID)

@@ -379,13 +379,13 @@ func (s *Server) GetTask(ctx context.Context, req *runnerv1.GetTaskRequest) (*ru
 			out.Status = in.Status
 		}
 	}
-	if t.Metadata != nil {
-		md, err := structpb.NewStruct(t.Metadata)
-		if err != nil {
-			return nil, internal(err)
-		}
-		out.Metadata = md
+	// Always an object, as seed 002 reads it (metadata.auggie_session_id),
+	// even before anything is in it.
+	md, err := structpb.NewStruct(t.Metadata)
+	if err != nil {
+		return nil, internal(err)
 	}
+	out.Metadata = md
 	return &runnerv1.GetTaskResponse{Task: out}, nil
 }
 
