@@ -303,7 +303,8 @@ func TestDuplicateLaunchRunsOnce(t *testing.T) {
 	}
 }
 
-// failingQueue refuses sends to the launch queue while fail is set.
+// failingQueue refuses sends to the launch queues (every priority's) while
+// fail is set.
 type failingQueue struct {
 	queue.Queue
 	launches string
@@ -311,7 +312,7 @@ type failingQueue struct {
 }
 
 func (f *failingQueue) Send(ctx context.Context, name string, msgs ...queue.Outgoing) ([]string, error) {
-	if name == f.launches && f.fail.Load() {
+	if strings.HasPrefix(name, f.launches) && f.fail.Load() {
 		return nil, errors.New("queue unavailable (test)")
 	}
 	return f.Queue.Send(ctx, name, msgs...)

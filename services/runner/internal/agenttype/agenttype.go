@@ -46,19 +46,24 @@ const (
 
 // Type is one registry entry. The YAML keys are seed 002's field names.
 type Type struct {
-	ID           string        `yaml:"id"`
-	Name         string        `yaml:"name"`
-	Description  string        `yaml:"description"`
-	Image        string        `yaml:"image"`
-	Command      []string      `yaml:"command"`
-	WorkingDir   string        `yaml:"working_dir"`
-	MemoryMB     int           `yaml:"memory_mb"`
-	CPUCores     float64       `yaml:"cpu_cores"`
-	Timeout      time.Duration `yaml:"timeout"`
-	Capabilities []string      `yaml:"capabilities"`
-	RequiredEnv  []string      `yaml:"required_env"`
-	Protocol     string        `yaml:"protocol"`
-	Enabled      bool          `yaml:"enabled"`
+	ID          string        `yaml:"id"`
+	Name        string        `yaml:"name"`
+	Description string        `yaml:"description"`
+	Image       string        `yaml:"image"`
+	Command     []string      `yaml:"command"`
+	WorkingDir  string        `yaml:"working_dir"`
+	MemoryMB    int           `yaml:"memory_mb"`
+	CPUCores    float64       `yaml:"cpu_cores"`
+	Timeout     time.Duration `yaml:"timeout"`
+	// SilenceTimeout bounds how long an agent may send nothing at all on
+	// stdout in the middle of a turn (no update, request or response)
+	// before its protocol is taken as dead; 0 means the runner's default
+	// (CONCLAVE_RUNNER_SILENCE_TIMEOUT).
+	SilenceTimeout time.Duration `yaml:"silence_timeout"`
+	Capabilities   []string      `yaml:"capabilities"`
+	RequiredEnv    []string      `yaml:"required_env"`
+	Protocol       string        `yaml:"protocol"`
+	Enabled        bool          `yaml:"enabled"`
 	// Env is set for every instance of the type, under the launch's env.
 	Env map[string]string `yaml:"env"`
 	// Permission answers session/request_permission (ACP): allow, deny or
@@ -99,6 +104,8 @@ func (t Type) Validate() error {
 		return fmt.Errorf("agent type %s: needs a command (local executor) or an image", t.ID)
 	case t.Timeout < 0:
 		return fmt.Errorf("agent type %s: negative timeout %s", t.ID, t.Timeout)
+	case t.SilenceTimeout < 0:
+		return fmt.Errorf("agent type %s: negative silence_timeout %s", t.ID, t.SilenceTimeout)
 	case t.MemoryMB < 0 || t.CPUCores < 0:
 		return fmt.Errorf("agent type %s: negative memory_mb or cpu_cores", t.ID)
 	}
