@@ -3,6 +3,7 @@ package service_test
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -28,8 +29,8 @@ type statusEvent struct {
 }
 
 // drainStatusEvents receives every message waiting on the events queue
-// (deleting them) and returns the status changes of instanceID, in the
-// order they were sent.
+// (deleting them) and returns the status changes of instanceID (of every
+// instance for ""), in the order they were sent.
 func drainStatusEvents(t *testing.T, q queue.Queue, eventsQueue, instanceID string) []statusEvent {
 	t.Helper()
 	ctx := context.Background()
@@ -50,7 +51,7 @@ func drainStatusEvents(t *testing.T, q queue.Queue, eventsQueue, instanceID stri
 			if err != nil {
 				t.Fatal(err)
 			}
-			if env.GetType() != "runner.task.status_changed" || env.GetSubjectIds()["instance_id"] != instanceID {
+			if env.GetType() != "runner.task.status_changed" || (instanceID != "" && env.GetSubjectIds()["instance_id"] != instanceID) {
 				continue
 			}
 			var payload structpb.Struct
@@ -215,5 +216,48 @@ func TestEventsSurviveACrash(t *testing.T) {
 	}
 	if completed != 1 || !strings.HasPrefix(strings.Join(statuses(evs), " "), "starting running") {
 		t.Fatalf("status events on the queue: %v, want starting, running and one completed", statuses(evs))
+	}
+}
+
+// TestEventsOutageDoesNotStopLaunches: while the events queue refuses
+// every send, a replica with one worker still runs one launch after
+// another (a worker once waited for its launch's events without end, so
+// the first launch held the only worker), and once the queue is back each
+// launch's completed event is sent from its outbox.
+func TestEventsOutageDoesNotStopLaunches(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs agent processes")
+	}
+	t.Parallel()
+	cfg, st, embedded := sharedState(t, map[string]string{"CONCLAVE_RUNNER_WORKERS": "1", "CONCLAVE_RUNNER_LAUNCH_RETRY": "2s", "CONCLAVE_RUNNER_IDLE_TIMEOUT": "300ms"})
+	q := &failingQueue{Queue: embedded, launches: cfg.EventsQueue}
+	q.fail.Store(true)
+	r, _ := runOn(t, cfg, st, q, nil)
+	var ids []string
+	for i := range 3 {
+		in := r.launch(t, "acp-normal", r.workspace(t), map[string]string{"TASK_DESCRIPTION": fmt.Sprintf("outage %d", i)})
+		r.waitLog(t, in.ID, "launch 1 ended")
+		ids = append(ids, in.ID)
+	}
+	q.fail.Store(false)
+	// Every status event on the queue, by instance: each launch's ends
+	// with completed.
+	got := map[string][]string{}
+	done := func() bool {
+		for _, id := range ids {
+			if evs := got[id]; len(evs) == 0 || evs[len(evs)-1] != "completed" {
+				return false
+			}
+		}
+		return true
+	}
+	for deadline := time.Now().Add(time.Minute); !done(); {
+		if time.Now().After(deadline) {
+			t.Fatalf("status events a minute after the queue came back: %v", got)
+		}
+		for _, e := range drainStatusEvents(t, embedded, cfg.EventsQueue, "") {
+			got[e.InstanceID] = append(got[e.InstanceID], e.Status)
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }

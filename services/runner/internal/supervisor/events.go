@@ -219,7 +219,9 @@ func (e *events) Last() uint64 {
 // waitSent waits until every event up to number seq has been handed to the
 // queue (or given up on at shutdown), or until stop is closed, and reports
 // which.
-func (e *events) waitSent(seq uint64, stop <-chan struct{}) bool {
+func (e *events) waitSent(seq uint64, stop <-chan struct{}, patience time.Duration) bool {
+	timer := time.NewTimer(patience)
+	defer timer.Stop()
 	for {
 		e.mu.Lock()
 		handled, progress := e.handled, e.progress
@@ -230,6 +232,8 @@ func (e *events) waitSent(seq uint64, stop <-chan struct{}) bool {
 		select {
 		case <-progress:
 		case <-stop:
+			return false
+		case <-timer.C:
 			return false
 		}
 	}

@@ -186,7 +186,9 @@ func (s *Supervisor) clearOnceSent(instanceID, eventID string) {
 		return
 	}
 	go func() {
-		if !s.events.waitSent(seq, s.stopping) || !s.events.Sent(eventID) {
+		// Past its patience the event stays in the outbox, for the
+		// launch's end to send.
+		if !s.events.waitSent(seq, s.stopping, s.eventsPatience()) || !s.events.Sent(eventID) {
 			return
 		}
 		_, err := s.o.Records.UpdateInstance(context.Background(), instanceID, func(in *records.Instance) error {
@@ -282,7 +284,8 @@ var errOutboxUnchanged = errors.New("outbox unchanged")
 // that died before sending them, or by another replica) are sent again,
 // under their own ids. It runs before a launch message is deleted, so a
 // crash anywhere before it leaves the message, whose next delivery drains
-// the outbox again. It fails with errStopping when the runner stops first.
+// the outbox again. It fails with errStopping when the runner stops first,
+// and with errEventsPending when the events cannot be sent in time.
 func (s *Supervisor) drainOutbox(ctx context.Context, id string) error {
 	in, err := s.o.Records.Instance(ctx, id)
 	if errors.Is(err, records.ErrNotFound) {
@@ -308,8 +311,15 @@ func (s *Supervisor) drainOutbox(ctx context.Context, id string) error {
 		last = max(last, seq)
 	}
 	s.noteResent(ctx, id, resent)
-	if !s.events.waitSent(last, s.stopping) {
-		return errStopping
+	if !s.events.waitSent(last, s.stopping, s.eventsPatience()) {
+		select {
+		case <-s.stopping:
+			return errStopping
+		default:
+			// The events queue is failing: free the worker, and leave the
+			// message for a later delivery to drain the outbox again.
+			return fmt.Errorf("instance %s: %w", id, errEventsPending)
+		}
 	}
 	_, err = s.o.Records.UpdateInstance(ctx, id, func(in *records.Instance) error {
 		unsent := s.events.Unsent(in.Outbox)
@@ -390,6 +400,17 @@ func (s *Supervisor) session(id string) *session {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.sessions[id]
+}
+
+// errEventsPending leaves a launch on the queue while the events of its
+// status changes cannot be sent: its next delivery drains the outbox again.
+var errEventsPending = errors.New("the launch's events are not on the events queue yet; the launch will be retried")
+
+// eventsPatience is how long a worker waits for a launch's events to be
+// sent before it leaves the launch for a later delivery, well within the
+// launch message's visibility so that no other runner takes it meanwhile.
+func (s *Supervisor) eventsPatience() time.Duration {
+	return max(s.o.Visibility/2, time.Second)
 }
 
 // errStopping leaves a launch on the queue for the next runner.
