@@ -400,12 +400,26 @@ func prettyJSON(raw json.RawMessage) string {
 	return strings.TrimSuffix(buf.String(), "\n")
 }
 
-// safeNext keeps a redirect after sign-in on this console.
+// safeNext keeps a redirect after sign-in on this console: a path on this
+// host and nothing else. Browsers strip tabs and newlines from a URL and
+// read "\\" as "/", so any control character or backslash is refused
+// outright; what is left must parse with no scheme and no host, and its
+// path must start with a single "/".
 func safeNext(next string) string {
-	if strings.HasPrefix(next, "/") && !strings.HasPrefix(next, "//") && !strings.ContainsAny(next, "\\\r\n") && !strings.HasPrefix(next, "/signin") {
-		return next
+	for i := 0; i < len(next); i++ {
+		if c := next[i]; c < 0x20 || c == 0x7f || c == '\\' {
+			return "/"
+		}
 	}
-	return "/"
+	if !strings.HasPrefix(next, "/") || strings.HasPrefix(next, "//") || strings.HasPrefix(next, "/signin") {
+		return "/"
+	}
+	u, err := url.Parse(next)
+	if err != nil || u.Scheme != "" || u.Host != "" || u.User != nil || u.Opaque != "" ||
+		!strings.HasPrefix(u.Path, "/") || strings.HasPrefix(u.Path, "//") {
+		return "/"
+	}
+	return next
 }
 
 // validText checks a short field from a form: present, bounded, and free

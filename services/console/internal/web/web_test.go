@@ -465,6 +465,9 @@ func TestSafeNext(t *testing.T) {
 	for in, want := range map[string]string{
 		"/agents": "/agents", "/bus?pattern=a": "/bus?pattern=a", "": "/", "//evil": "/", "http://evil": "/",
 		"/\\evil": "/", "/signin": "/", "/x\r\nSet-Cookie: a": "/",
+		"/\t/evil.example": "/", "/\x00/evil.example": "/", "/\x7f/evil": "/", "/\x1b/evil": "/", "\t//evil": "/",
+		"/%2F/evil.example": "/", "/%2f%2fevil": "/", "https:/evil": "/", "javascript:alert(1)": "/",
+		"/runner/instances/a-b?done=launched": "/runner/instances/a-b?done=launched", "/bus#dlq": "/bus#dlq",
 	} {
 		if got := safeNext(in); got != want {
 			t.Errorf("safeNext(%q) = %q, want %q", in, got, want)
