@@ -286,6 +286,10 @@ type logEvent struct {
 // liveLogs follows an instance's logs and, beside them, its status.
 func (h *Handler) liveLogs(w http.ResponseWriter, r *http.Request, s session.Session) {
 	id := r.PathValue("id")
+	if !validInstanceID(id) {
+		writeJSONError(w, http.StatusNotFound, "there is no such instance: a runner instance id is letters, digits and dashes")
+		return
+	}
 	st, ctx, done := h.startSSE(w, r, metrics.StreamLogs)
 	if st == nil {
 		return

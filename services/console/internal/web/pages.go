@@ -386,6 +386,10 @@ func (h *Handler) findInstance(w http.ResponseWriter, r *http.Request, _ session
 		h.problem(w, r, http.StatusBadRequest, err.Error())
 		return
 	}
+	if !validInstanceID(id) {
+		h.problem(w, r, http.StatusBadRequest, "The instance id is not one the runner makes: letters, digits and dashes.")
+		return
+	}
 	http.Redirect(w, r, "/runner/instances/"+pathEscape(id), http.StatusSeeOther)
 }
 
@@ -423,6 +427,33 @@ func (h *Handler) launch(w http.ResponseWriter, r *http.Request, s session.Sessi
 	http.Redirect(w, r, "/runner/instances/"+pathEscape(in.GetId())+"?done=launched", http.StatusSeeOther)
 }
 
+// validInstanceID holds an instance id to the runner's alphabet: the
+// runner makes ids of hex digits and dashes (a UUID's form). Letters,
+// digits, "-" and "_" are accepted, and nothing that could change a
+// URL's path or query: no "/", ".", "?", "%" or "#".
+func validInstanceID(id string) bool {
+	if id == "" || len(id) > 128 {
+		return false
+	}
+	for i := 0; i < len(id); i++ {
+		c := id[i]
+		if !(c >= '0' && c <= '9' || c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c == '-' || c == '_') {
+			return false
+		}
+	}
+	return true
+}
+
+// instanceID is the request's instance id, or "" after answering 404.
+func (h *Handler) instanceID(w http.ResponseWriter, r *http.Request) string {
+	id := r.PathValue("id")
+	if !validInstanceID(id) {
+		h.problem(w, r, http.StatusNotFound, "There is no such instance: a runner instance id is letters, digits and dashes.")
+		return ""
+	}
+	return id
+}
+
 type instanceData struct {
 	Runner   panel
 	Instance *runnerv1.AgentInstance
@@ -430,7 +461,10 @@ type instanceData struct {
 }
 
 func (h *Handler) instance(w http.ResponseWriter, r *http.Request, s session.Session) {
-	id := r.PathValue("id")
+	id := h.instanceID(w, r)
+	if id == "" {
+		return
+	}
 	in, err := h.o.Runner.Status(r.Context(), s.Tokens.Runner, id)
 	if backend.IsKind(err, backend.Rejected) {
 		h.problem(w, r, backend.StatusOf(err), err.Error())
@@ -449,7 +483,10 @@ func (h *Handler) instance(w http.ResponseWriter, r *http.Request, s session.Ses
 }
 
 func (h *Handler) prompt(w http.ResponseWriter, r *http.Request, s session.Session) {
-	id := r.PathValue("id")
+	id := h.instanceID(w, r)
+	if id == "" {
+		return
+	}
 	msg := r.PostForm.Get("message")
 	if strings.TrimSpace(msg) == "" || len(msg) > maxMessageBytes {
 		h.problem(w, r, http.StatusBadRequest, "The prompt must be 1 byte to 256 KiB long.")
@@ -468,7 +505,10 @@ func (h *Handler) prompt(w http.ResponseWriter, r *http.Request, s session.Sessi
 }
 
 func (h *Handler) cancelInstance(w http.ResponseWriter, r *http.Request, s session.Session) {
-	id := r.PathValue("id")
+	id := h.instanceID(w, r)
+	if id == "" {
+		return
+	}
 	if err := h.o.Runner.Cancel(r.Context(), s.Tokens.Runner, id, "cancelled from the console"); err != nil {
 		h.backendProblem(w, r, err)
 		return

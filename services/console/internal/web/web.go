@@ -105,6 +105,9 @@ func New(base context.Context, o Options) (*Handler, error) {
 		"json":  prettyJSON,
 		"join":  strings.Join,
 		"since": func(t *timestamppb.Timestamp) string { return since(t) },
+		// pathEscape makes a value one segment of a URL path: html/template
+		// leaves "/", "?" and ".." in a path as they are.
+		"pathEscape": pathEscape,
 	}).ParseFS(templateFS, "templates/*.html")
 	if err != nil {
 		return nil, fmt.Errorf("web templates: %w", err)

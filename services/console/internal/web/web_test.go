@@ -2,6 +2,7 @@ package web
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -14,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	librarianv1 "github.com/conclave-ai/conclave/proto/conclave/librarian/v1"
 	"github.com/conclave-ai/conclave/services/console/internal/backend"
 	"github.com/conclave-ai/conclave/services/console/internal/session"
 )
@@ -498,5 +500,76 @@ func TestTooManyStreams(t *testing.T) {
 	second, body := e.do(t, "GET", "/live/agents", ck, nil, map[string]string{"Accept": "text/event-stream"})
 	if second.StatusCode != http.StatusServiceUnavailable || !strings.Contains(body, "limit of 1 live streams") {
 		t.Fatalf("second stream: %d %s", second.StatusCode, body)
+	}
+}
+
+// An id in a URL must not retarget the page's forms: ids outside the
+// runner's alphabet are refused, and every id a template puts in a URL
+// path is escaped as one segment.
+func TestIDsInURLsCannotRetargetForms(t *testing.T) {
+	t.Parallel()
+	svc := services(t)
+	e := newConsole(t, true, svc.URL, svc.URL, svc.URL, svc.URL)
+	s := e.codec.New(session.Tokens{}, true)
+	ck := e.cookie(t, s)
+	tok := e.codec.CSRFToken(s)
+	for _, path := range []string{
+		"/runner/instances/x%2F..%2F..%2Fbus%2Fdead-letters%2Fredrive%3F",
+		"/runner/instances/%2E%2E",
+		"/runner/instances/a.b",
+		"/runner/instances/a%3Fb",
+		"/runner/instances/a%23b",
+	} {
+		resp, body := e.do(t, "GET", path, ck, nil, nil)
+		if resp.StatusCode != http.StatusNotFound || strings.Contains(body, "redrive") || strings.Contains(body, tok) {
+			t.Errorf("GET %s: %d, want 404 without a form\n%s", path, resp.StatusCode, body)
+		}
+	}
+	for _, path := range []string{"/runner/instances/a%2Fb/cancel", "/runner/instances/a%2Fb/prompt"} {
+		resp, _ := e.do(t, "POST", path, ck, url.Values{"csrf": {tok}, "message": {"hi"}}, nil)
+		if resp.StatusCode != http.StatusNotFound {
+			t.Errorf("POST %s: %d, want 404", path, resp.StatusCode)
+		}
+	}
+	resp, _ := e.do(t, "GET", "/live/runner/a%2F..%2Fb/logs", ck, nil, map[string]string{"Accept": "text/event-stream"})
+	if resp.StatusCode != http.StatusNotFound {
+		t.Errorf("logs of a bad id: %d, want 404", resp.StatusCode)
+	}
+	resp, _ = e.do(t, "GET", "/runner/find?id="+url.QueryEscape("x/../../bus"), ck, nil, nil)
+	if resp.StatusCode != http.StatusBadRequest {
+		t.Errorf("find a bad id: %d, want 400", resp.StatusCode)
+	}
+	// A good id still opens its page, with its forms where they belong.
+	resp, body := e.do(t, "GET", "/runner/instances/0a1b-c2_D", ck, nil, nil)
+	if resp.StatusCode != http.StatusOK || !strings.Contains(body, `action="/runner/instances/0a1b-c2_D/cancel"`) ||
+		!strings.Contains(body, `data-live="/live/runner/0a1b-c2_D/logs"`) {
+		t.Fatalf("a good id: %d %s", resp.StatusCode, body)
+	}
+
+	// Ids from the services are escaped as path segments.
+	var out bytes.Buffer
+	err := e.h.tmpl.ExecuteTemplate(&out, "bus", page{CSRF: "tok", D: busData{DeadLetters: []backend.DeadLetter{{ID: "x/../../runner/launch?"}}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if html := out.String(); strings.Contains(html, "/x/../") || !strings.Contains(html, `action="/bus/dead-letters/x%2F..%2F..%2Frunner%2Flaunch%3F/redrive"`) {
+		t.Fatalf("bus page:\n%s", html)
+	}
+	out.Reset()
+	err = e.h.tmpl.ExecuteTemplate(&out, "librarian", page{CSRF: "tok", D: librarianData{
+		Queue: []*librarianv1.RequestStatus{{RequestId: "r/../../bus/publish?"}}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if html := out.String(); strings.Contains(html, "/r/../") || !strings.Contains(html, `action="/librarian/reviews/r%2F..%2F..%2Fbus%2Fpublish%3F/decision"`) {
+		t.Fatalf("librarian page:\n%s", html)
+	}
+	out.Reset()
+	err = e.h.tmpl.ExecuteTemplate(&out, "runner", page{CSRF: "tok", D: runnerData{Instances: []instanceRow{{knownInstance: knownInstance{ID: "i/../x"}}}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if html := out.String(); strings.Contains(html, "/i/../") || !strings.Contains(html, `href="/runner/instances/i%2F..%2Fx"`) {
+		t.Fatalf("runner page:\n%s", html)
 	}
 }
