@@ -173,7 +173,7 @@ func (h *Handler) overview(w http.ResponseWriter, r *http.Request, s session.Ses
 		// The agent types say whether the runner answers at all, known
 		// instances or not.
 		_, typesErr := h.o.Runner.AgentTypes(ctx, s.Tokens.Runner)
-		rows, err := h.instanceRows(ctx, s.Tokens.Runner)
+		rows, err := h.instanceRows(ctx, s)
 		if typesErr != nil {
 			err = typesErr
 		}
@@ -311,11 +311,13 @@ type instanceRow struct {
 	Problem  string
 }
 
-// instanceRows reads the status of each instance the console knows of.
+// instanceRows reads the status of each instance the session knows of.
 // Only when every read fails for the same reason (the runner is down, or
-// refuses the token) is it the panel's error.
-func (h *Handler) instanceRows(ctx context.Context, token string) ([]instanceRow, error) {
-	known := h.instances.list()
+// refuses the token) is it the panel's error. A row whose read the runner
+// refuses is not shown.
+func (h *Handler) instanceRows(ctx context.Context, s session.Session) ([]instanceRow, error) {
+	token := s.Tokens.Runner
+	known := h.instances.listWhere(func(k knownInstance) bool { return k.Owner == s.ID })
 	rows := make([]instanceRow, len(known))
 	errs := make([]error, len(known))
 	sem := make(chan struct{}, 8)
@@ -343,10 +345,20 @@ func (h *Handler) instanceRows(ctx context.Context, token string) ([]instanceRow
 			}
 		}
 		if all {
-			return rows, errs[0]
+			return refusedRowsDropped(rows, errs), errs[0]
 		}
 	}
-	return rows, nil
+	return refusedRowsDropped(rows, errs), nil
+}
+
+func refusedRowsDropped(rows []instanceRow, errs []error) []instanceRow {
+	out := rows[:0]
+	for i, row := range rows {
+		if !backend.IsKind(errs[i], backend.Unauthorized) {
+			out = append(out, row)
+		}
+	}
+	return out
 }
 
 type runnerData struct {
@@ -360,7 +372,7 @@ func (h *Handler) runner(w http.ResponseWriter, r *http.Request, s session.Sessi
 	var typesErr, rowsErr error
 	var wg sync.WaitGroup
 	wg.Go(func() { d.Types, typesErr = h.o.Runner.AgentTypes(r.Context(), s.Tokens.Runner) })
-	wg.Go(func() { d.Instances, rowsErr = h.instanceRows(r.Context(), s.Tokens.Runner) })
+	wg.Go(func() { d.Instances, rowsErr = h.instanceRows(r.Context(), s) })
 	wg.Wait()
 	d.Types = enabledTypes(d.Types)
 	d.Runner = panelOf("runner", errors.Join(typesErr, rowsErr))
@@ -423,7 +435,7 @@ func (h *Handler) launch(w http.ResponseWriter, r *http.Request, s session.Sessi
 		h.backendProblem(w, r, err)
 		return
 	}
-	h.instances.add(knownInstance{ID: in.GetId(), TaskID: in.GetTaskId(), AgentType: in.GetAgentType(), TraceID: traceID, Seen: timeNow()})
+	h.instances.add(knownInstance{Owner: s.ID, ID: in.GetId(), TaskID: in.GetTaskId(), AgentType: in.GetAgentType(), TraceID: traceID, Seen: timeNow()})
 	http.Redirect(w, r, "/runner/instances/"+pathEscape(in.GetId())+"?done=launched", http.StatusSeeOther)
 }
 
@@ -470,9 +482,9 @@ func (h *Handler) instance(w http.ResponseWriter, r *http.Request, s session.Ses
 		h.problem(w, r, backend.StatusOf(err), err.Error())
 		return
 	}
-	known, ok := h.instances.get(id)
+	known, ok := h.instances.get(instanceKey(s.ID, id))
 	if err == nil && !ok {
-		known = knownInstance{ID: in.GetId(), TaskID: in.GetTaskId(), AgentType: in.GetAgentType(), Seen: timeNow()}
+		known = knownInstance{Owner: s.ID, ID: in.GetId(), TaskID: in.GetTaskId(), AgentType: in.GetAgentType(), Seen: timeNow()}
 		h.instances.add(known)
 	}
 	if known.ID == "" {
@@ -497,7 +509,7 @@ func (h *Handler) prompt(w http.ResponseWriter, r *http.Request, s session.Sessi
 		h.backendProblem(w, r, err)
 		return
 	}
-	if k, ok := h.instances.get(id); ok {
+	if k, ok := h.instances.get(instanceKey(s.ID, id)); ok {
 		k.TraceID = traceID
 		h.instances.add(k)
 	}
@@ -522,19 +534,27 @@ type librarianData struct {
 	Reviews   panel
 	Queue     []*librarianv1.RequestStatus
 	Decisions []decision
-	Query     string
-	Search    panel
-	Searched  bool
-	Nodes     []*librarianv1.NodeSummary
-	SearchAs  string
+	// ShowDecisions is set when the Librarian accepted the session as a
+	// reviewer.
+	ShowDecisions bool
+	Query         string
+	Search        panel
+	Searched      bool
+	Nodes         []*librarianv1.NodeSummary
+	SearchAs      string
 }
 
 func (h *Handler) librarian(w http.ResponseWriter, r *http.Request, s session.Session) {
-	d := librarianData{Query: strings.TrimSpace(r.URL.Query().Get("q")), SearchAs: h.o.LibrarianAgentID, Decisions: h.decisions.list()}
+	d := librarianData{Query: strings.TrimSpace(r.URL.Query().Get("q")), SearchAs: h.o.LibrarianAgentID}
 	var wg sync.WaitGroup
 	wg.Go(func() {
 		q, err := h.o.Librarian.Reviews(r.Context(), s.Tokens.Reviewer)
 		d.Reviews, d.Queue = panelOf("librarian", err), q
+		// The decisions are the reviewers' business: only a session the
+		// Librarian accepts as a reviewer sees them.
+		if err == nil {
+			d.Decisions, d.ShowDecisions = h.decisions.list(), true
+		}
 	})
 	if d.Query != "" {
 		d.Searched = true

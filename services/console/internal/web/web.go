@@ -95,7 +95,7 @@ func New(base context.Context, o Options) (*Handler, error) {
 	}
 	h := &Handler{o: o, base: base,
 		chats:     newChatStore(o.MaxChats),
-		instances: newRecent[knownInstance](100),
+		instances: newRecent[knownInstance](500),
 		decisions: newRecent[decision](50),
 	}
 	t, err := template.New("").Funcs(template.FuncMap{

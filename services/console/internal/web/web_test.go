@@ -61,12 +61,22 @@ func services(t *testing.T) *httptest.Server {
 		fmt.Fprintf(w, `{"id":"dl1","message_id":"m1","topic":"t:1","payload":{"text":%q},"attempts":3,"last_error":"x"}`, scriptPayload)
 	})
 	mux.HandleFunc("GET /reviews", func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("Authorization") == "Bearer bad" {
+			w.WriteHeader(http.StatusUnauthorized)
+			fmt.Fprint(w, `{"error":"unauthorized","message":"invalid token"}`)
+			return
+		}
 		fmt.Fprintf(w, `{"requests":[{"request_id":"req-1","status":"escalated","response":{"request_id":"req-1","status":"escalated","escalation_reason":%q}}]}`, scriptPayload)
 	})
 	mux.HandleFunc("GET /api/v1/agent-types", func(w http.ResponseWriter, r *http.Request) {
 		fmt.Fprint(w, `{"agent_types":[{"id":"example","enabled":true,"protocol":"acp"}]}`)
 	})
 	mux.HandleFunc("GET /api/v1/agents/{id}/status", func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("Authorization") == "Bearer bad" {
+			w.WriteHeader(http.StatusUnauthorized)
+			fmt.Fprint(w, `{"error":"unauthorized","message":"invalid token"}`)
+			return
+		}
 		fmt.Fprintf(w, `{"id":%q,"status":"running","progress":40}`, r.PathValue("id"))
 	})
 	mux.HandleFunc("GET /api/v1/agents/{id}/logs", func(w http.ResponseWriter, r *http.Request) {
@@ -571,5 +581,45 @@ func TestIDsInURLsCannotRetargetForms(t *testing.T) {
 	}
 	if html := out.String(); strings.Contains(html, "/i/../") || !strings.Contains(html, `href="/runner/instances/i%2F..%2Fx"`) {
 		t.Fatalf("runner page:\n%s", html)
+	}
+}
+
+// One session never sees the instances another launched or opened, nor
+// the Librarian's decisions unless the Librarian accepts it as a reviewer.
+func TestSessionsSeeOnlyTheirOwn(t *testing.T) {
+	t.Parallel()
+	svc := services(t)
+	e := newConsole(t, false, svc.URL, svc.URL, svc.URL, svc.URL)
+	a := e.codec.New(session.Tokens{Runner: "ra", Reviewer: "reviewer"}, false)
+	b := e.codec.New(session.Tokens{Runner: "rb", Bus: "bus"}, false)
+	bad := e.codec.New(session.Tokens{Runner: "bad", Reviewer: "bad"}, false)
+	cka, ckb, ckbad := e.cookie(t, a), e.cookie(t, b), e.cookie(t, bad)
+
+	if resp, body := e.do(t, "GET", "/runner/instances/inst-of-a", cka, nil, nil); resp.StatusCode != http.StatusOK {
+		t.Fatalf("a opens its instance: %d %s", resp.StatusCode, body)
+	}
+	for _, path := range []string{"/runner", "/"} {
+		if _, body := e.do(t, "GET", path, cka, nil, nil); !strings.Contains(body, "inst-of-a") {
+			t.Errorf("a's %s does not list its instance:\n%s", path, body)
+		}
+		if _, body := e.do(t, "GET", path, ckb, nil, nil); strings.Contains(body, "inst-of-a") {
+			t.Errorf("b's %s lists a's instance:\n%s", path, body)
+		}
+		if _, body := e.do(t, "GET", path, ckbad, nil, nil); strings.Contains(body, "inst-of-a") {
+			t.Errorf("a refused session's %s lists a's instance:\n%s", path, body)
+		}
+	}
+	// A row whose status the runner refuses to the session is not shown.
+	e.h.instances.add(knownInstance{Owner: bad.ID, ID: "inst-refused", Seen: timeNow()})
+	if _, body := e.do(t, "GET", "/runner", ckbad, nil, nil); strings.Contains(body, "inst-refused") {
+		t.Errorf("a refused row is listed:\n%s", body)
+	}
+
+	e.h.recordOwnDecision(decision{RequestID: "req-secret", Outcome: "approved", Source: "console", Comment: "private", At: timeNow()})
+	if _, body := e.do(t, "GET", "/librarian", cka, nil, nil); !strings.Contains(body, "req-secret") {
+		t.Errorf("the reviewer does not see the decision:\n%s", body)
+	}
+	if _, body := e.do(t, "GET", "/librarian", ckbad, nil, nil); strings.Contains(body, "req-secret") || strings.Contains(body, "private") {
+		t.Errorf("a session whose reviewer token is refused sees the decision:\n%s", body)
 	}
 }
