@@ -2,6 +2,9 @@ package web
 
 import (
 	"context"
+	"crypto/rand"
+	"crypto/subtle"
+	"encoding/base64"
 	"errors"
 	"net/http"
 	"sort"
@@ -44,15 +47,46 @@ type signinData struct {
 	Next    string
 	Expired bool
 	Errors  []string
+	// CSRF is the sign-in form's own token, the value of its pre-session
+	// cookie: without a session, the session's token cannot serve.
+	CSRF string
+}
+
+// signinToken is the sign-in form's token: the one the browser's
+// pre-session cookie holds, or a new one set in that cookie.
+func (h *Handler) signinToken(w http.ResponseWriter, r *http.Request) string {
+	if ck, err := r.Cookie(session.SignInCookieName); err == nil && len(ck.Value) == 43 {
+		return ck.Value
+	}
+	b := make([]byte, 32)
+	_, _ = rand.Read(b)
+	tok := base64.RawURLEncoding.EncodeToString(b)
+	http.SetCookie(w, h.o.Codec.SignInCookie(tok))
+	return tok
+}
+
+// signinFromThisConsole checks a sign-in post: its hidden token must
+// match the pre-session cookie (compared in constant time), and it must
+// not come from another origin, nor from an opaque one ("Origin: null",
+// a sandboxed frame or a redirect chain another site started).
+func signinFromThisConsole(r *http.Request) bool {
+	if r.Header.Get("Origin") == "null" || !sameOrigin(r) {
+		return false
+	}
+	ck, err := r.Cookie(session.SignInCookieName)
+	if err != nil || ck.Value == "" {
+		return false
+	}
+	return subtle.ConstantTimeCompare([]byte(ck.Value), []byte(r.PostForm.Get("signin_csrf"))) == 1
 }
 
 func (h *Handler) signinForm(w http.ResponseWriter, r *http.Request) {
 	s, err := h.o.Codec.Read(r)
 	if err != nil {
-		s = session.Session{ID: "signin"} // the sign-in form needs no CSRF token: it grants nothing an attacker lacks
+		s = session.Session{ID: "signin"} // no session yet: the form carries its own token (signinToken)
 	}
 	h.render(w, r, http.StatusOK, "signin", s, page{Title: "Sign in", D: signinData{
-		Next: safeNext(r.URL.Query().Get("next")), Expired: r.URL.Query().Get("expired") == "1"}})
+		Next: safeNext(r.URL.Query().Get("next")), Expired: r.URL.Query().Get("expired") == "1", CSRF: h.signinToken(w, r)}})
 }
 
 func (h *Handler) signin(w http.ResponseWriter, r *http.Request) {
@@ -61,9 +95,9 @@ func (h *Handler) signin(w http.ResponseWriter, r *http.Request) {
 		h.problem(w, r, http.StatusBadRequest, "The form could not be read.")
 		return
 	}
-	if !sameOrigin(r) {
+	if !signinFromThisConsole(r) {
 		h.o.Metrics.Refused(metrics.RefusedCSRF)
-		h.problem(w, r, http.StatusForbidden, "The sign-in did not come from this console.")
+		h.problem(w, r, http.StatusForbidden, "The sign-in form has expired or did not come from this console; reload the sign-in page and try again.")
 		return
 	}
 	field := func(name string) string { return strings.TrimSpace(r.PostForm.Get(name)) }
@@ -90,7 +124,7 @@ func (h *Handler) signin(w http.ResponseWriter, r *http.Request) {
 	}
 	if len(problems) > 0 {
 		h.o.Metrics.Refused(metrics.RefusedSignIn)
-		h.render(w, r, http.StatusUnauthorized, "signin", session.Session{ID: "signin"}, page{Title: "Sign in", D: signinData{Next: next, Errors: problems}})
+		h.render(w, r, http.StatusUnauthorized, "signin", session.Session{ID: "signin"}, page{Title: "Sign in", D: signinData{Next: next, Errors: problems, CSRF: h.signinToken(w, r)}})
 		return
 	}
 	s := h.o.Codec.New(tokens, tokens == (session.Tokens{}))

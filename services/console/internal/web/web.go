@@ -212,7 +212,8 @@ func (h *Handler) session(next sessionHandler) http.Handler {
 
 // sameOrigin refuses a request whose Origin header names another site.
 // Browsers send Origin on every POST; a request without one (a program),
-// or with "null" (a privacy setting), still needs the CSRF token.
+// or with "null" (a privacy setting), still needs the CSRF token. The
+// sign-in refuses "null" besides (signinFromThisConsole).
 func sameOrigin(r *http.Request) bool {
 	origin := r.Header.Get("Origin")
 	if origin == "" || origin == "null" {

@@ -446,24 +446,51 @@ func TestBadInputIsRefusedClearly(t *testing.T) {
 	}
 }
 
+// signinForm gets the sign-in form: its pre-session cookie and the
+// token its hidden field repeats.
+func (e *consoleEnv) signinForm(t *testing.T) (*http.Cookie, string) {
+	t.Helper()
+	resp, body := e.do(t, "GET", "/signin", nil, nil, nil)
+	var ck *http.Cookie
+	for _, c := range resp.Cookies() {
+		if c.Name == session.SignInCookieName {
+			ck = c
+		}
+	}
+	if ck == nil || !ck.HttpOnly || ck.SameSite != http.SameSiteStrictMode {
+		t.Fatalf("the sign-in form's cookie: %+v", resp.Cookies())
+	}
+	const field = `name="signin_csrf" value="`
+	i := strings.Index(body, field)
+	if i < 0 {
+		t.Fatalf("no sign-in token in the form:\n%s", body)
+	}
+	tok, _, _ := strings.Cut(body[i+len(field):], `"`)
+	if tok != ck.Value {
+		t.Fatalf("the form's token %q is not the cookie's %q", tok, ck.Value)
+	}
+	return ck, tok
+}
+
 func TestSignIn(t *testing.T) {
 	t.Parallel()
 	svc := services(t)
 	e := newConsole(t, false, svc.URL, svc.URL, svc.URL, svc.URL)
-	resp, body := e.do(t, "POST", "/signin", nil, url.Values{"gateway_token": {"bad"}, "next": {"/agents"}}, nil)
-	if resp.StatusCode != http.StatusUnauthorized || !strings.Contains(body, "gateway refused its token") {
+	ck, tok := e.signinForm(t)
+	resp, body := e.do(t, "POST", "/signin", ck, url.Values{"signin_csrf": {tok}, "gateway_token": {"bad"}, "next": {"/agents"}}, nil)
+	if resp.StatusCode != http.StatusUnauthorized || !strings.Contains(body, "gateway refused its token") || !strings.Contains(body, tok) {
 		t.Fatalf("a refused token: %d %s", resp.StatusCode, body)
 	}
-	resp, body = e.do(t, "POST", "/signin", nil, url.Values{}, nil)
+	resp, body = e.do(t, "POST", "/signin", ck, url.Values{"signin_csrf": {tok}}, nil)
 	if resp.StatusCode != http.StatusUnauthorized || !strings.Contains(body, "at least one token") {
 		t.Fatalf("no token: %d %s", resp.StatusCode, body)
 	}
-	resp, _ = e.do(t, "POST", "/signin", nil, url.Values{"gateway_token": {"good-token"}, "next": {"//evil.example/x"}}, nil)
+	resp, _ = e.do(t, "POST", "/signin", ck, url.Values{"signin_csrf": {tok}, "gateway_token": {"good-token"}, "next": {"//evil.example/x"}}, nil)
 	if resp.StatusCode != http.StatusSeeOther || resp.Header.Get("Location") != "/" {
 		t.Fatalf("sign-in: %d %s", resp.StatusCode, resp.Header.Get("Location"))
 	}
 	cks := resp.Cookies()
-	if len(cks) != 1 || strings.Contains(cks[0].Value, "good-token") {
+	if len(cks) != 1 || cks[0].Name != session.CookieName || strings.Contains(cks[0].Value, "good-token") {
 		t.Fatalf("cookie: %v", cks)
 	}
 	s, err := e.codec.Decode(cks[0].Value)
@@ -621,5 +648,46 @@ func TestSessionsSeeOnlyTheirOwn(t *testing.T) {
 	}
 	if _, body := e.do(t, "GET", "/librarian", ckbad, nil, nil); strings.Contains(body, "req-secret") || strings.Contains(body, "private") {
 		t.Errorf("a session whose reviewer token is refused sees the decision:\n%s", body)
+	}
+}
+
+// Login CSRF: another site cannot sign a browser in with its own tokens.
+func TestSignInNeedsItsFormsToken(t *testing.T) {
+	t.Parallel()
+	svc := services(t)
+	for _, open := range []bool{false, true} {
+		e := newConsole(t, open, svc.URL, svc.URL, svc.URL, svc.URL)
+		ck, tok := e.signinForm(t)
+		other := &http.Cookie{Name: session.SignInCookieName, Value: strings.Repeat("A", 43)}
+		good := url.Values{"signin_csrf": {tok}, "gateway_token": {"attacker-token"}}
+		for name, c := range map[string]struct {
+			ck     *http.Cookie
+			form   url.Values
+			header map[string]string
+		}{
+			"no cookie, no field":       {nil, url.Values{"gateway_token": {"attacker-token"}}, nil},
+			"no cookie":                 {nil, good, nil},
+			"no field":                  {ck, url.Values{"gateway_token": {"attacker-token"}}, nil},
+			"another cookie":            {other, good, nil},
+			"a field of another length": {ck, url.Values{"signin_csrf": {tok + "x"}, "gateway_token": {"attacker-token"}}, nil},
+			"Origin: null":              {ck, good, map[string]string{"Origin": "null"}},
+			"another origin":            {ck, good, map[string]string{"Origin": "https://evil.example"}},
+		} {
+			resp, body := e.do(t, "POST", "/signin", c.ck, c.form, c.header)
+			if resp.StatusCode != http.StatusForbidden || len(resp.Cookies()) != 0 {
+				t.Errorf("open=%v, %s: %d %v %s", open, name, resp.StatusCode, resp.Cookies(), body)
+			}
+		}
+		resp, _ := e.do(t, "POST", "/signin", ck, good, map[string]string{"Origin": e.srv.URL})
+		if resp.StatusCode != http.StatusSeeOther || len(resp.Cookies()) != 1 {
+			t.Errorf("open=%v, the console's own form: %d %v", open, resp.StatusCode, resp.Cookies())
+		}
+		if open {
+			// conclave dev: continuing without any token still works.
+			resp, _ := e.do(t, "POST", "/signin", ck, url.Values{"signin_csrf": {tok}}, map[string]string{"Origin": e.srv.URL})
+			if resp.StatusCode != http.StatusSeeOther {
+				t.Errorf("open, continue without a token: %d", resp.StatusCode)
+			}
+		}
 	}
 }
