@@ -691,3 +691,64 @@ func TestSignInNeedsItsFormsToken(t *testing.T) {
 		}
 	}
 }
+
+// A reconnecting EventSource sends the last line's id as Last-Event-ID:
+// the replayed tail is sent only from the line after it.
+func TestLogsResumeAfterLastEventID(t *testing.T) {
+	t.Parallel()
+	svc := services(t)
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /api/v1/agents/{id}/status", func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintf(w, `{"id":%q,"status":"running","progress":40}`, r.PathValue("id"))
+	})
+	mux.HandleFunc("GET /api/v1/agents/{id}/logs", func(w http.ResponseWriter, r *http.Request) {
+		// Two lines share a time, as lines written together do.
+		for i, at := range []string{"2025-01-01T00:00:01Z", "2025-01-01T00:00:02Z", "2025-01-01T00:00:02Z", "2025-01-01T00:00:03Z"} {
+			fmt.Fprintf(w, "{\"time\":%q,\"stream\":\"stdout\",\"text\":\"line %d\"}\n", at, i)
+		}
+	})
+	runner := httptest.NewServer(mux)
+	t.Cleanup(runner.Close)
+	e := newConsole(t, true, svc.URL, svc.URL, runner.URL, svc.URL)
+	ck := e.cookie(t, e.codec.New(session.Tokens{}, true))
+	lines := func(lastID string) (texts, ids []string) {
+		t.Helper()
+		h := map[string]string{"Accept": "text/event-stream"}
+		if lastID != "" {
+			h["Last-Event-ID"] = lastID
+		}
+		resp, body := e.do(t, "GET", "/live/runner/i1/logs", ck, nil, h)
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("%d %s", resp.StatusCode, body)
+		}
+		for _, ev := range sseEvents(t, body) {
+			if ev[0] == "line" {
+				var l logEvent
+				if err := json.Unmarshal([]byte(ev[1]), &l); err != nil {
+					t.Fatal(err)
+				}
+				texts = append(texts, l.Text)
+			}
+		}
+		for _, l := range strings.Split(body, "\n") {
+			if id, ok := strings.CutPrefix(l, "id: "); ok {
+				ids = append(ids, id)
+			}
+		}
+		return texts, ids
+	}
+	all, ids := lines("")
+	if strings.Join(all, ",") != "line 0,line 1,line 2,line 3" || len(ids) != 4 {
+		t.Fatalf("the first connection: %q ids %q", all, ids)
+	}
+	for i, want := range []string{"line 1,line 2,line 3", "line 2,line 3", "line 3", ""} {
+		got, _ := lines(ids[i])
+		if strings.Join(got, ",") != want {
+			t.Errorf("after %s (line %d): %q, want %q", ids[i], i, got, want)
+		}
+	}
+	// An id the console did not make replays the tail, as a new stream.
+	if got, _ := lines("garbage"); len(got) != 4 {
+		t.Errorf("after a foreign id: %q", got)
+	}
+}
