@@ -98,7 +98,12 @@ func TestMetrics(t *testing.T) {
 	expired := good
 	expired.Expires = time.Now().Add(-time.Minute).Unix()
 	get("/agents", &expired, nil).Body.Close()
-	if resp, err := http.PostForm(base+"/signin", url.Values{"gateway_token": {"bad"}}); err != nil || resp.StatusCode != http.StatusUnauthorized {
+	// The sign-in form's own token: its pre-session cookie, repeated.
+	signinCK := &http.Cookie{Name: session.SignInCookieName, Value: strings.Repeat("t", 43)}
+	sreqSignin, _ := http.NewRequest("POST", base+"/signin", strings.NewReader(url.Values{"gateway_token": {"bad"}, "signin_csrf": {signinCK.Value}}.Encode()))
+	sreqSignin.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	sreqSignin.AddCookie(signinCK)
+	if resp, err := http.DefaultClient.Do(sreqSignin); err != nil || resp.StatusCode != http.StatusUnauthorized {
 		t.Fatalf("a refused sign-in: %v %v", resp, err)
 	}
 	// A stream: open while scraping.

@@ -186,6 +186,18 @@ func (c *Codec) Cookie(s Session) (*http.Cookie, error) {
 		SameSite: http.SameSiteStrictMode, MaxAge: maxAge}, nil
 }
 
+// SignInCookieName is the pre-session cookie of the sign-in form: a
+// random token the form repeats in a hidden field (a double submit), so
+// that another site cannot sign a browser in with its own tokens.
+const SignInCookieName = "conclave_console_signin"
+
+// SignInCookie is the Set-Cookie for the sign-in form's token, sent back
+// to /signin only.
+func (c *Codec) SignInCookie(token string) *http.Cookie {
+	return &http.Cookie{Name: SignInCookieName, Value: token, Path: "/signin", HttpOnly: true, Secure: c.secure,
+		SameSite: http.SameSiteStrictMode}
+}
+
 // Clear is the Set-Cookie that removes the session.
 func (c *Codec) Clear() *http.Cookie {
 	return &http.Cookie{Name: CookieName, Value: "", Path: "/", HttpOnly: true, Secure: c.secure,

@@ -283,9 +283,38 @@ type logEvent struct {
 	Text   string `json:"text"`
 }
 
+// logID is a log line's SSE id: its time (Unix nanoseconds) and its place
+// among the lines of that same time, "<ns>-<n>".
+type logID struct {
+	at int64
+	n  int
+}
+
+func (i logID) String() string { return strconv.FormatInt(i.at, 10) + "-" + strconv.Itoa(i.n) }
+
+// before reports whether i comes before j.
+func (i logID) before(j logID) bool { return i.at < j.at || i.at == j.at && i.n < j.n }
+
+func parseLogID(s string) (logID, bool) {
+	at, n, ok := strings.Cut(s, "-")
+	if !ok {
+		return logID{}, false
+	}
+	a, err1 := strconv.ParseInt(at, 10, 64)
+	b, err2 := strconv.Atoi(n)
+	if err1 != nil || err2 != nil || a < 0 || b < 0 {
+		return logID{}, false
+	}
+	return logID{at: a, n: b}, true
+}
+
 // liveLogs follows an instance's logs and, beside them, its status.
 func (h *Handler) liveLogs(w http.ResponseWriter, r *http.Request, s session.Session) {
 	id := r.PathValue("id")
+	if !validInstanceID(id) {
+		writeJSONError(w, http.StatusNotFound, "there is no such instance: a runner instance id is letters, digits and dashes")
+		return
+	}
 	st, ctx, done := h.startSSE(w, r, metrics.StreamLogs)
 	if st == nil {
 		return
@@ -324,8 +353,26 @@ func (h *Handler) liveLogs(w http.ResponseWriter, r *http.Request, s session.Ses
 			}
 		}
 	})
+	// Each line's id is its time and its place among the lines of that
+	// time; an EventSource that reconnects (at StreamMaxAge, or after a
+	// blip) sends the last one back as Last-Event-ID, and the replayed
+	// tail is sent only from the line after it.
+	resume, resuming := parseLogID(r.Header.Get("Last-Event-ID"))
+	var cur logID
 	err := h.o.Runner.FollowLogs(ctx, s.Tokens.Runner, id, 500, func(l backend.LogLine) {
-		if st.send("line", "", logEvent{Time: formatTime(l.Time), Stream: l.Stream, Text: l.Text}) != nil {
+		at := l.Time.UnixNano()
+		if l.Time.IsZero() {
+			at = 0
+		}
+		if at == cur.at {
+			cur.n++
+		} else {
+			cur = logID{at: at}
+		}
+		if resuming && !resume.before(cur) {
+			return
+		}
+		if st.send("line", cur.String(), logEvent{Time: formatTime(l.Time), Stream: l.Stream, Text: l.Text}) != nil {
 			stop()
 		}
 	})

@@ -2,6 +2,9 @@ package web
 
 import (
 	"context"
+	"crypto/rand"
+	"crypto/subtle"
+	"encoding/base64"
 	"errors"
 	"net/http"
 	"sort"
@@ -44,15 +47,46 @@ type signinData struct {
 	Next    string
 	Expired bool
 	Errors  []string
+	// CSRF is the sign-in form's own token, the value of its pre-session
+	// cookie: without a session, the session's token cannot serve.
+	CSRF string
+}
+
+// signinToken is the sign-in form's token: the one the browser's
+// pre-session cookie holds, or a new one set in that cookie.
+func (h *Handler) signinToken(w http.ResponseWriter, r *http.Request) string {
+	if ck, err := r.Cookie(session.SignInCookieName); err == nil && len(ck.Value) == 43 {
+		return ck.Value
+	}
+	b := make([]byte, 32)
+	_, _ = rand.Read(b)
+	tok := base64.RawURLEncoding.EncodeToString(b)
+	http.SetCookie(w, h.o.Codec.SignInCookie(tok))
+	return tok
+}
+
+// signinFromThisConsole checks a sign-in post: its hidden token must
+// match the pre-session cookie (compared in constant time), and it must
+// not come from another origin, nor from an opaque one ("Origin: null",
+// a sandboxed frame or a redirect chain another site started).
+func signinFromThisConsole(r *http.Request) bool {
+	if r.Header.Get("Origin") == "null" || !sameOrigin(r) {
+		return false
+	}
+	ck, err := r.Cookie(session.SignInCookieName)
+	if err != nil || ck.Value == "" {
+		return false
+	}
+	return subtle.ConstantTimeCompare([]byte(ck.Value), []byte(r.PostForm.Get("signin_csrf"))) == 1
 }
 
 func (h *Handler) signinForm(w http.ResponseWriter, r *http.Request) {
 	s, err := h.o.Codec.Read(r)
 	if err != nil {
-		s = session.Session{ID: "signin"} // the sign-in form needs no CSRF token: it grants nothing an attacker lacks
+		s = session.Session{ID: "signin"} // no session yet: the form carries its own token (signinToken)
 	}
 	h.render(w, r, http.StatusOK, "signin", s, page{Title: "Sign in", D: signinData{
-		Next: safeNext(r.URL.Query().Get("next")), Expired: r.URL.Query().Get("expired") == "1"}})
+		Next: safeNext(r.URL.Query().Get("next")), Expired: r.URL.Query().Get("expired") == "1", CSRF: h.signinToken(w, r)}})
 }
 
 func (h *Handler) signin(w http.ResponseWriter, r *http.Request) {
@@ -61,9 +95,9 @@ func (h *Handler) signin(w http.ResponseWriter, r *http.Request) {
 		h.problem(w, r, http.StatusBadRequest, "The form could not be read.")
 		return
 	}
-	if !sameOrigin(r) {
+	if !signinFromThisConsole(r) {
 		h.o.Metrics.Refused(metrics.RefusedCSRF)
-		h.problem(w, r, http.StatusForbidden, "The sign-in did not come from this console.")
+		h.problem(w, r, http.StatusForbidden, "The sign-in form has expired or did not come from this console; reload the sign-in page and try again.")
 		return
 	}
 	field := func(name string) string { return strings.TrimSpace(r.PostForm.Get(name)) }
@@ -90,7 +124,7 @@ func (h *Handler) signin(w http.ResponseWriter, r *http.Request) {
 	}
 	if len(problems) > 0 {
 		h.o.Metrics.Refused(metrics.RefusedSignIn)
-		h.render(w, r, http.StatusUnauthorized, "signin", session.Session{ID: "signin"}, page{Title: "Sign in", D: signinData{Next: next, Errors: problems}})
+		h.render(w, r, http.StatusUnauthorized, "signin", session.Session{ID: "signin"}, page{Title: "Sign in", D: signinData{Next: next, Errors: problems, CSRF: h.signinToken(w, r)}})
 		return
 	}
 	s := h.o.Codec.New(tokens, tokens == (session.Tokens{}))
@@ -173,7 +207,7 @@ func (h *Handler) overview(w http.ResponseWriter, r *http.Request, s session.Ses
 		// The agent types say whether the runner answers at all, known
 		// instances or not.
 		_, typesErr := h.o.Runner.AgentTypes(ctx, s.Tokens.Runner)
-		rows, err := h.instanceRows(ctx, s.Tokens.Runner)
+		rows, err := h.instanceRows(ctx, s)
 		if typesErr != nil {
 			err = typesErr
 		}
@@ -311,11 +345,13 @@ type instanceRow struct {
 	Problem  string
 }
 
-// instanceRows reads the status of each instance the console knows of.
+// instanceRows reads the status of each instance the session knows of.
 // Only when every read fails for the same reason (the runner is down, or
-// refuses the token) is it the panel's error.
-func (h *Handler) instanceRows(ctx context.Context, token string) ([]instanceRow, error) {
-	known := h.instances.list()
+// refuses the token) is it the panel's error. A row whose read the runner
+// refuses is not shown.
+func (h *Handler) instanceRows(ctx context.Context, s session.Session) ([]instanceRow, error) {
+	token := s.Tokens.Runner
+	known := h.instances.listWhere(func(k knownInstance) bool { return k.Owner == s.ID })
 	rows := make([]instanceRow, len(known))
 	errs := make([]error, len(known))
 	sem := make(chan struct{}, 8)
@@ -343,10 +379,20 @@ func (h *Handler) instanceRows(ctx context.Context, token string) ([]instanceRow
 			}
 		}
 		if all {
-			return rows, errs[0]
+			return refusedRowsDropped(rows, errs), errs[0]
 		}
 	}
-	return rows, nil
+	return refusedRowsDropped(rows, errs), nil
+}
+
+func refusedRowsDropped(rows []instanceRow, errs []error) []instanceRow {
+	out := rows[:0]
+	for i, row := range rows {
+		if !backend.IsKind(errs[i], backend.Unauthorized) {
+			out = append(out, row)
+		}
+	}
+	return out
 }
 
 type runnerData struct {
@@ -360,7 +406,7 @@ func (h *Handler) runner(w http.ResponseWriter, r *http.Request, s session.Sessi
 	var typesErr, rowsErr error
 	var wg sync.WaitGroup
 	wg.Go(func() { d.Types, typesErr = h.o.Runner.AgentTypes(r.Context(), s.Tokens.Runner) })
-	wg.Go(func() { d.Instances, rowsErr = h.instanceRows(r.Context(), s.Tokens.Runner) })
+	wg.Go(func() { d.Instances, rowsErr = h.instanceRows(r.Context(), s) })
 	wg.Wait()
 	d.Types = enabledTypes(d.Types)
 	d.Runner = panelOf("runner", errors.Join(typesErr, rowsErr))
@@ -384,6 +430,10 @@ func (h *Handler) findInstance(w http.ResponseWriter, r *http.Request, _ session
 	id := strings.TrimSpace(r.URL.Query().Get("id"))
 	if err := validText("The instance id", id, 256); err != nil {
 		h.problem(w, r, http.StatusBadRequest, err.Error())
+		return
+	}
+	if !validInstanceID(id) {
+		h.problem(w, r, http.StatusBadRequest, "The instance id is not one the runner makes: letters, digits and dashes.")
 		return
 	}
 	http.Redirect(w, r, "/runner/instances/"+pathEscape(id), http.StatusSeeOther)
@@ -419,8 +469,35 @@ func (h *Handler) launch(w http.ResponseWriter, r *http.Request, s session.Sessi
 		h.backendProblem(w, r, err)
 		return
 	}
-	h.instances.add(knownInstance{ID: in.GetId(), TaskID: in.GetTaskId(), AgentType: in.GetAgentType(), TraceID: traceID, Seen: timeNow()})
+	h.instances.add(knownInstance{Owner: s.ID, ID: in.GetId(), TaskID: in.GetTaskId(), AgentType: in.GetAgentType(), TraceID: traceID, Seen: timeNow()})
 	http.Redirect(w, r, "/runner/instances/"+pathEscape(in.GetId())+"?done=launched", http.StatusSeeOther)
+}
+
+// validInstanceID holds an instance id to the runner's alphabet: the
+// runner makes ids of hex digits and dashes (a UUID's form). Letters,
+// digits, "-" and "_" are accepted, and nothing that could change a
+// URL's path or query: no "/", ".", "?", "%" or "#".
+func validInstanceID(id string) bool {
+	if id == "" || len(id) > 128 {
+		return false
+	}
+	for i := 0; i < len(id); i++ {
+		c := id[i]
+		if !(c >= '0' && c <= '9' || c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c == '-' || c == '_') {
+			return false
+		}
+	}
+	return true
+}
+
+// instanceID is the request's instance id, or "" after answering 404.
+func (h *Handler) instanceID(w http.ResponseWriter, r *http.Request) string {
+	id := r.PathValue("id")
+	if !validInstanceID(id) {
+		h.problem(w, r, http.StatusNotFound, "There is no such instance: a runner instance id is letters, digits and dashes.")
+		return ""
+	}
+	return id
 }
 
 type instanceData struct {
@@ -430,15 +507,18 @@ type instanceData struct {
 }
 
 func (h *Handler) instance(w http.ResponseWriter, r *http.Request, s session.Session) {
-	id := r.PathValue("id")
+	id := h.instanceID(w, r)
+	if id == "" {
+		return
+	}
 	in, err := h.o.Runner.Status(r.Context(), s.Tokens.Runner, id)
 	if backend.IsKind(err, backend.Rejected) {
 		h.problem(w, r, backend.StatusOf(err), err.Error())
 		return
 	}
-	known, ok := h.instances.get(id)
+	known, ok := h.instances.get(instanceKey(s.ID, id))
 	if err == nil && !ok {
-		known = knownInstance{ID: in.GetId(), TaskID: in.GetTaskId(), AgentType: in.GetAgentType(), Seen: timeNow()}
+		known = knownInstance{Owner: s.ID, ID: in.GetId(), TaskID: in.GetTaskId(), AgentType: in.GetAgentType(), Seen: timeNow()}
 		h.instances.add(known)
 	}
 	if known.ID == "" {
@@ -449,7 +529,10 @@ func (h *Handler) instance(w http.ResponseWriter, r *http.Request, s session.Ses
 }
 
 func (h *Handler) prompt(w http.ResponseWriter, r *http.Request, s session.Session) {
-	id := r.PathValue("id")
+	id := h.instanceID(w, r)
+	if id == "" {
+		return
+	}
 	msg := r.PostForm.Get("message")
 	if strings.TrimSpace(msg) == "" || len(msg) > maxMessageBytes {
 		h.problem(w, r, http.StatusBadRequest, "The prompt must be 1 byte to 256 KiB long.")
@@ -460,7 +543,7 @@ func (h *Handler) prompt(w http.ResponseWriter, r *http.Request, s session.Sessi
 		h.backendProblem(w, r, err)
 		return
 	}
-	if k, ok := h.instances.get(id); ok {
+	if k, ok := h.instances.get(instanceKey(s.ID, id)); ok {
 		k.TraceID = traceID
 		h.instances.add(k)
 	}
@@ -468,7 +551,10 @@ func (h *Handler) prompt(w http.ResponseWriter, r *http.Request, s session.Sessi
 }
 
 func (h *Handler) cancelInstance(w http.ResponseWriter, r *http.Request, s session.Session) {
-	id := r.PathValue("id")
+	id := h.instanceID(w, r)
+	if id == "" {
+		return
+	}
 	if err := h.o.Runner.Cancel(r.Context(), s.Tokens.Runner, id, "cancelled from the console"); err != nil {
 		h.backendProblem(w, r, err)
 		return
@@ -482,19 +568,27 @@ type librarianData struct {
 	Reviews   panel
 	Queue     []*librarianv1.RequestStatus
 	Decisions []decision
-	Query     string
-	Search    panel
-	Searched  bool
-	Nodes     []*librarianv1.NodeSummary
-	SearchAs  string
+	// ShowDecisions is set when the Librarian accepted the session as a
+	// reviewer.
+	ShowDecisions bool
+	Query         string
+	Search        panel
+	Searched      bool
+	Nodes         []*librarianv1.NodeSummary
+	SearchAs      string
 }
 
 func (h *Handler) librarian(w http.ResponseWriter, r *http.Request, s session.Session) {
-	d := librarianData{Query: strings.TrimSpace(r.URL.Query().Get("q")), SearchAs: h.o.LibrarianAgentID, Decisions: h.decisions.list()}
+	d := librarianData{Query: strings.TrimSpace(r.URL.Query().Get("q")), SearchAs: h.o.LibrarianAgentID}
 	var wg sync.WaitGroup
 	wg.Go(func() {
 		q, err := h.o.Librarian.Reviews(r.Context(), s.Tokens.Reviewer)
 		d.Reviews, d.Queue = panelOf("librarian", err), q
+		// The decisions are the reviewers' business: only a session the
+		// Librarian accepts as a reviewer sees them.
+		if err == nil {
+			d.Decisions, d.ShowDecisions = h.decisions.list(), true
+		}
 	})
 	if d.Query != "" {
 		d.Searched = true

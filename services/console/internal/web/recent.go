@@ -50,8 +50,25 @@ func (r *recent[T]) list() []T {
 	return slices.Clone(r.items)
 }
 
-// knownInstance is a runner instance the console launched or was shown.
+// listWhere returns the items keep accepts.
+func (r *recent[T]) listWhere(keep func(T) bool) []T {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var out []T
+	for _, x := range r.items {
+		if keep(x) {
+			out = append(out, x)
+		}
+	}
+	return out
+}
+
+// knownInstance is a runner instance a session launched or was shown.
+// Each session knows its own: another session, with other tokens, never
+// sees it listed.
 type knownInstance struct {
+	// Owner is the id of the session that launched or opened it.
+	Owner     string
 	ID        string
 	TaskID    string
 	AgentType string
@@ -59,7 +76,9 @@ type knownInstance struct {
 	Seen      time.Time
 }
 
-func (k knownInstance) key() string { return k.ID }
+func (k knownInstance) key() string { return instanceKey(k.Owner, k.ID) }
+
+func instanceKey(owner, id string) string { return owner + "\x00" + id }
 
 // decision is a Librarian decision: one made from the console, or one
 // announced on the bus (system:librarian.request.approved / .rejected).

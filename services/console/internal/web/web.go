@@ -95,7 +95,7 @@ func New(base context.Context, o Options) (*Handler, error) {
 	}
 	h := &Handler{o: o, base: base,
 		chats:     newChatStore(o.MaxChats),
-		instances: newRecent[knownInstance](100),
+		instances: newRecent[knownInstance](500),
 		decisions: newRecent[decision](50),
 	}
 	t, err := template.New("").Funcs(template.FuncMap{
@@ -105,6 +105,9 @@ func New(base context.Context, o Options) (*Handler, error) {
 		"json":  prettyJSON,
 		"join":  strings.Join,
 		"since": func(t *timestamppb.Timestamp) string { return since(t) },
+		// pathEscape makes a value one segment of a URL path: html/template
+		// leaves "/", "?" and ".." in a path as they are.
+		"pathEscape": pathEscape,
 	}).ParseFS(templateFS, "templates/*.html")
 	if err != nil {
 		return nil, fmt.Errorf("web templates: %w", err)
@@ -209,7 +212,8 @@ func (h *Handler) session(next sessionHandler) http.Handler {
 
 // sameOrigin refuses a request whose Origin header names another site.
 // Browsers send Origin on every POST; a request without one (a program),
-// or with "null" (a privacy setting), still needs the CSRF token.
+// or with "null" (a privacy setting), still needs the CSRF token. The
+// sign-in refuses "null" besides (signinFromThisConsole).
 func sameOrigin(r *http.Request) bool {
 	origin := r.Header.Get("Origin")
 	if origin == "" || origin == "null" {
@@ -400,12 +404,26 @@ func prettyJSON(raw json.RawMessage) string {
 	return strings.TrimSuffix(buf.String(), "\n")
 }
 
-// safeNext keeps a redirect after sign-in on this console.
+// safeNext keeps a redirect after sign-in on this console: a path on this
+// host and nothing else. Browsers strip tabs and newlines from a URL and
+// read "\\" as "/", so any control character or backslash is refused
+// outright; what is left must parse with no scheme and no host, and its
+// path must start with a single "/".
 func safeNext(next string) string {
-	if strings.HasPrefix(next, "/") && !strings.HasPrefix(next, "//") && !strings.ContainsAny(next, "\\\r\n") && !strings.HasPrefix(next, "/signin") {
-		return next
+	for i := 0; i < len(next); i++ {
+		if c := next[i]; c < 0x20 || c == 0x7f || c == '\\' {
+			return "/"
+		}
 	}
-	return "/"
+	if !strings.HasPrefix(next, "/") || strings.HasPrefix(next, "//") || strings.HasPrefix(next, "/signin") {
+		return "/"
+	}
+	u, err := url.Parse(next)
+	if err != nil || u.Scheme != "" || u.Host != "" || u.User != nil || u.Opaque != "" ||
+		!strings.HasPrefix(u.Path, "/") || strings.HasPrefix(u.Path, "//") {
+		return "/"
+	}
+	return next
 }
 
 // validText checks a short field from a form: present, bounded, and free

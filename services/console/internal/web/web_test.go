@@ -2,6 +2,7 @@ package web
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -14,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	librarianv1 "github.com/conclave-ai/conclave/proto/conclave/librarian/v1"
 	"github.com/conclave-ai/conclave/services/console/internal/backend"
 	"github.com/conclave-ai/conclave/services/console/internal/session"
 )
@@ -59,12 +61,22 @@ func services(t *testing.T) *httptest.Server {
 		fmt.Fprintf(w, `{"id":"dl1","message_id":"m1","topic":"t:1","payload":{"text":%q},"attempts":3,"last_error":"x"}`, scriptPayload)
 	})
 	mux.HandleFunc("GET /reviews", func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("Authorization") == "Bearer bad" {
+			w.WriteHeader(http.StatusUnauthorized)
+			fmt.Fprint(w, `{"error":"unauthorized","message":"invalid token"}`)
+			return
+		}
 		fmt.Fprintf(w, `{"requests":[{"request_id":"req-1","status":"escalated","response":{"request_id":"req-1","status":"escalated","escalation_reason":%q}}]}`, scriptPayload)
 	})
 	mux.HandleFunc("GET /api/v1/agent-types", func(w http.ResponseWriter, r *http.Request) {
 		fmt.Fprint(w, `{"agent_types":[{"id":"example","enabled":true,"protocol":"acp"}]}`)
 	})
 	mux.HandleFunc("GET /api/v1/agents/{id}/status", func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("Authorization") == "Bearer bad" {
+			w.WriteHeader(http.StatusUnauthorized)
+			fmt.Fprint(w, `{"error":"unauthorized","message":"invalid token"}`)
+			return
+		}
 		fmt.Fprintf(w, `{"id":%q,"status":"running","progress":40}`, r.PathValue("id"))
 	})
 	mux.HandleFunc("GET /api/v1/agents/{id}/logs", func(w http.ResponseWriter, r *http.Request) {
@@ -434,24 +446,51 @@ func TestBadInputIsRefusedClearly(t *testing.T) {
 	}
 }
 
+// signinForm gets the sign-in form: its pre-session cookie and the
+// token its hidden field repeats.
+func (e *consoleEnv) signinForm(t *testing.T) (*http.Cookie, string) {
+	t.Helper()
+	resp, body := e.do(t, "GET", "/signin", nil, nil, nil)
+	var ck *http.Cookie
+	for _, c := range resp.Cookies() {
+		if c.Name == session.SignInCookieName {
+			ck = c
+		}
+	}
+	if ck == nil || !ck.HttpOnly || ck.SameSite != http.SameSiteStrictMode {
+		t.Fatalf("the sign-in form's cookie: %+v", resp.Cookies())
+	}
+	const field = `name="signin_csrf" value="`
+	i := strings.Index(body, field)
+	if i < 0 {
+		t.Fatalf("no sign-in token in the form:\n%s", body)
+	}
+	tok, _, _ := strings.Cut(body[i+len(field):], `"`)
+	if tok != ck.Value {
+		t.Fatalf("the form's token %q is not the cookie's %q", tok, ck.Value)
+	}
+	return ck, tok
+}
+
 func TestSignIn(t *testing.T) {
 	t.Parallel()
 	svc := services(t)
 	e := newConsole(t, false, svc.URL, svc.URL, svc.URL, svc.URL)
-	resp, body := e.do(t, "POST", "/signin", nil, url.Values{"gateway_token": {"bad"}, "next": {"/agents"}}, nil)
-	if resp.StatusCode != http.StatusUnauthorized || !strings.Contains(body, "gateway refused its token") {
+	ck, tok := e.signinForm(t)
+	resp, body := e.do(t, "POST", "/signin", ck, url.Values{"signin_csrf": {tok}, "gateway_token": {"bad"}, "next": {"/agents"}}, nil)
+	if resp.StatusCode != http.StatusUnauthorized || !strings.Contains(body, "gateway refused its token") || !strings.Contains(body, tok) {
 		t.Fatalf("a refused token: %d %s", resp.StatusCode, body)
 	}
-	resp, body = e.do(t, "POST", "/signin", nil, url.Values{}, nil)
+	resp, body = e.do(t, "POST", "/signin", ck, url.Values{"signin_csrf": {tok}}, nil)
 	if resp.StatusCode != http.StatusUnauthorized || !strings.Contains(body, "at least one token") {
 		t.Fatalf("no token: %d %s", resp.StatusCode, body)
 	}
-	resp, _ = e.do(t, "POST", "/signin", nil, url.Values{"gateway_token": {"good-token"}, "next": {"//evil.example/x"}}, nil)
+	resp, _ = e.do(t, "POST", "/signin", ck, url.Values{"signin_csrf": {tok}, "gateway_token": {"good-token"}, "next": {"//evil.example/x"}}, nil)
 	if resp.StatusCode != http.StatusSeeOther || resp.Header.Get("Location") != "/" {
 		t.Fatalf("sign-in: %d %s", resp.StatusCode, resp.Header.Get("Location"))
 	}
 	cks := resp.Cookies()
-	if len(cks) != 1 || strings.Contains(cks[0].Value, "good-token") {
+	if len(cks) != 1 || cks[0].Name != session.CookieName || strings.Contains(cks[0].Value, "good-token") {
 		t.Fatalf("cookie: %v", cks)
 	}
 	s, err := e.codec.Decode(cks[0].Value)
@@ -465,6 +504,9 @@ func TestSafeNext(t *testing.T) {
 	for in, want := range map[string]string{
 		"/agents": "/agents", "/bus?pattern=a": "/bus?pattern=a", "": "/", "//evil": "/", "http://evil": "/",
 		"/\\evil": "/", "/signin": "/", "/x\r\nSet-Cookie: a": "/",
+		"/\t/evil.example": "/", "/\x00/evil.example": "/", "/\x7f/evil": "/", "/\x1b/evil": "/", "\t//evil": "/",
+		"/%2F/evil.example": "/", "/%2f%2fevil": "/", "https:/evil": "/", "javascript:alert(1)": "/",
+		"/runner/instances/a-b?done=launched": "/runner/instances/a-b?done=launched", "/bus#dlq": "/bus#dlq",
 	} {
 		if got := safeNext(in); got != want {
 			t.Errorf("safeNext(%q) = %q, want %q", in, got, want)
@@ -495,5 +537,218 @@ func TestTooManyStreams(t *testing.T) {
 	second, body := e.do(t, "GET", "/live/agents", ck, nil, map[string]string{"Accept": "text/event-stream"})
 	if second.StatusCode != http.StatusServiceUnavailable || !strings.Contains(body, "limit of 1 live streams") {
 		t.Fatalf("second stream: %d %s", second.StatusCode, body)
+	}
+}
+
+// An id in a URL must not retarget the page's forms: ids outside the
+// runner's alphabet are refused, and every id a template puts in a URL
+// path is escaped as one segment.
+func TestIDsInURLsCannotRetargetForms(t *testing.T) {
+	t.Parallel()
+	svc := services(t)
+	e := newConsole(t, true, svc.URL, svc.URL, svc.URL, svc.URL)
+	s := e.codec.New(session.Tokens{}, true)
+	ck := e.cookie(t, s)
+	tok := e.codec.CSRFToken(s)
+	for _, path := range []string{
+		"/runner/instances/x%2F..%2F..%2Fbus%2Fdead-letters%2Fredrive%3F",
+		"/runner/instances/%2E%2E",
+		"/runner/instances/a.b",
+		"/runner/instances/a%3Fb",
+		"/runner/instances/a%23b",
+	} {
+		resp, body := e.do(t, "GET", path, ck, nil, nil)
+		if resp.StatusCode != http.StatusNotFound || strings.Contains(body, "redrive") || strings.Contains(body, tok) {
+			t.Errorf("GET %s: %d, want 404 without a form\n%s", path, resp.StatusCode, body)
+		}
+	}
+	for _, path := range []string{"/runner/instances/a%2Fb/cancel", "/runner/instances/a%2Fb/prompt"} {
+		resp, _ := e.do(t, "POST", path, ck, url.Values{"csrf": {tok}, "message": {"hi"}}, nil)
+		if resp.StatusCode != http.StatusNotFound {
+			t.Errorf("POST %s: %d, want 404", path, resp.StatusCode)
+		}
+	}
+	resp, _ := e.do(t, "GET", "/live/runner/a%2F..%2Fb/logs", ck, nil, map[string]string{"Accept": "text/event-stream"})
+	if resp.StatusCode != http.StatusNotFound {
+		t.Errorf("logs of a bad id: %d, want 404", resp.StatusCode)
+	}
+	resp, _ = e.do(t, "GET", "/runner/find?id="+url.QueryEscape("x/../../bus"), ck, nil, nil)
+	if resp.StatusCode != http.StatusBadRequest {
+		t.Errorf("find a bad id: %d, want 400", resp.StatusCode)
+	}
+	// A good id still opens its page, with its forms where they belong.
+	resp, body := e.do(t, "GET", "/runner/instances/0a1b-c2_D", ck, nil, nil)
+	if resp.StatusCode != http.StatusOK || !strings.Contains(body, `action="/runner/instances/0a1b-c2_D/cancel"`) ||
+		!strings.Contains(body, `data-live="/live/runner/0a1b-c2_D/logs"`) {
+		t.Fatalf("a good id: %d %s", resp.StatusCode, body)
+	}
+
+	// Ids from the services are escaped as path segments.
+	var out bytes.Buffer
+	err := e.h.tmpl.ExecuteTemplate(&out, "bus", page{CSRF: "tok", D: busData{DeadLetters: []backend.DeadLetter{{ID: "x/../../runner/launch?"}}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if html := out.String(); strings.Contains(html, "/x/../") || !strings.Contains(html, `action="/bus/dead-letters/x%2F..%2F..%2Frunner%2Flaunch%3F/redrive"`) {
+		t.Fatalf("bus page:\n%s", html)
+	}
+	out.Reset()
+	err = e.h.tmpl.ExecuteTemplate(&out, "librarian", page{CSRF: "tok", D: librarianData{
+		Queue: []*librarianv1.RequestStatus{{RequestId: "r/../../bus/publish?"}}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if html := out.String(); strings.Contains(html, "/r/../") || !strings.Contains(html, `action="/librarian/reviews/r%2F..%2F..%2Fbus%2Fpublish%3F/decision"`) {
+		t.Fatalf("librarian page:\n%s", html)
+	}
+	out.Reset()
+	err = e.h.tmpl.ExecuteTemplate(&out, "runner", page{CSRF: "tok", D: runnerData{Instances: []instanceRow{{knownInstance: knownInstance{ID: "i/../x"}}}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if html := out.String(); strings.Contains(html, "/i/../") || !strings.Contains(html, `href="/runner/instances/i%2F..%2Fx"`) {
+		t.Fatalf("runner page:\n%s", html)
+	}
+}
+
+// One session never sees the instances another launched or opened, nor
+// the Librarian's decisions unless the Librarian accepts it as a reviewer.
+func TestSessionsSeeOnlyTheirOwn(t *testing.T) {
+	t.Parallel()
+	svc := services(t)
+	e := newConsole(t, false, svc.URL, svc.URL, svc.URL, svc.URL)
+	a := e.codec.New(session.Tokens{Runner: "ra", Reviewer: "reviewer"}, false)
+	b := e.codec.New(session.Tokens{Runner: "rb", Bus: "bus"}, false)
+	bad := e.codec.New(session.Tokens{Runner: "bad", Reviewer: "bad"}, false)
+	cka, ckb, ckbad := e.cookie(t, a), e.cookie(t, b), e.cookie(t, bad)
+
+	if resp, body := e.do(t, "GET", "/runner/instances/inst-of-a", cka, nil, nil); resp.StatusCode != http.StatusOK {
+		t.Fatalf("a opens its instance: %d %s", resp.StatusCode, body)
+	}
+	for _, path := range []string{"/runner", "/"} {
+		if _, body := e.do(t, "GET", path, cka, nil, nil); !strings.Contains(body, "inst-of-a") {
+			t.Errorf("a's %s does not list its instance:\n%s", path, body)
+		}
+		if _, body := e.do(t, "GET", path, ckb, nil, nil); strings.Contains(body, "inst-of-a") {
+			t.Errorf("b's %s lists a's instance:\n%s", path, body)
+		}
+		if _, body := e.do(t, "GET", path, ckbad, nil, nil); strings.Contains(body, "inst-of-a") {
+			t.Errorf("a refused session's %s lists a's instance:\n%s", path, body)
+		}
+	}
+	// A row whose status the runner refuses to the session is not shown.
+	e.h.instances.add(knownInstance{Owner: bad.ID, ID: "inst-refused", Seen: timeNow()})
+	if _, body := e.do(t, "GET", "/runner", ckbad, nil, nil); strings.Contains(body, "inst-refused") {
+		t.Errorf("a refused row is listed:\n%s", body)
+	}
+
+	e.h.recordOwnDecision(decision{RequestID: "req-secret", Outcome: "approved", Source: "console", Comment: "private", At: timeNow()})
+	if _, body := e.do(t, "GET", "/librarian", cka, nil, nil); !strings.Contains(body, "req-secret") {
+		t.Errorf("the reviewer does not see the decision:\n%s", body)
+	}
+	if _, body := e.do(t, "GET", "/librarian", ckbad, nil, nil); strings.Contains(body, "req-secret") || strings.Contains(body, "private") {
+		t.Errorf("a session whose reviewer token is refused sees the decision:\n%s", body)
+	}
+}
+
+// Login CSRF: another site cannot sign a browser in with its own tokens.
+func TestSignInNeedsItsFormsToken(t *testing.T) {
+	t.Parallel()
+	svc := services(t)
+	for _, open := range []bool{false, true} {
+		e := newConsole(t, open, svc.URL, svc.URL, svc.URL, svc.URL)
+		ck, tok := e.signinForm(t)
+		other := &http.Cookie{Name: session.SignInCookieName, Value: strings.Repeat("A", 43)}
+		good := url.Values{"signin_csrf": {tok}, "gateway_token": {"attacker-token"}}
+		for name, c := range map[string]struct {
+			ck     *http.Cookie
+			form   url.Values
+			header map[string]string
+		}{
+			"no cookie, no field":       {nil, url.Values{"gateway_token": {"attacker-token"}}, nil},
+			"no cookie":                 {nil, good, nil},
+			"no field":                  {ck, url.Values{"gateway_token": {"attacker-token"}}, nil},
+			"another cookie":            {other, good, nil},
+			"a field of another length": {ck, url.Values{"signin_csrf": {tok + "x"}, "gateway_token": {"attacker-token"}}, nil},
+			"Origin: null":              {ck, good, map[string]string{"Origin": "null"}},
+			"another origin":            {ck, good, map[string]string{"Origin": "https://evil.example"}},
+		} {
+			resp, body := e.do(t, "POST", "/signin", c.ck, c.form, c.header)
+			if resp.StatusCode != http.StatusForbidden || len(resp.Cookies()) != 0 {
+				t.Errorf("open=%v, %s: %d %v %s", open, name, resp.StatusCode, resp.Cookies(), body)
+			}
+		}
+		resp, _ := e.do(t, "POST", "/signin", ck, good, map[string]string{"Origin": e.srv.URL})
+		if resp.StatusCode != http.StatusSeeOther || len(resp.Cookies()) != 1 {
+			t.Errorf("open=%v, the console's own form: %d %v", open, resp.StatusCode, resp.Cookies())
+		}
+		if open {
+			// conclave dev: continuing without any token still works.
+			resp, _ := e.do(t, "POST", "/signin", ck, url.Values{"signin_csrf": {tok}}, map[string]string{"Origin": e.srv.URL})
+			if resp.StatusCode != http.StatusSeeOther {
+				t.Errorf("open, continue without a token: %d", resp.StatusCode)
+			}
+		}
+	}
+}
+
+// A reconnecting EventSource sends the last line's id as Last-Event-ID:
+// the replayed tail is sent only from the line after it.
+func TestLogsResumeAfterLastEventID(t *testing.T) {
+	t.Parallel()
+	svc := services(t)
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /api/v1/agents/{id}/status", func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintf(w, `{"id":%q,"status":"running","progress":40}`, r.PathValue("id"))
+	})
+	mux.HandleFunc("GET /api/v1/agents/{id}/logs", func(w http.ResponseWriter, r *http.Request) {
+		// Two lines share a time, as lines written together do.
+		for i, at := range []string{"2025-01-01T00:00:01Z", "2025-01-01T00:00:02Z", "2025-01-01T00:00:02Z", "2025-01-01T00:00:03Z"} {
+			fmt.Fprintf(w, "{\"time\":%q,\"stream\":\"stdout\",\"text\":\"line %d\"}\n", at, i)
+		}
+	})
+	runner := httptest.NewServer(mux)
+	t.Cleanup(runner.Close)
+	e := newConsole(t, true, svc.URL, svc.URL, runner.URL, svc.URL)
+	ck := e.cookie(t, e.codec.New(session.Tokens{}, true))
+	lines := func(lastID string) (texts, ids []string) {
+		t.Helper()
+		h := map[string]string{"Accept": "text/event-stream"}
+		if lastID != "" {
+			h["Last-Event-ID"] = lastID
+		}
+		resp, body := e.do(t, "GET", "/live/runner/i1/logs", ck, nil, h)
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("%d %s", resp.StatusCode, body)
+		}
+		for _, ev := range sseEvents(t, body) {
+			if ev[0] == "line" {
+				var l logEvent
+				if err := json.Unmarshal([]byte(ev[1]), &l); err != nil {
+					t.Fatal(err)
+				}
+				texts = append(texts, l.Text)
+			}
+		}
+		for _, l := range strings.Split(body, "\n") {
+			if id, ok := strings.CutPrefix(l, "id: "); ok {
+				ids = append(ids, id)
+			}
+		}
+		return texts, ids
+	}
+	all, ids := lines("")
+	if strings.Join(all, ",") != "line 0,line 1,line 2,line 3" || len(ids) != 4 {
+		t.Fatalf("the first connection: %q ids %q", all, ids)
+	}
+	for i, want := range []string{"line 1,line 2,line 3", "line 2,line 3", "line 3", ""} {
+		got, _ := lines(ids[i])
+		if strings.Join(got, ",") != want {
+			t.Errorf("after %s (line %d): %q, want %q", ids[i], i, got, want)
+		}
+	}
+	// An id the console did not make replays the tail, as a new stream.
+	if got, _ := lines("garbage"); len(got) != 4 {
+		t.Errorf("after a foreign id: %q", got)
 	}
 }

@@ -235,7 +235,14 @@ function logs() {
   const state = document.getElementById('logs-state');
   const bannerBox = document.getElementById('logs-banner');
   const src = new EventSource(list.dataset.live);
+  // The server resumes after Last-Event-ID when the EventSource
+  // reconnects; the ids shown are kept too, so that no line is shown twice.
+  const shown = new Set();
   src.addEventListener('line', (e) => {
+    if (e.lastEventId) {
+      if (shown.has(e.lastEventId)) return;
+      shown.add(e.lastEventId);
+    }
     const l = JSON.parse(e.data);
     const li = el('li', l.stream);
     li.append(el('span', 'kind', l.stream), el('span', 'time', `${l.time} `), el('span', 'text', l.text));
