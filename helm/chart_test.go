@@ -225,11 +225,12 @@ func indexIn(t *testing.T, objs []runtime.Object, namespaces ...string) rendered
 }
 
 // podEnvHelpers are env vars the chart sets that are no Conclave setting:
-// only other values expand them.
-var podEnvHelpers = []string{"POD_IP"}
+// POD_IP only other values expand; the AWS SDK reads the static credentials
+// of aws.credentialsSecret.
+var podEnvHelpers = []string{"POD_IP", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"}
 
 // secretSettings must come from a Secret, never a literal value.
-var secretSettings = regexp.MustCompile(`_(CLIENT_TOKENS|AGENT_TOKENS|GRANTS|PEER_TOKEN|RUNNER_TOKEN|HOST_KEY)$`)
+var secretSettings = regexp.MustCompile(`_(CLIENT_TOKENS|AGENT_TOKENS|GRANTS|PEER_TOKEN|RUNNER_TOKEN|HOST_KEY)$|^AWS_(ACCESS_KEY_ID|SECRET_ACCESS_KEY)$`)
 
 func TestTemplate(t *testing.T) {
 	t.Parallel()
@@ -521,7 +522,7 @@ func allSettingsValues(t *testing.T) string {
 	}
 	values := map[string]any{
 		"jaeger": map[string]any{"enabled": true},
-		"aws":    map[string]any{"endpoint": "http://dynalite.conclave.svc:4567"},
+		"aws":    map[string]any{"endpoint": "http://dynalite.conclave.svc:4567", "credentialsSecret": "local-aws"},
 		"observability": map[string]any{
 			"dashboards":     map[string]any{"enabled": true},
 			"rules":          map[string]any{"enabled": true},
