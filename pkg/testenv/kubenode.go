@@ -470,7 +470,11 @@ func (k *KubeNodeEnv) kubeProxyHealthy(ctx context.Context) error {
 }
 
 // network creates the namespace with loopback up and the node address on
-// a bridge of its own (the kubelet refuses a loopback node address).
+// a bridge of its own (the kubelet refuses a loopback node address). The
+// Service range is routed to that bridge: a connection made in the
+// namespace itself (DialContext, helm) to a ClusterIP needs a route before
+// kube-proxy's OUTPUT rule rewrites it to a pod, and the namespace has no
+// default route. Pods need none: their traffic is rewritten on arrival.
 func (k *KubeNodeEnv) network(ctx context.Context) error {
 	if err := run(ctx, "ip", "netns", "add", k.NetNS); err != nil {
 		return err
@@ -485,6 +489,7 @@ func (k *KubeNodeEnv) network(ctx context.Context) error {
 		{"link", "add", kubeNodeHostBridge, "type", "bridge"},
 		{"addr", "add", KubeNodeIP + "/32", "dev", kubeNodeHostBridge},
 		{"link", "set", kubeNodeHostBridge, "up"},
+		{"route", "add", kubeNodeServices, "dev", kubeNodeHostBridge},
 	} {
 		if err := run(ctx, "ip", append([]string{"-n", k.NetNS}, args...)...); err != nil {
 			return err
