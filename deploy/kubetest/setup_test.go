@@ -199,11 +199,18 @@ func serveAWS(t *testing.T, node *testenv.KubeNodeEnv, dynalite, fauxqs string) 
 		if err != nil {
 			t.Fatal(err)
 		}
-		return &httputil.ReverseProxy{Rewrite: func(r *httputil.ProxyRequest) {
-			r.SetURL(u)
-			// fauxqs builds queue URLs from the Host the client used.
-			r.Out.Host = r.In.Host
-		}}
+		return &httputil.ReverseProxy{
+			Rewrite: func(r *httputil.ProxyRequest) {
+				r.SetURL(u)
+				// fauxqs builds queue URLs from the Host the client used.
+				r.Out.Host = r.In.Host
+			},
+			// A pod gone mid-request (an SQS long poll, at the upgrade or
+			// the end) is no failure of the test's: no log line for it.
+			ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
+				w.WriteHeader(http.StatusBadGateway)
+			},
+		}
 	}
 	dynamo, sqs := proxy(dynalite), proxy(fauxqs)
 	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
