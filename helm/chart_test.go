@@ -700,6 +700,7 @@ func TestSchemaRejects(t *testing.T) {
 		{"port out of range", []string{"runner.service.grpcPort=70000"}, "at '/runner/service/grpcPort': maximum: got 70,000, want 65,535"},
 		{"bad queue name", []string{"runner.launchQueue=runner launches"}, "at '/runner/launchQueue'"},
 		{"unknown top-level key", []string{"gatway.enabled=false"}, "additional properties 'gatway' not allowed"},
+		{"bad AWS credentials Secret name", []string{"aws.credentialsSecret=AWS_Creds"}, "at '/aws/credentialsSecret': 'AWS_Creds' does not match pattern"},
 		{"executor not local or kubernetes", []string{"runner.executor=docker"}, "at '/runner/executor': value must be one of 'local', 'kubernetes'"},
 		{"bad agent pull policy", []string{"runner.executor=kubernetes", "runner.kubernetes.imagePullPolicy=Sometimes"}, "at '/runner/kubernetes/imagePullPolicy': value must be one of 'Always', 'IfNotPresent', 'Never'"},
 		{"agent ttl not a duration", []string{"runner.kubernetes.ttlAfterFinished=600"}, "at '/runner/kubernetes/ttlAfterFinished': got number, want string"},
