@@ -3,11 +3,14 @@
 package kubetest_test
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"net"
+	"net/http"
 	"slices"
 	"sort"
 	"strings"
@@ -72,6 +75,7 @@ func TestChartOnNode(t *testing.T) {
 		{"Install", testInstall},
 		{"GatewayThroughService", testGateway},
 		{"RunnerServiceAccount", testRunnerRBAC},
+		{"RunnerLaunchesAgentJob", testRunnerLaunch},
 		{"UpgradeRollsPods", testUpgrade},
 		{"GatewayAfterUpgrade", testGatewayAfterUpgrade},
 		{"UninstallLeavesNothing", testUninstall},
@@ -467,6 +471,104 @@ func (e *chartEnv) canI(ctx context.Context, sa, verb, group, resource, subresou
 		return false, err
 	}
 	return sar.Status.Allowed, nil
+}
+
+// testRunnerLaunch launches the example ACP agent through the runner's
+// REST API, at its Service, with a client token: the launch crosses SQS
+// (fauxqs), a runner replica creates the agent's Job and Secret as its
+// ServiceAccount through the kubernetes Service, agent-host in the pod
+// dials back to that replica, and the agent's first turn reaches the
+// instance's log. Deleting the instance removes its Job.
+func testRunnerLaunch(t *testing.T, e *chartEnv) {
+	ctx, cancel := context.WithTimeout(t.Context(), waitLimit)
+	defer cancel()
+	svc, err := e.admin.CoreV1().Services(namespace).Get(ctx, release+"-runner", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	base := "http://" + net.JoinHostPort(svc.Spec.ClusterIP, "8082")
+	client := &http.Client{Transport: &http.Transport{DialContext: e.node.DialContext, DisableKeepAlives: true}}
+	do := func(method, path string, body, out any) (int, error) {
+		var rd io.Reader
+		if body != nil {
+			data, err := json.Marshal(body)
+			if err != nil {
+				return 0, err
+			}
+			rd = bytes.NewReader(data)
+		}
+		req, err := http.NewRequestWithContext(ctx, method, base+path, rd)
+		if err != nil {
+			return 0, err
+		}
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Authorization", "Bearer "+runnerToken)
+		resp, err := client.Do(req)
+		if err != nil {
+			return 0, err
+		}
+		defer resp.Body.Close()
+		data, err := io.ReadAll(resp.Body)
+		if err != nil {
+			return resp.StatusCode, err
+		}
+		if out != nil && resp.StatusCode == http.StatusOK {
+			if err := json.Unmarshal(data, out); err != nil {
+				return resp.StatusCode, fmt.Errorf("%s %s: %w: %s", method, path, err, data)
+			}
+		}
+		if resp.StatusCode != http.StatusOK {
+			return resp.StatusCode, fmt.Errorf("%s %s: HTTP %d: %s", method, path, resp.StatusCode, data)
+		}
+		return resp.StatusCode, nil
+	}
+	var in struct {
+		ID          string `json:"id"`
+		ContainerID string `json:"container_id"`
+		Status      string `json:"status"`
+	}
+	if _, err := do("POST", "/api/v1/agents/launch", map[string]any{
+		"task_id": "kubetest-task", "agent_type": "acp-agent", "workspace_path": "/workspace/kubetest", "env": map[string]string{"TASK_DESCRIPTION": "from the chart"},
+	}, &in); err != nil {
+		t.Fatal(err)
+	}
+	const want = "content: Working on: from the chart"
+	var lines struct {
+		Lines []struct {
+			Text string `json:"text"`
+		} `json:"lines"`
+	}
+	for seen := false; !seen; {
+		if _, err := do("GET", "/api/v1/agents/"+in.ID+"/logs?tail=1000", nil, &lines); err != nil {
+			t.Fatal(err)
+		}
+		for _, l := range lines.Lines {
+			seen = seen || l.Text == want
+		}
+		if seen {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("the agent's turn never reached the log (%q); the log: %+v", want, lines.Lines)
+		case <-time.After(500 * time.Millisecond):
+		}
+	}
+	if _, err := do("GET", "/api/v1/agents/"+in.ID+"/status", nil, &in); err != nil {
+		t.Fatal(err)
+	}
+	job, err := e.admin.BatchV1().Jobs(namespace).Get(ctx, in.ContainerID, metav1.GetOptions{})
+	if err != nil {
+		t.Fatalf("the launch's Job %q: %v", in.ContainerID, err)
+	}
+	t.Logf("instance %s: %s, Job %s, its pod's init container %s", in.ID, in.Status, job.Name, job.Spec.Template.Spec.InitContainers[0].Image)
+	if _, err := do("DELETE", "/api/v1/agents/"+in.ID, nil, nil); err != nil {
+		t.Fatal(err)
+	}
+	waitGone(t, ctx, "the launch's Job "+job.Name, func(ctx context.Context) error {
+		_, err := e.admin.BatchV1().Jobs(namespace).Get(ctx, job.Name, metav1.GetOptions{})
+		return err
+	})
 }
 
 // beforeUpgrade holds each Deployment's pod template hash and pod names

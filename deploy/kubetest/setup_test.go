@@ -139,7 +139,9 @@ func setUp(t *testing.T, ctx context.Context) *chartEnv {
 }
 
 // buildImages builds the gateway, bus and runner images with
-// conclave-images (deploy/images, as `make images`) and the coven agent's.
+// conclave-images (deploy/images, as `make images`), with agent-host's and
+// the example ACP agent's for the runner's Kubernetes executor, and the
+// coven agent's.
 func buildImages(ctx context.Context, root, dir string) ([]string, error) {
 	tool := filepath.Join(dir, "conclave-images")
 	build := exec.CommandContext(ctx, "go", "build", "-o", tool, "./cmd/conclave-images")
@@ -149,11 +151,15 @@ func buildImages(ctx context.Context, root, dir string) ([]string, error) {
 		return nil, fmt.Errorf("go build conclave-images: %v\n%s", err, out)
 	}
 	out := filepath.Join(dir, "images")
-	run := exec.CommandContext(ctx, tool, "-root", root, "-out", out, "-arch", "amd64", "gateway", "bus", "runner")
+	names := []string{"gateway", "bus", "runner", "agent-host", "acp-agent"}
+	run := exec.CommandContext(ctx, tool, append([]string{"-root", root, "-out", out, "-arch", "amd64"}, names...)...)
 	if output, err := run.CombinedOutput(); err != nil {
 		return nil, fmt.Errorf("conclave-images: %v\n%s", err, output)
 	}
-	tarballs := []string{filepath.Join(out, "gateway.tar"), filepath.Join(out, "bus.tar"), filepath.Join(out, "runner.tar")}
+	var tarballs []string
+	for _, n := range names {
+		tarballs = append(tarballs, filepath.Join(out, n+".tar"))
+	}
 
 	agent := filepath.Join(dir, "coven-agent")
 	if err := testenv.BuildStatic(ctx, "./examples/coven-agent", agent); err != nil {
@@ -233,7 +239,8 @@ func serveAWS(t *testing.T, node *testenv.KubeNodeEnv, dynalite, fauxqs string) 
 // installValues are the install's values: the aws backend on serveAWS's
 // endpoint with static test credentials, the images as imported (never
 // pulled), the runner on the Kubernetes executor (so the release makes
-// its Role) with the example agent's type, and the observability
+// its Role) with the example ACP agent's type (its image and agent-host's
+// imported too), and the observability
 // ConfigMaps, so that the release holds every kind the chart renders
 // without CRDs or a metrics API. Two replicas each, as by default.
 //
@@ -261,6 +268,9 @@ runner:
         image: conclave/acp-agent:%s
         command: [/usr/local/bin/acp-agent]
         protocol: acp
+        permission: allow
+        memory_mb: 128
+        cpu_cores: 0.25
         enabled: true
 observability:
   dashboards:
