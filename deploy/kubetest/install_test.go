@@ -56,7 +56,7 @@ var renderedKinds = []string{
 // Service, takes an agent's registration (examples/coven-agent in a pod)
 // and a client's message; the runner's ServiceAccount may do what the
 // Kubernetes executor does (create a Job and a Secret, ...) and nothing
-// else; `helm upgrade` with a changed value rolls every Deployment to a
+// else; the runner launches the example ACP agent as a Job; `helm upgrade` with a changed value rolls every Deployment to a
 // new ReplicaSet whose pods become Ready, and the gateway still serves;
 // `helm uninstall` leaves none of the release's objects.
 func TestChartOnNode(t *testing.T) {
