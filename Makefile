@@ -8,7 +8,7 @@ CACHE     := $(ROOT)/.cache
 BIN       := $(CACHE)/bin
 BUF       := $(ROOT)/node_modules/.bin/buf
 # Every Go module in the workspace, plus the tools module outside it.
-MODULES   := proto pkg services/gateway services/bus services/runner services/bridge functions/librarian cmd/conclave examples/acp-agent examples/coven-agent bench infra deploy/kubetest
+MODULES   := proto pkg services/gateway services/bus services/runner services/bridge services/console functions/librarian cmd/conclave examples/acp-agent examples/coven-agent bench infra deploy/kubetest
 # Modules outside go.work (GOWORK=off): their build lists must not reach the
 # services'. deploy/observability checks the dashboards and alert rules with
 # Prometheus' own parsers; helm checks the chart, skaffold.yaml and the

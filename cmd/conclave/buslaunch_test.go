@@ -17,15 +17,22 @@ import (
 
 // busAgentEnv makes this test binary a bus agent (runBusAgent) instead of
 // running the tests: the runner starts it with the agent type's env.
-const busAgentEnv = "CONCLAVE_TEST_BUS_AGENT"
+// busAgentProbeEnv makes it also try what its token should not allow.
+const (
+	busAgentEnv      = "CONCLAVE_TEST_BUS_AGENT"
+	busAgentProbeEnv = "CONCLAVE_TEST_BUS_AGENT_PROBE"
+)
 
 var busAgentVars = []string{"BUB_WORKSPACE", "BUB_DEFAULT_TOPIC", "BUB_AGENT_ID", "BUB_BUS_URL"}
 
 // runBusAgent is an agent as seed 004 describes one: it logs the four
 // BUB_* variables (stderr is the runner's log store) and writes them into
-// its workspace, dials BUB_BUS_URL as BUB_AGENT_ID, subscribes to
-// BUB_DEFAULT_TOPIC and answers every delivery with its variables. It runs
-// until the bus closes the connection.
+// its workspace, dials BUB_BUS_URL as BUB_AGENT_ID with BUB_TOKEN as its
+// bearer token (when set), subscribes to BUB_DEFAULT_TOPIC and answers
+// every delivery with its variables. With busAgentProbeEnv it first tries
+// to subscribe to and publish on another agent's topic, and subscribes to
+// its own, and adds the outcomes (the error code, or "ok") to the
+// variables it answers with. It runs until the bus closes the connection.
 func runBusAgent() int {
 	vars := map[string]string{}
 	for _, k := range busAgentVars {
@@ -38,7 +45,12 @@ func runBusAgent() int {
 		return 1
 	}
 	ctx := context.Background()
-	c, _, err := websocket.Dial(ctx, vars["BUB_BUS_URL"], nil)
+	header := http.Header{}
+	if token := os.Getenv("BUB_TOKEN"); token != "" {
+		header.Set("Authorization", "Bearer "+token)
+		vars["BUB_TOKEN set"] = "yes"
+	}
+	c, _, err := websocket.Dial(ctx, vars["BUB_BUS_URL"], &websocket.DialOptions{HTTPHeader: header})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "bus agent: dial:", err)
 		return 1
@@ -48,22 +60,49 @@ func runBusAgent() int {
 		b, _ := json.Marshal(v)
 		return c.Write(ctx, websocket.MessageText, b)
 	}
-	// The bus handles a client's requests concurrently: subscribe only once
-	// initialize has been answered.
-	for id, call := range []map[string]any{
+	// The bus handles a client's requests concurrently: each call waits for
+	// its answer. Nothing is delivered before the subscription to
+	// BUB_DEFAULT_TOPIC, the last call.
+	calls := []map[string]any{
 		{"method": "initialize", "params": map[string]any{"clientId": vars["BUB_AGENT_ID"], "clientInfo": map[string]string{"name": "bus-agent", "version": "0.1.0"}}},
-		{"method": "subscribe", "params": map[string]string{"topic": vars["BUB_DEFAULT_TOPIC"]}},
-	} {
+	}
+	probes := []string{}
+	if os.Getenv(busAgentProbeEnv) != "" {
+		other := "agent:someone-else"
+		calls = append(calls,
+			map[string]any{"method": "subscribe", "params": map[string]string{"topic": other}},
+			map[string]any{"method": "sendMessage", "params": map[string]any{"topic": other, "payload": map[string]string{"type": "task_request"}}},
+			map[string]any{"method": "subscribe", "params": map[string]string{"topic": "agent:" + vars["BUB_AGENT_ID"]}})
+		probes = []string{"probe subscribe other", "probe publish other", "probe subscribe own"}
+	}
+	calls = append(calls, map[string]any{"method": "subscribe", "params": map[string]string{"topic": vars["BUB_DEFAULT_TOPIC"]}})
+	for id, call := range calls {
 		call["jsonrpc"], call["id"] = "2.0", id+1
 		if err := send(call); err != nil {
 			return 1
 		}
 		_, answer, err := c.Read(ctx)
-		if err != nil || !strings.Contains(string(answer), `"result"`) {
+		var out struct {
+			Result json.RawMessage
+			Error  *struct{ Code int }
+		}
+		if err != nil || json.Unmarshal(answer, &out) != nil {
 			fmt.Fprintf(os.Stderr, "bus agent: %s answered %s (%v)\n", call["method"], answer, err)
 			return 1
 		}
+		if probe := id - 1; probe >= 0 && probe < len(probes) {
+			vars[probes[probe]] = "ok"
+			if out.Error != nil {
+				vars[probes[probe]] = fmt.Sprint(out.Error.Code)
+			}
+			continue
+		}
+		if out.Result == nil {
+			fmt.Fprintf(os.Stderr, "bus agent: %s answered %s\n", call["method"], answer)
+			return 1
+		}
 	}
+	env, _ = json.Marshal(vars)
 	for {
 		_, frame, err := c.Read(ctx)
 		if err != nil {
@@ -217,5 +256,91 @@ func getRunnerJSON(t *testing.T, url string, v any) {
 	}
 	if err := json.NewDecoder(resp.Body).Decode(v); err != nil {
 		t.Fatalf("GET %s: %v", url, err)
+	}
+}
+
+// TestDevLaunchedAgentIsConfinedByItsToken runs conclave dev with bus
+// tokens required: the agent the runner launches for the bus authenticates
+// with the BUB_TOKEN the bus minted for it, takes its message, and may
+// subscribe to agent:{its id} but not subscribe to or publish on another
+// agent's topic.
+func TestDevLaunchedAgentIsConfinedByItsToken(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts the conclave binary and an agent")
+	}
+	t.Parallel()
+	dir := t.TempDir()
+	ws := filepath.Join(dir, "ws")
+	if err := os.Mkdir(ws, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	types := filepath.Join(dir, "types.yaml")
+	if err := os.WriteFile(types, []byte(fmt.Sprintf("agent_types:\n  - id: bus-agent\n    command: [%q]\n    env: {%s: \"1\", %s: \"1\"}\n    protocol: legacy\n    enabled: true\n",
+		self, busAgentEnv, busAgentProbeEnv)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	const bridgeToken = "bridge-token-0123456789"
+	_, addrs, stderr := devProcess(t, filepath.Join(dir, "data"), "--runner-agent-types="+types, "--runner-workspace-roots="+dir,
+		"--bus-workspace="+ws, "--bus-runner-agent-type=bus-agent", "--bus-allow-unauthenticated=false",
+		`--bus-grants=[{"token":"`+bridgeToken+`","client_id":"bridge","publish":["tg:*"],"subscribe":[]}]`)
+	busURL := "ws://" + addrs["bus WebSocket"]
+
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	// Without a token the bus refuses.
+	anon, _, err := websocket.Dial(ctx, busURL, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer anon.CloseNow()
+	if err := anon.Write(ctx, websocket.MessageText, []byte(`{"jsonrpc":"2.0","method":"initialize","params":{"clientId":"anon"},"id":1}`)); err != nil {
+		t.Fatal(err)
+	}
+	if _, answer, err := anon.Read(ctx); err != nil || !strings.Contains(string(answer), "-32005") {
+		t.Fatalf("initialize without a token: %s (%v)", answer, err)
+	}
+
+	c, _, err := websocket.Dial(ctx, busURL, &websocket.DialOptions{HTTPHeader: http.Header{"Authorization": {"Bearer " + bridgeToken}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.CloseNow()
+	call := func(id int, method, params string) map[string]any {
+		t.Helper()
+		frame := fmt.Sprintf(`{"jsonrpc":"2.0","method":%q,"params":%s,"id":%d}`, method, params, id)
+		if err := c.Write(ctx, websocket.MessageText, []byte(frame)); err != nil {
+			t.Fatal(err)
+		}
+		_, answer, err := c.Read(ctx)
+		if err != nil {
+			t.Fatalf("%s: %v\n%s", method, err, stderr)
+		}
+		var res struct{ Result map[string]any }
+		if err := json.Unmarshal(answer, &res); err != nil || res.Result == nil {
+			t.Fatalf("%s answered %s", method, answer)
+		}
+		return res.Result
+	}
+	call(1, "initialize", `{"clientId":"bridge"}`)
+	res := call(2, "sendMessage", `{"topic":"tg:888","payload":{"type":"telegram_message","text":"hello"}}`)
+	acks, _ := res["acks"].([]any)
+	if len(acks) != 1 {
+		t.Fatalf("sendMessage: %v\n%s", res, stderr)
+	}
+	ack := acks[0].(map[string]any)
+	var got map[string]string
+	if ack["processed"] != true || json.Unmarshal([]byte(fmt.Sprint(ack["message"])), &got) != nil {
+		t.Fatalf("ack %v; the runner has: %s", ack, runnerTask(addrs["runner HTTP"], fmt.Sprint(ack["client_id"])))
+	}
+	want := map[string]string{"BUB_TOKEN set": "yes", "BUB_DEFAULT_TOPIC": "tg:888", "BUB_AGENT_ID": fmt.Sprint(ack["client_id"]),
+		"probe subscribe other": "-32005", "probe publish other": "-32005", "probe subscribe own": "ok"}
+	for k, v := range want {
+		if got[k] != v {
+			t.Errorf("the launched agent reports %s=%q, want %q (all: %v)", k, got[k], v, got)
+		}
 	}
 }

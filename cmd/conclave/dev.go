@@ -7,6 +7,7 @@ import (
 	"net"
 	"os"
 	"slices"
+	"strings"
 	"text/tabwriter"
 
 	"golang.org/x/sync/errgroup"
@@ -20,6 +21,7 @@ import (
 	"github.com/conclave-ai/conclave/pkg/telemetry"
 	bridge "github.com/conclave-ai/conclave/services/bridge/service"
 	bus "github.com/conclave-ai/conclave/services/bus/service"
+	console "github.com/conclave-ai/conclave/services/console/service"
 	gateway "github.com/conclave-ai/conclave/services/gateway/service"
 	runner "github.com/conclave-ai/conclave/services/runner/service"
 )
@@ -34,6 +36,7 @@ type devConfig struct {
 	Bridge    bridge.Config
 	Bus       bus.Config
 	Runner    runner.Config
+	Console   console.Config
 }
 
 // exampleToolAgents is the bridge configuration conclave dev serves when run
@@ -73,6 +76,12 @@ func runDev(ctx context.Context, args []string, lookup config.Lookup, stdout, st
 	cfg.Runner.HTTPAddr = "127.0.0.1:8082"
 	cfg.Runner.ServerID = "dev"
 	cfg.Runner.AllowUnauthenticated = true
+	// The console opens without sign-in on loopback, like the services it
+	// shows; its knowledge-graph search asks as a reviewing agent of the
+	// built-in registry.
+	cfg.Console.HTTPAddr = "127.0.0.1:8090"
+	cfg.Console.AllowUnauthenticated = true
+	cfg.Console.LibrarianAgentID = "gemini-pro"
 	// Agents may work anywhere under the directory conclave dev runs in;
 	// those the bus's default handler launches work in it.
 	if wd, err := os.Getwd(); err == nil {
@@ -155,7 +164,20 @@ func runDev(ctx context.Context, args []string, lookup config.Lookup, stdout, st
 	if err != nil {
 		return err
 	}
-	services := []service{gw, lib, b, rn}
+	// The console reaches the others through their public APIs, at the
+	// addresses they bind (port 0 in tests), known once each is ready.
+	con, err := console.New(cfg.Console, logger, tel, console.WithBackends(func() console.Backends {
+		return console.Backends{
+			GatewayURL:   readyURL(gw, "http://", "HTTP"),
+			BusURL:       readyURL(b, "ws://", "WebSocket"),
+			RunnerURL:    readyURL(rn, "http://", "HTTP"),
+			LibrarianURL: readyURL(lib, "http://", "HTTP"),
+		}
+	}))
+	if err != nil {
+		return err
+	}
+	services := []service{gw, lib, b, rn, con}
 	if _, err := os.Stat(cfg.Bridge.ConfigFile); err != nil && cfg.Bridge.ConfigFile == exampleToolAgents {
 		// Run outside the repository: there are no example tool agents to
 		// serve, which is no reason to stop the rest.
@@ -190,6 +212,22 @@ func runDev(ctx context.Context, args []string, lookup config.Lookup, stdout, st
 	}
 	logger.InfoContext(context.WithoutCancel(ctx), "conclave dev stopped")
 	return nil
+}
+
+// readyURL is scheme and the address of s's endpoint whose protocol starts
+// with protocol, or "" while s is not ready.
+func readyURL(s service, scheme, protocol string) string {
+	select {
+	case <-s.Ready():
+	default:
+		return ""
+	}
+	for _, e := range s.Endpoints() {
+		if strings.HasPrefix(e.Protocol, protocol) && e.Address != "" {
+			return scheme + e.Address
+		}
+	}
+	return ""
 }
 
 func printEndpoints(w io.Writer, services []service) {

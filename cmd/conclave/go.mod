@@ -7,6 +7,7 @@ require (
 	github.com/conclave-ai/conclave/pkg v0.0.0-00010101000000-000000000000
 	github.com/conclave-ai/conclave/services/bridge v0.0.0-00010101000000-000000000000
 	github.com/conclave-ai/conclave/services/bus v0.0.0-00010101000000-000000000000
+	github.com/conclave-ai/conclave/services/console v0.0.0-00010101000000-000000000000
 	github.com/conclave-ai/conclave/services/gateway v0.0.0-00010101000000-000000000000
 	github.com/conclave-ai/conclave/services/runner v0.0.0-00010101000000-000000000000
 )
@@ -48,11 +49,15 @@ require (
 	github.com/gogo/protobuf v1.3.2 // indirect
 	github.com/google/gnostic-models v0.7.0 // indirect
 	github.com/google/go-cmp v0.7.0 // indirect
+	github.com/google/go-containerregistry v0.22.1 // indirect
 	github.com/google/jsonschema-go v0.4.3 // indirect
 	github.com/json-iterator/go v1.1.12 // indirect
+	github.com/klauspost/compress v1.20.1 // indirect
 	github.com/modelcontextprotocol/go-sdk v1.8.0 // indirect
 	github.com/modern-go/concurrent v0.0.0-20180306012644-bacd9c7ef1dd // indirect
 	github.com/modern-go/reflect2 v1.0.3-0.20250322232337-35a7c28c31ee // indirect
+	github.com/opencontainers/go-digest v1.0.0 // indirect
+	github.com/opencontainers/image-spec v1.1.1 // indirect
 	github.com/pkg/errors v0.9.1 // indirect
 	github.com/pmezard/go-difflib v1.0.0 // indirect
 	github.com/segmentio/asm v1.1.3 // indirect
@@ -131,6 +136,7 @@ replace (
 	github.com/conclave-ai/conclave/proto => ../../proto
 	github.com/conclave-ai/conclave/services/bridge => ../../services/bridge
 	github.com/conclave-ai/conclave/services/bus => ../../services/bus
+	github.com/conclave-ai/conclave/services/console => ../../services/console
 	github.com/conclave-ai/conclave/services/gateway => ../../services/gateway
 	github.com/conclave-ai/conclave/services/runner => ../../services/runner
 )

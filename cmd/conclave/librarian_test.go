@@ -127,6 +127,27 @@ func TestLibrarianCommands(t *testing.T) {
 	if out, err := run("review", "approve", resp.RequestID, "-m", "Looks right.", "--token", reviewerToken); err != nil || !strings.Contains(out, `"approved"`) {
 		t.Fatalf("approve: %s %v", out, err)
 	}
+	if _, err := run("review", "reject", resp.RequestID, "-m", "Too late.", "--token", reviewerToken); err == nil || !strings.Contains(err.Error(), "409") {
+		t.Fatalf("a decided request rejected: %v", err)
+	}
+
+	// A second escalation, rejected from the CLI.
+	out, err = run("request", req, "--token", agentToken)
+	if err != nil || !strings.Contains(out, `"status": "escalated"`) {
+		t.Fatalf("second request: %s %v", out, err)
+	}
+	var second struct {
+		RequestID string `json:"request_id"`
+	}
+	if err := json.Unmarshal([]byte(out), &second); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := run("review", "reject", second.RequestID, "-m", "Needs a threat model.", "--token", reviewerToken); err != nil || !strings.Contains(out, `"rejected"`) {
+		t.Fatalf("reject: %s %v", out, err)
+	}
+	if out, err := run("status", second.RequestID, "--token", agentToken); err != nil || !strings.Contains(out, `"rejected"`) || !strings.Contains(out, "Needs a threat model.") {
+		t.Fatalf("status after the rejection: %s %v", out, err)
+	}
 	if _, err := run("status", resp.RequestID, "--token", revoked); err == nil || !strings.Contains(err.Error(), "401") {
 		t.Fatalf("a revoked token: %v", err)
 	}

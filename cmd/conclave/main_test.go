@@ -81,7 +81,7 @@ func devProcess(t *testing.T, dataDir string, extra ...string) (*exec.Cmd, map[s
 	t.Helper()
 	cmd := exec.Command(conclaveBin, append([]string{"dev", "--gateway-grpc-addr=127.0.0.1:0", "--gateway-http-addr=127.0.0.1:0",
 		"--librarian-http-addr=127.0.0.1:0", "--bridge-http-addr=127.0.0.1:0", "--bridge-config=../../examples/tool-agents/config.yaml",
-		"--bus-addr=127.0.0.1:0", "--runner-grpc-addr=127.0.0.1:0", "--runner-http-addr=127.0.0.1:0", "--data-dir", dataDir}, extra...)...)
+		"--bus-addr=127.0.0.1:0", "--runner-grpc-addr=127.0.0.1:0", "--runner-http-addr=127.0.0.1:0", "--console-http-addr=127.0.0.1:0", "--data-dir", dataDir}, extra...)...)
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)

@@ -72,7 +72,7 @@ func startGateway(t *testing.T, addr string, env ...string) *gateway {
 	// side.
 	cmd := exec.Command(conclaveBin, "dev", "--gateway-grpc-addr="+addr, "--gateway-http-addr=127.0.0.1:0",
 		"--librarian-http-addr=127.0.0.1:0", "--bus-addr=127.0.0.1:0", "--bridge-http-addr=127.0.0.1:0",
-		"--runner-grpc-addr=127.0.0.1:0", "--runner-http-addr=127.0.0.1:0",
+		"--runner-grpc-addr=127.0.0.1:0", "--runner-http-addr=127.0.0.1:0", "--console-http-addr=127.0.0.1:0",
 		"--data-dir", t.TempDir())
 	cmd.Env = append(os.Environ(), env...)
 	stdout, err := cmd.StdoutPipe()

@@ -3,7 +3,6 @@ package service_test
 import (
 	"context"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -11,18 +10,18 @@ import (
 	"time"
 
 	"github.com/chromedp/chromedp"
+
+	"github.com/conclave-ai/conclave/pkg/testenv"
 )
 
 // chromium finds Debian's Chromium (scripts/install-test-deps.sh installs it).
 func chromium(t *testing.T) string {
 	t.Helper()
-	for _, name := range []string{"chromium", "chromium-browser"} {
-		if p, err := exec.LookPath(name); err == nil {
-			return p
-		}
+	p, err := testenv.Chromium()
+	if err != nil {
+		t.Fatal(err)
 	}
-	t.Fatal("chromium is not installed: run scripts/install-test-deps.sh")
-	return ""
+	return p
 }
 
 // artifactsDir is where the review page's screenshot is kept after the
@@ -57,12 +56,9 @@ func TestReviewPageInChromium(t *testing.T) {
 	}
 	e.events(t) // submitted, escalated
 
-	opts := []chromedp.ExecAllocatorOption{
-		chromedp.ExecPath(chromium(t)),
-		chromedp.Flag("headless", true), chromedp.NoSandbox, chromedp.DisableGPU, chromedp.NoFirstRun,
-		chromedp.Flag("disable-quic", true), chromedp.Flag("disable-background-networking", true),
-		chromedp.Flag("disable-component-update", true), chromedp.Flag("disable-sync", true),
-		chromedp.UserDataDir(t.TempDir()), chromedp.WindowSize(1280, 1000),
+	opts := []chromedp.ExecAllocatorOption{chromedp.ExecPath(chromium(t)), chromedp.UserDataDir(t.TempDir()), chromedp.WindowSize(1280, 1000)}
+	for name, v := range testenv.ChromiumFlags() {
+		opts = append(opts, chromedp.Flag(name, v))
 	}
 	actx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
 	defer cancelAlloc()

@@ -77,6 +77,55 @@ func (c *cluster) peers(ctx context.Context) ([]string, error) {
 	return out, nil
 }
 
+// NotifySpawn implements broker.SpawnNotifier: every other replica at
+// once, as Forward. A replica that cannot be reached misses the event; one
+// waiting for that agent then gives up at the claim's expiry.
+func (c *cluster) NotifySpawn(ctx context.Context, e broker.SpawnEvent) {
+	peers, err := c.peers(ctx)
+	if err != nil {
+		c.log.WarnContext(ctx, "bus: could not list the other replicas", "error", err)
+		return
+	}
+	body, err := json.Marshal(e)
+	if err != nil {
+		return
+	}
+	var wg sync.WaitGroup
+	for _, addr := range peers {
+		wg.Go(func() {
+			if err := c.post(ctx, addr, "/internal/v1/spawn-events", body, nil); err != nil {
+				c.log.WarnContext(ctx, "bus: telling a replica about a launched agent failed", "replica", addr, "agent_id", e.AgentID, "error", err)
+			}
+		})
+	}
+	wg.Wait()
+}
+
+// serveSpawnEvent is the receiving end of NotifySpawn.
+func (c *cluster) serveSpawnEvent(w http.ResponseWriter, r *http.Request) {
+	if !c.authorized(w, r) {
+		return
+	}
+	var e broker.SpawnEvent
+	if err := json.NewDecoder(io.LimitReader(r.Body, 1<<20)).Decode(&e); err != nil {
+		server.WriteError(w, http.StatusBadRequest, "bus: "+err.Error())
+		return
+	}
+	c.bus.SpawnEvent(e)
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// authorized checks the peer token of an internal request, answering 401
+// when it is wrong.
+func (c *cluster) authorized(w http.ResponseWriter, r *http.Request) bool {
+	token, ok := auth.Bearer(r.Header.Get("Authorization"))
+	if !ok || !auth.NewTokens(c.token).Valid(token) {
+		server.WriteError(w, http.StatusUnauthorized, "bus: forwarding needs the replicas' peer token")
+		return false
+	}
+	return true
+}
+
 // Forward implements broker.Forwarder: every other replica at once. A
 // replica that cannot be reached costs its subscribers this message (they
 // get no ack), which the log records; it does not fail the publish.
@@ -114,33 +163,40 @@ func (c *cluster) Forward(ctx context.Context, f broker.Forwarded) broker.Forwar
 }
 
 func (c *cluster) forwardTo(ctx context.Context, addr string, body []byte) (broker.ForwardResult, error) {
-	req, err := http.NewRequestWithContext(ctx, "POST", c.scheme+"://"+addr+"/internal/v1/deliver", bytes.NewReader(body))
+	var r broker.ForwardResult
+	return r, c.post(ctx, addr, "/internal/v1/deliver", body, &r)
+}
+
+// post sends body to another replica's internal path, and decodes its
+// answer into out (when not nil).
+func (c *cluster) post(ctx context.Context, addr, path string, body []byte, out any) error {
+	req, err := http.NewRequestWithContext(ctx, "POST", c.scheme+"://"+addr+path, bytes.NewReader(body))
 	if err != nil {
-		return broker.ForwardResult{}, err
+		return err
 	}
 	req.Header.Set("Authorization", "Bearer "+c.token)
 	req.Header.Set("Content-Type", "application/json")
 	resp, err := c.client.Do(req)
 	if err != nil {
-		return broker.ForwardResult{}, err
+		return err
 	}
 	defer resp.Body.Close()
 	data, err := io.ReadAll(io.LimitReader(resp.Body, 16<<20))
 	if err != nil {
-		return broker.ForwardResult{}, err
+		return err
 	}
-	if resp.StatusCode != http.StatusOK {
-		return broker.ForwardResult{}, fmt.Errorf("%s: %s", resp.Status, bytes.TrimSpace(data))
+	if resp.StatusCode/100 != 2 {
+		return fmt.Errorf("%s: %s", resp.Status, bytes.TrimSpace(data))
 	}
-	var r broker.ForwardResult
-	return r, json.Unmarshal(data, &r)
+	if out == nil {
+		return nil
+	}
+	return json.Unmarshal(data, out)
 }
 
 // serveDeliver is the receiving end of Forward.
 func (c *cluster) serveDeliver(w http.ResponseWriter, r *http.Request) {
-	token, ok := auth.Bearer(r.Header.Get("Authorization"))
-	if !ok || !auth.NewTokens(c.token).Valid(token) {
-		server.WriteError(w, http.StatusUnauthorized, "bus: forwarding needs the replicas' peer token")
+	if !c.authorized(w, r) {
 		return
 	}
 	var f broker.Forwarded

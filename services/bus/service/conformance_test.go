@@ -245,6 +245,117 @@ func TestSeedConformance(t *testing.T) {
 		}
 	})
 
+	t.Run("notification form", func(t *testing.T) {
+		t.Parallel()
+		// The seed's notification form: no id, so no answer, whatever the
+		// method. Every method of the seed is a request; the bus ignores
+		// one sent as a notification (a subscribe would give no sign of
+		// its outcome, a sendMessage's acks nowhere to go).
+		sub := bus.client(t, "notified-subscriber", "")
+		sub.subscribe(2, "notify:*", "")
+		w := bus.client(t, "notifier", "")
+		w.send(`{
+  "jsonrpc": "2.0",
+  "method": "ping",
+  "params": {}
+}`)
+		w.send(`{
+  "jsonrpc": "2.0",
+  "method": "sendMessage",
+  "params": {
+    "topic": "notify:1",
+    "payload": {"chat_id": "chat-1", "text": "hello", "from": "user-1"}
+  }
+}`)
+		w.send(`{"jsonrpc": "2.0", "method": "subscribe", "params": {"topic": "notify:mine"}}`)
+		w.send(`{"jsonrpc": "2.0", "method": "method_name", "params": {}}`)
+		// The next frame is the answer to this request: nothing answered
+		// the notifications.
+		if res := w.result(5, "ping", `{}`); res["timestamp"] == nil {
+			t.Errorf("ping after the notifications: %v", res)
+		}
+		// The notified subscribe did not subscribe.
+		if code, _ := w.callError(6, "unsubscribe", `{"topic":"notify:mine"}`); code != broker.CodeSubscriptionNotFound {
+			t.Errorf("unsubscribe after a subscribe notification: %d, want -32004", code)
+		}
+		// The notified sendMessage reached no one: the subscriber's next
+		// frame answers its own request.
+		sub.result(3, "ping", `{}`)
+	})
+
+	t.Run("processMessage to an agent on tg:123456789", func(t *testing.T) {
+		t.Parallel()
+		// The seed's processMessage example: a Telegram message published on
+		// tg:123456789 reaches the agent subscribed there as processMessage,
+		// and the agent's answer is the seed's.
+		agent := bus.client(t, "agent-abc123", `,"capabilities":{"processMessage":true}`)
+		agent.subscribe(2, "tg:123456789", "")
+		bridge := bus.client(t, "tg-bridge", "")
+		bridge.send(`{
+  "jsonrpc": "2.0",
+  "method": "sendMessage",
+  "params": {
+    "topic": "tg:123456789",
+    "payload": {
+      "type": "telegram_message",
+      "text": "Hello, what can you do?",
+      "from": "user-1",
+      "chat_id": "123456789",
+      "timestamp": "2025-02-17T10:30:00Z"
+    }
+  },
+  "id": 6
+}`)
+		m := agent.recv()
+		if m["method"] != "processMessage" || m["id"] == nil {
+			t.Fatalf("the agent got %v, want a processMessage request", m)
+		}
+		params := m["params"].(map[string]any)
+		if params["topic"] != "tg:123456789" {
+			t.Errorf("processMessage topic %v", params["topic"])
+		}
+		want := `{"chat_id":"123456789","from":"user-1","text":"Hello, what can you do?","timestamp":"2025-02-17T10:30:00Z","type":"telegram_message"}`
+		if got := mustJSON(t, params["payload"]); got != want {
+			t.Errorf("processMessage payload %s, want %s", got, want)
+		}
+		agent.send(`{
+  "jsonrpc": "2.0",
+  "result": {
+    "processed": true,
+    "should_retry": false,
+    "retry_seconds": 0,
+    "message": "Message handled successfully"
+  },
+  "id": ` + mustJSON(t, m["id"]) + `
+}`)
+		res := bridge.response(6)["result"].(map[string]any)
+		wantRes := `{"acks":[{"client_id":"agent-abc123","message":"Message handled successfully","processed":true}],"stopPropagation":false,"success":true}`
+		if got := mustJSON(t, res); got != wantRes {
+			t.Errorf("result %s, want %s", got, wantRes)
+		}
+	})
+
+	t.Run("subscription with policy", func(t *testing.T) {
+		t.Parallel()
+		// The seed's example subscription with a policy, on a bus of its
+		// own ("inbound:*" would catch the other subtests' messages).
+		bus := startBus(t, defaultConfig(t, nil), busOption{})
+		w := bus.client(t, "policy-suggester", "")
+		w.send(`{
+  "jsonrpc": "2.0",
+  "method": "subscribe",
+  "params": {
+    "topic": "inbound:*",
+    "policy": "stopPropagationOnProcessed"
+  },
+  "id": 1
+}`)
+		res := w.response(1)["result"].(map[string]any)
+		if res["success"] != true || res["policy"] != "stopPropagationOnProcessed" {
+			t.Errorf("subscribe with policy: %v", res)
+		}
+	})
+
 	t.Run("untyped payload to an agent", func(t *testing.T) {
 		t.Parallel()
 		agent := bus.client(t, "typed-agent", `,"capabilities":{"processMessage":true}`)

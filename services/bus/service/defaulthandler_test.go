@@ -3,6 +3,7 @@ package service_test
 import (
 	"context"
 	"errors"
+	"net/http"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -36,8 +37,13 @@ func (l *fakeLauncher) Launch(_ context.Context, req service.LaunchRequest) erro
 		return nil
 	}
 	go func() {
-		// BUB_BUS_URL, BUB_AGENT_ID and BUB_DEFAULT_TOPIC, as an agent reads them.
-		w := dial(l.t, req.BusURL, nil)
+		// BUB_BUS_URL, BUB_AGENT_ID, BUB_DEFAULT_TOPIC and BUB_TOKEN, as an
+		// agent reads them.
+		var header http.Header
+		if req.Token != "" {
+			header = bearer(req.Token)
+		}
+		w := dial(l.t, req.BusURL, header)
 		w.initialize(req.AgentID, "")
 		w.subscribe(2, req.DefaultTopic, "")
 		l.agents <- w
@@ -81,7 +87,7 @@ func TestDefaultHandler(t *testing.T) {
 			t.Errorf("%d launches for one topic, want 1", got)
 		}
 		req := l.got[0]
-		if req.Workspace != "/workspaces/tg" || req.DefaultTopic != "tg:123456789" || req.AgentID == "" || req.BusURL != bus.url {
+		if req.Workspace != "/workspaces/tg" || req.DefaultTopic != "tg:123456789" || req.AgentID == "" || req.BusURL != bus.url || len(req.Token) < 32 {
 			t.Errorf("launch request %+v", req)
 		}
 		// The launched agent's sendMessage without a topic goes to its

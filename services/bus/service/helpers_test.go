@@ -306,6 +306,20 @@ func (w *wire) response(id int) map[string]any {
 	return m
 }
 
+// receive returns the next value on ch, failing the test if none comes
+// within the guard (a launched agent that could not connect reports why
+// from its own goroutine, and sends nothing).
+func receive[T any](t *testing.T, ch <-chan T, what string) T {
+	t.Helper()
+	select {
+	case v := <-ch:
+		return v
+	case <-time.After(guard):
+		t.Fatalf("no %s within %s", what, guard)
+		panic("unreachable")
+	}
+}
+
 func mustJSON(t *testing.T, v any) string {
 	t.Helper()
 	b, err := json.Marshal(v)

@@ -13,9 +13,9 @@ import (
 	"github.com/conclave-ai/conclave/pkg/testenv"
 )
 
-// busBinary is cmd/bus, built once by TestMain for the tests that run the
-// bus as a process of its own.
-var busBinary string
+// busBinary is cmd/bus and bubBinary cmd/bub, built once by TestMain for
+// the tests that run them as processes of their own.
+var busBinary, bubBinary string
 
 func TestMain(m *testing.M) {
 	os.Exit(run(m))
@@ -29,11 +29,14 @@ func run(m *testing.M) int {
 	}
 	defer os.RemoveAll(dir)
 	busBinary = filepath.Join(dir, "bus")
-	build := exec.Command("go", "build", "-o", busBinary, "../cmd/bus")
-	build.Stderr = os.Stderr
-	if err := build.Run(); err != nil {
-		fmt.Fprintln(os.Stderr, "building cmd/bus:", err)
-		return 1
+	bubBinary = filepath.Join(dir, "bub")
+	for bin, pkg := range map[string]string{busBinary: "../cmd/bus", bubBinary: "../cmd/bub"} {
+		build := exec.Command("go", "build", "-o", bin, pkg)
+		build.Stderr = os.Stderr
+		if err := build.Run(); err != nil {
+			fmt.Fprintf(os.Stderr, "building %s: %v\n", pkg, err)
+			return 1
+		}
 	}
 	return m.Run()
 }
@@ -42,7 +45,13 @@ func run(m *testing.M) int {
 // serves.
 func busProcess(t *testing.T, dataDir string, port int) *exec.Cmd {
 	t.Helper()
-	cmd := exec.Command(busBinary)
+	return serveProcess(t, exec.Command(busBinary), dataDir, port)
+}
+
+// serveProcess runs cmd, a bus (cmd/bus, or bub serve), on dataDir and
+// port, and returns it once it serves.
+func serveProcess(t *testing.T, cmd *exec.Cmd, dataDir string, port int) *exec.Cmd {
+	t.Helper()
 	cmd.Env = append(os.Environ(),
 		"CONCLAVE_DATA_DIR="+dataDir,
 		fmt.Sprintf("CONCLAVE_BUS_ADDR=127.0.0.1:%d", port),

@@ -58,6 +58,7 @@ type Config struct {
 	RunnerAgentType      string        `env:"CONCLAVE_BUS_RUNNER_AGENT_TYPE" help:"agent_type the default handler launches (one of the runner's agent types); required with CONCLAVE_BUS_RUNNER_ADDR"`
 	RunnerTLS            bool          `env:"CONCLAVE_BUS_RUNNER_TLS" default:"false" help:"dial the runner with TLS (the system's roots)"`
 	SpawnTimeout         time.Duration `env:"CONCLAVE_BUS_SPAWN_TIMEOUT" default:"60s" help:"how long the default handler waits for a launched agent to subscribe"`
+	AgentTokenTTL        time.Duration `env:"CONCLAVE_BUS_AGENT_TOKEN_TTL" default:"24h" help:"how long the token (BUB_TOKEN) of an agent the default handler launched stays valid, and the agent is known as the agent of its topic"`
 	PeerToken            string        `env:"CONCLAVE_BUS_PEER_TOKEN" help:"shared secret of the replicas; when set, each replica forwards messages to the others (listed in the store) and accepts theirs on /internal/v1/deliver"`
 	AdvertiseAddr        string        `env:"CONCLAVE_BUS_ADVERTISE_ADDR" help:"host:port other replicas reach this one at (default: the listener's address)"`
 	Lease                time.Duration `env:"CONCLAVE_BUS_LEASE" default:"15s" help:"how long a replica stays listed after its last renewal"`
@@ -103,6 +104,7 @@ func (c Config) Validate() error {
 		"CONCLAVE_BUS_RETRY_BASE_DELAY": c.RetryBaseDelay,
 		"CONCLAVE_BUS_RETRY_MAX_DELAY":  c.RetryMaxDelay,
 		"CONCLAVE_BUS_SPAWN_TIMEOUT":    c.SpawnTimeout,
+		"CONCLAVE_BUS_AGENT_TOKEN_TTL":  c.AgentTokenTTL,
 		"CONCLAVE_BUS_SHUTDOWN_TIMEOUT": c.ShutdownTimeout,
 		"CONCLAVE_BUS_LEASE":            c.Lease,
 	} {
@@ -131,7 +133,7 @@ func (c Config) Validate() error {
 }
 
 // Tables lists the tables the bus keeps its state in.
-var Tables = []store.Table{broker.DeadLetterTable, ReplicaTable}
+var Tables = []store.Table{broker.DeadLetterTable, ReplicaTable, broker.LaunchTable}
 
 // Queues lists the queues the bus owns.
 var Queues = []queue.Definition{broker.RetryQueue, broker.EventsQueue}
@@ -195,10 +197,6 @@ func New(cfg Config, logger *slog.Logger, tel *telemetry.Provider, st store.Stor
 	b := &Bus{cfg: cfg, access: access, log: logger, tls: cfg.TLSCert != "", conns: map[*jsonrpc.Conn]*wsconn.Stream{}}
 	b.retries = broker.NewRetries(q, st, broker.RetryPolicy{MaxAttempts: cfg.RetryAttempts,
 		BaseDelay: cfg.RetryBaseDelay, MaxDelay: cfg.RetryMaxDelay}, tel.TracerProvider(), logger)
-	var dh *broker.DefaultHandler
-	if launcher != nil {
-		dh = broker.NewDefaultHandler(launcher, cfg.Workspace, b.URL, cfg.SpawnTimeout, logger)
-	}
 	var forwarder broker.Forwarder
 	if cfg.PeerToken != "" {
 		scheme := "http"
@@ -214,6 +212,15 @@ func New(cfg Config, logger *slog.Logger, tel *telemetry.Provider, st store.Stor
 			return b.srv.HTTPAddr()
 		}
 		forwarder = b.cluster
+	}
+	var dh *broker.DefaultHandler
+	if launcher != nil {
+		o := broker.DefaultHandlerOptions{Launcher: launcher, Store: st, Workspace: cfg.Workspace, BusURL: b.URL,
+			SpawnTimeout: cfg.SpawnTimeout, TokenTTL: cfg.AgentTokenTTL, ServerID: serverID, Logger: logger}
+		if b.cluster != nil {
+			o.Notifier = b.cluster
+		}
+		dh = broker.NewDefaultHandler(o)
 	}
 	b.broker = broker.New(broker.Options{
 		ServerID: serverID, Version: "0.1.0", DefaultPolicy: policy, ClientPolicies: cfg.ClientPolicies,
@@ -253,6 +260,7 @@ func New(cfg Config, logger *slog.Logger, tel *telemetry.Provider, st store.Stor
 	if b.cluster != nil {
 		b.cluster.bus = b.broker
 		srv.HandleStream("POST /internal/v1/deliver", http.HandlerFunc(b.cluster.serveDeliver))
+		srv.Handle("POST /internal/v1/spawn-events", http.HandlerFunc(b.cluster.serveSpawnEvent))
 	}
 	b.srv = srv
 	return b, nil
@@ -270,6 +278,10 @@ func (b *Bus) authenticate(r *http.Request) (grant *broker.Grant, present bool, 
 		return nil, true, errors.New("the Authorization header is not a bearer token")
 	}
 	g, err := b.access.Lookup(token)
+	if errors.Is(err, broker.ErrUnknownToken) {
+		// A token the default handler minted for an agent it launched.
+		g, err = b.broker.LaunchGrant(r.Context(), token)
+	}
 	if err != nil {
 		return nil, true, err
 	}

@@ -77,6 +77,8 @@ func agentTypes(t *testing.T) string {
 				dialect, mode, dialect, mode, agentBin, dialect, mode, protocol)
 		}
 	}
+	// A hang caught by the silence limit rather than the timeout.
+	fmt.Fprintf(&b, "  - id: acp-hang-silent\n    command: [%q, -dialect, acp, -mode, hang]\n    protocol: acp\n    enabled: true\n    timeout: 10m\n    silence_timeout: 1s\n", agentBin)
 	node := filepath.Join(repoRoot, "node_modules", ".bin", "node")
 	example := filepath.Join(repoRoot, "node_modules", "@agentclientprotocol", "sdk", "dist", "examples", "agent.js")
 	fmt.Fprintf(&b, "  - id: npm-example\n    name: the example agent of @agentclientprotocol/sdk\n    command: [%q, %q]\n    protocol: acp\n    permission: allow\n    enabled: true\n    timeout: 60s\n", node, example)
@@ -373,4 +375,20 @@ func hasLog(lines []logLine, want string) bool {
 		}
 	}
 	return false
+}
+
+// waitLogWithin is waitLog bounded by d: past it the test fails, with the
+// log so far.
+func (r *testRunner) waitLogWithin(t *testing.T, id, want string, d time.Duration) {
+	t.Helper()
+	for deadline := time.Now().Add(d); ; {
+		lines := r.logs(t, id)
+		if hasLog(lines, want) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no log line %q within %s; the log: %+v", want, d, lines)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 }

@@ -61,6 +61,16 @@ func TestLaunchIsOneTrace(t *testing.T) {
 		}
 	}
 	r.waitLog(t, instanceID, "acp-agent: TRACEPARENT 00-"+traceID+"-")
+	// The span the agent's TRACEPARENT names: its parent.
+	var agentParent string
+	for _, l := range r.logs(t, instanceID) {
+		if rest, ok := strings.CutPrefix(l.Text, "acp-agent: TRACEPARENT 00-"+traceID+"-"); ok {
+			agentParent, _, _ = strings.Cut(rest, "-")
+		}
+	}
+	if len(agentParent) != 16 {
+		t.Fatalf("no parent span id in the agent's TRACEPARENT: %+v", r.logs(t, instanceID))
+	}
 
 	// Its session/update came out as an event of the same trace.
 	found := false
@@ -84,18 +94,35 @@ func TestLaunchIsOneTrace(t *testing.T) {
 	}
 
 	// Jaeger holds the client's span, the runner's REST and gRPC server
-	// spans, and the queue consumer's span of the worker, in one trace.
-	tr, err := j.WaitTrace(ctx, traceID, 5)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var consumer bool
-	for _, s := range tr.Spans {
-		if s.ServiceName == "runner" && s.Tags["span.kind"] == "consumer" {
-			consumer = true
+	// spans, the queue consumer's span of the worker, and the worker's
+	// "start agent" span, which the agent's TRACEPARENT names and whose
+	// parent is the consumer's, in one trace.
+	var consumer, start *testenv.JaegerSpan
+	for start == nil || consumer == nil {
+		tr, err := j.WaitTrace(ctx, traceID, 5)
+		if err != nil {
+			t.Fatalf("waiting for the span the agent's TRACEPARENT names (%s): %v", agentParent, err)
+		}
+		consumer, start = nil, nil
+		for i, s := range tr.Spans {
+			if s.ServiceName == "runner" && s.Tags["span.kind"] == "consumer" {
+				consumer = &tr.Spans[i]
+			}
+			if s.SpanID == agentParent {
+				start = &tr.Spans[i]
+			}
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("trace %s: the worker's consumer span %v, the agent's parent span %s %v; spans %+v", traceID, consumer != nil, agentParent, start != nil, tr.Spans)
+		}
+		if start == nil || consumer == nil {
+			time.Sleep(200 * time.Millisecond)
 		}
 	}
-	if !consumer {
-		t.Errorf("trace %s lacks the worker's consumer span: %+v", traceID, tr.Spans)
+	if start.OperationName != "start agent" || start.ServiceName != "runner" || start.Tags["conclave.instance_id"] != instanceID {
+		t.Errorf("the agent's TRACEPARENT names span %q of %s (tags %v), want the runner's start agent span of instance %s", start.OperationName, start.ServiceName, start.Tags, instanceID)
+	}
+	if start.ParentSpanID != consumer.SpanID {
+		t.Errorf("the start agent span's parent is %s, want the worker's consumer span %s", start.ParentSpanID, consumer.SpanID)
 	}
 }

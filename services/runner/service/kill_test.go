@@ -3,6 +3,7 @@ package service_test
 import (
 	"context"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"os/exec"
@@ -18,6 +19,13 @@ import (
 // runnerProcess starts cmd/runner on dataDir and returns a client of it.
 func runnerProcess(t *testing.T, dataDir, root, types, port string, workers int) (*exec.Cmd, *testRunner) {
 	t.Helper()
+	return runnerProcessWith(t, dataDir, root, types, port, workers, nil, nil)
+}
+
+// runnerProcessWith is runnerProcess with more environment, and stderr
+// copied to stderr too (when not nil).
+func runnerProcessWith(t *testing.T, dataDir, root, types, port string, workers int, env []string, stderr io.Writer) (*exec.Cmd, *testRunner) {
+	t.Helper()
 	cmd := exec.Command(runnerBin)
 	cmd.Env = append(os.Environ(),
 		"CONCLAVE_DATA_DIR="+dataDir, "CONCLAVE_BACKEND=embedded",
@@ -27,7 +35,13 @@ func runnerProcess(t *testing.T, dataDir, root, types, port string, workers int)
 		fmt.Sprintf("CONCLAVE_RUNNER_WORKERS=%d", workers), "CONCLAVE_RUNNER_SERVER_ID=killed",
 		"CONCLAVE_RUNNER_CLIENT_RATE=1000000", "CONCLAVE_RUNNER_CLIENT_BURST=1000000",
 	)
-	if testing.Verbose() {
+	cmd.Env = append(cmd.Env, env...)
+	switch {
+	case stderr != nil && testing.Verbose():
+		cmd.Stderr = io.MultiWriter(stderr, tWriter{t})
+	case stderr != nil:
+		cmd.Stderr = stderr
+	case testing.Verbose():
 		cmd.Stderr = tWriter{t}
 	}
 	if err := cmd.Start(); err != nil {

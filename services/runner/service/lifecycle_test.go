@@ -303,7 +303,8 @@ func TestDuplicateLaunchRunsOnce(t *testing.T) {
 	}
 }
 
-// failingQueue refuses sends to the launch queue while fail is set.
+// failingQueue refuses sends to the launch queues (every priority's) while
+// fail is set.
 type failingQueue struct {
 	queue.Queue
 	launches string
@@ -311,7 +312,7 @@ type failingQueue struct {
 }
 
 func (f *failingQueue) Send(ctx context.Context, name string, msgs ...queue.Outgoing) ([]string, error) {
-	if name == f.launches && f.fail.Load() {
+	if strings.HasPrefix(name, f.launches) && f.fail.Load() {
 		return nil, errors.New("queue unavailable (test)")
 	}
 	return f.Queue.Send(ctx, name, msgs...)
@@ -417,6 +418,19 @@ func TestOneshot(t *testing.T) {
 		r.waitLog(t, in.ID, `"enhancement"`)
 		if st := r.waitStatus(t, in.ID, "completed", "failed", "stopped"); st.Status != "completed" {
 			t.Fatalf("second prompt: %+v", st)
+		}
+	})
+	t.Run("seed 000's validation before the run", func(t *testing.T) {
+		t.Parallel()
+		// The agent would answer this repo_name with labels ("triage"); the
+		// runner refuses it first, as the bridge does, so the agent never runs.
+		in := r.launch(t, "oneshot-labels", r.workspace(t), map[string]string{"TASK_DESCRIPTION": `{"repo_name": "acme/docs; rm -rf ~", "issue_number": 4}`})
+		if st := r.waitStatus(t, in.ID, "completed", "failed", "stopped"); st.Status != "failed" {
+			t.Fatalf("status %+v; logs %+v", st, r.logs(t, in.ID))
+		}
+		r.waitLog(t, in.ID, "Validation error: Invalid repo_name format")
+		if hasLog(r.logs(t, in.ID), "triage") {
+			t.Error("the agent ran on parameters that fail validation")
 		}
 	})
 	t.Run("agent-side error", func(t *testing.T) {

@@ -24,6 +24,7 @@ import (
 	"github.com/conclave-ai/conclave/pkg/server"
 	"github.com/conclave-ai/conclave/pkg/store"
 	"github.com/conclave-ai/conclave/pkg/telemetry"
+	eventsv1 "github.com/conclave-ai/conclave/proto/conclave/events/v1"
 	runnerv1 "github.com/conclave-ai/conclave/proto/conclave/runner/v1"
 	"github.com/conclave-ai/conclave/services/runner/internal/agenttype"
 	"github.com/conclave-ai/conclave/services/runner/internal/api"
@@ -48,6 +49,7 @@ type Config struct {
 	EventsQueue     string            `env:"CONCLAVE_RUNNER_EVENTS_QUEUE" default:"bus-events" help:"queue the bus publishes task events from"`
 	LaunchRetry     time.Duration     `env:"CONCLAVE_RUNNER_LAUNCH_RETRY" default:"30s" help:"how soon a launch whose runner died is retried by another"`
 	ProtocolTimeout time.Duration     `env:"CONCLAVE_RUNNER_PROTOCOL_TIMEOUT" default:"30s" help:"how long an agent may take to answer initialize, session/new, session/load or to accept a prompt before its protocol is declared dead"`
+	SilenceTimeout  time.Duration     `env:"CONCLAVE_RUNNER_SILENCE_TIMEOUT" default:"10m" help:"how long an agent may send nothing on stdout in the middle of a turn before its protocol is declared dead (an agent type's silence_timeout overrides it)"`
 	CancelGrace     time.Duration     `env:"CONCLAVE_RUNNER_CANCEL_GRACE" default:"10s" help:"how long an agent may take to end a cancelled turn before it is killed"`
 	IdleTimeout     time.Duration     `env:"CONCLAVE_RUNNER_IDLE_TIMEOUT" default:"10m" help:"how long an idle agent is kept for more prompts; later prompts resume its session in a new process"`
 	MaxLineBytes    int               `env:"CONCLAVE_RUNNER_MAX_LINE_BYTES" default:"4194304" help:"longest line accepted from an agent; longer ones are dropped"`
@@ -113,6 +115,7 @@ func (c Config) Validate() error {
 	for key, d := range map[string]time.Duration{
 		"CONCLAVE_RUNNER_PROTOCOL_TIMEOUT": c.ProtocolTimeout,
 		"CONCLAVE_RUNNER_CANCEL_GRACE":     c.CancelGrace,
+		"CONCLAVE_RUNNER_SILENCE_TIMEOUT":  c.SilenceTimeout,
 		"CONCLAVE_RUNNER_IDLE_TIMEOUT":     c.IdleTimeout,
 		"CONCLAVE_RUNNER_SHUTDOWN_TIMEOUT": c.ShutdownTimeout,
 		"CONCLAVE_RUNNER_FORWARD_TIMEOUT":  c.ForwardTimeout,
@@ -154,10 +157,14 @@ var Tables = []store.Table{records.Table}
 // dead-letter queue for launches that keep failing to be handled) and the
 // bus's events queue, defined as the bus defines it.
 func Queues(cfg Config) []queue.Definition {
-	return []queue.Definition{
-		{Name: cfg.LaunchQueue, VisibilityTimeout: cfg.LaunchRetry, MaxReceiveCount: 10},
-		{Name: cfg.EventsQueue, VisibilityTimeout: 2 * time.Minute, MaxReceiveCount: 5},
+	defs := []queue.Definition{{Name: cfg.LaunchQueue, VisibilityTimeout: cfg.LaunchRetry, MaxReceiveCount: 10}}
+	// A launch queue per priority above 0, sharing the priority 0 queue's
+	// dead-letter queue.
+	for p := 1; p <= supervisor.MaxPriority; p++ {
+		defs = append(defs, queue.Definition{Name: supervisor.LaneQueue(cfg.LaunchQueue, p), VisibilityTimeout: cfg.LaunchRetry,
+			MaxReceiveCount: 10, DeadLetterQueue: cfg.LaunchQueue + "-dlq"})
 	}
+	return append(defs, queue.Definition{Name: cfg.EventsQueue, VisibilityTimeout: 2 * time.Minute, MaxReceiveCount: 5})
 }
 
 // Deps are what the runner runs on.
@@ -172,6 +179,10 @@ type Deps struct {
 	// Kube, when set, is the Kubernetes executor's client configuration
 	// in place of CONCLAVE_RUNNER_KUBE_KUBECONFIG or the in-cluster one.
 	Kube *rest.Config
+	// BeforeEventSend, when set, sees each event envelope before it is
+	// sent to the events queue: a crash point for tests (cmd/runner sets
+	// it only under CONCLAVE_RUNNER_TEST_CRASHPOINT).
+	BeforeEventSend func(*eventsv1.Envelope)
 }
 
 // Runner is a configured, not yet running, runner.
@@ -229,10 +240,10 @@ func New(cfg Config, deps Deps, opts ...server.Option) (*Runner, error) {
 	supOpts := supervisor.Options{
 		Records: rec, Queue: deps.Queue, Registry: registry, Executor: exec,
 		LaunchQueue: cfg.LaunchQueue, EventsQueue: cfg.EventsQueue,
-		Workers: cfg.Workers, Visibility: cfg.LaunchRetry, ProtocolTimeout: cfg.ProtocolTimeout,
+		Workers: cfg.Workers, Visibility: cfg.LaunchRetry, ProtocolTimeout: cfg.ProtocolTimeout, SilenceTimeout: cfg.SilenceTimeout,
 		CancelGrace: cfg.CancelGrace, IdleTimeout: cfg.IdleTimeout, MaxLine: cfg.MaxLineBytes,
 		Source: "runner/" + serverID, Logger: logger, Metrics: runnerMetrics,
-		TracerProvider: tel.TracerProvider(),
+		TracerProvider: tel.TracerProvider(), BeforeEventSend: deps.BeforeEventSend,
 	}
 	if hosts != nil {
 		supOpts.Hosts, supOpts.HostStartTimeout, supOpts.HostExitGrace = hosts, cfg.HostStartTimeout, cfg.HostExitGrace

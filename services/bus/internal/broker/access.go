@@ -29,6 +29,9 @@ type Grant struct {
 	DefaultTopic string `json:"default_topic,omitempty"`
 	// Admin may list and redrive dead letters.
 	Admin bool `json:"admin,omitempty"`
+	// launchTopic is set on the grant of a token the default handler
+	// minted: the topic its agent was launched for.
+	launchTopic string
 }
 
 // OpenGrant is the grant of every client when tokens are not required

@@ -61,9 +61,6 @@ type Broker struct {
 	// changed in place, so a publish can route over a snapshot.
 	subs []*subscription
 	seq  uint64
-	// waiters are told about each new subscription (the default handler
-	// waits for a spawned agent's).
-	waiters map[chan *subscription]struct{}
 }
 
 type subscription struct {
@@ -99,7 +96,7 @@ func New(opts Options) *Broker {
 	if opts.Metrics == nil {
 		opts.Metrics = nopMetrics()
 	}
-	b := &Broker{opts: opts, log: opts.Logger, waiters: map[chan *subscription]struct{}{}}
+	b := &Broker{opts: opts, log: opts.Logger}
 	if opts.Retries != nil {
 		opts.Retries.broker = b
 	}
@@ -123,17 +120,7 @@ func (b *Broker) addSubscription(s *subscription) {
 	copy(subs, b.subs)
 	b.subs = append(subs, s)
 	b.opts.Metrics.subscribed(1)
-	waiters := make([]chan *subscription, 0, len(b.waiters))
-	for w := range b.waiters {
-		waiters = append(waiters, w)
-	}
 	b.mu.Unlock()
-	for _, w := range waiters {
-		select {
-		case w <- s:
-		default: // a waiter that is behind re-checks the table itself
-		}
-	}
 }
 
 func (b *Broker) removeSubscriptions(remove func(*subscription) bool) {
@@ -675,28 +662,4 @@ func (b *Broker) agentFor(clientID, t string) *Session {
 		}
 	}
 	return nil
-}
-
-// waitForSubscriber waits until some agent session named clientID
-// subscribes to a pattern matching t, or ctx ends.
-func (b *Broker) waitForSubscriber(ctx context.Context, clientID, t string) (*Session, error) {
-	w := make(chan *subscription, 16)
-	b.mu.Lock()
-	b.waiters[w] = struct{}{}
-	b.mu.Unlock()
-	defer func() {
-		b.mu.Lock()
-		delete(b.waiters, w)
-		b.mu.Unlock()
-	}()
-	for {
-		if s := b.agentFor(clientID, t); s != nil {
-			return s, nil
-		}
-		select {
-		case <-w:
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		}
-	}
 }

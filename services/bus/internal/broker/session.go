@@ -3,6 +3,7 @@ package broker
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"slices"
 	"sync"
 	"time"
@@ -36,8 +37,11 @@ type Session struct {
 	clientID     string
 	agent        bool
 	defaultTopic string
-	perms        *permissions
-	subs         []*subscription
+	// launchTopic is the topic the default handler launched this client
+	// (an agent) for.
+	launchTopic string
+	perms       *permissions
+	subs        []*subscription
 }
 
 // SessionAuth is how a new session is authenticated.
@@ -151,7 +155,7 @@ func (s *Session) Handle(ctx context.Context, req *jsonrpc.Request) (any, error)
 	}
 	switch req.Method {
 	case MethodSubscribe:
-		return s.subscribe(req)
+		return s.subscribe(ctx, req)
 	case MethodUnsubscribe:
 		return s.unsubscribe(req)
 	case MethodSendMessage:
@@ -246,12 +250,19 @@ func (s *Session) initialize(ctx context.Context, req *jsonrpc.Request) (any, er
 		return nil, rpcError(CodeInvalidClientInfo, "Invalid client info: token must be a string")
 	}
 
+	// The token and the launched agents are looked up in the store, so
+	// before the session's lock.
+	grant, gerr := s.resolveGrant(ctx, token)
+	launchTopic := grant.launchTopic
+	if gerr == nil && launchTopic == "" {
+		launchTopic, _ = s.b.launchedAgent(ctx, clientID)
+	}
+
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.initialized {
 		return nil, rpcError(CodeAlreadyInitialized, "Already initialized")
 	}
-	grant, gerr := s.resolveGrant(token)
 	if gerr != nil {
 		return nil, gerr
 	}
@@ -263,10 +274,10 @@ func (s *Session) initialize(ctx context.Context, req *jsonrpc.Request) (any, er
 		return nil, rpcError(CodeInvalidClientInfo, "Invalid client info: %v", err)
 	}
 	agent := caps.ProcessMessage
-	if spawnedTopic, ok := s.b.spawnedAgent(clientID); ok {
+	if launchTopic != "" {
 		// An agent the default handler launched is an agent whatever it
 		// says, and its default topic is the one it was launched for.
-		agent, defaultTopic = true, spawnedTopic
+		agent, defaultTopic = true, launchTopic
 	}
 	if defaultTopic == "" {
 		defaultTopic = perms.defaultTopic
@@ -277,6 +288,7 @@ func (s *Session) initialize(ctx context.Context, req *jsonrpc.Request) (any, er
 		}
 	}
 	s.initialized, s.clientID, s.agent, s.defaultTopic, s.perms = true, clientID, agent, defaultTopic, perms
+	s.launchTopic = launchTopic
 	if s.conn == nil {
 		s.conn, _ = jsonrpc.ConnFromContext(ctx)
 	}
@@ -293,8 +305,10 @@ func (s *Session) initialize(ctx context.Context, req *jsonrpc.Request) (any, er
 }
 
 // resolveGrant finds the grant of the session: open, from the upgrade, or
-// from the token in initialize. s.mu is held.
-func (s *Session) resolveGrant(token string) (Grant, *jsonrpc.Error) {
+// from the token in initialize (one of CONCLAVE_BUS_GRANTS, or one the
+// default handler minted for an agent it launched). It reads only what
+// does not change after NewSession.
+func (s *Session) resolveGrant(ctx context.Context, token string) (Grant, *jsonrpc.Error) {
 	switch {
 	case s.open:
 		return OpenGrant, nil
@@ -302,12 +316,18 @@ func (s *Session) resolveGrant(token string) (Grant, *jsonrpc.Error) {
 		return *s.grant, nil
 	case token == "":
 		return Grant{}, rpcError(CodeForbidden, "Unauthenticated: send a bearer token in the Authorization header of the WebSocket upgrade or as token in initialize")
-	case s.access == nil:
-		return Grant{}, rpcError(CodeForbidden, "Unauthenticated: no tokens are configured")
 	}
-	g, err := s.access.Lookup(token)
-	if err != nil {
+	if s.access != nil {
+		if g, err := s.access.Lookup(token); err == nil {
+			return g, nil
+		}
+	}
+	g, err := s.b.LaunchGrant(ctx, token)
+	switch {
+	case errors.Is(err, ErrUnknownToken):
 		return Grant{}, rpcError(CodeForbidden, "Unauthenticated: unknown token")
+	case err != nil:
+		return Grant{}, rpcError(jsonrpc.InternalError, "Internal error: %v", err)
 	}
 	return g, nil
 }
@@ -326,7 +346,7 @@ func (s *Session) topicParam(m map[string]json.RawMessage) (string, *jsonrpc.Err
 	return t, nil
 }
 
-func (s *Session) subscribe(req *jsonrpc.Request) (any, error) {
+func (s *Session) subscribe(ctx context.Context, req *jsonrpc.Request) (any, error) {
 	m, perr := objectParams(req)
 	if perr != nil {
 		return nil, perr
@@ -365,8 +385,12 @@ func (s *Session) subscribe(req *jsonrpc.Request) (any, error) {
 	}
 	sub := &subscription{pattern: pattern, policy: policy, session: s}
 	s.subs = append(s.subs, sub)
+	clientID, launchTopic := s.clientID, s.launchTopic
 	s.mu.Unlock()
 	s.b.addSubscription(sub)
+	if h := s.b.opts.DefaultHandler; h != nil && launchTopic != "" && pattern.Match(launchTopic) {
+		h.agentSubscribed(ctx, clientID, launchTopic)
+	}
 	return map[string]any{"success": true, "policy": policy}, nil
 }
 

@@ -34,9 +34,11 @@ func New(conn grpc.ClientConnInterface, target, agentType, token string) *Launch
 	return &Launcher{client: runnerv1.NewRunnerServiceClient(conn), target: target, agentType: agentType, token: token}
 }
 
-// Launch asks for an agent with the seed's four variables. The agent id is
-// also the task id, so that the runner's task names the agent the bus
-// waits for.
+// Launch asks for an agent with the seed's four variables and BUB_TOKEN,
+// its bus token (the runner's Kubernetes executor puts every *_TOKEN
+// variable in the launch's Secret, not the Job spec). The agent id is also
+// the task id, so that the runner's task names the agent the bus waits
+// for.
 func (l *Launcher) Launch(ctx context.Context, req broker.LaunchRequest) error {
 	if l.token != "" {
 		ctx = metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+l.token)
@@ -45,15 +47,18 @@ func (l *Launcher) Launch(ctx context.Context, req broker.LaunchRequest) error {
 	if err != nil {
 		return fmt.Errorf("launch metadata: %w", err)
 	}
+	env := map[string]string{
+		"BUB_WORKSPACE":     req.Workspace,
+		"BUB_DEFAULT_TOPIC": req.DefaultTopic,
+		"BUB_AGENT_ID":      req.AgentID,
+		"BUB_BUS_URL":       req.BusURL,
+	}
+	if req.Token != "" {
+		env["BUB_TOKEN"] = req.Token
+	}
 	_, err = l.client.LaunchAgent(ctx, &runnerv1.LaunchAgentRequest{
 		TaskId: req.AgentID, AgentType: l.agentType, WorkspacePath: req.Workspace,
-		Env: map[string]string{
-			"BUB_WORKSPACE":     req.Workspace,
-			"BUB_DEFAULT_TOPIC": req.DefaultTopic,
-			"BUB_AGENT_ID":      req.AgentID,
-			"BUB_BUS_URL":       req.BusURL,
-		},
-		Metadata: md,
+		Env: env, Metadata: md,
 	})
 	if err != nil {
 		return l.describe(err)

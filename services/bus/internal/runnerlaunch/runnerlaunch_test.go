@@ -55,7 +55,7 @@ func serve(t *testing.T, r *runner) *Launcher {
 	return New(conn, l.Addr().String(), "bub-agent", "secret-token")
 }
 
-var req = broker.LaunchRequest{AgentID: "agent-1", Workspace: "/ws", DefaultTopic: "tg:1", BusURL: "ws://127.0.0.1:7892"}
+var req = broker.LaunchRequest{AgentID: "agent-1", Workspace: "/ws", DefaultTopic: "tg:1", BusURL: "ws://127.0.0.1:7892", Token: "bub_agent-token"}
 
 func TestLaunchSendsTheSeedsEnvironment(t *testing.T) {
 	t.Parallel()
@@ -63,7 +63,8 @@ func TestLaunchSendsTheSeedsEnvironment(t *testing.T) {
 	if err := serve(t, r).Launch(context.Background(), req); err != nil {
 		t.Fatal(err)
 	}
-	want := map[string]string{"BUB_WORKSPACE": "/ws", "BUB_DEFAULT_TOPIC": "tg:1", "BUB_AGENT_ID": "agent-1", "BUB_BUS_URL": "ws://127.0.0.1:7892"}
+	want := map[string]string{"BUB_WORKSPACE": "/ws", "BUB_DEFAULT_TOPIC": "tg:1", "BUB_AGENT_ID": "agent-1", "BUB_BUS_URL": "ws://127.0.0.1:7892",
+		"BUB_TOKEN": "bub_agent-token"}
 	for k, v := range want {
 		if r.got.GetEnv()[k] != v {
 			t.Errorf("env %s = %q, want %q", k, r.got.GetEnv()[k], v)

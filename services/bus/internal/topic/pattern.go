@@ -72,6 +72,27 @@ func (p Pattern) Match(topic string) bool {
 	return match(p.src, topic)
 }
 
+// Quote returns a pattern matching exactly the topic t, whatever
+// wildcard characters it holds: each of '*', '?' and '[' becomes a
+// one-character class ("[*]", "[?]", "[[]").
+func Quote(t string) string {
+	if !strings.ContainsAny(t, "*?[") {
+		return t
+	}
+	var b strings.Builder
+	for _, r := range t {
+		switch r {
+		case '*', '?', '[':
+			b.WriteByte('[')
+			b.WriteRune(r)
+			b.WriteByte(']')
+		default:
+			b.WriteRune(r)
+		}
+	}
+	return b.String()
+}
+
 // Match compiles pattern and matches topic against it; an invalid pattern
 // matches nothing.
 func Match(pattern, topic string) bool {

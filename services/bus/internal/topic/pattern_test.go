@@ -147,3 +147,27 @@ func FuzzMatch(f *testing.F) {
 		}
 	})
 }
+
+func TestQuote(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		topic string
+		not   []string
+	}{
+		{"tg:123", []string{"tg:1234"}},
+		{"tg:*", []string{"tg:1", "tg:"}},
+		{"a?b", []string{"axb"}},
+		{"x[ab]", []string{"xa", "xb"}},
+		{"[*?[]", []string{"a", "[*?"}},
+	} {
+		q := Quote(tc.topic)
+		if !Match(q, tc.topic) {
+			t.Errorf("Quote(%q) = %q does not match the topic itself", tc.topic, q)
+		}
+		for _, other := range tc.not {
+			if Match(q, other) {
+				t.Errorf("Quote(%q) = %q matches %q", tc.topic, q, other)
+			}
+		}
+	}
+}

@@ -3,12 +3,16 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"os"
+
+	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/conclave-ai/conclave/pkg/config"
 	"github.com/conclave-ai/conclave/pkg/queue"
 	"github.com/conclave-ai/conclave/pkg/store"
 	"github.com/conclave-ai/conclave/pkg/telemetry"
+	eventsv1 "github.com/conclave-ai/conclave/proto/conclave/events/v1"
 	"github.com/conclave-ai/conclave/services/runner/service"
 )
 
@@ -51,9 +55,36 @@ func run(ctx context.Context, args []string) error {
 			return err
 		}
 	}
-	r, err := service.New(cfg.Runner, service.Deps{Store: st, Queue: q, Logger: logger, Telemetry: tel})
+	r, err := service.New(cfg.Runner, service.Deps{Store: st, Queue: q, Logger: logger, Telemetry: tel,
+		BeforeEventSend: crashPoint(os.Getenv("CONCLAVE_RUNNER_TEST_CRASHPOINT"))})
 	if err != nil {
 		return err
 	}
 	return r.Run(ctx)
+}
+
+// crashPoint is the hook of CONCLAVE_RUNNER_TEST_CRASHPOINT, for the tests
+// that kill the runner at a chosen point (service/kill_test.go). With
+// "before-terminal-event", the first event announcing a terminal status
+// (completed, failed, stopped) is never sent: the runner writes
+// "crashpoint before-terminal-event reached" to stderr and its event
+// sender waits there for the test to kill the process. Unset: nil.
+func crashPoint(name string) func(*eventsv1.Envelope) {
+	if name != "before-terminal-event" {
+		return nil
+	}
+	return func(env *eventsv1.Envelope) {
+		if env.GetType() != "runner.task.status_changed" {
+			return
+		}
+		var payload structpb.Struct
+		if err := env.GetPayload().UnmarshalTo(&payload); err != nil {
+			return
+		}
+		switch payload.GetFields()["status"].GetStringValue() {
+		case "completed", "failed", "stopped":
+			fmt.Fprintln(os.Stderr, "crashpoint before-terminal-event reached")
+			select {}
+		}
+	}
 }

@@ -130,7 +130,27 @@ type Client struct {
 	// loading is set while session/load runs: the updates it brings are
 	// the session's history, replayed.
 	loading atomic.Bool
+	// heard is when the agent last wrote to its stdout (Unix nanoseconds).
+	heard atomic.Int64
 }
+
+// heardReader notes when each read from the agent's stdout returns data.
+type heardReader struct {
+	r     io.Reader
+	heard *atomic.Int64
+}
+
+func (h heardReader) Read(p []byte) (int, error) {
+	n, err := h.r.Read(p)
+	if n > 0 {
+		h.heard.Store(time.Now().UnixNano())
+	}
+	return n, err
+}
+
+// LastHeard is when the agent last wrote anything to its stdout, or when
+// the client was made if it has not yet.
+func (c *Client) LastHeard() time.Time { return time.Unix(0, c.heard.Load()) }
 
 // turnState orders a cancel after its turn's prompt: a cancel that comes
 // before the prompt is written keeps the prompt from being sent at all,
@@ -168,6 +188,8 @@ func New(r io.Reader, w io.WriteCloser, opts Options) *Client {
 	}
 	c := &Client{opts: opts, log: opts.Logger}
 	c.dialect.Store(opts.Dialect)
+	c.heard.Store(time.Now().UnixNano())
+	r = heardReader{r: r, heard: &c.heard}
 	drop := func(reason string, line []byte) {
 		c.log.Warn("acp: dropping a line from the agent", "reason", reason, "bytes", len(line))
 		opts.OnDrop(reason)

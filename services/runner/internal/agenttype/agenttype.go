@@ -14,6 +14,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/conclave-ai/conclave/pkg/hybrid"
 	"go.yaml.in/yaml/v3"
 )
 
@@ -45,19 +46,24 @@ const (
 
 // Type is one registry entry. The YAML keys are seed 002's field names.
 type Type struct {
-	ID           string        `yaml:"id"`
-	Name         string        `yaml:"name"`
-	Description  string        `yaml:"description"`
-	Image        string        `yaml:"image"`
-	Command      []string      `yaml:"command"`
-	WorkingDir   string        `yaml:"working_dir"`
-	MemoryMB     int           `yaml:"memory_mb"`
-	CPUCores     float64       `yaml:"cpu_cores"`
-	Timeout      time.Duration `yaml:"timeout"`
-	Capabilities []string      `yaml:"capabilities"`
-	RequiredEnv  []string      `yaml:"required_env"`
-	Protocol     string        `yaml:"protocol"`
-	Enabled      bool          `yaml:"enabled"`
+	ID          string        `yaml:"id"`
+	Name        string        `yaml:"name"`
+	Description string        `yaml:"description"`
+	Image       string        `yaml:"image"`
+	Command     []string      `yaml:"command"`
+	WorkingDir  string        `yaml:"working_dir"`
+	MemoryMB    int           `yaml:"memory_mb"`
+	CPUCores    float64       `yaml:"cpu_cores"`
+	Timeout     time.Duration `yaml:"timeout"`
+	// SilenceTimeout bounds how long an agent may send nothing at all on
+	// stdout in the middle of a turn (no update, request or response)
+	// before its protocol is taken as dead; 0 means the runner's default
+	// (CONCLAVE_RUNNER_SILENCE_TIMEOUT).
+	SilenceTimeout time.Duration `yaml:"silence_timeout"`
+	Capabilities   []string      `yaml:"capabilities"`
+	RequiredEnv    []string      `yaml:"required_env"`
+	Protocol       string        `yaml:"protocol"`
+	Enabled        bool          `yaml:"enabled"`
 	// Env is set for every instance of the type, under the launch's env.
 	Env map[string]string `yaml:"env"`
 	// Permission answers session/request_permission (ACP): allow, deny or
@@ -68,6 +74,23 @@ type Type struct {
 	Args map[string]string `yaml:"args"`
 	// MaxStdoutBytes bounds a oneshot agent's output (default 10 MiB).
 	MaxStdoutBytes int64 `yaml:"max_stdout_bytes"`
+	// ValidateInputs applies seed 000's input rules to a oneshot agent's
+	// parameters before it runs, as the bridge's security.validate_inputs
+	// does (default true); MaxParamLength is security.max_param_length
+	// (default 10,000).
+	ValidateInputs *bool `yaml:"validate_inputs"`
+	MaxParamLength int   `yaml:"max_param_length"`
+}
+
+// OneshotValidation is whether a oneshot agent's parameters are validated
+// before it runs, and the longest string parameter allowed.
+func (t Type) OneshotValidation() (validate bool, maxParamLength int) {
+	validate = t.ValidateInputs == nil || *t.ValidateInputs
+	maxParamLength = t.MaxParamLength
+	if maxParamLength == 0 {
+		maxParamLength = hybrid.DefaultMaxParamLength
+	}
+	return validate, maxParamLength
 }
 
 var idPattern = regexp.MustCompile(`^[a-z0-9][a-z0-9._-]{0,62}$`)
@@ -81,13 +104,15 @@ func (t Type) Validate() error {
 		return fmt.Errorf("agent type %s: needs a command (local executor) or an image", t.ID)
 	case t.Timeout < 0:
 		return fmt.Errorf("agent type %s: negative timeout %s", t.ID, t.Timeout)
+	case t.SilenceTimeout < 0:
+		return fmt.Errorf("agent type %s: negative silence_timeout %s", t.ID, t.SilenceTimeout)
 	case t.MemoryMB < 0 || t.CPUCores < 0:
 		return fmt.Errorf("agent type %s: negative memory_mb or cpu_cores", t.ID)
 	}
 	switch t.Protocol {
 	case ProtocolDetect, ProtocolACP, ProtocolKandev, ProtocolLegacy:
-		if len(t.Args) > 0 || t.MaxStdoutBytes != 0 {
-			return fmt.Errorf("agent type %s: args and max_stdout_bytes are for protocol oneshot only", t.ID)
+		if len(t.Args) > 0 || t.MaxStdoutBytes != 0 || t.ValidateInputs != nil || t.MaxParamLength != 0 {
+			return fmt.Errorf("agent type %s: args, max_stdout_bytes, validate_inputs and max_param_length are for protocol oneshot only", t.ID)
 		}
 	case ProtocolOneshot:
 		if t.Enabled && (len(t.Command) < 1 || len(t.Command) > 2) {
@@ -95,6 +120,9 @@ func (t Type) Validate() error {
 		}
 		if t.MaxStdoutBytes < 0 {
 			return fmt.Errorf("agent type %s: negative max_stdout_bytes", t.ID)
+		}
+		if t.MaxParamLength < 0 {
+			return fmt.Errorf("agent type %s: negative max_param_length", t.ID)
 		}
 		for param, flag := range t.Args {
 			if param == "" || !strings.HasPrefix(flag, "-") {

@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/conclave-ai/conclave/pkg/hybrid"
 )
 
 func TestParse(t *testing.T) {
@@ -22,6 +24,8 @@ func TestParse(t *testing.T) {
 		{"duplicate", "agent_types:\n  - id: a\n    command: [x]\n  - id: a\n    command: [y]\n", "twice"},
 		{"enabled without command or image", "agent_types:\n  - id: a\n    enabled: true\n", "needs a command"},
 		{"not YAML", "agent_types: [", "agent types"},
+		{"validation on an acp type", "agent_types:\n  - id: a\n    command: [x]\n    protocol: acp\n    validate_inputs: false\n", "oneshot only"},
+		{"negative max_param_length", "agent_types:\n  - id: a\n    command: [x]\n    protocol: oneshot\n    max_param_length: -1\n", "negative max_param_length"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
@@ -36,6 +40,26 @@ func TestParse(t *testing.T) {
 				t.Fatalf("got %v (%+v), want an error mentioning %q", err, types, tt.err)
 			}
 		})
+	}
+}
+
+func TestOneshotValidation(t *testing.T) {
+	t.Parallel()
+	off := false
+	for _, tt := range []struct {
+		name         string
+		typ          Type
+		validate     bool
+		maxParamSize int
+	}{
+		{"defaults are the bridge's", Type{}, true, hybrid.DefaultMaxParamLength},
+		{"switched off", Type{ValidateInputs: &off}, false, hybrid.DefaultMaxParamLength},
+		{"own limit", Type{MaxParamLength: 50}, true, 50},
+	} {
+		validate, limit := tt.typ.OneshotValidation()
+		if validate != tt.validate || limit != tt.maxParamSize {
+			t.Errorf("%s: got (%t, %d), want (%t, %d)", tt.name, validate, limit, tt.validate, tt.maxParamSize)
+		}
 	}
 }
 

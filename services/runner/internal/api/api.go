@@ -161,6 +161,9 @@ func (s *Server) LaunchAgent(ctx context.Context, req *runnerv1.LaunchAgentReque
 	if !typ.Enabled {
 		return nil, validation(fmt.Sprintf("agent_type %q is disabled", typ.ID), "")
 	}
+	if p := req.GetPriority(); p < 0 || p > supervisor.MaxPriority {
+		return nil, validation(fmt.Sprintf("priority %d is outside 0 to %d", p, supervisor.MaxPriority), "a higher priority starts before lower ones while workers are busy; 0 is the default")
+	}
 	if len(req.GetEnv()) > s.limits.MaxEnvVars {
 		return nil, validation(fmt.Sprintf("env has %d variables, at most %d", len(req.GetEnv()), s.limits.MaxEnvVars), "")
 	}
@@ -212,7 +215,7 @@ func (s *Server) LaunchAgent(ctx context.Context, req *runnerv1.LaunchAgentReque
 	// The instance, its task and the launch message all at once: the
 	// embedded store commits the two writes together, beside the queue's
 	// commit.
-	err = s.sup.Launch(ctx, in.ID, func(ctx context.Context) error {
+	err = s.sup.Launch(ctx, in, func(ctx context.Context) error {
 		taskErr := make(chan error, 1)
 		go func() {
 			_, err := s.rec.UpdateTask(ctx, in.TaskID, func(t *records.Task) {
@@ -376,13 +379,13 @@ func (s *Server) GetTask(ctx context.Context, req *runnerv1.GetTaskRequest) (*ru
 			out.Status = in.Status
 		}
 	}
-	if t.Metadata != nil {
-		md, err := structpb.NewStruct(t.Metadata)
-		if err != nil {
-			return nil, internal(err)
-		}
-		out.Metadata = md
+	// Always an object, as seed 002 reads it (metadata.auggie_session_id),
+	// even before anything is in it.
+	md, err := structpb.NewStruct(t.Metadata)
+	if err != nil {
+		return nil, internal(err)
 	}
+	out.Metadata = md
 	return &runnerv1.GetTaskResponse{Task: out}, nil
 }
 

@@ -1,6 +1,7 @@
 package api
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -21,14 +22,56 @@ import (
 	runnerv1 "github.com/conclave-ai/conclave/proto/conclave/runner/v1"
 )
 
-var marshal = protojson.MarshalOptions{UseProtoNames: true}
+// marshal writes seed 002's JSON: snake_case names, and every field, so a
+// starting instance has "progress": 0, "container_id": "" and
+// "finished_at": null, as the seed shows them.
+var marshal = protojson.MarshalOptions{UseProtoNames: true, EmitUnpopulated: true}
 
-// ErrorBody is seed 002's HTTP error body.
+// ErrorBody is seed 002's HTTP error body; details is always there ("" when
+// there are none), as the seed shows it.
 type ErrorBody struct {
 	Error      string `json:"error"`
 	Message    string `json:"message"`
-	Details    string `json:"details,omitempty"`
+	Details    string `json:"details"`
 	HTTPStatus int    `json:"http_status"`
+}
+
+// launchKeys are the members of seed 002's launch response: the instance
+// as launched, without the progress and finished_at its status has.
+var launchKeys = []string{"id", "task_id", "agent_type", "container_id", "status", "started_at"}
+
+// seedLaunchBody cuts a launch's 200 response down to launchKeys.
+type seedLaunchBody struct {
+	http.ResponseWriter
+	status int
+	body   []byte
+}
+
+func (w *seedLaunchBody) WriteHeader(code int) { w.status = code }
+
+func (w *seedLaunchBody) Write(p []byte) (int, error) {
+	w.body = append(w.body, p...)
+	return len(p), nil
+}
+
+// finish writes the response, cut when it is a launched instance.
+func (w *seedLaunchBody) finish() {
+	status, body := cmp.Or(w.status, http.StatusOK), w.body
+	var all map[string]json.RawMessage
+	if status == http.StatusOK && json.Unmarshal(body, &all) == nil {
+		cut := make(map[string]json.RawMessage, len(launchKeys))
+		for _, k := range launchKeys {
+			if v, ok := all[k]; ok {
+				cut[k] = v
+			}
+		}
+		if data, err := json.Marshal(cut); err == nil {
+			body = data
+		}
+	}
+	w.ResponseWriter.Header().Set("Content-Length", strconv.Itoa(len(body)))
+	w.ResponseWriter.WriteHeader(status)
+	_, _ = w.ResponseWriter.Write(body)
 }
 
 // errorBody turns a gRPC error into seed 002's body.
@@ -167,6 +210,12 @@ func NewREST(ctx context.Context, conn grpc.ClientConnInterface) (http.Handler, 
 		}
 		if r.Body != nil && r.Body != http.NoBody {
 			r.Body = &watchedBody{ReadCloser: r.Body}
+		}
+		if r.Method == http.MethodPost && r.URL.Path == "/api/v1/agents/launch" {
+			cut := &seedLaunchBody{ResponseWriter: w}
+			mux.ServeHTTP(cut, r)
+			cut.finish()
+			return
 		}
 		mux.ServeHTTP(w, r)
 	}), nil

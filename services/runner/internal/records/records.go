@@ -75,7 +75,43 @@ type Instance struct {
 	// Deleted marks an instance being deleted; its launch, if queued, is
 	// dropped.
 	Deleted bool `json:"deleted,omitempty"`
+	// Outbox holds the status-change events written with the changes they
+	// announce (the store has no transactions: the instance's own item is
+	// the one write that is atomic with its status) and not yet known to
+	// be on the events queue. They are removed once sent; a runner that
+	// dies first leaves them for the next delivery of the instance's
+	// launch, which sends them again under the same ids.
+	Outbox  []OutboxEvent `json:"outbox,omitempty"`
 	version int64
+}
+
+// OutboxEvent is an event waiting in an instance's outbox: enough to
+// rebuild its envelope exactly, id and time included.
+type OutboxEvent struct {
+	ID          string         `json:"id"`
+	Type        string         `json:"type"`
+	Time        time.Time      `json:"time"`
+	TaskID      string         `json:"task_id"`
+	InstanceID  string         `json:"instance_id"`
+	Payload     map[string]any `json:"payload"`
+	Traceparent string         `json:"traceparent,omitempty"`
+	Tracestate  string         `json:"tracestate,omitempty"`
+}
+
+// MaxOutbox bounds an instance's outbox: with the events queue down for
+// long, the oldest events give way (a status change's event is small, so
+// this keeps the item far below the store's limit).
+const MaxOutbox = 64
+
+// AddToOutbox appends ev to the outbox, dropping the oldest past MaxOutbox;
+// it returns how many were dropped.
+func (i *Instance) AddToOutbox(ev OutboxEvent) int {
+	i.Outbox = append(i.Outbox, ev)
+	if over := len(i.Outbox) - MaxOutbox; over > 0 {
+		i.Outbox = append([]OutboxEvent(nil), i.Outbox[over:]...)
+		return over
+	}
+	return 0
 }
 
 // PendingTurn reports whether a prompt was accepted whose turn has not

@@ -128,7 +128,10 @@ type instanceLog struct {
 	book       *logBook
 	instanceID string
 	lines      chan records.LogLine
-	done       chan struct{}
+	// syncs asks run to store what it has; run closes the channel sent
+	// once it has.
+	syncs chan chan struct{}
+	done  chan struct{}
 	// closeMu orders Add's sends before Close's close of lines.
 	closeMu sync.RWMutex
 	closed  bool
@@ -177,7 +180,7 @@ func (l *instanceLog) Discard() {
 }
 
 func (b *logBook) open(ctx context.Context, instanceID string) *instanceLog {
-	l := &instanceLog{book: b, instanceID: instanceID, lines: make(chan records.LogLine, 4096), done: make(chan struct{})}
+	l := &instanceLog{book: b, instanceID: instanceID, lines: make(chan records.LogLine, 4096), syncs: make(chan chan struct{}), done: make(chan struct{})}
 	b.register(l)
 	go func() {
 		// A new launch of the same instance appends after what is stored;
@@ -234,6 +237,23 @@ func (l *instanceLog) record(line records.LogLine) {
 	l.store([]records.LogLine{line})
 }
 
+// Sync returns once every line recorded before it is stored, or with ctx:
+// a status written after it never runs ahead of the log.
+func (l *instanceLog) Sync(ctx context.Context) {
+	stored := make(chan struct{})
+	select {
+	case l.syncs <- stored:
+	case <-l.done:
+		return
+	case <-ctx.Done():
+		return
+	}
+	select {
+	case <-stored:
+	case <-ctx.Done():
+	}
+}
+
 // Close flushes what is buffered.
 func (l *instanceLog) Close() {
 	l.closeMu.Lock()
@@ -274,6 +294,13 @@ func (l *instanceLog) run() {
 		l.store(batch)
 		batch, bytes = batch[:0:0], 0
 	}
+	add := func(line records.LogLine) {
+		batch = append(batch, line)
+		bytes += len(line.Text) + 64
+		if len(batch) >= 256 || bytes >= 64<<10 {
+			flush()
+		}
+	}
 	for {
 		select {
 		case line, ok := <-l.lines:
@@ -281,11 +308,24 @@ func (l *instanceLog) run() {
 				flush()
 				return
 			}
-			batch = append(batch, line)
-			bytes += len(line.Text) + 64
-			if len(batch) >= 256 || bytes >= 64<<10 {
-				flush()
+			add(line)
+		case stored := <-l.syncs:
+			// Every line recorded before Sync is in l.lines by now.
+			for drained := false; !drained; {
+				select {
+				case line, ok := <-l.lines:
+					if !ok {
+						flush()
+						close(stored)
+						return
+					}
+					add(line)
+				default:
+					drained = true
+				}
 			}
+			flush()
+			close(stored)
 		case <-tick.C:
 			flush()
 		}

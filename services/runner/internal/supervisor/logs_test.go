@@ -98,3 +98,31 @@ func TestFollowMissesNoLine(t *testing.T) {
 		t.Fatalf("%d lines stored, want %d", len(all), before+writers*each)
 	}
 }
+
+// TestSyncStoresWhatWasAdded: after Sync, every line added before it is in
+// the store, though no chunk filled and no 200ms tick came (a turn's
+// status once said completed while its last lines were still batched, and
+// a client reading the log then missed them).
+func TestSyncStoresWhatWasAdded(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	rec := logRecords(t)
+	book := newLogBook(rec, slog.New(slog.DiscardHandler))
+	l := book.open(ctx, "instance")
+	defer l.Close()
+	for round := 1; round <= 3; round++ {
+		for i := range 10 {
+			l.Add(StreamACP, fmt.Sprintf("round %d line %d", round, i))
+		}
+		l.Sync(ctx)
+		stored, _, err := rec.TailLogs(ctx, "instance", 1000)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(stored) != round*10 || stored[len(stored)-1].Text != fmt.Sprintf("round %d line 9", round) {
+			t.Fatalf("round %d: %d lines stored after Sync, want %d ending with line 9: %+v", round, len(stored), round*10, stored)
+		}
+	}
+	l.Close()
+	l.Sync(ctx) // after Close: returns at once
+}

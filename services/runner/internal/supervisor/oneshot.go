@@ -213,6 +213,7 @@ func oneshotAgent(typ agenttype.Type, workspace string, env map[string]string, s
 		Name: typ.ID, Dir: workspace, Timeout: typ.EffectiveTimeout(), MaxStdout: typ.MaxStdoutBytes,
 		Flags: hybrid.SortedFlags(typ.Args), Stderr: stderr,
 	}
+	a.ValidateInputs, a.MaxParamLength = typ.OneshotValidation()
 	cmd := typ.Command
 	switch len(cmd) {
 	case 1:

@@ -4,6 +4,7 @@
 package supervisor
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -11,6 +12,7 @@ import (
 	"log/slog"
 	"maps"
 	"reflect"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -22,6 +24,7 @@ import (
 	"go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/conclave-ai/conclave/pkg/queue"
+	eventsv1 "github.com/conclave-ai/conclave/proto/conclave/events/v1"
 	"github.com/conclave-ai/conclave/services/runner/internal/acp"
 	"github.com/conclave-ai/conclave/services/runner/internal/agenttype"
 	"github.com/conclave-ai/conclave/services/runner/internal/executor"
@@ -54,6 +57,9 @@ type Options struct {
 	// a kandev agent's accepting a prompt: a live process silent that long
 	// has a dead protocol.
 	ProtocolTimeout time.Duration
+	// SilenceTimeout is how long an agent may send nothing in the middle of
+	// a turn before its protocol is dead, unless its type sets its own.
+	SilenceTimeout time.Duration
 	// CancelGrace is how long a turn may take to end after session/cancel
 	// before the process is killed.
 	CancelGrace time.Duration
@@ -75,6 +81,9 @@ type Options struct {
 	// TracerProvider makes the workers' consumer spans.
 	TracerProvider trace.TracerProvider
 	Metrics        Metrics
+	// BeforeEventSend, when set, sees each envelope before it is sent (a
+	// test's crash point).
+	BeforeEventSend func(*eventsv1.Envelope)
 }
 
 // Metrics is told of what the supervisor does.
@@ -110,6 +119,7 @@ func New(o Options) *Supervisor {
 	s := &Supervisor{o: o, log: o.Logger, sessions: map[string]*session{}, writing: map[string]chan struct{}{}, stopping: make(chan struct{})}
 	s.logs = newLogBook(o.Records, o.Logger)
 	s.events = newEvents(o.Queue, o.EventsQueue, o.Source, o.Logger, o.Metrics.Events)
+	s.events.hold = o.BeforeEventSend
 	tp := o.TracerProvider
 	if tp == nil {
 		tp = noop.NewTracerProvider()
@@ -122,15 +132,6 @@ func New(o Options) *Supervisor {
 type launchMessage struct {
 	InstanceID string `json:"instance_id"`
 	Seq        int    `json:"seq"`
-}
-
-// Enqueue queues launch seq of an instance.
-func (s *Supervisor) Enqueue(ctx context.Context, instanceID string, seq int) error {
-	body, _ := json.Marshal(launchMessage{InstanceID: instanceID, Seq: seq})
-	if _, err := s.o.Queue.Send(ctx, s.o.LaunchQueue, queue.Outgoing{Body: body}); err != nil {
-		return fmt.Errorf("queueing the launch: %w", err)
-	}
-	return nil
 }
 
 // instanceWriteGrace is how long after it was sent a launch whose write is
@@ -155,12 +156,174 @@ func (e *ErrElsewhere) Error() string { return "the instance runs on runner " + 
 // caller answers only once both have succeeded. A worker of this replica
 // that receives the launch before the write ends waits for it; see handle
 // for other replicas.
-func (s *Supervisor) Launch(ctx context.Context, instanceID string, write func(context.Context) error) error {
-	defer s.writingBeside(instanceID)()
-	if err := s.Enqueue(ctx, instanceID, 1); err != nil {
+//
+// The instance's first status, starting, is announced like every status
+// change: its event goes in the instance's outbox, so write must write in
+// as it is once Launch has added it.
+func (s *Supervisor) Launch(ctx context.Context, in *records.Instance, write func(context.Context) error) error {
+	defer s.writingBeside(in.ID)()
+	if err := s.Enqueue(ctx, in.ID, 1, in.Priority); err != nil {
 		return err
 	}
-	return write(ctx)
+	ev := s.events.prepare(ctx, EventStatusChanged, in.TaskID, in.ID, statusPayload(in))
+	in.Outbox = nil
+	in.AddToOutbox(ev)
+	if err := write(ctx); err != nil {
+		return err
+	}
+	s.announce(ctx, &ev, in.Status)
+	s.clearOnceSent(in.ID, ev.ID)
+	return nil
+}
+
+// clearOnceSent removes an event that a request (not a launch's session)
+// wrote in an instance's outbox once it is sent, so that the runner that
+// runs the launch (maybe another replica) does not send it again. A runner
+// that dies first leaves it for the launch's end.
+func (s *Supervisor) clearOnceSent(instanceID, eventID string) {
+	seq, ok := s.events.Tracked(eventID)
+	if !ok {
+		return
+	}
+	go func() {
+		if !s.events.waitSent(seq, s.stopping) || !s.events.Sent(eventID) {
+			return
+		}
+		_, err := s.o.Records.UpdateInstance(context.Background(), instanceID, func(in *records.Instance) error {
+			kept := slices.DeleteFunc(slices.Clone(in.Outbox), func(ev records.OutboxEvent) bool { return ev.ID == eventID })
+			if len(kept) == len(in.Outbox) {
+				return errOutboxUnchanged
+			}
+			in.Outbox = kept
+			return nil
+		})
+		if err != nil && !errors.Is(err, errOutboxUnchanged) && !errors.Is(err, records.ErrNotFound) {
+			s.log.Warn("runner: clearing a sent event from an instance's outbox", "instance_id", instanceID, "error", err)
+		}
+	}()
+}
+
+// resendOrphans sends again, before a launch starts, the events of its
+// instance's outbox that this runner does not know of and that are older
+// than the outbox grace: left unsent by a runner that died (younger ones
+// are most likely being sent by the replica that wrote them, and the
+// launch's end sends whatever is left). They go out ahead of the launch's
+// own events.
+func (s *Supervisor) resendOrphans(ctx context.Context, in *records.Instance) {
+	grace := max(s.o.Visibility/4, 250*time.Millisecond)
+	resent := 0
+	for _, ev := range in.Outbox {
+		if _, tracked := s.events.Tracked(ev.ID); tracked || s.events.Sent(ev.ID) || time.Since(ev.Time) < grace {
+			continue
+		}
+		s.events.PublishOutbox(ctx, ev)
+		resent++
+	}
+	s.noteResent(ctx, in.ID, resent)
+}
+
+// noteResent logs events sent again for an instance, in its log too.
+func (s *Supervisor) noteResent(ctx context.Context, id string, n int) {
+	if n == 0 {
+		return
+	}
+	s.log.InfoContext(ctx, "runner: sending events a runner left unsent", "instance_id", id, "events", n)
+	l := s.logs.open(ctx, id)
+	l.Add(StreamRunner, fmt.Sprintf("events: sent %d status event(s) again that a runner had left unsent", n))
+	l.Close()
+}
+
+// withStatusEvent wraps a write of an instance so that a change of status
+// it makes is announced by an event written in the instance's outbox by
+// the same write; *ev is set to that event, nil when there is none. With
+// planned set, that event (announced already) is the one written, if the
+// write changes anything; events the outbox holds that were sent are
+// dropped from it.
+func (s *Supervisor) withStatusEvent(ctx context.Context, fn func(*records.Instance) error, planned *records.OutboxEvent, ev **records.OutboxEvent) func(*records.Instance) error {
+	return func(in *records.Instance) error {
+		*ev = nil
+		prev := in.Status
+		if err := fn(in); err != nil {
+			return err
+		}
+		in.Outbox = s.events.Unsent(in.Outbox)
+		switch {
+		case planned != nil:
+			*ev = planned
+		case in.Status != prev:
+			e := s.events.prepare(ctx, EventStatusChanged, in.TaskID, in.ID, statusPayload(in))
+			*ev = &e
+		default:
+			return nil
+		}
+		if n := in.AddToOutbox(**ev); n > 0 {
+			s.log.WarnContext(ctx, "runner: an instance's event outbox is full; its oldest events were dropped", "instance_id", in.ID, "dropped", n)
+		}
+		return nil
+	}
+}
+
+// announce publishes a status change's event (nil: none), written in its
+// instance's outbox.
+func (s *Supervisor) announce(ctx context.Context, ev *records.OutboxEvent, status string) {
+	if ev == nil {
+		return
+	}
+	s.o.Metrics.Status(status)
+	s.events.PublishOutbox(ctx, *ev)
+}
+
+// errOutboxUnchanged ends a write that would change nothing.
+var errOutboxUnchanged = errors.New("outbox unchanged")
+
+// drainOutbox makes sure every event in the instance's outbox is on the
+// events queue, and then removes them from it: those published here are
+// waited for, and those this runner does not know of (left by a runner
+// that died before sending them, or by another replica) are sent again,
+// under their own ids. It runs before a launch message is deleted, so a
+// crash anywhere before it leaves the message, whose next delivery drains
+// the outbox again. It fails with errStopping when the runner stops first.
+func (s *Supervisor) drainOutbox(ctx context.Context, id string) error {
+	in, err := s.o.Records.Instance(ctx, id)
+	if errors.Is(err, records.ErrNotFound) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if len(in.Outbox) == 0 {
+		return nil
+	}
+	var last uint64
+	resent := 0
+	for _, ev := range in.Outbox {
+		if s.events.Sent(ev.ID) {
+			continue
+		}
+		seq, ok := s.events.Tracked(ev.ID)
+		if !ok {
+			seq = s.events.PublishOutbox(ctx, ev)
+			resent++
+		}
+		last = max(last, seq)
+	}
+	s.noteResent(ctx, id, resent)
+	if !s.events.waitSent(last, s.stopping) {
+		return errStopping
+	}
+	_, err = s.o.Records.UpdateInstance(ctx, id, func(in *records.Instance) error {
+		unsent := s.events.Unsent(in.Outbox)
+		if len(unsent) == len(in.Outbox) {
+			return errOutboxUnchanged
+		}
+		in.Outbox = unsent
+		return nil
+	})
+	switch {
+	case err == nil, errors.Is(err, errOutboxUnchanged), errors.Is(err, records.ErrNotFound):
+		return nil
+	}
+	return err
 }
 
 // writingBeside registers a write of the instance in progress beside its
@@ -212,7 +375,7 @@ func (s *Supervisor) Run(ctx context.Context, owner string) error {
 		<-ctx.Done()
 		s.stopOnce.Do(func() { close(s.stopping) })
 	}()
-	err := queue.Consume(ctx, s.o.Queue, s.o.LaunchQueue, s.handle, queue.ConsumerOptions{
+	err := queue.Consume(ctx, newLanes(s.o.Queue, s.o.LaunchQueue, s.log), s.o.LaunchQueue, s.handle, queue.ConsumerOptions{
 		Workers: s.o.Workers, Visibility: s.o.Visibility, Logger: s.log, TracerProvider: s.o.TracerProvider})
 	flush, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -270,7 +433,9 @@ func (s *Supervisor) handle(ctx context.Context, m queue.Message) error {
 	}
 	if stale(in, msg.Seq) {
 		s.o.Metrics.Launch("duplicate")
-		return nil
+		// Its events may not all have been sent: the runner that ran it
+		// may have died after recording its end.
+		return s.drainOutbox(ctx, in.ID)
 	}
 	if live := s.session(in.ID); live != nil {
 		if live.seq == msg.Seq && live.claimMsg == m.ID {
@@ -291,6 +456,8 @@ func (s *Supervisor) handle(ctx context.Context, m queue.Message) error {
 		}
 		return s.handle(ctx, m)
 	}
+	// Events a runner that died left unsent go out before the new ones.
+	s.resendOrphans(ctx, in)
 	sess := newSession(s, in, m, msg.Seq)
 	s.mu.Lock()
 	if s.sessions[in.ID] != nil {
@@ -334,6 +501,11 @@ func (s *Supervisor) handle(ctx context.Context, m queue.Message) error {
 		s.o.Metrics.Launch("duplicate")
 		return nil
 	case err != nil:
+		return err
+	}
+	// The launch's message is deleted only once the events of its status
+	// changes are on the events queue.
+	if err := s.drainOutbox(context.WithoutCancel(ctx), in.ID); err != nil {
 		return err
 	}
 	// A prompt accepted as the agent went away: resume the session for it.
@@ -382,10 +554,11 @@ func (s *Supervisor) Prompt(ctx context.Context, id, message string) error {
 func (s *Supervisor) resume(ctx context.Context, in *records.Instance, message *string) error {
 	seq := in.LaunchSeq + 1
 	defer s.writingBeside(in.ID)()
-	if err := s.Enqueue(ctx, in.ID, seq); err != nil {
+	if err := s.Enqueue(ctx, in.ID, seq, in.Priority); err != nil {
 		return err
 	}
-	in, err := s.o.Records.UpdateInstance(ctx, in.ID, func(cur *records.Instance) error {
+	var ev *records.OutboxEvent
+	in, err := s.o.Records.UpdateInstance(ctx, in.ID, s.withStatusEvent(ctx, func(cur *records.Instance) error {
 		switch {
 		case cur.Deleted:
 			return fmt.Errorf("instance %s is being deleted: %w", cur.ID, ErrFinished)
@@ -398,12 +571,14 @@ func (s *Supervisor) resume(ctx context.Context, in *records.Instance, message *
 		}
 		cur.Status, cur.Progress, cur.FinishedAt, cur.Error = records.StatusStarting, 0, time.Time{}, ""
 		return nil
-	})
+	}, nil, &ev))
 	if err != nil {
 		return err
 	}
-	s.o.Metrics.Status(in.Status)
-	s.events.Publish(ctx, EventStatusChanged, in.TaskID, in.ID, statusPayload(in))
+	s.announce(ctx, ev, in.Status)
+	if ev != nil {
+		s.clearOnceSent(in.ID, ev.ID)
+	}
 	return nil
 }
 
@@ -446,7 +621,8 @@ var errClaimedMeanwhile = errors.New("claimed meanwhile")
 
 func (s *Supervisor) cancelStored(ctx context.Context, id, reason string, unclaimedOnly bool) (*records.Instance, error) {
 	changed := false
-	in, err := s.o.Records.UpdateInstance(ctx, id, func(in *records.Instance) error {
+	var ev *records.OutboxEvent
+	in, err := s.o.Records.UpdateInstance(ctx, id, s.withStatusEvent(ctx, func(in *records.Instance) error {
 		queued := in.Launching() && in.ClaimSeq != in.LaunchSeq
 		stranded := !in.Launching() && in.PendingTurn()
 		if unclaimedOnly && in.Launching() && !queued {
@@ -465,13 +641,15 @@ func (s *Supervisor) cancelStored(ctx context.Context, id, reason string, unclai
 			in.DoneSeq, in.TurnDone, in.Prompt, in.CancelTurn = in.LaunchSeq, in.Turn, "", 0
 		}
 		return nil
-	})
+	}, nil, &ev))
 	if errors.Is(err, errClaimedMeanwhile) {
 		return s.cancel(ctx, id, reason, false)
 	}
 	if err == nil && changed {
-		s.o.Metrics.Status(in.Status)
-		s.events.Publish(ctx, EventStatusChanged, in.TaskID, in.ID, statusPayload(in))
+		s.announce(ctx, ev, in.Status)
+		if ev != nil {
+			s.clearOnceSent(in.ID, ev.ID)
+		}
 	}
 	return in, err
 }
@@ -530,6 +708,8 @@ const (
 	stopCancel
 	// stopFailure: timed out, would not exit, and the like: failed.
 	stopFailure
+	// stopDead: a dead protocol, found mid-turn: failed.
+	stopDead
 )
 
 // quiet reports whether a session killed so records nothing more.
@@ -565,8 +745,10 @@ type session struct {
 	proc   executor.Process
 	// link is the launch's agent-host link, for a hosted agent.
 	link HostLink
-	// timeout is the launch's agent type's.
+	// timeout is the launch's agent type's; silence its limit on an
+	// agent's silence mid-turn.
 	timeout time.Duration
+	silence time.Duration
 	// halt ends a oneshot conversation's run in progress (it has no proc).
 	halt func()
 	// stopStart aborts an executor's Start in progress.
@@ -711,8 +893,7 @@ func (ss *session) killedWhy() (stopKind, string) {
 // records the result and announces a change of status.
 func (ss *session) update(ctx context.Context, fn func(in *records.Instance) error) (*records.Instance, error) {
 	ss.stMu.Lock()
-	prev := ss.in.Status
-	in, err := ss.write(ctx, fn)
+	in, ev, err := ss.write(ctx, fn, nil)
 	if err == nil {
 		ss.in = in
 	}
@@ -720,7 +901,7 @@ func (ss *session) update(ctx context.Context, fn func(in *records.Instance) err
 	if err != nil {
 		return nil, err
 	}
-	ss.announce(ctx, prev, in)
+	ss.announce(ctx, in, ev)
 	return in, nil
 }
 
@@ -737,18 +918,22 @@ func (ss *session) probe(fn func(in *records.Instance)) (*records.Instance, bool
 // is written. A failed write is logged.
 func (ss *session) setStatus(ctx context.Context, fn func(in *records.Instance)) {
 	ss.stMu.Lock()
-	if _, unchanged := ss.probe(fn); unchanged {
+	probe, unchanged := ss.probe(fn)
+	if unchanged {
 		ss.stMu.Unlock()
 		return
 	}
-	prev := ss.in.Status
-	in, err := ss.write(ctx, func(in *records.Instance) error { fn(in); return nil })
+	if probe.Terminal() && ss.log != nil {
+		// A client that sees the turn end reads all of its lines.
+		ss.log.Sync(ctx)
+	}
+	in, ev, err := ss.write(ctx, func(in *records.Instance) error { fn(in); return nil }, nil)
 	if err == nil {
 		ss.in = in
 	}
 	ss.stMu.Unlock()
 	if err == nil {
-		ss.announce(ctx, prev, in)
+		ss.announce(ctx, in, ev)
 	}
 }
 
@@ -766,28 +951,34 @@ func (ss *session) setStatusBeside(ctx context.Context, fn func(in *records.Inst
 		ss.stMu.Unlock()
 		return
 	}
-	prev := ss.in.Status
+	var planned *records.OutboxEvent
+	if probe.Status != ss.in.Status {
+		ev := ss.s.events.prepare(ctx, EventStatusChanged, probe.TaskID, probe.ID, statusPayload(probe))
+		planned = &ev
+	}
 	ss.statusWrites.Add(1)
 	go func() {
 		defer ss.statusWrites.Done()
 		defer ss.stMu.Unlock()
-		if in, err := ss.write(ctx, func(in *records.Instance) error { fn(in); return nil }); err == nil {
+		if in, _, err := ss.write(ctx, func(in *records.Instance) error { fn(in); return nil }, planned); err == nil {
 			ss.in = in
 		}
 	}()
-	ss.announce(ctx, prev, probe)
+	ss.announce(ctx, probe, planned)
 }
 
 // write applies fn to the stored instance if the session still holds its
-// claim. A lost claim, or a deleted instance, kills the session quietly.
-// Call with stMu held.
-func (ss *session) write(ctx context.Context, fn func(in *records.Instance) error) (*records.Instance, error) {
-	in, err := ss.s.o.Records.UpdateInstance(ctx, ss.launch.ID, func(in *records.Instance) error {
+// claim, with the event of the status change it makes, if any, in the
+// outbox (planned: that event, announced already). A lost claim, or a
+// deleted instance, kills the session quietly. Call with stMu held.
+func (ss *session) write(ctx context.Context, fn func(in *records.Instance) error, planned *records.OutboxEvent) (*records.Instance, *records.OutboxEvent, error) {
+	var ev *records.OutboxEvent
+	in, err := ss.s.o.Records.UpdateInstance(ctx, ss.launch.ID, ss.s.withStatusEvent(ctx, func(in *records.Instance) error {
 		if in.ClaimMsg != ss.claimMsg || in.ClaimRecv != ss.claimRecv || in.ClaimSeq != ss.seq {
 			return errClaimLost
 		}
 		return fn(in)
-	})
+	}, planned, &ev))
 	switch {
 	case errors.Is(err, errClaimLost):
 		ss.kill(stopSuperseded, "superseded: "+errClaimLost.Error())
@@ -796,16 +987,17 @@ func (ss *session) write(ctx context.Context, fn func(in *records.Instance) erro
 	case err != nil && !errors.Is(err, ErrBusy) && !errors.Is(err, ErrFinished):
 		ss.s.log.WarnContext(ctx, "runner: recording an instance's status", "instance_id", ss.launch.ID, "error", err)
 	}
-	return in, err
+	return in, ev, err
 }
 
-// announce logs and publishes a change of status from prev to in's.
-func (ss *session) announce(ctx context.Context, prev string, in *records.Instance) {
-	if in.Status != prev {
-		ss.s.o.Metrics.Status(in.Status)
-		ss.log.Add(StreamRunner, "status: "+in.Status+errorSuffix(in.Error))
-		ss.s.events.Publish(ctx, EventStatusChanged, in.TaskID, in.ID, statusPayload(in))
+// announce logs and publishes a change of status to in's, whose event is
+// ev (nil: the status did not change).
+func (ss *session) announce(ctx context.Context, in *records.Instance, ev *records.OutboxEvent) {
+	if ev == nil {
+		return
 	}
+	ss.log.Add(StreamRunner, "status: "+in.Status+errorSuffix(in.Error))
+	ss.s.announce(ctx, ev, in.Status)
 }
 
 func errorSuffix(e string) string {
@@ -1009,6 +1201,7 @@ func (ss *session) run(ctx context.Context, in *records.Instance, m queue.Messag
 	// Job has it as its own deadline, which says so when it passes: this
 	// is the backstop.
 	ss.timeout = typ.EffectiveTimeout()
+	ss.silence = cmp.Or(typ.SilenceTimeout, o.SilenceTimeout)
 	limit := ss.timeout
 	if link != nil {
 		limit += o.HostExitGrace
@@ -1071,7 +1264,7 @@ func (ss *session) end(ctx context.Context, proc executor.Process, outcome, reas
 		return errOlderReceipt
 	case stopCancel:
 		outcome, reason = "cancelled", why
-	case stopFailure:
+	case stopFailure, stopDead:
 		if outcome == "" || outcome == "completed" {
 			outcome, reason = "killed", why
 		}
@@ -1169,6 +1362,9 @@ func (ss *session) recordSession(ctx context.Context, sessionID string) (wait fu
 				t.Metadata = map[string]any{}
 			}
 			t.Metadata["session_id"] = sessionID
+			// Seed 002's name for it: a launch with env AUGGIE_SESSION_ID
+			// set to it resumes the session.
+			t.Metadata["auggie_session_id"] = sessionID
 			t.Metadata["instance_id"] = ss.launch.ID
 		}); err != nil {
 			ss.s.log.WarnContext(ctx, "runner: recording the session on the task", "task_id", ss.launch.TaskID, "error", err)
@@ -1266,11 +1462,13 @@ func (ss *session) turn(ctx context.Context, client conversation, p pendingPromp
 		t   acp.Turn
 		err error
 	)
+	stopWatch := ss.watchSilence(client)
 	if d, ok := client.(durableTurns); ok {
 		t, err = d.PromptTurn(ctx, int64(p.turn), p.message, ss.s.o.ProtocolTimeout)
 	} else {
 		t, err = client.Prompt(ctx, p.message, ss.s.o.ProtocolTimeout)
 	}
+	stopWatch()
 	ss.mu.Lock()
 	ss.turning = false
 	ss.mu.Unlock()
@@ -1296,7 +1494,7 @@ func (ss *session) turn(ctx context.Context, client conversation, p pendingPromp
 	switch kind {
 	case stopCancel:
 		status, errText = records.StatusStopped, why
-	case stopFailure:
+	case stopFailure, stopDead:
 		status, errText = records.StatusFailed, why
 	}
 	ss.setStatus(ctx, func(in *records.Instance) {
@@ -1312,6 +1510,9 @@ func (ss *session) turn(ctx context.Context, client conversation, p pendingPromp
 			in.CancelTurn = 0
 		}
 	})
+	if kind == stopDead {
+		return "dead_protocol", errText
+	}
 	if err != nil && (errors.Is(err, acp.ErrAgentGone) || errors.Is(err, context.DeadlineExceeded)) {
 		if errors.Is(err, context.DeadlineExceeded) {
 			return "dead_protocol", errText
@@ -1372,3 +1573,49 @@ func (ss *session) traceCtx(ctx context.Context) context.Context {
 
 // Live reports whether this replica runs a process for the instance.
 func (s *Supervisor) Live(id string) bool { return s.session(id) != nil }
+
+// heardFrom is a conversation that knows when its agent last wrote
+// anything (the ACP client over a local agent's stdout).
+type heardFrom interface {
+	LastHeard() time.Time
+}
+
+// watchSilence watches a turn of client for a dead protocol: an agent that
+// has sent nothing at all (no update, request or response, not even part
+// of a line) for the silence limit of its type is killed, and the turn
+// fails. An agent that thinks for long keeps the turn alive with updates
+// (ACP agent_thought_chunk, a kandev progress update, a legacy heartbeat)
+// or needs a longer silence_timeout; the type's timeout bounds the launch
+// either way. The returned func stops the watch.
+func (ss *session) watchSilence(client conversation) (stop func()) {
+	h, ok := client.(heardFrom)
+	limit := ss.silence
+	if !ok || limit <= 0 {
+		return func() {}
+	}
+	done := make(chan struct{})
+	go func() {
+		since := time.Now()
+		check := time.NewTimer(limit)
+		defer check.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-check.C:
+			}
+			last := h.LastHeard()
+			if last.Before(since) {
+				last = since
+			}
+			if quiet := time.Since(last); quiet < limit {
+				check.Reset(limit - quiet)
+				continue
+			}
+			ss.log.Add(StreamRunner, fmt.Sprintf("the agent has sent nothing for %s in the middle of a turn; killing it (dead protocol)", limit))
+			ss.kill(stopDead, fmt.Sprintf("dead protocol: no message from the agent for %s mid-turn", limit))
+			return
+		}
+	}()
+	return sync.OnceFunc(func() { close(done) })
+}

@@ -1,0 +1,499 @@
+package web
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/conclave-ai/conclave/services/console/internal/backend"
+	"github.com/conclave-ai/conclave/services/console/internal/session"
+)
+
+const scriptPayload = `<script>alert("x")</script>`
+
+// services is one httptest server answering as the gateway, the runner, the
+// Librarian and the bus's HTTP API, with a <script> payload in every text
+// it returns. These are unit tests of the console's own handling; the
+// integration test runs it against the real services.
+func services(t *testing.T) *httptest.Server {
+	t.Helper()
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /v1/agents", func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("Authorization") == "Bearer bad" {
+			w.WriteHeader(http.StatusUnauthorized)
+			fmt.Fprint(w, `{"code":16,"message":"invalid token"}`)
+			return
+		}
+		fmt.Fprintf(w, `{"agents":[{"agent_id":"a1","name":%q,"capabilities":["chat"],"server_id":"dev","busy":true,"connected_at":"2025-01-01T00:00:00Z"}]}`, scriptPayload)
+	})
+	mux.HandleFunc("POST /v1/agents/{id}/messages", func(w http.ResponseWriter, r *http.Request) {
+		if r.PathValue("id") == "gone" {
+			w.WriteHeader(http.StatusNotFound)
+			fmt.Fprint(w, `{"code":5,"message":"agent gone is not connected"}`)
+			return
+		}
+		w.Header().Set("Content-Type", "text/event-stream")
+		for _, ev := range []string{
+			`{"request_id":"r1","event":{"request_id":"r1","thinking":"hmm"}}`,
+			`{"request_id":"r1","event":{"request_id":"r1","text":"<b>hi</b> "}}`,
+			`{"request_id":"r1","event":{"request_id":"r1","tool_use":{"id":"t1","name":"clock","input_json":"{}"}}}`,
+			`{"request_id":"r1","event":{"request_id":"r1","done":{"full_response":"<b>hi</b>"}}}`,
+		} {
+			fmt.Fprintf(w, "event: message\ndata: %s\n\n", ev)
+		}
+		fmt.Fprint(w, "event: end\ndata: {}\n\n")
+	})
+	mux.HandleFunc("GET /v1/dead-letters", func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintf(w, `{"dead_letters":[{"id":"dl1","message_id":"m1","topic":"t:1","payload":{"text":%q},"attempts":3,"last_error":%q}],"cursor":""}`, scriptPayload, scriptPayload)
+	})
+	mux.HandleFunc("GET /v1/dead-letters/{id}", func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintf(w, `{"id":"dl1","message_id":"m1","topic":"t:1","payload":{"text":%q},"attempts":3,"last_error":"x"}`, scriptPayload)
+	})
+	mux.HandleFunc("GET /reviews", func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintf(w, `{"requests":[{"request_id":"req-1","status":"escalated","response":{"request_id":"req-1","status":"escalated","escalation_reason":%q}}]}`, scriptPayload)
+	})
+	mux.HandleFunc("GET /api/v1/agent-types", func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprint(w, `{"agent_types":[{"id":"example","enabled":true,"protocol":"acp"}]}`)
+	})
+	mux.HandleFunc("GET /api/v1/agents/{id}/status", func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintf(w, `{"id":%q,"status":"running","progress":40}`, r.PathValue("id"))
+	})
+	mux.HandleFunc("GET /api/v1/agents/{id}/logs", func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintf(w, "{\"time\":\"2025-01-01T00:00:00Z\",\"stream\":\"stderr\",\"text\":%q}\n", scriptPayload)
+	})
+	srv := httptest.NewServer(mux)
+	t.Cleanup(srv.Close)
+	return srv
+}
+
+// closedURL is an address nothing listens on.
+func closedURL(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close()
+	return "http://" + addr
+}
+
+type consoleEnv struct {
+	srv   *httptest.Server
+	codec *session.Codec
+	h     *Handler
+}
+
+// newConsole serves the console's routes against the given service URLs.
+func newConsole(t *testing.T, open bool, gatewayURL, busURL, runnerURL, librarianURL string) *consoleEnv {
+	t.Helper()
+	codec, err := session.NewCodec(session.GenerateKey(), time.Hour, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	client := func(name, base string) *backend.Client {
+		return &backend.Client{Service: name, Base: func() string { return base }, HTTP: http.DefaultClient, Timeout: 5 * time.Second}
+	}
+	wsURL := strings.Replace(busURL, "http://", "ws://", 1)
+	h, err := New(t.Context(), Options{
+		Codec: codec, Open: open, JaegerURL: "http://jaeger.example:16686", LibrarianAgentID: "gemini-pro",
+		Gateway:         backend.Gateway{Client: client("gateway", gatewayURL)},
+		Bus:             backend.Bus{Client: client("bus", busURL), WebSocketURL: func() string { return wsURL }},
+		Runner:          backend.Runner{Client: client("runner", runnerURL)},
+		Librarian:       backend.Librarian{Client: client("librarian", librarianURL)},
+		RefreshInterval: 50 * time.Millisecond, MaxStreams: 10, StreamMaxAge: time.Minute, ChatTimeout: time.Minute, MaxChats: 10,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mux := http.NewServeMux()
+	h.Routes(mux.Handle, mux.Handle)
+	srv := httptest.NewServer(mux)
+	t.Cleanup(srv.Close)
+	return &consoleEnv{srv: srv, codec: codec, h: h}
+}
+
+// cookie is a session cookie for s.
+func (e *consoleEnv) cookie(t *testing.T, s session.Session) *http.Cookie {
+	t.Helper()
+	ck, err := e.codec.Cookie(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ck
+}
+
+// do sends a request without following redirects.
+func (e *consoleEnv) do(t *testing.T, method, path string, ck *http.Cookie, form url.Values, header map[string]string) (*http.Response, string) {
+	t.Helper()
+	var body io.Reader
+	if form != nil {
+		body = strings.NewReader(form.Encode())
+	}
+	req, err := http.NewRequestWithContext(t.Context(), method, e.srv.URL+path, body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if form != nil {
+		req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	}
+	for k, v := range header {
+		req.Header.Set(k, v)
+	}
+	if ck != nil {
+		req.AddCookie(ck)
+	}
+	client := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	resp, err := client.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	data, _ := io.ReadAll(resp.Body)
+	return resp, string(data)
+}
+
+func TestExpiredSessionGoesToSignIn(t *testing.T) {
+	t.Parallel()
+	svc := services(t)
+	for _, open := range []bool{false, true} {
+		t.Run(fmt.Sprintf("open=%v", open), func(t *testing.T) {
+			t.Parallel()
+			e := newConsole(t, open, svc.URL, svc.URL, svc.URL, svc.URL)
+			s := e.codec.New(session.Tokens{Gateway: "t"}, false)
+			s.Expires = time.Now().Add(-time.Minute).Unix()
+			ck := e.cookie(t, s)
+			ck.MaxAge = 0
+			resp, _ := e.do(t, "GET", "/agents", ck, nil, nil)
+			if resp.StatusCode != http.StatusSeeOther || !strings.HasPrefix(resp.Header.Get("Location"), "/signin?") ||
+				!strings.Contains(resp.Header.Get("Location"), "expired=1") {
+				t.Fatalf("expired session: %d %s", resp.StatusCode, resp.Header.Get("Location"))
+			}
+			// A stream or a script gets 401 and JSON instead.
+			resp, body := e.do(t, "GET", "/live/agents", ck, nil, map[string]string{"Accept": "text/event-stream"})
+			if resp.StatusCode != http.StatusUnauthorized || !strings.Contains(body, "expired") {
+				t.Fatalf("expired session on a stream: %d %s", resp.StatusCode, body)
+			}
+			// The sign-in page says so.
+			resp, body = e.do(t, "GET", "/signin?expired=1", nil, nil, nil)
+			if resp.StatusCode != http.StatusOK || !strings.Contains(body, `id="expired"`) {
+				t.Fatalf("sign-in page: %d %s", resp.StatusCode, body)
+			}
+		})
+	}
+}
+
+func TestNoSession(t *testing.T) {
+	t.Parallel()
+	svc := services(t)
+	closed := newConsole(t, false, svc.URL, svc.URL, svc.URL, svc.URL)
+	resp, _ := closed.do(t, "GET", "/runner?x=1", nil, nil, nil)
+	if resp.StatusCode != http.StatusSeeOther || resp.Header.Get("Location") != "/signin?next=%2Frunner%3Fx%3D1" {
+		t.Fatalf("closed console without a session: %d %s", resp.StatusCode, resp.Header.Get("Location"))
+	}
+	open := newConsole(t, true, svc.URL, svc.URL, svc.URL, svc.URL)
+	resp, body := open.do(t, "GET", "/agents", nil, nil, nil)
+	if resp.StatusCode != http.StatusOK || len(resp.Cookies()) != 1 || !resp.Cookies()[0].HttpOnly {
+		t.Fatalf("open console without a session: %d %v", resp.StatusCode, resp.Cookies())
+	}
+	if !strings.Contains(body, `name="csrf-token"`) {
+		t.Fatal("the page carries no CSRF token")
+	}
+}
+
+func TestFormsNeedTheSessionsCSRFToken(t *testing.T) {
+	t.Parallel()
+	svc := services(t)
+	e := newConsole(t, false, svc.URL, svc.URL, svc.URL, svc.URL)
+	s := e.codec.New(session.Tokens{Gateway: "t"}, false)
+	ck := e.cookie(t, s)
+	good := e.codec.CSRFToken(s)
+	other := e.codec.CSRFToken(e.codec.New(session.Tokens{}, false))
+	posts := []string{"/signout", "/chats", "/chats/x/cancel", "/bus/publish", "/bus/dead-letters/dl1/redrive", "/bus/dead-letters/redrive",
+		"/runner/launch", "/runner/instances/i1/prompt", "/runner/instances/i1/cancel", "/librarian/reviews/req-1/decision"}
+	tests := []struct {
+		name   string
+		form   url.Values
+		header map[string]string
+	}{
+		{"no token", url.Values{"x": {"1"}}, nil},
+		{"another session's token", url.Values{"csrf": {other}}, nil},
+		{"the token from another site", url.Values{"csrf": {good}}, map[string]string{"Origin": "http://evil.example"}},
+	}
+	for _, path := range posts {
+		for _, tt := range tests {
+			t.Run(path+"/"+tt.name, func(t *testing.T) {
+				t.Parallel()
+				resp, body := e.do(t, "POST", path, ck, tt.form, tt.header)
+				if resp.StatusCode != http.StatusForbidden || !strings.Contains(body, "did not come from this console") {
+					t.Fatalf("POST %s: %d %s", path, resp.StatusCode, body)
+				}
+			})
+		}
+	}
+	// A script's request gets the JSON error shape.
+	resp, body := e.do(t, "POST", "/chats", ck, url.Values{}, map[string]string{"Accept": "application/json"})
+	if resp.StatusCode != http.StatusForbidden || !strings.Contains(body, `"code":403`) {
+		t.Fatalf("JSON 403: %d %s", resp.StatusCode, body)
+	}
+	// With the token, the same form goes through (to the Librarian).
+	resp, _ = e.do(t, "POST", "/librarian/reviews/req-1/decision", ck, url.Values{"csrf": {good}, "decision": {"maybe"}, "comment": {"c"}}, map[string]string{"Origin": e.srv.URL})
+	if resp.StatusCode != http.StatusBadRequest {
+		t.Fatalf("a form with the token was refused: %d", resp.StatusCode)
+	}
+}
+
+func TestHTMLFromServicesIsEscaped(t *testing.T) {
+	t.Parallel()
+	svc := services(t)
+	e := newConsole(t, true, svc.URL, svc.URL, svc.URL, svc.URL)
+	ck := e.cookie(t, e.codec.New(session.Tokens{}, true))
+	e.h.instances.add(knownInstance{ID: "i1"})
+	for _, path := range []string{"/", "/agents", "/bus", "/bus/dead-letters/dl1", "/librarian", "/runner"} {
+		t.Run(path, func(t *testing.T) {
+			t.Parallel()
+			resp, body := e.do(t, "GET", path, ck, nil, nil)
+			if resp.StatusCode != http.StatusOK {
+				t.Fatalf("%d %s", resp.StatusCode, body)
+			}
+			if strings.Contains(body, "<script>alert") {
+				t.Fatalf("a service's <script> reached the page unescaped:\n%s", body)
+			}
+			if path != "/runner" && path != "/" && !strings.Contains(body, "&lt;script&gt;alert") {
+				t.Fatalf("the payload is not shown escaped:\n%s", body)
+			}
+			if got := resp.Header.Get("Content-Security-Policy"); !strings.Contains(got, "script-src 'self'") {
+				t.Fatalf("CSP: %q", got)
+			}
+		})
+	}
+	// Logs reach the page through a stream, as JSON the script puts in as
+	// text: the JSON itself escapes < and >.
+	resp, body := e.do(t, "GET", "/live/runner/i1/logs", ck, nil, map[string]string{"Accept": "text/event-stream"})
+	if resp.StatusCode != http.StatusOK || strings.Contains(body, "<script>") || !strings.Contains(body, `\u003cscript\u003e`) {
+		t.Fatalf("logs stream: %d %s", resp.StatusCode, body)
+	}
+}
+
+func TestDownServiceShowsABannerOnItsPanelOnly(t *testing.T) {
+	t.Parallel()
+	svc := services(t)
+	down := closedURL(t)
+	e := newConsole(t, true, svc.URL, svc.URL, down, svc.URL)
+	ck := e.cookie(t, e.codec.New(session.Tokens{}, true))
+	e.h.instances.add(knownInstance{ID: "i1"})
+	resp, body := e.do(t, "GET", "/", ck, nil, nil)
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("%d", resp.StatusCode)
+	}
+	if !strings.Contains(body, `data-banner="runner"`) || !strings.Contains(body, "UNAVAILABLE") {
+		t.Fatalf("no banner for the runner:\n%s", body)
+	}
+	for _, other := range []string{"gateway", "bus", "librarian"} {
+		if strings.Contains(body, `data-banner="`+other+`"`) {
+			t.Errorf("the %s has a banner though it is up", other)
+		}
+	}
+	if !strings.Contains(body, "&lt;script&gt;alert") { // the agent's name: the gateway's panel still works
+		t.Error("the agents panel is empty")
+	}
+	resp, body = e.do(t, "GET", "/runner", ck, nil, nil)
+	if resp.StatusCode != http.StatusOK || !strings.Contains(body, `data-banner="runner"`) {
+		t.Fatalf("runner page: %d %s", resp.StatusCode, body)
+	}
+}
+
+// sseEvents reads a whole event stream.
+func sseEvents(t *testing.T, body string) [][2]string {
+	t.Helper()
+	var out [][2]string
+	var event string
+	sc := bufio.NewScanner(strings.NewReader(body))
+	for sc.Scan() {
+		line := sc.Text()
+		switch {
+		case strings.HasPrefix(line, "event: "):
+			event = strings.TrimPrefix(line, "event: ")
+		case strings.HasPrefix(line, "data: "):
+			out = append(out, [2]string{event, strings.TrimPrefix(line, "data: ")})
+		}
+	}
+	return out
+}
+
+func TestChatStreamsTheReply(t *testing.T) {
+	t.Parallel()
+	svc := services(t)
+	e := newConsole(t, true, svc.URL, svc.URL, svc.URL, svc.URL)
+	s := e.codec.New(session.Tokens{}, true)
+	ck := e.cookie(t, s)
+	csrf := map[string]string{"Accept": "application/json", "X-CSRF-Token": e.codec.CSRFToken(s)}
+	resp, body := e.do(t, "POST", "/chats", ck, url.Values{"agent_id": {"a1"}, "content": {"hello"}}, csrf)
+	if resp.StatusCode != http.StatusCreated {
+		t.Fatalf("start: %d %s", resp.StatusCode, body)
+	}
+	var started struct{ ChatID, Events, TraceID, TraceURL string }
+	if err := json.Unmarshal([]byte(body), &struct {
+		ChatID   *string `json:"chat_id"`
+		Events   *string `json:"events"`
+		TraceID  *string `json:"trace_id"`
+		TraceURL *string `json:"trace_url"`
+	}{&started.ChatID, &started.Events, &started.TraceID, &started.TraceURL}); err != nil {
+		t.Fatal(err)
+	}
+	if len(started.TraceID) != 32 || started.TraceURL != "http://jaeger.example:16686/trace/"+started.TraceID {
+		t.Errorf("trace %q %q", started.TraceID, started.TraceURL)
+	}
+	resp, body = e.do(t, "GET", started.Events, ck, nil, map[string]string{"Accept": "text/event-stream"})
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("events: %d %s", resp.StatusCode, body)
+	}
+	var kinds []string
+	for _, ev := range sseEvents(t, body) {
+		if ev[0] == "event" {
+			var ce chatEvent
+			if err := json.Unmarshal([]byte(ev[1]), &ce); err != nil {
+				t.Fatal(err)
+			}
+			kinds = append(kinds, ce.Kind)
+		} else {
+			kinds = append(kinds, "("+ev[0]+")")
+		}
+	}
+	if got, want := strings.Join(kinds, " "), "(chat) thinking text tool_use done end (end)"; got != want {
+		t.Fatalf("events: %s, want %s", got, want)
+	}
+	if strings.Contains(body, "<b>") {
+		t.Fatal("the agent's markup is raw in the stream")
+	}
+	// Another session cannot read it.
+	resp, _ = e.do(t, "GET", started.Events, e.cookie(t, e.codec.New(session.Tokens{}, true)), nil, map[string]string{"Accept": "text/event-stream"})
+	if resp.StatusCode != http.StatusNotFound {
+		t.Fatalf("another session read the chat: %d", resp.StatusCode)
+	}
+	// A reconnecting EventSource resumes after the last event it saw.
+	resp, body = e.do(t, "GET", started.Events, ck, nil, map[string]string{"Accept": "text/event-stream", "Last-Event-ID": "3"})
+	if evs := sseEvents(t, body); resp.StatusCode != http.StatusOK || len(evs) != 2 || evs[0][0] != "event" || !strings.Contains(evs[0][1], `"end"`) {
+		t.Fatalf("resumed: %v", evs)
+	}
+	// An unknown agent: the gateway's 404 ends the chat with its reason.
+	resp, body = e.do(t, "POST", "/chats", ck, url.Values{"agent_id": {"gone"}, "content": {"hello"}}, csrf)
+	if resp.StatusCode != http.StatusCreated {
+		t.Fatalf("start: %d %s", resp.StatusCode, body)
+	}
+	_ = json.Unmarshal([]byte(body), &struct {
+		Events *string `json:"events"`
+	}{&started.Events})
+	_, body = e.do(t, "GET", started.Events, ck, nil, map[string]string{"Accept": "text/event-stream"})
+	if !strings.Contains(body, `"kind":"failed"`) || !strings.Contains(body, "not connected") {
+		t.Fatalf("a chat with an unknown agent: %s", body)
+	}
+}
+
+func TestBadInputIsRefusedClearly(t *testing.T) {
+	t.Parallel()
+	svc := services(t)
+	e := newConsole(t, true, svc.URL, svc.URL, svc.URL, svc.URL)
+	s := e.codec.New(session.Tokens{}, true)
+	ck := e.cookie(t, s)
+	tok := e.codec.CSRFToken(s)
+	tests := []struct {
+		name, method, path string
+		form               url.Values
+		status             int
+		want               string
+	}{
+		{"chat without a message", "POST", "/chats", url.Values{"csrf": {tok}, "agent_id": {"a1"}, "content": {" "}}, 400, "1 byte to 256 KiB"},
+		{"chat without an agent", "POST", "/chats", url.Values{"csrf": {tok}, "content": {"hi"}}, 400, "The agent is required"},
+		{"chat too long", "POST", "/chats", url.Values{"csrf": {tok}, "agent_id": {"a1"}, "content": {strings.Repeat("x", maxMessageBytes+1)}}, 400, "256 KiB"},
+		{"payload not an object", "POST", "/bus/publish", url.Values{"csrf": {tok}, "topic": {"t"}, "payload": {"[1]"}}, 400, "JSON object"},
+		{"topic with a control character", "POST", "/bus/publish", url.Values{"csrf": {tok}, "topic": {"a\x01"}, "payload": {"{}"}}, 400, "control character"},
+		{"launch without a type", "POST", "/runner/launch", url.Values{"csrf": {tok}, "workspace_path": {"/tmp"}}, 400, "agent type is required"},
+		{"a decision without a comment", "POST", "/librarian/reviews/r/decision", url.Values{"csrf": {tok}, "decision": {"approve"}}, 400, "comment"},
+		{"a bad pattern", "GET", "/live/bus?pattern=", nil, 400, "pattern is required"},
+		{"an unknown chat", "GET", "/chats/nope", nil, 404, "no such chat"},
+		{"find without an id", "GET", "/runner/find?id=", nil, 400, "instance id is required"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			resp, body := e.do(t, tt.method, tt.path, ck, tt.form, nil)
+			if resp.StatusCode != tt.status || !strings.Contains(body, tt.want) {
+				t.Fatalf("%d %s", resp.StatusCode, body)
+			}
+		})
+	}
+}
+
+func TestSignIn(t *testing.T) {
+	t.Parallel()
+	svc := services(t)
+	e := newConsole(t, false, svc.URL, svc.URL, svc.URL, svc.URL)
+	resp, body := e.do(t, "POST", "/signin", nil, url.Values{"gateway_token": {"bad"}, "next": {"/agents"}}, nil)
+	if resp.StatusCode != http.StatusUnauthorized || !strings.Contains(body, "gateway refused its token") {
+		t.Fatalf("a refused token: %d %s", resp.StatusCode, body)
+	}
+	resp, body = e.do(t, "POST", "/signin", nil, url.Values{}, nil)
+	if resp.StatusCode != http.StatusUnauthorized || !strings.Contains(body, "at least one token") {
+		t.Fatalf("no token: %d %s", resp.StatusCode, body)
+	}
+	resp, _ = e.do(t, "POST", "/signin", nil, url.Values{"gateway_token": {"good-token"}, "next": {"//evil.example/x"}}, nil)
+	if resp.StatusCode != http.StatusSeeOther || resp.Header.Get("Location") != "/" {
+		t.Fatalf("sign-in: %d %s", resp.StatusCode, resp.Header.Get("Location"))
+	}
+	cks := resp.Cookies()
+	if len(cks) != 1 || strings.Contains(cks[0].Value, "good-token") {
+		t.Fatalf("cookie: %v", cks)
+	}
+	s, err := e.codec.Decode(cks[0].Value)
+	if err != nil || s.Tokens.Gateway != "good-token" || s.Open {
+		t.Fatalf("session %+v %v", s, err)
+	}
+}
+
+func TestSafeNext(t *testing.T) {
+	t.Parallel()
+	for in, want := range map[string]string{
+		"/agents": "/agents", "/bus?pattern=a": "/bus?pattern=a", "": "/", "//evil": "/", "http://evil": "/",
+		"/\\evil": "/", "/signin": "/", "/x\r\nSet-Cookie: a": "/",
+	} {
+		if got := safeNext(in); got != want {
+			t.Errorf("safeNext(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
+
+func TestTooManyStreams(t *testing.T) {
+	t.Parallel()
+	svc := services(t)
+	e := newConsole(t, true, svc.URL, svc.URL, svc.URL, svc.URL)
+	e.h.o.MaxStreams = 1
+	s := e.codec.New(session.Tokens{}, true)
+	ck := e.cookie(t, s)
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, "GET", e.srv.URL+"/live/agents", nil)
+	req.AddCookie(ck)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	// Read its first event, so the stream is surely open.
+	if _, err := bufio.NewReader(resp.Body).ReadString('\n'); err != nil {
+		t.Fatal(err)
+	}
+	second, body := e.do(t, "GET", "/live/agents", ck, nil, map[string]string{"Accept": "text/event-stream"})
+	if second.StatusCode != http.StatusServiceUnavailable || !strings.Contains(body, "limit of 1 live streams") {
+		t.Fatalf("second stream: %d %s", second.StatusCode, body)
+	}
+}

@@ -1,0 +1,265 @@
+// Package service wires the web console into a runnable server. It is the
+// one entry point shared by cmd/console and the all-in-one `conclave dev`.
+// The console keeps no state of its own beyond memory: it is a client of
+// the gateway's, the bus's, the runner's and the Librarian's public APIs.
+package service
+
+import (
+	"context"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"net/url"
+	"strings"
+	"time"
+
+	"github.com/conclave-ai/conclave/pkg/config"
+	"github.com/conclave-ai/conclave/pkg/server"
+	"github.com/conclave-ai/conclave/pkg/telemetry"
+	"github.com/conclave-ai/conclave/services/console/internal/backend"
+	"github.com/conclave-ai/conclave/services/console/internal/metrics"
+	"github.com/conclave-ai/conclave/services/console/internal/session"
+	"github.com/conclave-ai/conclave/services/console/internal/web"
+)
+
+// Config is the console's configuration.
+type Config struct {
+	HTTPAddr     config.ListenAddr `env:"CONCLAVE_CONSOLE_HTTP_ADDR" default:":8090" help:"HTTP listener: the console's pages, /healthz /readyz /metrics"`
+	GatewayURL   string            `env:"CONCLAVE_CONSOLE_GATEWAY_URL" default:"http://127.0.0.1:8080" help:"the gateway's HTTP (REST client API) URL"`
+	BusURL       string            `env:"CONCLAVE_CONSOLE_BUS_URL" default:"ws://127.0.0.1:7892" help:"the bus's WebSocket URL (its dead-letter API is on the same listener)"`
+	RunnerURL    string            `env:"CONCLAVE_CONSOLE_RUNNER_URL" default:"http://127.0.0.1:8082" help:"the runner's REST URL"`
+	LibrarianURL string            `env:"CONCLAVE_CONSOLE_LIBRARIAN_URL" default:"http://127.0.0.1:8081" help:"the Librarian's API URL"`
+	JaegerURL    string            `env:"CONCLAVE_CONSOLE_JAEGER_URL" help:"Jaeger's UI, e.g. http://jaeger:16686: trace ids link to their trace there"`
+	// SessionKey seals session cookies; replicas behind one load balancer
+	// need the same one.
+	SessionKey           string        `env:"CONCLAVE_CONSOLE_SESSION_KEY" help:"base64 of 32 random bytes sealing the session cookies (default: generated at start, so sessions end with the process)"`
+	SessionTTL           time.Duration `env:"CONCLAVE_CONSOLE_SESSION_TTL" default:"8h" help:"how long a sign-in lasts"`
+	SecureCookies        bool          `env:"CONCLAVE_CONSOLE_SECURE_COOKIES" default:"false" help:"mark the session cookie Secure (set it when the console is served over https)"`
+	AllowUnauthenticated bool          `env:"CONCLAVE_CONSOLE_ALLOW_UNAUTHENTICATED" default:"false" help:"open the console without sign-in, calling the services without tokens (development only)"`
+	EventsBusToken       string        `env:"CONCLAVE_CONSOLE_EVENTS_BUS_TOKEN" help:"the console's own bus token, allowed to subscribe to system:librarian.request.*, for the recent decisions (open buses need none)"`
+	LibrarianAgentID     string        `env:"CONCLAVE_CONSOLE_LIBRARIAN_AGENT_ID" help:"the Librarian agent the knowledge-graph search asks as (its token is given at sign-in)"`
+	BackendTimeout       time.Duration `env:"CONCLAVE_CONSOLE_BACKEND_TIMEOUT" default:"10s" help:"how long one call to a service may take"`
+	ChatTimeout          time.Duration `env:"CONCLAVE_CONSOLE_CHAT_TIMEOUT" default:"10m" help:"how long one chat with an agent may stream"`
+	RefreshInterval      time.Duration `env:"CONCLAVE_CONSOLE_REFRESH_INTERVAL" default:"2s" help:"how often live lists (agents, an instance's status) are read again"`
+	MaxStreams           int           `env:"CONCLAVE_CONSOLE_MAX_STREAMS" default:"256" help:"live streams (Server-Sent Events) open at once"`
+	StreamMaxAge         time.Duration `env:"CONCLAVE_CONSOLE_STREAM_MAX_AGE" default:"30m" help:"how long a live stream lasts before the browser reconnects it"`
+	ShutdownTimeout      time.Duration `env:"CONCLAVE_CONSOLE_SHUTDOWN_TIMEOUT" default:"15s" help:"how long in-flight requests may drain on shutdown"`
+}
+
+// Validate implements config.Validator.
+func (c Config) Validate() error {
+	if _, err := c.sessionKey(); err != nil {
+		return err
+	}
+	for key, u := range map[string]string{
+		"CONCLAVE_CONSOLE_GATEWAY_URL":   c.GatewayURL,
+		"CONCLAVE_CONSOLE_RUNNER_URL":    c.RunnerURL,
+		"CONCLAVE_CONSOLE_LIBRARIAN_URL": c.LibrarianURL,
+		"CONCLAVE_CONSOLE_JAEGER_URL":    c.JaegerURL,
+	} {
+		if err := checkURL(u, "http", "https"); err != nil {
+			return fmt.Errorf("%s: %w", key, err)
+		}
+	}
+	if err := checkURL(c.BusURL, "ws", "wss"); err != nil {
+		return fmt.Errorf("CONCLAVE_CONSOLE_BUS_URL: %w", err)
+	}
+	for key, d := range map[string]time.Duration{
+		"CONCLAVE_CONSOLE_SESSION_TTL":      c.SessionTTL,
+		"CONCLAVE_CONSOLE_BACKEND_TIMEOUT":  c.BackendTimeout,
+		"CONCLAVE_CONSOLE_CHAT_TIMEOUT":     c.ChatTimeout,
+		"CONCLAVE_CONSOLE_REFRESH_INTERVAL": c.RefreshInterval,
+		"CONCLAVE_CONSOLE_STREAM_MAX_AGE":   c.StreamMaxAge,
+		"CONCLAVE_CONSOLE_SHUTDOWN_TIMEOUT": c.ShutdownTimeout,
+	} {
+		if d <= 0 {
+			return fmt.Errorf("%s: must be positive, got %s", key, d)
+		}
+	}
+	if c.MaxStreams < 1 {
+		return fmt.Errorf("CONCLAVE_CONSOLE_MAX_STREAMS: must be positive, got %d", c.MaxStreams)
+	}
+	return nil
+}
+
+// checkURL accepts an empty URL (the service is not used) or an absolute
+// one with one of schemes.
+func checkURL(raw string, schemes ...string) error {
+	if raw == "" {
+		return nil
+	}
+	u, err := url.Parse(raw)
+	if err != nil {
+		return fmt.Errorf("not a URL: %w", err)
+	}
+	for _, s := range schemes {
+		if u.Scheme == s && u.Host != "" {
+			return nil
+		}
+	}
+	return fmt.Errorf("%q is not a %s URL with a host", raw, strings.Join(schemes, " or "))
+}
+
+// sessionKey decodes the configured key, or makes one. The error never
+// repeats the value: it is a secret.
+func (c Config) sessionKey() ([]byte, error) {
+	if c.SessionKey == "" {
+		return session.GenerateKey(), nil
+	}
+	key, err := base64.StdEncoding.DecodeString(c.SessionKey)
+	if err != nil {
+		key, err = base64.RawURLEncoding.DecodeString(strings.TrimRight(c.SessionKey, "="))
+	}
+	if err != nil || len(key) != session.KeySize {
+		return nil, fmt.Errorf("CONCLAVE_CONSOLE_SESSION_KEY: want base64 of %d bytes (openssl rand -base64 %d)", session.KeySize, session.KeySize)
+	}
+	return key, nil
+}
+
+// Backends are the services' addresses, for a console whose services
+// bind after it is built (conclave dev). An empty address is a service not
+// reachable yet.
+type Backends struct {
+	GatewayURL, BusURL, RunnerURL, LibrarianURL string
+}
+
+type options struct {
+	backends func() Backends
+	server   []server.Option
+}
+
+// Option customises a console beyond its Config.
+type Option func(*options)
+
+// WithBackends makes the console ask f for the services' addresses at each
+// call, instead of using the Config's.
+func WithBackends(f func() Backends) Option { return func(o *options) { o.backends = f } }
+
+// WithServerOptions passes options to the HTTP server (a listener, say).
+func WithServerOptions(opts ...server.Option) Option {
+	return func(o *options) { o.server = append(o.server, opts...) }
+}
+
+// Console is a configured, not yet running, console.
+type Console struct {
+	srv  *server.Server
+	web  *web.Handler
+	cfg  Config
+	log  *slog.Logger
+	stop context.CancelFunc
+}
+
+// New builds the console.
+func New(cfg Config, logger *slog.Logger, tel *telemetry.Provider, opts ...Option) (*Console, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	o := options{backends: func() Backends {
+		return Backends{GatewayURL: cfg.GatewayURL, BusURL: cfg.BusURL, RunnerURL: cfg.RunnerURL, LibrarianURL: cfg.LibrarianURL}
+	}}
+	for _, opt := range opts {
+		opt(&o)
+	}
+	key, err := cfg.sessionKey()
+	if err != nil {
+		return nil, err
+	}
+	codec, err := session.NewCodec(key, cfg.SessionTTL, cfg.SecureCookies)
+	if err != nil {
+		return nil, fmt.Errorf("console sessions: %w", err)
+	}
+	if cfg.SessionKey == "" {
+		logger.Info("the console generated its session key: sessions end when it stops; set CONCLAVE_CONSOLE_SESSION_KEY to keep them, or to share them between replicas")
+	}
+	if cfg.AllowUnauthenticated {
+		logger.Warn("the console is open without sign-in and calls the services without tokens")
+	}
+	m := metrics.New(tel.Meter("console"))
+	// No client-wide timeout: streams (replies, logs) last as long as
+	// they need; each unary call has its own deadline.
+	transport := http.DefaultTransport.(*http.Transport).Clone()
+	transport.ResponseHeaderTimeout = cfg.BackendTimeout
+	httpClient := &http.Client{Transport: tel.HTTPTransport(transport)}
+	client := func(service string, base func() string) *backend.Client {
+		return &backend.Client{Service: service, Base: base, HTTP: httpClient, Timeout: cfg.BackendTimeout, Observe: m.Call}
+	}
+	b := o.backends
+	base, stop := context.WithCancel(context.Background())
+	h, err := web.New(base, web.Options{
+		Codec:            codec,
+		Open:             cfg.AllowUnauthenticated,
+		JaegerURL:        cfg.JaegerURL,
+		LibrarianAgentID: cfg.LibrarianAgentID,
+		Gateway:          backend.Gateway{Client: client("gateway", func() string { return b().GatewayURL })},
+		Bus: backend.Bus{Client: client("bus", func() string { return backend.HTTPBase(b().BusURL) }),
+			WebSocketURL: func() string { return b().BusURL }, MaxFrameBytes: 1 << 20},
+		Runner:          backend.Runner{Client: client("runner", func() string { return b().RunnerURL })},
+		Librarian:       backend.Librarian{Client: client("librarian", func() string { return b().LibrarianURL })},
+		RefreshInterval: cfg.RefreshInterval,
+		MaxStreams:      cfg.MaxStreams,
+		StreamMaxAge:    cfg.StreamMaxAge,
+		ChatTimeout:     cfg.ChatTimeout,
+		Metrics:         m,
+		Logger:          logger,
+	})
+	if err != nil {
+		stop()
+		return nil, err
+	}
+	srvOpts := append([]server.Option{
+		server.WithMetricsHandler(tel.MetricsHandler()),
+		server.WithHTTPMiddleware(func(h http.Handler) http.Handler { return tel.HTTPHandler(h, "console") }),
+	}, o.server...)
+	srv, err := server.New(server.Config{
+		Name:            "console",
+		HTTPAddr:        string(cfg.HTTPAddr),
+		ShutdownTimeout: cfg.ShutdownTimeout,
+		// A chat message may be 256 KiB, form-encoded.
+		MaxRequestBodyBytes: 1 << 20,
+	}, logger, srvOpts...)
+	if err != nil {
+		stop()
+		return nil, fmt.Errorf("console server: %w", err)
+	}
+	h.Routes(srv.Handle, srv.HandleStream)
+	// Chats with agents run under base: they end with the console.
+	srv.OnShutdown(func(context.Context) { stop() })
+	return &Console{srv: srv, web: h, cfg: cfg, log: logger, stop: stop}, nil
+}
+
+// Run serves until ctx is cancelled, then drains. Meanwhile it watches the
+// bus for the Librarian's decisions, when it may (an open console, or a
+// bus token of its own).
+func (c *Console) Run(ctx context.Context) error {
+	defer c.stop()
+	if c.cfg.AllowUnauthenticated || c.cfg.EventsBusToken != "" {
+		watchCtx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		go func() {
+			select {
+			case <-c.srv.Ready():
+			case <-watchCtx.Done():
+				return
+			}
+			c.web.WatchDecisions(watchCtx, c.cfg.EventsBusToken)
+		}()
+	}
+	err := c.srv.Run(ctx)
+	if errors.Is(err, context.Canceled) {
+		return nil
+	}
+	return err
+}
+
+// Ready is closed once the listener is bound.
+func (c *Console) Ready() <-chan struct{} { return c.srv.Ready() }
+
+// Endpoints lists where the console listens, once Ready.
+func (c *Console) Endpoints() []server.Endpoint {
+	return []server.Endpoint{{Service: "console", Protocol: "HTTP: web console /, /healthz /readyz /metrics", Address: c.srv.HTTPAddr()}}
+}
+
+// URL is the console's address, once Ready.
+func (c *Console) URL() string { return "http://" + c.srv.HTTPAddr() }

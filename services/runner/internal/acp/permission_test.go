@@ -1,0 +1,88 @@
+package acp
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"strings"
+	"testing"
+
+	"github.com/conclave-ai/conclave/pkg/jsonrpc"
+)
+
+// TestPermissionPolicies: each policy picks the option its kind prefers,
+// falls back to its second choice, and answers cancelled when neither is
+// offered or the turn was cancelled.
+func TestPermissionPolicies(t *testing.T) {
+	// Options as an agent sends them, on the wire.
+	type option = map[string]string
+	opt := func(id, kind string) option { return option{"optionId": id, "kind": kind, "name": id} }
+	all := []option{opt("once", "allow_once"), opt("always", "allow_always"), opt("reject", "reject_once"), opt("reject-always", "reject_always")}
+	allowsOnly := []option{all[0], all[1]}
+	rejectsOnly := []option{all[2], all[3]}
+	const cancelled = ""
+	for _, tt := range []struct {
+		name, policy string
+		options      []option
+		cancelled    bool
+		want         string // the option selected, or cancelled
+	}{
+		{"allow picks allow_once", "allow", all, false, "once"},
+		{"allow falls back to allow_always", "allow", all[1:], false, "always"},
+		{"allow with only rejects", "allow", rejectsOnly, false, cancelled},
+		{"allow_always picks allow_always", "allow_always", all, false, "always"},
+		{"allow_always falls back to allow_once", "allow_always", []option{all[0], all[2]}, false, "once"},
+		{"allow_always with only rejects", "allow_always", rejectsOnly, false, cancelled},
+		{"deny picks reject_once", "deny", all, false, "reject"},
+		{"deny falls back to reject_always", "deny", []option{all[0], all[1], all[3]}, false, "reject-always"},
+		{"deny with only allows", "deny", allowsOnly, false, cancelled},
+		{"the default is deny", "", all, false, "reject"},
+		{"no options", "allow", nil, false, cancelled},
+		{"allow, turn cancelled", "allow", all, true, cancelled},
+		{"allow_always, turn cancelled", "allow_always", all, true, cancelled},
+		{"deny, turn cancelled", "deny", all, true, cancelled},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			c := New(strings.NewReader(""), nopWriteCloser{io.Discard}, Options{Permission: tt.policy})
+			t.Cleanup(func() { _ = c.Close() })
+			if tt.cancelled {
+				c.mu.Lock()
+				c.cancelled = true
+				c.mu.Unlock()
+			}
+			params, err := json.Marshal(map[string]any{
+				"sessionId": "s", "options": tt.options,
+				"toolCall": map[string]any{"toolCallId": "call-1", "title": "write a file", "status": "pending"},
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			res, err := c.handlePermission(context.Background(), &jsonrpc.Request{ID: jsonrpc.Int64ID(1), Method: "session/request_permission", Params: params})
+			if err != nil {
+				t.Fatal(err)
+			}
+			// As the agent reads it: the JSON on the wire.
+			raw, err := json.Marshal(res)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var got struct {
+				Outcome struct {
+					Outcome  string `json:"outcome"`
+					OptionID string `json:"optionId"`
+				} `json:"outcome"`
+			}
+			if err := json.Unmarshal(raw, &got); err != nil {
+				t.Fatalf("%s: %v", raw, err)
+			}
+			switch {
+			case tt.want == cancelled:
+				if got.Outcome.Outcome != "cancelled" || got.Outcome.OptionID != "" {
+					t.Fatalf("got %s, want the cancelled outcome", raw)
+				}
+			case got.Outcome.Outcome != "selected" || got.Outcome.OptionID != tt.want:
+				t.Fatalf("got %s, want option %q selected", raw, tt.want)
+			}
+		})
+	}
+}

@@ -1,0 +1,219 @@
+package service_test
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"go.opentelemetry.io/otel/propagation"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.opentelemetry.io/otel/trace"
+	"google.golang.org/protobuf/types/known/structpb"
+
+	"github.com/conclave-ai/conclave/pkg/queue"
+	"github.com/conclave-ai/conclave/pkg/telemetry"
+)
+
+// statusEvent is a runner.task.status_changed envelope as the bus reads it.
+type statusEvent struct {
+	ID, Status, TaskID, InstanceID, PayloadTaskID string
+	Trace                                         trace.SpanContext
+}
+
+// drainStatusEvents receives every message waiting on the events queue
+// (deleting them) and returns the status changes of instanceID, in the
+// order they were sent.
+func drainStatusEvents(t *testing.T, q queue.Queue, eventsQueue, instanceID string) []statusEvent {
+	t.Helper()
+	ctx := context.Background()
+	var out []statusEvent
+	for {
+		msgs, err := q.Receive(ctx, eventsQueue, queue.ReceiveOptions{Max: queue.MaxBatch})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(msgs) == 0 {
+			return out
+		}
+		for _, m := range msgs {
+			if err := q.Delete(ctx, eventsQueue, m.ReceiptHandle); err != nil {
+				t.Fatal(err)
+			}
+			env, err := queue.DecodeEnvelope(m.Body)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if env.GetType() != "runner.task.status_changed" || env.GetSubjectIds()["instance_id"] != instanceID {
+				continue
+			}
+			var payload structpb.Struct
+			if err := env.GetPayload().UnmarshalTo(&payload); err != nil {
+				t.Fatal(err)
+			}
+			carrier := propagation.MapCarrier{"traceparent": env.GetTraceContext().GetTraceparent()}
+			sc := trace.SpanContextFromContext(propagation.TraceContext{}.Extract(ctx, carrier))
+			out = append(out, statusEvent{ID: env.GetId(), Status: payload.GetFields()["status"].GetStringValue(),
+				TaskID: env.GetSubjectIds()["task_id"], InstanceID: env.GetSubjectIds()["instance_id"],
+				PayloadTaskID: payload.GetFields()["task_id"].GetStringValue(), Trace: sc})
+		}
+	}
+}
+
+func statuses(evs []statusEvent) []string {
+	out := make([]string, len(evs))
+	for i, e := range evs {
+		out[i] = e.Status
+	}
+	return out
+}
+
+// TestStatusChangedEvents: a launch's status changes reach the events
+// queue as runner.task.status_changed envelopes, starting → running →
+// completed, each naming the task and the instance, all in the launch's
+// trace.
+func TestStatusChangedEvents(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs agent processes")
+	}
+	t.Parallel()
+	// Tracing on (spans recorded in memory), so that events carry a trace.
+	spans := tracetest.NewSpanRecorder()
+	tel, err := telemetry.New(context.Background(), telemetry.Config{ServiceName: "runner-test", SpanProcessors: []sdktrace.SpanProcessor{spans}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := startRunnerWith(t, map[string]string{"CONCLAVE_RUNNER_IDLE_TIMEOUT": "300ms"}, tel)
+	in := r.launch(t, "acp-normal", r.workspace(t), map[string]string{"TASK_DESCRIPTION": "status events"})
+	r.waitLog(t, in.ID, "launch 1 ended")
+	var evs []statusEvent
+	// The events are sent beside the writes: wait for the last one.
+	for deadline := time.Now().Add(time.Minute); len(evs) < 3 || evs[len(evs)-1].Status != "completed"; {
+		if time.Now().After(deadline) {
+			t.Fatalf("status events after a minute: %v", statuses(evs))
+		}
+		evs = append(evs, drainStatusEvents(t, r.q, r.cfg.EventsQueue, in.ID)...)
+		time.Sleep(20 * time.Millisecond)
+	}
+	if got := strings.Join(statuses(evs), " → "); got != "starting → running → completed" {
+		t.Fatalf("status events: %s", got)
+	}
+	// The launch's trace is the one its REST request began.
+	var launchTrace trace.TraceID
+	for _, sp := range spans.Ended() {
+		if sp.SpanKind() == trace.SpanKindServer && strings.Contains(sp.Name(), "LaunchAgent") {
+			launchTrace = sp.SpanContext().TraceID()
+		}
+	}
+	if !launchTrace.IsValid() {
+		t.Fatal("no server span of the launch was recorded")
+	}
+	ids := map[string]bool{}
+	for _, e := range evs {
+		if e.TaskID != in.TaskID || e.PayloadTaskID != in.TaskID || e.InstanceID != in.ID {
+			t.Errorf("%s event names task %q (payload %q), instance %q; want %q, %q", e.Status, e.TaskID, e.PayloadTaskID, e.InstanceID, in.TaskID, in.ID)
+		}
+		if !e.Trace.IsValid() {
+			t.Errorf("%s event has no trace parent", e.Status)
+		} else if e.Trace.TraceID() != launchTrace {
+			t.Errorf("%s event is in trace %s, the launch in %s", e.Status, e.Trace.TraceID(), launchTrace)
+		}
+		if ids[e.ID] {
+			t.Errorf("event id %s used twice", e.ID)
+		}
+		ids[e.ID] = true
+	}
+}
+
+// signalWriter closes reached once a line containing want is written.
+type signalWriter struct {
+	want    string
+	reached chan struct{}
+	once    sync.Once
+	mu      sync.Mutex
+	buf     bytes.Buffer
+}
+
+func (w *signalWriter) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.buf.Write(p)
+	if strings.Contains(w.buf.String(), w.want) {
+		w.once.Do(func() { close(w.reached) })
+	}
+	if w.buf.Len() > 1<<20 {
+		w.buf.Reset()
+	}
+	return len(p), nil
+}
+
+// TestEventsSurviveACrash kills the runner process (SIGKILL) after a turn's
+// end is recorded and before its status event is sent (the crash point of
+// CONCLAVE_RUNNER_TEST_CRASHPOINT holds the event). The event is in the
+// instance's outbox, and the launch's message was not deleted: the next
+// runner sends it, under its own id.
+func TestEventsSurviveACrash(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs the runner as a process")
+	}
+	t.Parallel()
+	dir := t.TempDir()
+	root := filepath.Join(dir, "workspaces")
+	if err := os.MkdirAll(root, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	types := agentTypes(t)
+	port := freePort(t)
+	data := filepath.Join(dir, "data")
+	crash := &signalWriter{want: "crashpoint before-terminal-event reached", reached: make(chan struct{})}
+	first, r := runnerProcessWith(t, data, root, types, port, 1, []string{"CONCLAVE_RUNNER_TEST_CRASHPOINT=before-terminal-event"}, crash)
+	in := r.launch(t, "acp-normal", r.workspace(t), map[string]string{"TASK_DESCRIPTION": "the last event"})
+	select {
+	case <-crash.reached:
+	case <-time.After(2 * time.Minute):
+		t.Fatal("the runner never reached the crash point")
+	}
+	if st := r.status(t, in.ID); st.Status != "completed" {
+		t.Fatalf("at the crash point: %+v", st)
+	}
+	if err := first.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	_ = first.Wait()
+
+	second, r := runnerProcess(t, data, root, types, port, 1)
+	// The launch comes back after CONCLAVE_RUNNER_LAUNCH_RETRY (2s), and its
+	// delivery sends what the outbox holds.
+	for deadline := time.Now().Add(time.Minute); !hasLog(r.logs(t, in.ID), "status event(s) again"); {
+		if time.Now().After(deadline) {
+			t.Fatalf("the completed event was not sent again; the log: %+v", r.logs(t, in.ID))
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	// The embedded queue is one process's at a time.
+	if err := second.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	_ = second.Wait()
+	q, err := queue.OpenEmbedded(filepath.Join(data, "queues.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer q.Close()
+	evs := drainStatusEvents(t, q, "bus-events", in.ID)
+	completed := 0
+	for _, e := range evs {
+		if e.Status == "completed" {
+			completed++
+		}
+	}
+	if completed != 1 || !strings.HasPrefix(strings.Join(statuses(evs), " "), "starting running") {
+		t.Fatalf("status events on the queue: %v, want starting, running and one completed", statuses(evs))
+	}
+}

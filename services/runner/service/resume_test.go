@@ -1,0 +1,78 @@
+package service_test
+
+import (
+	"net/http"
+	"testing"
+	"time"
+)
+
+// TestLaunchResumesStoredSession: a new instance launched with the session
+// id a finished task stored (GET /api/v1/tasks/{id}) resumes that session
+// in a real agent (examples/acp-agent) with session/load instead of
+// session/new: given as metadata.session_id (ACP), or seed 002's way, as
+// env AUGGIE_SESSION_ID from the task's metadata.auggie_session_id
+// (kandev).
+func TestLaunchResumesStoredSession(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs agent processes")
+	}
+	t.Parallel()
+	r := startRunner(t, map[string]string{"CONCLAVE_RUNNER_IDLE_TIMEOUT": "300ms"})
+	for _, tt := range []struct {
+		name, agentType string
+		// resume is the launch that names the session: its metadata and
+		// env.
+		resume func(sessionID string) (metadata map[string]any, env map[string]string)
+		key    string // where the task's metadata has the session id
+	}{
+		{"metadata.session_id", "acp-normal", func(id string) (map[string]any, map[string]string) {
+			return map[string]any{"session_id": id}, map[string]string{"TASK_DESCRIPTION": "what did you do?"}
+		}, "session_id"},
+		{"env AUGGIE_SESSION_ID", "kandev-normal", func(id string) (map[string]any, map[string]string) {
+			return map[string]any{}, map[string]string{"AUGGIE_SESSION_ID": id, "TASK_DESCRIPTION": "what did you do?"}
+		}, "auggie_session_id"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			ws := r.workspace(t)
+			first := r.launch(t, tt.agentType, ws, map[string]string{"TASK_DESCRIPTION": "first task"})
+			if done := r.waitStatus(t, first.ID, "completed", "failed"); done.Status != "completed" {
+				t.Fatalf("the first task: %+v", done)
+			}
+			var task struct {
+				Metadata map[string]any `json:"metadata"`
+			}
+			var sessionID string
+			for deadline := time.Now().Add(time.Minute); sessionID == ""; time.Sleep(50 * time.Millisecond) {
+				r.do(t, "GET", "/api/v1/tasks/"+first.TaskID, nil, &task)
+				sessionID, _ = task.Metadata[tt.key].(string)
+				if time.Now().After(deadline) {
+					t.Fatalf("the task's metadata has no %s: %+v", tt.key, task.Metadata)
+				}
+			}
+			if hasLog(r.logs(t, first.ID), "loaded session") {
+				t.Fatal("the first launch loaded a session")
+			}
+
+			metadata, env := tt.resume(sessionID)
+			var second instance
+			if code := r.do(t, "POST", "/api/v1/agents/launch", map[string]any{
+				"task_id": first.TaskID + "-followup", "agent_type": tt.agentType, "workspace_path": ws, "env": env, "metadata": metadata,
+			}, &second); code != http.StatusOK {
+				t.Fatalf("the follow-up launch: HTTP %d", code)
+			}
+			if done := r.waitStatus(t, second.ID, "completed", "failed"); done.Status != "completed" {
+				t.Fatalf("the follow-up task: %+v; logs %+v", done, r.logs(t, second.ID))
+			}
+			r.waitLogWithin(t, second.ID, "acp-agent: loaded session "+sessionID, time.Minute)
+			r.waitLogWithin(t, second.ID, "Working on: what did you do?", time.Minute)
+			var sess struct {
+				SessionID string `json:"session_id"`
+			}
+			r.do(t, "GET", "/api/v1/agents/"+second.ID+"/session", nil, &sess)
+			if sess.SessionID != sessionID {
+				t.Errorf("the follow-up's session is %q, want the stored %q", sess.SessionID, sessionID)
+			}
+		})
+	}
+}
