@@ -8,7 +8,7 @@ CACHE     := $(ROOT)/.cache
 BIN       := $(CACHE)/bin
 BUF       := $(ROOT)/node_modules/.bin/buf
 # Every Go module in the workspace, plus the tools module outside it.
-MODULES   := proto pkg services/gateway services/bus services/runner services/bridge services/console functions/librarian cmd/conclave examples/acp-agent examples/coven-agent bench infra
+MODULES   := proto pkg services/gateway services/bus services/runner services/bridge services/console functions/librarian cmd/conclave examples/acp-agent examples/coven-agent bench infra deploy/kubetest
 # Modules outside go.work (GOWORK=off): their build lists must not reach the
 # services'. deploy/observability checks the dashboards and alert rules with
 # Prometheus' own parsers; helm checks the chart, skaffold.yaml and the
@@ -42,7 +42,7 @@ test-deps: ## Install the Debian packages the integration tests use (nginx, chro
 	scripts/install-test-deps.sh
 
 .PHONY: test-tools
-test-tools: ## Build kube-apiserver, etcd, the node (kubelet, controller-manager, scheduler), jaeger-all-in-one and helm into .cache/bin (skips what is up to date).
+test-tools: ## Build kube-apiserver, etcd, the node (kubelet, controller-manager, scheduler, kube-proxy), jaeger-all-in-one and helm into .cache/bin (skips what is up to date).
 	scripts/build-test-tools.sh
 
 # conclave-images is the repository's own code, not a pinned third-party tool:

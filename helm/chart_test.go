@@ -225,11 +225,12 @@ func indexIn(t *testing.T, objs []runtime.Object, namespaces ...string) rendered
 }
 
 // podEnvHelpers are env vars the chart sets that are no Conclave setting:
-// only other values expand them.
-var podEnvHelpers = []string{"POD_IP"}
+// POD_IP only other values expand; the AWS SDK reads the static credentials
+// of aws.credentialsSecret.
+var podEnvHelpers = []string{"POD_IP", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"}
 
 // secretSettings must come from a Secret, never a literal value.
-var secretSettings = regexp.MustCompile(`_(CLIENT_TOKENS|AGENT_TOKENS|GRANTS|PEER_TOKEN|RUNNER_TOKEN|HOST_KEY)$`)
+var secretSettings = regexp.MustCompile(`_(CLIENT_TOKENS|AGENT_TOKENS|GRANTS|PEER_TOKEN|RUNNER_TOKEN|HOST_KEY)$|^AWS_(ACCESS_KEY_ID|SECRET_ACCESS_KEY)$`)
 
 func TestTemplate(t *testing.T) {
 	t.Parallel()
@@ -521,7 +522,7 @@ func allSettingsValues(t *testing.T) string {
 	}
 	values := map[string]any{
 		"jaeger": map[string]any{"enabled": true},
-		"aws":    map[string]any{"endpoint": "http://dynalite.conclave.svc:4567"},
+		"aws":    map[string]any{"endpoint": "http://dynalite.conclave.svc:4567", "credentialsSecret": "local-aws"},
 		"observability": map[string]any{
 			"dashboards":     map[string]any{"enabled": true},
 			"rules":          map[string]any{"enabled": true},
@@ -699,6 +700,7 @@ func TestSchemaRejects(t *testing.T) {
 		{"port out of range", []string{"runner.service.grpcPort=70000"}, "at '/runner/service/grpcPort': maximum: got 70,000, want 65,535"},
 		{"bad queue name", []string{"runner.launchQueue=runner launches"}, "at '/runner/launchQueue'"},
 		{"unknown top-level key", []string{"gatway.enabled=false"}, "additional properties 'gatway' not allowed"},
+		{"bad AWS credentials Secret name", []string{"aws.credentialsSecret=AWS_Creds"}, "at '/aws/credentialsSecret': 'AWS_Creds' does not match pattern"},
 		{"executor not local or kubernetes", []string{"runner.executor=docker"}, "at '/runner/executor': value must be one of 'local', 'kubernetes'"},
 		{"bad agent pull policy", []string{"runner.executor=kubernetes", "runner.kubernetes.imagePullPolicy=Sometimes"}, "at '/runner/kubernetes/imagePullPolicy': value must be one of 'Always', 'IfNotPresent', 'Never'"},
 		{"agent ttl not a duration", []string{"runner.kubernetes.ttlAfterFinished=600"}, "at '/runner/kubernetes/ttlAfterFinished': got number, want string"},

@@ -4,7 +4,7 @@
 # so their conflicting dependency versions never meet):
 #
 #   tools/k8s     kube-apiserver, etcd, and the node: kubelet,
-#                 kube-controller-manager, kube-scheduler
+#                 kube-controller-manager, kube-scheduler, kube-proxy
 #   tools/jaeger  jaeger-all-in-one
 #   tools/helm    helm
 #
@@ -110,12 +110,14 @@ k8s() {
 	ldflags_kubelet=$stamped
 	ldflags_kube_controller_manager=$stamped
 	ldflags_kube_scheduler=$stamped
+	ldflags_kube_proxy=$stamped
 	build k8s \
 		kube-apiserver=k8s.io/kubernetes/cmd/kube-apiserver \
 		etcd=go.etcd.io/etcd/server/v3 \
 		kubelet=k8s.io/kubernetes/cmd/kubelet \
 		kube-controller-manager=k8s.io/kubernetes/cmd/kube-controller-manager \
-		kube-scheduler=k8s.io/kubernetes/cmd/kube-scheduler
+		kube-scheduler=k8s.io/kubernetes/cmd/kube-scheduler \
+		kube-proxy=k8s.io/kubernetes/cmd/kube-proxy
 }
 
 jaeger() {

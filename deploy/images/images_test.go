@@ -36,9 +36,10 @@ func repoRoot(t *testing.T) string {
 	return root
 }
 
-// testedImages are the images TestCommand builds: a service, and the two
-// the Kubernetes executor runs.
-var testedImages = []string{"runner", "agent-host", "acp-agent"}
+// testedImages are the images TestCommand builds: every image, the three
+// services (which the chart's install test on a real node runs too) and
+// the two the Kubernetes executor runs.
+var testedImages = []string{"gateway", "bus", "runner", "agent-host", "acp-agent"}
 
 // testArch is the tested images' architecture, the machine's own, so that
 // the test can run the binaries it unpacks from them.
@@ -68,7 +69,7 @@ var testEpoch = time.Unix(1700000000, 0).UTC()
 // them back the way a container runtime and Lambda would.
 func TestCommand(t *testing.T) {
 	if testing.Short() {
-		t.Skip("-short: builds the runner, agent-host, acp-agent and the Librarian with go build")
+		t.Skip("-short: builds every image and the Librarian with go build")
 	}
 	tool := filepath.Join(t.TempDir(), "conclave-images")
 	build := exec.CommandContext(t.Context(), "go", "build", "-o", tool, "./cmd/conclave-images")
@@ -493,5 +494,13 @@ func TestZipTime(t *testing.T) {
 		if got := zipTime(in); !got.Equal(want) {
 			t.Errorf("zipTime(%s) = %s, want %s", in, got, want)
 		}
+	}
+}
+
+// TestEveryImageIsBuilt keeps TestCommand building every image the table
+// names, so that a new one cannot ship untested.
+func TestEveryImageIsBuilt(t *testing.T) {
+	if !slices.Equal(testedImages, Names()) {
+		t.Errorf("TestCommand builds %v, the table has %v", testedImages, Names())
 	}
 }

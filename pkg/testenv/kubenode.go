@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -56,12 +57,16 @@ const kubeNodeRoot = "/tmp/conclave-kubenode"
 const kubeNodePath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 // KubeNodeEnv is a real single-node Kubernetes cluster: etcd,
-// kube-apiserver, kube-controller-manager, kube-scheduler and the kubelet
-// from tools/k8s, with Debian's containerd, runc and CNI plugins, all
-// running in a network namespace of their own that KubeNode creates. Pods
-// really run. Images come only from ImportImage (pods use
-// imagePullPolicy: Never); there is no kube-proxy and no DNS, so pods reach
-// the node at KubeNodeIP and not through Services.
+// kube-apiserver, kube-controller-manager, kube-scheduler, the kubelet and
+// kube-proxy from tools/k8s, with Debian's containerd, runc and CNI
+// plugins, all running in a network namespace of their own that KubeNode
+// creates. Pods really run. Images come only from ImportImage (pods use
+// imagePullPolicy: Never). kube-proxy (iptables mode, its rules inside the
+// namespace) routes Services: pods and DialContext reach a Service at its
+// ClusterIP, and pods reach the apiserver through the kubernetes Service.
+// There is no cluster DNS: address a Service by its ClusterIP (or the
+// <NAME>_SERVICE_HOST variables the kubelet gives pods), the node at
+// KubeNodeIP.
 type KubeNodeEnv struct {
 	// Config is an admin (system:masters) client configuration. Its Dial
 	// opens connections inside the node's namespace, where the apiserver
@@ -120,7 +125,7 @@ func KubeNode(ctx context.Context) (node *KubeNodeEnv, err error) {
 	if err := kubeNodePackages(ctx); err != nil {
 		return nil, err
 	}
-	bin, err := toolBinaries(ctx, "k8s", "kube-apiserver", "etcd", "kubelet", "kube-controller-manager", "kube-scheduler")
+	bin, err := toolBinaries(ctx, "k8s", "kube-apiserver", "etcd", "kubelet", "kube-controller-manager", "kube-scheduler", "kube-proxy")
 	if err != nil {
 		return nil, err
 	}
@@ -188,7 +193,7 @@ func lockKubeNodes(ctx context.Context) (*os.File, error) {
 // kubeNodeCommands are what the node runs besides its own binaries: the
 // Debian packages scripts/install-test-deps.sh installs.
 var kubeNodeCommands = []string{
-	"containerd", "containerd-shim-runc-v2", "runc", "ctr", "nsenter", "ip", "iptables",
+	"containerd", "containerd-shim-runc-v2", "runc", "ctr", "nsenter", "ip", "iptables", "iptables-restore",
 	"/usr/lib/cni/bridge", "/usr/lib/cni/host-local", "/usr/lib/cni/loopback",
 }
 
@@ -333,7 +338,10 @@ func (k *KubeNodeEnv) start(ctx context.Context, bin string) error {
 	pki := func(f string) string { return k.path("pki", f) }
 	if err := k.startDaemon("kube-apiserver", filepath.Join(bin, "kube-apiserver"),
 		"--etcd-servers=http://127.0.0.1:2379",
-		"--bind-address=127.0.0.1", "--secure-port=16443", "--advertise-address="+KubeNodeIP,
+		// Every address of the namespace (and none outside it): clients
+		// here use 127.0.0.1, pods the kubernetes Service, which
+		// kube-proxy sends to the advertised KubeNodeIP.
+		"--bind-address=0.0.0.0", "--secure-port=16443", "--advertise-address="+KubeNodeIP,
 		"--tls-cert-file="+pki("apiserver.crt"), "--tls-private-key-file="+pki("apiserver.key"),
 		"--client-ca-file="+pki("ca.crt"),
 		"--kubelet-client-certificate="+pki("apiserver-kubelet-client.crt"),
@@ -387,6 +395,9 @@ func (k *KubeNodeEnv) start(ctx context.Context, bin string) error {
 		"--root-dir="+k.path("kubelet"), "--hostname-override="+KubeNodeName, "--node-ip="+KubeNodeIP, "-v=1"); err != nil {
 		return err
 	}
+	if err := k.startKubeProxy(bin); err != nil {
+		return err
+	}
 	if err := k.waitFor(ctx, "the node to be Ready", func(ctx context.Context) error {
 		n, err := cs.CoreV1().Nodes().Get(ctx, KubeNodeName, metav1.GetOptions{})
 		if err != nil {
@@ -401,17 +412,69 @@ func (k *KubeNodeEnv) start(ctx context.Context, bin string) error {
 	}); err != nil {
 		return err
 	}
-	return k.waitFor(ctx, "the default ServiceAccount and kube-root-ca.crt", func(ctx context.Context) error {
+	if err := k.waitFor(ctx, "the default ServiceAccount and kube-root-ca.crt", func(ctx context.Context) error {
 		if _, err := cs.CoreV1().ServiceAccounts("default").Get(ctx, "default", metav1.GetOptions{}); err != nil {
 			return err
 		}
 		_, err := cs.CoreV1().ConfigMaps("default").Get(ctx, "kube-root-ca.crt", metav1.GetOptions{})
 		return err
-	})
+	}); err != nil {
+		return err
+	}
+	return k.waitFor(ctx, "kube-proxy's first sync", k.kubeProxyHealthy)
+}
+
+// startKubeProxy runs kube-proxy in iptables mode. Its chains and rules
+// (nat and filter KUBE-*) are made by iptables run inside the namespace,
+// so they live and die with it, as the kubelet's do. Every setting that
+// would reach beyond the namespace is off:
+//   - conntrack: no nf_conntrack_max or hashsize (global: the one in
+//     /sys/module is the host's), no timeouts;
+//   - no localhost NodePorts, which set route_localnet;
+//   - oom_score_adj left alone (lowering it needs CAP_SYS_RESOURCE).
+//
+// --masquerade-all SNATs Service traffic to the node, so a pod that
+// reaches another pod on the same bridge through a ClusterIP gets its
+// replies back through the node's conntrack, whether or not the host
+// loads br_netfilter.
+func (k *KubeNodeEnv) startKubeProxy(bin string) error {
+	return k.startDaemon("kube-proxy", filepath.Join(bin, "kube-proxy"),
+		"--kubeconfig="+k.path("kubeconfigs", "kube-proxy.conf"),
+		"--hostname-override="+KubeNodeName, "--proxy-mode=iptables",
+		"--cluster-cidr="+kubeNodePodSubnet, "--masquerade-all",
+		"--healthz-bind-address=127.0.0.1:10256", "--metrics-bind-address=127.0.0.1:10249",
+		"--conntrack-max-per-core=0", "--conntrack-min=0",
+		"--conntrack-tcp-timeout-established=0s", "--conntrack-tcp-timeout-close-wait=0s",
+		"--iptables-localhost-nodeports=false", "--oom-score-adj=0", "-v=1")
+}
+
+// kubeProxyHealthy asks kube-proxy's healthz, which answers 200 once it
+// has written its rules.
+func (k *KubeNodeEnv) kubeProxyHealthy(ctx context.Context) error {
+	// No keep-alive: an idle connection would hold the namespace.
+	client := &http.Client{Transport: &http.Transport{DialContext: k.DialContext, DisableKeepAlives: true}}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://127.0.0.1:10256/healthz", nil)
+	if err != nil {
+		return err
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("kube-proxy healthz: %s: %s", resp.Status, body)
+	}
+	return nil
 }
 
 // network creates the namespace with loopback up and the node address on
-// a bridge of its own (the kubelet refuses a loopback node address).
+// a bridge of its own (the kubelet refuses a loopback node address). The
+// Service range is routed to that bridge: a connection made in the
+// namespace itself (DialContext, helm) to a ClusterIP needs a route before
+// kube-proxy's OUTPUT rule rewrites it to a pod, and the namespace has no
+// default route. Pods need none: their traffic is rewritten on arrival.
 func (k *KubeNodeEnv) network(ctx context.Context) error {
 	if err := run(ctx, "ip", "netns", "add", k.NetNS); err != nil {
 		return err
@@ -426,6 +489,7 @@ func (k *KubeNodeEnv) network(ctx context.Context) error {
 		{"link", "add", kubeNodeHostBridge, "type", "bridge"},
 		{"addr", "add", KubeNodeIP + "/32", "dev", kubeNodeHostBridge},
 		{"link", "set", kubeNodeHostBridge, "up"},
+		{"route", "add", kubeNodeServices, "dev", kubeNodeHostBridge},
 	} {
 		if err := run(ctx, "ip", append([]string{"-n", k.NetNS}, args...)...); err != nil {
 			return err
@@ -721,7 +785,7 @@ func (k *KubeNodeEnv) Stop() error {
 		for _, c := range closers {
 			_ = c.Close()
 		}
-		k.stopDaemons("kubelet", "kube-scheduler", "kube-controller-manager")
+		k.stopDaemons("kubelet", "kube-proxy", "kube-scheduler", "kube-controller-manager")
 		if k.Dir != "" {
 			k.removeContainers()
 		}

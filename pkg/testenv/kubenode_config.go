@@ -34,6 +34,8 @@ func (k *KubeNodeEnv) writeConfig() error {
 		{file: "kubelet", cn: "system:node:" + KubeNodeName, orgs: []string{"system:nodes"}},
 		{file: "controller-manager", cn: "system:kube-controller-manager"},
 		{file: "scheduler", cn: "system:kube-scheduler"},
+		// Bound to system:node-proxier by the apiserver's default policy.
+		{file: "kube-proxy", cn: "system:kube-proxy"},
 	} {
 		if err := p.issue(id); err != nil {
 			return err
@@ -45,7 +47,7 @@ func (k *KubeNodeEnv) writeConfig() error {
 	if err := os.MkdirAll(k.path("kubeconfigs"), 0o700); err != nil {
 		return err
 	}
-	for _, user := range []string{"admin", "kubelet", "controller-manager", "scheduler"} {
+	for _, user := range []string{"admin", "kubelet", "controller-manager", "scheduler", "kube-proxy"} {
 		kc := fmt.Sprintf(`apiVersion: v1
 kind: Config
 clusters:

@@ -21,6 +21,7 @@ import (
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/conclave-ai/conclave/pkg/testenv"
@@ -111,7 +112,9 @@ func crashNode(t *testing.T) string {
 // copies a binary into an emptyDir for the main container, which sees a
 // Secret through secretKeyRef; a pod that dials back to a listener the
 // test made inside the node's namespace; a pod that reaches a host
-// loopback listener through Forward. After Stop the host must be exactly
+// loopback listener through Forward; a pod, and the test through
+// DialContext, that reach another pod at its Service's ClusterIP
+// (kube-proxy's rules). After Stop the host must be exactly
 // as before, and a crashed run's leftovers must have been cleaned up by
 // the start: a node whose test process was killed while a pod ran, and
 // planted leftovers.
@@ -219,6 +222,10 @@ func TestKubeNode(t *testing.T) {
 			}
 			defer fwd.Close()
 			testPodReachesVia(t, node, cs, "forward", fwd.Addr().String(), host)
+		})
+		t.Run("PodReachesPodThroughService", func(t *testing.T) {
+			t.Parallel()
+			testService(t, node, cs)
 		})
 	})
 
@@ -605,9 +612,24 @@ func hostSnapshot() (map[string]string, error) {
 		}
 		snap["sysctl "+s] = strings.TrimSpace(string(b))
 	}
+	// What kube-proxy would change if let: the conntrack table's size (the
+	// hashsize is global, the max the host namespace's), route_localnet;
+	// and br_netfilter's switch, which it reads. Absent without the module.
+	for _, f := range []string{
+		"/proc/sys/net/netfilter/nf_conntrack_max", "/sys/module/nf_conntrack/parameters/hashsize",
+		"/proc/sys/net/netfilter/nf_conntrack_tcp_timeout_established", "/proc/sys/net/netfilter/nf_conntrack_tcp_timeout_close_wait",
+		"/proc/sys/net/ipv4/conf/all/route_localnet", "/proc/sys/net/bridge/bridge-nf-call-iptables",
+	} {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			b = []byte("absent")
+		}
+		snap[f] = strings.TrimSpace(string(b))
+	}
 	for _, d := range []string{
 		"/run/netns", "/run/containerd", "/run/containerd/s", "/run/containerd/runc", "/var/lib/kubelet",
 		"/var/lib/cni", "/var/log/containers", "/usr/libexec/kubernetes", "/opt/containerd",
+		"/run/xtables.lock", "/var/lib/kube-proxy",
 	} {
 		_, err := os.Lstat(d)
 		snap["exists "+d] = fmt.Sprint(err == nil)
@@ -615,4 +637,72 @@ func hostSnapshot() (map[string]string, error) {
 	cgroups, _ := filepath.Glob("/sys/fs/cgroup/*/*/")
 	snap["cgroups"] = strings.Join(cgroups, "\n")
 	return snap, nil
+}
+
+// testService runs a relay pod behind a ClusterIP Service and a pod that
+// dials the Service's address: the line must pass through kube-proxy's
+// rules to the relay, which sends it on to a listener of the test's. Then
+// the test itself sends a line to the ClusterIP through DialContext.
+func testService(t *testing.T, node *testenv.KubeNodeEnv, cs kubernetes.Interface) {
+	ctx, cancel := context.WithTimeout(t.Context(), podWait)
+	defer cancel()
+	l, err := node.Listen("tcp", testenv.KubeNodeIP+":0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	labels := map[string]string{"app": "relay"}
+	relay := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "relay", Labels: labels},
+		Spec: corev1.PodSpec{Containers: []corev1.Container{{
+			Name: "main", Image: probeImage, ImagePullPolicy: corev1.PullNever,
+			Command: []string{"/kubeprobe", "relay", ":8080", l.Addr().String()},
+			Ports:   []corev1.ContainerPort{{Name: "relay", ContainerPort: 8080}},
+			// Ready, and so an endpoint of the Service, once it listens.
+			ReadinessProbe: &corev1.Probe{
+				ProbeHandler:  corev1.ProbeHandler{TCPSocket: &corev1.TCPSocketAction{Port: intstr.FromString("relay")}},
+				PeriodSeconds: 1,
+			},
+		}}},
+	}
+	if _, err := cs.CoreV1().Pods("default").Create(ctx, relay, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	svc, err := cs.CoreV1().Services("default").Create(ctx, &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Name: "relay"},
+		Spec: corev1.ServiceSpec{
+			Selector: labels,
+			Ports:    []corev1.ServicePort{{Port: 80, TargetPort: intstr.FromString("relay")}},
+		},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := net.JoinHostPort(svc.Spec.ClusterIP, "80")
+	if !strings.HasPrefix(svc.Spec.ClusterIP, "10.96.") {
+		t.Fatalf("ClusterIP %q outside the node's service range 10.96.0.0/16", svc.Spec.ClusterIP)
+	}
+	testPodReachesVia(t, node, cs, "via-service", addr, l)
+
+	// The test's own connection, made inside the namespace, takes the same
+	// rules (the nat table's OUTPUT chain). The rules are in place: the pod
+	// just went through them.
+	line := "from-test-" + randomHex(t)
+	conn, err := node.DialContext(ctx, "tcp", addr)
+	if err != nil {
+		t.Fatalf("dial the Service at %s: %v", addr, err)
+	}
+	if _, err := fmt.Fprintln(conn, line); err != nil {
+		t.Fatal(err)
+	}
+	conn.Close()
+	in, err := l.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer in.Close()
+	got, err := bufio.NewReader(in).ReadString('\n')
+	if strings.TrimSpace(got) != line {
+		t.Fatalf("the relay sent %q (%v), want %q", got, err, line)
+	}
 }

@@ -130,6 +130,10 @@ app.kubernetes.io/managed-by: conclave-runner
 - name: CONCLAVE_AWS_ENDPOINT
   value: {{ $root.Values.aws.endpoint | quote }}
 {{- end }}
+{{- with $root.Values.aws.credentialsSecret }}
+{{- include "conclave.secretEnv" (dict "env" "AWS_ACCESS_KEY_ID" "secret" . "key" "AWS_ACCESS_KEY_ID") }}
+{{- include "conclave.secretEnv" (dict "env" "AWS_SECRET_ACCESS_KEY" "secret" . "key" "AWS_SECRET_ACCESS_KEY") }}
+{{- end }}
 {{- if eq $root.Values.backend "embedded" }}
 - name: CONCLAVE_DATA_DIR
   value: /var/lib/conclave

@@ -1,0 +1,324 @@
+//go:build linux
+
+package kubetest_test
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"net/http"
+	"net/http/httputil"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/conclave-ai/conclave/pkg/testenv"
+)
+
+// The release as docs/deploy.md installs it: release conclave in namespace
+// conclave, so its objects are conclave-gateway, conclave-bus, ...
+const (
+	release   = "conclave"
+	namespace = "conclave"
+	// agentImage is examples/coven-agent, the agent that registers with
+	// the gateway from a pod of its own.
+	agentImage = "local/coven-agent:test"
+	agentID    = "kubetest-agent"
+	// waitLimit bounds each wait for the cluster, only so that a stuck
+	// step fails with its diagnosis rather than at go test's timeout.
+	waitLimit = 5 * time.Minute
+)
+
+// Secrets' contents: the tokens the release's pods take through
+// secretKeyRef, as docs/deploy.md's "Install from zero" creates them.
+const (
+	clientToken = "kubetest-client-token-0123456789abcdef"
+	agentToken  = "kubetest-agent-token-0123456789abcdef"
+	runnerToken = "kubetest-runner-token-0123456789abcdef"
+	busToken    = "kubetest-bus-admin-token-0123456789"
+	peerToken   = "kubetest-peer-token-0123456789abcdef"
+	hostKey     = "kubetest-host-key-0123456789abcdef-0123456789"
+)
+
+// chartEnv is a running node with the images imported and the backends
+// reachable from its pods.
+type chartEnv struct {
+	node  *testenv.KubeNodeEnv
+	admin kubernetes.Interface
+	root  string
+	helm  string
+	// helmHome holds helm's cache, config and data, away from $HOME.
+	helmHome string
+	// values is the install's values file.
+	values string
+	// version is the chart's appVersion, the images' tag.
+	version string
+}
+
+// setUp builds the images (the gateway's, bus's and runner's with
+// conclave-images, as `make images` does, and the example coven agent's)
+// while the node starts, imports them, serves dynalite and fauxqs to the
+// pods, and creates the release's namespace and Secrets.
+func setUp(t *testing.T, ctx context.Context) *chartEnv {
+	e := &chartEnv{}
+	var err error
+	if e.root, err = testenv.RepoRoot(); err != nil {
+		t.Fatal(err)
+	}
+	if e.helm, err = testenv.Helm(ctx); err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	e.helmHome = filepath.Join(dir, "helm")
+
+	dynalite, err := testenv.Dynalite(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(dynalite.Stop)
+	fauxqs, err := testenv.Fauxqs(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(fauxqs.Stop)
+	type built struct {
+		tarballs []string
+		took     time.Duration
+		err      error
+	}
+	images := make(chan built, 1)
+	go func() {
+		start := time.Now()
+		tarballs, err := buildImages(ctx, e.root, dir)
+		images <- built{tarballs, time.Since(start), err}
+	}()
+
+	start := time.Now()
+	e.node, err = testenv.KubeNode(ctx)
+	if err != nil {
+		<-images
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := e.node.Stop(); err != nil {
+			t.Error(err)
+		}
+	})
+	t.Logf("node up in %s", time.Since(start).Round(100*time.Millisecond))
+	b := <-images
+	if b.err != nil {
+		t.Fatal(b.err)
+	}
+	t.Logf("images built in %s (beside the node's start)", b.took.Round(100*time.Millisecond))
+	for _, tarball := range b.tarballs {
+		if err := e.node.ImportImage(ctx, tarball); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if e.admin, err = kubernetes.NewForConfig(e.node.Config); err != nil {
+		t.Fatal(err)
+	}
+	if e.version, err = chartVersion(e.root); err != nil {
+		t.Fatal(err)
+	}
+	endpoint := serveAWS(t, e.node, dynalite.Endpoint, fauxqs.Endpoint)
+	e.values = filepath.Join(dir, "values.yaml")
+	if err := os.WriteFile(e.values, []byte(installValues(endpoint, e.version)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	createSecrets(t, ctx, e.admin)
+	return e
+}
+
+// buildImages builds the gateway, bus and runner images with
+// conclave-images (deploy/images, as `make images`), with agent-host's and
+// the example ACP agent's for the runner's Kubernetes executor, and the
+// coven agent's.
+func buildImages(ctx context.Context, root, dir string) ([]string, error) {
+	tool := filepath.Join(dir, "conclave-images")
+	build := exec.CommandContext(ctx, "go", "build", "-o", tool, "./cmd/conclave-images")
+	build.Dir = filepath.Join(root, "deploy", "images")
+	build.Env = append(os.Environ(), "GOWORK=off")
+	if out, err := build.CombinedOutput(); err != nil {
+		return nil, fmt.Errorf("go build conclave-images: %v\n%s", err, out)
+	}
+	out := filepath.Join(dir, "images")
+	names := []string{"gateway", "bus", "runner", "agent-host", "acp-agent"}
+	run := exec.CommandContext(ctx, tool, append([]string{"-root", root, "-out", out, "-arch", "amd64"}, names...)...)
+	if output, err := run.CombinedOutput(); err != nil {
+		return nil, fmt.Errorf("conclave-images: %v\n%s", err, output)
+	}
+	var tarballs []string
+	for _, n := range names {
+		tarballs = append(tarballs, filepath.Join(out, n+".tar"))
+	}
+
+	agent := filepath.Join(dir, "coven-agent")
+	if err := testenv.BuildStatic(ctx, "./examples/coven-agent", agent); err != nil {
+		return nil, err
+	}
+	tarball := agent + ".tar"
+	if err := testenv.WriteImage(tarball, testenv.Image{
+		Ref: agentImage, User: "65532:65532", Entrypoint: []string{"/usr/local/bin/coven-agent"},
+		Files: []testenv.ImageFile{{Path: "/usr/local/bin/coven-agent", HostPath: agent, Mode: 0o755}},
+	}); err != nil {
+		return nil, err
+	}
+	return append(tarballs, tarball), nil
+}
+
+// chartVersion is helm/conclave's appVersion: the images' tag.
+func chartVersion(root string) (string, error) {
+	data, err := os.ReadFile(filepath.Join(root, "helm", "conclave", "Chart.yaml"))
+	if err != nil {
+		return "", err
+	}
+	for line := range strings.SplitSeq(string(data), "\n") {
+		if v, ok := strings.CutPrefix(line, "appVersion:"); ok {
+			return strings.Trim(strings.TrimSpace(v), `"'`), nil
+		}
+	}
+	return "", fmt.Errorf("helm/conclave/Chart.yaml has no appVersion")
+}
+
+// serveAWS answers DynamoDB and SQS at one endpoint inside the node's
+// namespace, as CONCLAVE_AWS_ENDPOINT (aws.endpoint) wants: a request
+// goes to dynalite or fauxqs, both on this host's loopback, by its
+// X-Amz-Target (the AWS SDK's JSON protocol names the service there). It
+// returns the endpoint as pods reach it, on KubeNodeIP.
+func serveAWS(t *testing.T, node *testenv.KubeNodeEnv, dynalite, fauxqs string) string {
+	t.Helper()
+	l, err := node.Listen("tcp", testenv.KubeNodeIP+":0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy := func(target string) *httputil.ReverseProxy {
+		u, err := url.Parse(target)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return &httputil.ReverseProxy{
+			Rewrite: func(r *httputil.ProxyRequest) {
+				r.SetURL(u)
+				// fauxqs builds queue URLs from the Host the client used.
+				r.Out.Host = r.In.Host
+			},
+			// A pod gone mid-request (an SQS long poll, at the upgrade or
+			// the end) is no failure of the test's: no log line for it.
+			ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
+				w.WriteHeader(http.StatusBadGateway)
+			},
+		}
+	}
+	dynamo, sqs := proxy(dynalite), proxy(fauxqs)
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch target := r.Header.Get("X-Amz-Target"); {
+		case strings.HasPrefix(target, "DynamoDB_"):
+			dynamo.ServeHTTP(w, r)
+		case strings.HasPrefix(target, "AmazonSQS."):
+			sqs.ServeHTTP(w, r)
+		default:
+			http.Error(w, fmt.Sprintf("X-Amz-Target %q is neither DynamoDB nor SQS", target), http.StatusBadRequest)
+		}
+	})}
+	go func() { _ = srv.Serve(l) }()
+	// Registered after the node's Stop, so it runs before it: no
+	// connection outlives the namespace.
+	t.Cleanup(func() { _ = srv.Close() })
+	return "http://" + l.Addr().String()
+}
+
+// installValues are the install's values: the aws backend on serveAWS's
+// endpoint with static test credentials, the images as imported (never
+// pulled), the runner on the Kubernetes executor (so the release makes
+// its Role) with the example ACP agent's type (its image and agent-host's
+// imported too), and the observability
+// ConfigMaps, so that the release holds every kind the chart renders
+// without CRDs or a metrics API. Two replicas each, as by default.
+//
+// Two values are left at their defaults because their addresses are
+// Service names and the node has no cluster DNS: bus.runnerAgentType
+// (the bus dials <release>-runner) and jaeger.enabled (the deployables
+// export to <release>-jaeger).
+func installValues(awsEndpoint, version string) string {
+	return fmt.Sprintf(`backend: aws
+tablePrefix: kubetest-
+aws:
+  region: us-east-1
+  endpoint: %q
+  credentialsSecret: conclave-aws
+image:
+  pullPolicy: Never
+runner:
+  executor: kubernetes
+  kubernetes:
+    imagePullPolicy: Never
+  agentTypes: |
+    agent_types:
+      - id: acp-agent
+        name: Example ACP agent
+        image: conclave/acp-agent:%s
+        command: [/usr/local/bin/acp-agent]
+        protocol: acp
+        permission: allow
+        memory_mb: 128
+        cpu_cores: 0.25
+        enabled: true
+observability:
+  dashboards:
+    enabled: true
+  rules:
+    enabled: true
+`, awsEndpoint, version)
+}
+
+// createSecrets makes the namespace and the Secrets the chart names (its
+// defaults), as docs/deploy.md's install from zero does.
+func createSecrets(t *testing.T, ctx context.Context, admin kubernetes.Interface) {
+	t.Helper()
+	if _, err := admin.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: namespace}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	grants := fmt.Sprintf(`[{"token": %q, "publish": ["*"], "subscribe": ["*"], "admin": true}]`, busToken)
+	for name, data := range map[string]map[string]string{
+		"conclave-gateway-tokens": {"client-tokens": clientToken, "agent-tokens": agentID + "=" + agentToken},
+		"conclave-bus-secrets":    {"grants": grants, "peer-token": peerToken, "runner-token": runnerToken},
+		"conclave-runner-tokens":  {"client-tokens": runnerToken, "host-key": hostKey},
+		// dynalite and fauxqs take any credentials; the SDK wants some.
+		"conclave-aws": {"AWS_ACCESS_KEY_ID": "kubetest", "AWS_SECRET_ACCESS_KEY": "kubetest"},
+	} {
+		if _, err := admin.CoreV1().Secrets(namespace).Create(ctx, &corev1.Secret{
+			ObjectMeta: metav1.ObjectMeta{Name: name},
+			StringData: data,
+		}, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// helmRun runs helm inside the node's namespace (where the apiserver is)
+// with its homes in the test's directory.
+func (e *chartEnv) helmRun(ctx context.Context, args ...string) (string, error) {
+	cmd := e.node.Command(ctx, e.helm, args...)
+	cmd.Env = append(cmd.Env,
+		"HELM_CACHE_HOME="+filepath.Join(e.helmHome, "cache"),
+		"HELM_CONFIG_HOME="+filepath.Join(e.helmHome, "config"),
+		"HELM_DATA_HOME="+filepath.Join(e.helmHome, "data"))
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	err := cmd.Run()
+	if err != nil {
+		return out.String(), fmt.Errorf("helm %s: %v\n%s", strings.Join(args, " "), err, out.String())
+	}
+	return out.String(), nil
+}
+
+func (e *chartEnv) chart() string { return filepath.Join(e.root, "helm", "conclave") }
