@@ -32,7 +32,7 @@ func (b *Bus) admin(h http.HandlerFunc) http.Handler {
 				server.WriteError(w, http.StatusUnauthorized, "bus: a bearer token is required")
 				return
 			case err != nil:
-				server.WriteError(w, http.StatusUnauthorized, "bus: "+err.Error())
+				writeAuthError(w, err)
 				return
 			case !grant.Admin:
 				server.WriteError(w, http.StatusForbidden, "bus: this token is not an admin's")

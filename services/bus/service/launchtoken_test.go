@@ -1,8 +1,17 @@
 package service_test
 
 import (
+	"context"
+	"errors"
+	"io"
 	"net/http"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
 	"testing"
+	"time"
+
+	"github.com/conclave-ai/conclave/pkg/store"
 
 	"github.com/conclave-ai/conclave/services/bus/internal/broker"
 )
@@ -75,5 +84,85 @@ func TestLaunchedAgentToken(t *testing.T) {
 	// A token the bus never minted is refused at the upgrade.
 	if status := getJSONWithHeader(t, bus.http+"/", bearer(req.Token+"x")); status != http.StatusUnauthorized {
 		t.Errorf("upgrade with an unknown token: %d, want 401", status)
+	}
+}
+
+// outageStore fails every read of the launched agents' tokens while down.
+type outageStore struct {
+	store.Store
+	down atomic.Bool
+}
+
+func (s *outageStore) Get(ctx context.Context, table string, key store.Key) (store.Item, error) {
+	if table == broker.LaunchTable.Name && s.down.Load() {
+		return store.Item{}, errors.New("store unavailable (test)")
+	}
+	return s.Store.Get(ctx, table, key)
+}
+
+// TestTokenCheckOutage: a token the bus cannot check because its store is
+// failing gets 503 with Retry-After and no store error text, at the
+// WebSocket upgrade and on the dead-letter API; a token it checked and
+// does not know gets 401. (Both were 401 with the store's error before.)
+func TestTokenCheckOutage(t *testing.T) {
+	if testing.Short() {
+		t.Skip("integration test: starts a bus")
+	}
+	t.Parallel()
+	st, err := store.OpenBolt(filepath.Join(t.TempDir(), "state.db"), store.BoltOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = st.Close() })
+	outage := &outageStore{Store: st}
+	l := &fakeLauncher{t: t, agents: make(chan *wire, 1)}
+	// Tokens required (a grant list), so that a token is checked at all.
+	grants := `[{"token":"admin-token-0123456789","client_id":"ops","publish":["*"],"subscribe":["*"],"admin":true}]`
+	bus := startBus(t, defaultConfig(t, map[string]string{"CONCLAVE_BUS_GRANTS": grants}), busOption{st: outage, launcher: l})
+	client := &http.Client{Timeout: 10 * time.Second}
+	upgrade := func() (int, string, string) {
+		req, err := http.NewRequest(http.MethodGet, strings.Replace(bus.url, "ws://", "http://", 1), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for k, v := range bearer("unknown-token-0123456789") {
+			req.Header[k] = v
+		}
+		req.Header.Set("Connection", "Upgrade")
+		req.Header.Set("Upgrade", "websocket")
+		req.Header.Set("Sec-WebSocket-Version", "13")
+		req.Header.Set("Sec-WebSocket-Key", "dGhlIHNhbXBsZSBub25jZQ==")
+		resp, err := client.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		return resp.StatusCode, resp.Header.Get("Retry-After"), string(body)
+	}
+	deadLetters := func() int {
+		req, err := http.NewRequest(http.MethodGet, bus.http+"/v1/dead-letters", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for k, v := range bearer("unknown-token-0123456789") {
+			req.Header[k] = v
+		}
+		resp, err := client.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	if code, _, body := upgrade(); code != http.StatusUnauthorized {
+		t.Errorf("an unknown token: HTTP %d %s, want 401", code, body)
+	}
+	outage.down.Store(true)
+	if code, retry, body := upgrade(); code != http.StatusServiceUnavailable || retry == "" || strings.Contains(body, "store unavailable") {
+		t.Errorf("a token the store cannot check: HTTP %d Retry-After %q %s, want 503 with Retry-After and no store error", code, retry, body)
+	}
+	if code := deadLetters(); code != http.StatusServiceUnavailable {
+		t.Errorf("the dead-letter API with a token the store cannot check: HTTP %d, want 503", code)
 	}
 }

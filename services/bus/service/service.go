@@ -281,6 +281,10 @@ func (b *Bus) authenticate(r *http.Request) (grant *broker.Grant, present bool, 
 	if errors.Is(err, broker.ErrUnknownToken) {
 		// A token the default handler minted for an agent it launched.
 		g, err = b.broker.LaunchGrant(r.Context(), token)
+		if err != nil && !errors.Is(err, broker.ErrUnknownToken) {
+			b.log.WarnContext(r.Context(), "bus: checking a launched agent's token", "error", err)
+			return nil, true, errTokenUncheckable
+		}
 	}
 	if err != nil {
 		return nil, true, err
@@ -288,12 +292,27 @@ func (b *Bus) authenticate(r *http.Request) (grant *broker.Grant, present bool, 
 	return &g, true, nil
 }
 
+// errTokenUncheckable: the store that holds launched agents' tokens did
+// not answer; the client should retry, not treat its token as refused.
+var errTokenUncheckable = errors.New("the token cannot be checked now; retry")
+
+// writeAuthError answers a failed authentication: 503 when the token could
+// not be checked, 401 when it was refused.
+func writeAuthError(w http.ResponseWriter, err error) {
+	if errors.Is(err, errTokenUncheckable) {
+		w.Header().Set("Retry-After", "1")
+		server.WriteError(w, http.StatusServiceUnavailable, "bus: "+err.Error())
+		return
+	}
+	server.WriteError(w, http.StatusUnauthorized, "bus: "+err.Error())
+}
+
 func (b *Bus) serveWebSocket(w http.ResponseWriter, r *http.Request) {
 	sessionAuth := broker.SessionAuth{Open: b.cfg.AllowUnauthenticated, Access: b.access}
 	if !b.cfg.AllowUnauthenticated {
 		grant, _, err := b.authenticate(r)
 		if err != nil {
-			server.WriteError(w, http.StatusUnauthorized, "bus: "+err.Error())
+			writeAuthError(w, err)
 			return
 		}
 		sessionAuth.Grant = grant

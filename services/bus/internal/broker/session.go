@@ -327,7 +327,8 @@ func (s *Session) resolveGrant(ctx context.Context, token string) (Grant, *jsonr
 	case errors.Is(err, ErrUnknownToken):
 		return Grant{}, rpcError(CodeForbidden, "Unauthenticated: unknown token")
 	case err != nil:
-		return Grant{}, rpcError(jsonrpc.InternalError, "Internal error: %v", err)
+		s.b.log.WarnContext(ctx, "bus: checking a launched agent's token", "error", err)
+		return Grant{}, rpcError(jsonrpc.InternalError, "Internal error: the token cannot be checked now; retry")
 	}
 	return g, nil
 }
