@@ -31,7 +31,7 @@ type KubeEnv struct {
 
 	env    *envtest.Environment
 	dir    string
-	output *lockedBuffer
+	output *LockedBuffer
 	once   sync.Once
 }
 
@@ -53,7 +53,7 @@ func Kube(ctx context.Context) (*KubeEnv, error) {
 	if err != nil {
 		return nil, err
 	}
-	out := &lockedBuffer{}
+	out := &LockedBuffer{}
 	timeout := 2 * time.Minute
 	if d, ok := ctx.Deadline(); ok && time.Until(d) < timeout {
 		timeout = max(time.Until(d), time.Second)
@@ -145,7 +145,7 @@ func toolBinaries(ctx context.Context, module string, names ...string) (string, 
 	// Its own process group, so cancelling ctx also ends the go build under it.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
-	out := &lockedBuffer{}
+	out := &LockedBuffer{}
 	cmd.Stdout, cmd.Stderr = out, out
 	if err := cmd.Run(); err != nil {
 		return "", fmt.Errorf("testenv: scripts/build-test-tools.sh %s: %v\n%s", module, err, out)

@@ -37,7 +37,7 @@ type Component struct {
 	Addr string
 
 	cmd    *exec.Cmd
-	output *lockedBuffer
+	output *LockedBuffer
 	done   chan struct{}
 }
 
@@ -189,7 +189,7 @@ func Start(ctx context.Context, name string, port int, bin string, args ...any) 
 	}
 	cmd := exec.Command(bin, argv...)
 	cmd.Env = env
-	out := &lockedBuffer{}
+	out := &LockedBuffer{}
 	cmd.Stdout, cmd.Stderr = out, out
 	// Its own process group, so Stop also ends its children.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
@@ -219,18 +219,20 @@ func Start(ctx context.Context, name string, port int, bin string, args ...any) 
 	}
 }
 
-type lockedBuffer struct {
+// LockedBuffer is a bytes.Buffer safe for a process writing its output
+// while a test reads it.
+type LockedBuffer struct {
 	mu sync.Mutex
 	b  bytes.Buffer
 }
 
-func (l *lockedBuffer) Write(p []byte) (int, error) {
+func (l *LockedBuffer) Write(p []byte) (int, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.b.Write(p)
 }
 
-func (l *lockedBuffer) String() string {
+func (l *LockedBuffer) String() string {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.b.String()

@@ -6,7 +6,6 @@
 package lambdatest
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -19,6 +18,8 @@ import (
 	"strconv"
 	"sync"
 	"time"
+
+	"github.com/conclave-ai/conclave/pkg/testenv"
 )
 
 // Result is one invocation's outcome: the response payload, or the error
@@ -51,7 +52,7 @@ type Runtime struct {
 	pollOne sync.Once
 
 	cmd    *exec.Cmd
-	output *lockedBuffer
+	output *testenv.LockedBuffer
 	exited chan struct{}
 }
 
@@ -63,7 +64,7 @@ func Start(bin string, env ...string) (*Runtime, error) {
 		return nil, err
 	}
 	rt := &Runtime{Addr: l.Addr().String(), pending: make(chan *invocation), flight: map[string]*invocation{},
-		initErr: make(chan json.RawMessage, 1), polled: make(chan struct{}), output: &lockedBuffer{}, exited: make(chan struct{})}
+		initErr: make(chan json.RawMessage, 1), polled: make(chan struct{}), output: &testenv.LockedBuffer{}, exited: make(chan struct{})}
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /2018-06-01/runtime/invocation/next", rt.next)
 	mux.HandleFunc("POST /2018-06-01/runtime/invocation/{id}/response", rt.finish(""))
@@ -214,21 +215,4 @@ func (rt *Runtime) initError(w http.ResponseWriter, r *http.Request) {
 	}
 	w.WriteHeader(http.StatusAccepted)
 	_, _ = w.Write([]byte(`{"status":"OK"}`))
-}
-
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }

@@ -19,7 +19,6 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -37,31 +36,14 @@ import (
 // loopback ports), with the example coven agent connected to its gateway
 // and the example ACP agent as a runner agent type.
 var dev struct {
-	addrs      map[string]string // "console HTTP", "gateway gRPC", ...
-	console    string            // http://127.0.0.1:port
-	conclave   string            // the binary
-	covenAgent string            // the binary
-	workspace  string            // under the runner's workspace roots
-	sessionKey []byte            // what the console seals its cookies with
-	log        *lockedBuffer     // conclave dev's stderr
-	browser    context.Context   // the Chromium all tests open tabs in
-}
-
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
+	addrs      map[string]string     // "console HTTP", "gateway gRPC", ...
+	console    string                // http://127.0.0.1:port
+	conclave   string                // the binary
+	covenAgent string                // the binary
+	workspace  string                // under the runner's workspace roots
+	sessionKey []byte                // what the console seals its cookies with
+	log        *testenv.LockedBuffer // conclave dev's stderr
+	browser    context.Context       // the Chromium all tests open tabs in
 }
 
 func TestMain(m *testing.M) {
@@ -149,7 +131,7 @@ func startDev(dir, types string) (func(), error) {
 	if err != nil {
 		return nil, err
 	}
-	dev.log = &lockedBuffer{}
+	dev.log = &testenv.LockedBuffer{}
 	cmd.Stderr = dev.log
 	if err := cmd.Start(); err != nil {
 		return nil, err
@@ -310,7 +292,7 @@ func startCovenAgent(t *testing.T, id, name string) {
 	t.Helper()
 	cmd := exec.Command(dev.covenAgent, "--addr", dev.addrs["gateway gRPC"], "--agent-id", id, "--name", name,
 		"--capabilities", "chat,echo", "--step-delay", "100ms")
-	var out lockedBuffer
+	var out testenv.LockedBuffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
