@@ -250,7 +250,8 @@ func serveAWS(t *testing.T, node *testenv.KubeNodeEnv, dynalite, fauxqs string) 
 // Two values are left at their defaults because their addresses are
 // Service names and the node has no cluster DNS: bus.runnerAgentType
 // (the bus dials <release>-runner) and jaeger.enabled (the deployables
-// export to <release>-jaeger).
+// export to <release>-jaeger). For the same reason the console's URLs,
+// which default to the Services' names, are replaced (consoleURLs).
 func installValues(awsEndpoint, version string) string {
 	return fmt.Sprintf(`backend: aws
 tablePrefix: kubetest-
