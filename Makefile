@@ -60,7 +60,7 @@ $(IMAGES_TOOL): deploy/images/go.mod deploy/images/go.sum $(filter-out %_test.go
 	cd deploy/images && GOWORK=off go build -o $@ ./cmd/conclave-images
 
 .PHONY: images
-images: $(IMAGES_TOOL) ## Build the gateway, bus, runner, agent-host and acp-agent images offline into .cache/images/*.tar, and the Librarian's zip.
+images: $(IMAGES_TOOL) ## Build the gateway, bus, runner, console, agent-host and acp-agent images offline into .cache/images/*.tar, and the Librarian's zip.
 	SOURCE_DATE_EPOCH=$(SOURCE_DATE_EPOCH) $(IMAGES_TOOL) -root $(ROOT) -out $(CACHE)/images -arch $(IMAGES_ARCH)
 
 .PHONY: librarian-zip

@@ -9,6 +9,7 @@ import (
 	"go/ast"
 	"go/parser"
 	"go/token"
+	"go/types"
 	"io"
 	"os"
 	"os/exec"
@@ -230,7 +231,7 @@ func indexIn(t *testing.T, objs []runtime.Object, namespaces ...string) rendered
 var podEnvHelpers = []string{"POD_IP", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"}
 
 // secretSettings must come from a Secret, never a literal value.
-var secretSettings = regexp.MustCompile(`_(CLIENT_TOKENS|AGENT_TOKENS|GRANTS|PEER_TOKEN|RUNNER_TOKEN|HOST_KEY)$|^AWS_(ACCESS_KEY_ID|SECRET_ACCESS_KEY)$`)
+var secretSettings = regexp.MustCompile(`_(CLIENT_TOKENS|AGENT_TOKENS|GRANTS|PEER_TOKEN|RUNNER_TOKEN|HOST_KEY|SESSION_KEY|EVENTS_BUS_TOKEN)$|^AWS_(ACCESS_KEY_ID|SECRET_ACCESS_KEY)$`)
 
 func TestTemplate(t *testing.T) {
 	t.Parallel()
@@ -246,6 +247,7 @@ func TestTemplate(t *testing.T) {
 			for _, d := range deployables {
 				checkDeployable(t, r, d)
 			}
+			checkConsole(t, r, nil)
 			// all-settings runs the Kubernetes executor; the others the
 			// local one, which gets no Role.
 			if name == "all-settings" {
@@ -339,6 +341,7 @@ func checkDeployable(t *testing.T, r rendered, name string) {
 		"CONCLAVE_GATEWAY_GRPC_ADDR": "grpc", "CONCLAVE_GATEWAY_HTTP_ADDR": "http",
 		"CONCLAVE_BUS_ADDR":         "http",
 		"CONCLAVE_RUNNER_GRPC_ADDR": "grpc", "CONCLAVE_RUNNER_HTTP_ADDR": "http",
+		"CONCLAVE_CONSOLE_HTTP_ADDR": "http",
 	} {
 		if !strings.HasPrefix(envName, "CONCLAVE_"+strings.ToUpper(name)+"_") {
 			continue
@@ -470,18 +473,34 @@ func checkDev(t *testing.T, r rendered) {
 			t.Errorf("%s: replicas %v, want 1", d, dep.Spec.Replicas)
 		}
 		env := envOf(dep)
-		if env["CONCLAVE_BACKEND"] != "embedded" {
-			t.Errorf("%s: CONCLAVE_BACKEND=%q, want embedded", d, env["CONCLAVE_BACKEND"])
+		if want := "embedded"; slices.Contains(storeDeployables, d) && env["CONCLAVE_BACKEND"] != want {
+			t.Errorf("%s: CONCLAVE_BACKEND=%q, want %s", d, env["CONCLAVE_BACKEND"], want)
 		}
 		if want := release + "-jaeger:4317"; env["OTEL_EXPORTER_OTLP_ENDPOINT"] != want {
 			t.Errorf("%s: OTEL_EXPORTER_OTLP_ENDPOINT=%q, want %q", d, env["OTEL_EXPORTER_OTLP_ENDPOINT"], want)
 		}
 	}
+	// The console opens without sign-in and makes its own session key, as
+	// conclave dev's does, and links trace ids to the port-forwarded Jaeger.
+	console := r.deployments[release+"-console"]
+	env := envOf(console)
+	if env["CONCLAVE_CONSOLE_ALLOW_UNAUTHENTICATED"] != "true" {
+		t.Errorf("the dev console is not open: CONCLAVE_CONSOLE_ALLOW_UNAUTHENTICATED=%q", env["CONCLAVE_CONSOLE_ALLOW_UNAUTHENTICATED"])
+	}
+	if _, ok := env["CONCLAVE_CONSOLE_SESSION_KEY"]; ok {
+		t.Error("the dev console takes a session key from a Secret values-dev.yaml does not name")
+	}
+	if want := "http://127.0.0.1:16686"; env["CONCLAVE_CONSOLE_JAEGER_URL"] != want {
+		t.Errorf("CONCLAVE_CONSOLE_JAEGER_URL=%q, want %s (the NOTES' port-forward)", env["CONCLAVE_CONSOLE_JAEGER_URL"], want)
+	}
 }
 
 func checkAWS(t *testing.T, r rendered) {
 	t.Helper()
-	for _, d := range deployables {
+	if want := "https://abcdef1234.execute-api.us-east-1.amazonaws.com"; envOf(r.deployments[release+"-console"])["CONCLAVE_CONSOLE_LIBRARIAN_URL"] != want {
+		t.Errorf("the console's Librarian URL is not values-aws.yaml's %s", want)
+	}
+	for _, d := range storeDeployables {
 		dep := r.deployments[release+"-"+d]
 		if env := envOf(dep); env["CONCLAVE_BACKEND"] != "aws" {
 			t.Errorf("%s: CONCLAVE_BACKEND=%q, want aws", d, env["CONCLAVE_BACKEND"])
@@ -567,6 +586,10 @@ func allSettingsValues(t *testing.T) string {
 		"networkPolicy": map[string]any{"egress": []any{map[string]any{"ports": []any{map[string]any{"port": 443, "protocol": "TCP"}}}}},
 	}
 	values["bus"].(map[string]any)["runnerAgentType"] = "my-agent"
+	values["console"].(map[string]any)["secret"] = map[string]any{"eventsBusTokenKey": "events-bus-token"}
+	values["console"].(map[string]any)["urls"] = map[string]any{
+		"librarian": "https://librarian.example.com", "jaeger": "https://jaeger.example.com",
+	}
 	out, err := yaml.Marshal(values)
 	if err != nil {
 		t.Fatal(err)
@@ -582,19 +605,20 @@ func allSettingsValues(t *testing.T) string {
 const modulePrefix = "github.com/conclave-ai/conclave/"
 
 // envTags reads the env tags of everything a deployable's process loads:
-// its service package's Config, the appConfig its main (or Serve) loads,
-// and pkg/config's Common and Storage, which appConfig embeds, following
-// the structs they embed (the runner's executor.KubeConfig) into this
-// repository's other packages.
+// its service package's Config and the appConfig its main (or Serve)
+// loads, following the structs they hold, embedded or as named fields
+// (pkg/config's Common and Storage, the runner's executor.KubeConfig),
+// into this repository's other packages. The console's appConfig holds no
+// config.Storage, so no storage setting is one of its settings.
 func envTags(t *testing.T, name string) map[string]bool {
 	t.Helper()
 	root := repoRoot(t)
 	tags := map[string]bool{}
 	seen := map[string]bool{}
-	var collect func(dir string, types ...string)
-	collect = func(dir string, types ...string) {
+	var collect func(dir string, typeNames ...string)
+	collect = func(dir string, typeNames ...string) {
 		var want []string
-		for _, typ := range types {
+		for _, typ := range typeNames {
 			if !seen[dir+"."+typ] {
 				seen[dir+"."+typ] = true
 				want = append(want, typ)
@@ -644,19 +668,20 @@ func envTags(t *testing.T, name string) map[string]bool {
 							tags[env] = true
 						}
 					}
-					if len(field.Names) == 0 {
-						// Embedded: its fields are the struct's settings.
-						switch typ := field.Type.(type) {
-						case *ast.Ident:
+					// Embedded or named, a struct field's own fields are
+					// settings too (config.Load walks both).
+					switch typ := field.Type.(type) {
+					case *ast.Ident:
+						if types.Universe.Lookup(typ.Name) == nil { // not string, int, ...
 							collect(dir, typ.Name)
-						case *ast.SelectorExpr:
-							pkg, ok := typ.X.(*ast.Ident)
-							if !ok {
-								break
-							}
-							if rel, ok := strings.CutPrefix(imports[pkg.Name], modulePrefix); ok {
-								collect(filepath.Join(root, filepath.FromSlash(rel)), typ.Sel.Name)
-							}
+						}
+					case *ast.SelectorExpr:
+						pkg, ok := typ.X.(*ast.Ident)
+						if !ok {
+							break
+						}
+						if rel, ok := strings.CutPrefix(imports[pkg.Name], modulePrefix); ok {
+							collect(filepath.Join(root, filepath.FromSlash(rel)), typ.Sel.Name)
 						}
 					}
 					return true
@@ -667,10 +692,13 @@ func envTags(t *testing.T, name string) map[string]bool {
 	}
 	collect(filepath.Join(root, "services", name, "service"), "Config", "appConfig")
 	collect(filepath.Join(root, "services", name, "cmd", name), "appConfig")
-	collect(filepath.Join(root, "pkg", "config"), "Common", "Storage")
-	for _, must := range []string{"CONCLAVE_BACKEND", "CONCLAVE_TABLE_PREFIX", "OTEL_EXPORTER_OTLP_ENDPOINT"} {
-		if !tags[must] {
-			t.Fatalf("%s: found no %s tag; has the configuration moved?", name, must)
+	must := []string{"OTEL_EXPORTER_OTLP_ENDPOINT", "CONCLAVE_LOG_LEVEL", "CONCLAVE_" + strings.ToUpper(name) + "_SHUTDOWN_TIMEOUT"}
+	if slices.Contains(storeDeployables, name) {
+		must = append(must, "CONCLAVE_BACKEND", "CONCLAVE_TABLE_PREFIX", "AWS_REGION")
+	}
+	for _, tag := range must {
+		if !tags[tag] {
+			t.Fatalf("%s: found no %s tag; has the configuration moved?", name, tag)
 		}
 	}
 	return tags
@@ -709,6 +737,12 @@ func TestSchemaRejects(t *testing.T) {
 		{"unknown kubernetes key", []string{"runner.kubernetes.hostImg=x"}, "additional properties 'hostImg' not allowed"},
 		{"kubernetes executor without a host key", []string{"runner.executor=kubernetes", "runner.secret.hostKeyKey="}, "at '/runner/secret/hostKeyKey': minLength: got 0, want 1"},
 		{"kubernetes executor without the runner's Secret", []string{"runner.executor=kubernetes", "runner.secret.name=", "runner.settings.allowUnauthenticated=true"}, "at '/runner/secret/name': minLength: got 0, want 1"},
+		{"console without its Secret", []string{"console.secret.name="}, "at '/console/secret/name': minLength: got 0, want 1"},
+		{"console without a session key", []string{"console.secret.sessionKeyKey="}, "at '/console/secret/sessionKeyKey': minLength: got 0, want 1"},
+		{"console's session key as a value", []string{"console.settings.sessionKey=c2VjcmV0"}, "at '/console/settings': additional properties 'sessionKey' not allowed"},
+		{"console's gateway URL without a scheme", []string{"console.urls.gateway=conclave-gateway:8080"}, "at '/console/urls/gateway': 'conclave-gateway:8080' does not match pattern"},
+		{"console's bus URL not a WebSocket one", []string{"console.urls.bus=http://conclave-bus:7892"}, "at '/console/urls/bus': 'http://conclave-bus:7892' does not match pattern"},
+		{"console's session affinity", []string{"console.service.sessionAffinity=Cookie"}, "at '/console/service/sessionAffinity': value must be one of 'None', 'ClientIP'"},
 		{"autoscaling bounds inverted", []string{"bus.autoscaling.enabled=true", "bus.autoscaling.minReplicas=5", "bus.autoscaling.maxReplicas=3"}, "bus.autoscaling: minReplicas (5) is above maxReplicas (3)"},
 	}
 	for _, tc := range cases {

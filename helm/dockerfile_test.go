@@ -11,7 +11,12 @@ import (
 
 // deployables are the services that run on Kubernetes: each has a Dockerfile,
 // a skaffold artifact and a section of the chart's values.
-var deployables = []string{"gateway", "bus", "runner"}
+var deployables = []string{"gateway", "bus", "runner", "console"}
+
+// storeDeployables are the deployables with state of their own (DynamoDB
+// and SQS, or the embedded store): the console keeps only memory, takes no
+// storage settings and needs no AWS role.
+var storeDeployables = []string{"gateway", "bus", "runner"}
 
 // dockerImage is an image built from a Dockerfile in this repository.
 type dockerImage struct {

@@ -60,6 +60,9 @@ var Images = []Image{
 	{Name: "gateway", Binary: "gateway", Package: "./services/gateway/cmd/gateway", Ports: []int{50051, 8080}, Dockerfile: "services/gateway/Dockerfile"},
 	{Name: "bus", Binary: "bus", Package: "./services/bus/cmd/bus", Ports: []int{7892}, Dockerfile: "services/bus/Dockerfile"},
 	{Name: "runner", Binary: "runner", Package: "./services/runner/cmd/runner", Ports: []int{50052, 8082}, Dockerfile: "services/runner/Dockerfile"},
+	// The web console: its pages, stylesheet and script are embedded in
+	// the binary.
+	{Name: "console", Binary: "console", Package: "./services/console/cmd/console", Ports: []int{8090}, Dockerfile: "services/console/Dockerfile"},
 	// The runner's Kubernetes executor copies agent-host from this image
 	// into every agent's pod (its init container runs `agent-host
 	// install`), where it runs the agent and dials back to the runner.

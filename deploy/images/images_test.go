@@ -36,10 +36,10 @@ func repoRoot(t *testing.T) string {
 	return root
 }
 
-// testedImages are the images TestCommand builds: every image, the three
-// services (which the chart's install test on a real node runs too) and
+// testedImages are the images TestCommand builds: every image, the four
+// deployables (which the chart's install test on a real node runs too) and
 // the two the Kubernetes executor runs.
-var testedImages = []string{"gateway", "bus", "runner", "agent-host", "acp-agent"}
+var testedImages = []string{"gateway", "bus", "runner", "console", "agent-host", "acp-agent"}
 
 // testArch is the tested images' architecture, the machine's own, so that
 // the test can run the binaries it unpacks from them.
@@ -414,7 +414,7 @@ func TestImagesMatchDockerfilesAndConfig(t *testing.T) {
 
 // TestImagesMatchChart checks that the tarballs' tags are what the Helm
 // chart asks for by default: conclave/<name>:<appVersion> (the deployables'
-// images, and agent-host's, agentHost.image).
+// images, the console's among them, and agent-host's, agentHost.image).
 func TestImagesMatchChart(t *testing.T) {
 	t.Parallel()
 	root := repoRoot(t)
@@ -427,7 +427,7 @@ func TestImagesMatchChart(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, name := range []string{"gateway", "bus", "runner", "agent-host"} {
+	for _, name := range []string{"gateway", "bus", "runner", "console", "agent-host"} {
 		img, _ := Lookup(name)
 		ref, err := b.Ref(img)
 		if err != nil {

@@ -40,7 +40,7 @@ import (
 )
 
 // deployables are the release's Deployments, <release>-<name>.
-var deployables = []string{"gateway", "bus", "runner"}
+var deployables = []string{"gateway", "bus", "runner", "console"}
 
 // renderedKinds is every kind the install's values render (the chart's
 // templates, less the HPA, the dev Jaeger and the PrometheusRule, which
@@ -54,10 +54,13 @@ var renderedKinds = []string{
 // TestChartOnNode installs helm/conclave on a real node and checks, in
 // order: every Deployment's pods become Ready; the gateway, through its
 // Service, takes an agent's registration (examples/coven-agent in a pod)
-// and a client's message; the runner's ServiceAccount may do what the
-// Kubernetes executor does (create a Job and a Secret, ...) and nothing
-// else; the runner launches the example ACP agent as a Job; `helm upgrade` with a changed value rolls every Deployment to a
-// new ReplicaSet whose pods become Ready, and the gateway still serves;
+// and a client's message; the console, through its Service, signs in with
+// the services' tokens, shows the agent and streams a chat with it; the
+// runner's ServiceAccount may do what the Kubernetes executor does (create
+// a Job and a Secret, ...) and nothing else; the runner launches the
+// example ACP agent as a Job; `helm upgrade` with a changed value rolls
+// every Deployment to a new ReplicaSet whose pods become Ready, the
+// gateway still serves and the console's session outlives its pods;
 // `helm uninstall` leaves none of the release's objects.
 func TestChartOnNode(t *testing.T) {
 	if testing.Short() {
@@ -74,10 +77,12 @@ func TestChartOnNode(t *testing.T) {
 	}{
 		{"Install", testInstall},
 		{"GatewayThroughService", testGateway},
+		{"ConsoleThroughService", testConsole},
 		{"RunnerServiceAccount", testRunnerRBAC},
 		{"RunnerLaunchesAgentJob", testRunnerLaunch},
 		{"UpgradeRollsPods", testUpgrade},
 		{"GatewayAfterUpgrade", testGatewayAfterUpgrade},
+		{"ConsoleAfterUpgrade", testConsoleAfterUpgrade},
 		{"UninstallLeavesNothing", testUninstall},
 	}
 	for _, s := range steps {
@@ -739,7 +744,7 @@ func testUninstall(t *testing.T, e *chartEnv) {
 	}{
 		{schema.GroupVersionResource{Version: "v1", Resource: "pods"}, instance},
 		{schema.GroupVersionResource{Group: "apps", Version: "v1", Resource: "replicasets"}, instance},
-		{schema.GroupVersionResource{Group: "discovery.k8s.io", Version: "v1", Resource: "endpointslices"}, "kubernetes.io/service-name in (conclave-gateway,conclave-bus,conclave-runner)"},
+		{schema.GroupVersionResource{Group: "discovery.k8s.io", Version: "v1", Resource: "endpointslices"}, "kubernetes.io/service-name in (conclave-gateway,conclave-bus,conclave-runner,conclave-console)"},
 		{schema.GroupVersionResource{Version: "v1", Resource: "secrets"}, "owner=helm,name=" + release},
 		{schema.GroupVersionResource{Version: "v1", Resource: "configmaps"}, instance},
 		{schema.GroupVersionResource{Version: "v1", Resource: "serviceaccounts"}, instance},

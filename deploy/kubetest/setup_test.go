@@ -46,6 +46,7 @@ const (
 	busToken    = "kubetest-bus-admin-token-0123456789"
 	peerToken   = "kubetest-peer-token-0123456789abcdef"
 	hostKey     = "kubetest-host-key-0123456789abcdef-0123456789"
+	sessionKey  = "a3ViZXRlc3Qtc2Vzc2lvbi1rZXktMDEyMzQ1Njc4OWE="
 )
 
 // chartEnv is a running node with the images imported and the backends
@@ -63,8 +64,9 @@ type chartEnv struct {
 	version string
 }
 
-// setUp builds the images (the gateway's, bus's and runner's with
-// conclave-images, as `make images` does, and the example coven agent's)
+// setUp builds the images (the gateway's, bus's, runner's and console's
+// with conclave-images, as `make images` does, and the example coven
+// agent's)
 // while the node starts, imports them, serves dynalite and fauxqs to the
 // pods, and creates the release's namespace and Secrets.
 func setUp(t *testing.T, ctx context.Context) *chartEnv {
@@ -138,7 +140,7 @@ func setUp(t *testing.T, ctx context.Context) *chartEnv {
 	return e
 }
 
-// buildImages builds the gateway, bus and runner images with
+// buildImages builds the gateway, bus, runner and console images with
 // conclave-images (deploy/images, as `make images`), with agent-host's and
 // the example ACP agent's for the runner's Kubernetes executor, and the
 // coven agent's.
@@ -151,7 +153,7 @@ func buildImages(ctx context.Context, root, dir string) ([]string, error) {
 		return nil, fmt.Errorf("go build conclave-images: %v\n%s", err, out)
 	}
 	out := filepath.Join(dir, "images")
-	names := []string{"gateway", "bus", "runner", "agent-host", "acp-agent"}
+	names := []string{"gateway", "bus", "runner", "console", "agent-host", "acp-agent"}
 	run := exec.CommandContext(ctx, tool, append([]string{"-root", root, "-out", out, "-arch", "amd64"}, names...)...)
 	if output, err := run.CombinedOutput(); err != nil {
 		return nil, fmt.Errorf("conclave-images: %v\n%s", err, output)
@@ -240,14 +242,16 @@ func serveAWS(t *testing.T, node *testenv.KubeNodeEnv, dynalite, fauxqs string) 
 // endpoint with static test credentials, the images as imported (never
 // pulled), the runner on the Kubernetes executor (so the release makes
 // its Role) with the example ACP agent's type (its image and agent-host's
-// imported too), and the observability
-// ConfigMaps, so that the release holds every kind the chart renders
-// without CRDs or a metrics API. Two replicas each, as by default.
+// imported too), the console's service URLs (consoleURLs) and its events
+// bus token, and the observability ConfigMaps, so that the release holds
+// every kind the chart renders without CRDs or a metrics API. Two
+// replicas each, as by default.
 //
 // Two values are left at their defaults because their addresses are
 // Service names and the node has no cluster DNS: bus.runnerAgentType
 // (the bus dials <release>-runner) and jaeger.enabled (the deployables
-// export to <release>-jaeger).
+// export to <release>-jaeger). For the same reason the console's URLs,
+// which default to the Services' names, are replaced (consoleURLs).
 func installValues(awsEndpoint, version string) string {
 	return fmt.Sprintf(`backend: aws
 tablePrefix: kubetest-
@@ -277,7 +281,7 @@ observability:
     enabled: true
   rules:
     enabled: true
-`, awsEndpoint, version)
+`, awsEndpoint, version) + consoleURLs()
 }
 
 // createSecrets makes the namespace and the Secrets the chart names (its
@@ -292,6 +296,9 @@ func createSecrets(t *testing.T, ctx context.Context, admin kubernetes.Interface
 		"conclave-gateway-tokens": {"client-tokens": clientToken, "agent-tokens": agentID + "=" + agentToken},
 		"conclave-bus-secrets":    {"grants": grants, "peer-token": peerToken, "runner-token": runnerToken},
 		"conclave-runner-tokens":  {"client-tokens": runnerToken, "host-key": hostKey},
+		// The console's session key (base64 of 32 bytes, shared by its
+		// replicas) and its own bus token, for the Librarian's decisions.
+		"conclave-console-secrets": {"session-key": sessionKey, "events-bus-token": busToken},
 		// dynalite and fauxqs take any credentials; the SDK wants some.
 		"conclave-aws": {"AWS_ACCESS_KEY_ID": "kubetest", "AWS_SECRET_ACCESS_KEY": "kubetest"},
 	} {

@@ -1,6 +1,14 @@
 {{/* The deployables this chart runs, in a fixed order. */}}
 {{- define "conclave.deployables" -}}
-{{- list "gateway" "bus" "runner" | toJson -}}
+{{- list "gateway" "bus" "runner" "console" | toJson -}}
+{{- end -}}
+
+{{/*
+conclave.hasStore: "true" for the deployables with state of their own in
+DynamoDB and SQS (or the embedded store); the console has none.
+*/}}
+{{- define "conclave.hasStore" -}}
+{{- has . (list "gateway" "bus" "runner") -}}
 {{- end -}}
 
 {{- define "conclave.fullname" -}}
@@ -55,7 +63,7 @@ conclave.ports: the listeners of a deployable as a JSON list of
 */}}
 {{- define "conclave.ports" -}}
 {{- $c := index .root.Values .name -}}
-{{- if eq .name "bus" -}}
+{{- if has .name (list "bus" "console") -}}
 {{- list (dict "name" "http" "port" $c.service.port "appProtocol" "http") | toJson -}}
 {{- else -}}
 {{- list (dict "name" "grpc" "port" $c.service.grpcPort "appProtocol" "kubernetes.io/h2c") (dict "name" "http" "port" $c.service.httpPort "appProtocol" "http") | toJson -}}
@@ -98,6 +106,28 @@ app.kubernetes.io/managed-by: conclave-runner
 {{- end -}}
 {{- end -}}
 
+{{/*
+conclave.consoleURL: the URL the console calls a service at: console.urls
+.<service>, else this release's Service of it (by the name cluster DNS
+resolves) when it is enabled here, else nothing. Takes (dict "root" $
+"name" "gateway"|"bus"|"runner").
+*/}}
+{{- define "conclave.consoleURL" -}}
+{{- $root := .root -}}
+{{- $c := index $root.Values .name -}}
+{{- $host := printf "%s.%s.svc" (include "conclave.name" .) $root.Release.Namespace -}}
+{{- $url := index $root.Values.console.urls .name -}}
+{{- if $url -}}
+{{- $url -}}
+{{- else if $c.enabled -}}
+{{- if eq .name "bus" -}}
+{{- printf "ws://%s:%v" $host $c.service.port -}}
+{{- else -}}
+{{- printf "http://%s:%v" $host $c.service.httpPort -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
 {{/* conclave.secretEnv: one env var from the deployable's existing Secret; takes (dict "env" NAME "secret" NAME "key" KEY). */}}
 {{- define "conclave.secretEnv" -}}
 {{- if and .secret .key }}
@@ -115,6 +145,7 @@ app.kubernetes.io/managed-by: conclave-runner
 {{- $name := .name -}}
 {{- $c := index $root.Values $name -}}
 {{- $prefix := printf "CONCLAVE_%s_" (upper $name) -}}
+{{- if eq (include "conclave.hasStore" $name) "true" }}
 # POD_IP is no Conclave setting: the advertise address below expands it.
 - name: POD_IP
   valueFrom:
@@ -137,6 +168,7 @@ app.kubernetes.io/managed-by: conclave-runner
 {{- if eq $root.Values.backend "embedded" }}
 - name: CONCLAVE_DATA_DIR
   value: /var/lib/conclave
+{{- end }}
 {{- end }}
 - name: CONCLAVE_LOG_LEVEL
   value: {{ $root.Values.log.level | quote }}
@@ -233,6 +265,25 @@ app.kubernetes.io/managed-by: conclave-runner
   value: {{ printf "%s-jaeger.%s.svc:4317" (include "conclave.fullname" $root) $root.Release.Namespace | quote }}
 {{- end }}
 {{- end }}
+{{- else if eq $name "console" }}
+- name: CONCLAVE_CONSOLE_HTTP_ADDR
+  value: {{ printf ":%v" $c.service.port | quote }}
+# Each service's URL, set even when empty: the console's defaults are
+# loopback addresses, which mean nothing in a pod.
+- name: CONCLAVE_CONSOLE_GATEWAY_URL
+  value: {{ include "conclave.consoleURL" (dict "root" $root "name" "gateway") | quote }}
+- name: CONCLAVE_CONSOLE_BUS_URL
+  value: {{ include "conclave.consoleURL" (dict "root" $root "name" "bus") | quote }}
+- name: CONCLAVE_CONSOLE_RUNNER_URL
+  value: {{ include "conclave.consoleURL" (dict "root" $root "name" "runner") | quote }}
+- name: CONCLAVE_CONSOLE_LIBRARIAN_URL
+  value: {{ $c.urls.librarian | quote }}
+{{- with $c.urls.jaeger | default (ternary "http://127.0.0.1:16686" "" $root.Values.jaeger.enabled) }}
+- name: CONCLAVE_CONSOLE_JAEGER_URL
+  value: {{ . | quote }}
+{{- end }}
+{{- include "conclave.secretEnv" (dict "env" "CONCLAVE_CONSOLE_SESSION_KEY" "secret" $c.secret.name "key" $c.secret.sessionKeyKey) }}
+{{- include "conclave.secretEnv" (dict "env" "CONCLAVE_CONSOLE_EVENTS_BUS_TOKEN" "secret" $c.secret.name "key" $c.secret.eventsBusTokenKey) }}
 {{- end }}
 {{- range $key, $value := $c.settings }}
 - name: {{ printf "%s%s" $prefix ($key | snakecase | upper) }}

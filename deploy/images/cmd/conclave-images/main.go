@@ -3,8 +3,8 @@
 //
 //	conclave-images [-root DIR] [-out DIR] [-arch amd64|arm64] [-tag TAG] [NAME ...]
 //
-// NAME is gateway, bus, runner, agent-host, acp-agent or librarian (the
-// zip); with no NAME it builds them all. Each image is written as <out>/<NAME>.tar tagged
+// NAME is gateway, bus, runner, console, agent-host, acp-agent or
+// librarian (the zip); with no NAME it builds them all. Each image is written as <out>/<NAME>.tar tagged
 // conclave/<NAME>:<TAG>, the zip as <out>/librarian.zip. Timestamps come
 // from SOURCE_DATE_EPOCH (1970 when unset), so a commit builds to the same
 // digests every time.
