@@ -54,7 +54,15 @@ function liveAgents() {
   const src = new EventSource(box.dataset.live);
   src.addEventListener('agents', (e) => {
     const d = JSON.parse(e.data);
+    // Replacing the table would drop the focus of a keyboard user on one of
+    // its links to the top of the page: it moves to the same link in the
+    // new table (the agent may be gone; then it stays on the section).
+    const focused = box.contains(document.activeElement) ? document.activeElement.getAttribute('href') : null;
     box.innerHTML = d.html; // rendered and escaped by the console's template
+    if (focused !== null) {
+      const again = [...box.querySelectorAll('a[href]')].find((a) => a.getAttribute('href') === focused);
+      (again ?? document.getElementById('agents-h')).focus();
+    }
     box.dataset.count = String(d.count);
     if (select) {
       const keep = select.value;
