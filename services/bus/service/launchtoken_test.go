@@ -29,7 +29,8 @@ func TestLaunchedAgentToken(t *testing.T) {
  {"token":"other-agent-token-0123456789","client_id":"agent-other","publish":["agent:agent-other"],"subscribe":["agent:agent-other"]}
 ]`
 	l := &fakeLauncher{t: t, agents: make(chan *wire, 1)}
-	bus := startBus(t, defaultConfig(t, map[string]string{"CONCLAVE_BUS_GRANTS": grants}), busOption{launcher: l})
+	bus := startBus(t, defaultConfig(t, map[string]string{"CONCLAVE_BUS_GRANTS": grants,
+		"CONCLAVE_BUS_AGENT_REPLY_TOPICS": "outbound:{topic_id}"}), busOption{launcher: l})
 
 	other := dial(t, bus.url, bearer("other-agent-token-0123456789"))
 	other.initialize("agent-other", agentCaps)
@@ -60,13 +61,26 @@ func TestLaunchedAgentToken(t *testing.T) {
 			t.Errorf("the launched agent subscribing to %s: %d %s, want -32005", pattern, code, msg)
 		}
 	}
-	for i, to := range []string{"agent:agent-other", "tg:5006", "outbound:5005"} {
+	for i, to := range []string{"agent:agent-other", "tg:5006", "outbound:5006", "outbound:*"} {
 		if code, msg := agent.callError(20+i, "sendMessage", `{"topic":"`+to+`","payload":{"type":"task_request"}}`); code != broker.CodeForbidden {
 			t.Errorf("the launched agent publishing on %s: %d %s, want -32005", to, code, msg)
 		}
 	}
 	// The other agent saw nothing: its next frame answers its own call.
 	other.result(3, "ping", `{}`)
+
+	// Its reply topic (CONCLAVE_BUS_AGENT_REPLY_TOPICS outbound:{topic_id}):
+	// outbound:5005 for tg:5005, which the bridge takes.
+	bridge.subscribe(3, "outbound:*", "")
+	agent.publish(30, "outbound:5005", `{"type":"telegram_reply","text":"hi"}`)
+	id, params = bridge.expectRequest("sendMessage")
+	if params["topic"] != "outbound:5005" {
+		t.Errorf("the bridge got %v", params)
+	}
+	bridge.reply(id, `{"processed":true}`)
+	if res := agent.response(30)["result"].(map[string]any); res["success"] != true {
+		t.Fatalf("the agent's reply on outbound:5005: %v", res)
+	}
 
 	// The token in initialize works as in the upgrade, for the agent's id
 	// only.

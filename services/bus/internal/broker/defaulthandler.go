@@ -10,6 +10,8 @@ import (
 	"fmt"
 	"log/slog"
 	"regexp"
+	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -100,6 +102,13 @@ type DefaultHandlerOptions struct {
 	// TokenTTL is how long a launched agent's token, and its standing as
 	// the agent of its topic, stay valid (default 24h).
 	TokenTTL time.Duration
+	// ReplyTopics are topic templates a launched agent may also publish
+	// on, beside agent:{its id} and its topic: "{topic}" in a template
+	// stands for its topic and "{topic_id}" for what follows the topic's
+	// first ':' (all of it when there is none), each quoted, so that
+	// "outbound:{topic_id}" lets the agent of tg:42 reply on outbound:42
+	// and nowhere else.
+	ReplyTopics []string
 	// ServerID names this replica in claims.
 	ServerID string
 	// Notifier, when set, tells the other replicas about launches.
@@ -221,8 +230,27 @@ func (b *Broker) LaunchGrant(ctx context.Context, token string) (Grant, error) {
 		return Grant{}, ErrUnknownToken
 	}
 	patterns := []string{"agent:" + ClientIDPlaceholder, topic.Quote(rec.Topic)}
-	return Grant{ClientID: rec.AgentID, Publish: patterns, Subscribe: patterns, DefaultTopic: rec.Topic,
+	publish := patterns
+	if len(h.o.ReplyTopics) > 0 {
+		publish = append(slices.Clip(patterns), ReplyPatterns(h.o.ReplyTopics, rec.Topic)...)
+	}
+	return Grant{ClientID: rec.AgentID, Publish: publish, Subscribe: patterns, DefaultTopic: rec.Topic,
 		launchTopic: rec.Topic}, nil
+}
+
+// ReplyPatterns fills in the reply-topic templates (DefaultHandlerOptions.ReplyTopics)
+// for an agent launched for topic t.
+func ReplyPatterns(templates []string, t string) []string {
+	_, id, found := strings.Cut(t, ":")
+	if !found {
+		id = t
+	}
+	r := strings.NewReplacer("{topic}", topic.Quote(t), "{topic_id}", topic.Quote(id))
+	out := make([]string, 0, len(templates))
+	for _, tmpl := range templates {
+		out = append(out, r.Replace(tmpl))
+	}
+	return out
 }
 
 // SpawnEvent takes a spawn event another replica sent.
