@@ -96,18 +96,19 @@ test-short: ## Run every module's unit tests only (-short), without real compone
 # after the tests, go vet and staticcheck reuse those compiled dependencies
 # instead of compiling client-go, the AWS SDK and gRPC a second time
 # (docs/testing.md, ".ci/run on a fresh machine"). No file in the repository
-# has a race build tag, so nothing goes unchecked.
-LINT_GOFLAGS := -race
+# has a race build tag, so nothing goes unchecked. Added to the GOFLAGS in
+# effect (the environment's or go env's), not in place of them.
+LINT_GOFLAGS := $(strip $(shell go env GOFLAGS) -race)
 
 .PHONY: lint
 lint: tools ## go vet and staticcheck in every module, and buf lint.
 	@for m in $(MODULES); do \
 		echo "==> lint $$m"; \
-		(cd $$m && GOFLAGS=$(LINT_GOFLAGS) go vet ./... && GOFLAGS=$(LINT_GOFLAGS) $(BIN)/staticcheck ./...) || exit 1; \
+		(cd $$m && GOFLAGS="$(LINT_GOFLAGS)" go vet ./... && GOFLAGS="$(LINT_GOFLAGS)" $(BIN)/staticcheck ./...) || exit 1; \
 	done
 	@for m in $(STANDALONE); do \
 		echo "==> lint $$m (GOWORK=off)"; \
-		(cd $$m && GOWORK=off GOFLAGS=$(LINT_GOFLAGS) go vet ./... && GOWORK=off GOFLAGS=$(LINT_GOFLAGS) $(BIN)/staticcheck ./...) || exit 1; \
+		(cd $$m && GOWORK=off GOFLAGS="$(LINT_GOFLAGS)" go vet ./... && GOWORK=off GOFLAGS="$(LINT_GOFLAGS)" $(BIN)/staticcheck ./...) || exit 1; \
 	done
 	cd proto && $(BUF) lint
 
