@@ -23,6 +23,9 @@ Commands (REST; --url or CONCLAVE_RUNNER_URL, --token or CONCLAVE_RUNNER_TOKEN):
   launch --type TYPE --workspace DIR [--task ID] [--env K=V]... [--prompt TEXT]
                             launch an agent; prints the instance
   prompt INSTANCE_ID TEXT   send a prompt
+  list [--status S] [--type TYPE] [--page-size N] [--page-token T]
+                            list instances, newest first: a page, and the
+                            next_page_token to pass for the next
   status INSTANCE_ID        print an instance's status
   logs INSTANCE_ID [--tail N] [--follow]
                             print an instance's logs; --follow streams new lines
@@ -52,7 +55,7 @@ func runRunner(ctx context.Context, args []string, lookup config.Lookup, stdout,
 	fs.SetOutput(stderr)
 	baseURL := fs.String("url", envOr(lookup, "CONCLAVE_RUNNER_URL", "http://127.0.0.1:8082"), "the runner's URL")
 	token := fs.String("token", envOr(lookup, "CONCLAVE_RUNNER_TOKEN", ""), "bearer token")
-	agentType := fs.String("type", "", "agent type (launch)")
+	agentType := fs.String("type", "", "agent type (launch; list: only instances of it)")
 	workspace := fs.String("workspace", "", "absolute workspace path (launch)")
 	task := fs.String("task", "", "task id (launch; default: a new one)")
 	prompt := fs.String("prompt", "", "the task's prompt, sent as TASK_DESCRIPTION (launch)")
@@ -61,6 +64,9 @@ func runRunner(ctx context.Context, args []string, lookup config.Lookup, stdout,
 	tail := fs.Int("tail", 100, "lines of log to print first (logs)")
 	follow := fs.Bool("follow", false, "stream new log lines until the instance's launch ends (logs)")
 	reason := fs.String("reason", "cancelled from the command line", "why (cancel)")
+	status := fs.String("status", "", "only instances in this status (list)")
+	pageSize := fs.Int("page-size", 0, "instances per page, 0 for the runner's default (list)")
+	pageToken := fs.String("page-token", "", "a previous list's next_page_token (list)")
 	var positional []string
 	for {
 		if err := fs.Parse(rest); err != nil {
@@ -125,6 +131,24 @@ func runRunner(ctx context.Context, args []string, lookup config.Lookup, stdout,
 			return err
 		}
 		return c.logs(ctx, stdout, positional[0], *tail, *follow)
+	case "list":
+		if err := need(0, "no arguments, only flags"); err != nil {
+			return err
+		}
+		q := url.Values{}
+		for k, v := range map[string]string{"status": *status, "agent_type": *agentType, "page_token": *pageToken} {
+			if v != "" {
+				q.Set(k, v)
+			}
+		}
+		if *pageSize != 0 {
+			q.Set("page_size", fmt.Sprint(*pageSize))
+		}
+		path := "/api/v1/agents"
+		if len(q) > 0 {
+			path += "?" + q.Encode()
+		}
+		return c.print(ctx, stdout, http.MethodGet, path, nil)
 	case "types":
 		return c.print(ctx, stdout, http.MethodGet, "/api/v1/agent-types", nil)
 	}

@@ -13,7 +13,7 @@ import (
 )
 
 // TestDevServesRunner runs conclave dev with the example ACP agent as an
-// agent type and drives it with `conclave runner`: types, launch, status,
+// agent type and drives it with `conclave runner`: types, launch, status, list,
 // logs --follow until the launch ends, prompt, cancel, delete.
 func TestDevServesRunner(t *testing.T) {
 	if testing.Short() {
@@ -85,10 +85,19 @@ func TestDevServesRunner(t *testing.T) {
 	if out, err := run("cancel", in.ID); err != nil || !strings.Contains(out, in.ID) {
 		t.Fatalf("cancel: %s %v", out, err)
 	}
+	if out, err := run("list", "--type", "example", "--page-size", "5"); err != nil || !strings.Contains(out, `"id": "`+in.ID+`"`) || !strings.Contains(out, `"next_page_token": ""`) {
+		t.Fatalf("list: %s %v", out, err)
+	}
+	if _, err := run("list", "--page-token", "garbage"); err == nil || !strings.Contains(err.Error(), "400 validation_error") {
+		t.Fatalf("list with a bad page token: %v", err)
+	}
 	if out, err := run("delete", in.ID); err != nil || !strings.Contains(out, `"deleted": true`) {
 		t.Fatalf("delete: %s %v", out, err)
 	}
 	if _, err := run("status", in.ID); err == nil || !strings.Contains(err.Error(), "not_found") {
 		t.Fatalf("status after delete: %v", err)
+	}
+	if out, err := run("list"); err != nil || strings.Contains(out, in.ID) {
+		t.Fatalf("list after delete: %s %v", out, err)
 	}
 }

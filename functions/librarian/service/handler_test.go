@@ -340,7 +340,8 @@ func TestQueryContextCapabilitiesDocsMetrics(t *testing.T) {
 		} `json:"components"`
 	}
 	if err := json.Unmarshal(docs.body, &openapi); err != nil || openapi.OpenAPI != "3.1.0" || len(openapi.Paths) != 7 ||
-		openapi.Components.Schemas["AgentRequest"].Properties["risk_assessment"] == nil || openapi.Components.Schemas["ViolationDetail"].Properties["rule"] == nil {
+		openapi.Components.Schemas["AgentRequest"].Properties["risk_assessment"] == nil || openapi.Components.Schemas["ViolationDetail"].Properties["rule"] == nil ||
+		openapi.Components.Schemas["DecidedRequests"].Properties["next_page_token"] == nil || openapi.Components.Schemas["DecidedRequest"].Properties["decided_by"] == nil {
 		t.Fatalf("docs %d %.300s", docs.status, docs.body)
 	}
 	// One rejected request beside the approved query.

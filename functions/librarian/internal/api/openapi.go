@@ -36,7 +36,7 @@ var openAPI = sync.OnceValue(func() map[string]any {
 		return name
 	}
 	for _, m := range []protoreflect.ProtoMessage{&librarianv1.AgentRequest{}, &librarianv1.LibrarianResponse{}, &librarianv1.RequestStatus{},
-		&librarianv1.ContextQuery{}, &librarianv1.ContextResponse{}, &librarianv1.AgentCapabilities{}} {
+		&librarianv1.ContextQuery{}, &librarianv1.ContextResponse{}, &librarianv1.AgentCapabilities{}, &librarianv1.DecidedRequests{}} {
 		add(m.ProtoReflect().Descriptor())
 	}
 	schemas["Error"] = map[string]any{"type": "object", "properties": map[string]any{"error": map[string]any{"type": "object", "properties": map[string]any{
@@ -64,9 +64,14 @@ var openAPI = sync.OnceValue(func() map[string]any {
 			"requestBody": ref("ContextQuery"), "responses": withErrors(mergeDesc(ref("ContextResponse"), "Ranked nodes"), "400", "401", "403", "413", "429")}},
 		"/agent/capabilities": map[string]any{"get": map[string]any{"summary": "The calling agent's registry entry", "security": bearer,
 			"responses": withErrors(mergeDesc(ref("AgentCapabilities"), "Capabilities"), "401", "403")}},
-		"/reviews": map[string]any{"get": map[string]any{"summary": "Requests waiting for a human (reviewer token)", "security": bearer,
-			"parameters": []any{map[string]any{"name": "status", "in": "query", "schema": map[string]any{"type": "string", "enum": []string{"escalated"}}}},
-			"responses":  withErrors(map[string]any{"description": "{\"requests\": [RequestStatus]}"}, "400", "401", "403")}},
+		"/reviews": map[string]any{"get": map[string]any{"summary": "Requests waiting for a human (status=escalated, the default), or the decided requests, latest decision first, a page at a time (status=decided) (reviewer token)", "security": bearer,
+			"parameters": []any{map[string]any{"name": "status", "in": "query", "schema": map[string]any{"type": "string", "enum": []string{"escalated", "decided"}}},
+				map[string]any{"name": "page_size", "in": "query", "description": "status=decided: 1..100, default 50", "schema": map[string]any{"type": "integer", "minimum": 1, "maximum": 100}},
+				map[string]any{"name": "page_token", "in": "query", "description": "status=decided: a previous page's next_page_token", "schema": map[string]any{"type": "string"}}},
+			"responses": withErrors(map[string]any{"description": "status=escalated: {\"requests\": [RequestStatus]}; status=decided: DecidedRequests",
+				"content": map[string]any{"application/json": map[string]any{"schema": map[string]any{"oneOf": []any{
+					map[string]any{"type": "object", "properties": map[string]any{"requests": map[string]any{"type": "array", "items": map[string]any{"$ref": "#/components/schemas/RequestStatus"}}}},
+					map[string]any{"$ref": "#/components/schemas/DecidedRequests"}}}}}}, "400", "401", "403")}},
 		"/reviews/{request_id}/decision": map[string]any{"post": map[string]any{"summary": "Approve or reject an escalated request (reviewer token)", "security": bearer,
 			"parameters":  []any{map[string]any{"name": "request_id", "in": "path", "required": true, "schema": map[string]any{"type": "string"}}},
 			"requestBody": ref("ReviewDecision"), "responses": withErrors(mergeDesc(ref("RequestStatus"), "The decided request"), "400", "401", "403", "404", "409")}},

@@ -2,14 +2,18 @@ package api
 
 import (
 	"context"
+	"encoding/base64"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
+	"strconv"
 	"strings"
 	"time"
 	"unicode/utf8"
 
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/conclave-ai/conclave/functions/librarian/internal/access"
 	"github.com/conclave-ai/conclave/functions/librarian/internal/events"
@@ -21,13 +25,22 @@ import (
 // maxReviewList bounds GET /reviews.
 const maxReviewList = 100
 
+// Page sizes of GET /reviews?status=decided.
+const (
+	defaultDecidedPage = 50
+	maxDecidedPage     = 100
+)
+
 func (h *Handler) listReviews(w http.ResponseWriter, r *http.Request) error {
 	status := r.URL.Query().Get("status")
 	if status == "" {
 		status = "escalated"
 	}
+	if status == "decided" {
+		return h.listDecided(w, r)
+	}
 	if status != "escalated" {
-		return &apiError{Status: http.StatusBadRequest, Code: "unsupported_status", Field: "status", Message: "only status=escalated requests wait for a review"}
+		return &apiError{Status: http.StatusBadRequest, Code: "unsupported_status", Field: "status", Message: "status is escalated (the requests waiting for a review) or decided (the decisions, latest first)"}
 	}
 	recs, err := h.Escalated(r.Context())
 	if err != nil {
@@ -41,6 +54,67 @@ func (h *Handler) listReviews(w http.ResponseWriter, r *http.Request) error {
 	}
 	writeJSON(w, http.StatusOK, out)
 	return nil
+}
+
+// decidedToken is the page token of GET /reviews?status=decided: where the
+// listing got to.
+type decidedToken struct {
+	After string `json:"a"`
+}
+
+func (h *Handler) listDecided(w http.ResponseWriter, r *http.Request) error {
+	q := r.URL.Query()
+	size := defaultDecidedPage
+	if v := q.Get("page_size"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > maxDecidedPage {
+			return &apiError{Status: http.StatusBadRequest, Code: "invalid_page_size", Field: "page_size", Message: fmt.Sprintf("page_size must be 1..%d", maxDecidedPage)}
+		}
+		size = n
+	}
+	var after string
+	if v := q.Get("page_token"); v != "" {
+		var tok decidedToken
+		data, err := base64.RawURLEncoding.DecodeString(v)
+		if err != nil || len(v) > 512 || json.Unmarshal(data, &tok) != nil || !requests.ValidDecidedPosition(tok.After) {
+			return &apiError{Status: http.StatusBadRequest, Code: "invalid_page_token", Field: "page_token", Message: "page_token is not one this API gave; pass next_page_token unchanged"}
+		}
+		after = tok.After
+	}
+	page, err := h.o.Requests.ListDecided(r.Context(), size, after)
+	if err != nil {
+		return err
+	}
+	// DecidedRequests, with "requests" there even when empty.
+	out := struct {
+		Requests      []jsonProto `json:"requests"`
+		NextPageToken string      `json:"next_page_token,omitempty"`
+	}{Requests: []jsonProto{}}
+	for _, rec := range page.Records {
+		out.Requests = append(out.Requests, jsonProto{decidedOf(rec)})
+	}
+	if page.Next != "" {
+		data, _ := json.Marshal(decidedToken{After: page.Next})
+		out.NextPageToken = base64.RawURLEncoding.EncodeToString(data)
+	}
+	writeJSON(w, http.StatusOK, out)
+	return nil
+}
+
+// decidedOf is a decided request as GET /reviews?status=decided lists it.
+func decidedOf(rec requests.Record) *librarianv1.DecidedRequest {
+	d := &librarianv1.DecidedRequest{RequestId: rec.ID, AgentId: rec.AgentID, Decision: rec.State.Status(),
+		DecidedAt: timestamppb.New(rec.DecidedAt), DecidedBy: "librarian", Request: statusOf(rec)}
+	if rec.State == governance.Completed {
+		d.Decision = governance.Approved.Status()
+	}
+	switch {
+	case rec.Review != nil:
+		d.DecidedBy, d.Reviewer, d.Comment = "reviewer", rec.Review.Reviewer, rec.Review.Comment
+	case !rec.ReviewBy.IsZero():
+		d.DecidedBy = "timeout"
+	}
+	return d
 }
 
 // jsonProto embeds a message in an encoding/json document with protojson.

@@ -23,8 +23,9 @@ import (
 	librarianv1 "github.com/conclave-ai/conclave/proto/conclave/librarian/v1"
 )
 
-// Table holds requests (partition "req#<id>") and the state index
-// (partition "state#<STATE>", sorted by creation time).
+// Table holds requests (partition "req#<id>"), the state index
+// (partition "state#<STATE>", sorted by creation time) and the decided
+// list (partition "decided", sorted by decision time).
 var Table = store.Table{Name: "librarian-requests"}
 
 // Errors callers test with errors.Is.
@@ -71,7 +72,12 @@ type Record struct {
 	Outbox []json.RawMessage `json:"outbox,omitempty"`
 	// ReviewBy is when an escalated request expires without a human
 	// decision (timeouts.escalation after it was escalated).
-	ReviewBy  time.Time `json:"review_by,omitzero"`
+	ReviewBy time.Time `json:"review_by,omitzero"`
+	// DecidedAt is when the request was approved, rejected or sent back
+	// for clarification: by the validation pipeline on creation, or by a
+	// reviewer (or the escalation timeout) later. It names the request's
+	// entry in the decided list.
+	DecidedAt time.Time `json:"decided_at,omitzero"`
 	CreatedAt time.Time `json:"created_at"`
 	UpdatedAt time.Time `json:"updated_at"`
 	// Version is the store's, for conditional updates.
@@ -172,6 +178,42 @@ func indexKey(state governance.State, created time.Time, id string) store.Key {
 	return store.Key{PK: "state#" + string(state), SK: created.UTC().Format(time.RFC3339Nano) + "#" + id}
 }
 
+// decidedPK is the partition of the decided list: an entry per decided
+// request, its sort key the decision time in nanoseconds (fixed width, so
+// that it sorts by time) and the request id.
+const decidedPK = "decided"
+
+func decidedKey(at time.Time, id string) store.Key {
+	return store.Key{PK: decidedPK, SK: fmt.Sprintf("%020d#%s", at.UnixNano(), id)}
+}
+
+// Decided reports whether a request in state s has been decided: approved,
+// rejected or sent back for clarification.
+func Decided(s governance.State) bool {
+	switch s {
+	case governance.Approved, governance.Rejected, governance.ClarificationNeeded:
+		return true
+	}
+	return false
+}
+
+// decide stamps r's decision time when it has just been decided (from is
+// its state before, "" for a new request; a completed request was decided
+// when it was approved), and writes its entry in the decided list. The
+// entry goes first: with no transactions, an entry whose write of the
+// request then fails (a concurrent update, a retried submission) is one
+// that ListDecided does not find matching its request, and skips.
+func (s *Store) decide(ctx context.Context, from governance.State, r *Record, now time.Time) error {
+	if !Decided(r.State) || Decided(from) || !r.DecidedAt.IsZero() {
+		return nil
+	}
+	r.DecidedAt = now
+	if _, err := s.st.Put(ctx, Table.Name, store.Item{Key: decidedKey(now, r.ID), Attrs: map[string]string{"id": r.ID}}); err != nil {
+		return fmt.Errorf("requests: list decision of %s: %w", r.ID, err)
+	}
+	return nil
+}
+
 // indexed are the states listed by List.
 var indexed = map[governance.State]bool{governance.Escalated: true}
 
@@ -180,6 +222,9 @@ var indexed = map[governance.State]bool{governance.Escalated: true}
 func (s *Store) Create(ctx context.Context, r Record) (Record, error) {
 	now := s.now().UTC()
 	r.CreatedAt, r.UpdatedAt = now, now
+	if err := s.decide(ctx, "", &r, now); err != nil {
+		return r, err
+	}
 	data, err := encode(r)
 	if err != nil {
 		return r, fmt.Errorf("requests: encode %s: %w", r.ID, err)
@@ -266,6 +311,9 @@ func (s *Store) update(ctx context.Context, id string, known *Record, change fun
 			return cur, err
 		}
 		next.UpdatedAt = s.now().UTC()
+		if err := s.decide(ctx, cur.State, &next, next.UpdatedAt); err != nil {
+			return cur, err
+		}
 		data, err := encode(next)
 		if err != nil {
 			return cur, fmt.Errorf("requests: encode %s: %w", id, err)
@@ -320,4 +368,80 @@ func (s *Store) ListPage(ctx context.Context, state governance.State, limit int,
 		}
 	}
 	return out, page.Cursor, nil
+}
+
+// DecidedPage is a page of decided requests, the latest decision first.
+type DecidedPage struct {
+	Records []Record
+	// Next continues the listing (ListDecided's after); empty at its end.
+	Next string
+}
+
+// ValidDecidedPosition reports whether s can be ListDecided's after.
+func ValidDecidedPosition(s string) bool {
+	ns, id, ok := strings.Cut(s, "#")
+	if !ok || len(ns) != 20 || !ValidID(id) {
+		return false
+	}
+	for _, c := range ns {
+		if c < '0' || c > '9' {
+			return false
+		}
+	}
+	return true
+}
+
+// ListDecided returns up to limit decided requests (1 to 1000), the latest
+// decision first, continuing after a previous page's Next (empty: from the
+// latest). An entry whose request does not carry its decision time (its
+// write did not happen) is skipped, so a page may hold fewer than limit.
+func (s *Store) ListDecided(ctx context.Context, limit int, after string) (DecidedPage, error) {
+	if limit < 1 || limit > 1000 {
+		return DecidedPage{}, fmt.Errorf("requests: decided list limit %d is outside 1..1000", limit)
+	}
+	if after != "" && !ValidDecidedPosition(after) {
+		return DecidedPage{}, fmt.Errorf("requests: malformed decided list position: %w", store.ErrInvalid)
+	}
+	// One more than asked, for the entry at after itself (To is inclusive)
+	// and to know whether another page follows.
+	page, err := s.st.Query(ctx, Table.Name, store.Query{PK: decidedPK, Reverse: true, To: after, Limit: limit + 2})
+	if err != nil {
+		return DecidedPage{}, fmt.Errorf("requests: list decided: %w", err)
+	}
+	entries := page.Items
+	if len(entries) > 0 && entries[0].SK == after {
+		entries = entries[1:]
+	}
+	more := page.Cursor != "" || len(entries) > limit
+	entries = entries[:min(len(entries), limit)]
+	keys := make([]store.Key, 0, len(entries))
+	for _, it := range entries {
+		keys = append(keys, key(it.Attrs["id"]))
+	}
+	items, err := s.st.BatchGet(ctx, Table.Name, keys)
+	if err != nil {
+		return DecidedPage{}, fmt.Errorf("requests: list decided: %w", err)
+	}
+	byKey := make(map[string]store.Item, len(items))
+	for _, it := range items {
+		byKey[it.PK] = it
+	}
+	var out DecidedPage
+	for _, e := range entries {
+		it, ok := byKey[key(e.Attrs["id"]).PK]
+		if !ok {
+			continue
+		}
+		r, err := decode(it)
+		if err != nil {
+			return DecidedPage{}, err
+		}
+		if !r.DecidedAt.IsZero() && decidedKey(r.DecidedAt, r.ID) == e.Key {
+			out.Records = append(out.Records, r)
+		}
+	}
+	if more && len(entries) > 0 {
+		out.Next = entries[len(entries)-1].SK
+	}
+	return out, nil
 }

@@ -807,6 +807,171 @@ func (x *AgentCapabilities) GetAllowedTargets() []string {
 	return nil
 }
 
+// DecidedRequest is a decided request, as GET /reviews?status=decided
+// lists it.
+type DecidedRequest struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	RequestId string                 `protobuf:"bytes,1,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	AgentId   string                 `protobuf:"bytes,2,opt,name=agent_id,json=agentId,proto3" json:"agent_id,omitempty"`
+	// approved, rejected or clarification_needed: the decision, whatever the
+	// request's status is now (an approved change reported done is
+	// completed).
+	Decision  string                 `protobuf:"bytes,3,opt,name=decision,proto3" json:"decision,omitempty"`
+	DecidedAt *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=decided_at,json=decidedAt,proto3" json:"decided_at,omitempty"`
+	// Who decided: librarian (the validation pipeline), reviewer, or
+	// timeout (the escalation expired without a reviewer's decision).
+	DecidedBy string `protobuf:"bytes,5,opt,name=decided_by,json=decidedBy,proto3" json:"decided_by,omitempty"`
+	// The reviewer's name and comment, when a reviewer decided.
+	Reviewer string `protobuf:"bytes,6,opt,name=reviewer,proto3" json:"reviewer,omitempty"`
+	Comment  string `protobuf:"bytes,7,opt,name=comment,proto3" json:"comment,omitempty"`
+	// The request as it is now.
+	Request       *RequestStatus `protobuf:"bytes,8,opt,name=request,proto3" json:"request,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DecidedRequest) Reset() {
+	*x = DecidedRequest{}
+	mi := &file_conclave_librarian_v1_librarian_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DecidedRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DecidedRequest) ProtoMessage() {}
+
+func (x *DecidedRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_conclave_librarian_v1_librarian_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DecidedRequest.ProtoReflect.Descriptor instead.
+func (*DecidedRequest) Descriptor() ([]byte, []int) {
+	return file_conclave_librarian_v1_librarian_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *DecidedRequest) GetRequestId() string {
+	if x != nil {
+		return x.RequestId
+	}
+	return ""
+}
+
+func (x *DecidedRequest) GetAgentId() string {
+	if x != nil {
+		return x.AgentId
+	}
+	return ""
+}
+
+func (x *DecidedRequest) GetDecision() string {
+	if x != nil {
+		return x.Decision
+	}
+	return ""
+}
+
+func (x *DecidedRequest) GetDecidedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.DecidedAt
+	}
+	return nil
+}
+
+func (x *DecidedRequest) GetDecidedBy() string {
+	if x != nil {
+		return x.DecidedBy
+	}
+	return ""
+}
+
+func (x *DecidedRequest) GetReviewer() string {
+	if x != nil {
+		return x.Reviewer
+	}
+	return ""
+}
+
+func (x *DecidedRequest) GetComment() string {
+	if x != nil {
+		return x.Comment
+	}
+	return ""
+}
+
+func (x *DecidedRequest) GetRequest() *RequestStatus {
+	if x != nil {
+		return x.Request
+	}
+	return nil
+}
+
+// DecidedRequests is the body of GET /reviews?status=decided: a page of
+// decided requests, the latest decision first.
+type DecidedRequests struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Requests []*DecidedRequest      `protobuf:"bytes,1,rep,name=requests,proto3" json:"requests,omitempty"`
+	// Continues the listing (the page_token parameter); empty on the last
+	// page.
+	NextPageToken string `protobuf:"bytes,2,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DecidedRequests) Reset() {
+	*x = DecidedRequests{}
+	mi := &file_conclave_librarian_v1_librarian_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DecidedRequests) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DecidedRequests) ProtoMessage() {}
+
+func (x *DecidedRequests) ProtoReflect() protoreflect.Message {
+	mi := &file_conclave_librarian_v1_librarian_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DecidedRequests.ProtoReflect.Descriptor instead.
+func (*DecidedRequests) Descriptor() ([]byte, []int) {
+	return file_conclave_librarian_v1_librarian_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *DecidedRequests) GetRequests() []*DecidedRequest {
+	if x != nil {
+		return x.Requests
+	}
+	return nil
+}
+
+func (x *DecidedRequests) GetNextPageToken() string {
+	if x != nil {
+		return x.NextPageToken
+	}
+	return ""
+}
+
 var File_conclave_librarian_v1_librarian_proto protoreflect.FileDescriptor
 
 const file_conclave_librarian_v1_librarian_proto_rawDesc = "" +
@@ -909,7 +1074,22 @@ const file_conclave_librarian_v1_librarian_proto_rawDesc = "" +
 	"\n" +
 	"rate_limit\x18\x04 \x01(\tR\trateLimit\x123\n" +
 	"\x16max_request_size_bytes\x18\x05 \x01(\x03R\x13maxRequestSizeBytes\x12'\n" +
-	"\x0fallowed_targets\x18\x06 \x03(\tR\x0eallowedTargetsBIZGgithub.com/conclave-ai/conclave/proto/conclave/librarian/v1;librarianv1b\x06proto3"
+	"\x0fallowed_targets\x18\x06 \x03(\tR\x0eallowedTargets\"\xb6\x02\n" +
+	"\x0eDecidedRequest\x12\x1d\n" +
+	"\n" +
+	"request_id\x18\x01 \x01(\tR\trequestId\x12\x19\n" +
+	"\bagent_id\x18\x02 \x01(\tR\aagentId\x12\x1a\n" +
+	"\bdecision\x18\x03 \x01(\tR\bdecision\x129\n" +
+	"\n" +
+	"decided_at\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\tdecidedAt\x12\x1d\n" +
+	"\n" +
+	"decided_by\x18\x05 \x01(\tR\tdecidedBy\x12\x1a\n" +
+	"\breviewer\x18\x06 \x01(\tR\breviewer\x12\x18\n" +
+	"\acomment\x18\a \x01(\tR\acomment\x12>\n" +
+	"\arequest\x18\b \x01(\v2$.conclave.librarian.v1.RequestStatusR\arequest\"|\n" +
+	"\x0fDecidedRequests\x12A\n" +
+	"\brequests\x18\x01 \x03(\v2%.conclave.librarian.v1.DecidedRequestR\brequests\x12&\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageTokenBIZGgithub.com/conclave-ai/conclave/proto/conclave/librarian/v1;librarianv1b\x06proto3"
 
 var (
 	file_conclave_librarian_v1_librarian_proto_rawDescOnce sync.Once
@@ -923,7 +1103,7 @@ func file_conclave_librarian_v1_librarian_proto_rawDescGZIP() []byte {
 	return file_conclave_librarian_v1_librarian_proto_rawDescData
 }
 
-var file_conclave_librarian_v1_librarian_proto_msgTypes = make([]protoimpl.MessageInfo, 8)
+var file_conclave_librarian_v1_librarian_proto_msgTypes = make([]protoimpl.MessageInfo, 10)
 var file_conclave_librarian_v1_librarian_proto_goTypes = []any{
 	(*AgentRequest)(nil),          // 0: conclave.librarian.v1.AgentRequest
 	(*ViolationDetail)(nil),       // 1: conclave.librarian.v1.ViolationDetail
@@ -933,25 +1113,30 @@ var file_conclave_librarian_v1_librarian_proto_goTypes = []any{
 	(*ContextQuery)(nil),          // 5: conclave.librarian.v1.ContextQuery
 	(*ContextResponse)(nil),       // 6: conclave.librarian.v1.ContextResponse
 	(*AgentCapabilities)(nil),     // 7: conclave.librarian.v1.AgentCapabilities
-	(*timestamppb.Timestamp)(nil), // 8: google.protobuf.Timestamp
-	(*structpb.Struct)(nil),       // 9: google.protobuf.Struct
+	(*DecidedRequest)(nil),        // 8: conclave.librarian.v1.DecidedRequest
+	(*DecidedRequests)(nil),       // 9: conclave.librarian.v1.DecidedRequests
+	(*timestamppb.Timestamp)(nil), // 10: google.protobuf.Timestamp
+	(*structpb.Struct)(nil),       // 11: google.protobuf.Struct
 }
 var file_conclave_librarian_v1_librarian_proto_depIdxs = []int32{
-	8,  // 0: conclave.librarian.v1.AgentRequest.timestamp:type_name -> google.protobuf.Timestamp
-	9,  // 1: conclave.librarian.v1.AgentRequest.deviations:type_name -> google.protobuf.Struct
-	8,  // 2: conclave.librarian.v1.LibrarianResponse.timestamp:type_name -> google.protobuf.Timestamp
+	10, // 0: conclave.librarian.v1.AgentRequest.timestamp:type_name -> google.protobuf.Timestamp
+	11, // 1: conclave.librarian.v1.AgentRequest.deviations:type_name -> google.protobuf.Struct
+	10, // 2: conclave.librarian.v1.LibrarianResponse.timestamp:type_name -> google.protobuf.Timestamp
 	1,  // 3: conclave.librarian.v1.LibrarianResponse.violations:type_name -> conclave.librarian.v1.ViolationDetail
-	9,  // 4: conclave.librarian.v1.LibrarianResponse.context:type_name -> google.protobuf.Struct
+	11, // 4: conclave.librarian.v1.LibrarianResponse.context:type_name -> google.protobuf.Struct
 	2,  // 5: conclave.librarian.v1.LibrarianResponse.relevant_nodes:type_name -> conclave.librarian.v1.NodeSummary
-	8,  // 6: conclave.librarian.v1.RequestStatus.updated_at:type_name -> google.protobuf.Timestamp
+	10, // 6: conclave.librarian.v1.RequestStatus.updated_at:type_name -> google.protobuf.Timestamp
 	3,  // 7: conclave.librarian.v1.RequestStatus.response:type_name -> conclave.librarian.v1.LibrarianResponse
 	2,  // 8: conclave.librarian.v1.ContextResponse.nodes:type_name -> conclave.librarian.v1.NodeSummary
-	9,  // 9: conclave.librarian.v1.ContextResponse.context:type_name -> google.protobuf.Struct
-	10, // [10:10] is the sub-list for method output_type
-	10, // [10:10] is the sub-list for method input_type
-	10, // [10:10] is the sub-list for extension type_name
-	10, // [10:10] is the sub-list for extension extendee
-	0,  // [0:10] is the sub-list for field type_name
+	11, // 9: conclave.librarian.v1.ContextResponse.context:type_name -> google.protobuf.Struct
+	10, // 10: conclave.librarian.v1.DecidedRequest.decided_at:type_name -> google.protobuf.Timestamp
+	4,  // 11: conclave.librarian.v1.DecidedRequest.request:type_name -> conclave.librarian.v1.RequestStatus
+	8,  // 12: conclave.librarian.v1.DecidedRequests.requests:type_name -> conclave.librarian.v1.DecidedRequest
+	13, // [13:13] is the sub-list for method output_type
+	13, // [13:13] is the sub-list for method input_type
+	13, // [13:13] is the sub-list for extension type_name
+	13, // [13:13] is the sub-list for extension extendee
+	0,  // [0:13] is the sub-list for field type_name
 }
 
 func init() { file_conclave_librarian_v1_librarian_proto_init() }
@@ -967,7 +1152,7 @@ func file_conclave_librarian_v1_librarian_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_conclave_librarian_v1_librarian_proto_rawDesc), len(file_conclave_librarian_v1_librarian_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   8,
+			NumMessages:   10,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -558,6 +558,136 @@ func (x *GetAgentStatusResponse) GetInstance() *AgentInstance {
 	return nil
 }
 
+// ListAgentsRequest selects a page of instances.
+type ListAgentsRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Most instances to return: 0 means 50, at most 200. A page may hold
+	// fewer (even none) while next_page_token is set.
+	PageSize int32 `protobuf:"varint,1,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
+	// A previous response's next_page_token, with the same filters; empty
+	// for the first page.
+	PageToken string `protobuf:"bytes,2,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
+	// Only instances in this status (starting, running, completed, failed,
+	// stopped); empty for all.
+	Status string `protobuf:"bytes,3,opt,name=status,proto3" json:"status,omitempty"`
+	// Only instances of this agent type; empty for all.
+	AgentType     string `protobuf:"bytes,4,opt,name=agent_type,json=agentType,proto3" json:"agent_type,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListAgentsRequest) Reset() {
+	*x = ListAgentsRequest{}
+	mi := &file_conclave_runner_v1_runner_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListAgentsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListAgentsRequest) ProtoMessage() {}
+
+func (x *ListAgentsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_conclave_runner_v1_runner_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListAgentsRequest.ProtoReflect.Descriptor instead.
+func (*ListAgentsRequest) Descriptor() ([]byte, []int) {
+	return file_conclave_runner_v1_runner_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *ListAgentsRequest) GetPageSize() int32 {
+	if x != nil {
+		return x.PageSize
+	}
+	return 0
+}
+
+func (x *ListAgentsRequest) GetPageToken() string {
+	if x != nil {
+		return x.PageToken
+	}
+	return ""
+}
+
+func (x *ListAgentsRequest) GetStatus() string {
+	if x != nil {
+		return x.Status
+	}
+	return ""
+}
+
+func (x *ListAgentsRequest) GetAgentType() string {
+	if x != nil {
+		return x.AgentType
+	}
+	return ""
+}
+
+// ListAgentsResponse is a page of instances, newest launch first.
+type ListAgentsResponse struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Instances []*AgentInstance       `protobuf:"bytes,1,rep,name=instances,proto3" json:"instances,omitempty"`
+	// Continues the listing; empty on the last page.
+	NextPageToken string `protobuf:"bytes,2,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListAgentsResponse) Reset() {
+	*x = ListAgentsResponse{}
+	mi := &file_conclave_runner_v1_runner_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListAgentsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListAgentsResponse) ProtoMessage() {}
+
+func (x *ListAgentsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_conclave_runner_v1_runner_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListAgentsResponse.ProtoReflect.Descriptor instead.
+func (*ListAgentsResponse) Descriptor() ([]byte, []int) {
+	return file_conclave_runner_v1_runner_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *ListAgentsResponse) GetInstances() []*AgentInstance {
+	if x != nil {
+		return x.Instances
+	}
+	return nil
+}
+
+func (x *ListAgentsResponse) GetNextPageToken() string {
+	if x != nil {
+		return x.NextPageToken
+	}
+	return ""
+}
+
 // GetAgentLogsRequest names an instance and how many lines to return.
 type GetAgentLogsRequest struct {
 	state      protoimpl.MessageState `protogen:"open.v1"`
@@ -572,7 +702,7 @@ type GetAgentLogsRequest struct {
 
 func (x *GetAgentLogsRequest) Reset() {
 	*x = GetAgentLogsRequest{}
-	mi := &file_conclave_runner_v1_runner_proto_msgTypes[9]
+	mi := &file_conclave_runner_v1_runner_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -584,7 +714,7 @@ func (x *GetAgentLogsRequest) String() string {
 func (*GetAgentLogsRequest) ProtoMessage() {}
 
 func (x *GetAgentLogsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_conclave_runner_v1_runner_proto_msgTypes[9]
+	mi := &file_conclave_runner_v1_runner_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -597,7 +727,7 @@ func (x *GetAgentLogsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetAgentLogsRequest.ProtoReflect.Descriptor instead.
 func (*GetAgentLogsRequest) Descriptor() ([]byte, []int) {
-	return file_conclave_runner_v1_runner_proto_rawDescGZIP(), []int{9}
+	return file_conclave_runner_v1_runner_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *GetAgentLogsRequest) GetInstanceId() string {
@@ -634,7 +764,7 @@ type LogLine struct {
 
 func (x *LogLine) Reset() {
 	*x = LogLine{}
-	mi := &file_conclave_runner_v1_runner_proto_msgTypes[10]
+	mi := &file_conclave_runner_v1_runner_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -646,7 +776,7 @@ func (x *LogLine) String() string {
 func (*LogLine) ProtoMessage() {}
 
 func (x *LogLine) ProtoReflect() protoreflect.Message {
-	mi := &file_conclave_runner_v1_runner_proto_msgTypes[10]
+	mi := &file_conclave_runner_v1_runner_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -659,7 +789,7 @@ func (x *LogLine) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LogLine.ProtoReflect.Descriptor instead.
 func (*LogLine) Descriptor() ([]byte, []int) {
-	return file_conclave_runner_v1_runner_proto_rawDescGZIP(), []int{10}
+	return file_conclave_runner_v1_runner_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *LogLine) GetTime() *timestamppb.Timestamp {
@@ -694,7 +824,7 @@ type GetAgentLogsResponse struct {
 
 func (x *GetAgentLogsResponse) Reset() {
 	*x = GetAgentLogsResponse{}
-	mi := &file_conclave_runner_v1_runner_proto_msgTypes[11]
+	mi := &file_conclave_runner_v1_runner_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -706,7 +836,7 @@ func (x *GetAgentLogsResponse) String() string {
 func (*GetAgentLogsResponse) ProtoMessage() {}
 
 func (x *GetAgentLogsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_conclave_runner_v1_runner_proto_msgTypes[11]
+	mi := &file_conclave_runner_v1_runner_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -719,7 +849,7 @@ func (x *GetAgentLogsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetAgentLogsResponse.ProtoReflect.Descriptor instead.
 func (*GetAgentLogsResponse) Descriptor() ([]byte, []int) {
-	return file_conclave_runner_v1_runner_proto_rawDescGZIP(), []int{11}
+	return file_conclave_runner_v1_runner_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *GetAgentLogsResponse) GetInstanceId() string {
@@ -746,7 +876,7 @@ type GetAgentSessionRequest struct {
 
 func (x *GetAgentSessionRequest) Reset() {
 	*x = GetAgentSessionRequest{}
-	mi := &file_conclave_runner_v1_runner_proto_msgTypes[12]
+	mi := &file_conclave_runner_v1_runner_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -758,7 +888,7 @@ func (x *GetAgentSessionRequest) String() string {
 func (*GetAgentSessionRequest) ProtoMessage() {}
 
 func (x *GetAgentSessionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_conclave_runner_v1_runner_proto_msgTypes[12]
+	mi := &file_conclave_runner_v1_runner_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -771,7 +901,7 @@ func (x *GetAgentSessionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetAgentSessionRequest.ProtoReflect.Descriptor instead.
 func (*GetAgentSessionRequest) Descriptor() ([]byte, []int) {
-	return file_conclave_runner_v1_runner_proto_rawDescGZIP(), []int{12}
+	return file_conclave_runner_v1_runner_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *GetAgentSessionRequest) GetInstanceId() string {
@@ -794,7 +924,7 @@ type GetAgentSessionResponse struct {
 
 func (x *GetAgentSessionResponse) Reset() {
 	*x = GetAgentSessionResponse{}
-	mi := &file_conclave_runner_v1_runner_proto_msgTypes[13]
+	mi := &file_conclave_runner_v1_runner_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -806,7 +936,7 @@ func (x *GetAgentSessionResponse) String() string {
 func (*GetAgentSessionResponse) ProtoMessage() {}
 
 func (x *GetAgentSessionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_conclave_runner_v1_runner_proto_msgTypes[13]
+	mi := &file_conclave_runner_v1_runner_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -819,7 +949,7 @@ func (x *GetAgentSessionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetAgentSessionResponse.ProtoReflect.Descriptor instead.
 func (*GetAgentSessionResponse) Descriptor() ([]byte, []int) {
-	return file_conclave_runner_v1_runner_proto_rawDescGZIP(), []int{13}
+	return file_conclave_runner_v1_runner_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *GetAgentSessionResponse) GetInstanceId() string {
@@ -867,7 +997,7 @@ type Task struct {
 
 func (x *Task) Reset() {
 	*x = Task{}
-	mi := &file_conclave_runner_v1_runner_proto_msgTypes[14]
+	mi := &file_conclave_runner_v1_runner_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -879,7 +1009,7 @@ func (x *Task) String() string {
 func (*Task) ProtoMessage() {}
 
 func (x *Task) ProtoReflect() protoreflect.Message {
-	mi := &file_conclave_runner_v1_runner_proto_msgTypes[14]
+	mi := &file_conclave_runner_v1_runner_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -892,7 +1022,7 @@ func (x *Task) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Task.ProtoReflect.Descriptor instead.
 func (*Task) Descriptor() ([]byte, []int) {
-	return file_conclave_runner_v1_runner_proto_rawDescGZIP(), []int{14}
+	return file_conclave_runner_v1_runner_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *Task) GetId() string {
@@ -954,7 +1084,7 @@ type GetTaskRequest struct {
 
 func (x *GetTaskRequest) Reset() {
 	*x = GetTaskRequest{}
-	mi := &file_conclave_runner_v1_runner_proto_msgTypes[15]
+	mi := &file_conclave_runner_v1_runner_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -966,7 +1096,7 @@ func (x *GetTaskRequest) String() string {
 func (*GetTaskRequest) ProtoMessage() {}
 
 func (x *GetTaskRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_conclave_runner_v1_runner_proto_msgTypes[15]
+	mi := &file_conclave_runner_v1_runner_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -979,7 +1109,7 @@ func (x *GetTaskRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetTaskRequest.ProtoReflect.Descriptor instead.
 func (*GetTaskRequest) Descriptor() ([]byte, []int) {
-	return file_conclave_runner_v1_runner_proto_rawDescGZIP(), []int{15}
+	return file_conclave_runner_v1_runner_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *GetTaskRequest) GetTaskId() string {
@@ -999,7 +1129,7 @@ type GetTaskResponse struct {
 
 func (x *GetTaskResponse) Reset() {
 	*x = GetTaskResponse{}
-	mi := &file_conclave_runner_v1_runner_proto_msgTypes[16]
+	mi := &file_conclave_runner_v1_runner_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1011,7 +1141,7 @@ func (x *GetTaskResponse) String() string {
 func (*GetTaskResponse) ProtoMessage() {}
 
 func (x *GetTaskResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_conclave_runner_v1_runner_proto_msgTypes[16]
+	mi := &file_conclave_runner_v1_runner_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1024,7 +1154,7 @@ func (x *GetTaskResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetTaskResponse.ProtoReflect.Descriptor instead.
 func (*GetTaskResponse) Descriptor() ([]byte, []int) {
-	return file_conclave_runner_v1_runner_proto_rawDescGZIP(), []int{16}
+	return file_conclave_runner_v1_runner_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *GetTaskResponse) GetTask() *Task {
@@ -1044,7 +1174,7 @@ type DeleteAgentRequest struct {
 
 func (x *DeleteAgentRequest) Reset() {
 	*x = DeleteAgentRequest{}
-	mi := &file_conclave_runner_v1_runner_proto_msgTypes[17]
+	mi := &file_conclave_runner_v1_runner_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1056,7 +1186,7 @@ func (x *DeleteAgentRequest) String() string {
 func (*DeleteAgentRequest) ProtoMessage() {}
 
 func (x *DeleteAgentRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_conclave_runner_v1_runner_proto_msgTypes[17]
+	mi := &file_conclave_runner_v1_runner_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1069,7 +1199,7 @@ func (x *DeleteAgentRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteAgentRequest.ProtoReflect.Descriptor instead.
 func (*DeleteAgentRequest) Descriptor() ([]byte, []int) {
-	return file_conclave_runner_v1_runner_proto_rawDescGZIP(), []int{17}
+	return file_conclave_runner_v1_runner_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *DeleteAgentRequest) GetInstanceId() string {
@@ -1090,7 +1220,7 @@ type DeleteAgentResponse struct {
 
 func (x *DeleteAgentResponse) Reset() {
 	*x = DeleteAgentResponse{}
-	mi := &file_conclave_runner_v1_runner_proto_msgTypes[18]
+	mi := &file_conclave_runner_v1_runner_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1102,7 +1232,7 @@ func (x *DeleteAgentResponse) String() string {
 func (*DeleteAgentResponse) ProtoMessage() {}
 
 func (x *DeleteAgentResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_conclave_runner_v1_runner_proto_msgTypes[18]
+	mi := &file_conclave_runner_v1_runner_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1115,7 +1245,7 @@ func (x *DeleteAgentResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteAgentResponse.ProtoReflect.Descriptor instead.
 func (*DeleteAgentResponse) Descriptor() ([]byte, []int) {
-	return file_conclave_runner_v1_runner_proto_rawDescGZIP(), []int{18}
+	return file_conclave_runner_v1_runner_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *DeleteAgentResponse) GetId() string {
@@ -1141,7 +1271,7 @@ type ListAgentTypesRequest struct {
 
 func (x *ListAgentTypesRequest) Reset() {
 	*x = ListAgentTypesRequest{}
-	mi := &file_conclave_runner_v1_runner_proto_msgTypes[19]
+	mi := &file_conclave_runner_v1_runner_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1153,7 +1283,7 @@ func (x *ListAgentTypesRequest) String() string {
 func (*ListAgentTypesRequest) ProtoMessage() {}
 
 func (x *ListAgentTypesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_conclave_runner_v1_runner_proto_msgTypes[19]
+	mi := &file_conclave_runner_v1_runner_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1166,7 +1296,7 @@ func (x *ListAgentTypesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListAgentTypesRequest.ProtoReflect.Descriptor instead.
 func (*ListAgentTypesRequest) Descriptor() ([]byte, []int) {
-	return file_conclave_runner_v1_runner_proto_rawDescGZIP(), []int{19}
+	return file_conclave_runner_v1_runner_proto_rawDescGZIP(), []int{21}
 }
 
 // AgentType is one kind of agent the runner can launch (seed 002's registry).
@@ -1196,7 +1326,7 @@ type AgentType struct {
 
 func (x *AgentType) Reset() {
 	*x = AgentType{}
-	mi := &file_conclave_runner_v1_runner_proto_msgTypes[20]
+	mi := &file_conclave_runner_v1_runner_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1208,7 +1338,7 @@ func (x *AgentType) String() string {
 func (*AgentType) ProtoMessage() {}
 
 func (x *AgentType) ProtoReflect() protoreflect.Message {
-	mi := &file_conclave_runner_v1_runner_proto_msgTypes[20]
+	mi := &file_conclave_runner_v1_runner_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1221,7 +1351,7 @@ func (x *AgentType) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AgentType.ProtoReflect.Descriptor instead.
 func (*AgentType) Descriptor() ([]byte, []int) {
-	return file_conclave_runner_v1_runner_proto_rawDescGZIP(), []int{20}
+	return file_conclave_runner_v1_runner_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *AgentType) GetId() string {
@@ -1325,7 +1455,7 @@ type ListAgentTypesResponse struct {
 
 func (x *ListAgentTypesResponse) Reset() {
 	*x = ListAgentTypesResponse{}
-	mi := &file_conclave_runner_v1_runner_proto_msgTypes[21]
+	mi := &file_conclave_runner_v1_runner_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1337,7 +1467,7 @@ func (x *ListAgentTypesResponse) String() string {
 func (*ListAgentTypesResponse) ProtoMessage() {}
 
 func (x *ListAgentTypesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_conclave_runner_v1_runner_proto_msgTypes[21]
+	mi := &file_conclave_runner_v1_runner_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1350,7 +1480,7 @@ func (x *ListAgentTypesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListAgentTypesResponse.ProtoReflect.Descriptor instead.
 func (*ListAgentTypesResponse) Descriptor() ([]byte, []int) {
-	return file_conclave_runner_v1_runner_proto_rawDescGZIP(), []int{21}
+	return file_conclave_runner_v1_runner_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *ListAgentTypesResponse) GetAgentTypes() []*AgentType {
@@ -1373,7 +1503,7 @@ type FollowAgentLogsRequest struct {
 
 func (x *FollowAgentLogsRequest) Reset() {
 	*x = FollowAgentLogsRequest{}
-	mi := &file_conclave_runner_v1_runner_proto_msgTypes[22]
+	mi := &file_conclave_runner_v1_runner_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1385,7 +1515,7 @@ func (x *FollowAgentLogsRequest) String() string {
 func (*FollowAgentLogsRequest) ProtoMessage() {}
 
 func (x *FollowAgentLogsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_conclave_runner_v1_runner_proto_msgTypes[22]
+	mi := &file_conclave_runner_v1_runner_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1398,7 +1528,7 @@ func (x *FollowAgentLogsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FollowAgentLogsRequest.ProtoReflect.Descriptor instead.
 func (*FollowAgentLogsRequest) Descriptor() ([]byte, []int) {
-	return file_conclave_runner_v1_runner_proto_rawDescGZIP(), []int{22}
+	return file_conclave_runner_v1_runner_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *FollowAgentLogsRequest) GetInstanceId() string {
@@ -1425,7 +1555,7 @@ type FollowAgentLogsResponse struct {
 
 func (x *FollowAgentLogsResponse) Reset() {
 	*x = FollowAgentLogsResponse{}
-	mi := &file_conclave_runner_v1_runner_proto_msgTypes[23]
+	mi := &file_conclave_runner_v1_runner_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1437,7 +1567,7 @@ func (x *FollowAgentLogsResponse) String() string {
 func (*FollowAgentLogsResponse) ProtoMessage() {}
 
 func (x *FollowAgentLogsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_conclave_runner_v1_runner_proto_msgTypes[23]
+	mi := &file_conclave_runner_v1_runner_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1450,7 +1580,7 @@ func (x *FollowAgentLogsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FollowAgentLogsResponse.ProtoReflect.Descriptor instead.
 func (*FollowAgentLogsResponse) Descriptor() ([]byte, []int) {
-	return file_conclave_runner_v1_runner_proto_rawDescGZIP(), []int{23}
+	return file_conclave_runner_v1_runner_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *FollowAgentLogsResponse) GetLine() *LogLine {
@@ -1507,7 +1637,17 @@ const file_conclave_runner_v1_runner_proto_rawDesc = "" +
 	"\vinstance_id\x18\x01 \x01(\tR\n" +
 	"instanceId\"W\n" +
 	"\x16GetAgentStatusResponse\x12=\n" +
-	"\binstance\x18\x01 \x01(\v2!.conclave.runner.v1.AgentInstanceR\binstance\"b\n" +
+	"\binstance\x18\x01 \x01(\v2!.conclave.runner.v1.AgentInstanceR\binstance\"\x86\x01\n" +
+	"\x11ListAgentsRequest\x12\x1b\n" +
+	"\tpage_size\x18\x01 \x01(\x05R\bpageSize\x12\x1d\n" +
+	"\n" +
+	"page_token\x18\x02 \x01(\tR\tpageToken\x12\x16\n" +
+	"\x06status\x18\x03 \x01(\tR\x06status\x12\x1d\n" +
+	"\n" +
+	"agent_type\x18\x04 \x01(\tR\tagentType\"}\n" +
+	"\x12ListAgentsResponse\x12?\n" +
+	"\tinstances\x18\x01 \x03(\v2!.conclave.runner.v1.AgentInstanceR\tinstances\x12&\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"b\n" +
 	"\x13GetAgentLogsRequest\x12\x1f\n" +
 	"\vinstance_id\x18\x01 \x01(\tR\n" +
 	"instanceId\x12\x12\n" +
@@ -1577,11 +1717,13 @@ const file_conclave_runner_v1_runner_proto_rawDesc = "" +
 	"instanceId\x12\x12\n" +
 	"\x04tail\x18\x02 \x01(\x05R\x04tail\"J\n" +
 	"\x17FollowAgentLogsResponse\x12/\n" +
-	"\x04line\x18\x01 \x01(\v2\x1b.conclave.runner.v1.LogLineR\x04line2\xf2\a\n" +
+	"\x04line\x18\x01 \x01(\v2\x1b.conclave.runner.v1.LogLineR\x04line2\xcf\b\n" +
 	"\rRunnerService\x12^\n" +
 	"\vLaunchAgent\x12&.conclave.runner.v1.LaunchAgentRequest\x1a'.conclave.runner.v1.LaunchAgentResponse\x12^\n" +
 	"\vPromptAgent\x12&.conclave.runner.v1.PromptAgentRequest\x1a'.conclave.runner.v1.PromptAgentResponse\x12^\n" +
-	"\vCancelAgent\x12&.conclave.runner.v1.CancelAgentRequest\x1a'.conclave.runner.v1.CancelAgentResponse\x12g\n" +
+	"\vCancelAgent\x12&.conclave.runner.v1.CancelAgentRequest\x1a'.conclave.runner.v1.CancelAgentResponse\x12[\n" +
+	"\n" +
+	"ListAgents\x12%.conclave.runner.v1.ListAgentsRequest\x1a&.conclave.runner.v1.ListAgentsResponse\x12g\n" +
 	"\x0eGetAgentStatus\x12).conclave.runner.v1.GetAgentStatusRequest\x1a*.conclave.runner.v1.GetAgentStatusResponse\x12a\n" +
 	"\fGetAgentLogs\x12'.conclave.runner.v1.GetAgentLogsRequest\x1a(.conclave.runner.v1.GetAgentLogsResponse\x12j\n" +
 	"\x0fGetAgentSession\x12*.conclave.runner.v1.GetAgentSessionRequest\x1a+.conclave.runner.v1.GetAgentSessionResponse\x12R\n" +
@@ -1602,7 +1744,7 @@ func file_conclave_runner_v1_runner_proto_rawDescGZIP() []byte {
 	return file_conclave_runner_v1_runner_proto_rawDescData
 }
 
-var file_conclave_runner_v1_runner_proto_msgTypes = make([]protoimpl.MessageInfo, 25)
+var file_conclave_runner_v1_runner_proto_msgTypes = make([]protoimpl.MessageInfo, 27)
 var file_conclave_runner_v1_runner_proto_goTypes = []any{
 	(*AgentInstance)(nil),           // 0: conclave.runner.v1.AgentInstance
 	(*LaunchAgentRequest)(nil),      // 1: conclave.runner.v1.LaunchAgentRequest
@@ -1613,65 +1755,70 @@ var file_conclave_runner_v1_runner_proto_goTypes = []any{
 	(*CancelAgentResponse)(nil),     // 6: conclave.runner.v1.CancelAgentResponse
 	(*GetAgentStatusRequest)(nil),   // 7: conclave.runner.v1.GetAgentStatusRequest
 	(*GetAgentStatusResponse)(nil),  // 8: conclave.runner.v1.GetAgentStatusResponse
-	(*GetAgentLogsRequest)(nil),     // 9: conclave.runner.v1.GetAgentLogsRequest
-	(*LogLine)(nil),                 // 10: conclave.runner.v1.LogLine
-	(*GetAgentLogsResponse)(nil),    // 11: conclave.runner.v1.GetAgentLogsResponse
-	(*GetAgentSessionRequest)(nil),  // 12: conclave.runner.v1.GetAgentSessionRequest
-	(*GetAgentSessionResponse)(nil), // 13: conclave.runner.v1.GetAgentSessionResponse
-	(*Task)(nil),                    // 14: conclave.runner.v1.Task
-	(*GetTaskRequest)(nil),          // 15: conclave.runner.v1.GetTaskRequest
-	(*GetTaskResponse)(nil),         // 16: conclave.runner.v1.GetTaskResponse
-	(*DeleteAgentRequest)(nil),      // 17: conclave.runner.v1.DeleteAgentRequest
-	(*DeleteAgentResponse)(nil),     // 18: conclave.runner.v1.DeleteAgentResponse
-	(*ListAgentTypesRequest)(nil),   // 19: conclave.runner.v1.ListAgentTypesRequest
-	(*AgentType)(nil),               // 20: conclave.runner.v1.AgentType
-	(*ListAgentTypesResponse)(nil),  // 21: conclave.runner.v1.ListAgentTypesResponse
-	(*FollowAgentLogsRequest)(nil),  // 22: conclave.runner.v1.FollowAgentLogsRequest
-	(*FollowAgentLogsResponse)(nil), // 23: conclave.runner.v1.FollowAgentLogsResponse
-	nil,                             // 24: conclave.runner.v1.LaunchAgentRequest.EnvEntry
-	(*timestamppb.Timestamp)(nil),   // 25: google.protobuf.Timestamp
-	(*structpb.Struct)(nil),         // 26: google.protobuf.Struct
+	(*ListAgentsRequest)(nil),       // 9: conclave.runner.v1.ListAgentsRequest
+	(*ListAgentsResponse)(nil),      // 10: conclave.runner.v1.ListAgentsResponse
+	(*GetAgentLogsRequest)(nil),     // 11: conclave.runner.v1.GetAgentLogsRequest
+	(*LogLine)(nil),                 // 12: conclave.runner.v1.LogLine
+	(*GetAgentLogsResponse)(nil),    // 13: conclave.runner.v1.GetAgentLogsResponse
+	(*GetAgentSessionRequest)(nil),  // 14: conclave.runner.v1.GetAgentSessionRequest
+	(*GetAgentSessionResponse)(nil), // 15: conclave.runner.v1.GetAgentSessionResponse
+	(*Task)(nil),                    // 16: conclave.runner.v1.Task
+	(*GetTaskRequest)(nil),          // 17: conclave.runner.v1.GetTaskRequest
+	(*GetTaskResponse)(nil),         // 18: conclave.runner.v1.GetTaskResponse
+	(*DeleteAgentRequest)(nil),      // 19: conclave.runner.v1.DeleteAgentRequest
+	(*DeleteAgentResponse)(nil),     // 20: conclave.runner.v1.DeleteAgentResponse
+	(*ListAgentTypesRequest)(nil),   // 21: conclave.runner.v1.ListAgentTypesRequest
+	(*AgentType)(nil),               // 22: conclave.runner.v1.AgentType
+	(*ListAgentTypesResponse)(nil),  // 23: conclave.runner.v1.ListAgentTypesResponse
+	(*FollowAgentLogsRequest)(nil),  // 24: conclave.runner.v1.FollowAgentLogsRequest
+	(*FollowAgentLogsResponse)(nil), // 25: conclave.runner.v1.FollowAgentLogsResponse
+	nil,                             // 26: conclave.runner.v1.LaunchAgentRequest.EnvEntry
+	(*timestamppb.Timestamp)(nil),   // 27: google.protobuf.Timestamp
+	(*structpb.Struct)(nil),         // 28: google.protobuf.Struct
 }
 var file_conclave_runner_v1_runner_proto_depIdxs = []int32{
-	25, // 0: conclave.runner.v1.AgentInstance.started_at:type_name -> google.protobuf.Timestamp
-	25, // 1: conclave.runner.v1.AgentInstance.finished_at:type_name -> google.protobuf.Timestamp
-	24, // 2: conclave.runner.v1.LaunchAgentRequest.env:type_name -> conclave.runner.v1.LaunchAgentRequest.EnvEntry
-	26, // 3: conclave.runner.v1.LaunchAgentRequest.metadata:type_name -> google.protobuf.Struct
+	27, // 0: conclave.runner.v1.AgentInstance.started_at:type_name -> google.protobuf.Timestamp
+	27, // 1: conclave.runner.v1.AgentInstance.finished_at:type_name -> google.protobuf.Timestamp
+	26, // 2: conclave.runner.v1.LaunchAgentRequest.env:type_name -> conclave.runner.v1.LaunchAgentRequest.EnvEntry
+	28, // 3: conclave.runner.v1.LaunchAgentRequest.metadata:type_name -> google.protobuf.Struct
 	0,  // 4: conclave.runner.v1.LaunchAgentResponse.instance:type_name -> conclave.runner.v1.AgentInstance
 	0,  // 5: conclave.runner.v1.GetAgentStatusResponse.instance:type_name -> conclave.runner.v1.AgentInstance
-	25, // 6: conclave.runner.v1.LogLine.time:type_name -> google.protobuf.Timestamp
-	10, // 7: conclave.runner.v1.GetAgentLogsResponse.lines:type_name -> conclave.runner.v1.LogLine
-	26, // 8: conclave.runner.v1.Task.metadata:type_name -> google.protobuf.Struct
-	25, // 9: conclave.runner.v1.Task.created_at:type_name -> google.protobuf.Timestamp
-	25, // 10: conclave.runner.v1.Task.updated_at:type_name -> google.protobuf.Timestamp
-	14, // 11: conclave.runner.v1.GetTaskResponse.task:type_name -> conclave.runner.v1.Task
-	20, // 12: conclave.runner.v1.ListAgentTypesResponse.agent_types:type_name -> conclave.runner.v1.AgentType
-	10, // 13: conclave.runner.v1.FollowAgentLogsResponse.line:type_name -> conclave.runner.v1.LogLine
-	1,  // 14: conclave.runner.v1.RunnerService.LaunchAgent:input_type -> conclave.runner.v1.LaunchAgentRequest
-	3,  // 15: conclave.runner.v1.RunnerService.PromptAgent:input_type -> conclave.runner.v1.PromptAgentRequest
-	5,  // 16: conclave.runner.v1.RunnerService.CancelAgent:input_type -> conclave.runner.v1.CancelAgentRequest
-	7,  // 17: conclave.runner.v1.RunnerService.GetAgentStatus:input_type -> conclave.runner.v1.GetAgentStatusRequest
-	9,  // 18: conclave.runner.v1.RunnerService.GetAgentLogs:input_type -> conclave.runner.v1.GetAgentLogsRequest
-	12, // 19: conclave.runner.v1.RunnerService.GetAgentSession:input_type -> conclave.runner.v1.GetAgentSessionRequest
-	15, // 20: conclave.runner.v1.RunnerService.GetTask:input_type -> conclave.runner.v1.GetTaskRequest
-	17, // 21: conclave.runner.v1.RunnerService.DeleteAgent:input_type -> conclave.runner.v1.DeleteAgentRequest
-	19, // 22: conclave.runner.v1.RunnerService.ListAgentTypes:input_type -> conclave.runner.v1.ListAgentTypesRequest
-	22, // 23: conclave.runner.v1.RunnerService.FollowAgentLogs:input_type -> conclave.runner.v1.FollowAgentLogsRequest
-	2,  // 24: conclave.runner.v1.RunnerService.LaunchAgent:output_type -> conclave.runner.v1.LaunchAgentResponse
-	4,  // 25: conclave.runner.v1.RunnerService.PromptAgent:output_type -> conclave.runner.v1.PromptAgentResponse
-	6,  // 26: conclave.runner.v1.RunnerService.CancelAgent:output_type -> conclave.runner.v1.CancelAgentResponse
-	8,  // 27: conclave.runner.v1.RunnerService.GetAgentStatus:output_type -> conclave.runner.v1.GetAgentStatusResponse
-	11, // 28: conclave.runner.v1.RunnerService.GetAgentLogs:output_type -> conclave.runner.v1.GetAgentLogsResponse
-	13, // 29: conclave.runner.v1.RunnerService.GetAgentSession:output_type -> conclave.runner.v1.GetAgentSessionResponse
-	16, // 30: conclave.runner.v1.RunnerService.GetTask:output_type -> conclave.runner.v1.GetTaskResponse
-	18, // 31: conclave.runner.v1.RunnerService.DeleteAgent:output_type -> conclave.runner.v1.DeleteAgentResponse
-	21, // 32: conclave.runner.v1.RunnerService.ListAgentTypes:output_type -> conclave.runner.v1.ListAgentTypesResponse
-	23, // 33: conclave.runner.v1.RunnerService.FollowAgentLogs:output_type -> conclave.runner.v1.FollowAgentLogsResponse
-	24, // [24:34] is the sub-list for method output_type
-	14, // [14:24] is the sub-list for method input_type
-	14, // [14:14] is the sub-list for extension type_name
-	14, // [14:14] is the sub-list for extension extendee
-	0,  // [0:14] is the sub-list for field type_name
+	0,  // 6: conclave.runner.v1.ListAgentsResponse.instances:type_name -> conclave.runner.v1.AgentInstance
+	27, // 7: conclave.runner.v1.LogLine.time:type_name -> google.protobuf.Timestamp
+	12, // 8: conclave.runner.v1.GetAgentLogsResponse.lines:type_name -> conclave.runner.v1.LogLine
+	28, // 9: conclave.runner.v1.Task.metadata:type_name -> google.protobuf.Struct
+	27, // 10: conclave.runner.v1.Task.created_at:type_name -> google.protobuf.Timestamp
+	27, // 11: conclave.runner.v1.Task.updated_at:type_name -> google.protobuf.Timestamp
+	16, // 12: conclave.runner.v1.GetTaskResponse.task:type_name -> conclave.runner.v1.Task
+	22, // 13: conclave.runner.v1.ListAgentTypesResponse.agent_types:type_name -> conclave.runner.v1.AgentType
+	12, // 14: conclave.runner.v1.FollowAgentLogsResponse.line:type_name -> conclave.runner.v1.LogLine
+	1,  // 15: conclave.runner.v1.RunnerService.LaunchAgent:input_type -> conclave.runner.v1.LaunchAgentRequest
+	3,  // 16: conclave.runner.v1.RunnerService.PromptAgent:input_type -> conclave.runner.v1.PromptAgentRequest
+	5,  // 17: conclave.runner.v1.RunnerService.CancelAgent:input_type -> conclave.runner.v1.CancelAgentRequest
+	9,  // 18: conclave.runner.v1.RunnerService.ListAgents:input_type -> conclave.runner.v1.ListAgentsRequest
+	7,  // 19: conclave.runner.v1.RunnerService.GetAgentStatus:input_type -> conclave.runner.v1.GetAgentStatusRequest
+	11, // 20: conclave.runner.v1.RunnerService.GetAgentLogs:input_type -> conclave.runner.v1.GetAgentLogsRequest
+	14, // 21: conclave.runner.v1.RunnerService.GetAgentSession:input_type -> conclave.runner.v1.GetAgentSessionRequest
+	17, // 22: conclave.runner.v1.RunnerService.GetTask:input_type -> conclave.runner.v1.GetTaskRequest
+	19, // 23: conclave.runner.v1.RunnerService.DeleteAgent:input_type -> conclave.runner.v1.DeleteAgentRequest
+	21, // 24: conclave.runner.v1.RunnerService.ListAgentTypes:input_type -> conclave.runner.v1.ListAgentTypesRequest
+	24, // 25: conclave.runner.v1.RunnerService.FollowAgentLogs:input_type -> conclave.runner.v1.FollowAgentLogsRequest
+	2,  // 26: conclave.runner.v1.RunnerService.LaunchAgent:output_type -> conclave.runner.v1.LaunchAgentResponse
+	4,  // 27: conclave.runner.v1.RunnerService.PromptAgent:output_type -> conclave.runner.v1.PromptAgentResponse
+	6,  // 28: conclave.runner.v1.RunnerService.CancelAgent:output_type -> conclave.runner.v1.CancelAgentResponse
+	10, // 29: conclave.runner.v1.RunnerService.ListAgents:output_type -> conclave.runner.v1.ListAgentsResponse
+	8,  // 30: conclave.runner.v1.RunnerService.GetAgentStatus:output_type -> conclave.runner.v1.GetAgentStatusResponse
+	13, // 31: conclave.runner.v1.RunnerService.GetAgentLogs:output_type -> conclave.runner.v1.GetAgentLogsResponse
+	15, // 32: conclave.runner.v1.RunnerService.GetAgentSession:output_type -> conclave.runner.v1.GetAgentSessionResponse
+	18, // 33: conclave.runner.v1.RunnerService.GetTask:output_type -> conclave.runner.v1.GetTaskResponse
+	20, // 34: conclave.runner.v1.RunnerService.DeleteAgent:output_type -> conclave.runner.v1.DeleteAgentResponse
+	23, // 35: conclave.runner.v1.RunnerService.ListAgentTypes:output_type -> conclave.runner.v1.ListAgentTypesResponse
+	25, // 36: conclave.runner.v1.RunnerService.FollowAgentLogs:output_type -> conclave.runner.v1.FollowAgentLogsResponse
+	26, // [26:37] is the sub-list for method output_type
+	15, // [15:26] is the sub-list for method input_type
+	15, // [15:15] is the sub-list for extension type_name
+	15, // [15:15] is the sub-list for extension extendee
+	0,  // [0:15] is the sub-list for field type_name
 }
 
 func init() { file_conclave_runner_v1_runner_proto_init() }
@@ -1685,7 +1832,7 @@ func file_conclave_runner_v1_runner_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_conclave_runner_v1_runner_proto_rawDesc), len(file_conclave_runner_v1_runner_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   25,
+			NumMessages:   27,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -26,6 +26,7 @@ const (
 	RunnerService_LaunchAgent_FullMethodName     = "/conclave.runner.v1.RunnerService/LaunchAgent"
 	RunnerService_PromptAgent_FullMethodName     = "/conclave.runner.v1.RunnerService/PromptAgent"
 	RunnerService_CancelAgent_FullMethodName     = "/conclave.runner.v1.RunnerService/CancelAgent"
+	RunnerService_ListAgents_FullMethodName      = "/conclave.runner.v1.RunnerService/ListAgents"
 	RunnerService_GetAgentStatus_FullMethodName  = "/conclave.runner.v1.RunnerService/GetAgentStatus"
 	RunnerService_GetAgentLogs_FullMethodName    = "/conclave.runner.v1.RunnerService/GetAgentLogs"
 	RunnerService_GetAgentSession_FullMethodName = "/conclave.runner.v1.RunnerService/GetAgentSession"
@@ -47,6 +48,9 @@ type RunnerServiceClient interface {
 	PromptAgent(ctx context.Context, in *PromptAgentRequest, opts ...grpc.CallOption) (*PromptAgentResponse, error)
 	// CancelAgent cancels an instance's current work.
 	CancelAgent(ctx context.Context, in *CancelAgentRequest, opts ...grpc.CallOption) (*CancelAgentResponse, error)
+	// ListAgents lists instances, newest first, a page at a time; each as
+	// GetAgentStatus returns it. REST: GET /api/v1/agents.
+	ListAgents(ctx context.Context, in *ListAgentsRequest, opts ...grpc.CallOption) (*ListAgentsResponse, error)
 	// GetAgentStatus returns an instance's status.
 	GetAgentStatus(ctx context.Context, in *GetAgentStatusRequest, opts ...grpc.CallOption) (*GetAgentStatusResponse, error)
 	// GetAgentLogs returns the tail of an instance's logs.
@@ -97,6 +101,16 @@ func (c *runnerServiceClient) CancelAgent(ctx context.Context, in *CancelAgentRe
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(CancelAgentResponse)
 	err := c.cc.Invoke(ctx, RunnerService_CancelAgent_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *runnerServiceClient) ListAgents(ctx context.Context, in *ListAgentsRequest, opts ...grpc.CallOption) (*ListAgentsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListAgentsResponse)
+	err := c.cc.Invoke(ctx, RunnerService_ListAgents_FullMethodName, in, out, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -194,6 +208,9 @@ type RunnerServiceServer interface {
 	PromptAgent(context.Context, *PromptAgentRequest) (*PromptAgentResponse, error)
 	// CancelAgent cancels an instance's current work.
 	CancelAgent(context.Context, *CancelAgentRequest) (*CancelAgentResponse, error)
+	// ListAgents lists instances, newest first, a page at a time; each as
+	// GetAgentStatus returns it. REST: GET /api/v1/agents.
+	ListAgents(context.Context, *ListAgentsRequest) (*ListAgentsResponse, error)
 	// GetAgentStatus returns an instance's status.
 	GetAgentStatus(context.Context, *GetAgentStatusRequest) (*GetAgentStatusResponse, error)
 	// GetAgentLogs returns the tail of an instance's logs.
@@ -228,6 +245,9 @@ func (UnimplementedRunnerServiceServer) PromptAgent(context.Context, *PromptAgen
 }
 func (UnimplementedRunnerServiceServer) CancelAgent(context.Context, *CancelAgentRequest) (*CancelAgentResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method CancelAgent not implemented")
+}
+func (UnimplementedRunnerServiceServer) ListAgents(context.Context, *ListAgentsRequest) (*ListAgentsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListAgents not implemented")
 }
 func (UnimplementedRunnerServiceServer) GetAgentStatus(context.Context, *GetAgentStatusRequest) (*GetAgentStatusResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method GetAgentStatus not implemented")
@@ -321,6 +341,24 @@ func _RunnerService_CancelAgent_Handler(srv interface{}, ctx context.Context, de
 	}
 	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
 		return srv.(RunnerServiceServer).CancelAgent(ctx, req.(*CancelAgentRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _RunnerService_ListAgents_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListAgentsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(RunnerServiceServer).ListAgents(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: RunnerService_ListAgents_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(RunnerServiceServer).ListAgents(ctx, req.(*ListAgentsRequest))
 	}
 	return interceptor(ctx, in, info, handler)
 }
@@ -462,6 +500,10 @@ var RunnerService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "CancelAgent",
 			Handler:    _RunnerService_CancelAgent_Handler,
+		},
+		{
+			MethodName: "ListAgents",
+			Handler:    _RunnerService_ListAgents_Handler,
 		},
 		{
 			MethodName: "GetAgentStatus",

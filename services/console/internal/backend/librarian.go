@@ -3,6 +3,7 @@ package backend
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"net/url"
 
 	librarianv1 "github.com/conclave-ai/conclave/proto/conclave/librarian/v1"
@@ -26,6 +27,26 @@ func (l Librarian) Reviews(ctx context.Context, token string) ([]*librarianv1.Re
 			return nil, &Error{Service: "librarian", Kind: Unavailable, Status: 200, Message: "a review the console cannot read: " + err.Error(), Err: err}
 		}
 		list = append(list, &st)
+	}
+	return list, nil
+}
+
+// Decided lists the latest size decisions, the latest first (GET
+// /reviews?status=decided).
+func (l Librarian) Decided(ctx context.Context, token string, size int) ([]*librarianv1.DecidedRequest, error) {
+	var out struct {
+		Requests []json.RawMessage `json:"requests"`
+	}
+	if err := l.Do(ctx, token, "GET", fmt.Sprintf("/reviews?status=decided&page_size=%d", size), nil, &out); err != nil {
+		return nil, err
+	}
+	list := make([]*librarianv1.DecidedRequest, 0, len(out.Requests))
+	for _, raw := range out.Requests {
+		var d librarianv1.DecidedRequest
+		if err := unmarshal.Unmarshal(raw, &d); err != nil {
+			return nil, &Error{Service: "librarian", Kind: Unavailable, Status: 200, Message: "a decision the console cannot read: " + err.Error(), Err: err}
+		}
+		list = append(list, &d)
 	}
 	return list, nil
 }

@@ -37,6 +37,26 @@ func (r Runner) Launch(ctx context.Context, token string, l Launch) (*runnerv1.A
 	return &in, traceID, err
 }
 
+// List is a page of the runner's instances, newest launch first (GET
+// /api/v1/agents): size of them (0: the runner's default), after the page
+// pageToken continues (empty: the first).
+func (r Runner) List(ctx context.Context, token string, size int, pageToken string) (*runnerv1.ListAgentsResponse, error) {
+	q := url.Values{}
+	if size > 0 {
+		q.Set("page_size", fmt.Sprint(size))
+	}
+	if pageToken != "" {
+		q.Set("page_token", pageToken)
+	}
+	path := "/api/v1/agents"
+	if len(q) > 0 {
+		path += "?" + q.Encode()
+	}
+	var out runnerv1.ListAgentsResponse
+	err := r.Do(ctx, token, "GET", path, nil, &out)
+	return &out, err
+}
+
 // Status is an instance's status and progress.
 func (r Runner) Status(ctx context.Context, token, id string) (*runnerv1.AgentInstance, error) {
 	var in runnerv1.AgentInstance

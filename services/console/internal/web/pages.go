@@ -10,6 +10,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"time"
 
 	gatewayv1 "github.com/conclave-ai/conclave/proto/conclave/gateway/v1"
 	librarianv1 "github.com/conclave-ai/conclave/proto/conclave/librarian/v1"
@@ -204,13 +205,7 @@ func (h *Handler) overview(w http.ResponseWriter, r *http.Request, s session.Ses
 		d.Bus, d.DeadLetters = panelOf("bus", err), dls
 	})
 	wg.Go(func() {
-		// The agent types say whether the runner answers at all, known
-		// instances or not.
-		_, typesErr := h.o.Runner.AgentTypes(ctx, s.Tokens.Runner)
-		rows, err := h.instanceRows(ctx, s)
-		if typesErr != nil {
-			err = typesErr
-		}
+		rows, _, err := h.instanceRows(ctx, s, overviewInstances, "")
 		d.Runner, d.Instances = panelOf("runner", err), rows
 	})
 	wg.Go(func() {
@@ -340,73 +335,65 @@ func (h *Handler) cancelChat(w http.ResponseWriter, r *http.Request, s session.S
 
 type instanceRow struct {
 	knownInstance
-	Status   string
-	Progress int32
-	Problem  string
+	Status    string
+	Progress  int32
+	StartedAt time.Time
 }
 
-// instanceRows reads the status of each instance the session knows of.
-// Only when every read fails for the same reason (the runner is down, or
-// refuses the token) is it the panel's error. A row whose read the runner
-// refuses is not shown.
-func (h *Handler) instanceRows(ctx context.Context, s session.Session) ([]instanceRow, error) {
-	token := s.Tokens.Runner
-	known := h.instances.listWhere(func(k knownInstance) bool { return k.Owner == s.ID })
-	rows := make([]instanceRow, len(known))
-	errs := make([]error, len(known))
-	sem := make(chan struct{}, 8)
-	var wg sync.WaitGroup
-	for i, k := range known {
-		rows[i].knownInstance = k
-		wg.Go(func() {
-			sem <- struct{}{}
-			defer func() { <-sem }()
-			in, err := h.o.Runner.Status(ctx, token, k.ID)
-			if err != nil {
-				errs[i] = err
-				rows[i].Problem = err.Error()
-				return
-			}
-			rows[i].Status, rows[i].Progress = in.GetStatus(), in.GetProgress()
-		})
-	}
-	wg.Wait()
-	if len(errs) > 0 {
-		all := true
-		for _, e := range errs {
-			if e == nil || backend.IsKind(e, backend.Rejected) {
-				all = false
-			}
-		}
-		if all {
-			return refusedRowsDropped(rows, errs), errs[0]
-		}
-	}
-	return refusedRowsDropped(rows, errs), nil
-}
+// Page sizes of the runner's instance list on the overview and the runner
+// page.
+const (
+	overviewInstances = 10
+	runnerInstances   = 50
+)
 
-func refusedRowsDropped(rows []instanceRow, errs []error) []instanceRow {
-	out := rows[:0]
-	for i, row := range rows {
-		if !backend.IsKind(errs[i], backend.Unauthorized) {
-			out = append(out, row)
-		}
+// instanceRows reads a page of the runner's instances, newest first
+// (after the page pageToken continues), and the token of the next. Every
+// runner token may read every instance's status, so the runner lists them
+// all to any session it accepts; the trace of a launch or prompt made from
+// this session is added to its row.
+func (h *Handler) instanceRows(ctx context.Context, s session.Session, size int, pageToken string) ([]instanceRow, string, error) {
+	page, err := h.o.Runner.List(ctx, s.Tokens.Runner, size, pageToken)
+	if err != nil {
+		return nil, "", err
 	}
-	return out
+	rows := make([]instanceRow, 0, len(page.GetInstances()))
+	for _, in := range page.GetInstances() {
+		row := instanceRow{knownInstance: knownInstance{Owner: s.ID, ID: in.GetId(), TaskID: in.GetTaskId(), AgentType: in.GetAgentType()},
+			Status: in.GetStatus(), Progress: in.GetProgress()}
+		if in.GetStartedAt() != nil {
+			row.StartedAt = in.GetStartedAt().AsTime()
+		}
+		if k, ok := h.instances.get(instanceKey(s.ID, in.GetId())); ok {
+			row.TraceID = k.TraceID
+		}
+		rows = append(rows, row)
+	}
+	return rows, page.GetNextPageToken(), nil
 }
 
 type runnerData struct {
 	Runner    panel
 	Types     []*runnerv1.AgentType
 	Instances []instanceRow
+	// Page is the page token this page was asked with (empty: the first),
+	// Next the one of the page after it.
+	Page, Next string
 }
 
+// maxPageToken bounds a page token the console passes on to the runner.
+const maxPageToken = 1024
+
 func (h *Handler) runner(w http.ResponseWriter, r *http.Request, s session.Session) {
-	var d runnerData
+	d := runnerData{Page: r.URL.Query().Get("page")}
+	if len(d.Page) > maxPageToken {
+		h.problem(w, r, http.StatusBadRequest, "The page token is not one the runner gave.")
+		return
+	}
 	var typesErr, rowsErr error
 	var wg sync.WaitGroup
 	wg.Go(func() { d.Types, typesErr = h.o.Runner.AgentTypes(r.Context(), s.Tokens.Runner) })
-	wg.Go(func() { d.Instances, rowsErr = h.instanceRows(r.Context(), s) })
+	wg.Go(func() { d.Instances, d.Next, rowsErr = h.instanceRows(r.Context(), s, runnerInstances, d.Page) })
 	wg.Wait()
 	d.Types = enabledTypes(d.Types)
 	d.Runner = panelOf("runner", errors.Join(typesErr, rowsErr))
@@ -564,10 +551,39 @@ func (h *Handler) cancelInstance(w http.ResponseWriter, r *http.Request, s sessi
 
 // ---- Librarian ----
 
+// recentDecisions is how many of the Librarian's decisions its page shows.
+const recentDecisions = 20
+
+// listedDecisions are the Librarian's decisions as its page shows them,
+// with the trace of those made from this console or announced on the bus.
+func (h *Handler) listedDecisions(listed []*librarianv1.DecidedRequest) []decision {
+	out := make([]decision, 0, len(listed))
+	for _, l := range listed {
+		d := decision{RequestID: l.GetRequestId(), AgentID: l.GetAgentId(), Outcome: l.GetDecision(), Source: "librarian",
+			DecidedBy: l.GetDecidedBy(), Reviewer: l.GetReviewer(), Comment: l.GetComment()}
+		if l.GetDecidedAt() != nil {
+			d.At = l.GetDecidedAt().AsTime()
+		}
+		// The bus announces clarification_needed as a rejection.
+		seen := d
+		if seen.Outcome == "clarification_needed" {
+			seen.Outcome = "rejected"
+		}
+		if k, ok := h.decisions.get(seen.key()); ok {
+			d.TraceID = k.TraceID
+		}
+		out = append(out, d)
+	}
+	return out
+}
+
 type librarianData struct {
 	Reviews   panel
 	Queue     []*librarianv1.RequestStatus
 	Decisions []decision
+	// DecisionsProblem is why the Librarian did not list its decisions;
+	// Decisions are then those this console made or saw on the bus.
+	DecisionsProblem string
 	// ShowDecisions is set when the Librarian accepted the session as a
 	// reviewer.
 	ShowDecisions bool
@@ -586,9 +602,18 @@ func (h *Handler) librarian(w http.ResponseWriter, r *http.Request, s session.Se
 		d.Reviews, d.Queue = panelOf("librarian", err), q
 		// The decisions are the reviewers' business: only a session the
 		// Librarian accepts as a reviewer sees them.
-		if err == nil {
-			d.Decisions, d.ShowDecisions = h.decisions.list(), true
+		if err != nil {
+			return
 		}
+		d.ShowDecisions = true
+		listed, err := h.o.Librarian.Decided(r.Context(), s.Tokens.Reviewer, recentDecisions)
+		if err != nil {
+			// A Librarian without the list (an older one): what this
+			// console made or saw announced.
+			d.Decisions, d.DecisionsProblem = h.decisions.list(), err.Error()
+			return
+		}
+		d.Decisions = h.listedDecisions(listed)
 	})
 	if d.Query != "" {
 		d.Searched = true

@@ -10,8 +10,10 @@ import (
 type keyed interface{ key() string }
 
 // recent keeps the last few items seen, newest first: the runner
-// instances the console knows of (the runner's API has no list) and the
-// Librarian's recent decisions (its API has none either).
+// instances a session launched or opened (for the traces of its launches
+// and prompts) and the Librarian's decisions made from the console or
+// announced on the bus (for their traces, and for a Librarian that does
+// not list its decisions).
 type recent[T keyed] struct {
 	mu    sync.Mutex
 	max   int
@@ -50,22 +52,8 @@ func (r *recent[T]) list() []T {
 	return slices.Clone(r.items)
 }
 
-// listWhere returns the items keep accepts.
-func (r *recent[T]) listWhere(keep func(T) bool) []T {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	var out []T
-	for _, x := range r.items {
-		if keep(x) {
-			out = append(out, x)
-		}
-	}
-	return out
-}
-
-// knownInstance is a runner instance a session launched or was shown.
-// Each session knows its own: another session, with other tokens, never
-// sees it listed.
+// knownInstance is a runner instance a session launched or was shown,
+// kept for the trace of its launch and prompts.
 type knownInstance struct {
 	// Owner is the id of the session that launched or opened it.
 	Owner     string
@@ -80,14 +68,19 @@ func (k knownInstance) key() string { return instanceKey(k.Owner, k.ID) }
 
 func instanceKey(owner, id string) string { return owner + "\x00" + id }
 
-// decision is a Librarian decision: one made from the console, or one
-// announced on the bus (system:librarian.request.approved / .rejected).
+// decision is a Librarian decision: one it lists (GET
+// /reviews?status=decided), one made from the console, or one announced on
+// the bus (system:librarian.request.approved / .rejected).
 type decision struct {
 	EventID   string
 	RequestID string
 	AgentID   string
-	Outcome   string // approved, rejected
-	Source    string // "console" or "bus"
+	Outcome   string // approved, rejected (clarification_needed from the Librarian's list)
+	Source    string // "librarian" (its list), "console" or "bus"
+	// DecidedBy and Reviewer are the Librarian's: librarian, reviewer or
+	// timeout, and the reviewer's name.
+	DecidedBy string
+	Reviewer  string
 	Comment   string
 	TraceID   string
 	At        time.Time

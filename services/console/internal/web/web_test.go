@@ -66,7 +66,29 @@ func services(t *testing.T) *httptest.Server {
 			fmt.Fprint(w, `{"error":"unauthorized","message":"invalid token"}`)
 			return
 		}
+		if r.URL.Query().Get("status") == "decided" {
+			if r.Header.Get("Authorization") == "Bearer old" {
+				// A Librarian from before the decided list.
+				w.WriteHeader(http.StatusBadRequest)
+				fmt.Fprint(w, `{"error":{"code":400,"status":"unsupported_status","message":"only status=escalated requests wait for a review"}}`)
+				return
+			}
+			fmt.Fprintf(w, `{"requests":[{"request_id":"req-listed","agent_id":"claude-3","decision":"approved","decided_at":"2025-01-01T00:00:00Z","decided_by":"reviewer","reviewer":"alice","comment":%q,"request":{"request_id":"req-listed","status":"approved"}}]}`, scriptPayload)
+			return
+		}
 		fmt.Fprintf(w, `{"requests":[{"request_id":"req-1","status":"escalated","response":{"request_id":"req-1","status":"escalated","escalation_reason":%q}}]}`, scriptPayload)
+	})
+	mux.HandleFunc("GET /api/v1/agents", func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("Authorization") == "Bearer bad" {
+			w.WriteHeader(http.StatusUnauthorized)
+			fmt.Fprint(w, `{"error":"unauthorized","message":"invalid token"}`)
+			return
+		}
+		if r.URL.Query().Get("page_token") == "tok-2" {
+			fmt.Fprint(w, `{"instances":[{"id":"inst-older","task_id":"task-0","agent_type":"example","status":"completed","progress":100,"started_at":"2024-12-31T00:00:00Z"}],"next_page_token":""}`)
+			return
+		}
+		fmt.Fprintf(w, `{"instances":[{"id":"inst-listed","task_id":"task-1","agent_type":%q,"status":"running","progress":40,"started_at":"2025-01-01T00:00:00Z"}],"next_page_token":"tok-2"}`, scriptPayload)
 	})
 	mux.HandleFunc("GET /api/v1/agent-types", func(w http.ResponseWriter, r *http.Request) {
 		fmt.Fprint(w, `{"agent_types":[{"id":"example","enabled":true,"protocol":"acp"}]}`)
@@ -280,7 +302,7 @@ func TestHTMLFromServicesIsEscaped(t *testing.T) {
 			if strings.Contains(body, "<script>alert") {
 				t.Fatalf("a service's <script> reached the page unescaped:\n%s", body)
 			}
-			if path != "/runner" && path != "/" && !strings.Contains(body, "&lt;script&gt;alert") {
+			if !strings.Contains(body, "&lt;script&gt;alert") {
 				t.Fatalf("the payload is not shown escaped:\n%s", body)
 			}
 			if got := resp.Header.Get("Content-Security-Policy"); !strings.Contains(got, "script-src 'self'") {
@@ -611,43 +633,53 @@ func TestIDsInURLsCannotRetargetForms(t *testing.T) {
 	}
 }
 
-// One session never sees the instances another launched or opened, nor
-// the Librarian's decisions unless the Librarian accepts it as a reviewer.
-func TestSessionsSeeOnlyTheirOwn(t *testing.T) {
+// Every session the runner accepts sees the runner's instances (its
+// tokens are not scoped to instances), a page at a time; a refused one sees
+// none. Only a session the Librarian accepts as a reviewer sees its
+// decisions, as the Librarian lists them, or, from a Librarian that does
+// not list them, those made from the console.
+func TestSessionsSeeWhatTheServicesAllow(t *testing.T) {
 	t.Parallel()
 	svc := services(t)
 	e := newConsole(t, false, svc.URL, svc.URL, svc.URL, svc.URL)
 	a := e.codec.New(session.Tokens{Runner: "ra", Reviewer: "reviewer"}, false)
 	b := e.codec.New(session.Tokens{Runner: "rb", Bus: "bus"}, false)
 	bad := e.codec.New(session.Tokens{Runner: "bad", Reviewer: "bad"}, false)
-	cka, ckb, ckbad := e.cookie(t, a), e.cookie(t, b), e.cookie(t, bad)
+	old := e.codec.New(session.Tokens{Reviewer: "old"}, false)
+	cka, ckb, ckbad, ckold := e.cookie(t, a), e.cookie(t, b), e.cookie(t, bad), e.cookie(t, old)
 
-	if resp, body := e.do(t, "GET", "/runner/instances/inst-of-a", cka, nil, nil); resp.StatusCode != http.StatusOK {
-		t.Fatalf("a opens its instance: %d %s", resp.StatusCode, body)
-	}
 	for _, path := range []string{"/runner", "/"} {
-		if _, body := e.do(t, "GET", path, cka, nil, nil); !strings.Contains(body, "inst-of-a") {
-			t.Errorf("a's %s does not list its instance:\n%s", path, body)
+		for name, ck := range map[string]*http.Cookie{"a": cka, "b": ckb} {
+			if _, body := e.do(t, "GET", path, ck, nil, nil); !strings.Contains(body, `href="/runner/instances/inst-listed"`) {
+				t.Errorf("%s's %s does not list the runner's instance:\n%s", name, path, body)
+			}
 		}
-		if _, body := e.do(t, "GET", path, ckb, nil, nil); strings.Contains(body, "inst-of-a") {
-			t.Errorf("b's %s lists a's instance:\n%s", path, body)
-		}
-		if _, body := e.do(t, "GET", path, ckbad, nil, nil); strings.Contains(body, "inst-of-a") {
-			t.Errorf("a refused session's %s lists a's instance:\n%s", path, body)
+		if _, body := e.do(t, "GET", path, ckbad, nil, nil); strings.Contains(body, "inst-listed") || !strings.Contains(body, `data-banner="runner"`) {
+			t.Errorf("a refused session's %s lists the runner's instance:\n%s", path, body)
 		}
 	}
-	// A row whose status the runner refuses to the session is not shown.
-	e.h.instances.add(knownInstance{Owner: bad.ID, ID: "inst-refused", Seen: timeNow()})
-	if _, body := e.do(t, "GET", "/runner", ckbad, nil, nil); strings.Contains(body, "inst-refused") {
-		t.Errorf("a refused row is listed:\n%s", body)
+	_, body := e.do(t, "GET", "/runner", cka, nil, nil)
+	if !strings.Contains(body, `href="/runner?page=tok-2"`) || strings.Contains(body, "inst-older") {
+		t.Errorf("the first page:\n%s", body)
+	}
+	_, body = e.do(t, "GET", "/runner?page=tok-2", cka, nil, nil)
+	if !strings.Contains(body, "inst-older") || strings.Contains(body, "inst-listed") || strings.Contains(body, "instances-next") || !strings.Contains(body, `id="instances-first"`) {
+		t.Errorf("the second page:\n%s", body)
+	}
+	if resp, _ := e.do(t, "GET", "/runner?page="+strings.Repeat("A", maxPageToken+1), cka, nil, nil); resp.StatusCode != http.StatusBadRequest {
+		t.Errorf("an oversized page token: %d", resp.StatusCode)
 	}
 
 	e.h.recordOwnDecision(decision{RequestID: "req-secret", Outcome: "approved", Source: "console", Comment: "private", At: timeNow()})
-	if _, body := e.do(t, "GET", "/librarian", cka, nil, nil); !strings.Contains(body, "req-secret") {
-		t.Errorf("the reviewer does not see the decision:\n%s", body)
+	if _, body := e.do(t, "GET", "/librarian", cka, nil, nil); !strings.Contains(body, "req-listed") || !strings.Contains(body, "reviewer (alice)") ||
+		!strings.Contains(body, "as the Librarian lists them") || strings.Contains(body, "req-secret") {
+		t.Errorf("the reviewer does not see the Librarian's decisions:\n%s", body)
 	}
-	if _, body := e.do(t, "GET", "/librarian", ckbad, nil, nil); strings.Contains(body, "req-secret") || strings.Contains(body, "private") {
-		t.Errorf("a session whose reviewer token is refused sees the decision:\n%s", body)
+	if _, body := e.do(t, "GET", "/librarian", ckbad, nil, nil); strings.Contains(body, "req-listed") || strings.Contains(body, "req-secret") || strings.Contains(body, "private") {
+		t.Errorf("a session whose reviewer token is refused sees decisions:\n%s", body)
+	}
+	if _, body := e.do(t, "GET", "/librarian", ckold, nil, nil); !strings.Contains(body, "req-secret") || !strings.Contains(body, "did not list its decisions") {
+		t.Errorf("with a Librarian that does not list decisions, the console's own are not shown:\n%s", body)
 	}
 }
 

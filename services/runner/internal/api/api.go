@@ -5,10 +5,13 @@ package api
 import (
 	"context"
 	"crypto/rand"
+	"encoding/base64"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"maps"
+	"slices"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -424,6 +427,84 @@ func (s *Server) ListAgentTypes(context.Context, *runnerv1.ListAgentTypesRequest
 			Timeout: t.EffectiveTimeout().String(), Capabilities: t.Capabilities, RequiredEnv: t.RequiredEnv,
 			Protocol: t.Protocol, Enabled: t.Enabled,
 		})
+	}
+	return out, nil
+}
+
+// Page sizes of ListAgents.
+const (
+	DefaultListPageSize = 50
+	MaxListPageSize     = 200
+)
+
+// listToken is ListAgents' page token: where the listing got to, and the
+// filters it was asked with (a token is only good with the same ones).
+type listToken struct {
+	After     string `json:"a"`
+	Status    string `json:"s,omitempty"`
+	AgentType string `json:"t,omitempty"`
+}
+
+func (t listToken) encode() string {
+	data, _ := json.Marshal(t)
+	return base64.RawURLEncoding.EncodeToString(data)
+}
+
+// decodeListToken parses a token from a client, trusting nothing about it.
+func decodeListToken(s string) (listToken, bool) {
+	var t listToken
+	if len(s) > 1024 {
+		return t, false
+	}
+	data, err := base64.RawURLEncoding.DecodeString(s)
+	if err != nil || json.Unmarshal(data, &t) != nil || !records.ValidListPosition(t.After) {
+		return t, false
+	}
+	return t, true
+}
+
+var listStatuses = []string{records.StatusStarting, records.StatusRunning, records.StatusCompleted, records.StatusFailed, records.StatusStopped}
+
+// ListAgents lists instances, newest launch first. Every client that may
+// read an instance's status may read them all (the runner's tokens are not
+// scoped to instances), so it lists every instance.
+func (s *Server) ListAgents(ctx context.Context, req *runnerv1.ListAgentsRequest) (*runnerv1.ListAgentsResponse, error) {
+	size := int(req.GetPageSize())
+	switch {
+	case size < 0 || size > MaxListPageSize:
+		return nil, validation(fmt.Sprintf("page_size %d is outside 0 to %d", size, MaxListPageSize), fmt.Sprintf("0 means %d", DefaultListPageSize))
+	case size == 0:
+		size = DefaultListPageSize
+	}
+	if st := req.GetStatus(); st != "" && !slices.Contains(listStatuses, st) {
+		return nil, validation(fmt.Sprintf("unknown status %q", st), "one of "+strings.Join(listStatuses, ", "))
+	}
+	if t := req.GetAgentType(); t != "" {
+		if err := s.validateID("agent_type", t); err != nil {
+			return nil, err
+		}
+	}
+	opts := records.ListOptions{Status: req.GetStatus(), AgentType: req.GetAgentType(), Limit: size}
+	if req.GetPageToken() != "" {
+		tok, ok := decodeListToken(req.GetPageToken())
+		if !ok {
+			return nil, validation("page_token is malformed", "pass next_page_token from a previous response, unchanged")
+		}
+		if tok.Status != opts.Status || tok.AgentType != opts.AgentType {
+			return nil, validation("page_token was given for other filters", "pass the same status and agent_type as the request that returned it")
+		}
+		opts.After = tok.After
+	}
+	page, err := s.rec.ListInstances(ctx, opts)
+	if err != nil {
+		return nil, internal(err)
+	}
+	out := &runnerv1.ListAgentsResponse{Instances: make([]*runnerv1.AgentInstance, 0, len(page.Instances))}
+	for _, in := range page.Instances {
+		out.Instances = append(out.Instances, instanceProto(in))
+	}
+	if page.Next != "" {
+		out.NextPageToken = listToken{After: page.Next, Status: opts.Status, AgentType: opts.AgentType}.encode()
 	}
 	return out, nil
 }

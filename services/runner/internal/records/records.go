@@ -3,12 +3,15 @@
 package records
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/conclave-ai/conclave/pkg/store"
 )
@@ -156,14 +159,36 @@ func New(st store.Store) *Records { return &Records{st: st} }
 func instanceKey(id string) store.Key { return store.Key{PK: "instance#" + id, SK: "instance"} }
 func taskKey(id string) store.Key     { return store.Key{PK: "task#" + id, SK: "task"} }
 
-// CreateInstance writes a new instance; it fails if the id exists.
+// listPK is the partition of the instance list: one item per instance,
+// sorted by launch time, so that a query in reverse lists the newest first.
+const listPK = "instances"
+
+// listKey is in's item in the instance list: its launch time in
+// nanoseconds (fixed width, so that the sort key sorts by time), then its
+// id. StartedAt is set at launch and never changes.
+func listKey(in *Instance) store.Key {
+	return store.Key{PK: listPK, SK: fmt.Sprintf("%020d#%s", in.StartedAt.UnixNano(), in.ID)}
+}
+
+// CreateInstance writes a new instance and its item in the instance list;
+// it fails if the id exists. The store has no transactions, so the list
+// item is written first: an instance is never missing from the list, and
+// a list item whose instance never came (the runner died between the two
+// writes) is passed over by ListInstances and removed.
 func (r *Records) CreateInstance(ctx context.Context, in *Instance) error {
 	data, err := json.Marshal(in)
 	if err != nil {
 		return err
 	}
+	lk := listKey(in)
+	if _, err := r.st.Put(ctx, Table.Name, store.Item{Key: lk, Attrs: map[string]string{"agent_type": in.AgentType}}); err != nil {
+		return fmt.Errorf("listing instance %s: %w", in.ID, err)
+	}
 	it, err := r.st.Put(ctx, Table.Name, store.Item{Key: instanceKey(in.ID), Data: data}, store.IfNotExists())
 	if err != nil {
+		// Its own list item, never the existing instance's: the launch
+		// times differ.
+		_ = r.st.Delete(context.WithoutCancel(ctx), Table.Name, lk)
 		return fmt.Errorf("creating instance %s: %w", in.ID, err)
 	}
 	in.version = it.Version
@@ -214,10 +239,21 @@ func (r *Records) UpdateInstance(ctx context.Context, id string, fn func(*Instan
 	}
 }
 
-// DeleteInstance removes the instance and its logs.
+// DeleteInstance removes the instance, its item in the instance list and
+// its logs. The instance goes first, so that it is off the list at once
+// (ListInstances passes over a list item without its instance).
 func (r *Records) DeleteInstance(ctx context.Context, id string) error {
+	in, err := r.Instance(ctx, id)
+	if err != nil && !errors.Is(err, ErrNotFound) {
+		return err
+	}
 	if err := r.st.Delete(ctx, Table.Name, instanceKey(id)); err != nil {
 		return err
+	}
+	if in != nil {
+		if err := r.st.Delete(ctx, Table.Name, listKey(in)); err != nil {
+			return err
+		}
 	}
 	for {
 		page, err := r.st.Query(ctx, Table.Name, store.Query{PK: logPK(id), Limit: 1000})
@@ -232,6 +268,121 @@ func (r *Records) DeleteInstance(ctx context.Context, id string) error {
 		if page.Cursor == "" {
 			return nil
 		}
+	}
+}
+
+// ListOptions selects instances for ListInstances.
+type ListOptions struct {
+	// Status and AgentType, when set, keep only instances with them.
+	Status, AgentType string
+	// Limit is the most instances to return, 1 to 1000.
+	Limit int
+	// After continues a listing: a previous InstancePage.Next.
+	After string
+	// MaxScan bounds the list items one call reads (filters may pass over
+	// many); 0 means 1000.
+	MaxScan int
+}
+
+// InstancePage is a page of instances, newest launch first.
+type InstancePage struct {
+	Instances []*Instance
+	// Next continues the listing (ListOptions.After); empty at its end.
+	Next string
+}
+
+// strayAge is how old a list item without its instance must be before
+// ListInstances removes it: well past the moment between the two writes
+// of CreateInstance.
+const strayAge = 10 * time.Minute
+
+// ValidListPosition reports whether s can be a ListOptions.After.
+func ValidListPosition(s string) bool {
+	ns, id, ok := strings.Cut(s, "#")
+	if !ok || len(ns) != 20 || id == "" || len(id) > 128 || strings.ContainsAny(id, "#/\x00") || !utf8.ValidString(id) {
+		return false
+	}
+	_, err := strconv.ParseUint(ns, 10, 64)
+	return err == nil
+}
+
+// ListInstances returns instances newest first, skipping deleted ones. A
+// page may hold fewer than opts.Limit instances, even none, with Next set,
+// when the filters passed over opts.MaxScan list items.
+func (r *Records) ListInstances(ctx context.Context, opts ListOptions) (InstancePage, error) {
+	if opts.Limit < 1 || opts.Limit > 1000 {
+		return InstancePage{}, fmt.Errorf("list limit %d is outside 1..1000: %w", opts.Limit, store.ErrInvalid)
+	}
+	if opts.After != "" && !ValidListPosition(opts.After) {
+		return InstancePage{}, fmt.Errorf("malformed list position: %w", store.ErrInvalid)
+	}
+	maxScan := cmp.Or(opts.MaxScan, 1000)
+	var (
+		out     InstancePage
+		cursor  string
+		scanned int
+	)
+	for {
+		q := store.Query{PK: listPK, Reverse: true, To: opts.After, Cursor: cursor,
+			Limit: min(max(opts.Limit-len(out.Instances), 1)+1, maxScan-scanned, 1000)}
+		page, err := r.st.Query(ctx, Table.Name, q)
+		if err != nil {
+			return InstancePage{}, err
+		}
+		var keys []store.Key
+		for _, it := range page.Items {
+			if it.SK != opts.After && (opts.AgentType == "" || it.Attrs["agent_type"] == opts.AgentType) {
+				_, id, _ := strings.Cut(it.SK, "#")
+				keys = append(keys, instanceKey(id))
+			}
+		}
+		found := map[string]store.Item{}
+		if len(keys) > 0 {
+			got, err := r.st.BatchGet(ctx, Table.Name, keys)
+			if err != nil {
+				return InstancePage{}, err
+			}
+			for _, it := range got {
+				found[it.PK] = it
+			}
+		}
+		for i, it := range page.Items {
+			scanned++
+			out.Next = it.SK
+			if it.SK == opts.After || opts.AgentType != "" && it.Attrs["agent_type"] != opts.AgentType {
+				continue
+			}
+			ns, id, _ := strings.Cut(it.SK, "#")
+			data, ok := found[instanceKey(id).PK]
+			var in Instance
+			if ok && json.Unmarshal(data.Data, &in) == nil && listKey(&in) == it.Key {
+				in.version = data.Version
+				if in.Deleted || opts.Status != "" && in.Status != opts.Status {
+					continue
+				}
+				out.Instances = append(out.Instances, &in)
+				if len(out.Instances) == opts.Limit {
+					if i == len(page.Items)-1 && page.Cursor == "" {
+						out.Next = ""
+					}
+					return out, nil
+				}
+				continue
+			}
+			// A list item without its instance: a deletion half done, or
+			// a creation that never finished once it is old enough.
+			if n, err := strconv.ParseInt(ns, 10, 64); err == nil && time.Since(time.Unix(0, n)) > strayAge {
+				_ = r.st.Delete(ctx, Table.Name, it.Key)
+			}
+		}
+		if page.Cursor == "" {
+			out.Next = ""
+			return out, nil
+		}
+		if scanned >= maxScan {
+			return out, nil
+		}
+		cursor = page.Cursor
 	}
 }
 
