@@ -103,7 +103,7 @@ func (e *Events) handle(ctx context.Context, m queue.Message) error {
 	if err != nil {
 		return err
 	}
-	if _, err := e.broker.Publish(ctx, EventPublisher, t, payload); err != nil {
+	if _, err := e.broker.PublishEvent(ctx, t, payload); err != nil {
 		e.log.WarnContext(ctx, "bus: an event was refused", "event_id", env.GetId(), "topic", t, "error", err)
 	}
 	return nil
