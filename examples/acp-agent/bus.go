@@ -24,9 +24,8 @@ import (
 // The reply's payload has no type, as the base protocol's messages have
 // none: a base-protocol subscriber of agent:* receives it, and when nobody
 // subscribes the bus refuses it rather than having the default handler
-// launch another agent for it. Both the reply and the answer carry the
-// delivery's trace context (params._meta.traceparent, a child span id), so
-// they stay in the publisher's trace.
+// launch another agent for it. The reply carries the delivery's trace
+// context (params._meta.traceparent), so it stays in the publisher's trace.
 type busAgent struct {
 	id, topic string
 	ws        *websocket.Conn
@@ -156,8 +155,10 @@ func (b *busAgent) processMessage(m message) {
 	fmt.Fprintf(os.Stderr, "acp-agent: bus: processMessage %s on %s (attempt %d, traceparent %s)\n", p.MessageID, p.Topic, p.Attempt, p.Meta.Traceparent)
 	text := fmt.Sprintf("%s processed %s message %q", b.id, p.Payload.Type, p.Payload.Text)
 	reply := map[string]any{"topic": "agent:" + b.id, "payload": map[string]any{"from": b.id, "in_reply_to": p.MessageID, "text": text}}
-	if tp := childTraceparent(p.Meta.Traceparent); tp != "" {
-		reply["_meta"] = map[string]any{"traceparent": tp}
+	if p.Meta.Traceparent != "" {
+		// The agent makes no spans of its own: its reply is a child of
+		// the delivery's span.
+		reply["_meta"] = map[string]any{"traceparent": p.Meta.Traceparent}
 	}
 	res, err := b.call("sendMessage", reply)
 	switch {
