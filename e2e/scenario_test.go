@@ -85,10 +85,29 @@ func (r *stepRun) root(name string) (context.Context, trace.Span) {
 	return ctx, span
 }
 
+// hop is something a step's trace must hold: a span of a service, and,
+// when op is set, one whose operation name begins with op.
+type hop struct {
+	service, op string
+}
+
+// in is any span of service.
+func in(service string) hop { return hop{service: service} }
+
+// spanOf is a span of service whose operation begins with op.
+func spanOf(service, op string) hop { return hop{service: service, op: op} }
+
+func (h hop) String() string {
+	if h.op == "" {
+		return "spans of " + h.service
+	}
+	return fmt.Sprintf("a span %q of %s", h.op, h.service)
+}
+
 // expectTrace waits until the trace of root (ended by now) is in Jaeger
-// with root itself and spans of each of services, and fails the step if it
-// never is. It returns the trace.
-func (r *stepRun) expectTrace(root trace.Span, services ...string) *testenv.JaegerTrace {
+// with root itself and every one of hops, and fails the step if it never
+// is. It returns the trace.
+func (r *stepRun) expectTrace(root trace.Span, hops ...hop) *testenv.JaegerTrace {
 	r.t.Helper()
 	traceID, rootID := root.SpanContext().TraceID().String(), root.SpanContext().SpanID().String()
 	ctx, cancel := context.WithTimeout(r.ctx, time.Minute)
@@ -98,21 +117,22 @@ func (r *stepRun) expectTrace(root trace.Span, services ...string) *testenv.Jaeg
 		if !slices.ContainsFunc(t.Spans, func(s testenv.JaegerSpan) bool { return s.SpanID == rootID }) {
 			missing = append(missing, "the step's own root span")
 		}
-		have := r.sh.services(t)
-		for _, s := range services {
-			if !slices.Contains(have, s) {
-				missing = append(missing, "spans of "+s)
+		for _, h := range hops {
+			if !slices.ContainsFunc(t.Spans, func(s testenv.JaegerSpan) bool {
+				return r.sh.serviceOf(s) == h.service && strings.HasPrefix(s.OperationName, h.op)
+			}) {
+				missing = append(missing, h.String())
 			}
 		}
 		if len(missing) > 0 {
-			return fmt.Sprintf("the trace lacks %s (it has spans of %v)", strings.Join(missing, ", "), have)
+			return fmt.Sprintf("the trace lacks %s (it has spans of %v)", strings.Join(missing, ", "), r.sh.services(t))
 		}
 		return ""
 	})
 	if err != nil {
 		r.t.Fatalf("%v; its spans:\n%s", err, r.sh.describe(tr))
 	}
-	r.t.Logf("trace %s: %d spans from %v:\n%s", traceID, len(tr.Spans), r.sh.services(tr), r.sh.describe(tr))
+	r.t.Logf("trace %s: %d spans from %v", traceID, len(tr.Spans), r.sh.services(tr))
 	return tr
 }
 

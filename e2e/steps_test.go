@@ -94,7 +94,7 @@ func stepCovenAgent(r *stepRun) {
 	if !strings.HasPrefix(text.String(), "You said: "+question) || done == nil || *done != text.String() {
 		r.t.Fatalf("streamed text %q, done %v; events %+v", text.String(), done, events)
 	}
-	r.expectTrace(root, gateway)
+	r.expectTrace(root, spanOf(gateway, "conclave.gateway.v1.GatewayService/SendMessage"))
 }
 
 // stepDefaultHandler: a message on a topic nobody subscribes to makes the
@@ -155,7 +155,8 @@ func stepDefaultHandler(r *stepRun) {
 		return ""
 	})
 	root.End()
-	r.expectTrace(root, bus, runner)
+	r.expectTrace(root, spanOf(bus, "bus publish"), spanOf(runner, "conclave.runner.v1.RunnerService/LaunchAgent"),
+		spanOf(runner, "start agent"), spanOf(bus, "bus deliver processMessage"), spanOf(bus, "bus deliver sendMessage"))
 }
 
 // stepTaskProgress: a bus subscriber of task:{task_id} sees a task the
@@ -226,7 +227,8 @@ func stepTaskProgress(r *stepRun) {
 		r.t.Errorf("no session/update reached the subscriber (statuses %v)", statuses)
 	}
 	r.t.Logf("task %s: statuses %v, updates %v", taskID, statuses, updates)
-	r.expectTrace(root, runner, bus)
+	r.expectTrace(root, spanOf(runner, "conclave.runner.v1.RunnerService/LaunchAgent"), spanOf(runner, "start agent"),
+		spanOf(bus, "bus-events process"), spanOf(bus, "bus deliver sendMessage"))
 }
 
 // stepLibrarian: an agent's APPROVAL request is approved by the rules; a
@@ -275,7 +277,7 @@ func stepLibrarian(r *stepRun) {
 		r.t.Errorf("the approval event came in trace %s, not the request's %s", ev.traceID, rootA.SpanContext().TraceID())
 	}
 	rootA.End()
-	r.expectTrace(rootA, librarian, bus)
+	r.expectTrace(rootA, in(librarian), spanOf(bus, "bus-events process"), spanOf(bus, "bus deliver sendMessage"))
 
 	ctx, rootB := r.root("step 4b: an approval request escalated and approved on the review page")
 	b := ask(ctx, "E2E Auth Design", "high: changes how every service authenticates")
@@ -294,7 +296,7 @@ func stepLibrarian(r *stepRun) {
 		r.t.Errorf("status of %s after the review: %d %s", b.RequestID, status, data)
 	}
 	rootB.End()
-	r.expectTrace(rootB, librarian, bus)
+	r.expectTrace(rootB, in(librarian), spanOf(bus, "bus-events process"), spanOf(bus, "bus deliver sendMessage"))
 }
 
 // librarianResponse is the part of a LibrarianResponse the scenario reads.
@@ -372,7 +374,7 @@ func stepBridgeTool(r *stepRun) {
 	if len(viaBridge) == 0 || !slices.Equal(viaBridge, viaRunner) {
 		r.t.Fatalf("labels through the bridge %v (%s), through the runner %v (logs %+v)", viaBridge, text.Text, viaRunner, logs.Lines)
 	}
-	r.expectTrace(root, bridge, runner)
+	r.expectTrace(root, in(bridge), spanOf(runner, "conclave.runner.v1.RunnerService/LaunchAgent"), spanOf(bus, "bus-events process"))
 }
 
 // explainInstance logs, when the step has failed, what the runner says of
@@ -532,5 +534,6 @@ func stepDeadLetter(r *stepRun) {
 		return ""
 	})
 	root.End()
-	r.expectTrace(root, bus)
+	r.expectTrace(root, spanOf(bus, "bus publish"), spanOf(bus, "bus deliver processMessage"), spanOf(bus, "bus-retries process"),
+		spanOf(bus, "bus redrive"))
 }
