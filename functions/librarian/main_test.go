@@ -20,7 +20,6 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 
 	"github.com/conclave-ai/conclave/functions/librarian/internal/graph"
-	"github.com/conclave-ai/conclave/functions/librarian/lambdatest"
 	"github.com/conclave-ai/conclave/functions/librarian/service"
 	"github.com/conclave-ai/conclave/pkg/queue"
 	"github.com/conclave-ai/conclave/pkg/store"
@@ -104,9 +103,9 @@ func deployment(t *testing.T) ([]string, store.Store, queue.Queue, string) {
 	}, st, q, prefix
 }
 
-func startFunction(t *testing.T, env []string) *lambdatest.Runtime {
+func startFunction(t *testing.T, env []string) *testenv.LambdaRuntime {
 	t.Helper()
-	rt, err := lambdatest.Start(bootstrap, env...)
+	rt, err := testenv.StartLambda(bootstrap, env...)
 	if err != nil {
 		t.Fatal(err)
 	}
