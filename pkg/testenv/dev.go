@@ -8,20 +8,16 @@ import (
 	"os"
 	"os/exec"
 	"regexp"
-	"syscall"
-	"time"
 )
 
 // Dev is a running `conclave dev`, started by StartDev as a user starts it,
 // every service on a free loopback port.
 type Dev struct {
-	// Cmd is the process; Wait and Signal are the ways to use it.
+	// Cmd is the process, for signals; Wait, Stop and Kill end it.
 	Cmd *exec.Cmd
+	process
 
 	addrs map[string]string
-	log   *LockedBuffer
-	done  chan struct{}
-	err   error
 }
 
 // DevPortFlags are the flags that put every service of `conclave dev` on a
@@ -47,12 +43,11 @@ func StartDev(ctx context.Context, bin, dir string, args, env []string) (*Dev, e
 	cmd := exec.Command(bin, append(append([]string{"dev"}, DevPortFlags...), args...)...)
 	cmd.Dir = dir
 	cmd.Env = append(os.Environ(), env...)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	d := &Dev{Cmd: cmd, process: newProcess(cmd), addrs: map[string]string{}}
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
 		return nil, err
 	}
-	d := &Dev{Cmd: cmd, addrs: map[string]string{}, log: &LockedBuffer{}, done: make(chan struct{})}
 	cmd.Stderr = d.log
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("testenv: start conclave dev: %w", err)
@@ -72,8 +67,7 @@ func StartDev(ctx context.Context, bin, dir string, args, env []string) (*Dev, e
 		}
 		table <- complete
 		_, _ = io.Copy(io.Discard, stdout)
-		d.err = cmd.Wait()
-		close(d.done)
+		d.finish(nil)
 	}()
 	select {
 	case complete := <-table:
@@ -95,34 +89,3 @@ func (d *Dev) Addr(row string) string { return d.addrs[row] }
 
 // Addrs is the whole endpoint table, by Addr's names.
 func (d *Dev) Addrs() map[string]string { return d.addrs }
-
-// Log is what conclave dev has written on its standard error so far.
-func (d *Dev) Log() string { return d.log.String() }
-
-// LogBuffer is the buffer Log reads, for a caller that formats it later.
-func (d *Dev) LogBuffer() *LockedBuffer { return d.log }
-
-// Wait waits for the process to exit and returns how it ended.
-func (d *Dev) Wait() error {
-	<-d.done
-	return d.err
-}
-
-// Stop asks conclave dev to stop (SIGTERM, which lets the runner stop its
-// agents), kills it if it has not exited within 30 seconds, and returns how
-// it ended.
-func (d *Dev) Stop() error {
-	_ = d.Cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-d.done:
-	case <-time.After(30 * time.Second):
-		d.Kill()
-	}
-	return d.err
-}
-
-// Kill ends the process with SIGKILL and waits for it.
-func (d *Dev) Kill() {
-	_ = d.Cmd.Process.Kill()
-	<-d.done
-}

@@ -8,8 +8,6 @@ import (
 	"io"
 	"os"
 	"os/exec"
-	"syscall"
-	"time"
 )
 
 // ServingGRPCAddr reads a deployable's JSON log line and returns the gRPC
@@ -45,11 +43,7 @@ type Deployable struct {
 	// GRPCAddr and HTTPAddr are where it listens, as its "serving" log
 	// line says ("" for a listener it does not have).
 	GRPCAddr, HTTPAddr string
-
-	cmd  *exec.Cmd
-	log  *LockedBuffer
-	done chan struct{}
-	err  error
+	process
 }
 
 // StartDeployable runs bin with env added to this process's environment,
@@ -58,13 +52,12 @@ type Deployable struct {
 // or ctx ends. Give it port 0 for every listener: the serving line says
 // which ports it got. Its output is kept for Log.
 func StartDeployable(ctx context.Context, name, bin string, env ...string) (*Deployable, error) {
-	d := &Deployable{Name: name, log: &LockedBuffer{}, done: make(chan struct{})}
-	d.cmd = exec.Command(bin)
-	d.cmd.Env = append(os.Environ(), env...)
+	cmd := exec.Command(bin)
+	cmd.Env = append(os.Environ(), env...)
+	d := &Deployable{Name: name, process: newProcess(cmd)}
 	pr, pw := io.Pipe()
 	out := io.MultiWriter(d.log, pw)
-	d.cmd.Stdout, d.cmd.Stderr = out, out
-	d.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	cmd.Stdout, cmd.Stderr = out, out
 	if err := d.cmd.Start(); err != nil {
 		return nil, fmt.Errorf("testenv: start %s: %w", name, err)
 	}
@@ -80,11 +73,7 @@ func StartDeployable(ctx context.Context, name, bin string, env ...string) (*Dep
 		}
 		_, _ = io.Copy(io.Discard, pr)
 	}()
-	go func() {
-		d.err = d.cmd.Wait()
-		_ = pw.Close()
-		close(d.done)
-	}()
+	go d.finish(func() { _ = pw.Close() })
 	select {
 	case addrs := <-serving:
 		d.GRPCAddr, d.HTTPAddr = addrs[0], addrs[1]
@@ -95,25 +84,4 @@ func StartDeployable(ctx context.Context, name, bin string, env ...string) (*Dep
 		d.Kill()
 		return nil, fmt.Errorf("testenv: %s is not serving: %w\n%s", name, ctx.Err(), d.log)
 	}
-}
-
-// Log is what the process has written so far, on stdout and stderr.
-func (d *Deployable) Log() string { return d.log.String() }
-
-// Stop asks the process to stop (SIGTERM), kills it if it has not exited
-// within 30 seconds, and returns how it ended.
-func (d *Deployable) Stop() error {
-	_ = d.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-d.done:
-	case <-time.After(30 * time.Second):
-		d.Kill()
-	}
-	return d.err
-}
-
-// Kill ends the process with SIGKILL and waits for it.
-func (d *Deployable) Kill() {
-	_ = d.cmd.Process.Kill()
-	<-d.done
 }
