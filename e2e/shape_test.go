@@ -63,9 +63,12 @@ type logSource struct {
 	read func() string
 }
 
-// addLog adds a log to the report of a failed step.
-func (s *shape) addLog(name string, read func() string) {
-	s.logs = append(s.logs, &logSource{name: name, read: read})
+// addLog adds a log to the report of a failed step, and returns a func
+// that takes it out again (for a process of one step's).
+func (s *shape) addLog(name string, read func() string) (remove func()) {
+	l := &logSource{name: name, read: read}
+	s.logs = append(s.logs, l)
+	return func() { s.logs = slices.DeleteFunc(s.logs, func(x *logSource) bool { return x == l }) }
 }
 
 // The services of the scenario, as serviceOf names them.

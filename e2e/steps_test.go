@@ -35,7 +35,9 @@ func stepCovenAgent(r *stepRun) {
 	if err := agent.Start(); err != nil {
 		r.t.Fatal(err)
 	}
-	r.sh.addLog("coven-agent", agentLog.String)
+	// Its log is in this step's report only; the report runs before the
+	// cleanups.
+	r.t.Cleanup(r.sh.addLog("coven-agent", agentLog.String))
 	r.t.Cleanup(func() { _ = agent.Process.Signal(syscall.SIGTERM); _ = agent.Wait() })
 
 	agentURL := sh.gatewayHTTP + "/v1/agents/" + sh.covenAgentID
