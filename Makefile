@@ -20,7 +20,7 @@ TEST_FLAGS ?= -race -count=1 -timeout=20m
 
 .PHONY: help
 help: ## List the targets.
-	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  %-16s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_-]+:.*## / {printf "  %-16s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 # Tool binaries are built once into .cache/bin from the pinned tools module
 # and reused; the stamp depends on the tools module's go.mod and go.sum so a
