@@ -8,7 +8,7 @@ CACHE     := $(ROOT)/.cache
 BIN       := $(CACHE)/bin
 BUF       := $(ROOT)/node_modules/.bin/buf
 # Every Go module in the workspace, plus the tools module outside it.
-MODULES   := proto pkg services/gateway services/bus services/runner services/bridge services/console functions/librarian cmd/conclave examples/acp-agent examples/coven-agent bench infra deploy/kubetest
+MODULES   := proto pkg services/gateway services/bus services/runner services/bridge services/console functions/librarian cmd/conclave examples/acp-agent examples/coven-agent bench infra deploy/kubetest e2e
 # Modules outside go.work (GOWORK=off): their build lists must not reach the
 # services'. deploy/observability checks the dashboards and alert rules with
 # Prometheus' own parsers; helm checks the chart, skaffold.yaml and the
@@ -20,7 +20,7 @@ TEST_FLAGS ?= -race -count=1 -timeout=20m
 
 .PHONY: help
 help: ## List the targets.
-	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  %-16s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_-]+:.*## / {printf "  %-16s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 # Tool binaries are built once into .cache/bin from the pinned tools module
 # and reused; the stamp depends on the tools module's go.mod and go.sum so a
@@ -86,6 +86,10 @@ test: tools test-tools test-deps ## Install what the tests need, then run every 
 		echo "==> go test $$m (GOWORK=off)"; \
 		(cd $$m && GOWORK=off go test $(TEST_FLAGS) ./...) || exit 1; \
 	done
+
+.PHONY: e2e
+e2e: tools test-tools test-deps ## Run the end-to-end scenario (docs/e2e.md) in every shape: one process, split processes.
+	cd e2e && go test $(TEST_FLAGS) ./...
 
 .PHONY: test-short
 test-short: ## Run every module's unit tests only (-short), without real components.

@@ -18,7 +18,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/conclave-ai/conclave/functions/librarian/lambdatest"
 	"github.com/conclave-ai/conclave/functions/librarian/service"
 	"github.com/conclave-ai/conclave/pkg/queue"
 	"github.com/conclave-ai/conclave/pkg/store"
@@ -182,7 +181,7 @@ func BenchmarkInit(b *testing.B) {
 	for b.Loop() {
 		for _, name := range names {
 			start := time.Now()
-			rt, err := lambdatest.Start(bins[name], env...)
+			rt, err := testenv.StartLambda(bins[name], env...)
 			if err != nil {
 				b.Fatal(err)
 			}

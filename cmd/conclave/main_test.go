@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"errors"
@@ -12,13 +11,14 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"regexp"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/coder/websocket"
+
+	"github.com/conclave-ai/conclave/pkg/testenv"
 )
 
 // Paths to real binaries built once for this package's tests: conclave
@@ -74,42 +74,22 @@ func toolBinary(name, pkg string) (string, error) {
 	return bin, nil
 }
 
-// devProcess starts `conclave dev` on free loopback ports, with extra flags,
-// and returns the endpoint table's addresses ("gateway gRPC", "gateway
-// HTTP", ...) once it is printed.
-func devProcess(t *testing.T, dataDir string, extra ...string) (*exec.Cmd, map[string]string, *bytes.Buffer) {
+// devProcess starts `conclave dev` on free loopback ports, serving the
+// example tool agents, with extra flags, and returns it, the endpoint
+// table's addresses ("gateway gRPC", "gateway HTTP", ...) and its log.
+func devProcess(t *testing.T, dataDir string, extra ...string) (*testenv.Dev, map[string]string, *testenv.LockedBuffer) {
 	t.Helper()
-	cmd := exec.Command(conclaveBin, append([]string{"dev", "--gateway-grpc-addr=127.0.0.1:0", "--gateway-http-addr=127.0.0.1:0",
-		"--librarian-http-addr=127.0.0.1:0", "--bridge-http-addr=127.0.0.1:0", "--bridge-config=../../examples/tool-agents/config.yaml",
-		"--bus-addr=127.0.0.1:0", "--runner-grpc-addr=127.0.0.1:0", "--runner-http-addr=127.0.0.1:0", "--console-http-addr=127.0.0.1:0", "--data-dir", dataDir}, extra...)...)
-	stdout, err := cmd.StdoutPipe()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	d, err := testenv.StartDev(ctx, conclaveBin, "", append([]string{"--bridge-config=../../examples/tool-agents/config.yaml", "--data-dir", dataDir}, extra...), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
+	t.Cleanup(d.Kill)
+	if d.Addr("gateway gRPC") == "" {
+		t.Fatalf("endpoint table incomplete: %v\nstderr:\n%s", d.Addrs(), d.Log())
 	}
-	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
-	addrs := map[string]string{}
-	row := regexp.MustCompile(`^(\w+)\s+(\S+)\s+([\w-]+)`)
-	sc := bufio.NewScanner(stdout)
-	complete := false
-	for sc.Scan() {
-		if sc.Text() == "" { // the table ends with an empty line
-			complete = true
-			break
-		}
-		if m := row.FindStringSubmatch(sc.Text()); m != nil && m[1] != "SERVICE" {
-			addrs[m[1]+" "+m[3]] = m[2]
-		}
-	}
-	go func() { _, _ = io.Copy(io.Discard, stdout) }()
-	if !complete || addrs["gateway gRPC"] == "" {
-		t.Fatalf("endpoint table incomplete: %v\nstderr:\n%s", addrs, stderr.String())
-	}
-	return cmd, addrs, &stderr
+	return d, d.Addrs(), d.LogBuffer()
 }
 
 func TestDevServesCovenAndHealth(t *testing.T) {
@@ -149,7 +129,7 @@ func TestDevServesCovenAndHealth(t *testing.T) {
 	checkBus(t, "ws://"+addrs["bus WebSocket"])
 
 	// Ctrl-C stops it cleanly.
-	if err := cmd.Process.Signal(syscall.SIGINT); err != nil {
+	if err := cmd.Cmd.Process.Signal(syscall.SIGINT); err != nil {
 		t.Fatal(err)
 	}
 	if err := cmd.Wait(); err != nil {

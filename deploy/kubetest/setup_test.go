@@ -7,8 +7,6 @@ import (
 	"context"
 	"fmt"
 	"net/http"
-	"net/http/httputil"
-	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -192,45 +190,21 @@ func chartVersion(root string) (string, error) {
 }
 
 // serveAWS answers DynamoDB and SQS at one endpoint inside the node's
-// namespace, as CONCLAVE_AWS_ENDPOINT (aws.endpoint) wants: a request
-// goes to dynalite or fauxqs, both on this host's loopback, by its
-// X-Amz-Target (the AWS SDK's JSON protocol names the service there). It
-// returns the endpoint as pods reach it, on KubeNodeIP.
+// namespace, as CONCLAVE_AWS_ENDPOINT (aws.endpoint) wants
+// (testenv.AWSEndpoint: dynalite or fauxqs, both on this host's loopback,
+// by X-Amz-Target). It returns the endpoint as pods reach it, on
+// KubeNodeIP.
 func serveAWS(t *testing.T, node *testenv.KubeNodeEnv, dynalite, fauxqs string) string {
 	t.Helper()
 	l, err := node.Listen("tcp", testenv.KubeNodeIP+":0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	proxy := func(target string) *httputil.ReverseProxy {
-		u, err := url.Parse(target)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return &httputil.ReverseProxy{
-			Rewrite: func(r *httputil.ProxyRequest) {
-				r.SetURL(u)
-				// fauxqs builds queue URLs from the Host the client used.
-				r.Out.Host = r.In.Host
-			},
-			// A pod gone mid-request (an SQS long poll, at the upgrade or
-			// the end) is no failure of the test's: no log line for it.
-			ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
-				w.WriteHeader(http.StatusBadGateway)
-			},
-		}
+	h, err := testenv.AWSEndpoint(dynalite, fauxqs)
+	if err != nil {
+		t.Fatal(err)
 	}
-	dynamo, sqs := proxy(dynalite), proxy(fauxqs)
-	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		switch target := r.Header.Get("X-Amz-Target"); {
-		case strings.HasPrefix(target, "DynamoDB_"):
-			dynamo.ServeHTTP(w, r)
-		case strings.HasPrefix(target, "AmazonSQS."):
-			sqs.ServeHTTP(w, r)
-		default:
-			http.Error(w, fmt.Sprintf("X-Amz-Target %q is neither DynamoDB nor SQS", target), http.StatusBadRequest)
-		}
-	})}
+	srv := &http.Server{Handler: h}
 	go func() { _ = srv.Serve(l) }()
 	// Registered after the node's Stop, so it runs before it: no
 	// connection outlives the namespace.

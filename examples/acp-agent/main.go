@@ -37,12 +37,18 @@
 // -print-env makes it write its environment to stderr at start, one
 // "acp-agent: env NAME=VALUE" line each, for tests of what reaches it.
 //
+// -bus makes it also a bus agent (seed 004) when the runner launches it for
+// the bus's default handler: it dials BUB_BUS_URL with BUB_TOKEN, subscribes
+// to BUB_DEFAULT_TOPIC, and answers each processMessage, publishing a reply
+// on agent:{BUB_AGENT_ID} first (bus.go).
+//
 // It logs to stderr, including the TRACEPARENT it was given, and puts a
 // child of that trace in params._meta.traceparent of its notifications.
 package main
 
 import (
 	"bufio"
+	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
@@ -86,6 +92,7 @@ func main() {
 	flood := flag.Int("flood", 0, "stream this many chunks per turn and nothing else")
 	chunks := flag.Int("chunks", 100, "the chunks a gated turn streams once released")
 	printEnv := flag.Bool("print-env", false, "write the environment to stderr at start")
+	bus := flag.Bool("bus", false, "also join the bus at BUB_BUS_URL as BUB_AGENT_ID and answer processMessage on BUB_DEFAULT_TOPIC")
 	flag.Parse()
 	a := &agent{dialect: *dialect, mode: *mode, flood: *flood, chunks: *chunks, out: bufio.NewWriterSize(os.Stdout, 64<<10), pending: map[string]chan message{}}
 	if *printEnv {
@@ -98,6 +105,13 @@ func main() {
 		fmt.Fprintln(os.Stderr, "acp-agent: TRACEPARENT", tp)
 	}
 	fmt.Fprintf(os.Stderr, "acp-agent: dialect %s, mode %s\n", *dialect, *mode)
+	if *bus {
+		go func() {
+			if err := joinBus(context.Background()); err != nil {
+				fmt.Fprintln(os.Stderr, "acp-agent: bus:", err)
+			}
+		}()
+	}
 	if *mode == "junk" {
 		a.junk()
 	}

@@ -22,10 +22,10 @@ import (
 
 	"github.com/conclave-ai/conclave/functions/librarian/internal/graph"
 	"github.com/conclave-ai/conclave/functions/librarian/internal/requests"
-	"github.com/conclave-ai/conclave/functions/librarian/lambdatest"
 	"github.com/conclave-ai/conclave/functions/librarian/service"
 	"github.com/conclave-ai/conclave/pkg/queue"
 	"github.com/conclave-ai/conclave/pkg/store"
+	"github.com/conclave-ai/conclave/pkg/testenv"
 	eventsv1 "github.com/conclave-ai/conclave/proto/conclave/events/v1"
 	librarianv1 "github.com/conclave-ai/conclave/proto/conclave/librarian/v1"
 )
@@ -118,7 +118,7 @@ func withBody(t *testing.T, fixture []byte, body any) []byte {
 	return out
 }
 
-func invokeOK(ctx context.Context, t *testing.T, rt *lambdatest.Runtime, event []byte) *librarianv1.LibrarianResponse {
+func invokeOK(ctx context.Context, t *testing.T, rt *testenv.LambdaRuntime, event []byte) *librarianv1.LibrarianResponse {
 	t.Helper()
 	res, err := rt.Invoke(ctx, event, nil)
 	if err != nil {

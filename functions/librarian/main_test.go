@@ -6,7 +6,12 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"net"
+	"net/http"
+	"net/http/cookiejar"
+	"net/http/httptest"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -20,7 +25,6 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 
 	"github.com/conclave-ai/conclave/functions/librarian/internal/graph"
-	"github.com/conclave-ai/conclave/functions/librarian/lambdatest"
 	"github.com/conclave-ai/conclave/functions/librarian/service"
 	"github.com/conclave-ai/conclave/pkg/queue"
 	"github.com/conclave-ai/conclave/pkg/store"
@@ -104,9 +108,9 @@ func deployment(t *testing.T) ([]string, store.Store, queue.Queue, string) {
 	}, st, q, prefix
 }
 
-func startFunction(t *testing.T, env []string) *lambdatest.Runtime {
+func startFunction(t *testing.T, env []string) *testenv.LambdaRuntime {
 	t.Helper()
-	rt, err := lambdatest.Start(bootstrap, env...)
+	rt, err := testenv.StartLambda(bootstrap, env...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -211,6 +215,80 @@ func TestBootstrapUnderTheRuntimeAPI(t *testing.T) {
 	}
 	if !slices.Equal(types, []string{"librarian.request.submitted", "librarian.request.approved"}) {
 		t.Fatalf("events %v\n%s", types, rt.Output())
+	}
+}
+
+// TestBootstrapBehindAPIGateway serves the real bootstrap over HTTP
+// through testenv.APIGateway, as the end-to-end scenario does: an agent's
+// request and the review page's sign-in (a redirect, a form, a cookie)
+// work as they do behind API Gateway.
+func TestBootstrapBehindAPIGateway(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs the bootstrap binary against dynalite and fauxqs")
+	}
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	env, _, _, _ := deployment(t)
+	const reviewerToken = "alice-review-token-0123456789"
+	// An http:// base URL: the session cookie is not Secure, so that the
+	// test's client sends it back over plain HTTP.
+	rt := startFunction(t, append(slices.Clone(env), "CONCLAVE_LIBRARIAN_REVIEWER_TOKENS=alice="+reviewerToken,
+		"CONCLAVE_LIBRARIAN_BASE_URL=http://127.0.0.1"))
+	if err := rt.Ready(ctx); err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(testenv.APIGateway(rt))
+	defer srv.Close()
+
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, srv.URL+"/agent/capabilities", nil)
+	req.Header.Set("Authorization", "Bearer "+claudeToken)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || resp.Header.Get("Content-Type") != "application/json" || !strings.Contains(string(body), `"agent_id":"claude-3"`) {
+		t.Fatalf("capabilities: %d %v %s\n%s", resp.StatusCode, resp.Header, body, rt.Output())
+	}
+
+	// The review page: a redirect to sign in, then a session cookie.
+	jar, _ := cookiejar.New(nil)
+	browser := &http.Client{Jar: jar, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	resp, err = browser.Get(srv.URL + "/review")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusSeeOther || !strings.HasPrefix(resp.Header.Get("Location"), "/review/signin") {
+		t.Fatalf("/review without a session: %d %v", resp.StatusCode, resp.Header)
+	}
+	resp, err = browser.Get(srv.URL + "/review/signin")
+	if err != nil {
+		t.Fatal(err)
+	}
+	page, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || !strings.Contains(string(page), `id="token"`) {
+		t.Fatalf("the sign-in page: %d %s", resp.StatusCode, page)
+	}
+	resp, err = browser.PostForm(srv.URL+"/review/signin", url.Values{"token": {reviewerToken}, "next": {"/review"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusSeeOther || len(resp.Cookies()) == 0 {
+		t.Fatalf("sign-in: %d %v", resp.StatusCode, resp.Header)
+	}
+	resp, err = browser.Get(srv.URL + "/review")
+	if err != nil {
+		t.Fatal(err)
+	}
+	page, _ = io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || !strings.Contains(string(page), "alice") {
+		t.Fatalf("/review signed in: %d %s", resp.StatusCode, page)
 	}
 }
 

@@ -2,6 +2,11 @@ package testenv
 
 import (
 	"context"
+	"fmt"
+	"net/http"
+	"net/http/httputil"
+	"net/url"
+	"strings"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
@@ -22,4 +27,48 @@ func AWSConfig() aws.Config {
 // DynamoDBClient is a DynamoDB client for the server at endpoint (dynalite).
 func DynamoDBClient(endpoint string) *dynamodb.Client {
 	return dynamodb.NewFromConfig(AWSConfig(), func(o *dynamodb.Options) { o.BaseEndpoint = aws.String(endpoint) })
+}
+
+// AWSEndpoint answers DynamoDB and SQS at one endpoint, as
+// CONCLAVE_AWS_ENDPOINT wants (the services' store and queue share it): a
+// request goes to dynalite or to fauxqs (their base URLs) by its
+// X-Amz-Target, where the AWS SDK's JSON protocol names the service. Serve
+// it on a listener of the test's.
+func AWSEndpoint(dynalite, fauxqs string) (http.Handler, error) {
+	proxy := func(target string) (*httputil.ReverseProxy, error) {
+		u, err := url.Parse(target)
+		if err != nil {
+			return nil, err
+		}
+		return &httputil.ReverseProxy{
+			Rewrite: func(r *httputil.ProxyRequest) {
+				r.SetURL(u)
+				// fauxqs builds queue URLs from the Host the client used.
+				r.Out.Host = r.In.Host
+			},
+			// A client gone mid-request (an SQS long poll as a process
+			// stops) is no failure of the test's: no log line for it.
+			ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
+				w.WriteHeader(http.StatusBadGateway)
+			},
+		}, nil
+	}
+	dynamo, err := proxy(dynalite)
+	if err != nil {
+		return nil, err
+	}
+	sqs, err := proxy(fauxqs)
+	if err != nil {
+		return nil, err
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch target := r.Header.Get("X-Amz-Target"); {
+		case strings.HasPrefix(target, "DynamoDB_"):
+			dynamo.ServeHTTP(w, r)
+		case strings.HasPrefix(target, "AmazonSQS."):
+			sqs.ServeHTTP(w, r)
+		default:
+			http.Error(w, fmt.Sprintf("X-Amz-Target %q is neither DynamoDB nor SQS", target), http.StatusBadRequest)
+		}
+	}), nil
 }

@@ -250,7 +250,24 @@ func (j *Jaeger) Trace(ctx context.Context, traceID string) (*JaegerTrace, error
 // WaitTrace is Trace, polling until the trace has at least spans spans, for
 // a trace whose spans come from several processes and may arrive apart.
 func (j *Jaeger) WaitTrace(ctx context.Context, traceID string, spans int) (*JaegerTrace, error) {
-	var last string
+	return j.WaitTraceFunc(ctx, traceID, func(t *JaegerTrace) string {
+		if len(t.Spans) < spans {
+			return fmt.Sprintf("trace has %d spans, want %d", len(t.Spans), spans)
+		}
+		return ""
+	})
+}
+
+// WaitTraceFunc is Trace, polling until complete, given the trace as it
+// stands, returns "" (the trace is as wanted) or ctx ends. Otherwise
+// complete says what is missing, and on ctx's end the error says it too,
+// and the trace as it last stood is returned with it (nil if it was never
+// found).
+func (j *Jaeger) WaitTraceFunc(ctx context.Context, traceID string, complete func(*JaegerTrace) string) (*JaegerTrace, error) {
+	var (
+		last  string
+		found *JaegerTrace
+	)
 	for {
 		t, err := j.fetchTrace(ctx, traceID)
 		switch {
@@ -258,14 +275,15 @@ func (j *Jaeger) WaitTrace(ctx context.Context, traceID string, spans int) (*Jae
 			last = err.Error()
 		case t == nil:
 			last = "trace not found"
-		case len(t.Spans) < spans:
-			last = fmt.Sprintf("trace has %d spans, want %d", len(t.Spans), spans)
 		default:
-			return t, nil
+			found = t
+			if last = complete(t); last == "" {
+				return t, nil
+			}
 		}
 		select {
 		case <-ctx.Done():
-			return nil, fmt.Errorf("testenv: jaeger trace %s: %s: %w", traceID, last, ctx.Err())
+			return found, fmt.Errorf("testenv: jaeger trace %s: %s: %w", traceID, last, ctx.Err())
 		case <-time.After(100 * time.Millisecond):
 		}
 	}

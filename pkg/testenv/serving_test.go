@@ -20,3 +20,14 @@ func TestServingGRPCAddr(t *testing.T) {
 		}
 	}
 }
+
+func TestServingAddrs(t *testing.T) {
+	t.Parallel()
+	g, h, ok := testenv.ServingAddrs([]byte(`{"level":"INFO","msg":"serving","server":"bus","grpc_addr":"","http_addr":"127.0.0.1:7892"}`))
+	if !ok || g != "" || h != "127.0.0.1:7892" {
+		t.Errorf("ServingAddrs = %q, %q, %v", g, h, ok)
+	}
+	if _, _, ok := testenv.ServingAddrs([]byte(`{"msg":"draining"}`)); ok {
+		t.Error("a line other than serving")
+	}
+}

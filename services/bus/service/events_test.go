@@ -58,4 +58,17 @@ func TestEventsArePublished(t *testing.T) {
 		t.Errorf("governance event delivered on %v", params["topic"])
 	}
 	console.reply(id, `{"success":true}`)
+
+	// A payload of a type the bus does not link (the Librarian's, for the
+	// standalone bus) is published as its producer encoded it.
+	unlinked := `{"@type":"type.googleapis.com/conclave.librarian.v1.RequestStatus","request_id":"r-3","status":"approved"}`
+	if _, err := bus.queue.Send(context.Background(), broker.EventsQueue.Name, queue.Outgoing{
+		Body: []byte(`{"id":"ev-3","type":"librarian.request.approved","source":"librarian","subject_ids":{"request_id":"r-3"},"payload":` + unlinked + `}`)}); err != nil {
+		t.Fatal(err)
+	}
+	id, params = console.expectRequest("sendMessage")
+	if got := mustJSON(t, params["payload"].(map[string]any)["data"]); params["topic"] != "system:librarian.request.approved" || !contains(got, `"request_id":"r-3"`) {
+		t.Errorf("an event of an unlinked type delivered as %v", params)
+	}
+	console.reply(id, `{"success":true}`)
 }

@@ -1,7 +1,6 @@
 package service_test
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/base64"
@@ -19,7 +18,6 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -121,44 +119,23 @@ func testMain(m *testing.M) int {
 
 // startDev runs `conclave dev` on free ports and reads where it listens.
 func startDev(dir, types string) (func(), error) {
-	cmd := exec.Command(dev.conclave, "dev", "--gateway-grpc-addr=127.0.0.1:0", "--gateway-http-addr=127.0.0.1:0",
-		"--librarian-http-addr=127.0.0.1:0", "--bridge-http-addr=127.0.0.1:0", "--bus-addr=127.0.0.1:0",
-		"--runner-grpc-addr=127.0.0.1:0", "--runner-http-addr=127.0.0.1:0", "--console-http-addr=127.0.0.1:0",
-		"--console-session-key="+base64.StdEncoding.EncodeToString(dev.sessionKey), "--console-refresh-interval=300ms",
-		"--runner-agent-types="+types, "--runner-workspace-roots="+dir, "--data-dir", filepath.Join(dir, "data"))
-	cmd.Dir = dir // no examples/tool-agents here: the bridge stays off
-	stdout, err := cmd.StdoutPipe()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	// Run in dir: no examples/tool-agents there, so the bridge stays off.
+	d, err := testenv.StartDev(ctx, dev.conclave, dir, []string{
+		"--console-session-key=" + base64.StdEncoding.EncodeToString(dev.sessionKey), "--console-refresh-interval=300ms",
+		"--runner-agent-types=" + types, "--runner-workspace-roots=" + dir, "--data-dir", filepath.Join(dir, "data")}, nil)
 	if err != nil {
 		return nil, err
 	}
-	dev.log = &testenv.LockedBuffer{}
-	cmd.Stderr = dev.log
-	if err := cmd.Start(); err != nil {
-		return nil, err
-	}
+	dev.log = d.LogBuffer()
 	stop := func() {
 		// SIGTERM lets the runner stop its agents; a gated one still
 		// waiting is released first.
 		_ = os.WriteFile(filepath.Join(dev.workspace, "release"), nil, 0o644)
-		_ = cmd.Process.Signal(syscall.SIGTERM)
-		done := make(chan struct{})
-		go func() { _ = cmd.Wait(); close(done) }()
-		select {
-		case <-done:
-		case <-time.After(30 * time.Second):
-			_ = cmd.Process.Kill()
-			<-done
-		}
+		_ = d.Stop()
 	}
-	dev.addrs = map[string]string{}
-	row := regexp.MustCompile(`^(\w+)\s+(\S+)\s+([\w-]+)`)
-	sc := bufio.NewScanner(stdout)
-	for sc.Scan() && sc.Text() != "" {
-		if m := row.FindStringSubmatch(sc.Text()); m != nil && m[1] != "SERVICE" {
-			dev.addrs[m[1]+" "+m[3]] = m[2]
-		}
-	}
-	go func() { _, _ = io.Copy(io.Discard, stdout) }()
+	dev.addrs = d.Addrs()
 	for _, want := range []string{"console HTTP", "gateway gRPC", "gateway HTTP", "bus WebSocket", "runner HTTP", "librarian HTTP"} {
 		if dev.addrs[want] == "" {
 			stop()

@@ -178,6 +178,9 @@ type message struct {
 	// arrival from another replica, or its retry falling due): delivery
 	// latency is measured from it.
 	accepted time.Time
+	// event marks an event from the events queue (PublishEvent): the
+	// default handler does not take it.
+	event bool
 }
 
 // Forwarded is a message one replica hands another: to route among its own
@@ -257,12 +260,28 @@ func errUntyped(why string) *jsonrpc.Error {
 // Publish delivers a message to the subscribers of its topic and returns
 // the aggregated result.
 func (b *Broker) Publish(ctx context.Context, publisher, t string, payload json.RawMessage) (*SendResult, error) {
+	return b.publishWait(ctx, &message{id: newMessageID(), topic: t, payload: payload, publisher: publisher, accepted: time.Now()})
+}
+
+// PublishEvent publishes an event from the events queue as EventPublisher:
+// as Publish does, except that an event no subscriber matches is not
+// taken by the default handler (the result says it was not routed). An
+// event is news of work done, not work for a new agent, and the runner's
+// events about the agents the default handler launches would otherwise
+// have it launch an agent for each launched agent's task:{task_id}, whose
+// events would launch another, without end.
+func (b *Broker) PublishEvent(ctx context.Context, t string, payload json.RawMessage) (*SendResult, error) {
+	return b.publishWait(ctx, &message{id: newMessageID(), topic: t, payload: payload, publisher: EventPublisher, accepted: time.Now(), event: true})
+}
+
+// publishWait is publishMessage, waiting for the result.
+func (b *Broker) publishWait(ctx context.Context, msg *message) (*SendResult, error) {
 	var (
 		res  *SendResult
 		err  error
 		done = make(chan struct{})
 	)
-	b.publishAsync(ctx, publisher, t, payload, func(r *SendResult, e error) { res, err = r, e; close(done) })
+	b.publishMessage(ctx, msg, func(r *SendResult, e error) { res, err = r, e; close(done) })
 	<-done
 	return res, err
 }
@@ -274,7 +293,12 @@ func (b *Broker) Publish(ctx context.Context, publisher, t string, payload json.
 // left may block (retries to schedule, other replicas, the default
 // handler).
 func (b *Broker) publishAsync(ctx context.Context, publisher, t string, payload json.RawMessage, done func(*SendResult, error)) {
-	msg := &message{id: newMessageID(), topic: t, payload: payload, publisher: publisher, accepted: time.Now()}
+	b.publishMessage(ctx, &message{id: newMessageID(), topic: t, payload: payload, publisher: publisher, accepted: time.Now()}, done)
+}
+
+// publishMessage delivers msg as publishAsync says.
+func (b *Broker) publishMessage(ctx context.Context, msg *message, done func(*SendResult, error)) {
+	t, payload := msg.topic, msg.payload
 	ctx, span := b.opts.Tracer.Start(ctx, "bus publish", spanKindServer)
 	if span.IsRecording() {
 		span.SetAttributes(attribute.String("messaging.system", "conclave-bus"),
@@ -299,7 +323,7 @@ func (b *Broker) publishAsync(ctx context.Context, publisher, t string, payload 
 			span.End()
 			done(res, err)
 		}
-		if b.opts.Forwarder != nil || (len(routes) == 0 && b.opts.DefaultHandler != nil) {
+		if b.opts.Forwarder != nil || (len(routes) == 0 && b.opts.DefaultHandler != nil && !msg.event) {
 			go complete()
 		} else {
 			complete()
@@ -325,7 +349,7 @@ func (b *Broker) completePublish(ctx context.Context, msg *message, routed bool,
 		b.opts.Metrics.published(ctx, "routed")
 		return &SendResult{Success: true, StopPropagation: skipped, Acks: acks}, nil
 	}
-	if b.opts.DefaultHandler == nil {
+	if b.opts.DefaultHandler == nil || msg.event {
 		b.opts.Metrics.published(ctx, "unrouted")
 		return &SendResult{Success: false, Acks: []Ack{}}, nil
 	}

@@ -2,14 +2,12 @@ package broker
 
 import (
 	"context"
-	"encoding/base64"
 	"encoding/json"
 	"log/slog"
 	"time"
 
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
-	"google.golang.org/protobuf/encoding/protojson"
 
 	"github.com/conclave-ai/conclave/pkg/queue"
 	eventsv1 "github.com/conclave-ai/conclave/proto/conclave/events/v1"
@@ -59,8 +57,11 @@ type eventPayload struct {
 	Source     string            `json:"source,omitempty"`
 	Time       string            `json:"time,omitempty"`
 	SubjectIDs map[string]string `json:"subject_ids,omitempty"`
-	// Data is the event's payload as protojson when its type is linked into
-	// the bus, and otherwise {"@type": url, "value": base64 bytes}.
+	// Data is the event's payload as its producer encoded it: protojson
+	// with the proto field names, and its "@type" (queue.EncodeEnvelope),
+	// whether or not its type is linked into the bus. From a producer of
+	// the base64 binary encoding, a payload of a type the bus does not link
+	// is {"@type": url, "value": base64 bytes}.
 	Data json.RawMessage `json:"data,omitempty"`
 }
 
@@ -73,7 +74,7 @@ func EventTopic(env *eventsv1.Envelope) string {
 }
 
 func (e *Events) handle(ctx context.Context, m queue.Message) error {
-	env, err := queue.DecodeEnvelope(m.Body)
+	env, data, err := queue.DecodeEnvelopeJSON(m.Body)
 	if err != nil {
 		// Retrying cannot fix it: log it and let it go.
 		e.log.WarnContext(ctx, "bus: dropping an undecodable event", "message_id", m.ID, "error", err)
@@ -92,18 +93,12 @@ func (e *Events) handle(ctx context.Context, m queue.Message) error {
 	if env.GetTime() != nil {
 		p.Time = env.GetTime().AsTime().UTC().Format(time.RFC3339Nano)
 	}
-	if packed := env.GetPayload(); packed != nil {
-		if data, err := protojson.Marshal(packed); err == nil {
-			p.Data = data
-		} else {
-			p.Data, _ = json.Marshal(map[string]string{"@type": packed.GetTypeUrl(), "value": base64.StdEncoding.EncodeToString(packed.GetValue())})
-		}
-	}
+	p.Data = data
 	payload, err := json.Marshal(p)
 	if err != nil {
 		return err
 	}
-	if _, err := e.broker.Publish(ctx, EventPublisher, t, payload); err != nil {
+	if _, err := e.broker.PublishEvent(ctx, t, payload); err != nil {
 		e.log.WarnContext(ctx, "bus: an event was refused", "event_id", env.GetId(), "topic", t, "error", err)
 	}
 	return nil

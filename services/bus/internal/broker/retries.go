@@ -8,7 +8,10 @@ import (
 	"log/slog"
 	"time"
 
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/conclave-ai/conclave/pkg/queue"
 	"github.com/conclave-ai/conclave/pkg/store"
@@ -55,6 +58,7 @@ type Retries struct {
 	policy RetryPolicy
 	log    *slog.Logger
 	tp     trace.TracerProvider
+	tracer trace.Tracer
 	broker *Broker
 }
 
@@ -71,7 +75,11 @@ func NewRetries(q queue.Queue, st store.Store, policy RetryPolicy, tp trace.Trac
 	if policy.MaxDelay <= 0 || policy.MaxDelay > queue.MaxDelay {
 		policy.MaxDelay = queue.MaxDelay
 	}
-	return &Retries{q: q, st: st, policy: policy, tp: tp, log: logger}
+	tracer := noop.NewTracerProvider().Tracer("")
+	if tp != nil {
+		tracer = tp.Tracer("github.com/conclave-ai/conclave/services/bus")
+	}
+	return &Retries{q: q, st: st, policy: policy, tp: tp, tracer: tracer, log: logger}
 }
 
 // retryJob is a retry queue message's body.
@@ -98,6 +106,10 @@ type DeadLetter struct {
 	LastError   string          `json:"last_error"`
 	PublishedAt time.Time       `json:"published_at"`
 	DeadAt      time.Time       `json:"dead_at"`
+	// Traceparent and Tracestate are the message's trace context (W3C), so
+	// that a redrive delivers it in the trace it was published in.
+	Traceparent string `json:"traceparent,omitempty"`
+	Tracestate  string `json:"tracestate,omitempty"`
 }
 
 // delay is the wait before the next attempt, after attempts so far.
@@ -149,6 +161,9 @@ func (r *Retries) deadLetter(ctx context.Context, job retryJob, reason string) e
 		MessageID: job.MessageID, Topic: job.Topic, Payload: job.Payload, ClientID: job.ClientID,
 		Publisher: job.Publisher, Attempts: job.Attempts, LastError: job.LastError,
 		PublishedAt: job.PublishedAt, DeadAt: now}
+	tc := propagation.MapCarrier{}
+	propagation.TraceContext{}.Inject(ctx, tc)
+	dl.Traceparent, dl.Tracestate = tc["traceparent"], tc["tracestate"]
 	data, err := json.Marshal(dl)
 	if err != nil {
 		return err
@@ -256,11 +271,25 @@ func (r *Retries) DeadLetter(ctx context.Context, id string) (DeadLetter, error)
 
 // Redrive puts a dead letter back on the retry queue with a fresh set of
 // attempts, then removes it from the table. A crash between the two leaves
-// both, never neither.
+// both, never neither. The message goes back in the trace it was
+// published in (a "bus redrive" span there, linked to the trace of the
+// redrive's request), so its redelivery is seen in Jaeger after its
+// attempts and its dead-lettering.
 func (r *Retries) Redrive(ctx context.Context, id string) error {
 	dl, err := r.DeadLetter(ctx, id)
 	if err != nil {
 		return err
+	}
+	if dl.Traceparent != "" {
+		orig := propagation.TraceContext{}.Extract(ctx, propagation.MapCarrier{"traceparent": dl.Traceparent, "tracestate": dl.Tracestate})
+		if trace.SpanContextFromContext(orig).IsValid() {
+			var span trace.Span
+			ctx, span = r.tracer.Start(orig, "bus redrive", trace.WithSpanKind(trace.SpanKindProducer),
+				trace.WithLinks(trace.LinkFromContext(ctx)),
+				trace.WithAttributes(attribute.String("messaging.system", "conclave-bus"), attribute.String("messaging.destination.name", dl.Topic),
+					attribute.String("messaging.message.id", dl.MessageID)))
+			defer span.End()
+		}
 	}
 	body, err := json.Marshal(retryJob{MessageID: dl.MessageID, Topic: dl.Topic, Payload: dl.Payload,
 		ClientID: dl.ClientID, Publisher: dl.Publisher, LastError: dl.LastError, PublishedAt: dl.PublishedAt})

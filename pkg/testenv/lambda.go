@@ -1,9 +1,4 @@
-// Package lambdatest runs a real Lambda bootstrap binary as the Lambda
-// service does: it serves the Runtime API
-// (/2018-06-01/runtime/invocation/next, /response, /error, /init/error)
-// on loopback, starts the binary with AWS_LAMBDA_RUNTIME_API pointing at
-// it, and hands it events one at a time. Tests and benchmarks use it.
-package lambdatest
+package testenv
 
 import (
 	"context"
@@ -18,13 +13,11 @@ import (
 	"strconv"
 	"sync"
 	"time"
-
-	"github.com/conclave-ai/conclave/pkg/testenv"
 )
 
-// Result is one invocation's outcome: the response payload, or the error
+// LambdaResult is one invocation's outcome: the response payload, or the error
 // the function reported.
-type Result struct {
+type LambdaResult struct {
 	Payload   json.RawMessage
 	ErrorType string
 	Error     json.RawMessage
@@ -34,11 +27,17 @@ type invocation struct {
 	id      string
 	event   []byte
 	headers map[string]string
-	result  chan Result
+	result  chan LambdaResult
 }
 
-// Runtime is a Runtime API endpoint and the bootstrap process it serves.
-type Runtime struct {
+// LambdaRuntime is a Runtime API endpoint and the bootstrap process it
+// serves: it runs a real Lambda bootstrap binary as the Lambda service does,
+// serving the Runtime API (/2018-06-01/runtime/invocation/next, /response,
+// /error, /init/error) on loopback, starting the binary with
+// AWS_LAMBDA_RUNTIME_API pointing at it, and handing it events one at a
+// time. The Librarian's tests and benchmarks use it, and the end-to-end
+// scenario serves it over HTTP as API Gateway does (APIGateway).
+type LambdaRuntime struct {
 	// Addr is host:port, the AWS_LAMBDA_RUNTIME_API value.
 	Addr string
 
@@ -52,19 +51,19 @@ type Runtime struct {
 	pollOne sync.Once
 
 	cmd    *exec.Cmd
-	output *testenv.LockedBuffer
+	output *LockedBuffer
 	exited chan struct{}
 }
 
-// Start serves the Runtime API and starts bin with env added to this
+// StartLambda serves the Runtime API and starts bin with env added to this
 // process's environment.
-func Start(bin string, env ...string) (*Runtime, error) {
+func StartLambda(bin string, env ...string) (*LambdaRuntime, error) {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return nil, err
 	}
-	rt := &Runtime{Addr: l.Addr().String(), pending: make(chan *invocation), flight: map[string]*invocation{},
-		initErr: make(chan json.RawMessage, 1), polled: make(chan struct{}), output: &testenv.LockedBuffer{}, exited: make(chan struct{})}
+	rt := &LambdaRuntime{Addr: l.Addr().String(), pending: make(chan *invocation), flight: map[string]*invocation{},
+		initErr: make(chan json.RawMessage, 1), polled: make(chan struct{}), output: &LockedBuffer{}, exited: make(chan struct{})}
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /2018-06-01/runtime/invocation/next", rt.next)
 	mux.HandleFunc("POST /2018-06-01/runtime/invocation/{id}/response", rt.finish(""))
@@ -86,7 +85,7 @@ func Start(bin string, env ...string) (*Runtime, error) {
 
 // Ready waits until the function has initialized and asks for its first
 // event, or reports why it never will (an init error, an exit).
-func (rt *Runtime) Ready(ctx context.Context) error {
+func (rt *LambdaRuntime) Ready(ctx context.Context) error {
 	select {
 	case <-rt.polled:
 		return nil
@@ -101,7 +100,7 @@ func (rt *Runtime) Ready(ctx context.Context) error {
 }
 
 // InitError waits for the function to report an init error, and returns it.
-func (rt *Runtime) InitError(ctx context.Context) (json.RawMessage, error) {
+func (rt *LambdaRuntime) InitError(ctx context.Context) (json.RawMessage, error) {
 	select {
 	case e := <-rt.initErr:
 		rt.initErr <- e
@@ -115,33 +114,33 @@ func (rt *Runtime) InitError(ctx context.Context) (json.RawMessage, error) {
 
 // Invoke hands the function one event and waits for its outcome. headers
 // add to the invocation's Runtime API headers (e.g. Lambda-Runtime-Trace-Id).
-func (rt *Runtime) Invoke(ctx context.Context, event []byte, headers map[string]string) (Result, error) {
+func (rt *LambdaRuntime) Invoke(ctx context.Context, event []byte, headers map[string]string) (LambdaResult, error) {
 	rt.mu.Lock()
 	rt.seq++
-	inv := &invocation{id: "inv-" + strconv.Itoa(rt.seq), event: event, headers: headers, result: make(chan Result, 1)}
+	inv := &invocation{id: "inv-" + strconv.Itoa(rt.seq), event: event, headers: headers, result: make(chan LambdaResult, 1)}
 	rt.mu.Unlock()
 	select {
 	case rt.pending <- inv:
 	case <-rt.exited:
-		return Result{}, fmt.Errorf("bootstrap exited:\n%s", rt.output)
+		return LambdaResult{}, fmt.Errorf("bootstrap exited:\n%s", rt.output)
 	case <-ctx.Done():
-		return Result{}, ctx.Err()
+		return LambdaResult{}, ctx.Err()
 	}
 	select {
 	case r := <-inv.result:
 		return r, nil
 	case <-rt.exited:
-		return Result{}, fmt.Errorf("bootstrap exited during an invocation:\n%s", rt.output)
+		return LambdaResult{}, fmt.Errorf("bootstrap exited during an invocation:\n%s", rt.output)
 	case <-ctx.Done():
-		return Result{}, ctx.Err()
+		return LambdaResult{}, ctx.Err()
 	}
 }
 
 // Output is what the function wrote to stdout and stderr.
-func (rt *Runtime) Output() string { return rt.output.String() }
+func (rt *LambdaRuntime) Output() string { return rt.output.String() }
 
 // Stop ends the function (SIGTERM, then SIGKILL) and the endpoint.
-func (rt *Runtime) Stop() {
+func (rt *LambdaRuntime) Stop() {
 	if rt.cmd.Process != nil {
 		_ = rt.cmd.Process.Signal(os.Interrupt)
 		select {
@@ -156,7 +155,7 @@ func (rt *Runtime) Stop() {
 
 // Kill ends the function with SIGKILL, as a crash or a Lambda timeout
 // does: it gets no chance to finish what it was doing.
-func (rt *Runtime) Kill() {
+func (rt *LambdaRuntime) Kill() {
 	if rt.cmd.Process != nil {
 		_ = rt.cmd.Process.Kill()
 		<-rt.exited
@@ -164,9 +163,9 @@ func (rt *Runtime) Kill() {
 }
 
 // Exited is closed when the process has ended.
-func (rt *Runtime) Exited() <-chan struct{} { return rt.exited }
+func (rt *LambdaRuntime) Exited() <-chan struct{} { return rt.exited }
 
-func (rt *Runtime) next(w http.ResponseWriter, r *http.Request) {
+func (rt *LambdaRuntime) next(w http.ResponseWriter, r *http.Request) {
 	rt.pollOne.Do(func() { close(rt.polled) })
 	select {
 	case inv := <-rt.pending:
@@ -186,7 +185,7 @@ func (rt *Runtime) next(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-func (rt *Runtime) finish(kind string) http.HandlerFunc {
+func (rt *LambdaRuntime) finish(kind string) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		body, _ := io.ReadAll(r.Body)
 		rt.mu.Lock()
@@ -197,9 +196,9 @@ func (rt *Runtime) finish(kind string) http.HandlerFunc {
 			http.Error(w, `{"errorMessage":"unknown request id"}`, http.StatusBadRequest)
 			return
 		}
-		res := Result{Payload: body}
+		res := LambdaResult{Payload: body}
 		if kind == "error" {
-			res = Result{Error: body, ErrorType: r.Header.Get("Lambda-Runtime-Function-Error-Type")}
+			res = LambdaResult{Error: body, ErrorType: r.Header.Get("Lambda-Runtime-Function-Error-Type")}
 		}
 		inv.result <- res
 		w.WriteHeader(http.StatusAccepted)
@@ -207,7 +206,7 @@ func (rt *Runtime) finish(kind string) http.HandlerFunc {
 	}
 }
 
-func (rt *Runtime) initError(w http.ResponseWriter, r *http.Request) {
+func (rt *LambdaRuntime) initError(w http.ResponseWriter, r *http.Request) {
 	body, _ := io.ReadAll(r.Body)
 	select {
 	case rt.initErr <- body:

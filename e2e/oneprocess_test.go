@@ -1,0 +1,124 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/conclave-ai/conclave/pkg/testenv"
+)
+
+// The runner's agent types the scenario launches, in every shape.
+const (
+	// acpAgentType is the example ACP agent, in the Agent Client Protocol
+	// dialect (step 3).
+	acpAgentType = "e2e-acp"
+	// busAgentType is the same agent as a bus agent too (-bus): the type
+	// the bus's default handler launches (step 2).
+	busAgentType = "e2e-bus-acp"
+	// toolAgentType is the bridge's example label agent as a oneshot type
+	// (step 5).
+	toolAgentType = "e2e-label-issue"
+)
+
+// writeAgentTypes writes the runner's agent types file into dir and
+// returns its path.
+func writeAgentTypes(t *testing.T, dir string) string {
+	t.Helper()
+	acp := binaries(t, "./examples/acp-agent")["./examples/acp-agent"]
+	label := filepath.Join(repoRoot, "examples", "tool-agents", "agents", "stdin_agent.py")
+	types := fmt.Sprintf(`agent_types:
+  - id: %[1]s
+    command: [%[4]q, -dialect, acp]
+    protocol: acp
+    permission: allow
+    enabled: true
+  - id: %[2]s
+    command: [%[4]q, -dialect, acp, -bus]
+    protocol: acp
+    permission: allow
+    enabled: true
+  - id: %[3]s
+    command: [python3, %[5]q]
+    protocol: oneshot
+    args: {issue_number: --issue, repo_name: --repo}
+    timeout: 60s
+    enabled: true
+`, acpAgentType, busAgentType, toolAgentType, acp, label)
+	path := filepath.Join(dir, "agent-types.yaml")
+	if err := os.WriteFile(path, []byte(types), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// telemetryEnv points a process's OpenTelemetry at the test's Jaeger, and
+// has it export its spans within a fifth of a second rather than the
+// batch processor's default five.
+func telemetryEnv() []string {
+	return []string{"OTEL_EXPORTER_OTLP_ENDPOINT=http://" + jaeger.OTLPEndpoint, "OTEL_BSP_SCHEDULE_DELAY=200"}
+}
+
+// TestOneProcess runs the scenario on `conclave dev`, started as a user
+// starts it: in a project directory of its own (its embedded store in
+// ./.conclave, agents working there), with the runner's agent types,
+// the bus's default handler, and the bridge's example tool agents.
+func TestOneProcess(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs conclave dev, agents and Chromium against a real Jaeger")
+	}
+	bins := binaries(t, "./cmd/conclave", "./examples/acp-agent", "./examples/coven-agent")
+	project := t.TempDir()
+	types := writeAgentTypes(t, project)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	dev, err := testenv.StartDev(ctx, bins["./cmd/conclave"], project, []string{
+		"--runner-agent-types=" + types, "--bus-runner-agent-type=" + busAgentType,
+		"--bridge-config=" + filepath.Join(repoRoot, "examples", "tool-agents", "config.yaml"),
+	}, telemetryEnv())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := dev.Stop(); err != nil {
+			t.Errorf("conclave dev did not stop cleanly: %v", err)
+		}
+	})
+	for _, row := range []string{"gateway gRPC", "gateway HTTP", "bus WebSocket", "runner HTTP", "bridge HTTP", "librarian HTTP"} {
+		if dev.Addr(row) == "" {
+			t.Fatalf("conclave dev's endpoint table has no %q row: %v\n%s", row, dev.Addrs(), dev.Log())
+		}
+	}
+	busURL := "ws://" + dev.Addr("bus WebSocket")
+	sh := &shape{
+		name:         "one-process",
+		gatewayHTTP:  "http://" + dev.Addr("gateway HTTP"),
+		gatewayGRPC:  dev.Addr("gateway gRPC"),
+		covenAgentID: "e2e-coven-agent",
+		busURL:       busURL,
+		bub: func(ctx context.Context, args ...string) *exec.Cmd {
+			cmd := exec.CommandContext(ctx, bins["./cmd/conclave"], append([]string{"bus"}, args...)...)
+			cmd.Env = append(os.Environ(), "BUB_BUS_URL="+busURL, "BUB_AGENT_ID=e2e-operator")
+			return cmd
+		},
+		runnerHTTP:   "http://" + dev.Addr("runner HTTP"),
+		workspace:    project,
+		bridgeMCP:    "http://" + dev.Addr("bridge HTTP") + "/mcp",
+		librarianURL: "http://" + dev.Addr("librarian HTTP"),
+	}
+	ports := map[string]string{}
+	for row, addr := range dev.Addrs() {
+		if _, port, err := net.SplitHostPort(addr); err == nil {
+			ports[port], _, _ = strings.Cut(row, " ")
+		}
+	}
+	sh.serviceOf = serviceInOneProcess(ports)
+	sh.addLog("conclave dev", dev.Log)
+	runScenario(t, sh)
+}

@@ -1,0 +1,164 @@
+package e2e
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"testing"
+	"time"
+
+	librarianservice "github.com/conclave-ai/conclave/functions/librarian/service"
+	"github.com/conclave-ai/conclave/pkg/store"
+	"github.com/conclave-ai/conclave/pkg/testenv"
+)
+
+// The deployables of the split shape, by their main packages.
+const (
+	gatewayCmd   = "./services/gateway/cmd/gateway"
+	busCmd       = "./services/bus/cmd/bus"
+	bubCmd       = "./services/bus/cmd/bub"
+	runnerCmd    = "./services/runner/cmd/runner"
+	bridgeCmd    = "./services/bridge/cmd/bridge"
+	librarianCmd = "./functions/librarian"
+)
+
+// TestSplitProcesses runs the scenario on the AWS path: every deployable
+// as its own process (services/*/cmd/*) with its production settings and
+// tokens required, on dynalite and fauxqs behind one AWS endpoint, and the
+// Librarian as its Lambda bootstrap under a Lambda Runtime API, served over
+// HTTP as API Gateway serves it.
+func TestSplitProcesses(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs every deployable, dynalite, fauxqs, agents and Chromium against a real Jaeger")
+	}
+	bins := binaries(t, gatewayCmd, busCmd, bubCmd, runnerCmd, bridgeCmd, librarianCmd, "./examples/acp-agent", "./examples/coven-agent")
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	sh := &shape{name: "split-processes", covenAgentID: "e2e-coven-agent",
+		gatewayToken: token("gateway-client"), covenAgentToken: token("coven-agent"), busToken: token("bus-admin"),
+		runnerToken: token("runner-client"), bridgeToken: token("bridge"), librarianAgentToken: token("librarian-claude"),
+		reviewerToken: token("librarian-alice"), workspace: t.TempDir(),
+		serviceOf: serviceByProcess(map[string]string{"conclave-gateway": gateway, "conclave-bus": bus, "conclave-runner": runner,
+			"conclave-bridge": bridge, "conclave-librarian": librarian}),
+	}
+
+	// DynamoDB and SQS, at one endpoint as the services' settings want.
+	dynalite, err := testenv.Dynalite(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(dynalite.Stop)
+	fauxqs, err := testenv.Fauxqs(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(fauxqs.Stop)
+	awsHandler, err := testenv.AWSEndpoint(dynalite.Endpoint, fauxqs.Endpoint)
+	if err != nil {
+		t.Fatal(err)
+	}
+	awsURL := serve(t, awsHandler)
+	const prefix = "e2e-"
+	aws := slices.Concat([]string{"CONCLAVE_BACKEND=aws", "CONCLAVE_AWS_ENDPOINT=" + awsURL, "CONCLAVE_TABLE_PREFIX=" + prefix,
+		"AWS_ACCESS_KEY_ID=test", "AWS_SECRET_ACCESS_KEY=test", "AWS_REGION=us-east-1",
+		// Nothing of the developer's AWS settings may leak in.
+		"AWS_PROFILE=", "AWS_CONFIG_FILE=/dev/null", "AWS_SHARED_CREDENTIALS_FILE=/dev/null"}, telemetryEnv())
+	start := func(name, bin string, env ...string) *testenv.Deployable {
+		t.Helper()
+		d, err := testenv.StartDeployable(ctx, name, bin, slices.Concat(aws, env)...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			if err := d.Stop(); err != nil {
+				t.Errorf("%s did not stop cleanly: %v", name, err)
+			}
+		})
+		sh.addLog(name, d.Log)
+		return d
+	}
+
+	// The runner first: the bus's default handler launches through it.
+	types := writeAgentTypes(t, t.TempDir())
+	rn := start("runner", bins[runnerCmd], "CONCLAVE_RUNNER_GRPC_ADDR=127.0.0.1:0", "CONCLAVE_RUNNER_HTTP_ADDR=127.0.0.1:0",
+		"CONCLAVE_RUNNER_SERVER_ID=runner-1", "CONCLAVE_RUNNER_CLIENT_TOKENS="+sh.runnerToken,
+		"CONCLAVE_RUNNER_AGENT_TYPES="+types, "CONCLAVE_RUNNER_WORKSPACE_ROOTS="+sh.workspace)
+	sh.runnerHTTP = "http://" + rn.HTTPAddr
+	grants, _ := json.Marshal([]map[string]any{{"token": sh.busToken, "publish": []string{"*"}, "subscribe": []string{"*"}, "admin": true}})
+	bs := start("bus", bins[busCmd], "CONCLAVE_BUS_ADDR=127.0.0.1:0", "CONCLAVE_BUS_SERVER_ID=bus-1", "CONCLAVE_BUS_GRANTS="+string(grants),
+		"CONCLAVE_BUS_RUNNER_ADDR="+rn.GRPCAddr, "CONCLAVE_BUS_RUNNER_AGENT_TYPE="+busAgentType,
+		"CONCLAVE_BUS_RUNNER_TOKEN="+sh.runnerToken, "CONCLAVE_BUS_WORKSPACE="+sh.workspace)
+	sh.busURL = "ws://" + bs.HTTPAddr
+	sh.bub = func(ctx context.Context, args ...string) *exec.Cmd {
+		cmd := exec.CommandContext(ctx, bins[bubCmd], args...)
+		cmd.Env = append(os.Environ(), "BUB_BUS_URL="+sh.busURL, "BUB_TOKEN="+sh.busToken, "BUB_AGENT_ID=e2e-operator")
+		return cmd
+	}
+	gw := start("gateway", bins[gatewayCmd], "CONCLAVE_GATEWAY_GRPC_ADDR=127.0.0.1:0", "CONCLAVE_GATEWAY_HTTP_ADDR=127.0.0.1:0",
+		"CONCLAVE_GATEWAY_SERVER_ID=gateway-1", "CONCLAVE_GATEWAY_CLIENT_TOKENS="+sh.gatewayToken,
+		"CONCLAVE_GATEWAY_AGENT_TOKENS="+sh.covenAgentID+"="+sh.covenAgentToken)
+	sh.gatewayHTTP, sh.gatewayGRPC = "http://"+gw.HTTPAddr, gw.GRPCAddr
+	br := start("bridge", bins[bridgeCmd], "CONCLAVE_BRIDGE_HTTP_ADDR=127.0.0.1:0",
+		"CONCLAVE_BRIDGE_CONFIG="+filepath.Join(repoRoot, "examples", "tool-agents", "config.yaml"), "CONCLAVE_BRIDGE_TOKENS="+sh.bridgeToken)
+	sh.bridgeMCP = "http://" + br.HTTPAddr + "/mcp"
+
+	// The Librarian: its tables, as infra/ creates them (the function
+	// creates nothing), then its bootstrap under the Runtime API, behind
+	// an API Gateway HTTP API. Its queue is the bus's bus-events.
+	st := store.NewDynamo(testenv.DynamoDBClient(dynalite.Endpoint), store.DynamoOptions{TablePrefix: prefix, Endpoint: dynalite.Endpoint})
+	if err := store.EnsureTables(ctx, st, librarianservice.Tables...); err != nil {
+		t.Fatal(err)
+	}
+	front, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sh.librarianURL = "http://" + front.Addr().String()
+	rt, err := testenv.StartLambda(bins[librarianCmd], slices.Concat(aws, []string{
+		// The function exports over OTLP/HTTP, flushing at each invocation's end.
+		"OTEL_EXPORTER_OTLP_ENDPOINT=http://" + jaeger.OTLPHTTPEndpoint,
+		"CONCLAVE_LIBRARIAN_AGENT_TOKENS=claude-3=" + sh.librarianAgentToken,
+		"CONCLAVE_LIBRARIAN_REVIEWER_TOKENS=alice=" + sh.reviewerToken,
+		"CONCLAVE_LIBRARIAN_BASE_URL=" + sh.librarianURL})...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(rt.Stop)
+	sh.addLog("librarian", rt.Output)
+	if err := rt.Ready(ctx); err != nil {
+		t.Fatalf("the Librarian's bootstrap: %v\n%s", err, rt.Output())
+	}
+	apigw := &http.Server{Handler: testenv.APIGateway(rt), ReadHeaderTimeout: 10 * time.Second}
+	go func() { _ = apigw.Serve(front) }()
+	t.Cleanup(func() { _ = apigw.Close() })
+
+	runScenario(t, sh)
+}
+
+// serve serves h on a free loopback port until the test ends, and returns
+// its base URL.
+func serve(t *testing.T, h http.Handler) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
+	go func() { _ = srv.Serve(l) }()
+	t.Cleanup(func() { _ = srv.Close() })
+	return "http://" + l.Addr().String()
+}
+
+// token is a fresh bearer token, named for what it is for.
+func token(name string) string {
+	var b [16]byte
+	_, _ = rand.Read(b[:])
+	return name + "-" + hex.EncodeToString(b[:])
+}
