@@ -25,8 +25,8 @@ func TestConfigValidation(t *testing.T) {
 		{"retry delay over the queue's", map[string]string{"CONCLAVE_BUS_ALLOW_UNAUTHENTICATED": "true", "CONCLAVE_BUS_RETRY_MAX_DELAY": "1h"}, "CONCLAVE_BUS_RETRY_MAX_DELAY"},
 		{"half a certificate", map[string]string{"CONCLAVE_BUS_ALLOW_UNAUTHENTICATED": "true", "CONCLAVE_BUS_TLS_CERT": "c.pem"}, "CONCLAVE_BUS_TLS_KEY"},
 		{"zero attempts", map[string]string{"CONCLAVE_BUS_ALLOW_UNAUTHENTICATED": "true", "CONCLAVE_BUS_RETRY_ATTEMPTS": "0"}, "CONCLAVE_BUS_RETRY_ATTEMPTS"},
-		{"reply topic not a pattern", map[string]string{"CONCLAVE_BUS_ALLOW_UNAUTHENTICATED": "true", "CONCLAVE_BUS_AGENT_REPLY_TOPICS": "outbound:\x01"}, "CONCLAVE_BUS_AGENT_REPLY_TOPICS"},
-		{"reply topics", map[string]string{"CONCLAVE_BUS_ALLOW_UNAUTHENTICATED": "true", "CONCLAVE_BUS_AGENT_REPLY_TOPICS": "outbound:{topic_id},audit:{topic}"}, ""},
+		{"reply rule without its launch pattern", map[string]string{"CONCLAVE_BUS_ALLOW_UNAUTHENTICATED": "true", "CONCLAVE_BUS_AGENT_REPLY_TOPICS": "outbound:{topic_id}"}, "CONCLAVE_BUS_AGENT_REPLY_TOPICS"},
+		{"reply topics", map[string]string{"CONCLAVE_BUS_ALLOW_UNAUTHENTICATED": "true", "CONCLAVE_BUS_AGENT_REPLY_TOPICS": "tg:*=outbound:{topic_id},tg:*=audit:{topic}"}, ""},
 		{"development", map[string]string{"CONCLAVE_BUS_ALLOW_UNAUTHENTICATED": "true"}, ""},
 		{"production", map[string]string{"CONCLAVE_BUS_GRANTS": `[{"token":"long-enough-token-123","publish":["*"],"subscribe":["*"]}]`}, ""},
 	}

@@ -30,7 +30,7 @@ func TestLaunchedAgentToken(t *testing.T) {
 ]`
 	l := &fakeLauncher{t: t, agents: make(chan *wire, 1)}
 	bus := startBus(t, defaultConfig(t, map[string]string{"CONCLAVE_BUS_GRANTS": grants,
-		"CONCLAVE_BUS_AGENT_REPLY_TOPICS": "outbound:{topic_id}"}), busOption{launcher: l})
+		"CONCLAVE_BUS_AGENT_REPLY_TOPICS": "tg:*=outbound:{topic_id}"}), busOption{launcher: l})
 
 	other := dial(t, bus.url, bearer("other-agent-token-0123456789"))
 	other.initialize("agent-other", agentCaps)
@@ -69,7 +69,7 @@ func TestLaunchedAgentToken(t *testing.T) {
 	// The other agent saw nothing: its next frame answers its own call.
 	other.result(3, "ping", `{}`)
 
-	// Its reply topic (CONCLAVE_BUS_AGENT_REPLY_TOPICS outbound:{topic_id}):
+	// Its reply topic (CONCLAVE_BUS_AGENT_REPLY_TOPICS tg:*=outbound:{topic_id}):
 	// outbound:5005 for tg:5005, which the bridge takes.
 	bridge.subscribe(3, "outbound:*", "")
 	agent.publish(30, "outbound:5005", `{"type":"telegram_reply","text":"hi"}`)

@@ -25,7 +25,6 @@ import (
 	"github.com/conclave-ai/conclave/pkg/store"
 	"github.com/conclave-ai/conclave/pkg/telemetry"
 	"github.com/conclave-ai/conclave/services/bus/internal/broker"
-	"github.com/conclave-ai/conclave/services/bus/internal/topic"
 	"github.com/conclave-ai/conclave/services/bus/internal/wsconn"
 )
 
@@ -59,7 +58,7 @@ type Config struct {
 	RunnerAgentType      string        `env:"CONCLAVE_BUS_RUNNER_AGENT_TYPE" help:"agent_type the default handler launches (one of the runner's agent types); required with CONCLAVE_BUS_RUNNER_ADDR"`
 	RunnerTLS            bool          `env:"CONCLAVE_BUS_RUNNER_TLS" default:"false" help:"dial the runner with TLS (the system's roots)"`
 	SpawnTimeout         time.Duration `env:"CONCLAVE_BUS_SPAWN_TIMEOUT" default:"60s" help:"how long the default handler waits for a launched agent to subscribe"`
-	AgentReplyTopics     []string      `env:"CONCLAVE_BUS_AGENT_REPLY_TOPICS" help:"comma-separated topic templates an agent the default handler launched may also publish on: {topic} is its topic, {topic_id} what follows its first ':' (outbound:{topic_id} lets the agent of tg:42 reply on outbound:42)"`
+	AgentReplyTopics     []string      `env:"CONCLAVE_BUS_AGENT_REPLY_TOPICS" help:"comma-separated LAUNCH_PATTERN=TEMPLATE rules: an agent the default handler launched for a topic the pattern matches may also publish on the template, {topic} being its topic and {topic_id} what follows its first ':' (tg:*=outbound:{topic_id} lets the agent of tg:42 reply on outbound:42)"`
 	AgentTokenTTL        time.Duration `env:"CONCLAVE_BUS_AGENT_TOKEN_TTL" default:"24h" help:"how long the token (BUB_TOKEN) of an agent the default handler launched stays valid, and the agent is known as the agent of its topic"`
 	PeerToken            string        `env:"CONCLAVE_BUS_PEER_TOKEN" help:"shared secret of the replicas; when set, each replica forwards messages to the others (listed in the store) and accepts theirs on /internal/v1/deliver"`
 	AdvertiseAddr        string        `env:"CONCLAVE_BUS_ADVERTISE_ADDR" help:"host:port other replicas reach this one at (default: the listener's address)"`
@@ -82,13 +81,8 @@ func (c Config) Validate() error {
 	if access.Len() == 0 && !c.AllowUnauthenticated {
 		return errors.New("CONCLAVE_BUS_GRANTS: set at least one grant, or CONCLAVE_BUS_ALLOW_UNAUTHENTICATED=true for development")
 	}
-	for _, tmpl := range c.AgentReplyTopics {
-		if tmpl == "" {
-			return errors.New("CONCLAVE_BUS_AGENT_REPLY_TOPICS: an empty template")
-		}
-		if _, err := topic.Compile(broker.ReplyPatterns([]string{tmpl}, "tg:42")[0]); err != nil {
-			return fmt.Errorf("CONCLAVE_BUS_AGENT_REPLY_TOPICS: %q is not a topic pattern: %w", tmpl, err)
-		}
+	if _, err := broker.ParseReplyRules(c.AgentReplyTopics); err != nil {
+		return fmt.Errorf("CONCLAVE_BUS_AGENT_REPLY_TOPICS: %w", err)
 	}
 	if _, err := broker.ParsePolicy(c.Policy); err != nil {
 		return fmt.Errorf("CONCLAVE_BUS_POLICY: %w", err)
@@ -225,8 +219,12 @@ func New(cfg Config, logger *slog.Logger, tel *telemetry.Provider, st store.Stor
 	}
 	var dh *broker.DefaultHandler
 	if launcher != nil {
+		replyRules, err := broker.ParseReplyRules(cfg.AgentReplyTopics)
+		if err != nil {
+			return nil, fmt.Errorf("CONCLAVE_BUS_AGENT_REPLY_TOPICS: %w", err)
+		}
 		o := broker.DefaultHandlerOptions{Launcher: launcher, Store: st, Workspace: cfg.Workspace, BusURL: b.URL,
-			SpawnTimeout: cfg.SpawnTimeout, TokenTTL: cfg.AgentTokenTTL, ReplyTopics: cfg.AgentReplyTopics, ServerID: serverID, Logger: logger}
+			SpawnTimeout: cfg.SpawnTimeout, TokenTTL: cfg.AgentTokenTTL, ReplyTopics: replyRules, ServerID: serverID, Logger: logger}
 		if b.cluster != nil {
 			o.Notifier = b.cluster
 		}

@@ -102,13 +102,9 @@ type DefaultHandlerOptions struct {
 	// TokenTTL is how long a launched agent's token, and its standing as
 	// the agent of its topic, stay valid (default 24h).
 	TokenTTL time.Duration
-	// ReplyTopics are topic templates a launched agent may also publish
-	// on, beside agent:{its id} and its topic: "{topic}" in a template
-	// stands for its topic and "{topic_id}" for what follows the topic's
-	// first ':' (all of it when there is none), each quoted, so that
-	// "outbound:{topic_id}" lets the agent of tg:42 reply on outbound:42
-	// and nowhere else.
-	ReplyTopics []string
+	// ReplyTopics let the agents launched for some topics also publish
+	// where their replies go (ParseReplyRules).
+	ReplyTopics []ReplyRule
 	// ServerID names this replica in claims.
 	ServerID string
 	// Notifier, when set, tells the other replicas about launches.
@@ -238,19 +234,56 @@ func (b *Broker) LaunchGrant(ctx context.Context, token string) (Grant, error) {
 		launchTopic: rec.Topic}, nil
 }
 
-// ReplyPatterns fills in the reply-topic templates (DefaultHandlerOptions.ReplyTopics)
-// for an agent launched for topic t.
-func ReplyPatterns(templates []string, t string) []string {
+// ReplyRule lets an agent launched for a topic that Launch matches also
+// publish on Template, filled in for its topic: "{topic}" stands for the
+// topic and "{topic_id}" for what follows its first ':' (all of it when
+// there is none), each quoted. The launch pattern keeps a template to the
+// topics it was meant for: with tg:*=outbound:{topic_id} the agent of tg:42
+// may reply on outbound:42, while the agent of another prefix's topic 42
+// (whoever could publish there) gets nothing.
+type ReplyRule struct {
+	Launch   topic.Pattern
+	Template string
+}
+
+// ParseReplyRules parses reply rules written LAUNCH_PATTERN=TEMPLATE.
+func ParseReplyRules(specs []string) ([]ReplyRule, error) {
+	rules := make([]ReplyRule, 0, len(specs))
+	for _, spec := range specs {
+		launch, tmpl, ok := strings.Cut(spec, "=")
+		if !ok || launch == "" || tmpl == "" {
+			return nil, fmt.Errorf("%q is not LAUNCH_PATTERN=TEMPLATE (for example tg:*=outbound:{topic_id})", spec)
+		}
+		p, err := topic.Compile(launch)
+		if err != nil {
+			return nil, fmt.Errorf("%q: the launch pattern: %w", spec, err)
+		}
+		if err := topic.Validate(fillReply(tmpl, "tg:42")); err != nil {
+			return nil, fmt.Errorf("%q: the template: %w", spec, err)
+		}
+		rules = append(rules, ReplyRule{Launch: p, Template: tmpl})
+	}
+	return rules, nil
+}
+
+// ReplyPatterns returns the patterns the rules add to the publish grant of
+// an agent launched for topic t.
+func ReplyPatterns(rules []ReplyRule, t string) []string {
+	out := []string{}
+	for _, r := range rules {
+		if r.Launch.Match(t) {
+			out = append(out, fillReply(r.Template, t))
+		}
+	}
+	return out
+}
+
+func fillReply(tmpl, t string) string {
 	_, id, found := strings.Cut(t, ":")
 	if !found {
 		id = t
 	}
-	r := strings.NewReplacer("{topic}", topic.Quote(t), "{topic_id}", topic.Quote(id))
-	out := make([]string, 0, len(templates))
-	for _, tmpl := range templates {
-		out = append(out, r.Replace(tmpl))
-	}
-	return out
+	return strings.NewReplacer("{topic}", topic.Quote(t), "{topic_id}", topic.Quote(id)).Replace(tmpl)
 }
 
 // SpawnEvent takes a spawn event another replica sent.

@@ -7,23 +7,37 @@ import (
 
 func TestReplyPatterns(t *testing.T) {
 	t.Parallel()
+	rules, err := ParseReplyRules([]string{"tg:*=outbound:{topic_id}", "tg:*=audit:{topic}", "inbox=replies", "x:*=out:{topic_id}"})
+	if err != nil {
+		t.Fatal(err)
+	}
 	tests := []struct {
-		topic     string
-		templates []string
-		want      []string
+		topic string
+		want  []string
 	}{
-		{"tg:42", []string{"outbound:{topic_id}"}, []string{"outbound:42"}},
-		{"tg:42", []string{"audit:{topic}", "replies"}, []string{"audit:tg:42", "replies"}},
-		{"inbox", []string{"outbound:{topic_id}"}, []string{"outbound:inbox"}},
-		{"tg:a:b", []string{"out:{topic_id}"}, []string{"out:a:b"}},
+		{"tg:42", []string{"outbound:42", "audit:tg:42"}},
+		{"inbox", []string{"replies"}},
+		{"x:a:b", []string{"out:a:b"}},
 		// A wildcard in the agent's topic stays literal: the agent of
-		// tg:* may reply on outbound:* the topic, not on every outbound topic.
-		{"tg:*", []string{"outbound:{topic_id}"}, []string{"outbound:[*]"}},
-		{"tg:42", nil, []string{}},
+		// tg:* may reply on the topic outbound:*, not on every outbound
+		// topic.
+		{"tg:*", []string{"outbound:[*]", "audit:tg:[*]"}},
+		// Another prefix's 42 is not chat 42: no rule matches it.
+		{"inbound:42", []string{}},
+		{"web:42", []string{}},
 	}
 	for _, tt := range tests {
-		if got := ReplyPatterns(tt.templates, tt.topic); !slices.Equal(got, tt.want) {
-			t.Errorf("ReplyPatterns(%q, %q) = %q, want %q", tt.templates, tt.topic, got, tt.want)
+		if got := ReplyPatterns(rules, tt.topic); !slices.Equal(got, tt.want) {
+			t.Errorf("ReplyPatterns(%q) = %q, want %q", tt.topic, got, tt.want)
+		}
+	}
+}
+
+func TestParseReplyRulesRejects(t *testing.T) {
+	t.Parallel()
+	for _, spec := range []string{"outbound:{topic_id}", "=outbound:x", "tg:*=", "tg:\x01=x", "tg:*=out:\x01"} {
+		if _, err := ParseReplyRules([]string{spec}); err == nil {
+			t.Errorf("ParseReplyRules(%q) accepted it", spec)
 		}
 	}
 }

@@ -187,8 +187,12 @@ func (r *Records) CreateInstance(ctx context.Context, in *Instance) error {
 	it, err := r.st.Put(ctx, Table.Name, store.Item{Key: instanceKey(in.ID), Data: data}, store.IfNotExists())
 	if err != nil {
 		// Its own list item, never the existing instance's: the launch
-		// times differ.
-		_ = r.st.Delete(context.WithoutCancel(ctx), Table.Name, lk)
+		// times differ. Only when the instance surely was not written: a
+		// write that timed out may still have landed, and its list item
+		// must stay (a stray is passed over and cleaned by the listing).
+		if errors.Is(err, store.ErrConditionFailed) || errors.Is(err, store.ErrInvalid) || errors.Is(err, store.ErrItemTooLarge) {
+			_ = r.st.Delete(context.WithoutCancel(ctx), Table.Name, lk)
+		}
 		return fmt.Errorf("creating instance %s: %w", in.ID, err)
 	}
 	in.version = it.Version
