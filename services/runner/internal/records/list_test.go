@@ -108,3 +108,42 @@ func TestListInstancesMaxScan(t *testing.T) {
 		}
 	}
 }
+
+// landedButFailed is a store whose instance writes land and then report an
+// error, as a write that timed out on its way back does.
+type landedButFailed struct{ store.Store }
+
+func (s landedButFailed) Put(ctx context.Context, table string, it store.Item, conds ...store.Condition) (store.Item, error) {
+	got, err := s.Store.Put(ctx, table, it, conds...)
+	if err == nil && it.Key.PK != listPK {
+		return store.Item{}, fmt.Errorf("timed out (test)")
+	}
+	return got, err
+}
+
+// An instance whose write may have landed keeps its list item: only a
+// write surely refused (the id exists) takes its list item back.
+func TestCreateInstanceKeepsTheListItemOfAWriteThatMayHaveLanded(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	st := listStore(t)
+	in := &Instance{ID: "maybe", StartedAt: time.Now().UTC()}
+	if err := New(landedButFailed{st}).CreateInstance(ctx, in); err == nil {
+		t.Fatal("the failing store's error was not returned")
+	}
+	page, err := New(st).ListInstances(ctx, ListOptions{Limit: 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(page.Instances) != 1 || page.Instances[0].ID != "maybe" {
+		t.Fatalf("listed %v, want the instance that landed", page.Instances)
+	}
+	// The same id again is surely refused: its own list item goes.
+	again := &Instance{ID: "maybe", StartedAt: in.StartedAt.Add(time.Second)}
+	if err := New(st).CreateInstance(ctx, again); err == nil {
+		t.Fatal("a second instance with the same id was created")
+	}
+	if _, err := st.Get(ctx, Table.Name, listKey(again)); err == nil {
+		t.Error("the refused creation left its list item")
+	}
+}
