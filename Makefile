@@ -76,15 +76,8 @@ build: ## Build the conclave binary into bin/.
 run: build ## Build and run `conclave dev`: every service in one process on embedded storage.
 	./bin/conclave dev
 
-# The set-up steps are independent: npm and apt wait on the network while the
-# Go tool builds keep both cores busy, so they run side by side
-# (docs/testing.md, ".ci/run on a fresh machine").
-.PHONY: test-setup
-test-setup: ## Install everything the tests need (tools, test-tools and test-deps, side by side).
-	@$(MAKE) --no-print-directory -j4 tools test-tools test-deps
-
 .PHONY: test
-test: test-setup ## Install what the tests need, then run every module's tests with -race.
+test: tools test-tools test-deps ## Install what the tests need, then run every module's tests with -race.
 	@for m in $(MODULES); do \
 		echo "==> go test $$m"; \
 		(cd $$m && go test $(TEST_FLAGS) ./...) || exit 1; \
@@ -95,7 +88,7 @@ test: test-setup ## Install what the tests need, then run every module's tests w
 	done
 
 .PHONY: e2e
-e2e: test-setup ## Run the end-to-end scenario (docs/e2e.md) in every shape: one process, split processes.
+e2e: tools test-tools test-deps ## Run the end-to-end scenario (docs/e2e.md) in every shape: one process, split processes.
 	cd e2e && go test $(TEST_FLAGS) ./...
 
 .PHONY: test-short
