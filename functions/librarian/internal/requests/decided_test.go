@@ -87,11 +87,18 @@ func TestListDecided(t *testing.T) {
 			create(4, governance.Validating)
 			r5 := create(5, governance.Escalated)
 			set(r5, governance.Approved)
-			set(r3, governance.Rejected)
+			// Request 3 is rejected from a stale read: the first write's
+			// condition fails, and the update is retried.
+			if _, err := s.Update(ctx, r3.ID, func(r *Record) error { r.AgentID = "claude-3.5"; return nil }); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := s.UpdateFrom(ctx, r3, func(r *Record) error { r.State = governance.Rejected; return nil }); err != nil {
+				t.Fatal(err)
+			}
 			r6 := create(6, governance.ClarificationNeeded)
 			set(r1, governance.Completed)
-			// A retried creation of request 2 writes an entry of its own
-			// and fails: that entry is not listed.
+			// A retried creation of request 2 fails: its entry is not
+			// listed, and is removed.
 			if _, err := s.Create(ctx, Record{ID: id(2), State: governance.Approved, Request: &librarianv1.AgentRequest{}}); !errors.Is(err, store.ErrConditionFailed) {
 				t.Fatalf("created request 2 again: %v", err)
 			}
@@ -121,6 +128,15 @@ func TestListDecided(t *testing.T) {
 				if !slices.Equal(got, want) {
 					t.Errorf("page size %d: listed %v, want %v", size, got, want)
 				}
+			}
+			// The retried update and the refused creation left no entry
+			// behind: one per decision.
+			entries, err := st.Query(ctx, Table.Name, store.Query{PK: decidedPK, Limit: 100})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(entries.Items) != len(want) {
+				t.Errorf("%d decided entries for %d decisions", len(entries.Items), len(want))
 			}
 			// The completed request keeps the time it was approved.
 			page, err := s.ListDecided(ctx, 100, "")

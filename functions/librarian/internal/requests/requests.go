@@ -214,6 +214,18 @@ func (s *Store) decide(ctx context.Context, from governance.State, r *Record, no
 	return nil
 }
 
+// undecide removes the decided entry that decide wrote for next when the
+// write of next was surely refused (its condition failed), so that retries
+// and duplicate creations leave no entries behind. After any other error
+// the write may have landed, and the entry stays (the listing passes over
+// an entry its request does not match).
+func (s *Store) undecide(ctx context.Context, cur, next Record) {
+	if next.DecidedAt.IsZero() || next.DecidedAt.Equal(cur.DecidedAt) {
+		return
+	}
+	_ = s.st.Delete(context.WithoutCancel(ctx), Table.Name, decidedKey(next.DecidedAt, next.ID))
+}
+
 // indexed are the states listed by List.
 var indexed = map[governance.State]bool{governance.Escalated: true}
 
@@ -231,6 +243,9 @@ func (s *Store) Create(ctx context.Context, r Record) (Record, error) {
 	}
 	it, err := s.st.Put(ctx, Table.Name, store.Item{Key: key(r.ID), Data: data, Attrs: map[string]string{"agent": r.AgentID, "state": string(r.State)}}, store.IfNotExists())
 	if err != nil {
+		if errors.Is(err, store.ErrConditionFailed) {
+			s.undecide(ctx, Record{}, r)
+		}
 		return r, fmt.Errorf("requests: create %s: %w", r.ID, err)
 	}
 	r.Version = it.Version
@@ -321,6 +336,7 @@ func (s *Store) update(ctx context.Context, id string, known *Record, change fun
 		it, err := s.st.Put(ctx, Table.Name, store.Item{Key: key(id), Data: data, Attrs: map[string]string{"agent": next.AgentID, "state": string(next.State)}},
 			store.IfVersion(cur.Version))
 		if errors.Is(err, store.ErrConditionFailed) {
+			s.undecide(ctx, cur, next)
 			continue
 		}
 		if err != nil {
