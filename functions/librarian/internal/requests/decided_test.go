@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -25,8 +24,6 @@ func TestMain(m *testing.M) {
 	os.Exit(testenv.RunWith(m, testenv.Dynalite, &dynalite))
 }
 
-var prefixSeq atomic.Int64
-
 // id is a valid request id numbered n (0 to 25).
 func id(n int) string { return "req-" + strings.Repeat("a", 15) + string(rune('a'+n)) }
 
@@ -34,22 +31,7 @@ func id(n int) string { return "req-" + strings.Repeat("a", 15) + string(rune('a
 // -short), each with Table.
 func stores(t *testing.T) map[string]store.Store {
 	t.Helper()
-	bolt, err := store.OpenBolt(filepath.Join(t.TempDir(), "state.db"), store.BoltOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	out := map[string]store.Store{"embedded": bolt}
-	if dynalite != nil {
-		out["dynamodb"] = store.NewDynamo(testenv.DynamoDBClient(dynalite.Endpoint),
-			store.DynamoOptions{TablePrefix: fmt.Sprintf("dec%d-", prefixSeq.Add(1)), Endpoint: dynalite.Endpoint})
-	}
-	for _, st := range out {
-		t.Cleanup(func() { _ = st.Close() })
-		if err := store.EnsureTables(context.Background(), st, Table); err != nil {
-			t.Fatal(err)
-		}
-	}
-	return out
+	return testenv.Stores(t, dynalite, Table)
 }
 
 // ListDecided lists decisions latest first, on both stores: made on

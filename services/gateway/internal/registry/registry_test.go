@@ -8,7 +8,6 @@ import (
 	"log/slog"
 	"net"
 	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -36,28 +35,11 @@ func TestMain(m *testing.M) {
 	os.Exit(testenv.RunWith(m, testenv.Dynalite, &dynalite))
 }
 
-var seq atomic.Int64
-
 // stores are the backends replicas may share: the embedded file (replicas in
 // one process) and DynamoDB on dynalite (replicas anywhere).
 func stores(t *testing.T) map[string]store.Store {
 	t.Helper()
-	bolt, err := store.OpenBolt(filepath.Join(t.TempDir(), "s.db"), store.BoltOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = bolt.Close() })
-	out := map[string]store.Store{"embedded": bolt}
-	if dynalite != nil {
-		out["dynamodb"] = store.NewDynamo(testenv.DynamoDBClient(dynalite.Endpoint),
-			store.DynamoOptions{TablePrefix: fmt.Sprintf("r%d-", seq.Add(1)), Endpoint: dynalite.Endpoint})
-	}
-	for name, s := range out {
-		if err := s.EnsureTable(context.Background(), registry.Table); err != nil {
-			t.Fatalf("%s: %v", name, err)
-		}
-	}
-	return out
+	return testenv.Stores(t, dynalite, registry.Table)
 }
 
 // faultyStore is a real store that one replica reaches through a path

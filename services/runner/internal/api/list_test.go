@@ -4,9 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"path/filepath"
 	"slices"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -26,28 +24,11 @@ func TestMain(m *testing.M) {
 	os.Exit(testenv.RunWith(m, testenv.Dynalite, &dynalite))
 }
 
-var tablePrefix atomic.Int64
-
 // listStores are the backends ListAgents is tested on: the embedded store
 // and DynamoDB on dynalite (left out with -short).
 func listStores(t *testing.T) map[string]store.Store {
 	t.Helper()
-	bolt, err := store.OpenBolt(filepath.Join(t.TempDir(), "state.db"), store.BoltOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	out := map[string]store.Store{"embedded": bolt}
-	if dynalite != nil {
-		out["dynamodb"] = store.NewDynamo(testenv.DynamoDBClient(dynalite.Endpoint),
-			store.DynamoOptions{TablePrefix: fmt.Sprintf("list%d-", tablePrefix.Add(1)), Endpoint: dynalite.Endpoint})
-	}
-	for _, st := range out {
-		t.Cleanup(func() { _ = st.Close() })
-		if err := store.EnsureTables(context.Background(), st, records.Table); err != nil {
-			t.Fatal(err)
-		}
-	}
-	return out
+	return testenv.Stores(t, dynalite, records.Table)
 }
 
 // listAll follows next_page_token to the end and returns the ids listed.
