@@ -12,14 +12,18 @@ import (
 	"github.com/chromedp/chromedp/kb"
 )
 
-// focusJS describes the focused element the way the walks compare them:
-// its tag, then its id, href or name, then its text. "body" when nothing
-// has focus.
+// describeJS describes an element the way the walks compare them: its
+// tag, then its id, href or name, then its text.
+const describeJS = `(e) => {
+	const key = e.id ? "#" + e.id : e.getAttribute("href") ?? e.getAttribute("name") ?? "";
+	return e.tagName.toLowerCase() + " " + key + " " + (e.innerText || e.value || "").trim().split("\n")[0].slice(0, 40);
+}`
+
+// focusJS describes the focused element; "body" when nothing has focus.
 const focusJS = `(() => {
 	const e = document.activeElement;
 	if (!e || e === document.body) return "body";
-	const key = e.id ? "#" + e.id : e.getAttribute("href") ?? e.getAttribute("name") ?? "";
-	return e.tagName.toLowerCase() + " " + key + " " + (e.innerText || e.value || "").trim().split("\n")[0].slice(0, 40);
+	return (` + describeJS + `)(e);
 })()`
 
 // focusShownJS is true when the focused element draws its focus: an outline
@@ -29,15 +33,12 @@ const focusShownJS = `(() => {
 	return s.outlineStyle !== "none" && parseFloat(s.outlineWidth) > 0 && r.width > 0 && r.right > 0 && r.left < innerWidth;
 })()`
 
-// controlsJS lists, in the form focusJS gives, every control on the page a
+// controlsJS lists, as describeJS gives them, every control on the page a
 // keyboard user must be able to reach: visible links, enabled buttons and
 // form fields.
 const controlsJS = `[...document.querySelectorAll('a[href], button:not([disabled]), input:not([type=hidden]):not([disabled]), select:not([disabled]), textarea:not([disabled])')]
 	.filter(e => e.getClientRects().length > 0 && !e.classList.contains("skip"))
-	.map(e => {
-		const key = e.id ? "#" + e.id : e.getAttribute("href") ?? e.getAttribute("name") ?? "";
-		return e.tagName.toLowerCase() + " " + key + " " + (e.innerText || e.value || "").trim().split("\n")[0].slice(0, 40);
-	})`
+	.map(` + describeJS + `)`
 
 // tabWalk presses Tab from the top of the page until focus comes back
 // round to the skip link, and returns what had focus after each press. Every
