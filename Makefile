@@ -102,7 +102,7 @@ test-short: ## Run every module's unit tests only (-short), without real compone
 # (docs/testing.md, ".ci/run on a fresh machine"). No file in the repository
 # has a race build tag, so nothing goes unchecked. Added to the GOFLAGS in
 # effect (the environment's or go env's), not in place of them.
-LINT_GOFLAGS := $(strip $(shell go env GOFLAGS) -race)
+LINT_GOFLAGS = $(strip $(shell go env GOFLAGS) -race)
 
 .PHONY: lint
 lint: tools ## go vet and staticcheck in every module, and buf lint.
