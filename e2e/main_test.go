@@ -5,10 +5,8 @@ import (
 	"flag"
 	"fmt"
 	"os"
-	"os/exec"
 	"path"
 	"path/filepath"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -78,10 +76,8 @@ func binaries(t *testing.T, pkgs ...string) map[string]string {
 		}
 	}
 	if len(missing) > 0 {
-		cmd := exec.Command("go", append([]string{"build", "-o", binDir + string(filepath.Separator)}, missing...)...)
-		cmd.Dir = repoRoot
-		if out, err := cmd.CombinedOutput(); err != nil {
-			t.Fatalf("go build %s: %v\n%s", strings.Join(missing, " "), err, out)
+		if err := testenv.GoBuild(t.Context(), binDir+string(filepath.Separator), missing...); err != nil {
+			t.Fatal(err)
 		}
 		for _, p := range missing {
 			built.bins[p] = filepath.Join(binDir, path.Base(p))

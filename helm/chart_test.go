@@ -313,6 +313,13 @@ func checkDeployable(t *testing.T, r rendered, name string) {
 	if _, ok := ports["http"]; !ok {
 		t.Errorf("%s: no container port named http", full)
 	}
+	// A preStop sleep holds the listeners open while the endpoints drop
+	// a deleted pod, inside the grace period.
+	if c.Lifecycle == nil || c.Lifecycle.PreStop == nil || c.Lifecycle.PreStop.Sleep == nil || c.Lifecycle.PreStop.Sleep.Seconds <= 0 {
+		t.Errorf("%s: no preStop sleep (%+v)", full, c.Lifecycle)
+	} else if g := spec.TerminationGracePeriodSeconds; g == nil || c.Lifecycle.PreStop.Sleep.Seconds >= *g {
+		t.Errorf("%s: preStop sleep of %ds does not fit in the grace period %v", full, c.Lifecycle.PreStop.Sleep.Seconds, g)
+	}
 
 	// Env: every name is a setting the deployable's code reads.
 	tags := envTags(t, name)
@@ -743,6 +750,8 @@ func TestSchemaRejects(t *testing.T) {
 		{"console's gateway URL without a scheme", []string{"console.urls.gateway=conclave-gateway:8080"}, "at '/console/urls/gateway': 'conclave-gateway:8080' does not match pattern"},
 		{"console's bus URL not a WebSocket one", []string{"console.urls.bus=http://conclave-bus:7892"}, "at '/console/urls/bus': 'http://conclave-bus:7892' does not match pattern"},
 		{"console's session affinity", []string{"console.service.sessionAffinity=Cookie"}, "at '/console/service/sessionAffinity': value must be one of 'None', 'ClientIP'"},
+		{"preStop sleep as long as the grace period", []string{"console.preStopSleepSeconds=30"}, "console: preStopSleepSeconds (30) must be below terminationGracePeriodSeconds (30)"},
+		{"negative preStop sleep", []string{"gateway.preStopSleepSeconds=-1"}, "at '/gateway/preStopSleepSeconds': minimum: got -1, want 0"},
 		{"autoscaling bounds inverted", []string{"bus.autoscaling.enabled=true", "bus.autoscaling.minReplicas=5", "bus.autoscaling.maxReplicas=3"}, "bus.autoscaling: minReplicas (5) is above maxReplicas (3)"},
 	}
 	for _, tc := range cases {

@@ -429,8 +429,8 @@ var reconnectOnce struct {
 func reconnect(b *testing.B, k int, open storeOpener) float64 {
 	dir := tempDir(b)
 	bin := filepath.Join(dir, "conclave")
-	if out, err := exec.Command("go", "build", "-o", bin, "github.com/conclave-ai/conclave/cmd/conclave").CombinedOutput(); err != nil {
-		b.Fatalf("build conclave: %v\n%s", err, out)
+	if err := testenv.GoBuild(context.Background(), bin, "./cmd/conclave"); err != nil {
+		b.Fatal(err)
 	}
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

@@ -11,7 +11,6 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -165,13 +164,13 @@ func BenchmarkInit(b *testing.B) {
 	}
 	dir := b.TempDir()
 	names := []string{"hello", "librarian"}
-	bins := map[string]string{"librarian": "../../functions/librarian", "hello": "./hello"}
+	bins := map[string]string{"librarian": "./functions/librarian", "hello": "./bench/librarian/hello"}
 	for name, pkg := range bins {
 		out := filepath.Join(dir, name)
 		// Built as docs/deploy.md builds the bootstrap, without the RPC
 		// shim (net/rpc, encoding/gob) the provided runtimes never use.
-		if o, err := exec.Command("go", "build", "-trimpath", "-ldflags=-s -w", "-tags", "lambda.norpc", "-o", out, pkg).CombinedOutput(); err != nil {
-			b.Fatalf("build %s: %v\n%s", name, err, o)
+		if err := testenv.GoBuildTags(context.Background(), []string{"lambda.norpc"}, out, pkg); err != nil {
+			b.Fatal(err)
 		}
 		bins[name] = out
 	}

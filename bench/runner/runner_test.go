@@ -25,15 +25,14 @@ import (
 	"github.com/conclave-ai/conclave/pkg/queue"
 	"github.com/conclave-ai/conclave/pkg/store"
 	"github.com/conclave-ai/conclave/pkg/telemetry"
+	"github.com/conclave-ai/conclave/pkg/testenv"
 	"github.com/conclave-ai/conclave/services/runner/service"
 )
 
 func buildAgent(b *testing.B) string {
 	bin := filepath.Join(b.TempDir(), "acp-agent")
-	build := exec.Command("go", "build", "-o", bin, ".")
-	build.Dir = "../../examples/acp-agent"
-	if out, err := build.CombinedOutput(); err != nil {
-		b.Fatalf("building examples/acp-agent: %v\n%s", err, out)
+	if err := testenv.GoBuild(context.Background(), bin, "./examples/acp-agent"); err != nil {
+		b.Fatal(err)
 	}
 	return bin
 }

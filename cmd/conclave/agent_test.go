@@ -17,6 +17,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/conclave-ai/conclave/pkg/testenv"
 	gatewayv1 "github.com/conclave-ai/conclave/proto/conclave/gateway/v1"
 	covenpb "github.com/conclave-ai/conclave/proto/coven"
 )
@@ -349,10 +350,8 @@ func TestAgentCommandsAgainstConclaveDev(t *testing.T) {
 	}
 	t.Parallel()
 	agentBin := filepath.Join(t.TempDir(), "coven-agent")
-	build := exec.Command("go", "build", "-o", agentBin, "./examples/coven-agent")
-	build.Dir = "../.."
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("build the example agent: %v\n%s", err, out)
+	if err := testenv.GoBuild(t.Context(), agentBin, "./examples/coven-agent"); err != nil {
+		t.Fatal(err)
 	}
 	_, addrs, _ := devProcess(t, t.TempDir())
 	addr := addrs["gateway gRPC"]

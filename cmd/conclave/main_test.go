@@ -41,8 +41,8 @@ func testMain(m *testing.M) int {
 	}
 	defer os.RemoveAll(dir)
 	conclaveBin = filepath.Join(dir, "conclave")
-	if out, err := exec.Command("go", "build", "-o", conclaveBin, ".").CombinedOutput(); err != nil {
-		fmt.Fprintf(os.Stderr, "build conclave: %v\n%s", err, out)
+	if err := testenv.GoBuild(context.Background(), conclaveBin, "./cmd/conclave"); err != nil {
+		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
 	if !testing.Short() {

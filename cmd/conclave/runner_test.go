@@ -6,10 +6,11 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/conclave-ai/conclave/pkg/testenv"
 )
 
 // TestDevServesRunner runs conclave dev with the example ACP agent as an
@@ -22,10 +23,8 @@ func TestDevServesRunner(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
 	agent := filepath.Join(dir, "acp-agent")
-	build := exec.Command("go", "build", "-o", agent, ".")
-	build.Dir = "../../examples/acp-agent"
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("building examples/acp-agent: %v\n%s", err, out)
+	if err := testenv.GoBuild(t.Context(), agent, "./examples/acp-agent"); err != nil {
+		t.Fatal(err)
 	}
 	types := filepath.Join(dir, "types.yaml")
 	if err := os.WriteFile(types, []byte(fmt.Sprintf("agent_types:\n  - id: example\n    command: [%q]\n    permission: allow\n    enabled: true\n", agent)), 0o644); err != nil {

@@ -164,8 +164,8 @@ func TestReplicasOnDynamoDBHoldIdleAgents(t *testing.T) {
 	}
 	t.Cleanup(dynalite.Stop)
 	gatewayBin := filepath.Join(t.TempDir(), "gateway")
-	if out, err := exec.Command("go", "build", "-o", gatewayBin, "github.com/conclave-ai/conclave/services/gateway/cmd/gateway").CombinedOutput(); err != nil {
-		t.Fatalf("build gateway: %v\n%s", err, out)
+	if err := testenv.GoBuild(ctx, gatewayBin, "./services/gateway/cmd/gateway"); err != nil {
+		t.Fatal(err)
 	}
 	const count, token = 1000, "client-secret"
 	replicas := map[string]string{} // server ID → gRPC address

@@ -13,7 +13,6 @@ import (
 	"net/http/httptest"
 	"net/url"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -53,8 +52,8 @@ func run(m *testing.M) int {
 		}
 		defer os.RemoveAll(dir)
 		bootstrap = filepath.Join(dir, "bootstrap")
-		if out, err := exec.Command("go", "build", "-trimpath", "-ldflags=-s -w", "-o", bootstrap, ".").CombinedOutput(); err != nil {
-			fmt.Fprintf(os.Stderr, "build bootstrap: %v\n%s", err, out)
+		if err := testenv.GoBuild(context.Background(), bootstrap, "./functions/librarian"); err != nil {
+			fmt.Fprintln(os.Stderr, err)
 			return 1
 		}
 		ctx := context.Background()

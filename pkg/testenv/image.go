@@ -9,9 +9,7 @@ import (
 	"io"
 	"io/fs"
 	"os"
-	"os/exec"
 	"path"
-	"path/filepath"
 	"sort"
 	"strings"
 	"time"
@@ -189,21 +187,11 @@ func imageLayer(files []ImageFile) ([]byte, error) {
 
 // BuildStatic builds the Go main package pkg of this workspace (an import
 // path, or a path relative to the repository root such as
-// "./examples/acp-agent") into a static linux/amd64 binary at out, so it
-// runs in an image with nothing else in it.
+// "./examples/acp-agent") into a static binary at out, so it runs in an
+// image with nothing else in it (GoBuild).
 func BuildStatic(ctx context.Context, pkg, out string) error {
-	root, err := RepoRoot()
-	if err != nil {
+	if err := GoBuild(ctx, out, pkg); err != nil {
 		return err
-	}
-	if err := os.MkdirAll(filepath.Dir(out), 0o755); err != nil {
-		return err
-	}
-	cmd := exec.CommandContext(ctx, "go", "build", "-trimpath", "-ldflags=-s -w", "-o", out, pkg)
-	cmd.Dir = root
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOOS=linux", "GOARCH=amd64")
-	if b, err := cmd.CombinedOutput(); err != nil {
-		return fmt.Errorf("testenv: go build %s: %w\n%s", pkg, err, b)
 	}
 	if _, err := os.Stat(out); err != nil {
 		return errors.Join(fmt.Errorf("testenv: go build %s wrote no binary", pkg), err)

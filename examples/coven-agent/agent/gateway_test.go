@@ -25,6 +25,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/conclave-ai/conclave/examples/coven-agent/agent"
+	"github.com/conclave-ai/conclave/pkg/testenv"
 	covenpb "github.com/conclave-ai/conclave/proto/coven"
 )
 
@@ -48,10 +49,8 @@ func testMain(m *testing.M) int {
 	}
 	defer os.RemoveAll(dir)
 	conclaveBin = filepath.Join(dir, "conclave")
-	build := exec.Command("go", "build", "-o", conclaveBin, "./cmd/conclave")
-	build.Dir = "../../.."
-	if out, err := build.CombinedOutput(); err != nil {
-		fmt.Fprintf(os.Stderr, "build conclave: %v\n%s", err, out)
+	if err := testenv.GoBuild(context.Background(), conclaveBin, "./cmd/conclave"); err != nil {
+		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
 	return m.Run()

@@ -20,6 +20,7 @@ import (
 
 	"github.com/conclave-ai/conclave/pkg/server"
 	"github.com/conclave-ai/conclave/pkg/telemetry"
+	"github.com/conclave-ai/conclave/pkg/testenv"
 	"github.com/conclave-ai/conclave/services/bridge/service"
 )
 
@@ -36,8 +37,8 @@ func TestMain(m *testing.M) {
 		}
 		defer os.RemoveAll(dir)
 		bridgeBin = filepath.Join(dir, "bridge")
-		if out, err := exec.Command("go", "build", "-o", bridgeBin, "../cmd/bridge").CombinedOutput(); err != nil {
-			fmt.Fprintf(os.Stderr, "build bridge: %v\n%s", err, out)
+		if err := testenv.GoBuild(context.Background(), bridgeBin, "./services/bridge/cmd/bridge"); err != nil {
+			fmt.Fprintln(os.Stderr, err)
 			return 1
 		}
 		return m.Run()

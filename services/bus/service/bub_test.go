@@ -9,6 +9,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/conclave-ai/conclave/pkg/testenv"
 )
@@ -46,7 +47,9 @@ func TestBubBinary(t *testing.T) {
 	t.Cleanup(func() { _ = sub.Process.Kill(); _ = sub.Wait() })
 	lines := bufio.NewScanner(stdout)
 
-	// Wait for its subscription: a probe reaches it once it exists.
+	// Wait for its subscription: a probe reaches it once it exists. The
+	// probes are spaced out, to stay under the bus's rate limit (200 a
+	// second) while the subscriber starts.
 	probe := dial(t, url, nil)
 	probe.initialize("probe", "")
 	for i := 2; ; i++ {
@@ -54,6 +57,7 @@ func TestBubBinary(t *testing.T) {
 		if len(res["acks"].([]any)) > 0 {
 			break
 		}
+		time.Sleep(20 * time.Millisecond)
 	}
 	if !lines.Scan() || !strings.Contains(lines.Text(), `"topic":"bub:probe"`) {
 		t.Fatalf("bub subscribe printed %q (%v)", lines.Text(), lines.Err())

@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/conclave-ai/conclave/services/bus/service"
 )
@@ -52,12 +53,15 @@ func TestCLI(t *testing.T) {
 		close(printed)
 	}()
 	next := func() string { return <-printed }
-	// Wait for the subscription: a probe publish reaches it once it exists.
+	// Wait for the subscription: a probe publish reaches it once it
+	// exists. Spaced out, to stay under the bus's rate limit (200 a
+	// second) while the subscriber starts.
 	for {
 		res := watcher.result(2, "sendMessage", `{"topic":"cli:probe","payload":{"type":"probe"}}`)
 		if len(res["acks"].([]any)) > 0 {
 			break
 		}
+		time.Sleep(20 * time.Millisecond)
 	}
 	if line := next(); !strings.Contains(line, `"topic":"cli:probe"`) {
 		t.Fatalf("subscribe printed %q", line)

@@ -2,6 +2,7 @@ package service_test
 
 import (
 	"bufio"
+	"context"
 	"fmt"
 	"os"
 	"os/exec"
@@ -28,15 +29,12 @@ func run(m *testing.M) int {
 		return 1
 	}
 	defer os.RemoveAll(dir)
+	dir += string(filepath.Separator)
 	busBinary = filepath.Join(dir, "bus")
 	bubBinary = filepath.Join(dir, "bub")
-	for bin, pkg := range map[string]string{busBinary: "../cmd/bus", bubBinary: "../cmd/bub"} {
-		build := exec.Command("go", "build", "-o", bin, pkg)
-		build.Stderr = os.Stderr
-		if err := build.Run(); err != nil {
-			fmt.Fprintf(os.Stderr, "building %s: %v\n", pkg, err)
-			return 1
-		}
+	if err := testenv.GoBuild(context.Background(), dir, "./services/bus/cmd/bus", "./services/bus/cmd/bub"); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
 	}
 	return m.Run()
 }

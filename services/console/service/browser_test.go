@@ -59,15 +59,9 @@ func testMain(m *testing.M) int {
 		return 1
 	}
 	defer os.RemoveAll(dir)
-	root := filepath.Join("..", "..", "..")
-	bins := map[string]string{"conclave": "./cmd/conclave", "coven-agent": "./examples/coven-agent", "acp-agent": "./examples/acp-agent"}
-	for name, pkg := range bins {
-		build := exec.Command("go", "build", "-o", filepath.Join(dir, name), pkg)
-		build.Dir = root
-		if out, err := build.CombinedOutput(); err != nil {
-			fmt.Fprintf(os.Stderr, "build %s: %v\n%s", pkg, err, out)
-			return 1
-		}
+	if err := testenv.GoBuild(context.Background(), dir+string(filepath.Separator), "./cmd/conclave", "./examples/coven-agent", "./examples/acp-agent"); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
 	}
 	dev.conclave, dev.covenAgent = filepath.Join(dir, "conclave"), filepath.Join(dir, "coven-agent")
 	// A gated turn streams "Working on", then waits for a file named

@@ -41,8 +41,8 @@ func TestMain(m *testing.M) {
 			return nil, err
 		}
 		gatewayBin = filepath.Join(dir, "gateway")
-		if out, err := exec.Command("go", "build", "-o", gatewayBin, "../cmd/gateway").CombinedOutput(); err != nil {
-			return nil, fmt.Errorf("build gateway: %v\n%s", err, out)
+		if err := testenv.GoBuild(ctx, gatewayBin, "./services/gateway/cmd/gateway"); err != nil {
+			return nil, err
 		}
 		return testenv.Dynalite(ctx)
 	}, &dynalite))

@@ -9,7 +9,6 @@ import (
 	"log/slog"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -20,6 +19,7 @@ import (
 	"github.com/conclave-ai/conclave/pkg/queue"
 	"github.com/conclave-ai/conclave/pkg/store"
 	"github.com/conclave-ai/conclave/pkg/telemetry"
+	"github.com/conclave-ai/conclave/pkg/testenv"
 	"github.com/conclave-ai/conclave/services/runner/internal/executor"
 	"github.com/conclave-ai/conclave/services/runner/service"
 )
@@ -41,19 +41,9 @@ func TestMain(m *testing.M) {
 	wd, _ := os.Getwd()
 	repoRoot = filepath.Join(wd, "..", "..", "..")
 	agentBin = filepath.Join(dir, "acp-agent")
-	build := exec.Command("go", "build", "-o", agentBin, ".")
-	build.Dir = filepath.Join(repoRoot, "examples", "acp-agent")
-	build.Stderr = os.Stderr
-	if err := build.Run(); err != nil {
-		fmt.Fprintln(os.Stderr, "building examples/acp-agent:", err)
-		os.Exit(1)
-	}
 	runnerBin = filepath.Join(dir, "runner")
-	build = exec.Command("go", "build", "-o", runnerBin, "./cmd/runner")
-	build.Dir = filepath.Join(wd, "..")
-	build.Stderr = os.Stderr
-	if err := build.Run(); err != nil {
-		fmt.Fprintln(os.Stderr, "building cmd/runner:", err)
+	if err := testenv.GoBuild(context.Background(), dir+string(filepath.Separator), "./examples/acp-agent", "./services/runner/cmd/runner"); err != nil {
+		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
 	code := m.Run()

@@ -14,6 +14,8 @@ import (
 	"testing"
 
 	sdk "github.com/coder/acp-go-sdk"
+
+	"github.com/conclave-ai/conclave/pkg/testenv"
 )
 
 // floodAgent starts examples/acp-agent streaming n chunks per turn. The
@@ -27,11 +29,7 @@ func floodAgent(b *testing.B, n int) *exec.Cmd {
 			return
 		}
 		agentBin = filepath.Join(dir, "acp-agent")
-		build := exec.Command("go", "build", "-o", agentBin, ".")
-		build.Dir = "../../../../examples/acp-agent"
-		if out, err := build.CombinedOutput(); err != nil {
-			buildErr = fmt.Errorf("building the example agent: %v\n%s", err, out)
-		}
+		buildErr = testenv.GoBuild(context.Background(), agentBin, "./examples/acp-agent")
 	})
 	if buildErr != nil {
 		b.Fatal(buildErr)

@@ -19,6 +19,7 @@ import (
 
 	"google.golang.org/grpc"
 
+	"github.com/conclave-ai/conclave/pkg/testenv"
 	"github.com/conclave-ai/conclave/services/runner/internal/acp"
 )
 
@@ -35,19 +36,10 @@ func TestMain(m *testing.M) {
 	if err != nil {
 		panic(err)
 	}
-	wd, _ := os.Getwd()
-	root := filepath.Join(wd, "..", "..", "..", "..")
 	agentHostBin, acpAgentBin = filepath.Join(dir, "agent-host"), filepath.Join(dir, "acp-agent")
-	for _, b := range []struct{ out, dir, pkg string }{
-		{agentHostBin, filepath.Join(root, "services", "runner"), "./cmd/agent-host"},
-		{acpAgentBin, filepath.Join(root, "examples", "acp-agent"), "."},
-	} {
-		build := exec.Command("go", "build", "-o", b.out, b.pkg)
-		build.Dir, build.Stderr = b.dir, os.Stderr
-		if err := build.Run(); err != nil {
-			fmt.Fprintln(os.Stderr, "building", b.pkg, err)
-			os.Exit(1)
-		}
+	if err := testenv.GoBuild(context.Background(), dir+string(filepath.Separator), "./services/runner/cmd/agent-host", "./examples/acp-agent"); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
 	}
 	code := m.Run()
 	os.RemoveAll(dir)
