@@ -87,12 +87,24 @@ run: build ## Build and run `conclave dev`: every service in one process on embe
 # The workspace's modules are tested by one go test, not one after the
 # other: it compiles each shared dependency once and runs the test binaries
 # of every module side by side, TEST_PARALLEL at a time, so one module's
-# waits overlap another's compiles (docs/testing.md, ".ci/run on a fresh
-# machine").
+# waits overlap another's compiles. Before it, one go build compiles every
+# main package as testenv.GoBuild builds the processes the tests start
+# (static, -trimpath): test binaries that build them at once would each
+# compile the same packages. The standalone modules' tests run beside the
+# workspace's (docs/testing.md, ".ci/run on a fresh machine").
 .PHONY: test
 test: tools test-tools test-deps ## Install what the tests need, then run every module's tests with -race.
+	@echo "==> go build (the processes the tests start)"
+	CGO_ENABLED=0 go build -trimpath -buildvcs=false $$(go list -f '{{if eq .Name "main"}}{{.ImportPath}}{{end}}' $(WORKSPACE_PKGS))
+	@$(MAKE) --no-print-directory -j2 --output-sync=target test-workspace test-standalone
+
+.PHONY: test-workspace
+test-workspace:
 	@echo "==> go test $(MODULES)"
 	go test $(TEST_FLAGS) -p $(TEST_PARALLEL) $(WORKSPACE_PKGS)
+
+.PHONY: test-standalone
+test-standalone:
 	@for m in $(STANDALONE); do \
 		echo "==> go test $$m (GOWORK=off)"; \
 		(cd $$m && GOWORK=off go test $(TEST_FLAGS) ./...) || exit 1; \

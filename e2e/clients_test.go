@@ -232,8 +232,12 @@ func (c *busClient) next(r *stepRun, what string, match func(delivery) bool) del
 func (r *stepRun) waitFor(what string, check func() string) {
 	r.t.Helper()
 	last := ""
+	start := time.Now()
 	for {
 		if last = check(); last == "" {
+			if waited := time.Since(start); waited > time.Second {
+				r.t.Logf("waited %s for %s", waited.Round(time.Millisecond), what)
+			}
 			return
 		}
 		select {

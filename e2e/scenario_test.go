@@ -110,6 +110,7 @@ func (h hop) String() string {
 func (r *stepRun) expectTrace(root trace.Span, hops ...hop) *testenv.JaegerTrace {
 	r.t.Helper()
 	traceID, rootID := root.SpanContext().TraceID().String(), root.SpanContext().SpanID().String()
+	start := time.Now()
 	ctx, cancel := context.WithTimeout(r.ctx, time.Minute)
 	defer cancel()
 	tr, err := jaeger.WaitTraceFunc(ctx, traceID, func(t *testenv.JaegerTrace) string {
@@ -132,7 +133,7 @@ func (r *stepRun) expectTrace(root trace.Span, hops ...hop) *testenv.JaegerTrace
 	if err != nil {
 		r.t.Fatalf("%v; its spans:\n%s", err, r.sh.describe(tr))
 	}
-	r.t.Logf("trace %s: %d spans from %v", traceID, len(tr.Spans), r.sh.services(tr))
+	r.t.Logf("trace %s: %d spans from %v (in Jaeger after %s)", traceID, len(tr.Spans), r.sh.services(tr), time.Since(start).Round(time.Millisecond))
 	return tr
 }
 

@@ -109,10 +109,21 @@ func TestSplitProcesses(t *testing.T) {
 		"CONCLAVE_BRIDGE_CONFIG="+filepath.Join(repoRoot, "examples", "tool-agents", "config.yaml"), "CONCLAVE_BRIDGE_TOKENS="+sh.bridgeToken)
 	sh.bridgeMCP = "http://" + br.HTTPAddr + "/mcp"
 
-	// The Librarian: its tables, as infra/ creates them (the function
-	// creates nothing), then its bootstrap under the Runtime API, behind
-	// an API Gateway HTTP API. Its queue is the bus's bus-events.
-	st := store.NewDynamo(testenv.DynamoDBClient(dynalite.Endpoint), store.DynamoOptions{TablePrefix: prefix, Endpoint: dynalite.Endpoint})
+	startLibrarian(t, ctx, sh, bins[librarianCmd], dynalite.Endpoint, prefix, aws)
+
+	runScenario(t, sh)
+}
+
+// startLibrarian starts the Librarian as it runs on AWS: its tables, as
+// infra/ creates them (the function creates none: its cold start makes no
+// network call), then its bootstrap (bin) under the Lambda Runtime API,
+// served over HTTP as an API Gateway HTTP API serves it. aws is its
+// storage's settings (CONCLAVE_BACKEND=aws, the endpoint, the prefix);
+// its queue is the bus's bus-events under that prefix. It sets
+// sh.librarianURL and adds the function's log to the report.
+func startLibrarian(t *testing.T, ctx context.Context, sh *shape, bin, dynaliteEndpoint, prefix string, aws []string) {
+	t.Helper()
+	st := store.NewDynamo(testenv.DynamoDBClient(dynaliteEndpoint), store.DynamoOptions{TablePrefix: prefix, Endpoint: dynaliteEndpoint})
 	if err := store.EnsureTables(ctx, st, librarianservice.Tables...); err != nil {
 		t.Fatal(err)
 	}
@@ -121,7 +132,7 @@ func TestSplitProcesses(t *testing.T) {
 		t.Fatal(err)
 	}
 	sh.librarianURL = "http://" + front.Addr().String()
-	rt, err := testenv.StartLambda(bins[librarianCmd], slices.Concat(aws, []string{
+	rt, err := testenv.StartLambda(bin, slices.Concat(aws, []string{
 		// The function exports over OTLP/HTTP, flushing at each invocation's end.
 		"OTEL_EXPORTER_OTLP_ENDPOINT=http://" + jaeger.OTLPHTTPEndpoint,
 		"CONCLAVE_LIBRARIAN_AGENT_TOKENS=claude-3=" + sh.librarianAgentToken,
@@ -138,8 +149,6 @@ func TestSplitProcesses(t *testing.T) {
 	apigw := &http.Server{Handler: testenv.APIGateway(rt), ReadHeaderTimeout: 10 * time.Second}
 	go func() { _ = apigw.Serve(front) }()
 	t.Cleanup(func() { _ = apigw.Close() })
-
-	runScenario(t, sh)
 }
 
 // serve serves h on a free loopback port until the test ends, and returns

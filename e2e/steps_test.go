@@ -117,7 +117,9 @@ func stepDefaultHandler(r *stepRun) {
 
 	ctx, root := r.root("step 2: a message on an unrouted topic")
 	traceID := root.SpanContext().TraceID().String()
+	sent := time.Now()
 	res := pub.send(r, ctx, topic, map[string]string{"type": "chat_message", "text": "hello, agent"})
+	r.t.Logf("the publisher's ack after %s (the launch, the agent's start, its answer)", time.Since(sent).Round(time.Millisecond))
 	if !res.Success || len(res.Acks) != 1 {
 		r.t.Fatalf("sendMessage on %s: %+v", topic, res)
 	}

@@ -255,6 +255,11 @@ func TestTemplate(t *testing.T) {
 			} else if len(r.roles)+len(r.bindings) > 0 {
 				t.Errorf("the local executor gets Roles %v and bindings %v, want none", r.roles, r.bindings)
 			}
+			if name == "all-settings" {
+				checkBusAddresses(t, r, allSettingsRunnerAddr, allSettingsBusURL)
+			} else {
+				checkBusAddresses(t, r, release+"-runner:50052", "ws://"+release+"-bus.conclave.svc:7892")
+			}
 			switch name {
 			case "dev":
 				checkDev(t, r)
@@ -336,7 +341,9 @@ func checkDeployable(t *testing.T, r rendered, name string) {
 			t.Errorf("%s: %s is not taken from a Secret", full, e.Name)
 		}
 		for _, ref := range regexp.MustCompile(`\$\(([A-Z0-9_]+)\)`).FindAllStringSubmatch(e.Value, -1) {
-			if !declared[ref[1]] {
+			// The kubelet declares a Service's variables for every pod
+			// (a value given for a cluster without DNS uses them).
+			if !declared[ref[1]] && !serviceVariable.MatchString(ref[1]) {
 				t.Errorf("%s: env %s expands $(%s), which is not declared before it", full, e.Name, ref[1])
 			}
 		}
@@ -593,6 +600,8 @@ func allSettingsValues(t *testing.T) string {
 		"networkPolicy": map[string]any{"egress": []any{map[string]any{"ports": []any{map[string]any{"port": 443, "protocol": "TCP"}}}}},
 	}
 	values["bus"].(map[string]any)["runnerAgentType"] = "my-agent"
+	values["bus"].(map[string]any)["runnerAddr"] = allSettingsRunnerAddr
+	values["bus"].(map[string]any)["publicUrl"] = allSettingsBusURL
 	values["console"].(map[string]any)["secret"] = map[string]any{"eventsBusTokenKey": "events-bus-token"}
 	values["console"].(map[string]any)["urls"] = map[string]any{
 		"librarian": "https://librarian.example.com", "jaeger": "https://jaeger.example.com",
@@ -607,6 +616,32 @@ func allSettingsValues(t *testing.T) string {
 	}
 	return path
 }
+
+// The bus's addresses in all-settings: the forms a cluster without DNS
+// for Services uses (deploy/kubetest, e2e's Kubernetes shape).
+const (
+	allSettingsRunnerAddr = "$(CONCLAVE_RUNNER_SERVICE_HOST):$(CONCLAVE_RUNNER_SERVICE_PORT_GRPC)"
+	allSettingsBusURL     = "ws://$(CONCLAVE_BUS_SERVICE_HOST):$(CONCLAVE_BUS_SERVICE_PORT_HTTP)"
+)
+
+// checkBusAddresses checks where the bus's default handler reaches the
+// runner, and the URL its launched agents get: the values given, or by
+// default the Services' DNS names.
+func checkBusAddresses(t *testing.T, r rendered, runnerAddr, publicURL string) {
+	t.Helper()
+	env := envOf(r.deployments[release+"-bus"])
+	if got := env["CONCLAVE_BUS_PUBLIC_URL"]; got != publicURL {
+		t.Errorf("CONCLAVE_BUS_PUBLIC_URL = %q, want %q", got, publicURL)
+	}
+	// Rendered only with a runnerAgentType.
+	if got, ok := env["CONCLAVE_BUS_RUNNER_ADDR"]; ok && got != runnerAddr {
+		t.Errorf("CONCLAVE_BUS_RUNNER_ADDR = %q, want %q", got, runnerAddr)
+	}
+}
+
+// serviceVariable is a variable the kubelet gives every pod for each
+// Service of its namespace.
+var serviceVariable = regexp.MustCompile(`^[A-Z0-9_]+_SERVICE_(HOST|PORT(_[A-Z0-9_]+)?)$`)
 
 // modulePrefix is the import path prefix of this repository's packages.
 const modulePrefix = "github.com/conclave-ai/conclave/"
@@ -752,6 +787,8 @@ func TestSchemaRejects(t *testing.T) {
 		{"console's session affinity", []string{"console.service.sessionAffinity=Cookie"}, "at '/console/service/sessionAffinity': value must be one of 'None', 'ClientIP'"},
 		{"preStop sleep as long as the grace period", []string{"console.preStopSleepSeconds=30"}, "console: preStopSleepSeconds (30) must be below terminationGracePeriodSeconds (30)"},
 		{"negative preStop sleep", []string{"gateway.preStopSleepSeconds=-1"}, "at '/gateway/preStopSleepSeconds': minimum: got -1, want 0"},
+		{"bus URL not a WebSocket one", []string{"bus.publicUrl=http://bus.example.com"}, "at '/bus/publicUrl': 'http://bus.example.com' does not match pattern"},
+		{"runner address without a port", []string{"bus.runnerAddr=conclave-runner"}, "at '/bus/runnerAddr': 'conclave-runner' does not match pattern"},
 		{"autoscaling bounds inverted", []string{"bus.autoscaling.enabled=true", "bus.autoscaling.minReplicas=5", "bus.autoscaling.maxReplicas=3"}, "bus.autoscaling: minReplicas (5) is above maxReplicas (3)"},
 	}
 	for _, tc := range cases {

@@ -1,17 +1,20 @@
 #!/usr/bin/env bash
 # Installs the Debian packages the integration tests use: nginx, which
 # load-balances gRPC across gateway replicas; chromium, the headless browser
-# that drives the Librarian's review page; and python3, which runs the
-# bridge's example tool agents; containerd (with runc), the CNI plugins,
-# iptables and iproute2, which testenv.KubeNode's single-node Kubernetes
-# cluster runs pods with. Idempotent; needs root (CI and the development
+# that drives the Librarian's review page; python3, which runs the bridge's
+# example tool agents (in e2e's Kubernetes shape, in a pod); containerd
+# (with runc), the CNI plugins, iptables and iproute2, which
+# testenv.KubeNode's single-node Kubernetes cluster runs pods with. Idempotent; needs root (CI and the development
 # machines run as root) or sudo.
 set -euo pipefail
-packages=(nginx chromium python3 containerd iptables)
+packages=(nginx chromium containerd iptables)
 missing=()
 for p in "${packages[@]}"; do
 	command -v "$p" >/dev/null 2>&1 || [ -x "/usr/sbin/$p" ] || missing+=("$p")
 done
+# Debian's own python3, not just any on PATH: e2e's Kubernetes shape copies
+# it, with the libraries it loads, into the runner's image.
+[ -x /usr/bin/python3 ] || missing+=(python3)
 # ca-certificates has no command: `make images` and deploy/images' test copy
 # its bundle into the images' base.
 [ -f /etc/ssl/certs/ca-certificates.crt ] || missing+=(ca-certificates)

@@ -90,7 +90,7 @@ func TestChartOnNode(t *testing.T) {
 		ok := t.Run(s.name, func(t *testing.T) { s.fn(t, e) })
 		t.Logf("%s: %s", s.name, time.Since(start).Round(100*time.Millisecond))
 		if !ok {
-			t.Logf("diagnosis:\n%s", e.diagnose())
+			t.Logf("diagnosis:\n%s", e.rel.Diagnose())
 			break
 		}
 	}
@@ -110,95 +110,18 @@ func testInstall(t *testing.T, e *chartEnv) {
 	}
 }
 
-// waitRolledOut waits until Deployment name has every replica updated,
-// Ready and available, no other pods, and (unless notHash is empty) its
-// pods are of a pod template other than notHash. It returns the pods'
-// pod-template-hash.
+// waitRolledOut waits until Deployment name is rolled out
+// (testenv.Release.WaitRolledOut) on a pod template other than notHash,
+// unless notHash is empty, and returns its pods' pod-template-hash.
 func (e *chartEnv) waitRolledOut(t *testing.T, name, notHash string) string {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(t.Context(), waitLimit)
 	defer cancel()
-	var last string
-	for {
-		hash, err := e.rolledOut(ctx, name)
-		if err == nil && hash != notHash {
-			return hash
-		}
-		if err == nil {
-			err = fmt.Errorf("still on pod template %s", hash)
-		}
-		last = err.Error()
-		select {
-		case <-ctx.Done():
-			t.Fatalf("Deployment %s not rolled out: %s", name, last)
-		case <-time.After(500 * time.Millisecond):
-		}
-	}
-}
-
-// rolledOut checks Deployment name's rollout is complete: the controller
-// has seen its spec, its replicas are all updated, Ready and available,
-// no old pod remains, and every pod of it is Ready. It returns the pods'
-// pod-template-hash.
-func (e *chartEnv) rolledOut(ctx context.Context, name string) (string, error) {
-	d, err := e.admin.AppsV1().Deployments(namespace).Get(ctx, name, metav1.GetOptions{})
+	hash, err := e.rel.WaitRolledOut(ctx, name, notHash)
 	if err != nil {
-		return "", err
+		t.Fatal(err)
 	}
-	want := *d.Spec.Replicas
-	s := d.Status
-	if s.ObservedGeneration < d.Generation || s.UpdatedReplicas != want || s.ReadyReplicas != want || s.AvailableReplicas != want || s.Replicas != want {
-		return "", fmt.Errorf("generation %d observed %d; replicas %d: updated %d, ready %d, available %d, total %d",
-			d.Generation, s.ObservedGeneration, want, s.UpdatedReplicas, s.ReadyReplicas, s.AvailableReplicas, s.Replicas)
-	}
-	pods, err := e.podsOf(ctx, d)
-	if err != nil {
-		return "", err
-	}
-	if int32(len(pods)) != want {
-		return "", fmt.Errorf("%d pods, want %d", len(pods), want)
-	}
-	hash := ""
-	for _, p := range pods {
-		if !podReady(&p) {
-			return "", fmt.Errorf("pod %s not Ready", p.Name)
-		}
-		h := p.Labels[appsv1.DefaultDeploymentUniqueLabelKey]
-		if hash != "" && h != hash {
-			return "", fmt.Errorf("pods of two templates, %s and %s", hash, h)
-		}
-		hash = h
-	}
-	return hash, nil
-}
-
-// podsOf lists a Deployment's pods (those its selector matches, not being
-// deleted).
-func (e *chartEnv) podsOf(ctx context.Context, d *appsv1.Deployment) ([]corev1.Pod, error) {
-	sel, err := metav1.LabelSelectorAsSelector(d.Spec.Selector)
-	if err != nil {
-		return nil, err
-	}
-	list, err := e.admin.CoreV1().Pods(namespace).List(ctx, metav1.ListOptions{LabelSelector: sel.String()})
-	if err != nil {
-		return nil, err
-	}
-	var pods []corev1.Pod
-	for _, p := range list.Items {
-		if p.DeletionTimestamp == nil {
-			pods = append(pods, p)
-		}
-	}
-	return pods, nil
-}
-
-func podReady(p *corev1.Pod) bool {
-	for _, c := range p.Status.Conditions {
-		if c.Type == corev1.PodReady {
-			return c.Status == corev1.ConditionTrue
-		}
-	}
-	return false
+	return hash
 }
 
 // testGateway runs examples/coven-agent in a pod that dials the gateway's
@@ -267,7 +190,7 @@ func (e *chartEnv) checkGateway(t *testing.T, content string) {
 		}
 		select {
 		case <-ctx.Done():
-			t.Fatalf("the gateway never listed agent %s at a current replica: %v\nthe agent's log:\n%s", agentID, err, e.podLog("coven-agent", "agent"))
+			t.Fatalf("the gateway never listed agent %s at a current replica: %v\nthe agent's log:\n%s", agentID, err, e.rel.PodLog("coven-agent", "agent"))
 		case <-time.After(500 * time.Millisecond):
 		}
 	}
@@ -314,7 +237,7 @@ func (e *chartEnv) registered(ctx context.Context, client gatewayv1.GatewayServi
 	if err != nil {
 		return err
 	}
-	pods, err := e.podsOf(ctx, dep)
+	pods, err := e.rel.Pods(ctx, dep)
 	if err != nil {
 		return err
 	}
@@ -591,7 +514,7 @@ func testUpgrade(t *testing.T, e *chartEnv) {
 	ctx := t.Context()
 	for _, d := range deployables {
 		name := release + "-" + d
-		hash, err := e.rolledOut(ctx, name)
+		hash, err := e.rel.RolledOut(ctx, name)
 		if err != nil {
 			t.Fatalf("%s before the upgrade: %v", name, err)
 		}
@@ -599,7 +522,7 @@ func testUpgrade(t *testing.T, e *chartEnv) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		pods, err := e.podsOf(ctx, dep)
+		pods, err := e.rel.Pods(ctx, dep)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -625,7 +548,7 @@ func testUpgrade(t *testing.T, e *chartEnv) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		pods, err := e.podsOf(ctx, dep)
+		pods, err := e.rel.Pods(ctx, dep)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -810,48 +733,6 @@ func decodeManifest(manifest string) ([]*unstructured.Unstructured, error) {
 		return nil, errors.New("the release's manifest is empty")
 	}
 	return objects, nil
-}
-
-// podLog is a container's log, for diagnosis.
-func (e *chartEnv) podLog(pod, container string) string {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	out, err := e.admin.CoreV1().Pods(namespace).GetLogs(pod, &corev1.PodLogOptions{Container: container}).DoRaw(ctx)
-	if err != nil {
-		return err.Error()
-	}
-	return string(out)
-}
-
-// diagnose is the namespace's pods, their events and logs, and the node's
-// daemons' logs.
-func (e *chartEnv) diagnose() string {
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	var b strings.Builder
-	pods, err := e.admin.CoreV1().Pods(namespace).List(ctx, metav1.ListOptions{})
-	if err != nil {
-		fmt.Fprintf(&b, "list pods: %v\n", err)
-	} else {
-		for _, p := range pods.Items {
-			fmt.Fprintf(&b, "pod %s: %s ready=%v\n", p.Name, p.Status.Phase, podReady(&p))
-			for _, c := range p.Status.ContainerStatuses {
-				fmt.Fprintf(&b, "  container %s: ready=%v restarts=%d state=%+v last=%+v\n", c.Name, c.Ready, c.RestartCount, c.State, c.LastTerminationState)
-				log := e.podLog(p.Name, c.Name)
-				if len(log) > 3000 {
-					log = log[len(log)-3000:]
-				}
-				fmt.Fprintf(&b, "  log:\n%s\n", log)
-			}
-		}
-	}
-	if evs, err := e.admin.CoreV1().Events(namespace).List(ctx, metav1.ListOptions{}); err == nil {
-		for _, ev := range evs.Items {
-			fmt.Fprintf(&b, "event %s %s: %s %s\n", ev.InvolvedObject.Kind, ev.InvolvedObject.Name, ev.Reason, ev.Message)
-		}
-	}
-	b.WriteString(e.node.Logs())
-	return b.String()
 }
 
 func ptr[T any](v T) *T { return &v }

@@ -3,19 +3,14 @@
 package kubetest_test
 
 import (
-	"bytes"
 	"context"
 	"fmt"
-	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/conclave-ai/conclave/pkg/testenv"
@@ -48,14 +43,12 @@ const (
 )
 
 // chartEnv is a running node with the images imported and the backends
-// reachable from its pods.
+// reachable from its pods, and the release to install on it.
 type chartEnv struct {
+	rel   *testenv.Release
 	node  *testenv.KubeNodeEnv
 	admin kubernetes.Interface
 	root  string
-	helm  string
-	// helmHome holds helm's cache, config and data, away from $HOME.
-	helmHome string
 	// values is the install's values file.
 	values string
 	// version is the chart's appVersion, the images' tag.
@@ -73,11 +66,7 @@ func setUp(t *testing.T, ctx context.Context) *chartEnv {
 	if e.root, err = testenv.RepoRoot(); err != nil {
 		t.Fatal(err)
 	}
-	if e.helm, err = testenv.Helm(ctx); err != nil {
-		t.Fatal(err)
-	}
 	dir := t.TempDir()
-	e.helmHome = filepath.Join(dir, "helm")
 
 	dynalite, err := testenv.Dynalite(ctx)
 	if err != nil {
@@ -97,7 +86,7 @@ func setUp(t *testing.T, ctx context.Context) *chartEnv {
 	images := make(chan built, 1)
 	go func() {
 		start := time.Now()
-		tarballs, err := buildImages(ctx, e.root, dir)
+		tarballs, err := buildImages(ctx, dir)
 		images <- built{tarballs, time.Since(start), err}
 	}()
 
@@ -123,9 +112,10 @@ func setUp(t *testing.T, ctx context.Context) *chartEnv {
 			t.Fatal(err)
 		}
 	}
-	if e.admin, err = kubernetes.NewForConfig(e.node.Config); err != nil {
+	if e.rel, err = testenv.NewRelease(ctx, e.node, release, namespace, dir); err != nil {
 		t.Fatal(err)
 	}
+	e.admin = e.rel.Client
 	if e.version, err = chartVersion(e.root); err != nil {
 		t.Fatal(err)
 	}
@@ -134,7 +124,7 @@ func setUp(t *testing.T, ctx context.Context) *chartEnv {
 	if err := os.WriteFile(e.values, []byte(installValues(endpoint, e.version)), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	createSecrets(t, ctx, e.admin)
+	createSecrets(t, ctx, e.rel)
 	return e
 }
 
@@ -142,23 +132,10 @@ func setUp(t *testing.T, ctx context.Context) *chartEnv {
 // conclave-images (deploy/images, as `make images`), with agent-host's and
 // the example ACP agent's for the runner's Kubernetes executor, and the
 // coven agent's.
-func buildImages(ctx context.Context, root, dir string) ([]string, error) {
-	tool := filepath.Join(dir, "conclave-images")
-	build := exec.CommandContext(ctx, "go", "build", "-o", tool, "./cmd/conclave-images")
-	build.Dir = filepath.Join(root, "deploy", "images")
-	build.Env = append(os.Environ(), "GOWORK=off")
-	if out, err := build.CombinedOutput(); err != nil {
-		return nil, fmt.Errorf("go build conclave-images: %v\n%s", err, out)
-	}
-	out := filepath.Join(dir, "images")
-	names := []string{"gateway", "bus", "runner", "console", "agent-host", "acp-agent"}
-	run := exec.CommandContext(ctx, tool, append([]string{"-root", root, "-out", out, "-arch", "amd64"}, names...)...)
-	if output, err := run.CombinedOutput(); err != nil {
-		return nil, fmt.Errorf("conclave-images: %v\n%s", err, output)
-	}
-	var tarballs []string
-	for _, n := range names {
-		tarballs = append(tarballs, filepath.Join(out, n+".tar"))
+func buildImages(ctx context.Context, dir string) ([]string, error) {
+	tarballs, err := testenv.ConclaveImages(ctx, dir, "gateway", "bus", "runner", "console", "agent-host", "acp-agent")
+	if err != nil {
+		return nil, err
 	}
 
 	agent := filepath.Join(dir, "coven-agent")
@@ -196,20 +173,15 @@ func chartVersion(root string) (string, error) {
 // KubeNodeIP.
 func serveAWS(t *testing.T, node *testenv.KubeNodeEnv, dynalite, fauxqs string) string {
 	t.Helper()
-	l, err := node.Listen("tcp", testenv.KubeNodeIP+":0")
-	if err != nil {
-		t.Fatal(err)
-	}
 	h, err := testenv.AWSEndpoint(dynalite, fauxqs)
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := &http.Server{Handler: h}
-	go func() { _ = srv.Serve(l) }()
-	// Registered after the node's Stop, so it runs before it: no
-	// connection outlives the namespace.
-	t.Cleanup(func() { _ = srv.Close() })
-	return "http://" + l.Addr().String()
+	url, err := node.ServeHTTP(h)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return url
 }
 
 // installValues are the install's values: the aws backend on serveAWS's
@@ -259,14 +231,11 @@ observability:
 }
 
 // createSecrets makes the namespace and the Secrets the chart names (its
-// defaults), as docs/deploy.md's install from zero does.
-func createSecrets(t *testing.T, ctx context.Context, admin kubernetes.Interface) {
+// defaults), as docs/deploy.md's "Install from zero" does.
+func createSecrets(t *testing.T, ctx context.Context, rel *testenv.Release) {
 	t.Helper()
-	if _, err := admin.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: namespace}}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
 	grants := fmt.Sprintf(`[{"token": %q, "publish": ["*"], "subscribe": ["*"], "admin": true}]`, busToken)
-	for name, data := range map[string]map[string]string{
+	if err := rel.CreateSecrets(ctx, map[string]map[string]string{
 		"conclave-gateway-tokens": {"client-tokens": clientToken, "agent-tokens": agentID + "=" + agentToken},
 		"conclave-bus-secrets":    {"grants": grants, "peer-token": peerToken, "runner-token": runnerToken},
 		"conclave-runner-tokens":  {"client-tokens": runnerToken, "host-key": hostKey},
@@ -275,31 +244,14 @@ func createSecrets(t *testing.T, ctx context.Context, admin kubernetes.Interface
 		"conclave-console-secrets": {"session-key": sessionKey, "events-bus-token": busToken},
 		// dynalite and fauxqs take any credentials; the SDK wants some.
 		"conclave-aws": {"AWS_ACCESS_KEY_ID": "kubetest", "AWS_SECRET_ACCESS_KEY": "kubetest"},
-	} {
-		if _, err := admin.CoreV1().Secrets(namespace).Create(ctx, &corev1.Secret{
-			ObjectMeta: metav1.ObjectMeta{Name: name},
-			StringData: data,
-		}, metav1.CreateOptions{}); err != nil {
-			t.Fatal(err)
-		}
+	}); err != nil {
+		t.Fatal(err)
 	}
 }
 
-// helmRun runs helm inside the node's namespace (where the apiserver is)
-// with its homes in the test's directory.
+// helmRun runs helm inside the node's namespace (testenv.Release.Helm).
 func (e *chartEnv) helmRun(ctx context.Context, args ...string) (string, error) {
-	cmd := e.node.Command(ctx, e.helm, args...)
-	cmd.Env = append(cmd.Env,
-		"HELM_CACHE_HOME="+filepath.Join(e.helmHome, "cache"),
-		"HELM_CONFIG_HOME="+filepath.Join(e.helmHome, "config"),
-		"HELM_DATA_HOME="+filepath.Join(e.helmHome, "data"))
-	var out bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &out
-	err := cmd.Run()
-	if err != nil {
-		return out.String(), fmt.Errorf("helm %s: %v\n%s", strings.Join(args, " "), err, out.String())
-	}
-	return out.String(), nil
+	return e.rel.Helm(ctx, args...)
 }
 
 func (e *chartEnv) chart() string { return filepath.Join(e.root, "helm", "conclave") }

@@ -203,10 +203,12 @@ func (c *consumer) handle(ctx context.Context, m Message, hb *heartbeat) {
 		span.SetStatus(codes.Error, err.Error())
 		c.log.WarnContext(ctx, "queue: handler failed, message will be redelivered",
 			"message_id", m.ID, "receive_count", m.ReceiveCount, "error", err)
-		if c.backoff != nil {
-			if err := c.q.ChangeVisibility(ctx, c.queue, m.ReceiptHandle, c.backoff(m.ReceiveCount)); err != nil {
-				c.log.WarnContext(ctx, "queue: backoff failed", "message_id", m.ID, "error", err)
-			}
+		var after *retryAfterError
+		switch {
+		case errors.As(err, &after):
+			c.setVisibility(ctx, m, after.after)
+		case c.backoff != nil:
+			c.setVisibility(ctx, m, c.backoff(m.ReceiveCount))
 		}
 		return
 	}
@@ -236,6 +238,30 @@ func (c *consumer) release(ctx context.Context, msgs []Message) {
 		}
 	}
 }
+
+// setVisibility has a failed message delivered again after d.
+func (c *consumer) setVisibility(ctx context.Context, m Message, d time.Duration) {
+	if err := c.q.ChangeVisibility(ctx, c.queue, m.ReceiptHandle, d); err != nil {
+		c.log.WarnContext(ctx, "queue: backoff failed", "message_id", m.ID, "error", err)
+	}
+}
+
+// RetryAfter wraps a handler's error so that its message is delivered again
+// after d (in whole seconds, as SQS counts them; 0 at once), rather than
+// when the consumer's Backoff says or, without one, when its visibility
+// ends: for a failure the handler knows to be brief, such as a record
+// another replica is about to write.
+func RetryAfter(err error, d time.Duration) error {
+	return &retryAfterError{err: err, after: min(max(d, 0), MaxVisibility)}
+}
+
+type retryAfterError struct {
+	err   error
+	after time.Duration
+}
+
+func (e *retryAfterError) Error() string { return e.err.Error() }
+func (e *retryAfterError) Unwrap() error { return e.err }
 
 // heartbeat extends the visibility of a batch's unfinished messages every
 // half visibility, so a slow handler does not see its message delivered to

@@ -468,12 +468,19 @@ func testAbandoned(t *testing.T, e env) {
 }
 
 func testConsumerFailures(t *testing.T, e env) {
+	// Without the backoff the message would be back in a minute.
+	soon := func(int) time.Duration { return 0 }
 	for _, tc := range []struct {
-		name string
-		fail func() error
+		name    string
+		fail    func() error
+		backoff func(int) time.Duration
 	}{
-		{"Error", func() error { return errors.New("downstream unavailable") }},
-		{"Panic", func() error { panic("handler bug") }},
+		{"Error", func() error { return errors.New("downstream unavailable") }, soon},
+		{"Panic", func() error { panic("handler bug") }, soon},
+		// The handler's own delay wins over the backoff's (and the
+		// visibility's) minutes.
+		{"RetryAfter", func() error { return queue.RetryAfter(errors.New("written in a moment"), 0) },
+			func(int) time.Duration { return 15 * time.Minute }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -492,8 +499,7 @@ func testConsumerFailures(t *testing.T, e env) {
 			}, queue.ConsumerOptions{
 				Logger:     slog.New(slog.NewTextHandler(t.Output(), nil)),
 				Visibility: time.Minute,
-				// Without the backoff the message would be back in a minute.
-				Backoff: func(int) time.Duration { return 0 },
+				Backoff:    tc.backoff,
 			})
 			if err != nil {
 				t.Fatal(err)

@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strings"
 )
 
@@ -50,4 +51,33 @@ func GoBuildTags(ctx context.Context, tags []string, out string, pkgs ...string)
 		return fmt.Errorf("testenv: go build %s: %w\n%s", strings.Join(pkgs, " "), err, b)
 	}
 	return nil
+}
+
+// ConclaveImages builds the named images of deploy/images (gateway, bus,
+// runner, console, agent-host, acp-agent, ...) for this machine's
+// architecture into dir, as `make images` does (conclave-images), and
+// returns their docker-save tarballs, in the order named, for
+// KubeNode.ImportImage. Their binaries build as GoBuild's do.
+func ConclaveImages(ctx context.Context, dir string, names ...string) ([]string, error) {
+	root, err := RepoRoot()
+	if err != nil {
+		return nil, err
+	}
+	tool := filepath.Join(dir, "conclave-images")
+	build := exec.CommandContext(ctx, "go", "build", "-o", tool, "./cmd/conclave-images")
+	build.Dir = filepath.Join(root, "deploy", "images")
+	build.Env = append(os.Environ(), "GOWORK=off")
+	if out, err := build.CombinedOutput(); err != nil {
+		return nil, fmt.Errorf("testenv: go build conclave-images: %w\n%s", err, out)
+	}
+	out := filepath.Join(dir, "images")
+	run := exec.CommandContext(ctx, tool, append([]string{"-root", root, "-out", out, "-arch", runtime.GOARCH}, names...)...)
+	if output, err := run.CombinedOutput(); err != nil {
+		return nil, fmt.Errorf("testenv: conclave-images: %w\n%s", err, output)
+	}
+	tarballs := make([]string, len(names))
+	for i, n := range names {
+		tarballs[i] = filepath.Join(out, n+".tar")
+	}
+	return tarballs, nil
 }

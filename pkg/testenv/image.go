@@ -9,7 +9,9 @@ import (
 	"io"
 	"io/fs"
 	"os"
+	"os/exec"
 	"path"
+	"path/filepath"
 	"sort"
 	"strings"
 	"time"
@@ -197,4 +199,67 @@ func BuildStatic(ctx context.Context, pkg, out string) error {
 		return errors.Join(fmt.Errorf("testenv: go build %s wrote no binary", pkg), err)
 	}
 	return nil
+}
+
+// HostProgramFiles is a dynamically linked program of this machine and
+// the shared libraries it loads (as ldd lists them, the loader included),
+// each at its own path, for an image that runs it (a Python interpreter,
+// say) without a distribution of its own underneath.
+func HostProgramFiles(ctx context.Context, program string) ([]ImageFile, error) {
+	out, err := exec.CommandContext(ctx, "ldd", program).Output()
+	if err != nil {
+		return nil, fmt.Errorf("testenv: ldd %s: %w", program, err)
+	}
+	files := []ImageFile{{Path: program, HostPath: program, Mode: 0o755}}
+	for line := range strings.SplitSeq(string(out), "\n") {
+		// "libz.so.1 => /lib/x86_64-linux-gnu/libz.so.1 (0x...)" or
+		// "/lib64/ld-linux-x86-64.so.2 (0x...)"; the vDSO has no path.
+		fields := strings.Fields(line)
+		var lib string
+		switch {
+		case len(fields) >= 3 && fields[1] == "=>":
+			lib = fields[2]
+		case len(fields) >= 1 && strings.HasPrefix(fields[0], "/"):
+			lib = fields[0]
+		}
+		if lib != "" && filepath.IsAbs(lib) {
+			files = append(files, ImageFile{Path: lib, HostPath: lib, Mode: 0o755})
+		}
+	}
+	return files, nil
+}
+
+// HostTreeFiles is every regular file under dir on this machine (symbolic
+// links followed), under at in an image ("" for dir's own path), but for
+// the subdirectories and files whose path relative to dir skip reports.
+func HostTreeFiles(dir, at string, skip func(rel string) bool) ([]ImageFile, error) {
+	if at == "" {
+		at = dir
+	}
+	var files []ImageFile
+	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		rel, err := filepath.Rel(dir, p)
+		if err != nil {
+			return err
+		}
+		if rel != "." && skip != nil && skip(rel) {
+			if d.IsDir() {
+				return filepath.SkipDir
+			}
+			return nil
+		}
+		if d.IsDir() {
+			return nil
+		}
+		info, err := os.Stat(p)
+		if err != nil || !info.Mode().IsRegular() {
+			return nil // a dangling link, a socket: nothing to run
+		}
+		files = append(files, ImageFile{Path: path.Join(filepath.ToSlash(at), filepath.ToSlash(rel)), HostPath: p, Mode: info.Mode().Perm()})
+		return nil
+	})
+	return files, err
 }

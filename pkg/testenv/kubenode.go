@@ -718,15 +718,65 @@ func (k *KubeNodeEnv) Forward(nsAddr, hostAddr string) (net.Listener, error) {
 			if err != nil {
 				return
 			}
-			go relay(in, hostAddr)
+			go relay(in, func() (net.Conn, error) { return net.DialTimeout("tcp", hostAddr, 10*time.Second) })
 		}
 	}()
 	return l, nil
 }
 
-func relay(in net.Conn, hostAddr string) {
+// Expose is Forward the other way: it listens on a free port of this
+// host's loopback and relays each connection to addr (IP:port) inside
+// the node's namespace: a Service's ClusterIP, say, so that programs the
+// test runs on the host (a command line client, an agent) reach it as
+// they would reach a service on this machine. It returns the loopback
+// address. Stop closes the listener.
+func (k *KubeNodeEnv) Expose(addr string) (string, error) {
+	target, err := nsAddr("tcp", addr)
+	if err != nil {
+		return "", err
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", err
+	}
+	k.mu.Lock()
+	k.closers = append(k.closers, l)
+	k.mu.Unlock()
+	go func() {
+		for {
+			in, err := l.Accept()
+			if err != nil {
+				return
+			}
+			go relay(in, func() (net.Conn, error) {
+				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+				defer cancel()
+				return k.DialContext(ctx, "tcp", target)
+			})
+		}
+	}()
+	return l.Addr().String(), nil
+}
+
+// ServeHTTP serves h inside the node's namespace, on KubeNodeIP and a
+// free port, where pods reach it, and returns its base URL
+// ("http://10.250.0.1:port"). Stop closes it.
+func (k *KubeNodeEnv) ServeHTTP(h http.Handler) (string, error) {
+	l, err := k.Listen("tcp", KubeNodeIP+":0")
+	if err != nil {
+		return "", err
+	}
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
+	k.mu.Lock()
+	k.closers = append(k.closers, srv)
+	k.mu.Unlock()
+	go func() { _ = srv.Serve(l) }()
+	return "http://" + l.Addr().String(), nil
+}
+
+func relay(in net.Conn, dial func() (net.Conn, error)) {
 	defer in.Close()
-	out, err := net.DialTimeout("tcp", hostAddr, 10*time.Second)
+	out, err := dial()
 	if err != nil {
 		return
 	}

@@ -195,12 +195,12 @@ resolves) when it is enabled here, else nothing. Takes (dict "root" $
 - name: CONCLAVE_BUS_ADVERTISE_ADDR
   value: {{ printf "$(POD_IP):%v" $c.service.port | quote }}
 - name: CONCLAVE_BUS_PUBLIC_URL
-  value: {{ printf "ws://%s.%s.svc:%v" (include "conclave.name" .) $root.Release.Namespace $c.service.port | quote }}
+  value: {{ $c.publicUrl | default (printf "ws://%s.%s.svc:%v" (include "conclave.name" .) $root.Release.Namespace $c.service.port) | quote }}
 {{- include "conclave.secretEnv" (dict "env" "CONCLAVE_BUS_GRANTS" "secret" $c.secret.name "key" $c.secret.grantsKey) }}
 {{- include "conclave.secretEnv" (dict "env" "CONCLAVE_BUS_PEER_TOKEN" "secret" $c.secret.name "key" $c.secret.peerTokenKey) }}
 {{- if and $c.runnerAgentType $root.Values.runner.enabled }}
 - name: CONCLAVE_BUS_RUNNER_ADDR
-  value: {{ printf "%s:%v" (include "conclave.name" (dict "root" $root "name" "runner")) $root.Values.runner.service.grpcPort | quote }}
+  value: {{ $c.runnerAddr | default (printf "%s:%v" (include "conclave.name" (dict "root" $root "name" "runner")) $root.Values.runner.service.grpcPort) | quote }}
 - name: CONCLAVE_BUS_RUNNER_AGENT_TYPE
   value: {{ $c.runnerAgentType | quote }}
 {{- include "conclave.secretEnv" (dict "env" "CONCLAVE_BUS_RUNNER_TOKEN" "secret" $c.secret.name "key" $c.secret.runnerTokenKey) }}

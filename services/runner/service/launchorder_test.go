@@ -45,13 +45,16 @@ func (w *watchedQueue) Delete(ctx context.Context, name, receipt string) error {
 // TestLaunchReceivedBeforeItsInstance: the API writes an instance and queues
 // its launch at once, so another runner's worker may receive the launch
 // before the instance is in the store. It must not drop the launch: it
-// tries again, and the launch runs once the instance is there.
+// tries again soon, and the launch runs once the instance is there. Soon:
+// with the launch retry at 10 minutes, the launch is back in seconds, not
+// at its visibility's end (which delayed such launches by the default
+// 30 s, found by e2e's Kubernetes shape, two replicas).
 func TestLaunchReceivedBeforeItsInstance(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts processes")
 	}
 	t.Parallel()
-	cfg, st, embedded := sharedState(t, map[string]string{"CONCLAVE_RUNNER_LAUNCH_RETRY": "1s"})
+	cfg, st, embedded := sharedState(t, map[string]string{"CONCLAVE_RUNNER_LAUNCH_RETRY": "10m"})
 	const id = "0123456789abcdef0123456789abcdef"
 	q := &watchedQueue{Queue: embedded, launches: cfg.LaunchQueue, instanceID: id,
 		received: make(chan int, 16), deleted: make(chan struct{})}
@@ -69,7 +72,8 @@ func TestLaunchReceivedBeforeItsInstance(t *testing.T) {
 	case <-q.deleted:
 		t.Fatal("the launch was received and dropped")
 	}
-	// The first attempt found no instance; the launch must come back.
+	// The first attempt found no instance; the launch must come back,
+	// long before the launch retry would bring it.
 	select {
 	case n := <-q.received:
 		if n < 2 {
@@ -77,6 +81,8 @@ func TestLaunchReceivedBeforeItsInstance(t *testing.T) {
 		}
 	case <-q.deleted:
 		t.Fatal("a launch whose instance was not written yet was dropped")
+	case <-time.After(2 * time.Minute):
+		t.Fatal("a launch received before its instance's write was not back after 2 minutes: it waits for its visibility (the launch retry, 10m) to end")
 	}
 	in := &records.Instance{ID: id, TaskID: "task-" + t.Name(), AgentType: "acp-normal", Status: records.StatusStarting,
 		StartedAt: time.Now().UTC(), Workspace: workspace, Turn: 1, Prompt: "late write", LaunchSeq: 1}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
@@ -244,6 +245,14 @@ func (ss *session) runOneshot(ctx context.Context, typ agenttype.Type, env map[s
 	agent, err := oneshotAgent(typ, ss.launch.Workspace, env, func(line string) { ss.log.Add(StreamStderr, line) })
 	if err != nil {
 		return ss.fail(ctx, "start_failed", err.Error())
+	}
+	// A oneshot agent runs here, in the runner's own container, even on
+	// the Kubernetes executor, whose workspace_path is only a name under
+	// the workspace root (an agent's Job gets an emptyDir): the directory
+	// is made here, as the Job's would be. On the local executor it was
+	// checked to exist at launch, and this changes nothing.
+	if err := os.MkdirAll(ss.launch.Workspace, 0o750); err != nil {
+		return ss.fail(ctx, "start_failed", fmt.Sprintf("workspace %s: %v", ss.launch.Workspace, err))
 	}
 	conv := newOneshot(agent, ss.onUpdate)
 	ss.mu.Lock()

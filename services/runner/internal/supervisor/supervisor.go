@@ -143,6 +143,14 @@ const instanceWriteGrace = time.Minute
 // errNotWrittenYet leaves a launch on the queue until its instance is written.
 var errNotWrittenYet = errors.New("the launch is not written yet; it will be retried")
 
+// notWrittenRetry is when a launch received before its write is tried
+// again: after 1 s, then 2, 4, 8, 16 and 30 s. Doubling keeps a launch
+// whose write never lands to 7 receives over instanceWriteGrace, under the
+// launch queue's 10 before its dead-letter queue.
+func notWrittenRetry(receiveCount int) time.Duration {
+	return min(time.Second<<min(max(receiveCount-1, 0), 5), 30*time.Second)
+}
+
 // ErrElsewhere is wrapped by errors for an instance whose launch another
 // replica runs; Owner says which.
 type ErrElsewhere struct{ Owner string }
@@ -444,7 +452,12 @@ func (s *Supervisor) handle(ctx context.Context, m queue.Message) error {
 	if errors.Is(err, records.ErrNotFound) || err == nil && msg.Seq > in.LaunchSeq && !stale(in, msg.Seq) {
 		// Queued before its write, which has not landed (or failed).
 		if !waited && time.Since(m.SentAt) < instanceWriteGrace {
-			return fmt.Errorf("launch %d of instance %s: %w", msg.Seq, msg.InstanceID, errNotWrittenYet)
+			// Back in a second or so, not at the launch retry's
+			// visibility (30 s): with several replicas, another one's
+			// worker often takes a launch the moment it is queued,
+			// milliseconds before its write lands.
+			return queue.RetryAfter(fmt.Errorf("launch %d of instance %s: %w", msg.Seq, msg.InstanceID, errNotWrittenYet),
+				notWrittenRetry(m.ReceiveCount))
 		}
 		s.o.Metrics.Launch("gone")
 		return nil
