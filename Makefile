@@ -111,12 +111,12 @@ test-standalone:
 	done
 
 .PHONY: e2e
-e2e: tools test-tools test-deps ## Run the end-to-end scenario (docs/e2e.md) in every shape: one process, split processes.
+e2e: tools test-tools test-deps ## Run the end-to-end scenario (docs/e2e.md) in every shape: one process, split processes, Kubernetes.
 	cd e2e && go test $(TEST_FLAGS) ./...
 
 .PHONY: test-short
 test-short: ## Run every module's unit tests only (-short), without real components.
-	@for m in $(MODULES); do (cd $$m && go test -short -count=1 ./...) || exit 1; done
+	go test -short -count=1 $(WORKSPACE_PKGS)
 	@for m in $(STANDALONE); do (cd $$m && GOWORK=off go test -short -count=1 ./...) || exit 1; done
 
 # Lint type-checks the race build, the configuration `make test` compiles:
@@ -124,15 +124,16 @@ test-short: ## Run every module's unit tests only (-short), without real compone
 # instead of compiling client-go, the AWS SDK and gRPC a second time
 # (docs/testing.md, ".ci/run on a fresh machine"). No file in the repository
 # has a race build tag, so nothing goes unchecked. Added to the GOFLAGS in
-# effect (the environment's or go env's), not in place of them.
+# effect (the environment's or go env's), not in place of them. The
+# workspace's modules are linted by one go vet and one staticcheck, which
+# load each shared dependency once.
 LINT_GOFLAGS = $(strip $(shell go env GOFLAGS) -race)
 
 .PHONY: lint
 lint: tools ## go vet and staticcheck in every module, and buf lint.
-	@for m in $(MODULES); do \
-		echo "==> lint $$m"; \
-		(cd $$m && GOFLAGS="$(LINT_GOFLAGS)" go vet ./... && GOFLAGS="$(LINT_GOFLAGS)" $(BIN)/staticcheck ./...) || exit 1; \
-	done
+	@echo "==> lint $(MODULES)"
+	GOFLAGS="$(LINT_GOFLAGS)" go vet $(WORKSPACE_PKGS)
+	GOFLAGS="$(LINT_GOFLAGS)" $(BIN)/staticcheck $(WORKSPACE_PKGS)
 	@for m in $(STANDALONE); do \
 		echo "==> lint $$m (GOWORK=off)"; \
 		(cd $$m && GOWORK=off GOFLAGS="$(LINT_GOFLAGS)" go vet ./... && GOWORK=off GOFLAGS="$(LINT_GOFLAGS)" $(BIN)/staticcheck ./...) || exit 1; \

@@ -52,30 +52,9 @@ func TestKubernetes(t *testing.T) {
 	bins := binaries(t, bubCmd, bridgeCmd, librarianCmd, runnerCmd, "./examples/coven-agent")
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
-	sh := &shape{name: "kubernetes", covenAgentID: "e2e-coven-agent",
-		gatewayToken: token("gateway-client"), covenAgentToken: token("coven-agent"), busToken: token("bus-admin"),
-		runnerToken: token("runner-client"), bridgeToken: token("bridge"), librarianAgentToken: token("librarian-claude"),
-		reviewerToken: token("librarian-alice"),
-		// Under the runner's workspace root, in the pods.
-		workspace: "/workspace/e2e",
-		serviceOf: serviceByProcess(map[string]string{"conclave-gateway": gateway, "conclave-bus": bus, "conclave-runner": runner,
-			"conclave-bridge": bridge, "conclave-librarian": librarian}),
-	}
-
-	dynalite, err := testenv.Dynalite(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(dynalite.Stop)
-	fauxqs, err := testenv.Fauxqs(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(fauxqs.Stop)
-	awsHandler, err := testenv.AWSEndpoint(dynalite.Endpoint, fauxqs.Endpoint)
-	if err != nil {
-		t.Fatal(err)
-	}
+	// The workspace is under the runner's workspace root, in the pods.
+	sh := processShape("kubernetes", "/workspace/e2e")
+	be := startAWS(t, ctx)
 
 	// The images build while the node starts.
 	dir := t.TempDir()
@@ -112,7 +91,7 @@ func TestKubernetes(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	awsInNode, err := node.ServeHTTP(awsHandler)
+	awsInNode, err := node.ServeHTTP(be.handler)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -130,11 +109,11 @@ func TestKubernetes(t *testing.T) {
 		"conclave-gateway-tokens": {"client-tokens": sh.gatewayToken, "agent-tokens": sh.covenAgentID + "=" + sh.covenAgentToken},
 		"conclave-bus-secrets":    {"grants": string(grants), "peer-token": token("bus-peer"), "runner-token": sh.runnerToken},
 		"conclave-runner-tokens":  {"client-tokens": sh.runnerToken, "host-key": token("runner-host-key")},
-		"conclave-aws":            {"AWS_ACCESS_KEY_ID": "e2e", "AWS_SECRET_ACCESS_KEY": "e2e"},
+		"conclave-aws":            {"AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test"},
 	}); err != nil {
 		t.Fatal(err)
 	}
-	version, err := chartVersion()
+	version, err := testenv.ChartVersion()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -186,23 +165,9 @@ func TestKubernetes(t *testing.T) {
 	// on its Lambda harness, on the same dynalite and fauxqs (this host's
 	// side of them) and the release's prefix: its events reach the bus's
 	// pods through the release's events queue.
-	awsURL := serve(t, awsHandler)
-	aws := slices.Concat([]string{"CONCLAVE_BACKEND=aws", "CONCLAVE_AWS_ENDPOINT=" + awsURL, "CONCLAVE_TABLE_PREFIX=" + kubePrefix,
-		"AWS_ACCESS_KEY_ID=e2e", "AWS_SECRET_ACCESS_KEY=e2e", "AWS_REGION=us-east-1",
-		"AWS_PROFILE=", "AWS_CONFIG_FILE=/dev/null", "AWS_SHARED_CREDENTIALS_FILE=/dev/null"}, telemetryEnv())
-	br, err := testenv.StartDeployable(ctx, "bridge", bins[bridgeCmd], slices.Concat(aws, []string{"CONCLAVE_BRIDGE_HTTP_ADDR=127.0.0.1:0",
-		"CONCLAVE_BRIDGE_CONFIG=" + filepath.Join(repoRoot, "examples", "tool-agents", "config.yaml"), "CONCLAVE_BRIDGE_TOKENS=" + sh.bridgeToken})...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := br.Stop(); err != nil {
-			t.Errorf("the bridge did not stop cleanly: %v", err)
-		}
-	})
-	sh.addLog("bridge", br.Log)
-	sh.bridgeMCP = "http://" + br.HTTPAddr + "/mcp"
-	startLibrarian(t, ctx, sh, bins[librarianCmd], dynalite.Endpoint, kubePrefix, aws)
+	aws := be.env(kubePrefix)
+	startBridge(t, ctx, sh, bins[bridgeCmd], aws)
+	startLibrarian(t, ctx, sh, bins[librarianCmd], be.dynalite, kubePrefix, aws)
 
 	runScenario(t, sh)
 	if t.Failed() {
@@ -273,20 +238,6 @@ console:
   enabled: false
 `, kubePrefix, awsEndpoint, otlpEndpoint, acpAgentType, busAgentType, toolAgentType,
 		runnerPythonImage, runnerPythonTag, version, toolAgentsDir)
-}
-
-// chartVersion is helm/conclave's appVersion: the images' tag.
-func chartVersion() (string, error) {
-	data, err := os.ReadFile(filepath.Join(repoRoot, "helm", "conclave", "Chart.yaml"))
-	if err != nil {
-		return "", err
-	}
-	for line := range strings.SplitSeq(string(data), "\n") {
-		if v, ok := strings.CutPrefix(line, "appVersion:"); ok {
-			return strings.Trim(strings.TrimSpace(v), `"'`), nil
-		}
-	}
-	return "", fmt.Errorf("helm/conclave/Chart.yaml has no appVersion")
 }
 
 // runnerPython writes the runner's image with Python: the runner (bin) as

@@ -41,48 +41,13 @@ func TestSplitProcesses(t *testing.T) {
 	bins := binaries(t, gatewayCmd, busCmd, bubCmd, runnerCmd, bridgeCmd, librarianCmd, "./examples/acp-agent", "./examples/coven-agent")
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	sh := &shape{name: "split-processes", covenAgentID: "e2e-coven-agent",
-		gatewayToken: token("gateway-client"), covenAgentToken: token("coven-agent"), busToken: token("bus-admin"),
-		runnerToken: token("runner-client"), bridgeToken: token("bridge"), librarianAgentToken: token("librarian-claude"),
-		reviewerToken: token("librarian-alice"), workspace: t.TempDir(),
-		serviceOf: serviceByProcess(map[string]string{"conclave-gateway": gateway, "conclave-bus": bus, "conclave-runner": runner,
-			"conclave-bridge": bridge, "conclave-librarian": librarian}),
-	}
-
-	// DynamoDB and SQS, at one endpoint as the services' settings want.
-	dynalite, err := testenv.Dynalite(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(dynalite.Stop)
-	fauxqs, err := testenv.Fauxqs(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(fauxqs.Stop)
-	awsHandler, err := testenv.AWSEndpoint(dynalite.Endpoint, fauxqs.Endpoint)
-	if err != nil {
-		t.Fatal(err)
-	}
-	awsURL := serve(t, awsHandler)
+	sh := processShape("split-processes", t.TempDir())
+	be := startAWS(t, ctx)
 	const prefix = "e2e-"
-	aws := slices.Concat([]string{"CONCLAVE_BACKEND=aws", "CONCLAVE_AWS_ENDPOINT=" + awsURL, "CONCLAVE_TABLE_PREFIX=" + prefix,
-		"AWS_ACCESS_KEY_ID=test", "AWS_SECRET_ACCESS_KEY=test", "AWS_REGION=us-east-1",
-		// Nothing of the developer's AWS settings may leak in.
-		"AWS_PROFILE=", "AWS_CONFIG_FILE=/dev/null", "AWS_SHARED_CREDENTIALS_FILE=/dev/null"}, telemetryEnv())
+	aws := be.env(prefix)
 	start := func(name, bin string, env ...string) *testenv.Deployable {
 		t.Helper()
-		d, err := testenv.StartDeployable(ctx, name, bin, slices.Concat(aws, env)...)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() {
-			if err := d.Stop(); err != nil {
-				t.Errorf("%s did not stop cleanly: %v", name, err)
-			}
-		})
-		sh.addLog(name, d.Log)
-		return d
+		return startProcess(t, ctx, sh, name, bin, slices.Concat(aws, env)...)
 	}
 
 	// The runner first: the bus's default handler launches through it.
@@ -105,13 +70,89 @@ func TestSplitProcesses(t *testing.T) {
 		"CONCLAVE_GATEWAY_SERVER_ID=gateway-1", "CONCLAVE_GATEWAY_CLIENT_TOKENS="+sh.gatewayToken,
 		"CONCLAVE_GATEWAY_AGENT_TOKENS="+sh.covenAgentID+"="+sh.covenAgentToken)
 	sh.gatewayHTTP, sh.gatewayGRPC = "http://"+gw.HTTPAddr, gw.GRPCAddr
-	br := start("bridge", bins[bridgeCmd], "CONCLAVE_BRIDGE_HTTP_ADDR=127.0.0.1:0",
-		"CONCLAVE_BRIDGE_CONFIG="+filepath.Join(repoRoot, "examples", "tool-agents", "config.yaml"), "CONCLAVE_BRIDGE_TOKENS="+sh.bridgeToken)
-	sh.bridgeMCP = "http://" + br.HTTPAddr + "/mcp"
-
-	startLibrarian(t, ctx, sh, bins[librarianCmd], dynalite.Endpoint, prefix, aws)
+	startBridge(t, ctx, sh, bins[bridgeCmd], aws)
+	startLibrarian(t, ctx, sh, bins[librarianCmd], be.dynalite, prefix, aws)
 
 	runScenario(t, sh)
+}
+
+// processShape is a shape whose deployables each run as a process of
+// their own, as in production (split processes, Kubernetes): with tokens
+// required, and each reporting its own service.name. workspace is a
+// directory under the runner's workspace roots.
+func processShape(name, workspace string) *shape {
+	return &shape{name: name, covenAgentID: "e2e-coven-agent",
+		gatewayToken: token("gateway-client"), covenAgentToken: token("coven-agent"), busToken: token("bus-admin"),
+		runnerToken: token("runner-client"), bridgeToken: token("bridge"), librarianAgentToken: token("librarian-claude"),
+		reviewerToken: token("librarian-alice"), workspace: workspace,
+		serviceOf: serviceByProcess(map[string]string{"conclave-gateway": gateway, "conclave-bus": bus, "conclave-runner": runner,
+			"conclave-bridge": bridge, "conclave-librarian": librarian}),
+	}
+}
+
+// awsBackends are dynalite and fauxqs, and one endpoint serving both, as
+// CONCLAVE_AWS_ENDPOINT wants (testenv.AWSEndpoint).
+type awsBackends struct {
+	// dynalite is dynalite's own endpoint.
+	dynalite string
+	// handler serves both; url is it on a loopback port.
+	handler http.Handler
+	url     string
+}
+
+func startAWS(t *testing.T, ctx context.Context) *awsBackends {
+	t.Helper()
+	dynalite, err := testenv.Dynalite(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(dynalite.Stop)
+	fauxqs, err := testenv.Fauxqs(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(fauxqs.Stop)
+	h, err := testenv.AWSEndpoint(dynalite.Endpoint, fauxqs.Endpoint)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &awsBackends{dynalite: dynalite.Endpoint, handler: h, url: serve(t, h)}
+}
+
+// env is a deployable's settings for the backends, on this host, with
+// prefix before its tables' and queues' names, and the test's telemetry.
+func (b *awsBackends) env(prefix string) []string {
+	return slices.Concat([]string{"CONCLAVE_BACKEND=aws", "CONCLAVE_AWS_ENDPOINT=" + b.url, "CONCLAVE_TABLE_PREFIX=" + prefix,
+		"AWS_ACCESS_KEY_ID=test", "AWS_SECRET_ACCESS_KEY=test", "AWS_REGION=us-east-1",
+		// Nothing of the developer's AWS settings may leak in.
+		"AWS_PROFILE=", "AWS_CONFIG_FILE=/dev/null", "AWS_SHARED_CREDENTIALS_FILE=/dev/null"}, telemetryEnv())
+}
+
+// startProcess starts a deployable as a process of its own
+// (testenv.StartDeployable), adds its log to the report and stops it when
+// the test ends.
+func startProcess(t *testing.T, ctx context.Context, sh *shape, name, bin string, env ...string) *testenv.Deployable {
+	t.Helper()
+	d, err := testenv.StartDeployable(ctx, name, bin, env...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := d.Stop(); err != nil {
+			t.Errorf("%s did not stop cleanly: %v", name, err)
+		}
+	})
+	sh.addLog(name, d.Log)
+	return d
+}
+
+// startBridge starts the bridge with the example tool agents and sets
+// sh.bridgeMCP. env is its storage's and telemetry's settings.
+func startBridge(t *testing.T, ctx context.Context, sh *shape, bin string, env []string) {
+	t.Helper()
+	br := startProcess(t, ctx, sh, "bridge", bin, slices.Concat(env, []string{"CONCLAVE_BRIDGE_HTTP_ADDR=127.0.0.1:0",
+		"CONCLAVE_BRIDGE_CONFIG=" + filepath.Join(repoRoot, "examples", "tool-agents", "config.yaml"), "CONCLAVE_BRIDGE_TOKENS=" + sh.bridgeToken})...)
+	sh.bridgeMCP = "http://" + br.HTTPAddr + "/mcp"
 }
 
 // startLibrarian starts the Librarian as it runs on AWS: its tables, as

@@ -36,6 +36,7 @@ import (
 	"k8s.io/client-go/restmapper"
 	"sigs.k8s.io/yaml"
 
+	"github.com/conclave-ai/conclave/pkg/testenv"
 	gatewayv1 "github.com/conclave-ai/conclave/proto/conclave/gateway/v1"
 )
 
@@ -385,20 +386,12 @@ func testRunnerRBAC(t *testing.T, e *chartEnv) {
 	}
 }
 
+// canI asks whether the release's ServiceAccount sa may do verb on
+// resource (group/resource[/subresource]) in ns ("" cluster-wide).
 func (e *chartEnv) canI(ctx context.Context, sa, verb, group, resource, subresource, ns string) (bool, error) {
-	sar, err := e.admin.AuthorizationV1().SubjectAccessReviews().Create(ctx, &authorizationv1.SubjectAccessReview{
-		Spec: authorizationv1.SubjectAccessReviewSpec{
-			User:   "system:serviceaccount:" + namespace + ":" + sa,
-			Groups: []string{"system:serviceaccounts", "system:serviceaccounts:" + namespace, "system:authenticated"},
-			ResourceAttributes: &authorizationv1.ResourceAttributes{
-				Namespace: ns, Verb: verb, Group: group, Resource: resource, Subresource: subresource,
-			},
-		},
-	}, metav1.CreateOptions{})
-	if err != nil {
-		return false, err
-	}
-	return sar.Status.Allowed, nil
+	return testenv.ServiceAccountCan(ctx, e.admin, namespace, sa, authorizationv1.ResourceAttributes{
+		Namespace: ns, Verb: verb, Group: group, Resource: resource, Subresource: subresource,
+	})
 }
 
 // testRunnerLaunch launches the example ACP agent through the runner's

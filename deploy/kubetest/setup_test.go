@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strings"
 	"testing"
 	"time"
 
@@ -116,7 +115,7 @@ func setUp(t *testing.T, ctx context.Context) *chartEnv {
 		t.Fatal(err)
 	}
 	e.admin = e.rel.Client
-	if e.version, err = chartVersion(e.root); err != nil {
+	if e.version, err = testenv.ChartVersion(); err != nil {
 		t.Fatal(err)
 	}
 	endpoint := serveAWS(t, e.node, dynalite.Endpoint, fauxqs.Endpoint)
@@ -150,20 +149,6 @@ func buildImages(ctx context.Context, dir string) ([]string, error) {
 		return nil, err
 	}
 	return append(tarballs, tarball), nil
-}
-
-// chartVersion is helm/conclave's appVersion: the images' tag.
-func chartVersion(root string) (string, error) {
-	data, err := os.ReadFile(filepath.Join(root, "helm", "conclave", "Chart.yaml"))
-	if err != nil {
-		return "", err
-	}
-	for line := range strings.SplitSeq(string(data), "\n") {
-		if v, ok := strings.CutPrefix(line, "appVersion:"); ok {
-			return strings.Trim(strings.TrimSpace(v), `"'`), nil
-		}
-	}
-	return "", fmt.Errorf("helm/conclave/Chart.yaml has no appVersion")
 }
 
 // serveAWS answers DynamoDB and SQS at one endpoint inside the node's

@@ -709,18 +709,7 @@ func (k *KubeNodeEnv) Forward(nsAddr, hostAddr string) (net.Listener, error) {
 	if err != nil {
 		return nil, err
 	}
-	k.mu.Lock()
-	k.closers = append(k.closers, l)
-	k.mu.Unlock()
-	go func() {
-		for {
-			in, err := l.Accept()
-			if err != nil {
-				return
-			}
-			go relay(in, func() (net.Conn, error) { return net.DialTimeout("tcp", hostAddr, 10*time.Second) })
-		}
-	}()
+	k.relayFrom(l, func() (net.Conn, error) { return net.DialTimeout("tcp", hostAddr, 10*time.Second) })
 	return l, nil
 }
 
@@ -739,6 +728,17 @@ func (k *KubeNodeEnv) Expose(addr string) (string, error) {
 	if err != nil {
 		return "", err
 	}
+	k.relayFrom(l, func() (net.Conn, error) {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		return k.DialContext(ctx, "tcp", target)
+	})
+	return l.Addr().String(), nil
+}
+
+// relayFrom relays each connection l accepts to one dial opens, until l is
+// closed, which Stop does.
+func (k *KubeNodeEnv) relayFrom(l net.Listener, dial func() (net.Conn, error)) {
 	k.mu.Lock()
 	k.closers = append(k.closers, l)
 	k.mu.Unlock()
@@ -748,14 +748,9 @@ func (k *KubeNodeEnv) Expose(addr string) (string, error) {
 			if err != nil {
 				return
 			}
-			go relay(in, func() (net.Conn, error) {
-				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-				defer cancel()
-				return k.DialContext(ctx, "tcp", target)
-			})
+			go relay(in, dial)
 		}
 	}()
-	return l.Addr().String(), nil
 }
 
 // ServeHTTP serves h inside the node's namespace, on KubeNodeIP and a

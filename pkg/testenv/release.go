@@ -3,12 +3,15 @@ package testenv
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
+	"os"
 	"path/filepath"
 	"strings"
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
+	authorizationv1 "k8s.io/api/authorization/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
@@ -237,4 +240,40 @@ func (r *Release) Diagnose() string {
 	}
 	b.WriteString(r.Node.Logs())
 	return b.String()
+}
+
+// ServiceAccountCan asks the API server (a SubjectAccessReview) whether
+// ServiceAccount sa of namespace may do what attrs says: verb on
+// group/resource[/subresource] in attrs.Namespace ("" cluster-wide).
+func ServiceAccountCan(ctx context.Context, client kubernetes.Interface, namespace, sa string, attrs authorizationv1.ResourceAttributes) (bool, error) {
+	sar, err := client.AuthorizationV1().SubjectAccessReviews().Create(ctx, &authorizationv1.SubjectAccessReview{
+		Spec: authorizationv1.SubjectAccessReviewSpec{
+			User:               "system:serviceaccount:" + namespace + ":" + sa,
+			Groups:             []string{"system:serviceaccounts", "system:serviceaccounts:" + namespace, "system:authenticated"},
+			ResourceAttributes: &attrs,
+		},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		return false, err
+	}
+	return sar.Status.Allowed, nil
+}
+
+// ChartVersion is helm/conclave's appVersion: the tag of the images
+// ConclaveImages builds, which the chart runs by default.
+func ChartVersion() (string, error) {
+	root, err := RepoRoot()
+	if err != nil {
+		return "", err
+	}
+	data, err := os.ReadFile(filepath.Join(root, "helm", "conclave", "Chart.yaml"))
+	if err != nil {
+		return "", err
+	}
+	for line := range strings.SplitSeq(string(data), "\n") {
+		if v, ok := strings.CutPrefix(line, "appVersion:"); ok {
+			return strings.Trim(strings.TrimSpace(v), `"'`), nil
+		}
+	}
+	return "", errors.New("testenv: helm/conclave/Chart.yaml has no appVersion")
 }

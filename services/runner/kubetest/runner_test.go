@@ -19,7 +19,6 @@ import (
 	"time"
 
 	authorizationv1 "k8s.io/api/authorization/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/conclave-ai/conclave/pkg/config"
 	"github.com/conclave-ai/conclave/pkg/queue"
@@ -353,22 +352,13 @@ func await(t *testing.T, lines <-chan logLine, want string) {
 	t.Fatalf("the log stream ended before %q", want)
 }
 
-// canI asks the API server whether the ServiceAccount may do verb on
-// resource (group/resource[/subresource]) in ns ("" cluster-wide).
+// canI asks the API server whether the ServiceAccount (of the test's
+// namespace) may do verb on resource (group/resource[/subresource]) in ns
+// ("" cluster-wide).
 func canI(ctx context.Context, sa, verb, group, resource, subresource, ns string) (bool, error) {
-	sar, err := env.admin.AuthorizationV1().SubjectAccessReviews().Create(ctx, &authorizationv1.SubjectAccessReview{
-		Spec: authorizationv1.SubjectAccessReviewSpec{
-			User:   serviceAccountUser(sa),
-			Groups: []string{"system:serviceaccounts", "system:serviceaccounts:" + namespace, "system:authenticated"},
-			ResourceAttributes: &authorizationv1.ResourceAttributes{
-				Namespace: ns, Verb: verb, Group: group, Resource: resource, Subresource: subresource,
-			},
-		},
-	}, metav1.CreateOptions{})
-	if err != nil {
-		return false, err
-	}
-	return sar.Status.Allowed, nil
+	return testenv.ServiceAccountCan(ctx, env.admin, namespace, sa, authorizationv1.ResourceAttributes{
+		Namespace: ns, Verb: verb, Group: group, Resource: resource, Subresource: subresource,
+	})
 }
 
 // count is how many lines have exactly text.
