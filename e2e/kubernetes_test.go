@@ -49,6 +49,7 @@ func TestKubernetes(t *testing.T) {
 	if testing.Short() {
 		t.Skip("installs the chart on a real Kubernetes node")
 	}
+	t.Parallel()
 	bins := binaries(t, bubCmd, bridgeCmd, librarianCmd, runnerCmd, "./examples/coven-agent")
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()

@@ -73,6 +73,8 @@ func TestOneProcess(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs conclave dev, agents and Chromium against a real Jaeger")
 	}
+	// The shapes run side by side: each deploys a system of its own.
+	t.Parallel()
 	bins := binaries(t, "./cmd/conclave", "./examples/acp-agent", "./examples/coven-agent")
 	project := t.TempDir()
 	types := writeAgentTypes(t, project)

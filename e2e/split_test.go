@@ -38,6 +38,7 @@ func TestSplitProcesses(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs every deployable, dynalite, fauxqs, agents and Chromium against a real Jaeger")
 	}
+	t.Parallel()
 	bins := binaries(t, gatewayCmd, busCmd, bubCmd, runnerCmd, bridgeCmd, librarianCmd, "./examples/acp-agent", "./examples/coven-agent")
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
