@@ -216,6 +216,30 @@ func TestIdleAgentThatWillNotExit(t *testing.T) {
 	}
 }
 
+// TestPromptAsTheAgentStops: a prompt that comes while the agent is going
+// away after its idle timeout (here, for the grace period, as it lingers)
+// is accepted and resumes the session once the launch has ended, rather
+// than being refused with "retry". The prompt came within the grace
+// period: the lingering agent is waited for the whole 2 s.
+func TestPromptAsTheAgentStops(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs agent processes")
+	}
+	t.Parallel()
+	r := startRunner(t, map[string]string{"CONCLAVE_RUNNER_IDLE_TIMEOUT": "300ms", "CONCLAVE_RUNNER_CANCEL_GRACE": "2s"})
+	in := r.launch(t, "acp-linger", r.workspace(t), map[string]string{"TASK_DESCRIPTION": "first"})
+	r.waitLog(t, in.ID, "lingering on purpose")
+	r.prompt(t, in.ID, "second")
+	r.waitLog(t, in.ID, "launch 2 ended")
+	lines := r.logs(t, in.ID)
+	if !hasLog(lines, "launch 1 ended (killed: did not exit after its stdin closed)") || !hasLog(lines, "acp-agent: loaded session") {
+		t.Fatalf("logs %+v", lines)
+	}
+	if st := r.status(t, in.ID); st.Status != "completed" {
+		t.Fatalf("status %+v; logs %+v", st, lines)
+	}
+}
+
 // TestOrphanHoldingStdout: an agent that exits leaving a process of its own
 // session holding its stdout and stderr still ends its launch, as crashed,
 // rather than hanging until the type's timeout.

@@ -404,6 +404,10 @@ func (s *Supervisor) Run(ctx context.Context, owner string) error {
 // Logs is the log book, for the API.
 func (s *Supervisor) Logs() *logBook { return s.logs }
 
+// errSessionEnding is a live session's refusal of a prompt as it ends;
+// Prompt waits for the end and resumes the session for the prompt.
+var errSessionEnding = fmt.Errorf("the agent is stopping; retry to resume it: %w", ErrBusy)
+
 func (s *Supervisor) session(id string) *session {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -557,7 +561,19 @@ func (s *Supervisor) handle(ctx context.Context, m queue.Message) error {
 // does not lose it.
 func (s *Supervisor) Prompt(ctx context.Context, id, message string) error {
 	if live := s.session(id); live != nil {
-		return live.prompt(ctx, message)
+		err := live.prompt(ctx, message)
+		if !errors.Is(err, errSessionEnding) {
+			return err
+		}
+		// The agent is going away (its turn ended and it idled out, or it
+		// was cancelled): once its launch has ended, the prompt resumes the
+		// session, rather than telling the caller to come back.
+		select {
+		case <-live.done:
+		case <-ctx.Done():
+			return err
+		}
+		return s.Prompt(ctx, id, message)
 	}
 	in, err := s.o.Records.Instance(ctx, id)
 	if err != nil {
@@ -822,7 +838,7 @@ func (ss *session) prompt(ctx context.Context, message string) error {
 		return fmt.Errorf("instance %s has a turn in progress or is starting: %w", ss.launch.ID, ErrBusy)
 	case ss.killed != "" || ss.ending:
 		ss.mu.Unlock()
-		return fmt.Errorf("instance %s is stopping; retry to resume it: %w", ss.launch.ID, ErrBusy)
+		return fmt.Errorf("instance %s: %w", ss.launch.ID, errSessionEnding)
 	}
 	// Reserved, so that the idle timer waits for it; begun, so that a
 	// cancel from now on applies to it.
@@ -838,8 +854,8 @@ func (ss *session) prompt(ctx context.Context, message string) error {
 			return fmt.Errorf("instance %s has a prompt waiting: %w", in.ID, ErrBusy)
 		}
 		if in.DoneSeq >= ss.seq || in.LaunchSeq != ss.seq {
-			// The agent went away as the prompt came: a retry resumes it.
-			return fmt.Errorf("instance %s is stopping; retry to resume it: %w", in.ID, ErrBusy)
+			// The agent went away as the prompt came: Prompt resumes it.
+			return fmt.Errorf("instance %s: %w", in.ID, errSessionEnding)
 		}
 		in.Turn, in.Prompt = in.Turn+1, message
 		in.Status, in.Progress, in.FinishedAt, in.Error = records.StatusRunning, 0, time.Time{}, ""
