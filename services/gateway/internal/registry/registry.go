@@ -187,10 +187,11 @@ func (r *Registry) holder(ctx context.Context, rec store.Item) (store.Item, bool
 	return l, true, nil
 }
 
-// claim writes a's registration under epoch, replacing a stale one: one
-// conditional write when the agent is free. It fails with ALREADY_EXISTS
-// while a live registration of another connection exists.
-func (r *Registry) claim(ctx context.Context, a *gatewayv1.Agent, epoch string) error {
+// claim writes a's registration under epoch for the replica self,
+// replacing a stale one: one conditional write when the agent is free. It
+// fails with ALREADY_EXISTS while a live registration of another
+// connection exists.
+func (r *Registry) claim(ctx context.Context, a *gatewayv1.Agent, self, epoch string) error {
 	it, err := record(a, epoch)
 	if err != nil {
 		return err
@@ -215,15 +216,23 @@ func (r *Registry) claim(ctx context.Context, a *gatewayv1.Agent, epoch string) 
 			// epoch while this claim was in flight.
 			return nil
 		}
-		live, lerr := r.live(ctx, cur)
-		if lerr != nil {
-			err = lerr
-			break
+		// A record of this replica's under its current epoch is of a
+		// connection it no longer has: the replica lets one connection of
+		// an agent claim at a time, and this one is it. It is what a
+		// registration leaves whose write was applied though its answer
+		// was lost (and whose release failed too); it is stale.
+		if cur.Attrs["server_id"] != self || cur.Attrs["epoch"] != epoch {
+			live, lerr := r.live(ctx, cur)
+			if lerr != nil {
+				err = lerr
+				break
+			}
+			if live {
+				return status.Errorf(codes.AlreadyExists, "agent %q is already connected (to gateway %s)", a.GetAgentId(), cur.Attrs["server_id"])
+			}
 		}
-		if live {
-			return status.Errorf(codes.AlreadyExists, "agent %q is already connected (to gateway %s)", a.GetAgentId(), cur.Attrs["server_id"])
-		}
-		// Stale: its replica's lease is gone. Replace exactly that version.
+		// Stale: its replica's lease is gone, or it is this replica's
+		// orphan. Replace exactly that version.
 		_, err = r.store.Put(ctx, Table.Name, it, store.IfVersion(cur.Version))
 		if !errors.Is(err, store.ErrConditionFailed) {
 			break
@@ -468,10 +477,16 @@ func (p *Replica) Claim(ctx context.Context, a *gatewayv1.Agent) error {
 	}
 	epoch, err := p.usable()
 	if err == nil {
-		err = p.reg.claim(ctx, a, epoch)
+		err = p.reg.claim(ctx, a, p.id, epoch)
 	}
 	<-p.reg.claims
 	if err != nil {
+		if status.Code(err) != codes.AlreadyExists {
+			// A write reported failed may have been applied: give it back
+			// (if it is this connection's), rather than leave it blocking
+			// the agent's next attempt.
+			_ = p.reg.Release(context.WithoutCancel(ctx), a.GetAgentId(), a.GetInstanceId())
+		}
 		return err
 	}
 	// The epoch may have changed while the write was in flight; a record

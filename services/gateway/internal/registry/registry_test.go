@@ -53,6 +53,11 @@ type faultyStore struct {
 	leaseReads   atomic.Int64
 	// Writes in flight now, and the most ever.
 	inflight, maxInflight atomic.Int64
+	// lostAnswers is how many agent writes to apply and then report
+	// failed, as a store whose answer is lost on the way back does.
+	lostAnswers atomic.Int64
+	// failedDeletes is how many agent deletes to refuse.
+	failedDeletes atomic.Int64
 }
 
 func (f *faultyStore) Get(ctx context.Context, table string, k store.Key) (store.Item, error) {
@@ -91,12 +96,19 @@ func (f *faultyStore) Put(ctx context.Context, table string, it store.Item, cond
 	if err := f.write(ctx, it.PK); err != nil {
 		return store.Item{}, err
 	}
-	return f.Store.Put(ctx, table, it, conds...)
+	out, err := f.Store.Put(ctx, table, it, conds...)
+	if err == nil && it.PK == "agents" && f.lostAnswers.Add(-1) >= 0 {
+		return store.Item{}, errCut
+	}
+	return out, err
 }
 
 func (f *faultyStore) Delete(ctx context.Context, table string, k store.Key, conds ...store.Condition) error {
 	if err := f.write(ctx, k.PK); err != nil {
 		return err
+	}
+	if k.PK == "agents" && f.failedDeletes.Add(-1) >= 0 {
+		return errCut
 	}
 	return f.Store.Delete(ctx, table, k, conds...)
 }
@@ -418,6 +430,43 @@ func TestStaleRecordsAreSwept(t *testing.T) {
 				t.Fatalf("the live agent was swept: %v", got)
 			}
 		})
+	}
+}
+
+// TestRegistrationWhoseAnswerWasLost: the store applies a registration's
+// write but its answer is lost, so the registration fails. The agent's
+// next attempt on the same replica registers: the failed attempt gives its
+// record back, and when that fails too, the record is its own replica's,
+// of a connection it no longer has, not a live holder's (both ways, it
+// refused the agent until the replica stopped).
+func TestRegistrationWhoseAnswerWasLost(t *testing.T) {
+	t.Parallel()
+	for name, st := range stores(t) {
+		for _, releaseFails := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/release fails %v", name, releaseFails), func(t *testing.T) {
+				t.Parallel()
+				registrationWhoseAnswerWasLost(t, st, releaseFails)
+			})
+		}
+	}
+}
+
+func registrationWhoseAnswerWasLost(t *testing.T, st store.Store, releaseFails bool) {
+	server, agent := fmt.Sprintf("gw-lossy-%v", releaseFails), fmt.Sprintf("lossy-%v", releaseFails)
+	gw := replica(t, server, st, 15*time.Second)
+	registerEventually(t, gw.client, "warm-up-"+agent)
+	gw.store.lostAnswers.Store(1)
+	if releaseFails {
+		gw.store.failedDeletes.Store(1)
+	}
+	if _, err := register(t, gw.client, agent); status.Code(err) != codes.Unavailable {
+		t.Fatalf("the registration whose answer was lost: %v, want UNAVAILABLE", err)
+	}
+	if _, err := register(t, gw.client, agent); err != nil {
+		t.Fatalf("the agent's next attempt: %v", err)
+	}
+	if got := listed(t, registry.New(st)); got[agent] != server {
+		t.Fatalf("listed %v", got)
 	}
 }
 
