@@ -42,6 +42,9 @@ type scenario struct {
 	// http is the client every step's HTTP calls go through: it sends the
 	// current span's context in traceparent.
 	http *http.Client
+	// widest is the trace of the steps with spans from the most services,
+	// for the console to draw.
+	widest *testenv.JaegerTrace
 }
 
 // runScenario runs every step on sh, in order, each a subtest. A step that
@@ -59,6 +62,16 @@ func runScenario(t *testing.T, sh *shape) {
 			r.markLogs()
 			defer r.report()
 			st.run(r)
+		})
+	}
+	if sh.console != "" {
+		t.Run("the_console_draws_a_trace", func(t *testing.T) {
+			if sc.widest == nil {
+				t.Skip("no step's trace was found in Jaeger")
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), stepTimeout)
+			defer cancel()
+			consoleDrawsTrace(t, ctx, sh, sc.widest)
 		})
 	}
 }
@@ -134,6 +147,9 @@ func (r *stepRun) expectTrace(root trace.Span, hops ...hop) *testenv.JaegerTrace
 		r.t.Fatalf("%v; its spans:\n%s", err, r.sh.describe(tr))
 	}
 	r.t.Logf("trace %s: %d spans from %v (in Jaeger after %s)", traceID, len(tr.Spans), r.sh.services(tr), time.Since(start).Round(time.Millisecond))
+	if r.widest == nil || len(r.sh.services(tr)) > len(r.sh.services(r.widest)) {
+		r.widest = tr
+	}
 	return tr
 }
 

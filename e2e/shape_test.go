@@ -49,6 +49,10 @@ type shape struct {
 	// needed: conclave dev opens both the API and the review page).
 	librarianURL, librarianAgentToken, reviewerToken string
 
+	// console is the console's base URL, pointed at the test's Jaeger, and
+	// consoleToken a token to sign in with ("" when the shape runs none).
+	console, consoleToken string
+
 	// logs are the services' logs, for the report of a failed step.
 	logs []*logSource
 	// serviceOf names the service a span comes from (gateway, bus, runner,

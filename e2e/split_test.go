@@ -27,6 +27,7 @@ const (
 	runnerCmd    = "./services/runner/cmd/runner"
 	bridgeCmd    = "./services/bridge/cmd/bridge"
 	librarianCmd = "./functions/librarian"
+	consoleCmd   = "./services/console/cmd/console"
 )
 
 // TestSplitProcesses runs the scenario on the AWS path: every deployable
@@ -39,7 +40,7 @@ func TestSplitProcesses(t *testing.T) {
 		t.Skip("runs every deployable, dynalite, fauxqs, agents and Chromium against a real Jaeger")
 	}
 	t.Parallel()
-	bins := binaries(t, gatewayCmd, busCmd, bubCmd, runnerCmd, bridgeCmd, librarianCmd, "./examples/acp-agent", "./examples/coven-agent")
+	bins := binaries(t, gatewayCmd, busCmd, bubCmd, runnerCmd, bridgeCmd, librarianCmd, consoleCmd, "./examples/acp-agent", "./examples/coven-agent")
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	sh := processShape("split-processes", t.TempDir())
@@ -73,6 +74,11 @@ func TestSplitProcesses(t *testing.T) {
 	sh.gatewayHTTP, sh.gatewayGRPC = "http://"+gw.HTTPAddr, gw.GRPCAddr
 	startBridge(t, ctx, sh, bins[bridgeCmd], aws)
 	startLibrarian(t, ctx, sh, bins[librarianCmd], be.dynalite, prefix, aws)
+	// The console, to draw a step's trace from Jaeger (after the steps).
+	con := startProcess(t, ctx, sh, "console", bins[consoleCmd], slices.Concat(telemetryEnv(), []string{"CONCLAVE_CONSOLE_HTTP_ADDR=127.0.0.1:0",
+		"CONCLAVE_CONSOLE_GATEWAY_URL=" + sh.gatewayHTTP, "CONCLAVE_CONSOLE_BUS_URL=" + sh.busURL, "CONCLAVE_CONSOLE_RUNNER_URL=" + sh.runnerHTTP,
+		"CONCLAVE_CONSOLE_LIBRARIAN_URL=" + sh.librarianURL, "CONCLAVE_CONSOLE_JAEGER_URL=" + jaeger.QueryURL})...)
+	sh.console, sh.consoleToken = "http://"+con.HTTPAddr, sh.runnerToken
 
 	runScenario(t, sh)
 }

@@ -507,6 +507,11 @@ func checkDev(t *testing.T, r rendered) {
 	if want := "http://127.0.0.1:16686"; env["CONCLAVE_CONSOLE_JAEGER_URL"] != want {
 		t.Errorf("CONCLAVE_CONSOLE_JAEGER_URL=%q, want %s (the NOTES' port-forward)", env["CONCLAVE_CONSOLE_JAEGER_URL"], want)
 	}
+	// The console reads traces from the dev Jaeger's Service, not from the
+	// browser's port-forward, which means nothing in its pod.
+	if want := "http://" + release + "-jaeger.conclave.svc:16686"; env["CONCLAVE_CONSOLE_JAEGER_QUERY_URL"] != want {
+		t.Errorf("CONCLAVE_CONSOLE_JAEGER_QUERY_URL=%q, want %s", env["CONCLAVE_CONSOLE_JAEGER_QUERY_URL"], want)
+	}
 }
 
 func checkAWS(t *testing.T, r rendered) {

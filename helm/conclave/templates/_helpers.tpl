@@ -282,6 +282,10 @@ resolves) when it is enabled here, else nothing. Takes (dict "root" $
 - name: CONCLAVE_CONSOLE_JAEGER_URL
   value: {{ . | quote }}
 {{- end }}
+{{- with $c.urls.jaegerQuery | default (ternary (printf "http://%s-jaeger.%s.svc:16686" (include "conclave.fullname" $root) $root.Release.Namespace) "" $root.Values.jaeger.enabled) }}
+- name: CONCLAVE_CONSOLE_JAEGER_QUERY_URL
+  value: {{ . | quote }}
+{{- end }}
 {{- include "conclave.secretEnv" (dict "env" "CONCLAVE_CONSOLE_SESSION_KEY" "secret" $c.secret.name "key" $c.secret.sessionKeyKey) }}
 {{- include "conclave.secretEnv" (dict "env" "CONCLAVE_CONSOLE_EVENTS_BUS_TOKEN" "secret" $c.secret.name "key" $c.secret.eventsBusTokenKey) }}
 {{- end }}

@@ -27,6 +27,7 @@ func TestValidateNamesTheBadSetting(t *testing.T) {
 		{"a gateway URL without a host", func(c *Config) { c.GatewayURL = "http://" }, "CONCLAVE_CONSOLE_GATEWAY_URL"},
 		{"a bus URL that is http", func(c *Config) { c.BusURL = "http://127.0.0.1:7892" }, "CONCLAVE_CONSOLE_BUS_URL"},
 		{"a Jaeger URL that is not a URL", func(c *Config) { c.JaegerURL = "jaeger" }, "CONCLAVE_CONSOLE_JAEGER_URL"},
+		{"a Jaeger query URL over another scheme", func(c *Config) { c.JaegerQueryURL = "ftp://jaeger:16686" }, "CONCLAVE_CONSOLE_JAEGER_QUERY_URL"},
 		{"a zero session lifetime", func(c *Config) { c.SessionTTL = 0 }, "CONCLAVE_CONSOLE_SESSION_TTL"},
 		{"no streams", func(c *Config) { c.MaxStreams = 0 }, "CONCLAVE_CONSOLE_MAX_STREAMS"},
 	}

@@ -31,7 +31,10 @@ type Config struct {
 	BusURL       string            `env:"CONCLAVE_CONSOLE_BUS_URL" default:"ws://127.0.0.1:7892" help:"the bus's WebSocket URL (its dead-letter API is on the same listener)"`
 	RunnerURL    string            `env:"CONCLAVE_CONSOLE_RUNNER_URL" default:"http://127.0.0.1:8082" help:"the runner's REST URL"`
 	LibrarianURL string            `env:"CONCLAVE_CONSOLE_LIBRARIAN_URL" default:"http://127.0.0.1:8081" help:"the Librarian's API URL"`
-	JaegerURL    string            `env:"CONCLAVE_CONSOLE_JAEGER_URL" help:"Jaeger's UI, e.g. http://jaeger:16686: trace ids link to their trace there"`
+	JaegerURL    string            `env:"CONCLAVE_CONSOLE_JAEGER_URL" help:"Jaeger's UI as browsers reach it, e.g. http://127.0.0.1:16686: trace pages link there"`
+	// JaegerQueryURL is where the console itself reads traces; in a
+	// cluster it differs from the browser's way to the UI.
+	JaegerQueryURL string `env:"CONCLAVE_CONSOLE_JAEGER_QUERY_URL" help:"Jaeger's query service as the console reaches it, e.g. http://jaeger-query:16686: trace ids open the console's own page of the trace, read from its API (default: CONCLAVE_CONSOLE_JAEGER_URL)"`
 	// SessionKey seals session cookies; replicas behind one load balancer
 	// need the same one.
 	SessionKey           string        `env:"CONCLAVE_CONSOLE_SESSION_KEY" help:"base64 of 32 random bytes sealing the session cookies (default: generated at start, so sessions end with the process)"`
@@ -48,16 +51,24 @@ type Config struct {
 	ShutdownTimeout      time.Duration `env:"CONCLAVE_CONSOLE_SHUTDOWN_TIMEOUT" default:"15s" help:"how long in-flight requests may drain on shutdown"`
 }
 
+func (c Config) jaegerQueryURL() string {
+	if c.JaegerQueryURL != "" {
+		return c.JaegerQueryURL
+	}
+	return c.JaegerURL
+}
+
 // Validate implements config.Validator.
 func (c Config) Validate() error {
 	if _, err := c.sessionKey(); err != nil {
 		return err
 	}
 	for key, u := range map[string]string{
-		"CONCLAVE_CONSOLE_GATEWAY_URL":   c.GatewayURL,
-		"CONCLAVE_CONSOLE_RUNNER_URL":    c.RunnerURL,
-		"CONCLAVE_CONSOLE_LIBRARIAN_URL": c.LibrarianURL,
-		"CONCLAVE_CONSOLE_JAEGER_URL":    c.JaegerURL,
+		"CONCLAVE_CONSOLE_GATEWAY_URL":      c.GatewayURL,
+		"CONCLAVE_CONSOLE_RUNNER_URL":       c.RunnerURL,
+		"CONCLAVE_CONSOLE_LIBRARIAN_URL":    c.LibrarianURL,
+		"CONCLAVE_CONSOLE_JAEGER_URL":       c.JaegerURL,
+		"CONCLAVE_CONSOLE_JAEGER_QUERY_URL": c.JaegerQueryURL,
 	} {
 		if err := checkURL(u, "http", "https"); err != nil {
 			return fmt.Errorf("%s: %w", key, err)
@@ -191,12 +202,14 @@ func New(cfg Config, logger *slog.Logger, tel *telemetry.Provider, opts ...Optio
 		Codec:            codec,
 		Open:             cfg.AllowUnauthenticated,
 		JaegerURL:        cfg.JaegerURL,
+		JaegerQueryURL:   cfg.jaegerQueryURL(),
 		LibrarianAgentID: cfg.LibrarianAgentID,
 		Gateway:          backend.Gateway{Client: client("gateway", func() string { return b().GatewayURL })},
 		Bus: backend.Bus{Client: client("bus", func() string { return backend.HTTPBase(b().BusURL) }),
 			WebSocketURL: func() string { return b().BusURL }, MaxFrameBytes: 1 << 20},
 		Runner:          backend.Runner{Client: client("runner", func() string { return b().RunnerURL })},
 		Librarian:       backend.Librarian{Client: client("librarian", func() string { return b().LibrarianURL })},
+		Jaeger:          backend.Jaeger{Client: client("jaeger", cfg.jaegerQueryURL)},
 		RefreshInterval: cfg.RefreshInterval,
 		MaxStreams:      cfg.MaxStreams,
 		StreamMaxAge:    cfg.StreamMaxAge,

@@ -40,8 +40,13 @@ type Options struct {
 	// Open serves the console without sign-in: a visitor without a
 	// session gets one with no tokens (conclave dev, on loopback).
 	Open bool
-	// JaegerURL, when set, makes every trace id a link to its trace.
+	// JaegerURL is Jaeger's UI as the browser reaches it: the console's
+	// trace pages link there, and without JaegerQueryURL trace ids do.
 	JaegerURL string
+	// JaegerQueryURL, when set, is Jaeger's query API as the console
+	// reaches it (Jaeger calls it): every trace id links to the console's
+	// own page of its trace.
+	JaegerQueryURL string
 	// LibrarianAgentID is the agent the knowledge-graph search asks as.
 	LibrarianAgentID string
 
@@ -49,6 +54,7 @@ type Options struct {
 	Bus       backend.Bus
 	Runner    backend.Runner
 	Librarian backend.Librarian
+	Jaeger    backend.Jaeger
 
 	// RefreshInterval is how often live lists (agents, an instance's
 	// status) are read again.
@@ -105,6 +111,7 @@ func New(base context.Context, o Options) (*Handler, error) {
 		"json":  prettyJSON,
 		"join":  strings.Join,
 		"since": func(t *timestamppb.Timestamp) string { return since(t) },
+		"dur":   duration,
 		// pathEscape makes a value one segment of a URL path: html/template
 		// leaves "/", "?" and ".." in a path as they are.
 		"pathEscape": pathEscape,
@@ -138,6 +145,7 @@ func (h *Handler) Routes(unary, stream func(pattern string, handler http.Handler
 	unary("GET /runner/find", h.session(h.findInstance))
 	unary("POST /runner/launch", h.session(h.launch))
 	unary("GET /runner/instances/{id}", h.session(h.instance))
+	unary("GET /traces/{id}", h.session(h.traceView))
 	unary("POST /runner/instances/{id}/prompt", h.session(h.prompt))
 	unary("POST /runner/instances/{id}/cancel", h.session(h.cancelInstance))
 	unary("GET /librarian", h.session(h.librarian))
@@ -343,7 +351,8 @@ func writeJSONError(w http.ResponseWriter, status int, msg string) {
 	writeJSON(w, status, map[string]any{"error": map[string]any{"code": status, "message": msg}})
 }
 
-// traceLink is a trace id and, when Jaeger is configured, its page there.
+// traceLink is a trace id and, when Jaeger is configured, the page that
+// shows its trace.
 type traceLink struct {
 	ID  string
 	URL string
@@ -354,7 +363,20 @@ func (h *Handler) traceRef(id string) traceLink {
 }
 
 func (h *Handler) traceURL(id string) string {
-	if id == "" || h.o.JaegerURL == "" {
+	switch {
+	case id == "":
+		return ""
+	case h.o.JaegerQueryURL != "":
+		return "/traces/" + url.PathEscape(id)
+	case h.o.JaegerURL != "":
+		return h.jaegerUI(id)
+	}
+	return ""
+}
+
+// jaegerUI is a trace's page in Jaeger's UI, or "" when it is not known.
+func (h *Handler) jaegerUI(id string) string {
+	if h.o.JaegerURL == "" {
 		return ""
 	}
 	return strings.TrimSuffix(h.o.JaegerURL, "/") + "/trace/" + url.PathEscape(id)

@@ -104,10 +104,27 @@ func services(t *testing.T) *httptest.Server {
 	mux.HandleFunc("GET /api/v1/agents/{id}/logs", func(w http.ResponseWriter, r *http.Request) {
 		fmt.Fprintf(w, "{\"time\":\"2025-01-01T00:00:00Z\",\"stream\":\"stderr\",\"text\":%q}\n", scriptPayload)
 	})
+	mux.HandleFunc("GET /api/traces/{id}", func(w http.ResponseWriter, r *http.Request) {
+		if r.PathValue("id") != knownTrace {
+			w.WriteHeader(http.StatusNotFound)
+			fmt.Fprint(w, `{"data":null,"total":0,"limit":0,"offset":0,"errors":[{"code":404,"msg":"trace not found"}]}`)
+			return
+		}
+		// Out of order, as Jaeger may list them: a child before its
+		// parent, and a span whose parent never arrived.
+		fmt.Fprintf(w, `{"data":[{"traceID":%[1]q,"spans":[
+{"traceID":%[1]q,"spanID":"b2","operationName":"bus deliver","references":[{"refType":"CHILD_OF","traceID":%[1]q,"spanID":"a1"}],"startTime":1700000000500000,"duration":250000,"tags":[{"key":"otel.status_code","type":"string","value":"ERROR"},{"key":"otel.status_description","type":"string","value":%[2]q}],"processID":"p2"},
+{"traceID":%[1]q,"spanID":"a1","operationName":%[2]q,"references":[],"startTime":1700000000000000,"duration":1000000,"tags":[{"key":"span.kind","type":"string","value":"server"}],"processID":"p1"},
+{"traceID":%[1]q,"spanID":"c3","operationName":"late","references":[{"refType":"CHILD_OF","traceID":%[1]q,"spanID":"zz"}],"startTime":1700000000900000,"duration":100000,"tags":[],"processID":"p1"}],
+"processes":{"p1":{"serviceName":"conclave-gateway","tags":[]},"p2":{"serviceName":"conclave-bus","tags":[]}}}],"total":0,"limit":0,"offset":0,"errors":null}`, knownTrace, scriptPayload)
+	})
 	srv := httptest.NewServer(mux)
 	t.Cleanup(srv.Close)
 	return srv
 }
+
+// knownTrace is the trace the fake Jaeger of services has.
+const knownTrace = "4bf92f3577b34da6a3ce929d0e0e4736"
 
 // closedURL is an address nothing listens on.
 func closedURL(t *testing.T) string {
@@ -139,11 +156,12 @@ func newConsole(t *testing.T, open bool, gatewayURL, busURL, runnerURL, libraria
 	}
 	wsURL := strings.Replace(busURL, "http://", "ws://", 1)
 	h, err := New(t.Context(), Options{
-		Codec: codec, Open: open, JaegerURL: "http://jaeger.example:16686", LibrarianAgentID: "gemini-pro",
+		Codec: codec, Open: open, JaegerURL: "http://jaeger.example:16686", JaegerQueryURL: librarianURL, LibrarianAgentID: "gemini-pro",
 		Gateway:         backend.Gateway{Client: client("gateway", gatewayURL)},
 		Bus:             backend.Bus{Client: client("bus", busURL), WebSocketURL: func() string { return wsURL }},
 		Runner:          backend.Runner{Client: client("runner", runnerURL)},
 		Librarian:       backend.Librarian{Client: client("librarian", librarianURL)},
+		Jaeger:          backend.Jaeger{Client: client("jaeger", librarianURL)},
 		RefreshInterval: 50 * time.Millisecond, MaxStreams: 10, StreamMaxAge: time.Minute, ChatTimeout: time.Minute, MaxChats: 10,
 	})
 	if err != nil {
@@ -292,7 +310,7 @@ func TestHTMLFromServicesIsEscaped(t *testing.T) {
 	e := newConsole(t, true, svc.URL, svc.URL, svc.URL, svc.URL)
 	ck := e.cookie(t, e.codec.New(session.Tokens{}, true))
 	e.h.instances.add(knownInstance{ID: "i1"})
-	for _, path := range []string{"/", "/agents", "/bus", "/bus/dead-letters/dl1", "/librarian", "/runner"} {
+	for _, path := range []string{"/", "/agents", "/bus", "/bus/dead-letters/dl1", "/librarian", "/runner", "/traces/" + knownTrace} {
 		t.Run(path, func(t *testing.T) {
 			t.Parallel()
 			resp, body := e.do(t, "GET", path, ck, nil, nil)
@@ -384,7 +402,7 @@ func TestChatStreamsTheReply(t *testing.T) {
 	}{&started.ChatID, &started.Events, &started.TraceID, &started.TraceURL}); err != nil {
 		t.Fatal(err)
 	}
-	if len(started.TraceID) != 32 || started.TraceURL != "http://jaeger.example:16686/trace/"+started.TraceID {
+	if len(started.TraceID) != 32 || started.TraceURL != "/traces/"+started.TraceID {
 		t.Errorf("trace %q %q", started.TraceID, started.TraceURL)
 	}
 	resp, body = e.do(t, "GET", started.Events, ck, nil, map[string]string{"Accept": "text/event-stream"})
@@ -782,5 +800,69 @@ func TestLogsResumeAfterLastEventID(t *testing.T) {
 	// An id the console did not make replays the tail, as a new stream.
 	if got, _ := lines("garbage"); len(got) != 4 {
 		t.Errorf("after a foreign id: %q", got)
+	}
+}
+
+// TestTracePage: the console's view of a trace read from Jaeger's query
+// API: spans in tree order whatever order Jaeger lists them in, errors
+// marked, and a clear page for each way it cannot be drawn.
+func TestTracePage(t *testing.T) {
+	t.Parallel()
+	svc := services(t)
+	e := newConsole(t, true, svc.URL, svc.URL, svc.URL, svc.URL)
+	ck := e.cookie(t, e.codec.New(session.Tokens{}, true))
+
+	resp, body := e.do(t, "GET", "/traces/"+strings.ToUpper(knownTrace), ck, nil, nil)
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("%d %s", resp.StatusCode, body)
+	}
+	order := []string{`data-span="a1"`, `data-span="b2"`, `data-span="c3"`}
+	last := -1
+	for _, want := range order {
+		at := strings.Index(body, want)
+		if at <= last {
+			t.Fatalf("spans not in tree order (%s at %d, after %d):\n%s", want, at, last, body)
+		}
+		last = at
+	}
+	for _, want := range []string{
+		`<tr class="span error" data-service="conclave-bus" data-span="b2">`,
+		`<td class="op d1" title="depth 1">bus deliver <strong class="err">ERROR</strong>: &lt;script&gt;`,
+		`<td class="num">+500.0ms</td><td class="num">250.0ms</td>`,
+		`<rect x="500" y="0" width="250" height="10"/>`,
+		`<span class="svc">conclave-gateway</span> 2</li><li><span class="svc">conclave-bus</span> 1</li>`,
+		`href="http://jaeger.example:16686/trace/` + knownTrace + `"`,
+	} {
+		if !strings.Contains(body, want) {
+			t.Errorf("the page lacks %s:\n%s", want, body)
+		}
+	}
+
+	for _, c := range []struct {
+		name, path string
+		jaeger     string
+		status     int
+		want       string
+	}{
+		{"not in Jaeger yet", "/traces/" + strings.Repeat("ab", 16), svc.URL, http.StatusNotFound, "NOT IN JAEGER YET"},
+		{"not an id", "/traces/xyz", svc.URL, http.StatusBadRequest, "32 hexadecimal digits"},
+		{"all zero", "/traces/" + strings.Repeat("0", 32), svc.URL, http.StatusBadRequest, "32 hexadecimal digits"},
+		{"no Jaeger configured", "/traces/" + knownTrace, "", http.StatusNotFound, "CONCLAVE_CONSOLE_JAEGER_URL"},
+		{"no way to Jaeger's UI", "/traces/" + knownTrace, svc.URL, http.StatusOK, `id="waterfall"`},
+		{"Jaeger down", "/traces/" + knownTrace, closedURL(t), http.StatusBadGateway, "UNAVAILABLE:</strong> the jaeger cannot be reached"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			e := newConsole(t, true, svc.URL, svc.URL, svc.URL, svc.URL)
+			e.h.o.JaegerQueryURL = c.jaeger
+			if c.name == "no way to Jaeger's UI" {
+				e.h.o.JaegerURL = ""
+			}
+			e.h.o.Jaeger = backend.Jaeger{Client: &backend.Client{Service: "jaeger", Base: func() string { return c.jaeger }, HTTP: http.DefaultClient, Timeout: 5 * time.Second}}
+			resp, body := e.do(t, "GET", c.path, e.cookie(t, e.codec.New(session.Tokens{}, true)), nil, nil)
+			if resp.StatusCode != c.status || !strings.Contains(body, c.want) {
+				t.Fatalf("%d, want %d with %q:\n%s", resp.StatusCode, c.status, c.want, body)
+			}
+		})
 	}
 }
