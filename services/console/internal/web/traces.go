@@ -13,14 +13,13 @@ import (
 // traceData is a trace as the console draws it: a waterfall, each span a
 // row with its bar placed on the trace's time line (0 to barScale).
 type traceData struct {
-	ID        string
-	Jaeger    panel
-	NotFound  bool
-	Trace     *backend.Trace
-	Rows      []traceRow
-	JaegerUI  string
-	MaxSpans  int
-	Truncated int
+	ID       string
+	Jaeger   panel
+	NotFound bool
+	Trace    *backend.Trace
+	Rows     []traceRow
+	JaegerUI string
+	MaxSpans int
 }
 
 type traceRow struct {
@@ -55,8 +54,7 @@ func (h *Handler) traceView(w http.ResponseWriter, r *http.Request, s session.Se
 	status := http.StatusOK
 	switch {
 	case err == nil:
-		d.Trace, d.Truncated = t, t.Truncated
-		d.Rows = waterfall(t)
+		d.Trace, d.Rows = t, waterfall(t)
 	case backend.StatusOf(err) == http.StatusNotFound:
 		// Spans reach Jaeger in batches, seconds after the request.
 		d.NotFound, status = true, http.StatusNotFound

@@ -866,3 +866,18 @@ func TestTracePage(t *testing.T) {
 		})
 	}
 }
+
+// TestTracePageSaysWhatItLeftOut: a trace past the spans the page draws
+// says how many more Jaeger has.
+func TestTracePageSaysWhatItLeftOut(t *testing.T) {
+	t.Parallel()
+	e := newConsole(t, true, closedURL(t), closedURL(t), closedURL(t), closedURL(t))
+	tr := &backend.Trace{ID: knownTrace, Spans: []backend.Span{{ID: "a", Service: "bus", Operation: "bus publish"}}, Truncated: 7}
+	var buf bytes.Buffer
+	if err := e.h.tmpl.ExecuteTemplate(&buf, "tracepage", page{D: traceData{ID: knownTrace, Trace: tr, Rows: waterfall(tr), MaxSpans: backend.MaxTraceSpans}}); err != nil {
+		t.Fatal(err)
+	}
+	if want := "1 (and 7 more, past the 2000 this page shows: see Jaeger)"; !strings.Contains(buf.String(), want) {
+		t.Fatalf("the page lacks %q:\n%s", want, buf.String())
+	}
+}
