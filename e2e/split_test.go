@@ -109,21 +109,8 @@ type awsBackends struct {
 
 func startAWS(t *testing.T, ctx context.Context) *awsBackends {
 	t.Helper()
-	dynalite, err := testenv.Dynalite(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(dynalite.Stop)
-	fauxqs, err := testenv.Fauxqs(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(fauxqs.Stop)
-	h, err := testenv.AWSEndpoint(dynalite.Endpoint, fauxqs.Endpoint)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return &awsBackends{dynalite: dynalite.Endpoint, handler: h, url: serve(t, h)}
+	b := testenv.StartAWS(t, ctx)
+	return &awsBackends{dynalite: b.Dynalite, handler: b.Endpoint, url: serve(t, b.Endpoint)}
 }
 
 // env is a deployable's settings for the backends, on this host, with

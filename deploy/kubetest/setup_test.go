@@ -5,6 +5,7 @@ package kubetest_test
 import (
 	"context"
 	"fmt"
+	"net/http"
 	"os"
 	"path/filepath"
 	"testing"
@@ -67,16 +68,7 @@ func setUp(t *testing.T, ctx context.Context) *chartEnv {
 	}
 	dir := t.TempDir()
 
-	dynalite, err := testenv.Dynalite(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(dynalite.Stop)
-	fauxqs, err := testenv.Fauxqs(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(fauxqs.Stop)
+	aws := testenv.StartAWS(t, ctx)
 	type built struct {
 		tarballs []string
 		took     time.Duration
@@ -118,7 +110,7 @@ func setUp(t *testing.T, ctx context.Context) *chartEnv {
 	if e.version, err = testenv.ChartVersion(); err != nil {
 		t.Fatal(err)
 	}
-	endpoint := serveAWS(t, e.node, dynalite.Endpoint, fauxqs.Endpoint)
+	endpoint := serveAWS(t, e.node, aws.Endpoint)
 	e.values = filepath.Join(dir, "values.yaml")
 	if err := os.WriteFile(e.values, []byte(installValues(endpoint, e.version)), 0o600); err != nil {
 		t.Fatal(err)
@@ -152,16 +144,11 @@ func buildImages(ctx context.Context, dir string) ([]string, error) {
 }
 
 // serveAWS answers DynamoDB and SQS at one endpoint inside the node's
-// namespace, as CONCLAVE_AWS_ENDPOINT (aws.endpoint) wants
-// (testenv.AWSEndpoint: dynalite or fauxqs, both on this host's loopback,
-// by X-Amz-Target). It returns the endpoint as pods reach it, on
-// KubeNodeIP.
-func serveAWS(t *testing.T, node *testenv.KubeNodeEnv, dynalite, fauxqs string) string {
+// namespace, as CONCLAVE_AWS_ENDPOINT (aws.endpoint) wants (h:
+// testenv.AWSEndpoint, dynalite or fauxqs on this host's loopback by
+// X-Amz-Target). It returns the endpoint as pods reach it, on KubeNodeIP.
+func serveAWS(t *testing.T, node *testenv.KubeNodeEnv, h http.Handler) string {
 	t.Helper()
-	h, err := testenv.AWSEndpoint(dynalite, fauxqs)
-	if err != nil {
-		t.Fatal(err)
-	}
 	url, err := node.ServeHTTP(h)
 	if err != nil {
 		t.Fatal(err)

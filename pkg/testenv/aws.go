@@ -7,6 +7,7 @@ import (
 	"net/http/httputil"
 	"net/url"
 	"strings"
+	"testing"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
@@ -27,6 +28,36 @@ func AWSConfig() aws.Config {
 // DynamoDBClient is a DynamoDB client for the server at endpoint (dynalite).
 func DynamoDBClient(endpoint string) *dynamodb.Client {
 	return dynamodb.NewFromConfig(AWSConfig(), func(o *dynamodb.Options) { o.BaseEndpoint = aws.String(endpoint) })
+}
+
+// AWSBackends are dynalite and fauxqs, started for one test.
+type AWSBackends struct {
+	// Dynalite and Fauxqs are their own base URLs.
+	Dynalite, Fauxqs string
+	// Endpoint answers for both (AWSEndpoint); serve it where the
+	// deployables under test reach it.
+	Endpoint http.Handler
+}
+
+// StartAWS starts dynalite and fauxqs for t, stopped when it ends, and
+// their shared endpoint.
+func StartAWS(t testing.TB, ctx context.Context) *AWSBackends {
+	t.Helper()
+	dynalite, err := Dynalite(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(dynalite.Stop)
+	fauxqs, err := Fauxqs(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(fauxqs.Stop)
+	h, err := AWSEndpoint(dynalite.Endpoint, fauxqs.Endpoint)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &AWSBackends{Dynalite: dynalite.Endpoint, Fauxqs: fauxqs.Endpoint, Endpoint: h}
 }
 
 // AWSEndpoint answers DynamoDB and SQS at one endpoint, as
