@@ -1431,21 +1431,14 @@ func (ss *session) converse(ctx context.Context, client conversation, sessionUp 
 	o := ss.s.o
 	launch := ss.launch
 	pending := launch.PendingTurn() || legacy
-	if pending && launch.CancelTurn == launch.Turn && launch.Turn > 0 {
-		// Cancelled while its runner was gone.
-		ss.setStatus(ctx, func(in *records.Instance) {
-			sessionUp(in)
-			in.Status, in.TurnDone, in.Prompt, in.CancelTurn = records.StatusStopped, in.Turn, "", 0
-			if in.FinishedAt.IsZero() {
-				in.FinishedAt = time.Now().UTC()
-			}
-		})
+	// Cancelled while its runner was gone.
+	cancelledWhileGone := pending && launch.CancelTurn == launch.Turn && launch.Turn > 0
+	if cancelledWhileGone {
 		pending = false
-	} else if !pending {
-		ss.setStatus(ctx, sessionUp)
 	}
-	o.Metrics.Launch("started")
-
+	// The session takes prompts before its status says so: a caller that
+	// prompts as soon as it reads running (or stopped) must not be told
+	// the agent is still starting.
 	ss.mu.Lock()
 	ss.client = client
 	if pending {
@@ -1454,6 +1447,18 @@ func (ss *session) converse(ctx context.Context, client conversation, sessionUp 
 		ss.turnID = client.BeginTurn()
 	}
 	ss.mu.Unlock()
+	if cancelledWhileGone {
+		ss.setStatus(ctx, func(in *records.Instance) {
+			sessionUp(in)
+			in.Status, in.TurnDone, in.Prompt, in.CancelTurn = records.StatusStopped, in.Turn, "", 0
+			if in.FinishedAt.IsZero() {
+				in.FinishedAt = time.Now().UTC()
+			}
+		})
+	} else if !pending {
+		ss.setStatus(ctx, sessionUp)
+	}
+	o.Metrics.Launch("started")
 	if pending {
 		// The session's fields go in the turn's start write.
 		if out, why := ss.turn(ctx, client, pendingPrompt{turn: launch.Turn, message: launch.Prompt}, sessionUp); out != "" {
