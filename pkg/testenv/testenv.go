@@ -22,6 +22,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -39,6 +40,10 @@ type Component struct {
 	cmd    *exec.Cmd
 	output *LockedBuffer
 	done   chan struct{}
+	// serving is set once Start has returned it and stopping by Stop: an
+	// exit between the two is the component dying under the tests, which
+	// is reported with its output.
+	serving, stopping atomic.Bool
 }
 
 // Stop kills the component and its children and waits for it to exit.
@@ -46,6 +51,7 @@ func (c *Component) Stop() {
 	if c == nil || c.cmd == nil || c.cmd.Process == nil {
 		return
 	}
+	c.stopping.Store(true)
 	_ = syscall.Kill(-c.cmd.Process.Pid, syscall.SIGKILL)
 	<-c.done
 }
@@ -138,12 +144,19 @@ func startNode(ctx context.Context, name string, script []string, args func(port
 	if err != nil {
 		return nil, err
 	}
-	port, err := FreePort()
-	if err != nil {
-		return nil, err
+	// A port taken between FreePort and the component's bind ends the
+	// component at start (ErrExited): it starts again on another one.
+	for attempt := 1; ; attempt++ {
+		port, err := FreePort()
+		if err != nil {
+			return nil, err
+		}
+		argv := append([]any{filepath.Join(append([]string{nm}, script...)...)}, args(strconv.Itoa(port))...)
+		c, err := Start(ctx, name, port, node(nm), argv...)
+		if err == nil || !errors.Is(err, ErrExited) || attempt == 3 {
+			return c, err
+		}
 	}
-	argv := append([]any{filepath.Join(append([]string{nm}, script...)...)}, args(strconv.Itoa(port))...)
-	return Start(ctx, name, port, node(nm), argv...)
 }
 
 // RunWith runs a package's tests with one component started for them all
@@ -198,7 +211,14 @@ func Start(ctx context.Context, name string, port int, bin string, args ...any) 
 	}
 	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
 	c := &Component{Name: name, Endpoint: "http://" + addr, Addr: addr, cmd: cmd, output: out, done: make(chan struct{})}
-	go func() { _ = cmd.Wait(); close(c.done) }()
+	go func() {
+		err := cmd.Wait()
+		if c.serving.Load() && !c.stopping.Load() {
+			// Tests then fail on refused connections; this says why.
+			fmt.Fprintf(os.Stderr, "testenv: %s (pid %d, %s) exited while the tests used it: %v\n%s\n", name, cmd.Process.Pid, addr, err, tail(out.String(), 8<<10))
+		}
+		close(c.done)
+	}()
 
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
@@ -206,7 +226,17 @@ func Start(ctx context.Context, name string, port int, bin string, args ...any) 
 		conn, err := net.DialTimeout("tcp", addr, time.Second)
 		if err == nil {
 			conn.Close()
-			return c, nil
+			// Something listens; it must be the component, not a process
+			// that took the port first (the component then exits, below).
+			ours, err := listensOn(cmd.Process.Pid, port)
+			if err != nil {
+				c.Stop()
+				return nil, err
+			}
+			if ours {
+				c.serving.Store(true)
+				return c, nil
+			}
 		}
 		select {
 		case <-c.done:
@@ -217,6 +247,14 @@ func Start(ctx context.Context, name string, port int, bin string, args ...any) 
 		case <-time.After(50 * time.Millisecond):
 		}
 	}
+}
+
+// tail is the last n bytes of s.
+func tail(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return "..." + s[len(s)-n:]
 }
 
 // LockedBuffer is a bytes.Buffer safe for a process writing its output

@@ -2,8 +2,11 @@ package testenv_test
 
 import (
 	"context"
+	"errors"
 	"io"
+	"net"
 	"net/http"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -51,5 +54,42 @@ func TestNodeComponents(t *testing.T) {
 				t.Fatalf("%s answered %d: %s", tt.name, resp.StatusCode, body.String())
 			}
 		})
+	}
+}
+
+// TestStartOnATakenPort: a component whose port another process took
+// first exits at once (EADDRINUSE) while the other process answers on the
+// port; Start must say it exited, not hand the tests the stranger.
+func TestStartOnATakenPort(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts dynalite")
+	}
+	t.Parallel()
+	stranger, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stranger.Close()
+	go func() {
+		for {
+			conn, err := stranger.Accept()
+			if err != nil {
+				return
+			}
+			conn.Close()
+		}
+	}()
+	port := stranger.Addr().(*net.TCPAddr).Port
+	node, script, err := testenv.NodeScript("dynalite", "cli.js")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := testenv.Start(context.Background(), "dynalite", port, node, script, "--host", "127.0.0.1", "--port", strconv.Itoa(port))
+	if err == nil {
+		c.Stop()
+		t.Fatal("Start returned a component whose port another process holds")
+	}
+	if !errors.Is(err, testenv.ErrExited) || !strings.Contains(err.Error(), "EADDRINUSE") {
+		t.Fatalf("Start: %v; want ErrExited with dynalite's EADDRINUSE", err)
 	}
 }
