@@ -2,7 +2,9 @@ package testenv
 
 import (
 	"bufio"
+	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -48,6 +50,9 @@ func listensOn(pid, port int) (bool, error) {
 	}
 	fdDir := filepath.Join("/proc", strconv.Itoa(pid), "fd")
 	fds, err := os.ReadDir(fdDir)
+	if errors.Is(err, fs.ErrNotExist) {
+		return false, nil // it has exited: Start reports how
+	}
 	if err != nil {
 		return false, err
 	}

@@ -122,7 +122,7 @@ func FreePort() (int, error) {
 
 // Dynalite starts dynalite, in memory, on a free loopback port.
 func Dynalite(ctx context.Context) (*Component, error) {
-	return startNode(ctx, "dynalite", []string{"dynalite", "cli.js"}, func(port string) []any {
+	return startNode(ctx, "dynalite", "dynalite-abort-guard.cjs", []string{"dynalite", "cli.js"}, func(port string) []any {
 		return []any{"--host", "127.0.0.1", "--port", port,
 			// Tables become ACTIVE at once, as the tests need no CREATING phase.
 			"--createTableMs", "0", "--deleteTableMs", "0", "--updateTableMs", "0"}
@@ -132,17 +132,22 @@ func Dynalite(ctx context.Context) (*Component, error) {
 // Fauxqs starts fauxqs, in memory, on a free port. fauxqs always binds all
 // interfaces; tests only ever address it on loopback.
 func Fauxqs(ctx context.Context) (*Component, error) {
-	return startNode(ctx, "fauxqs", []string{"fauxqs", "dist", "cli.js"}, func(port string) []any {
+	return startNode(ctx, "fauxqs", "", []string{"fauxqs", "dist", "cli.js"}, func(port string) []any {
 		return []any{Env{"FAUXQS_PORT=" + port, "FAUXQS_HOST=127.0.0.1", "FAUXQS_LOGGER=false"}}
 	})
 }
 
 // startNode runs a script from node_modules with the pinned Node.js on a
-// free port; args builds its arguments for that port.
-func startNode(ctx context.Context, name string, script []string, args func(port string) []any) (*Component, error) {
+// free port; args builds its arguments for that port. preload, if set, is
+// a module of pkg/testenv/node that Node.js loads first.
+func startNode(ctx context.Context, name, preload string, script []string, args func(port string) []any) (*Component, error) {
 	nm, err := nodeModules()
 	if err != nil {
 		return nil, err
+	}
+	var nodeArgs []any
+	if preload != "" {
+		nodeArgs = []any{"--require", filepath.Join(filepath.Dir(nm), "pkg", "testenv", "node", preload)}
 	}
 	// A port taken between FreePort and the component's bind ends the
 	// component at start (ErrExited): it starts again on another one.
@@ -151,7 +156,7 @@ func startNode(ctx context.Context, name string, script []string, args func(port
 		if err != nil {
 			return nil, err
 		}
-		argv := append([]any{filepath.Join(append([]string{nm}, script...)...)}, args(strconv.Itoa(port))...)
+		argv := append(append(nodeArgs, filepath.Join(append([]string{nm}, script...)...)), args(strconv.Itoa(port))...)
 		c, err := Start(ctx, name, port, node(nm), argv...)
 		if err == nil || !errors.Is(err, ErrExited) || attempt == 3 {
 			return c, err

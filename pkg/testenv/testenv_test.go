@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/conclave-ai/conclave/pkg/testenv"
 )
@@ -91,5 +92,52 @@ func TestStartOnATakenPort(t *testing.T) {
 	}
 	if !errors.Is(err, testenv.ErrExited) || !strings.Contains(err.Error(), "EADDRINUSE") {
 		t.Fatalf("Start: %v; want ErrExited with dynalite's EADDRINUSE", err)
+	}
+}
+
+// TestDynaliteServesOnAfterAnAbort: a client that drops a request half
+// sent (a Go context cancelled mid-call) must not end dynalite, which
+// throws from the request's 'error' listener unless guarded: every later
+// test of the package would meet "connection refused".
+func TestDynaliteServesOnAfterAnAbort(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts dynalite")
+	}
+	t.Parallel()
+	c, err := testenv.Dynalite(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Stop)
+	conn, err := net.Dial("tcp", c.Addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = io.WriteString(conn, "POST / HTTP/1.1\r\nHost: "+c.Addr+"\r\nContent-Type: application/x-amz-json-1.0\r\n"+
+		"X-Amz-Target: DynamoDB_20120810.ListTables\r\nContent-Length: 100\r\n\r\n{")
+	conn.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Once dynalite has seen the abort (guarded or not, it says "aborted"),
+	// it must still answer.
+	for deadline := time.Now().Add(time.Minute); !strings.Contains(c.Output(), "aborted"); {
+		if time.Now().After(deadline) {
+			t.Fatalf("dynalite never noticed the aborted request:\n%s", c.Output())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	req, _ := http.NewRequest(http.MethodPost, c.Endpoint+"/", strings.NewReader("{}"))
+	req.Header.Set("Content-Type", "application/x-amz-json-1.0")
+	req.Header.Set("X-Amz-Target", "DynamoDB_20120810.ListTables")
+	req.Header.Set("X-Amz-Date", "20260101T000000Z")
+	req.Header.Set("Authorization", "AWS4-HMAC-SHA256 Credential=test/20260101/us-east-1/dynamodb/aws4_request, SignedHeaders=host, Signature=00")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatalf("after the abort: %v\n%s", err, c.Output())
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("after the abort: HTTP %d", resp.StatusCode)
 	}
 }
