@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/conclave-ai/conclave/pkg/testenv"
+	"github.com/conclave-ai/conclave/pkg/testenv/kubeenv"
 )
 
 // The Kubernetes shape's release, as docs/deploy.md installs it.
@@ -34,7 +35,7 @@ const (
 )
 
 // TestKubernetes runs the scenario on the Helm chart installed on the real
-// single-node cluster (testenv.KubeNode), on the AWS path: the gateway,
+// single-node cluster (kubeenv.KubeNode), on the AWS path: the gateway,
 // bus and runner as the chart deploys them (two replicas each, behind
 // their Services), the runner's ACP agents as Jobs behind agent-host,
 // dynalite and fauxqs reached from the pods through one endpoint in the
@@ -73,7 +74,7 @@ func TestKubernetes(t *testing.T) {
 		}
 		images <- built{tarballs, err}
 	}()
-	node, err := testenv.KubeNode(ctx)
+	node, err := kubeenv.KubeNode(ctx)
 	if err != nil {
 		<-images
 		t.Fatal(err)
@@ -96,12 +97,12 @@ func TestKubernetes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	otlp, err := node.Forward(testenv.KubeNodeIP+":0", jaeger.OTLPEndpoint)
+	otlp, err := node.Forward(kubeenv.KubeNodeIP+":0", jaeger.OTLPEndpoint)
 	if err != nil {
 		t.Fatal(err)
 	}
 
-	rel, err := testenv.NewRelease(ctx, node, kubeRelease, kubeNamespace, dir)
+	rel, err := kubeenv.NewRelease(ctx, node, kubeRelease, kubeNamespace, dir)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -114,7 +115,7 @@ func TestKubernetes(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	version, err := testenv.ChartVersion()
+	version, err := kubeenv.ChartVersion()
 	if err != nil {
 		t.Fatal(err)
 	}

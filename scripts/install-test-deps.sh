@@ -4,7 +4,7 @@
 # that drives the Librarian's review page; python3, which runs the bridge's
 # example tool agents (in e2e's Kubernetes shape, in a pod); containerd
 # (with runc), the CNI plugins, iptables and iproute2, which
-# testenv.KubeNode's single-node Kubernetes cluster runs pods with. Idempotent; needs root (CI and the development
+# kubeenv.KubeNode's single-node Kubernetes cluster runs pods with. Idempotent; needs root (CI and the development
 # machines run as root) or sudo.
 set -euo pipefail
 packages=(nginx chromium containerd iptables)

@@ -30,6 +30,7 @@ import (
 	"github.com/conclave-ai/conclave/pkg/store"
 	"github.com/conclave-ai/conclave/pkg/telemetry"
 	"github.com/conclave-ai/conclave/pkg/testenv"
+	"github.com/conclave-ai/conclave/pkg/testenv/kubeenv"
 	"github.com/conclave-ai/conclave/services/runner/service"
 )
 
@@ -50,7 +51,7 @@ const (
 // pod gone, before the next.
 func BenchmarkKubeFirstUpdate(b *testing.B) {
 	ctx := context.Background()
-	node, err := testenv.KubeNode(ctx)
+	node, err := kubeenv.KubeNode(ctx)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -251,7 +252,7 @@ func waitJobGone(b *testing.B, cs kubernetes.Interface, name string) {
 // startKubeRunner runs a runner with the Kubernetes executor on the node:
 // its gRPC listener on loopback, reached by the pods through a forward
 // from the node's address.
-func startKubeRunner(b *testing.B, node *testenv.KubeNodeEnv) string {
+func startKubeRunner(b *testing.B, node *kubeenv.KubeNodeEnv) string {
 	dir := b.TempDir()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -259,7 +260,7 @@ func startKubeRunner(b *testing.B, node *testenv.KubeNodeEnv) string {
 	}
 	grpcAddr := l.Addr().String()
 	_ = l.Close()
-	fwd, err := node.Forward(testenv.KubeNodeIP+":0", grpcAddr)
+	fwd, err := node.Forward(kubeenv.KubeNodeIP+":0", grpcAddr)
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -36,7 +36,7 @@ import (
 	"k8s.io/client-go/restmapper"
 	"sigs.k8s.io/yaml"
 
-	"github.com/conclave-ai/conclave/pkg/testenv"
+	"github.com/conclave-ai/conclave/pkg/testenv/kubeenv"
 	gatewayv1 "github.com/conclave-ai/conclave/proto/conclave/gateway/v1"
 )
 
@@ -112,7 +112,7 @@ func testInstall(t *testing.T, e *chartEnv) {
 }
 
 // waitRolledOut waits until Deployment name is rolled out
-// (testenv.Release.WaitRolledOut) on a pod template other than notHash,
+// (kubeenv.Release.WaitRolledOut) on a pod template other than notHash,
 // unless notHash is empty, and returns its pods' pod-template-hash.
 func (e *chartEnv) waitRolledOut(t *testing.T, name, notHash string) string {
 	t.Helper()
@@ -389,7 +389,7 @@ func testRunnerRBAC(t *testing.T, e *chartEnv) {
 // canI asks whether the release's ServiceAccount sa may do verb on
 // resource (group/resource[/subresource]) in ns ("" cluster-wide).
 func (e *chartEnv) canI(ctx context.Context, sa, verb, group, resource, subresource, ns string) (bool, error) {
-	return testenv.ServiceAccountCan(ctx, e.admin, namespace, sa, authorizationv1.ResourceAttributes{
+	return kubeenv.ServiceAccountCan(ctx, e.admin, namespace, sa, authorizationv1.ResourceAttributes{
 		Namespace: ns, Verb: verb, Group: group, Resource: resource, Subresource: subresource,
 	})
 }

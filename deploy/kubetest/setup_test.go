@@ -14,6 +14,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/conclave-ai/conclave/pkg/testenv"
+	"github.com/conclave-ai/conclave/pkg/testenv/kubeenv"
 )
 
 // The release as docs/deploy.md installs it: release conclave in namespace
@@ -45,8 +46,8 @@ const (
 // chartEnv is a running node with the images imported and the backends
 // reachable from its pods, and the release to install on it.
 type chartEnv struct {
-	rel   *testenv.Release
-	node  *testenv.KubeNodeEnv
+	rel   *kubeenv.Release
+	node  *kubeenv.KubeNodeEnv
 	admin kubernetes.Interface
 	root  string
 	// values is the install's values file.
@@ -82,7 +83,7 @@ func setUp(t *testing.T, ctx context.Context) *chartEnv {
 	}()
 
 	start := time.Now()
-	e.node, err = testenv.KubeNode(ctx)
+	e.node, err = kubeenv.KubeNode(ctx)
 	if err != nil {
 		<-images
 		t.Fatal(err)
@@ -103,11 +104,11 @@ func setUp(t *testing.T, ctx context.Context) *chartEnv {
 			t.Fatal(err)
 		}
 	}
-	if e.rel, err = testenv.NewRelease(ctx, e.node, release, namespace, dir); err != nil {
+	if e.rel, err = kubeenv.NewRelease(ctx, e.node, release, namespace, dir); err != nil {
 		t.Fatal(err)
 	}
 	e.admin = e.rel.Client
-	if e.version, err = testenv.ChartVersion(); err != nil {
+	if e.version, err = kubeenv.ChartVersion(); err != nil {
 		t.Fatal(err)
 	}
 	endpoint := serveAWS(t, e.node, aws.Endpoint)
@@ -147,7 +148,7 @@ func buildImages(ctx context.Context, dir string) ([]string, error) {
 // namespace, as CONCLAVE_AWS_ENDPOINT (aws.endpoint) wants (h:
 // testenv.AWSEndpoint, dynalite or fauxqs on this host's loopback by
 // X-Amz-Target). It returns the endpoint as pods reach it, on KubeNodeIP.
-func serveAWS(t *testing.T, node *testenv.KubeNodeEnv, h http.Handler) string {
+func serveAWS(t *testing.T, node *kubeenv.KubeNodeEnv, h http.Handler) string {
 	t.Helper()
 	url, err := node.ServeHTTP(h)
 	if err != nil {
@@ -204,7 +205,7 @@ observability:
 
 // createSecrets makes the namespace and the Secrets the chart names (its
 // defaults), as docs/deploy.md's "Install from zero" does.
-func createSecrets(t *testing.T, ctx context.Context, rel *testenv.Release) {
+func createSecrets(t *testing.T, ctx context.Context, rel *kubeenv.Release) {
 	t.Helper()
 	grants := fmt.Sprintf(`[{"token": %q, "publish": ["*"], "subscribe": ["*"], "admin": true}]`, busToken)
 	if err := rel.CreateSecrets(ctx, map[string]map[string]string{
@@ -221,7 +222,7 @@ func createSecrets(t *testing.T, ctx context.Context, rel *testenv.Release) {
 	}
 }
 
-// helmRun runs helm inside the node's namespace (testenv.Release.Helm).
+// helmRun runs helm inside the node's namespace (kubeenv.Release.Helm).
 func (e *chartEnv) helmRun(ctx context.Context, args ...string) (string, error) {
 	return e.rel.Helm(ctx, args...)
 }

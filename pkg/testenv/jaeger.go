@@ -91,7 +91,7 @@ var jaegerPorts = []struct {
 // Jaeger binds a dozen ports, each picked free a moment before; when another
 // process takes one first Jaeger exits, and it is started again on new ports.
 func StartJaeger(ctx context.Context) (*Jaeger, error) {
-	bin, err := toolBinaries(ctx, "jaeger", "jaeger-all-in-one")
+	bin, err := ToolBinaries(ctx, "jaeger", "jaeger-all-in-one")
 	if err != nil {
 		return nil, err
 	}

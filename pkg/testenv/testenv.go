@@ -1,9 +1,10 @@
 // Package testenv starts the real components Conclave's integration tests run
 // against: dynalite (DynamoDB) and fauxqs (SQS) from the project's npm lock
-// file, and, in sibling files, kube-apiserver, etcd and Jaeger from the tools
-// modules. Tests start each once per package in TestMain, on a free loopback
-// port, and stop it after. KubeNode runs a whole single-node Kubernetes
-// cluster, in a network namespace of its own (docs/testing.md).
+// file, and, in sibling files, Jaeger from the tools modules. Tests start
+// each once per package in TestMain, on a free loopback port, and stop it
+// after. The Kubernetes environments (kube-apiserver and etcd, a whole
+// single-node cluster) are in package kubeenv, so that only the tests that
+// use them link client-go (docs/testing.md).
 //
 // Components are installed by `make test`; when a test runs under plain
 // `go test` on a fresh clone, testenv installs what is missing the same way

@@ -24,7 +24,7 @@ import (
 	"github.com/conclave-ai/conclave/pkg/queue"
 	"github.com/conclave-ai/conclave/pkg/store"
 	"github.com/conclave-ai/conclave/pkg/telemetry"
-	"github.com/conclave-ai/conclave/pkg/testenv"
+	"github.com/conclave-ai/conclave/pkg/testenv/kubeenv"
 	"github.com/conclave-ai/conclave/services/runner/service"
 )
 
@@ -68,7 +68,7 @@ type runnerState struct {
 // from the node's address.
 func newRunnerState(t *testing.T, grpcAddr string, overrides map[string]string) *runnerState {
 	t.Helper()
-	fwd, err := env.node.Forward(testenv.KubeNodeIP+":0", grpcAddr)
+	fwd, err := env.node.Forward(kubeenv.KubeNodeIP+":0", grpcAddr)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -356,7 +356,7 @@ func await(t *testing.T, lines <-chan logLine, want string) {
 // namespace) may do verb on resource (group/resource[/subresource]) in ns
 // ("" cluster-wide).
 func canI(ctx context.Context, sa, verb, group, resource, subresource, ns string) (bool, error) {
-	return testenv.ServiceAccountCan(ctx, env.admin, namespace, sa, authorizationv1.ResourceAttributes{
+	return kubeenv.ServiceAccountCan(ctx, env.admin, namespace, sa, authorizationv1.ResourceAttributes{
 		Namespace: ns, Verb: verb, Group: group, Resource: resource, Subresource: subresource,
 	})
 }

@@ -28,6 +28,7 @@ import (
 	"k8s.io/client-go/rest"
 
 	"github.com/conclave-ai/conclave/pkg/testenv"
+	"github.com/conclave-ai/conclave/pkg/testenv/kubeenv"
 )
 
 // Names on the node.
@@ -46,7 +47,7 @@ const (
 
 // env is what TestMain set up, for every test.
 var env struct {
-	node   *testenv.KubeNodeEnv
+	node   *kubeenv.KubeNodeEnv
 	jaeger *testenv.Jaeger
 	// admin is the cluster's admin client; runnerConfig is the runner's
 	// ServiceAccount's, bound to the chart's Role.
@@ -96,7 +97,7 @@ func setUp(m *testing.M) (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	if env.node, err = testenv.KubeNode(ctx); err != nil {
+	if env.node, err = kubeenv.KubeNode(ctx); err != nil {
 		return 0, err
 	}
 	for _, img := range images {
@@ -107,7 +108,7 @@ func setUp(m *testing.M) (int, error) {
 	if env.jaeger, err = testenv.StartJaeger(ctx); err != nil {
 		return 0, err
 	}
-	otlp, err := env.node.Forward(testenv.KubeNodeIP+":0", env.jaeger.OTLPEndpoint)
+	otlp, err := env.node.Forward(kubeenv.KubeNodeIP+":0", env.jaeger.OTLPEndpoint)
 	if err != nil {
 		return 0, err
 	}
@@ -227,7 +228,7 @@ func setUpNamespace(ctx context.Context) error {
 // chartRBAC renders helm/conclave's runner Role and RoleBinding for the
 // agents' namespace.
 func chartRBAC(ctx context.Context) (*rbacv1.Role, *rbacv1.RoleBinding, error) {
-	helm, err := testenv.Helm(ctx)
+	helm, err := kubeenv.Helm(ctx)
 	if err != nil {
 		return nil, nil, err
 	}

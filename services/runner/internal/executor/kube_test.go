@@ -22,13 +22,13 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
-	"github.com/conclave-ai/conclave/pkg/testenv"
+	"github.com/conclave-ai/conclave/pkg/testenv/kubeenv"
 	"github.com/conclave-ai/conclave/services/runner/internal/agenttype"
 )
 
 // kubeEnv is the package's API server (kube-apiserver and etcd, nothing
 // running pods): nil under -short.
-var kubeEnv *testenv.KubeEnv
+var kubeEnv *kubeenv.KubeEnv
 
 func TestMain(m *testing.M) {
 	os.Exit(runTests(m))
@@ -37,7 +37,7 @@ func TestMain(m *testing.M) {
 func runTests(m *testing.M) int {
 	if !shortFlag() {
 		// The first build of the binaries takes minutes: no deadline here.
-		k, err := testenv.Kube(context.Background())
+		k, err := kubeenv.Kube(context.Background())
 		if err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			return 1

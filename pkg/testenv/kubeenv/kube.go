@@ -1,18 +1,14 @@
-package testenv
+package kubeenv
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
-	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"strings"
 	"sync"
-	"syscall"
 	"time"
+
+	"github.com/conclave-ai/conclave/pkg/testenv"
 
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
@@ -31,7 +27,7 @@ type KubeEnv struct {
 
 	env    *envtest.Environment
 	dir    string
-	output *LockedBuffer
+	output *testenv.LockedBuffer
 	once   sync.Once
 }
 
@@ -42,7 +38,7 @@ type KubeEnv struct {
 // and run with a -timeout above go test's default 10m, as `make test` does.
 // After the build, starting takes at most 2 minutes or until ctx's deadline.
 func Kube(ctx context.Context) (*KubeEnv, error) {
-	bin, err := toolBinaries(ctx, "k8s", "kube-apiserver", "etcd")
+	bin, err := testenv.ToolBinaries(ctx, "k8s", "kube-apiserver", "etcd")
 	if err != nil {
 		return nil, err
 	}
@@ -53,7 +49,7 @@ func Kube(ctx context.Context) (*KubeEnv, error) {
 	if err != nil {
 		return nil, err
 	}
-	out := &LockedBuffer{}
+	out := &testenv.LockedBuffer{}
 	timeout := 2 * time.Minute
 	if d, ok := ctx.Deadline(); ok && time.Until(d) < timeout {
 		timeout = max(time.Until(d), time.Second)
@@ -79,7 +75,7 @@ func Kube(ctx context.Context) (*KubeEnv, error) {
 	if err != nil {
 		_ = env.Stop()
 		_ = os.RemoveAll(dir)
-		return nil, fmt.Errorf("testenv: start kube-apiserver and etcd: %w\n%s", err, out)
+		return nil, fmt.Errorf("kubeenv: start kube-apiserver and etcd: %w\n%s", err, out)
 	}
 	k := &KubeEnv{Config: cfg, Kubeconfig: filepath.Join(dir, "kubeconfig"), env: env, dir: dir, output: out}
 	if err := os.WriteFile(k.Kubeconfig, env.KubeConfig, 0o600); err != nil {
@@ -112,71 +108,9 @@ func (k *KubeEnv) Output() string { return k.output.String() }
 // scripts/build-test-tools.sh when it is missing or tools/helm changed.
 // Point it at a KubeEnv with --kubeconfig KubeEnv.Kubeconfig.
 func Helm(ctx context.Context) (string, error) {
-	bin, err := toolBinaries(ctx, "helm", "helm")
+	bin, err := testenv.ToolBinaries(ctx, "helm", "helm")
 	if err != nil {
 		return "", err
 	}
 	return filepath.Join(bin, "helm"), nil
-}
-
-// toolsMu serialises tool builds within a test binary; the script itself
-// serialises them across test binaries.
-var toolsMu sync.Mutex
-
-// toolBinaries makes sure the binaries of the tools/<module> module are in
-// .cache/bin and built from its current go.mod and go.sum, running
-// scripts/build-test-tools.sh <module> otherwise, and returns .cache/bin.
-func toolBinaries(ctx context.Context, module string, names ...string) (string, error) {
-	root, err := RepoRoot()
-	if err != nil {
-		return "", err
-	}
-	bin := filepath.Join(root, ".cache", "bin")
-	toolsMu.Lock()
-	defer toolsMu.Unlock()
-	current, err := toolsUpToDate(root, bin, module, names)
-	if err != nil || current {
-		return bin, err
-	}
-	start := time.Now()
-	fmt.Fprintf(os.Stderr, "testenv: building the %s test tools (once; this takes minutes)\n", module)
-	cmd := exec.CommandContext(ctx, filepath.Join(root, "scripts", "build-test-tools.sh"), module)
-	cmd.Dir = root
-	// Its own process group, so cancelling ctx also ends the go build under it.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
-	out := &LockedBuffer{}
-	cmd.Stdout, cmd.Stderr = out, out
-	if err := cmd.Run(); err != nil {
-		return "", fmt.Errorf("testenv: scripts/build-test-tools.sh %s: %v\n%s", module, err, out)
-	}
-	fmt.Fprintf(os.Stderr, "testenv: built the %s test tools in %s\n", module, time.Since(start).Round(time.Second))
-	return bin, nil
-}
-
-// toolsUpToDate reports whether every named binary exists and the module's
-// stamp, written by the build script, matches its go.mod and go.sum.
-func toolsUpToDate(root, bin, module string, names []string) (bool, error) {
-	for _, n := range names {
-		if _, err := os.Stat(filepath.Join(bin, n)); errors.Is(err, os.ErrNotExist) {
-			return false, nil
-		} else if err != nil {
-			return false, err
-		}
-	}
-	h := sha256.New()
-	for _, f := range []string{"go.mod", "go.sum"} {
-		b, err := os.ReadFile(filepath.Join(root, "tools", module, f))
-		if err != nil {
-			return false, fmt.Errorf("testenv: tools module %s: %w", module, err)
-		}
-		h.Write(b)
-	}
-	stamp, err := os.ReadFile(filepath.Join(bin, ".stamp-"+module))
-	if errors.Is(err, os.ErrNotExist) {
-		return false, nil
-	} else if err != nil {
-		return false, err
-	}
-	return strings.TrimSpace(string(stamp)) == hex.EncodeToString(h.Sum(nil)), nil
 }

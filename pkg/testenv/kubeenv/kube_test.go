@@ -1,4 +1,4 @@
-package testenv_test
+package kubeenv_test
 
 import (
 	"context"
@@ -13,7 +13,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
-	"github.com/conclave-ai/conclave/pkg/testenv"
+	"github.com/conclave-ai/conclave/pkg/testenv/kubeenv"
 )
 
 // TestKube starts a real kube-apiserver and etcd, creates a batch/v1 Job the
@@ -25,7 +25,7 @@ func TestKube(t *testing.T) {
 	t.Parallel()
 	// Not under the deadline below: on a fresh clone Kube builds the
 	// binaries first, which takes minutes.
-	k, err := testenv.Kube(t.Context())
+	k, err := kubeenv.Kube(t.Context())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -118,7 +118,7 @@ func TestKube(t *testing.T) {
 
 	// The kubeconfig file serves command line clients: helm reaches the
 	// server through it.
-	helm, err := testenv.Helm(t.Context())
+	helm, err := kubeenv.Helm(t.Context())
 	if err != nil {
 		t.Fatal(err)
 	}

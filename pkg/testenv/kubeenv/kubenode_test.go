@@ -1,6 +1,6 @@
 //go:build linux
 
-package testenv_test
+package kubeenv_test
 
 import (
 	"bufio"
@@ -25,6 +25,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/conclave-ai/conclave/pkg/testenv"
+	"github.com/conclave-ai/conclave/pkg/testenv/kubeenv"
 )
 
 // probeImage holds internal/kubeprobe, a static binary that copies files,
@@ -52,7 +53,7 @@ func crashChild() {
 		os.Exit(1)
 	}
 	ctx := context.Background()
-	node, err := testenv.KubeNode(ctx)
+	node, err := kubeenv.KubeNode(ctx)
 	if err != nil {
 		fail(err)
 	}
@@ -63,7 +64,7 @@ func crashChild() {
 	pod := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: "left-running"},
 		Spec: corev1.PodSpec{Containers: []corev1.Container{{
-			Name: "main", Image: testenv.PauseImage, ImagePullPolicy: corev1.PullNever,
+			Name: "main", Image: kubeenv.PauseImage, ImagePullPolicy: corev1.PullNever,
 		}}},
 	}
 	if _, err := cs.CoreV1().Pods("default").Create(ctx, pod, metav1.CreateOptions{}); err != nil {
@@ -126,7 +127,7 @@ func TestKubeNode(t *testing.T) {
 	// A run killed before this one (a CI job past its timeout, say) may
 	// have left a node on this machine; the host as it should be after
 	// every teardown is the host without it.
-	if err := testenv.CleanStaleKubeNodes(ctx); err != nil {
+	if err := kubeenv.CleanStaleKubeNodes(ctx); err != nil {
 		t.Fatal(err)
 	}
 	pristine, err := hostSnapshot()
@@ -138,13 +139,13 @@ func TestKubeNode(t *testing.T) {
 
 	var before, after map[string]string
 	var beforeErr, afterErr error
-	testenv.SetKubeNodeHostHooks(
+	kubeenv.SetKubeNodeHostHooks(
 		func() { before, beforeErr = hostSnapshot() },
 		func() { after, afterErr = hostSnapshot() })
-	t.Cleanup(func() { testenv.SetKubeNodeHostHooks(nil, nil) })
+	t.Cleanup(func() { kubeenv.SetKubeNodeHostHooks(nil, nil) })
 
 	start := time.Now()
-	node, err := testenv.KubeNode(ctx)
+	node, err := kubeenv.KubeNode(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -191,7 +192,7 @@ func TestKubeNode(t *testing.T) {
 		if err != nil {
 			t.Fatalf("%v: %s", err, out)
 		}
-		if !strings.Contains(string(out), testenv.KubeNodeIP+"/32") {
+		if !strings.Contains(string(out), kubeenv.KubeNodeIP+"/32") {
 			t.Fatalf("the node address is not among the namespace's:\n%s", out)
 		}
 	})
@@ -202,7 +203,7 @@ func TestKubeNode(t *testing.T) {
 		})
 		t.Run("PodDialsBackToListener", func(t *testing.T) {
 			t.Parallel()
-			l, err := node.Listen("tcp", testenv.KubeNodeIP+":0")
+			l, err := node.Listen("tcp", kubeenv.KubeNodeIP+":0")
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -216,7 +217,7 @@ func TestKubeNode(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer host.Close()
-			fwd, err := node.Forward(testenv.KubeNodeIP+":0", host.Addr().String())
+			fwd, err := node.Forward(kubeenv.KubeNodeIP+":0", host.Addr().String())
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -267,7 +268,7 @@ func compareSnapshots(t *testing.T, aName string, a map[string]string, bName str
 	}
 }
 
-func testJob(t *testing.T, node *testenv.KubeNodeEnv, cs kubernetes.Interface) {
+func testJob(t *testing.T, node *kubeenv.KubeNodeEnv, cs kubernetes.Interface) {
 	ctx, cancel := context.WithTimeout(t.Context(), podWait)
 	defer cancel()
 	ns := "default"
@@ -295,7 +296,7 @@ func testJob(t *testing.T, node *testenv.KubeNodeEnv, cs kubernetes.Interface) {
 					// The main container's image has no kubeprobe: it runs the
 					// copy the init container left in the shared volume.
 					Containers: []corev1.Container{{
-						Name: "main", Image: testenv.PauseImage, ImagePullPolicy: corev1.PullNever,
+						Name: "main", Image: kubeenv.PauseImage, ImagePullPolicy: corev1.PullNever,
 						Command: []string{"/shared/kubeprobe", "env", "SECRET_TOKEN"},
 						Env: []corev1.EnvVar{{Name: "SECRET_TOKEN", ValueFrom: &corev1.EnvVarSource{
 							SecretKeyRef: &corev1.SecretKeySelector{
@@ -364,7 +365,7 @@ func errOrNil(err error) string {
 
 // testPodReachesVia runs a pod that dials addr and sends a line, which
 // must arrive on l.
-func testPodReachesVia(t *testing.T, node *testenv.KubeNodeEnv, cs kubernetes.Interface, name, addr string, l net.Listener) {
+func testPodReachesVia(t *testing.T, node *kubeenv.KubeNodeEnv, cs kubernetes.Interface, name, addr string, l net.Listener) {
 	ctx, cancel := context.WithTimeout(t.Context(), podWait)
 	defer cancel()
 	line := name + "-" + randomHex(t)
@@ -427,7 +428,7 @@ const podWait = 3 * time.Minute
 
 // diagnose is the state of the pods matching selector, their events, and
 // the daemons' logs.
-func diagnose(node *testenv.KubeNodeEnv, cs kubernetes.Interface, selector string) string {
+func diagnose(node *kubeenv.KubeNodeEnv, cs kubernetes.Interface, selector string) string {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	var b strings.Builder
@@ -462,10 +463,10 @@ func plantCrashedNode(t *testing.T, pristine map[string]string) *crashedNode {
 	if err := dead.Run(); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.MkdirAll(testenv.KubeNodeRoot, 0o700); err != nil {
+	if err := os.MkdirAll(kubeenv.KubeNodeRoot, 0o700); err != nil {
 		t.Fatal(err)
 	}
-	dir, err := os.MkdirTemp(testenv.KubeNodeRoot, "kn-")
+	dir, err := os.MkdirTemp(kubeenv.KubeNodeRoot, "kn-")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -643,10 +644,10 @@ func hostSnapshot() (map[string]string, error) {
 // dials the Service's address: the line must pass through kube-proxy's
 // rules to the relay, which sends it on to a listener of the test's. Then
 // the test itself sends a line to the ClusterIP through DialContext.
-func testService(t *testing.T, node *testenv.KubeNodeEnv, cs kubernetes.Interface) {
+func testService(t *testing.T, node *kubeenv.KubeNodeEnv, cs kubernetes.Interface) {
 	ctx, cancel := context.WithTimeout(t.Context(), podWait)
 	defer cancel()
-	l, err := node.Listen("tcp", testenv.KubeNodeIP+":0")
+	l, err := node.Listen("tcp", kubeenv.KubeNodeIP+":0")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,4 +1,4 @@
-package testenv
+package kubeenv
 
 import (
 	"crypto/ecdsa"
@@ -90,7 +90,7 @@ func (p *kubePKI) issue(id pkiIdentity) error {
 	}
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, p.caCert, &key.PublicKey, p.caKey)
 	if err != nil {
-		return fmt.Errorf("testenv: issue %s: %w", id.file, err)
+		return fmt.Errorf("kubeenv: issue %s: %w", id.file, err)
 	}
 	return p.write(id.file, der, key)
 }

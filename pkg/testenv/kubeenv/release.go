@@ -1,4 +1,4 @@
-package testenv
+package kubeenv
 
 import (
 	"bytes"
@@ -9,6 +9,8 @@ import (
 	"path/filepath"
 	"strings"
 	"time"
+
+	"github.com/conclave-ai/conclave/pkg/testenv"
 
 	appsv1 "k8s.io/api/apps/v1"
 	authorizationv1 "k8s.io/api/authorization/v1"
@@ -262,7 +264,7 @@ func ServiceAccountCan(ctx context.Context, client kubernetes.Interface, namespa
 // ChartVersion is helm/conclave's appVersion: the tag of the images
 // ConclaveImages builds, which the chart runs by default.
 func ChartVersion() (string, error) {
-	root, err := RepoRoot()
+	root, err := testenv.RepoRoot()
 	if err != nil {
 		return "", err
 	}
@@ -275,5 +277,5 @@ func ChartVersion() (string, error) {
 			return strings.Trim(strings.TrimSpace(v), `"'`), nil
 		}
 	}
-	return "", errors.New("testenv: helm/conclave/Chart.yaml has no appVersion")
+	return "", errors.New("kubeenv: helm/conclave/Chart.yaml has no appVersion")
 }

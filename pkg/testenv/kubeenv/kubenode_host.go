@@ -1,6 +1,6 @@
 //go:build linux
 
-package testenv
+package kubeenv
 
 import (
 	"bufio"
@@ -155,12 +155,12 @@ func cleanStaleKubeNodes() {
 		pid, _, _ := strings.Cut(string(owner), " ")
 		n, _ := strconv.Atoi(pid)
 		if alive, _ := processIdentity(n); alive == string(owner) && alive != self {
-			fmt.Fprintf(os.Stderr, "testenv: KubeNode %s belongs to the live process %d: left alone\n", dir, n)
+			fmt.Fprintf(os.Stderr, "kubeenv: KubeNode %s belongs to the live process %d: left alone\n", dir, n)
 			continue
 		}
-		fmt.Fprintf(os.Stderr, "testenv: tearing down KubeNode %s left by a crashed test process (%s)\n", dir, pid)
+		fmt.Fprintf(os.Stderr, "kubeenv: tearing down KubeNode %s left by a crashed test process (%s)\n", dir, pid)
 		if err := teardownKubeNodeDir(dir); err != nil {
-			fmt.Fprintf(os.Stderr, "testenv: %v\n", err)
+			fmt.Fprintf(os.Stderr, "kubeenv: %v\n", err)
 		}
 	}
 }
@@ -236,7 +236,7 @@ func teardownKubeNodeDir(dir string) error {
 		errs = append(errs, err)
 	}
 	if err := errors.Join(errs...); err != nil {
-		return fmt.Errorf("testenv: KubeNode teardown of %s: %w", dir, err)
+		return fmt.Errorf("kubeenv: KubeNode teardown of %s: %w", dir, err)
 	}
 	return nil
 }

@@ -1,6 +1,6 @@
 //go:build linux
 
-package testenv
+package kubeenv
 
 import (
 	"context"
@@ -18,6 +18,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/conclave-ai/conclave/pkg/testenv"
 
 	"golang.org/x/sys/unix"
 	corev1 "k8s.io/api/core/v1"
@@ -120,12 +122,12 @@ var kubeNodeHooks struct {
 // with scripts/install-test-deps.sh. Stop it with Stop.
 func KubeNode(ctx context.Context) (node *KubeNodeEnv, err error) {
 	if os.Geteuid() != 0 {
-		return nil, errors.New("testenv: KubeNode needs root: it creates a network namespace, mounts and cgroups (run the tests as root, or with -short)")
+		return nil, errors.New("kubeenv: KubeNode needs root: it creates a network namespace, mounts and cgroups (run the tests as root, or with -short)")
 	}
 	if err := kubeNodePackages(ctx); err != nil {
 		return nil, err
 	}
-	bin, err := toolBinaries(ctx, "k8s", "kube-apiserver", "etcd", "kubelet", "kube-controller-manager", "kube-scheduler", "kube-proxy")
+	bin, err := testenv.ToolBinaries(ctx, "k8s", "kube-apiserver", "etcd", "kubelet", "kube-controller-manager", "kube-scheduler", "kube-proxy")
 	if err != nil {
 		return nil, err
 	}
@@ -175,16 +177,16 @@ func lockKubeNodes(ctx context.Context) (*os.File, error) {
 		}
 		if !errors.Is(err, unix.EWOULDBLOCK) {
 			f.Close()
-			return nil, fmt.Errorf("testenv: lock %s: %w", f.Name(), err)
+			return nil, fmt.Errorf("kubeenv: lock %s: %w", f.Name(), err)
 		}
 		if !waiting {
 			waiting = true
-			fmt.Fprintln(os.Stderr, "testenv: waiting for another test process's KubeNode to stop")
+			fmt.Fprintln(os.Stderr, "kubeenv: waiting for another test process's KubeNode to stop")
 		}
 		select {
 		case <-ctx.Done():
 			f.Close()
-			return nil, fmt.Errorf("testenv: waiting for another KubeNode: %w", ctx.Err())
+			return nil, fmt.Errorf("kubeenv: waiting for another KubeNode: %w", ctx.Err())
 		case <-time.After(250 * time.Millisecond):
 		}
 	}
@@ -209,21 +211,21 @@ func kubeNodePackages(ctx context.Context) error {
 		return nil
 	}
 	kubeNodeDeps.Do(func() {
-		root, err := RepoRoot()
+		root, err := testenv.RepoRoot()
 		if err != nil {
 			kubeNodeDeps.err = err
 			return
 		}
 		cmd := exec.CommandContext(ctx, filepath.Join(root, "scripts", "install-test-deps.sh"))
 		if out, err := cmd.CombinedOutput(); err != nil {
-			kubeNodeDeps.err = fmt.Errorf("testenv: scripts/install-test-deps.sh: %v\n%s", err, out)
+			kubeNodeDeps.err = fmt.Errorf("kubeenv: scripts/install-test-deps.sh: %v\n%s", err, out)
 		}
 	})
 	if kubeNodeDeps.err != nil {
 		return kubeNodeDeps.err
 	}
 	if missing := missingNodeCommands(); len(missing) > 0 {
-		return fmt.Errorf("testenv: KubeNode needs %s (Debian: containerd, containernetworking-plugins, iptables, iproute2, util-linux)", strings.Join(missing, ", "))
+		return fmt.Errorf("kubeenv: KubeNode needs %s (Debian: containerd, containernetworking-plugins, iptables, iproute2, util-linux)", strings.Join(missing, ", "))
 	}
 	return nil
 }
@@ -291,11 +293,11 @@ func processIdentity(pid int) (string, error) {
 	s := string(b)
 	i := strings.LastIndexByte(s, ')')
 	if i < 0 {
-		return "", fmt.Errorf("testenv: odd /proc/%d/stat", pid)
+		return "", fmt.Errorf("kubeenv: odd /proc/%d/stat", pid)
 	}
 	fields := strings.Fields(s[i+1:])
 	if len(fields) < 20 {
-		return "", fmt.Errorf("testenv: odd /proc/%d/stat", pid)
+		return "", fmt.Errorf("kubeenv: odd /proc/%d/stat", pid)
 	}
 	return fmt.Sprintf("%d %s", pid, fields[19]), nil
 }
@@ -502,7 +504,7 @@ func run(ctx context.Context, name string, args ...string) error {
 	cmd := exec.CommandContext(ctx, name, args...)
 	cmd.Env = append(os.Environ(), "PATH="+kubeNodePath)
 	if out, err := cmd.CombinedOutput(); err != nil {
-		return fmt.Errorf("testenv: %s %s: %v: %s", name, strings.Join(args, " "), err, out)
+		return fmt.Errorf("kubeenv: %s %s: %v: %s", name, strings.Join(args, " "), err, out)
 	}
 	return nil
 }
@@ -510,12 +512,12 @@ func run(ctx context.Context, name string, args ...string) error {
 // buildPauseImage builds the sandbox image from internal/pause.
 func (k *KubeNodeEnv) buildPauseImage(ctx context.Context) error {
 	bin := k.path("images", "pause")
-	if err := BuildStatic(ctx, "./pkg/testenv/internal/pause", bin); err != nil {
+	if err := testenv.BuildStatic(ctx, "./pkg/testenv/internal/pause", bin); err != nil {
 		return err
 	}
-	return WriteImage(k.path("images", "pause.tar"), Image{
+	return testenv.WriteImage(k.path("images", "pause.tar"), testenv.Image{
 		Ref:        PauseImage,
-		Files:      []ImageFile{{Path: "/pause", HostPath: bin}},
+		Files:      []testenv.ImageFile{{Path: "/pause", HostPath: bin}},
 		Entrypoint: []string{"/pause"},
 	})
 }
@@ -536,7 +538,7 @@ func (k *KubeNodeEnv) startDaemon(name, bin string, args ...string) error {
 	// Its own process group; killed with this process if it dies first.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
-		return fmt.Errorf("testenv: start %s: %w", name, err)
+		return fmt.Errorf("kubeenv: start %s: %w", name, err)
 	}
 	d := &nodeDaemon{name: name, cmd: cmd, done: make(chan struct{})}
 	go func() { _ = cmd.Wait(); close(d.done) }()
@@ -559,13 +561,13 @@ func (k *KubeNodeEnv) waitFor(ctx context.Context, what string, check func(conte
 		for _, d := range k.daemons {
 			select {
 			case <-d.done:
-				return fmt.Errorf("testenv: %s exited while waiting for %s", d.name, what)
+				return fmt.Errorf("kubeenv: %s exited while waiting for %s", d.name, what)
 			default:
 			}
 		}
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("testenv: waiting for %s: %w (last: %v)", what, ctx.Err(), err)
+			return fmt.Errorf("kubeenv: waiting for %s: %w (last: %v)", what, ctx.Err(), err)
 		case <-time.After(200 * time.Millisecond):
 		}
 	}
@@ -600,7 +602,7 @@ func (k *KubeNodeEnv) inNetNS(fn func()) error {
 	f := k.nsFile
 	k.mu.Unlock()
 	if f == nil {
-		return errors.New("testenv: the KubeNode is stopped")
+		return errors.New("kubeenv: the KubeNode is stopped")
 	}
 	fd, err := unix.Dup(int(f.Fd()))
 	if err != nil {
@@ -612,7 +614,7 @@ func (k *KubeNodeEnv) inNetNS(fn func()) error {
 		runtime.LockOSThread()
 		if err := unix.Setns(fd, unix.CLONE_NEWNET); err != nil {
 			runtime.UnlockOSThread()
-			errc <- fmt.Errorf("testenv: join network namespace: %w", err)
+			errc <- fmt.Errorf("kubeenv: join network namespace: %w", err)
 			return
 		}
 		fn()
@@ -657,7 +659,7 @@ func nsAddr(network, addr string) (string, error) {
 		host = "127.0.0.1"
 	}
 	if host != "" && net.ParseIP(host) == nil {
-		return "", fmt.Errorf("testenv: %q: inside the node's namespace, address by IP, not host name", addr)
+		return "", fmt.Errorf("kubeenv: %q: inside the node's namespace, address by IP, not host name", addr)
 	}
 	return net.JoinHostPort(host, port), nil
 }
@@ -694,7 +696,7 @@ func (k *KubeNodeEnv) Listen(network, addr string) (net.Listener, error) {
 		return nil, err
 	}
 	if err != nil {
-		return nil, fmt.Errorf("testenv: listen on %s inside the node's namespace: %w", addr, err)
+		return nil, fmt.Errorf("kubeenv: listen on %s inside the node's namespace: %w", addr, err)
 	}
 	return l, nil
 }
