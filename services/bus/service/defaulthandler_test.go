@@ -68,7 +68,7 @@ func TestDefaultHandler(t *testing.T) {
 			pubs[i] = bus.client(t, "bridge", "")
 			pubs[i].publish(2, "tg:123456789", `{"type":"telegram_message","text":"hello","chat_id":"123456789"}`)
 		}
-		agent := <-l.agents
+		agent := receive(t, l.agents, "launched agent")
 		for range n {
 			id, params := agent.expectRequest("processMessage")
 			if params["topic"] != "tg:123456789" {

@@ -138,6 +138,10 @@ func startBus(t *testing.T, cfg service.Config, o busOption) *testBus {
 type wire struct {
 	t *testing.T
 	c *websocket.Conn
+	// early holds requests from the bus that came before the response to
+	// a subscribe (a delivery on the new subscription may), for
+	// expectRequest.
+	early []map[string]any
 }
 
 func dial(t *testing.T, url string, header http.Header) *wire {
@@ -242,7 +246,12 @@ func errorOf(t *testing.T, m map[string]any) (int, string) {
 // expectRequest reads a request from the bus and checks its method.
 func (w *wire) expectRequest(method string) (id any, params map[string]any) {
 	w.t.Helper()
-	m := w.recv()
+	var m map[string]any
+	if len(w.early) > 0 {
+		m, w.early = w.early[0], w.early[1:]
+	} else {
+		m = w.recv()
+	}
 	if m["method"] != method {
 		w.t.Fatalf("expected a %s request from the bus, got %v", method, m)
 	}
@@ -283,9 +292,19 @@ func (w *wire) subscribe(id int, topic, policy string) {
 	if policy != "" {
 		params = fmt.Sprintf(`{"topic":%q,"policy":%q}`, topic, policy)
 	}
-	res := w.result(id, "subscribe", params)
-	if res["success"] != true {
-		w.t.Fatalf("subscribe %s: %v", topic, res)
+	w.send(fmt.Sprintf(`{"jsonrpc":"2.0","method":"subscribe","params":%s,"id":%d}`, params, id))
+	// JSON-RPC does not order the bus's requests after its responses: a
+	// message waiting for this subscriber (the default handler's) may be
+	// delivered before the subscribe is answered.
+	m := w.recv()
+	for ; m["method"] != nil; m = w.recv() {
+		w.early = append(w.early, m)
+	}
+	if fmt.Sprint(m["id"]) != fmt.Sprint(id) {
+		w.t.Fatalf("response id %v, want %v", m["id"], id)
+	}
+	if res, _ := m["result"].(map[string]any); res["success"] != true {
+		w.t.Fatalf("subscribe %s: %v", topic, m)
 	}
 }
 

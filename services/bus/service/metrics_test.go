@@ -51,7 +51,7 @@ func TestMetrics(t *testing.T) {
 	// rejected, default handler with a spawn.
 	pub.callError(7, "sendMessage", `{"topic":"agent:m","payload":{"text":"untyped"}}`)
 	pub.publish(8, "tg:metrics", `{"type":"telegram_message"}`)
-	spawned := <-l.agents
+	spawned := receive(t, l.agents, "launched agent")
 	id, _ = spawned.expectRequest("processMessage")
 	spawned.reply(id, `{"processed":true}`)
 	pub.response(8)
