@@ -15,7 +15,6 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
 	"github.com/conclave-ai/conclave/pkg/auth"
@@ -313,7 +312,7 @@ func newKubernetes(cfg executor.KubeConfig, rc *rest.Config, logger *slog.Logger
 	if rc == nil {
 		return executor.NewKubernetesFromConfig(cfg, logger)
 	}
-	client, err := kubernetes.NewForConfig(rc)
+	client, err := executor.NewKubeClient(rc)
 	if err != nil {
 		return nil, fmt.Errorf("kubernetes executor: %w", err)
 	}

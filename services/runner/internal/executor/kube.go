@@ -15,11 +15,14 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/informers"
-	"k8s.io/client-go/kubernetes"
+	"k8s.io/apimachinery/pkg/watch"
+	batchv1client "k8s.io/client-go/kubernetes/typed/batch/v1"
+	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
 	batchlisters "k8s.io/client-go/listers/batch/v1"
 	corelisters "k8s.io/client-go/listers/core/v1"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/utils/ptr"
 )
@@ -116,7 +119,7 @@ var cannotStartReasons = map[string]bool{
 // stdio. Run must be running for Start to work.
 type Kubernetes struct {
 	cfg    KubeConfig
-	client kubernetes.Interface
+	client KubeClient
 	logger *slog.Logger
 	// now is the clock of the start grace.
 	now func() time.Time
@@ -134,9 +137,46 @@ type Kubernetes struct {
 	stopped bool
 }
 
+// KubeClient is what the executor asks of the API server: the core and
+// batch typed clients. A kubernetes.Interface is one; the runner builds
+// only these two (NewKubeClient), sparing its binary the clients, informers
+// and apply configurations of every other API group client-go has.
+type KubeClient interface {
+	CoreV1() corev1client.CoreV1Interface
+	BatchV1() batchv1client.BatchV1Interface
+}
+
+var _ KubeClient = kubeClient{}
+
+type kubeClient struct {
+	core  *corev1client.CoreV1Client
+	batch *batchv1client.BatchV1Client
+}
+
+func (c kubeClient) CoreV1() corev1client.CoreV1Interface    { return c.core }
+func (c kubeClient) BatchV1() batchv1client.BatchV1Interface { return c.batch }
+
+// NewKubeClient builds the core and batch clients on rc, sharing one HTTP
+// client, as kubernetes.NewForConfig does for all of its groups.
+func NewKubeClient(rc *rest.Config) (KubeClient, error) {
+	httpClient, err := rest.HTTPClientFor(rc)
+	if err != nil {
+		return nil, err
+	}
+	core, err := corev1client.NewForConfigAndClient(rc, httpClient)
+	if err != nil {
+		return nil, err
+	}
+	batch, err := batchv1client.NewForConfigAndClient(rc, httpClient)
+	if err != nil {
+		return nil, err
+	}
+	return kubeClient{core: core, batch: batch}, nil
+}
+
 // NewKubernetes builds the executor on client; cfg must name the namespace
 // (see ServiceAccountNamespace) and the agent-host image.
-func NewKubernetes(cfg KubeConfig, client kubernetes.Interface, logger *slog.Logger) (*Kubernetes, error) {
+func NewKubernetes(cfg KubeConfig, client KubeClient, logger *slog.Logger) (*Kubernetes, error) {
 	cfg = cfg.withDefaults()
 	if err := cfg.check(); err != nil {
 		return nil, err
@@ -153,6 +193,13 @@ func NewKubernetes(cfg KubeConfig, client kubernetes.Interface, logger *slog.Log
 	}, nil
 }
 
+// newInformer is an informer of one namespace's objects of obj's kind,
+// indexed by namespace as the listers expect.
+func newInformer(obj runtime.Object, list cache.ListWithContextFunc, watchFn cache.WatchFuncWithContext) cache.SharedIndexInformer {
+	return cache.NewSharedIndexInformer(&cache.ListWatch{ListWithContextFunc: list, WatchFuncWithContext: watchFn},
+		obj, 0, cache.Indexers{cache.NamespaceIndex: cache.MetaNamespaceIndexFunc})
+}
+
 // Name is "kubernetes".
 func (*Kubernetes) Name() string { return "kubernetes" }
 
@@ -166,14 +213,23 @@ func (k *Kubernetes) Run(ctx context.Context) error {
 		return errors.New("the Kubernetes executor is already running")
 	}
 	defer close(k.ended)
-	factory := informers.NewSharedInformerFactoryWithOptions(k.client, 0,
-		informers.WithNamespace(k.cfg.Namespace),
-		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
-			o.LabelSelector = LabelManagedBy + "=" + ManagedByRunner
-		}))
-	jobs := factory.Batch().V1().Jobs()
-	pods := factory.Core().V1().Pods()
-	k.jobs, k.pods = jobs.Lister(), pods.Lister()
+	// Only the runner's own Jobs and pods, in its namespace.
+	managed := func(o metav1.ListOptions) metav1.ListOptions {
+		o.LabelSelector = LabelManagedBy + "=" + ManagedByRunner
+		return o
+	}
+	ns := k.cfg.Namespace
+	jobs := newInformer(&batchv1.Job{}, func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+		return k.client.BatchV1().Jobs(ns).List(ctx, managed(o))
+	}, func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+		return k.client.BatchV1().Jobs(ns).Watch(ctx, managed(o))
+	})
+	pods := newInformer(&corev1.Pod{}, func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+		return k.client.CoreV1().Pods(ns).List(ctx, managed(o))
+	}, func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+		return k.client.CoreV1().Pods(ns).Watch(ctx, managed(o))
+	})
+	k.jobs, k.pods = batchlisters.NewJobLister(jobs.GetIndexer()), corelisters.NewPodLister(pods.GetIndexer())
 	onJob := cache.ResourceEventHandlerFuncs{
 		AddFunc:    func(obj any) { k.jobChanged(obj) },
 		UpdateFunc: func(_, obj any) { k.jobChanged(obj) },
@@ -184,21 +240,20 @@ func (k *Kubernetes) Run(ctx context.Context) error {
 		UpdateFunc: func(_, obj any) { k.podChanged(obj) },
 		DeleteFunc: func(obj any) { k.podChanged(obj) },
 	}
-	if _, err := jobs.Informer().AddEventHandler(onJob); err != nil {
+	if _, err := jobs.AddEventHandler(onJob); err != nil {
 		return err
 	}
-	if _, err := pods.Informer().AddEventHandler(onPod); err != nil {
+	if _, err := pods.AddEventHandler(onPod); err != nil {
 		return err
 	}
-	factory.Start(ctx.Done())
-	defer factory.Shutdown()
-	for typ, ok := range factory.WaitForCacheSync(ctx.Done()) {
-		if !ok {
-			if ctx.Err() != nil {
-				return nil
-			}
-			return fmt.Errorf("kubernetes executor: the %v cache did not sync", typ)
-		}
+	var running sync.WaitGroup
+	for _, inf := range []cache.SharedIndexInformer{jobs, pods} {
+		running.Go(func() { inf.RunWithContext(ctx) })
+	}
+	// Returning waits for the informers, which stop with ctx.
+	defer running.Wait()
+	if !cache.WaitForCacheSync(ctx.Done(), jobs.HasSynced, pods.HasSynced) {
+		return nil // ctx ended first: nothing else stops the wait
 	}
 	close(k.synced)
 	k.logger.Info("kubernetes executor watching", "namespace", k.cfg.Namespace)

@@ -12,7 +12,6 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/util/validation"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 )
@@ -152,7 +151,7 @@ func NewKubernetesFromConfig(cfg KubeConfig, logger *slog.Logger) (*Kubernetes, 
 			return nil, err
 		}
 	}
-	client, err := kubernetes.NewForConfig(rc)
+	client, err := NewKubeClient(rc)
 	if err != nil {
 		return nil, fmt.Errorf("kubernetes client: %w", err)
 	}
