@@ -39,12 +39,7 @@ func TestNodeComponents(t *testing.T) {
 				t.Fatal(err)
 			}
 			t.Cleanup(c.Stop)
-			req, _ := http.NewRequest(http.MethodPost, c.Endpoint+"/", strings.NewReader("{}"))
-			req.Header.Set("Content-Type", "application/x-amz-json-1.0")
-			req.Header.Set("X-Amz-Target", tt.target)
-			req.Header.Set("X-Amz-Date", "20260101T000000Z")
-			req.Header.Set("Authorization", "AWS4-HMAC-SHA256 Credential=test/20260101/us-east-1/dynamodb/aws4_request, SignedHeaders=host, Signature=00")
-			resp, err := http.DefaultClient.Do(req)
+			resp, err := http.DefaultClient.Do(awsJSONRequest(c.Endpoint, tt.target))
 			if err != nil {
 				t.Fatalf("%s: %v\n%s", tt.name, err, c.Output())
 			}
@@ -56,6 +51,17 @@ func TestNodeComponents(t *testing.T) {
 			}
 		})
 	}
+}
+
+// awsJSONRequest is a raw AWS JSON call of target with an empty body,
+// signed with a dummy signature the emulators do not check.
+func awsJSONRequest(endpoint, target string) *http.Request {
+	req, _ := http.NewRequest(http.MethodPost, endpoint+"/", strings.NewReader("{}"))
+	req.Header.Set("Content-Type", "application/x-amz-json-1.0")
+	req.Header.Set("X-Amz-Target", target)
+	req.Header.Set("X-Amz-Date", "20260101T000000Z")
+	req.Header.Set("Authorization", "AWS4-HMAC-SHA256 Credential=test/20260101/us-east-1/dynamodb/aws4_request, SignedHeaders=host, Signature=00")
+	return req
 }
 
 // TestStartOnATakenPort: a component whose port another process took
@@ -127,12 +133,7 @@ func TestDynaliteServesOnAfterAnAbort(t *testing.T) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	req, _ := http.NewRequest(http.MethodPost, c.Endpoint+"/", strings.NewReader("{}"))
-	req.Header.Set("Content-Type", "application/x-amz-json-1.0")
-	req.Header.Set("X-Amz-Target", "DynamoDB_20120810.ListTables")
-	req.Header.Set("X-Amz-Date", "20260101T000000Z")
-	req.Header.Set("Authorization", "AWS4-HMAC-SHA256 Credential=test/20260101/us-east-1/dynamodb/aws4_request, SignedHeaders=host, Signature=00")
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := http.DefaultClient.Do(awsJSONRequest(c.Endpoint, "DynamoDB_20120810.ListTables"))
 	if err != nil {
 		t.Fatalf("after the abort: %v\n%s", err, c.Output())
 	}
