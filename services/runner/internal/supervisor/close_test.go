@@ -3,13 +3,10 @@ package supervisor
 import (
 	"context"
 	"log/slog"
-	"path/filepath"
 	"testing"
 	"time"
 
 	"github.com/conclave-ai/conclave/pkg/queue"
-	"github.com/conclave-ai/conclave/pkg/store"
-	"github.com/conclave-ai/conclave/services/runner/internal/records"
 )
 
 // TestEventsAfterClose: an event raised after the publisher has closed (a
@@ -17,14 +14,7 @@ import (
 func TestEventsAfterClose(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	q, err := queue.OpenEmbedded(filepath.Join(t.TempDir(), "queues.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = q.Close() })
-	if err := q.Ensure(ctx, queue.Definition{Name: "events"}); err != nil {
-		t.Fatal(err)
-	}
+	q := openQueues(t, "events")
 	e := newEvents(q, "events", "test", slog.New(slog.DiscardHandler), func(int) {})
 	e.Publish(ctx, EventStatusChanged, "task", "before", map[string]any{"status": "running"})
 	closing, cancel := context.WithTimeout(ctx, 10*time.Second)
@@ -55,15 +45,7 @@ func TestEventsAfterClose(t *testing.T) {
 func TestLogAfterClose(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	st, err := store.OpenBolt(filepath.Join(t.TempDir(), "state.db"), store.BoltOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = st.Close() })
-	if err := store.EnsureTables(ctx, st, records.Table); err != nil {
-		t.Fatal(err)
-	}
-	rec := records.New(st)
+	rec := openRecords(t)
 	l := newLogBook(rec, slog.New(slog.DiscardHandler)).open(ctx, "instance")
 	l.Add(StreamRunner, "before")
 	l.Close()

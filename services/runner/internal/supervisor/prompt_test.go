@@ -29,6 +29,46 @@ func (h *statusHook) Status(s string) { h.onStatus(s) }
 func (h *statusHook) Events(int)      {}
 func (h *statusHook) Running(int)     {}
 
+// openRecords is the runner's records on an embedded store of the test's
+// own.
+func openRecords(t *testing.T) *records.Records {
+	t.Helper()
+	st, err := store.OpenBolt(filepath.Join(t.TempDir(), "state.db"), store.BoltOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = st.Close() })
+	if err := store.EnsureTables(context.Background(), st, records.Table); err != nil {
+		t.Fatal(err)
+	}
+	return records.New(st)
+}
+
+// openQueues is an embedded queue of the test's own with the named queues.
+func openQueues(t *testing.T, names ...string) *queue.Embedded {
+	t.Helper()
+	q, err := queue.OpenEmbedded(filepath.Join(t.TempDir(), "queues.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = q.Close() })
+	for _, n := range names {
+		if err := q.Ensure(context.Background(), queue.Definition{Name: n}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return q
+}
+
+// laneQueues names the launch queue's lanes above priority 0.
+func laneQueues(launch string) []string {
+	var names []string
+	for p := 1; p <= MaxPriority; p++ {
+		names = append(names, LaneQueue(launch, p))
+	}
+	return names
+}
+
 // TestPromptAsSoonAsRunning prompts an instance from inside the
 // announcement of its running status, before its session goes on: a caller
 // that reads running and prompts at once must have the prompt taken, not
@@ -39,28 +79,8 @@ func TestPromptAsSoonAsRunning(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	dir := t.TempDir()
-	st, err := store.OpenBolt(filepath.Join(dir, "state.db"), store.BoltOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = st.Close() })
-	if err := store.EnsureTables(ctx, st, records.Table); err != nil {
-		t.Fatal(err)
-	}
-	q, err := queue.OpenEmbedded(filepath.Join(dir, "queues.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = q.Close() })
-	defs := []queue.Definition{{Name: "launch"}, {Name: "events"}}
-	for p := 1; p <= MaxPriority; p++ {
-		defs = append(defs, queue.Definition{Name: LaneQueue("launch", p)})
-	}
-	for _, d := range defs {
-		if err := q.Ensure(ctx, d); err != nil {
-			t.Fatal(err)
-		}
-	}
+	rec := openRecords(t)
+	q := openQueues(t, append([]string{"launch", "events"}, laneQueues("launch")...)...)
 	workspace := filepath.Join(dir, "workspace")
 	script := filepath.Join(dir, "agent.sh")
 	if err := os.Mkdir(workspace, 0o750); err != nil {
@@ -86,7 +106,6 @@ func TestPromptAsSoonAsRunning(t *testing.T) {
 			prompted <- sup.Prompt(ctx, id, "at once")
 		}
 	}}
-	rec := records.New(st)
 	logger := slog.New(slog.DiscardHandler)
 	sup = New(Options{
 		Records: rec, Queue: q, Registry: registry, Executor: &executor.Local{Roots: []string{dir}},
