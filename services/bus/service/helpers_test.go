@@ -191,9 +191,8 @@ func (w *wire) recvRaw() []byte {
 	return data
 }
 
-// call sends a request and returns its response; requests from the bus
-// that arrive first fail the test (use expectRequest for those).
-func (w *wire) call(id any, method, params string) map[string]any {
+// request sends a request without reading its response.
+func (w *wire) request(id any, method, params string) {
 	w.t.Helper()
 	idJSON, _ := json.Marshal(id)
 	frame := fmt.Sprintf(`{"jsonrpc":"2.0","method":%q,"id":%s}`, method, idJSON)
@@ -201,6 +200,13 @@ func (w *wire) call(id any, method, params string) map[string]any {
 		frame = fmt.Sprintf(`{"jsonrpc":"2.0","method":%q,"params":%s,"id":%s}`, method, params, idJSON)
 	}
 	w.send(frame)
+}
+
+// call sends a request and returns its response; requests from the bus
+// that arrive first fail the test (use expectRequest for those).
+func (w *wire) call(id any, method, params string) map[string]any {
+	w.t.Helper()
+	w.request(id, method, params)
 	m := w.recv()
 	if _, isRequest := m["method"]; isRequest {
 		w.t.Fatalf("expected the response to %s, got a request %v", method, m)
@@ -292,7 +298,7 @@ func (w *wire) subscribe(id int, topic, policy string) {
 	if policy != "" {
 		params = fmt.Sprintf(`{"topic":%q,"policy":%q}`, topic, policy)
 	}
-	w.send(fmt.Sprintf(`{"jsonrpc":"2.0","method":"subscribe","params":%s,"id":%d}`, params, id))
+	w.request(id, "subscribe", params)
 	// JSON-RPC does not order the bus's requests after its responses: a
 	// message waiting for this subscriber (the default handler's) may be
 	// delivered before the subscribe is answered.
