@@ -38,31 +38,11 @@ func (ss *session) run(ctx context.Context, in *records.Instance, m queue.Messag
 	ss.log = ss.s.logs.open(ctx, ss.launch.ID)
 	ss.log.Hold()
 	defer ss.log.Close()
+	ss.claim = claim
 	o := ss.s.o
-	claimed := false
-	awaitClaim := func() error {
-		if claimed {
-			return nil
-		}
-		r := <-claim
-		if r.err != nil {
-			ss.log.Discard()
-			return r.err
-		}
-		claimed = true
-		ss.stMu.Lock()
-		ss.in = r.in
-		ss.stMu.Unlock()
-		// What may have changed since the delivery read it (a cancel
-		// recorded while no runner held the launch); the configuration
-		// does not change.
-		ss.launch.Turn, ss.launch.TurnDone, ss.launch.Prompt, ss.launch.CancelTurn = r.in.Turn, r.in.TurnDone, r.in.Prompt, r.in.CancelTurn
-		ss.log.Release()
-		return nil
-	}
 
 	if !in.PendingTurn() && in.TurnDone > 0 {
-		if err := awaitClaim(); err != nil {
+		if err := ss.awaitClaim(); err != nil {
 			return err
 		}
 		// Delivered again after its runner died with the agent idle: there
@@ -75,7 +55,7 @@ func (ss *session) run(ctx context.Context, in *records.Instance, m queue.Messag
 	if in.PendingTurn() && in.CancelTurn == in.Turn {
 		// Cancelled while its runner was gone: the turn ends stopped, and
 		// nothing is started for it.
-		if err := awaitClaim(); err != nil {
+		if err := ss.awaitClaim(); err != nil {
 			return err
 		}
 		if ss.launch.CancelTurn == ss.launch.Turn {
@@ -92,7 +72,7 @@ func (ss *session) run(ctx context.Context, in *records.Instance, m queue.Messag
 	}
 	typ, ok := o.Registry.Get(ss.launch.AgentType)
 	if !ok || !typ.Enabled {
-		if err := awaitClaim(); err != nil {
+		if err := ss.awaitClaim(); err != nil {
 			return err
 		}
 		return ss.fail(ctx, "bad_type", fmt.Sprintf("agent type %q is not registered or not enabled", ss.launch.AgentType))
@@ -104,24 +84,11 @@ func (ss *session) run(ctx context.Context, in *records.Instance, m queue.Messag
 	maps.Copy(env, ss.launch.Env)
 	// The agent's start is a span of the launch's trace, and the agent's
 	// (or agent-host's) own spans continue from it.
-	spanCtx, startSpan := ss.s.tracer.Start(ctx, "start agent", trace.WithSpanKind(trace.SpanKindClient),
+	spanCtx, span := ss.s.tracer.Start(ctx, "start agent", trace.WithSpanKind(trace.SpanKindClient),
 		trace.WithAttributes(attribute.String("conclave.executor", o.Executor.Name()),
 			attribute.String("conclave.instance_id", ss.launch.ID), attribute.Int64("conclave.launch", int64(ss.seq))))
-	startSpanOpen := true
-	endStartSpan := func(proc executor.Process, err error) {
-		if !startSpanOpen {
-			return
-		}
-		startSpanOpen = false
-		if err != nil {
-			startSpan.RecordError(err)
-			startSpan.SetStatus(codes.Error, err.Error())
-		} else if proc != nil {
-			startSpan.SetAttributes(attribute.String("conclave.container_id", proc.ID()))
-		}
-		startSpan.End()
-	}
-	defer endStartSpan(nil, nil)
+	start := &startSpan{span: span, open: true}
+	defer start.end(nil, nil)
 	carrier := propagation.MapCarrier{}
 	propagation.TraceContext{}.Inject(spanCtx, carrier)
 	if tp := carrier["traceparent"]; tp != "" {
@@ -133,24 +100,16 @@ func (ss *session) run(ctx context.Context, in *records.Instance, m queue.Messag
 	ss.mu.Lock()
 	ss.stopStart = stopStart
 	ss.mu.Unlock()
-	stopWatch := make(chan struct{})
-	defer close(stopWatch)
-	go func() {
-		select {
-		case <-ss.s.stopping:
-			ss.kill(stopShutdown, "runner shutting down")
-		case <-stopWatch:
-		}
-	}()
+	defer ss.killOnShutdown()()
 	if kind, why := ss.killedWhy(); kind != stopNone {
 		// Cancelled or deleted as it was claimed.
-		if err := awaitClaim(); err != nil {
+		if err := ss.awaitClaim(); err != nil {
 			return err
 		}
 		return ss.end(ctx, nil, "", "", nil, kind, why)
 	}
 	if typ.Protocol == agenttype.ProtocolOneshot {
-		if err := awaitClaim(); err != nil {
+		if err := ss.awaitClaim(); err != nil {
 			return err
 		}
 		return ss.runOneshot(ctx, typ, env)
@@ -159,21 +118,12 @@ func (ss *session) run(ctx context.Context, in *records.Instance, m queue.Messag
 	var link HostLink
 	if o.Hosts != nil {
 		link = o.Hosts.Expect(ss.launch.ID, int64(ss.seq), ss.onUpdate, ss.log.Add)
-		// Let go unless runHosted takes it over (a lost claim, a failed
-		// start): another runner may be the one it belongs to.
-		defer func() {
-			ss.mu.Lock()
-			adopted := ss.link != nil
-			ss.mu.Unlock()
-			if !adopted {
-				link.Detach()
-			}
-		}()
+		defer ss.releaseLink(link)
 		spec.Host = o.Hosts.Spec(ss.launch.ID, int64(ss.seq), typ, ss.launch.SessionID)
 	}
 	proc, err := o.Executor.Start(startCtx, spec, stderr)
-	endStartSpan(proc, err)
-	if cerr := awaitClaim(); cerr != nil {
+	start.end(proc, err)
+	if cerr := ss.awaitClaim(); cerr != nil {
 		if err == nil {
 			_ = proc.Kill()
 			_ = proc.Wait()
@@ -248,6 +198,78 @@ func (ss *session) run(ctx context.Context, in *records.Instance, m queue.Messag
 	}
 	kind, why := ss.killedWhy()
 	return ss.end(ctx, proc, outcome, reason, exitErr, kind, why)
+}
+
+// awaitClaim waits for the launch's claim, once. A claim that holds
+// brings the session up to date with the instance as claimed and lets its
+// log through; a lost one discards the log, and its error is returned.
+func (ss *session) awaitClaim() error {
+	if ss.claimed {
+		return nil
+	}
+	r := <-ss.claim
+	if r.err != nil {
+		ss.log.Discard()
+		return r.err
+	}
+	ss.claimed = true
+	ss.stMu.Lock()
+	ss.in = r.in
+	ss.stMu.Unlock()
+	// What may have changed since the delivery read it (a cancel
+	// recorded while no runner held the launch); the configuration
+	// does not change.
+	ss.launch.Turn, ss.launch.TurnDone, ss.launch.Prompt, ss.launch.CancelTurn = r.in.Turn, r.in.TurnDone, r.in.Prompt, r.in.CancelTurn
+	ss.log.Release()
+	return nil
+}
+
+// startSpan is the span of an agent's start; end ends it, once, with how
+// the start went.
+type startSpan struct {
+	span trace.Span
+	open bool
+}
+
+func (s *startSpan) end(proc executor.Process, err error) {
+	if !s.open {
+		return
+	}
+	s.open = false
+	if err != nil {
+		s.span.RecordError(err)
+		s.span.SetStatus(codes.Error, err.Error())
+	} else if proc != nil {
+		s.span.SetAttributes(attribute.String("conclave.container_id", proc.ID()))
+	}
+	s.span.End()
+}
+
+// killOnShutdown kills the session when the runner shuts down, which
+// leaves its launch on the queue for the next runner; the func it returns
+// ends the watch.
+func (ss *session) killOnShutdown() (stop func()) {
+	stopWatch := make(chan struct{})
+	go func() {
+		select {
+		case <-ss.s.stopping:
+			ss.kill(stopShutdown, "runner shutting down")
+		case <-stopWatch:
+		}
+	}()
+	return func() { close(stopWatch) }
+}
+
+// releaseLink lets go of a launch's agent-host link unless the session
+// holds it (runHosted takes it over): after a lost claim or a failed
+// start, another runner may be the one it belongs to.
+func (ss *session) releaseLink(link HostLink) {
+	ss.mu.Lock()
+	held := ss.link != nil
+	ss.mu.Unlock()
+	if !held {
+		link.Detach()
+	}
 }
 
 // end records how the launch ended. What a turn recorded stands: an agent

@@ -59,6 +59,10 @@ type session struct {
 	// write that finds another claim stops the session.
 	claimMsg  string
 	claimRecv int
+	// claim delivers how the launch's claim ended, and claimed is set once
+	// it held; run's goroutine alone uses them (awaitClaim).
+	claim   <-chan claimResult
+	claimed bool
 
 	// stMu guards in, the instance as last written.
 	stMu sync.Mutex
