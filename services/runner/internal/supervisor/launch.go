@@ -34,72 +34,28 @@ type claimResult struct {
 // launch on the queue, when the runner is shutting down.
 func (ss *session) run(ctx context.Context, in *records.Instance, m queue.Message, claim <-chan claimResult) error {
 	defer ss.statusWrites.Wait()
-	ss.launchSpan = trace.SpanContextFromContext(ctx)
-	ss.log = ss.s.logs.open(ctx, ss.launch.ID)
-	ss.log.Hold()
+	ss.open(ctx, claim)
 	defer ss.log.Close()
-	ss.claim = claim
-	o := ss.s.o
-
 	if !in.PendingTurn() && in.TurnDone > 0 {
-		if err := ss.awaitClaim(); err != nil {
-			return err
-		}
-		// Delivered again after its runner died with the agent idle: there
-		// is nothing to run, and a later prompt resumes the session.
-		ss.s.o.Metrics.Launch("nothing_pending")
-		ss.setStatus(ctx, func(in *records.Instance) { in.DoneSeq = ss.seq })
-		ss.log.Add(StreamRunner, fmt.Sprintf("launch %d ended: delivered again with no prompt pending, so nothing was started", ss.seq))
-		return nil
+		return ss.endNothingPending(ctx)
 	}
 	if in.PendingTurn() && in.CancelTurn == in.Turn {
-		// Cancelled while its runner was gone: the turn ends stopped, and
-		// nothing is started for it.
-		if err := ss.awaitClaim(); err != nil {
+		if ended, err := ss.endCancelledWhileGone(ctx); ended {
 			return err
 		}
-		if ss.launch.CancelTurn == ss.launch.Turn {
-			ss.s.o.Metrics.Launch("cancelled")
-			ss.setStatus(ctx, func(in *records.Instance) {
-				in.Status, in.TurnDone, in.Prompt, in.CancelTurn, in.DoneSeq = records.StatusStopped, in.Turn, "", 0, ss.seq
-				if in.FinishedAt.IsZero() {
-					in.FinishedAt = time.Now().UTC()
-				}
-			})
-			ss.log.Add(StreamRunner, fmt.Sprintf("launch %d ended (cancelled while no runner held it; nothing was started)", ss.seq))
-			return nil
-		}
 	}
-	typ, ok := o.Registry.Get(ss.launch.AgentType)
+	typ, ok := ss.s.o.Registry.Get(ss.launch.AgentType)
 	if !ok || !typ.Enabled {
 		if err := ss.awaitClaim(); err != nil {
 			return err
 		}
 		return ss.fail(ctx, "bad_type", fmt.Sprintf("agent type %q is not registered or not enabled", ss.launch.AgentType))
 	}
-	env := maps.Clone(typ.Env)
-	if env == nil {
-		env = map[string]string{}
-	}
-	maps.Copy(env, ss.launch.Env)
-	// The agent's start is a span of the launch's trace, and the agent's
-	// (or agent-host's) own spans continue from it.
-	spanCtx, span := ss.s.tracer.Start(ctx, "start agent", trace.WithSpanKind(trace.SpanKindClient),
-		trace.WithAttributes(attribute.String("conclave.executor", o.Executor.Name()),
-			attribute.String("conclave.instance_id", ss.launch.ID), attribute.Int64("conclave.launch", int64(ss.seq))))
-	start := &startSpan{span: span, open: true}
+	env := ss.launchEnv(typ)
+	start := ss.traceStart(ctx, env)
 	defer start.end(nil, nil)
-	carrier := propagation.MapCarrier{}
-	propagation.TraceContext{}.Inject(spanCtx, carrier)
-	if tp := carrier["traceparent"]; tp != "" {
-		env["TRACEPARENT"] = tp
-	}
-	stderr := &lineWriter{log: ss.log, stream: StreamStderr}
-	startCtx, stopStart := context.WithCancel(ctx)
+	startCtx, stopStart := ss.startContext(ctx)
 	defer stopStart()
-	ss.mu.Lock()
-	ss.stopStart = stopStart
-	ss.mu.Unlock()
 	defer ss.killOnShutdown()()
 	if kind, why := ss.killedWhy(); kind != stopNone {
 		// Cancelled or deleted as it was claimed.
@@ -114,28 +70,153 @@ func (ss *session) run(ctx context.Context, in *records.Instance, m queue.Messag
 		}
 		return ss.runOneshot(ctx, typ, env)
 	}
-	spec := executor.Spec{InstanceID: ss.launch.ID, TaskID: ss.launch.TaskID, Type: typ, Workspace: ss.launch.Workspace, Env: env, Launch: int64(ss.seq)}
-	var link HostLink
-	if o.Hosts != nil {
-		link = o.Hosts.Expect(ss.launch.ID, int64(ss.seq), ss.onUpdate, ss.log.Add)
+	link := ss.expectHost()
+	if link != nil {
 		defer ss.releaseLink(link)
+	}
+	stderr := &lineWriter{log: ss.log, stream: StreamStderr}
+	proc, startErr := ss.s.o.Executor.Start(startCtx, ss.spec(typ, env), stderr)
+	start.end(proc, startErr)
+	if ended, err := ss.settleStart(ctx, proc, startErr); ended {
+		return err
+	}
+	ss.attach(proc, link, typ)
+	defer ss.armTimeout(typ, link).Stop()
+	if link != nil {
+		return ss.runHosted(ctx, proc, link)
+	}
+	return ss.runStdio(ctx, proc, typ, stderr)
+}
+
+// open begins the launch: it keeps the worker's span for updates to join,
+// opens the instance's log, held until the claim holds, and keeps claim
+// for awaitClaim.
+func (ss *session) open(ctx context.Context, claim <-chan claimResult) {
+	ss.launchSpan = trace.SpanContextFromContext(ctx)
+	ss.log = ss.s.logs.open(ctx, ss.launch.ID)
+	ss.log.Hold()
+	ss.claim = claim
+}
+
+// endNothingPending ends, once the claim holds, a launch delivered again
+// after its runner died with the agent idle: there is nothing to run, and
+// a later prompt resumes the session.
+func (ss *session) endNothingPending(ctx context.Context) error {
+	if err := ss.awaitClaim(); err != nil {
+		return err
+	}
+	ss.s.o.Metrics.Launch("nothing_pending")
+	ss.setStatus(ctx, func(in *records.Instance) { in.DoneSeq = ss.seq })
+	ss.log.Add(StreamRunner, fmt.Sprintf("launch %d ended: delivered again with no prompt pending, so nothing was started", ss.seq))
+	return nil
+}
+
+// endCancelledWhileGone ends, once the claim holds, a launch whose turn was
+// cancelled while its runner was gone: the turn ends stopped, and nothing
+// is started for it. It reports whether it ended the launch: not when the
+// claim shows a turn that is not cancelled.
+func (ss *session) endCancelledWhileGone(ctx context.Context) (ended bool, err error) {
+	if err := ss.awaitClaim(); err != nil {
+		return true, err
+	}
+	if ss.launch.CancelTurn != ss.launch.Turn {
+		return false, nil
+	}
+	ss.s.o.Metrics.Launch("cancelled")
+	ss.setStatus(ctx, func(in *records.Instance) {
+		in.Status, in.TurnDone, in.Prompt, in.CancelTurn, in.DoneSeq = records.StatusStopped, in.Turn, "", 0, ss.seq
+		if in.FinishedAt.IsZero() {
+			in.FinishedAt = time.Now().UTC()
+		}
+	})
+	ss.log.Add(StreamRunner, fmt.Sprintf("launch %d ended (cancelled while no runner held it; nothing was started)", ss.seq))
+	return true, nil
+}
+
+// launchEnv is the agent's environment: its type's, and the launch's over
+// it.
+func (ss *session) launchEnv(typ agenttype.Type) map[string]string {
+	env := maps.Clone(typ.Env)
+	if env == nil {
+		env = map[string]string{}
+	}
+	maps.Copy(env, ss.launch.Env)
+	return env
+}
+
+// traceStart starts the span of the agent's start, a span of the launch's
+// trace, and sets env's TRACEPARENT to it: the agent's (or agent-host's)
+// own spans continue from it.
+func (ss *session) traceStart(ctx context.Context, env map[string]string) *startSpan {
+	spanCtx, span := ss.s.tracer.Start(ctx, "start agent", trace.WithSpanKind(trace.SpanKindClient),
+		trace.WithAttributes(attribute.String("conclave.executor", ss.s.o.Executor.Name()),
+			attribute.String("conclave.instance_id", ss.launch.ID), attribute.Int64("conclave.launch", int64(ss.seq))))
+	carrier := propagation.MapCarrier{}
+	propagation.TraceContext{}.Inject(spanCtx, carrier)
+	if tp := carrier["traceparent"]; tp != "" {
+		env["TRACEPARENT"] = tp
+	}
+	return &startSpan{span: span, open: true}
+}
+
+// startContext is the context of the executor's Start: kill cancels it,
+// so that a session killed as its agent starts does not wait for the
+// start to end.
+func (ss *session) startContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	startCtx, stopStart := context.WithCancel(ctx)
+	ss.mu.Lock()
+	ss.stopStart = stopStart
+	ss.mu.Unlock()
+	return startCtx, stopStart
+}
+
+// expectHost registers the launch's agent-host, when agents run behind
+// agent-host, and returns the link it will dial in on (nil: none). The
+// caller releases the link unless it attaches it.
+func (ss *session) expectHost() HostLink {
+	if ss.s.o.Hosts == nil {
+		return nil
+	}
+	return ss.s.o.Hosts.Expect(ss.launch.ID, int64(ss.seq), ss.onUpdate, ss.log.Add)
+}
+
+// spec is what the executor starts: the agent, with agent-host's settings
+// when agents run behind it.
+func (ss *session) spec(typ agenttype.Type, env map[string]string) executor.Spec {
+	o := ss.s.o
+	spec := executor.Spec{InstanceID: ss.launch.ID, TaskID: ss.launch.TaskID, Type: typ, Workspace: ss.launch.Workspace, Env: env, Launch: int64(ss.seq)}
+	if o.Hosts != nil {
 		spec.Host = o.Hosts.Spec(ss.launch.ID, int64(ss.seq), typ, ss.launch.SessionID)
 	}
-	proc, err := o.Executor.Start(startCtx, spec, stderr)
-	start.end(proc, err)
-	if cerr := ss.awaitClaim(); cerr != nil {
-		if err == nil {
+	return spec
+}
+
+// settleStart awaits the claim once the executor's Start has returned with
+// proc or startErr, and reports whether the launch ended there: an agent
+// started for a claim that was lost is killed unspoken-to, and a start
+// that failed (or that a kill aborted) ends the launch.
+func (ss *session) settleStart(ctx context.Context, proc executor.Process, startErr error) (ended bool, err error) {
+	if err := ss.awaitClaim(); err != nil {
+		if startErr == nil {
 			_ = proc.Kill()
 			_ = proc.Wait()
 		}
-		return cerr
+		return true, err
 	}
-	if err != nil {
+	if startErr != nil {
 		if kind, why := ss.killedWhy(); kind != stopNone {
-			return ss.end(ctx, nil, "", "", nil, kind, why)
+			return true, ss.end(ctx, nil, "", "", nil, kind, why)
 		}
-		return ss.fail(ctx, "start_failed", err.Error())
+		return true, ss.fail(ctx, "start_failed", startErr.Error())
 	}
+	return false, nil
+}
+
+// attach makes the started agent's process (and its agent-host link) the
+// session's, for kill to reach, and logs the start. A session killed while
+// the agent was starting kills it now, or, as the runner shuts down,
+// leaves a hosted agent to the next runner.
+func (ss *session) attach(proc executor.Process, link HostLink, typ agenttype.Type) {
 	ss.mu.Lock()
 	ss.proc, ss.link = proc, link
 	killedKind := ss.killKind
@@ -148,7 +229,13 @@ func (ss *session) run(ctx context.Context, in *records.Instance, m queue.Messag
 		// Killed while it was being started.
 		_ = proc.Kill()
 	}
-	ss.log.Add(StreamRunner, fmt.Sprintf("started %s as %s %s (launch %d)", typ.ID, o.Executor.Name(), proc.ID(), ss.seq))
+	ss.log.Add(StreamRunner, fmt.Sprintf("started %s as %s %s (launch %d)", typ.ID, ss.s.o.Executor.Name(), proc.ID(), ss.seq))
+}
+
+// armTimeout sets the launch's limits from its agent type and arms its
+// timeout, whose timer it returns for the caller to stop.
+func (ss *session) armTimeout(typ agenttype.Type, link HostLink) *time.Timer {
+	o := ss.s.o
 	// The timeout covers the whole launch, and kills the whole group. A
 	// Job has it as its own deadline, which says so when it passes: this
 	// is the backstop.
@@ -158,13 +245,15 @@ func (ss *session) run(ctx context.Context, in *records.Instance, m queue.Messag
 	if link != nil {
 		limit += o.HostExitGrace
 	}
-	timeout := time.AfterFunc(limit, func() {
+	return time.AfterFunc(limit, func() {
 		ss.kill(stopFailure, fmt.Sprintf("timed out after %s", ss.timeout))
 	})
-	defer timeout.Stop()
-	if link != nil {
-		return ss.runHosted(ctx, proc, link)
-	}
+}
+
+// runStdio converses with a started agent over its stdio, then ends the
+// launch.
+func (ss *session) runStdio(ctx context.Context, proc executor.Process, typ agenttype.Type, stderr *lineWriter) error {
+	o := ss.s.o
 	exited := make(chan error, 1)
 	go func() {
 		err := proc.Wait()
