@@ -12,27 +12,19 @@ import (
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/conclave-ai/conclave/pkg/queue"
 	"github.com/conclave-ai/conclave/services/runner/internal/acp"
 	"github.com/conclave-ai/conclave/services/runner/internal/agenttype"
 	"github.com/conclave-ai/conclave/services/runner/internal/executor"
 	"github.com/conclave-ai/conclave/services/runner/internal/records"
 )
 
-// claimResult is how a launch's claim ended: the instance as claimed, or
-// errDuplicate (another delivery has it), or a store error.
-type claimResult struct {
-	in  *records.Instance
-	err error
-}
-
-// run runs the launch of in delivered as m, whose claim ends on claim. The
+// run runs the launch of in, whose claim's end arrives on claim. The
 // agent's process is started while the claim is written (it takes far
 // longer to start than a write takes), and is killed unspoken-to if the
 // claim is lost; nothing is recorded or logged before the claim holds. It
 // returns errDuplicate for a lost claim, and errStopping, to leave the
 // launch on the queue, when the runner is shutting down.
-func (ss *session) run(ctx context.Context, in *records.Instance, m queue.Message, claim <-chan claimResult) error {
+func (ss *session) run(ctx context.Context, in *records.Instance, claim <-chan claimResult) error {
 	defer ss.statusWrites.Wait()
 	ss.open(ctx, claim)
 	defer ss.log.Close()

@@ -294,31 +294,15 @@ func (s *Supervisor) handle(ctx context.Context, m queue.Message) error {
 		s.mu.Unlock()
 		close(sess.done)
 	}()
-	// The claim: one delivery runs the launch, wherever its duplicates go.
-	// It is written while the agent's process starts (see session.run).
-	claim := make(chan claimResult, 1)
-	go func() {
-		claimed, err := s.o.Records.UpdateInstance(ctx, in.ID, func(in *records.Instance) error {
-			switch {
-			case stale(in, msg.Seq) || in.ClaimSeq == msg.Seq && in.ClaimMsg != "" && in.ClaimMsg != m.ID:
-				return errDuplicate
-			case in.ClaimSeq == msg.Seq && in.ClaimMsg == m.ID && m.ReceiveCount <= in.ClaimRecv:
-				return errOlderReceipt
-			}
-			in.ClaimSeq, in.ClaimMsg, in.ClaimRecv, in.Owner = msg.Seq, m.ID, m.ReceiveCount, s.Owner()
-			return nil
-		})
-		if errors.Is(err, records.ErrNotFound) {
-			err = errDuplicate
-		}
-		claim <- claimResult{claimed, err}
-	}()
+	// The claim is written while the agent's process starts (see
+	// session.run).
+	claim := s.claim(ctx, in.ID, msg.Seq, m)
 	if m.ReceiveCount > 1 {
 		s.log.InfoContext(ctx, "runner: retrying a launch whose runner stopped", "instance_id", in.ID, "attempt", m.ReceiveCount)
 	}
 	s.o.Metrics.Running(1)
 	defer s.o.Metrics.Running(-1)
-	switch err := sess.run(ctx, in, m, claim); {
+	switch err := sess.run(ctx, in, claim); {
 	case errors.Is(err, errDuplicate):
 		s.o.Metrics.Launch("duplicate")
 		return nil
@@ -337,6 +321,38 @@ func (s *Supervisor) handle(ctx context.Context, m queue.Message) error {
 		}
 	}
 	return nil
+}
+
+// claimResult is how a launch's claim ended: the instance as claimed, or
+// errDuplicate (another delivery has it), or a store error.
+type claimResult struct {
+	in  *records.Instance
+	err error
+}
+
+// claim writes, in the background, the claim of launch seq of an instance
+// for its delivery m: the claim makes one delivery run the launch,
+// wherever its duplicates go. How the write ended arrives on the channel
+// returned.
+func (s *Supervisor) claim(ctx context.Context, instanceID string, seq int, m queue.Message) <-chan claimResult {
+	claim := make(chan claimResult, 1)
+	go func() {
+		claimed, err := s.o.Records.UpdateInstance(ctx, instanceID, func(in *records.Instance) error {
+			switch {
+			case stale(in, seq) || in.ClaimSeq == seq && in.ClaimMsg != "" && in.ClaimMsg != m.ID:
+				return errDuplicate
+			case in.ClaimSeq == seq && in.ClaimMsg == m.ID && m.ReceiveCount <= in.ClaimRecv:
+				return errOlderReceipt
+			}
+			in.ClaimSeq, in.ClaimMsg, in.ClaimRecv, in.Owner = seq, m.ID, m.ReceiveCount, s.Owner()
+			return nil
+		})
+		if errors.Is(err, records.ErrNotFound) {
+			err = errDuplicate
+		}
+		claim <- claimResult{claimed, err}
+	}()
+	return claim
 }
 
 // Live reports whether this replica runs a process for the instance.
