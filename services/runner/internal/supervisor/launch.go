@@ -90,6 +90,30 @@ func (ss *session) open(ctx context.Context, claim <-chan claimResult) {
 	ss.claim = claim
 }
 
+// awaitClaim waits for the launch's claim, once. A claim that holds
+// brings the session up to date with the instance as claimed and lets its
+// log through; a lost one discards the log, and its error is returned.
+func (ss *session) awaitClaim() error {
+	if ss.claimed {
+		return nil
+	}
+	r := <-ss.claim
+	if r.err != nil {
+		ss.log.Discard()
+		return r.err
+	}
+	ss.claimed = true
+	ss.stMu.Lock()
+	ss.in = r.in
+	ss.stMu.Unlock()
+	// What may have changed since the delivery read it (a cancel
+	// recorded while no runner held the launch); the configuration
+	// does not change.
+	ss.launch.Turn, ss.launch.TurnDone, ss.launch.Prompt, ss.launch.CancelTurn = r.in.Turn, r.in.TurnDone, r.in.Prompt, r.in.CancelTurn
+	ss.log.Release()
+	return nil
+}
+
 // endNothingPending ends, once the claim holds, a launch delivered again
 // after its runner died with the agent idle: there is nothing to run, and
 // a later prompt resumes the session.
@@ -151,6 +175,27 @@ func (ss *session) traceStart(ctx context.Context, env map[string]string) *start
 	return &startSpan{span: span, open: true}
 }
 
+// startSpan is the span of an agent's start; end ends it, once, with how
+// the start went.
+type startSpan struct {
+	span trace.Span
+	open bool
+}
+
+func (s *startSpan) end(proc executor.Process, err error) {
+	if !s.open {
+		return
+	}
+	s.open = false
+	if err != nil {
+		s.span.RecordError(err)
+		s.span.SetStatus(codes.Error, err.Error())
+	} else if proc != nil {
+		s.span.SetAttributes(attribute.String("conclave.container_id", proc.ID()))
+	}
+	s.span.End()
+}
+
 // startContext is the context of the executor's Start: kill cancels it,
 // so that a session killed as its agent starts does not wait for the
 // start to end.
@@ -162,6 +207,21 @@ func (ss *session) startContext(ctx context.Context) (context.Context, context.C
 	return startCtx, stopStart
 }
 
+// killOnShutdown kills the session when the runner shuts down, which
+// leaves its launch on the queue for the next runner; the func it returns
+// ends the watch.
+func (ss *session) killOnShutdown() (stop func()) {
+	stopWatch := make(chan struct{})
+	go func() {
+		select {
+		case <-ss.s.stopping:
+			ss.kill(stopShutdown, "runner shutting down")
+		case <-stopWatch:
+		}
+	}()
+	return func() { close(stopWatch) }
+}
+
 // expectHost registers the launch's agent-host, when agents run behind
 // agent-host, and returns the link it will dial in on (nil: none). The
 // caller releases the link unless it attaches it.
@@ -170,6 +230,18 @@ func (ss *session) expectHost() HostLink {
 		return nil
 	}
 	return ss.s.o.Hosts.Expect(ss.launch.ID, int64(ss.seq), ss.onUpdate, ss.log.Add)
+}
+
+// releaseLink lets go of a launch's agent-host link unless the session
+// holds it (runHosted takes it over): after a lost claim or a failed
+// start, another runner may be the one it belongs to.
+func (ss *session) releaseLink(link HostLink) {
+	ss.mu.Lock()
+	held := ss.link != nil
+	ss.mu.Unlock()
+	if !held {
+		link.Detach()
+	}
 }
 
 // spec is what the executor starts: the agent, with agent-host's settings
@@ -279,78 +351,6 @@ func (ss *session) runStdio(ctx context.Context, proc executor.Process, typ agen
 	}
 	kind, why := ss.killedWhy()
 	return ss.end(ctx, proc, outcome, reason, exitErr, kind, why)
-}
-
-// awaitClaim waits for the launch's claim, once. A claim that holds
-// brings the session up to date with the instance as claimed and lets its
-// log through; a lost one discards the log, and its error is returned.
-func (ss *session) awaitClaim() error {
-	if ss.claimed {
-		return nil
-	}
-	r := <-ss.claim
-	if r.err != nil {
-		ss.log.Discard()
-		return r.err
-	}
-	ss.claimed = true
-	ss.stMu.Lock()
-	ss.in = r.in
-	ss.stMu.Unlock()
-	// What may have changed since the delivery read it (a cancel
-	// recorded while no runner held the launch); the configuration
-	// does not change.
-	ss.launch.Turn, ss.launch.TurnDone, ss.launch.Prompt, ss.launch.CancelTurn = r.in.Turn, r.in.TurnDone, r.in.Prompt, r.in.CancelTurn
-	ss.log.Release()
-	return nil
-}
-
-// startSpan is the span of an agent's start; end ends it, once, with how
-// the start went.
-type startSpan struct {
-	span trace.Span
-	open bool
-}
-
-func (s *startSpan) end(proc executor.Process, err error) {
-	if !s.open {
-		return
-	}
-	s.open = false
-	if err != nil {
-		s.span.RecordError(err)
-		s.span.SetStatus(codes.Error, err.Error())
-	} else if proc != nil {
-		s.span.SetAttributes(attribute.String("conclave.container_id", proc.ID()))
-	}
-	s.span.End()
-}
-
-// killOnShutdown kills the session when the runner shuts down, which
-// leaves its launch on the queue for the next runner; the func it returns
-// ends the watch.
-func (ss *session) killOnShutdown() (stop func()) {
-	stopWatch := make(chan struct{})
-	go func() {
-		select {
-		case <-ss.s.stopping:
-			ss.kill(stopShutdown, "runner shutting down")
-		case <-stopWatch:
-		}
-	}()
-	return func() { close(stopWatch) }
-}
-
-// releaseLink lets go of a launch's agent-host link unless the session
-// holds it (runHosted takes it over): after a lost claim or a failed
-// start, another runner may be the one it belongs to.
-func (ss *session) releaseLink(link HostLink) {
-	ss.mu.Lock()
-	held := ss.link != nil
-	ss.mu.Unlock()
-	if !held {
-		link.Detach()
-	}
 }
 
 // end records how the launch ended. What a turn recorded stands: an agent
