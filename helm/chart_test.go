@@ -37,8 +37,9 @@ import (
 const (
 	chartDir = "conclave"
 	release  = "conclave"
-	// kubeVersion is the cluster version helm renders for: a source-built
-	// helm defaults to v1.20, below the chart's kubeVersion constraint.
+	// kubeVersion is the cluster version helm renders for: the node tests'
+	// (tools/k8s). TestTemplateWithoutKubeVersion renders for helm's own
+	// default.
 	kubeVersion = "1.34.0"
 )
 
@@ -95,6 +96,30 @@ func TestLint(t *testing.T) {
 			}
 			if out, err := runHelm(t, args...); err != nil {
 				t.Fatalf("%v\n%s", err, out)
+			}
+		})
+	}
+}
+
+// TestTemplateWithoutKubeVersion renders the default values for the
+// Kubernetes version helm assumes without a cluster or --kube-version
+// (helm's release build, and scripts/build-test-tools.sh, make it the
+// client-go version helm is built with), which must satisfy Chart.yaml's
+// kubeVersion: `helm template helm/conclave` works as it comes.
+func TestTemplateWithoutKubeVersion(t *testing.T) {
+	t.Parallel()
+	for name, args := range map[string][]string{
+		"template": {"template", release, chartDir, "--namespace", "conclave"},
+		"lint":     {"lint", chartDir, "--strict"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			out, err := runHelm(t, args...)
+			if err != nil {
+				t.Fatalf("%v\n%s", err, out)
+			}
+			if name == "template" {
+				decodeStrict(t, out)
 			}
 		})
 	}
