@@ -37,8 +37,9 @@ import (
 const (
 	chartDir = "conclave"
 	release  = "conclave"
-	// kubeVersion is the cluster version helm renders for: a source-built
-	// helm defaults to v1.20, below the chart's kubeVersion constraint.
+	// kubeVersion is the cluster version helm renders for: the node tests'
+	// (tools/k8s). TestTemplateWithoutKubeVersion renders for helm's own
+	// default.
 	kubeVersion = "1.34.0"
 )
 
@@ -95,6 +96,33 @@ func TestLint(t *testing.T) {
 			}
 			if out, err := runHelm(t, args...); err != nil {
 				t.Fatalf("%v\n%s", err, out)
+			}
+		})
+	}
+}
+
+// TestTemplateWithoutKubeVersion renders the default values for the
+// Kubernetes version helm assumes without a cluster or --kube-version
+// (helm's release build, and scripts/build-test-tools.sh, make it the
+// client-go version helm is built with), which must satisfy Chart.yaml's
+// kubeVersion: `helm template helm/conclave` works as it comes.
+func TestTemplateWithoutKubeVersion(t *testing.T) {
+	t.Parallel()
+	for name, args := range map[string][]string{
+		"template": {"template", release, chartDir, "--namespace", "conclave"},
+		"lint":     {"lint", chartDir, "--strict"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			out, err := runHelm(t, args...)
+			if err != nil {
+				t.Fatalf("%v\n%s", err, out)
+			}
+			if name == "template" {
+				r := index(t, decodeStrict(t, out))
+				if env := envOf(r.deployments[release+"-runner"]); env["CONCLAVE_RUNNER_EXECUTOR"] != "kubernetes" {
+					t.Errorf("the default runner's executor is %q, want kubernetes", env["CONCLAVE_RUNNER_EXECUTOR"])
+				}
 			}
 		})
 	}
@@ -248,12 +276,21 @@ func TestTemplate(t *testing.T) {
 				checkDeployable(t, r, d)
 			}
 			checkConsole(t, r, nil)
-			// all-settings runs the Kubernetes executor; the others the
-			// local one, which gets no Role.
-			if name == "all-settings" {
+			// The dev values run the local executor, which gets no Role
+			// and no agents' ServiceAccount; the others the Kubernetes
+			// one, the default.
+			if name == "dev" {
+				if len(r.roles)+len(r.bindings) > 0 {
+					t.Errorf("the local executor gets Roles %v and bindings %v, want none", r.roles, r.bindings)
+				}
+				checkAgentServiceAccount(t, r, "", "")
+			} else {
 				checkRunnerRole(t, r, "conclave")
-			} else if len(r.roles)+len(r.bindings) > 0 {
-				t.Errorf("the local executor gets Roles %v and bindings %v, want none", r.roles, r.bindings)
+				agents := release + "-agents"
+				if name == "all-settings" {
+					agents = "agents"
+				}
+				checkAgentServiceAccount(t, r, "conclave", agents)
 			}
 			if name == "all-settings" {
 				checkBusAddresses(t, r, allSettingsRunnerAddr, allSettingsBusURL)
@@ -269,8 +306,8 @@ func TestTemplate(t *testing.T) {
 				if len(r.hpas) != len(deployables) {
 					t.Errorf("%d HPAs, want one per deployable", len(r.hpas))
 				}
-				if _, ok := r.configMaps[release+"-runner-agent-types"]; !ok {
-					t.Errorf("no agent types ConfigMap with runner.agentTypes set")
+				if cm, ok := r.configMaps[release+"-runner-agent-types"]; !ok || cm.Data["agent-types.yaml"] != allSettingsAgentTypes {
+					t.Errorf("the agent types ConfigMap %v does not hold runner.agentTypes %q", cm, allSettingsAgentTypes)
 				}
 				checkObservability(t, r)
 			}
@@ -593,13 +630,13 @@ func allSettingsValues(t *testing.T) string {
 			"autoscaling": map[string]any{"enabled": true},
 		}
 	}
-	values["runner"].(map[string]any)["agentTypes"] = "my-agent:\n  command: [my-agent, --acp]\n"
+	values["runner"].(map[string]any)["agentTypes"] = allSettingsAgentTypes
 	// Every part of the Kubernetes executor's block, in the release's
 	// namespace (TestKubernetesExecutor renders another).
 	values["runner"].(map[string]any)["executor"] = "kubernetes"
 	values["runner"].(map[string]any)["kubernetes"] = map[string]any{
 		"hostImage": "registry.example.com/agent-host:1", "imagePullPolicy": "Always",
-		"serviceAccount": "agents", "runAsNonRoot": true, "workspaceClaim": "workspaces",
+		"serviceAccount": map[string]any{"create": true, "name": "agents", "annotations": map[string]any{"example.com/role": "agents"}}, "runAsNonRoot": true, "workspaceClaim": "workspaces",
 		"workspaceRoot": "/claims", "workspaceMount": "/src", "ttlAfterFinished": "1h",
 		"startGrace": "30s", "secretEnv": []string{"*_SECRET"},
 		"networkPolicy": map[string]any{"egress": []any{map[string]any{"ports": []any{map[string]any{"port": 443, "protocol": "TCP"}}}}},
@@ -621,6 +658,9 @@ func allSettingsValues(t *testing.T) string {
 	}
 	return path
 }
+
+// allSettingsAgentTypes is all-settings' runner.agentTypes.
+const allSettingsAgentTypes = "agent_types:\n  - id: my-agent\n    image: example.com/my-agent:1\n    command: [my-agent, --acp]\n"
 
 // The bus's addresses in all-settings: the forms a cluster without DNS
 // for Services uses (deploy/kubetest, e2e's Kubernetes shape).
@@ -783,6 +823,10 @@ func TestSchemaRejects(t *testing.T) {
 		{"bad agents' namespace", []string{"runner.kubernetes.namespace=Agents"}, "at '/runner/kubernetes/namespace': 'Agents' does not match pattern"},
 		{"unknown kubernetes key", []string{"runner.kubernetes.hostImg=x"}, "additional properties 'hostImg' not allowed"},
 		{"kubernetes executor without a host key", []string{"runner.executor=kubernetes", "runner.secret.hostKeyKey="}, "at '/runner/secret/hostKeyKey': minLength: got 0, want 1"},
+		{"default executor without a host key", []string{"runner.secret.hostKeyKey="}, "at '/runner/secret/hostKeyKey': minLength: got 0, want 1"},
+		{"agents' ServiceAccount as a name only", []string{"runner.kubernetes.serviceAccount=agent"}, "at '/runner/kubernetes/serviceAccount': got string, want object"},
+		{"bad agents' ServiceAccount name", []string{"runner.kubernetes.serviceAccount.name=Agents"}, "at '/runner/kubernetes/serviceAccount/name': 'Agents' does not match pattern"},
+		{"example agent without a repository", []string{"exampleAgent.image.repository="}, "at '/exampleAgent/image/repository': minLength: got 0, want 1"},
 		{"kubernetes executor without the runner's Secret", []string{"runner.executor=kubernetes", "runner.secret.name=", "runner.settings.allowUnauthenticated=true"}, "at '/runner/secret/name': minLength: got 0, want 1"},
 		{"console without its Secret", []string{"console.secret.name="}, "at '/console/secret/name': minLength: got 0, want 1"},
 		{"console without a session key", []string{"console.secret.sessionKeyKey="}, "at '/console/secret/sessionKeyKey': minLength: got 0, want 1"},

@@ -42,7 +42,7 @@ var dockerImages = func() []dockerImage {
 	}
 	return append(images,
 		dockerImage{name: "agent-host", dockerfile: "services/runner/Dockerfile.agent-host", pkg: "./services/runner/cmd/agent-host", values: "agentHost.image", numericUser: true},
-		dockerImage{name: "acp-agent", dockerfile: "examples/acp-agent/Dockerfile", pkg: "./examples/acp-agent", numericUser: true},
+		dockerImage{name: "acp-agent", dockerfile: "examples/acp-agent/Dockerfile", pkg: "./examples/acp-agent", values: "exampleAgent.image", numericUser: true},
 	)
 }()
 

@@ -4,6 +4,7 @@ import (
 	"maps"
 	"os"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -23,9 +24,10 @@ var agentPodLabels = map[string]string{
 }
 
 // TestKubernetesExecutor renders the runner with each executor and checks
-// its settings, the volume of its workspaces, its Role, and that the
-// NetworkPolicies let agent pods reach the replica that launched them (and
-// DNS and the bus) and nothing else.
+// its settings, the volume of its workspaces, its Role, the agents'
+// ServiceAccount and agent types, and that the NetworkPolicies let agent
+// pods reach the replica that launched them (and DNS and the bus) and
+// nothing else. The Kubernetes executor is the default.
 func TestKubernetesExecutor(t *testing.T) {
 	t.Parallel()
 	hostKey := corev1.SecretKeySelector{LocalObjectReference: corev1.LocalObjectReference{Name: "conclave-runner-tokens"}, Key: "host-key"}
@@ -38,23 +40,31 @@ func TestKubernetesExecutor(t *testing.T) {
 		workspaceRoot  string
 		claim          string
 		agentNamespace string // "" with the local executor
-		egressRule     bool   // runner.kubernetes.networkPolicy.egress is set
-		jaeger         bool   // jaeger.enabled
+		// agentAccount is the agents' ServiceAccount the chart makes ("":
+		// none).
+		agentAccount string
+		// exampleImage is the example agent type's image ("": the chart
+		// gives the runner no agent types file).
+		exampleImage string
+		egressRule   bool // runner.kubernetes.networkPolicy.egress is set
+		jaeger       bool // jaeger.enabled
 	}{
 		{
 			name:          "local",
+			set:           []string{"runner.executor=local"},
 			env:           map[string]string{"CONCLAVE_RUNNER_EXECUTOR": "local"},
 			workspaceRoot: "/workspace",
 		},
 		{
-			name: "kubernetes defaults",
-			set:  []string{"runner.executor=kubernetes", "image.registry=registry.example.com/", "agentHost.image.tag=v7"},
+			name: "defaults",
+			set:  []string{"image.registry=registry.example.com/", "agentHost.image.tag=v7", "imagePullSecrets[0].name=registry"},
 			env: map[string]string{
 				"CONCLAVE_RUNNER_EXECUTOR":                "kubernetes",
 				"CONCLAVE_RUNNER_HOST_KEY":                "",
 				"CONCLAVE_RUNNER_HOST_ADDR":               "$(POD_IP):50052",
 				"CONCLAVE_RUNNER_KUBE_NAMESPACE":          "conclave",
 				"CONCLAVE_RUNNER_KUBE_HOST_IMAGE":         "registry.example.com/conclave/agent-host:v7",
+				"CONCLAVE_RUNNER_KUBE_SERVICE_ACCOUNT":    "conclave-agents",
 				"CONCLAVE_RUNNER_KUBE_IMAGE_PULL_POLICY":  "IfNotPresent",
 				"CONCLAVE_RUNNER_KUBE_RUN_AS_NON_ROOT":    "true",
 				"CONCLAVE_RUNNER_KUBE_WORKSPACE_MOUNT":    "/workspace",
@@ -64,6 +74,8 @@ func TestKubernetesExecutor(t *testing.T) {
 			},
 			workspaceRoot:  "/workspace",
 			agentNamespace: "conclave",
+			agentAccount:   "conclave-agents",
+			exampleImage:   "registry.example.com/conclave/acp-agent:" + chartAppVersion(t),
 		},
 		{
 			name: "kubernetes in another namespace with a workspace claim",
@@ -71,7 +83,8 @@ func TestKubernetesExecutor(t *testing.T) {
 				"runner.executor=kubernetes", "runner.service.grpcPort=6000",
 				"runner.settings.hostStartTimeout=10m", "runner.settings.hostExitGrace=1m",
 				"runner.kubernetes.namespace=agents", "runner.kubernetes.hostImage=ghcr.io/me/agent-host:2",
-				"runner.kubernetes.imagePullPolicy=Always", "runner.kubernetes.serviceAccount=agent",
+				"runner.kubernetes.imagePullPolicy=Always", "runner.kubernetes.serviceAccount.name=agent",
+				"exampleAgent.image.repository=ghcr.io/me/acp-agent", "exampleAgent.image.tag=v3",
 				"runner.kubernetes.runAsNonRoot=false",
 				"runner.kubernetes.workspaceClaim=workspaces", "runner.kubernetes.workspaceRoot=/claims",
 				"runner.kubernetes.workspaceMount=/src", "runner.kubernetes.ttlAfterFinished=1h",
@@ -99,11 +112,18 @@ func TestKubernetesExecutor(t *testing.T) {
 			workspaceRoot:  "/claims",
 			claim:          "workspaces",
 			agentNamespace: "agents",
+			agentAccount:   "agent",
+			exampleImage:   "ghcr.io/me/acp-agent:v3",
 			egressRule:     true,
 		},
 		{
+			// The namespace's own ServiceAccount, and agent types of the
+			// operator's, which replace the example's.
 			name: "kubernetes with the dev Jaeger",
-			set:  []string{"runner.executor=kubernetes", "runner.kubernetes.namespace=agents", "jaeger.enabled=true"},
+			set: []string{
+				"runner.executor=kubernetes", "runner.kubernetes.namespace=agents", "jaeger.enabled=true",
+				"runner.kubernetes.serviceAccount.create=false", "runner.agentTypes=agent_types: []",
+			},
 			env: map[string]string{
 				"CONCLAVE_RUNNER_EXECUTOR":                "kubernetes",
 				"CONCLAVE_RUNNER_HOST_KEY":                "",
@@ -163,8 +183,101 @@ func TestKubernetesExecutor(t *testing.T) {
 			} else if len(r.roles)+len(r.bindings) > 0 {
 				t.Errorf("the local executor gets Roles %v and bindings %v, want none", r.roles, r.bindings)
 			}
+			checkAgentServiceAccount(t, r, tc.agentNamespace, tc.agentAccount)
+			checkExampleAgentType(t, r, tc.exampleImage)
 			checkAgentNetworkPolicies(t, r, tc.agentNamespace, tc.egressRule, tc.jaeger)
 		})
+	}
+}
+
+// checkAgentServiceAccount checks the agents' ServiceAccount the chart
+// makes: name in namespace, no token automounted, the chart's
+// imagePullSecrets, bound to nothing, and the runner's agents' pods run as
+// it. An empty name: the chart makes none.
+func checkAgentServiceAccount(t *testing.T, r rendered, namespace, name string) {
+	t.Helper()
+	runner := r.deployments[release+"-runner"]
+	env := envOf(runner)
+	var agents []*corev1.ServiceAccount
+	for _, sa := range r.serviceAccounts {
+		if sa.Labels["app.kubernetes.io/component"] == "agents" {
+			agents = append(agents, sa)
+		}
+	}
+	if name == "" {
+		if len(agents) > 0 {
+			t.Errorf("the chart makes agents' ServiceAccounts %v, want none", agents)
+		}
+		if sa, ok := env["CONCLAVE_RUNNER_KUBE_SERVICE_ACCOUNT"]; ok {
+			t.Errorf("CONCLAVE_RUNNER_KUBE_SERVICE_ACCOUNT=%q, want it unset (the namespace's default)", sa)
+		}
+		return
+	}
+	if len(agents) != 1 || agents[0].Name != name || agents[0].Namespace != namespace {
+		t.Fatalf("the agents' ServiceAccounts are %v, want %s in %s", agents, name, namespace)
+	}
+	sa := agents[0]
+	if sa.AutomountServiceAccountToken == nil || *sa.AutomountServiceAccountToken {
+		t.Errorf("ServiceAccount %s automounts its token: %v", name, sa.AutomountServiceAccountToken)
+	}
+	if got, want := sa.ImagePullSecrets, runner.Spec.Template.Spec.ImagePullSecrets; !slices.Equal(got, want) {
+		t.Errorf("ServiceAccount %s pulls with %v, the chart's imagePullSecrets are %v", name, got, want)
+	}
+	for _, b := range r.bindings {
+		for _, s := range b.Subjects {
+			if s.Kind == "ServiceAccount" && s.Name == name && s.Namespace == namespace {
+				t.Errorf("RoleBinding %s gives the agents' ServiceAccount %s the rights of %s %s", b.Name, name, b.RoleRef.Kind, b.RoleRef.Name)
+			}
+		}
+	}
+	if got := env["CONCLAVE_RUNNER_KUBE_SERVICE_ACCOUNT"]; got != name {
+		t.Errorf("CONCLAVE_RUNNER_KUBE_SERVICE_ACCOUNT=%q, want %s", got, name)
+	}
+}
+
+// checkExampleAgentType checks the runner's agent types are the example
+// agent's, in image; an empty image: the chart gives it none of its own.
+func checkExampleAgentType(t *testing.T, r rendered, image string) {
+	t.Helper()
+	cm, ok := r.configMaps[release+"-runner-agent-types"]
+	if image == "" {
+		if ok && strings.Contains(cm.Data["agent-types.yaml"], "acp-agent") {
+			t.Errorf("the runner gets the example agent's type:\n%s", cm.Data["agent-types.yaml"])
+		}
+		return
+	}
+	if !ok {
+		t.Fatal("no agent types ConfigMap: the runner has no agent type it can run in a Job")
+	}
+	var file struct {
+		AgentTypes []map[string]any `json:"agent_types"`
+	}
+	if err := yaml.UnmarshalStrict([]byte(cm.Data["agent-types.yaml"]), &file); err != nil {
+		t.Fatalf("the agent types file: %v\n%s", err, cm.Data["agent-types.yaml"])
+	}
+	if len(file.AgentTypes) != 1 {
+		t.Fatalf("agent types %v, want the example agent's only", file.AgentTypes)
+	}
+	typ := file.AgentTypes[0]
+	for key, want := range map[string]any{
+		"id": "acp-agent", "image": image, "command": []any{"/usr/local/bin/acp-agent"},
+		"protocol": "acp", "enabled": true,
+	} {
+		if !reflect.DeepEqual(typ[key], want) {
+			t.Errorf("the example agent type's %s is %v, want %v", key, typ[key], want)
+		}
+	}
+	// The runner's default permission, deny: the example has no business
+	// with the operator's files.
+	if p, ok := typ["permission"]; ok {
+		t.Errorf("the example agent type's permission is %v, want the runner's default", p)
+	}
+	spec := r.deployments[release+"-runner"].Spec.Template.Spec
+	if envOf(r.deployments[release+"-runner"])["CONCLAVE_RUNNER_AGENT_TYPES"] == "" ||
+		!slices.ContainsFunc(spec.Volumes, func(v corev1.Volume) bool {
+			return v.ConfigMap != nil && v.ConfigMap.Name == cm.Name
+		}) {
+		t.Errorf("the runner does not mount the agent types ConfigMap %s", cm.Name)
 	}
 }
 

@@ -55,10 +55,10 @@ type skaffoldConfig struct {
 }
 
 // TestSkaffold checks skaffold.yaml against the Dockerfiles and the chart:
-// one artifact per image the chart runs (the deployables and agent-host)
-// built from its Dockerfile with the repository root as context, its image
-// handed to the chart's value for it, and profiles dev and aws selecting
-// values files that exist.
+// one artifact per image the chart runs (the deployables, agent-host and
+// the example agent) built from its Dockerfile with the repository root as
+// context, its image handed to the chart's value for it, and profiles dev
+// and aws selecting values files that exist.
 func TestSkaffold(t *testing.T) {
 	t.Parallel()
 	root := repoRoot(t)

@@ -128,9 +128,25 @@ jaeger() {
 }
 
 helm() {
-	local v
+	local v k
 	v=$(version "$root/tools/helm" helm.sh/helm/v3)
+	# What helm's own release build (its Makefile) stamps besides its
+	# version: the Kubernetes version `helm template` and `helm lint`
+	# assume without --kube-version, that of the client-go it is built
+	# with (v0.37.0 -> 1.37). Unstamped, a helm built from source assumes
+	# 1.20, below the chart's kubeVersion. A change of these flags needs a
+	# change of tools/helm/go.mod (its comment) to rebuild built machines:
+	# the stamp covers only go.mod and go.sum.
+	k=$(version "$root/tools/helm" k8s.io/client-go)
+	k=${k#v}
+	local major=$((${k%%.*} + 1))
+	local minor=${k#*.}
+	minor=${minor%%.*}
 	ldflags_helm="-X helm.sh/helm/v3/internal/version.version=$v -X helm.sh/helm/v3/internal/version.gitTreeState=clean"
+	local p
+	for p in helm.sh/helm/v3/pkg/chartutil helm.sh/helm/v3/pkg/lint/rules; do
+		ldflags_helm+=" -X $p.k8sVersionMajor=$major -X $p.k8sVersionMinor=$minor"
+	done
 	build helm helm=helm.sh/helm/v3/cmd/helm
 }
 

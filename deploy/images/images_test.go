@@ -414,7 +414,8 @@ func TestImagesMatchDockerfilesAndConfig(t *testing.T) {
 
 // TestImagesMatchChart checks that the tarballs' tags are what the Helm
 // chart asks for by default: conclave/<name>:<appVersion> (the deployables'
-// images, the console's among them, and agent-host's, agentHost.image).
+// images, the console's among them, agent-host's, agentHost.image, and the
+// example agent's, exampleAgent.image).
 func TestImagesMatchChart(t *testing.T) {
 	t.Parallel()
 	root := repoRoot(t)
@@ -427,7 +428,7 @@ func TestImagesMatchChart(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, name := range []string{"gateway", "bus", "runner", "console", "agent-host"} {
+	for _, name := range []string{"gateway", "bus", "runner", "console", "agent-host", "acp-agent"} {
 		img, _ := Lookup(name)
 		ref, err := b.Ref(img)
 		if err != nil {

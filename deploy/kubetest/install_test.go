@@ -314,48 +314,28 @@ func testRunnerRBAC(t *testing.T, e *chartEnv) {
 
 	// Everything it may do, as the apiserver lists it for the account
 	// itself: the Role's rules in the release's namespace, nothing in
-	// another; besides what every authenticated user may (ask about its
-	// own access and identity).
-	as := rest.CopyConfig(e.node.Config)
-	as.Impersonate = rest.ImpersonationConfig{
-		UserName: "system:serviceaccount:" + namespace + ":" + sa,
-		Groups:   []string{"system:serviceaccounts", "system:serviceaccounts:" + namespace, "system:authenticated"},
-	}
-	runner, err := kubernetes.NewForConfig(as)
-	if err != nil {
-		t.Fatal(err)
-	}
-	everyone := []string{
-		"authentication.k8s.io/selfsubjectreviews:create",
-		"authorization.k8s.io/selfsubjectaccessreviews:create",
-		"authorization.k8s.io/selfsubjectrulesreviews:create",
-	}
-	for ns, want := range map[string][]string{
-		namespace: {"/pods:list,watch", "/secrets:create,delete,patch", "batch/jobs:create,delete,get,list,watch"},
-		"default": nil,
+	// another. The agents' ServiceAccount may do nothing anywhere, and
+	// mounts no token.
+	runner := e.clientAs(t, sa)
+	for _, tt := range []struct {
+		sa, ns string
+		want   []string
+	}{
+		{sa, namespace, []string{"/pods:list,watch", "/secrets:create,delete,patch", "batch/jobs:create,delete,get,list,watch"}},
+		{sa, "default", nil},
+		{agentAccount, namespace, nil},
+		{agentAccount, "default", nil},
 	} {
-		review, err := runner.AuthorizationV1().SelfSubjectRulesReviews().Create(ctx, &authorizationv1.SelfSubjectRulesReview{
-			Spec: authorizationv1.SelfSubjectRulesReviewSpec{Namespace: ns},
-		}, metav1.CreateOptions{})
-		if err != nil {
-			t.Fatal(err)
+		if got, incomplete := e.rules(t, tt.sa, tt.ns); !slices.Equal(got, tt.want) {
+			t.Errorf("in %q %s may %v, want %v (incomplete: %v)", tt.ns, tt.sa, got, tt.want, incomplete)
 		}
-		var got []string
-		for _, r := range review.Status.ResourceRules {
-			verbs := slices.Clone(r.Verbs)
-			sort.Strings(verbs)
-			for _, g := range r.APIGroups {
-				for _, res := range r.Resources {
-					if rule := g + "/" + res + ":" + strings.Join(verbs, ","); !slices.Contains(everyone, rule) {
-						got = append(got, rule)
-					}
-				}
-			}
-		}
-		sort.Strings(got)
-		if !slices.Equal(got, want) {
-			t.Errorf("in %q the runner may %v, want %v (incomplete: %v)", ns, got, want, review.Status.Incomplete)
-		}
+	}
+	agents, err := e.admin.CoreV1().ServiceAccounts(namespace).Get(ctx, agentAccount, metav1.GetOptions{})
+	if err != nil {
+		t.Fatalf("the agents' ServiceAccount: %v", err)
+	}
+	if a := agents.AutomountServiceAccountToken; a == nil || *a {
+		t.Errorf("the agents' ServiceAccount automounts its token: %v", a)
 	}
 
 	// A Job and a Secret created as the runner, checked by admission and
@@ -386,6 +366,58 @@ func testRunnerRBAC(t *testing.T, e *chartEnv) {
 	}
 }
 
+// agentAccount is the ServiceAccount the chart makes for the Kubernetes
+// executor's agent pods.
+const agentAccount = release + "-agents"
+
+// clientAs is a client of the apiserver as the release's ServiceAccount sa.
+func (e *chartEnv) clientAs(t *testing.T, sa string) kubernetes.Interface {
+	t.Helper()
+	as := rest.CopyConfig(e.node.Config)
+	as.Impersonate = rest.ImpersonationConfig{
+		UserName: "system:serviceaccount:" + namespace + ":" + sa,
+		Groups:   []string{"system:serviceaccounts", "system:serviceaccounts:" + namespace, "system:authenticated"},
+	}
+	c, err := kubernetes.NewForConfig(as)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// rules is what the release's ServiceAccount sa may do in ns, as the
+// apiserver lists it for the account itself (group/resource:verbs,
+// sorted), besides what every authenticated user may (ask about its own
+// access and identity); and whether the list is incomplete.
+func (e *chartEnv) rules(t *testing.T, sa, ns string) ([]string, bool) {
+	t.Helper()
+	everyone := []string{
+		"authentication.k8s.io/selfsubjectreviews:create",
+		"authorization.k8s.io/selfsubjectaccessreviews:create",
+		"authorization.k8s.io/selfsubjectrulesreviews:create",
+	}
+	review, err := e.clientAs(t, sa).AuthorizationV1().SelfSubjectRulesReviews().Create(t.Context(), &authorizationv1.SelfSubjectRulesReview{
+		Spec: authorizationv1.SelfSubjectRulesReviewSpec{Namespace: ns},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, r := range review.Status.ResourceRules {
+		verbs := slices.Clone(r.Verbs)
+		sort.Strings(verbs)
+		for _, g := range r.APIGroups {
+			for _, res := range r.Resources {
+				if rule := g + "/" + res + ":" + strings.Join(verbs, ","); !slices.Contains(everyone, rule) {
+					got = append(got, rule)
+				}
+			}
+		}
+	}
+	sort.Strings(got)
+	return got, review.Status.Incomplete
+}
+
 // canI asks whether the release's ServiceAccount sa may do verb on
 // resource (group/resource[/subresource]) in ns ("" cluster-wide).
 func (e *chartEnv) canI(ctx context.Context, sa, verb, group, resource, subresource, ns string) (bool, error) {
@@ -394,12 +426,14 @@ func (e *chartEnv) canI(ctx context.Context, sa, verb, group, resource, subresou
 	})
 }
 
-// testRunnerLaunch launches the example ACP agent through the runner's
-// REST API, at its Service, with a client token: the launch crosses SQS
-// (fauxqs), a runner replica creates the agent's Job and Secret as its
-// ServiceAccount through the kubernetes Service, agent-host in the pod
-// dials back to that replica, and the agent's first turn reaches the
-// instance's log. Deleting the instance removes its Job.
+// testRunnerLaunch launches the example ACP agent, the agent type the
+// chart gives the runner by default, through the runner's REST API, at its
+// Service, with a client token: the launch crosses SQS (fauxqs), a runner
+// replica creates the agent's Job and Secret as its ServiceAccount through
+// the kubernetes Service, agent-host in the pod dials back to that
+// replica, and the agent's first turn reaches the instance's log. The
+// agent's pod runs as the agents' ServiceAccount with no token. Deleting
+// the instance removes its Job.
 func testRunnerLaunch(t *testing.T, e *chartEnv) {
 	ctx, cancel := context.WithTimeout(t.Context(), waitLimit)
 	defer cancel()
@@ -483,6 +517,27 @@ func testRunnerLaunch(t *testing.T, e *chartEnv) {
 		t.Fatalf("the launch's Job %q: %v", in.ContainerID, err)
 	}
 	t.Logf("instance %s: %s, Job %s, its pod's init container %s", in.ID, in.Status, job.Name, job.Spec.Template.Spec.InitContainers[0].Image)
+	if img := job.Spec.Template.Spec.Containers[0].Image; img != "conclave/acp-agent:"+e.version {
+		t.Errorf("the launch's agent runs %s, want the chart's example agent conclave/acp-agent:%s", img, e.version)
+	}
+	pods, err := e.admin.CoreV1().Pods(namespace).List(ctx, metav1.ListOptions{LabelSelector: "conclave.ai/job=" + job.Name})
+	if err != nil || len(pods.Items) != 1 {
+		t.Fatalf("the launch's pod: %v, %v", pods, err)
+	}
+	pod := pods.Items[0].Spec
+	if pod.ServiceAccountName != agentAccount {
+		t.Errorf("the agent's pod runs as ServiceAccount %q, want %s", pod.ServiceAccountName, agentAccount)
+	}
+	for _, v := range pod.Volumes {
+		if v.Projected == nil {
+			continue
+		}
+		for _, src := range v.Projected.Sources {
+			if src.ServiceAccountToken != nil {
+				t.Errorf("the agent's pod mounts a ServiceAccount token (volume %s)", v.Name)
+			}
+		}
+	}
 	if _, err := do("DELETE", "/api/v1/agents/"+in.ID, nil, nil); err != nil {
 		t.Fatal(err)
 	}

@@ -113,7 +113,7 @@ func setUp(t *testing.T, ctx context.Context) *chartEnv {
 	}
 	endpoint := serveAWS(t, e.node, aws.Endpoint)
 	e.values = filepath.Join(dir, "values.yaml")
-	if err := os.WriteFile(e.values, []byte(installValues(endpoint, e.version)), 0o600); err != nil {
+	if err := os.WriteFile(e.values, []byte(installValues(endpoint)), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	createSecrets(t, ctx, e.rel)
@@ -159,19 +159,20 @@ func serveAWS(t *testing.T, node *kubeenv.KubeNodeEnv, h http.Handler) string {
 
 // installValues are the install's values: the aws backend on serveAWS's
 // endpoint with static test credentials, the images as imported (never
-// pulled), the runner on the Kubernetes executor (so the release makes
-// its Role) with the example ACP agent's type (its image and agent-host's
-// imported too), the console's service URLs (consoleURLs) and its events
-// bus token, and the observability ConfigMaps, so that the release holds
-// every kind the chart renders without CRDs or a metrics API. Two
-// replicas each, as by default.
+// pulled), the console's service URLs (consoleURLs) and its events bus
+// token, and the observability ConfigMaps, so that the release holds
+// every kind the chart renders without CRDs or a metrics API. The runner
+// is left as the chart has it: the Kubernetes executor (the release makes
+// its Role and the agents' ServiceAccount), with the example ACP agent's
+// type (its image and agent-host's imported too). Two replicas each, as
+// by default.
 //
 // Two values are left at their defaults because their addresses are
 // Service names and the node has no cluster DNS: bus.runnerAgentType
 // (the bus dials <release>-runner) and jaeger.enabled (the deployables
 // export to <release>-jaeger). For the same reason the console's URLs,
 // which default to the Services' names, are replaced (consoleURLs).
-func installValues(awsEndpoint, version string) string {
+func installValues(awsEndpoint string) string {
 	return fmt.Sprintf(`backend: aws
 tablePrefix: kubetest-
 aws:
@@ -181,26 +182,14 @@ aws:
 image:
   pullPolicy: Never
 runner:
-  executor: kubernetes
   kubernetes:
     imagePullPolicy: Never
-  agentTypes: |
-    agent_types:
-      - id: acp-agent
-        name: Example ACP agent
-        image: conclave/acp-agent:%s
-        command: [/usr/local/bin/acp-agent]
-        protocol: acp
-        permission: allow
-        memory_mb: 128
-        cpu_cores: 0.25
-        enabled: true
 observability:
   dashboards:
     enabled: true
   rules:
     enabled: true
-`, awsEndpoint, version) + consoleURLs()
+`, awsEndpoint) + consoleURLs()
 }
 
 // createSecrets makes the namespace and the Secrets the chart names (its

@@ -1,3 +1,5 @@
+// helm, built by scripts/build-test-tools.sh with the flags of helm's own
+// release build: its default Kubernetes version is this client-go's.
 module github.com/conclave-ai/conclave/tools/helm
 
 go 1.26.8

@@ -90,6 +90,47 @@ runner.workspaceRoot.
 {{- end -}}
 
 {{/*
+conclave.agentServiceAccount: the ServiceAccount of the Kubernetes
+executor's agent pods: runner.kubernetes.serviceAccount.name, or with
+create <release>-agents; empty (the namespace's default) otherwise.
+*/}}
+{{- define "conclave.agentServiceAccount" -}}
+{{- $sa := .Values.runner.kubernetes.serviceAccount -}}
+{{- if $sa.name -}}
+{{- $sa.name -}}
+{{- else if $sa.create -}}
+{{- include "conclave.name" (dict "root" . "name" "agents") -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+conclave.agentTypes: the runner's agent types file: runner.agentTypes, or
+with the Kubernetes executor and none given, the example ACP agent's type
+(examples/acp-agent: it streams a reply and asks to write notes.txt in its
+workspace; the runner's default permission, deny, refuses) in
+exampleAgent.image, so that a fresh install can launch an agent. Empty:
+no file, the runner's defaults only.
+*/}}
+{{- define "conclave.agentTypes" -}}
+{{- $r := .Values.runner -}}
+{{- if $r.agentTypes -}}
+{{- $r.agentTypes -}}
+{{- else if eq $r.executor "kubernetes" -}}
+agent_types:
+  - id: acp-agent
+    name: Example ACP agent
+    description: Conclave's example ACP agent (examples/acp-agent)
+    image: {{ include "conclave.image" (dict "root" . "name" "exampleAgent") }}
+    command: [/usr/local/bin/acp-agent]
+    protocol: acp
+    memory_mb: 128
+    cpu_cores: 0.25
+    timeout: 10m
+    enabled: true
+{{- end -}}
+{{- end -}}
+
+{{/*
 conclave.agentSelectorLabels: the labels the runner's Kubernetes executor
 puts on every agent pod (services/runner/internal/executor/kube_spec.go:
 LabelManagedBy, ManagedByRunner).
@@ -218,7 +259,7 @@ resolves) when it is enabled here, else nothing. Takes (dict "root" $
   value: {{ $c.eventsQueue | quote }}
 - name: CONCLAVE_RUNNER_WORKSPACE_ROOTS
   value: {{ include "conclave.runnerWorkspaceRoot" $root | quote }}
-{{- if $c.agentTypes }}
+{{- if include "conclave.agentTypes" $root }}
 - name: CONCLAVE_RUNNER_AGENT_TYPES
   value: /etc/conclave/agent-types.yaml
 {{- end }}
@@ -238,9 +279,9 @@ resolves) when it is enabled here, else nothing. Takes (dict "root" $
   value: {{ $k.hostImage | default (include "conclave.image" (dict "root" $root "name" "agentHost")) | quote }}
 - name: CONCLAVE_RUNNER_KUBE_IMAGE_PULL_POLICY
   value: {{ $k.imagePullPolicy | quote }}
-{{- if $k.serviceAccount }}
+{{- with include "conclave.agentServiceAccount" $root }}
 - name: CONCLAVE_RUNNER_KUBE_SERVICE_ACCOUNT
-  value: {{ $k.serviceAccount | quote }}
+  value: {{ . | quote }}
 {{- end }}
 - name: CONCLAVE_RUNNER_KUBE_RUN_AS_NON_ROOT
   value: {{ $k.runAsNonRoot | quote }}
