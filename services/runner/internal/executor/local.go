@@ -99,6 +99,11 @@ func (l *Local) Start(_ context.Context, spec Spec, stderr io.Writer) (Process, 
 	if len(spec.Type.Command) == 0 {
 		return nil, fmt.Errorf("agent type %s has no command for the local executor", spec.Type.ID)
 	}
+	// The API refused such a launch; one stored before that rule, or whose
+	// type has changed since, is refused here.
+	if err := spec.Type.CheckAgentEnv(spec.Env); err != nil {
+		return nil, err
+	}
 	bin, err := exec.LookPath(spec.Type.Command[0])
 	if err != nil {
 		return nil, fmt.Errorf("agent type %s: %w", spec.Type.ID, err)
