@@ -227,6 +227,7 @@ runner:
         command: [/usr/local/bin/acp-agent, -dialect, acp, -bus]
         protocol: acp
         permission: allow
+        launch_env: [BUB_*]
         memory_mb: 128
         cpu_cores: 0.25
         enabled: true

@@ -43,6 +43,7 @@ func writeAgentTypes(t *testing.T, dir string) string {
     command: [%[4]q, -dialect, acp, -bus]
     protocol: acp
     permission: allow
+    launch_env: [BUB_*]
     enabled: true
   - id: %[3]s
     command: [python3, %[5]q]

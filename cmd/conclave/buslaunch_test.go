@@ -142,7 +142,7 @@ func TestDevDefaultHandlerLaunchesThroughRunner(t *testing.T) {
 		t.Fatal(err)
 	}
 	types := filepath.Join(dir, "types.yaml")
-	if err := os.WriteFile(types, []byte(fmt.Sprintf("agent_types:\n  - id: bus-agent\n    command: [%q]\n    env: {%s: \"1\"}\n    protocol: legacy\n    enabled: true\n", self, busAgentEnv)), 0o644); err != nil {
+	if err := os.WriteFile(types, []byte(fmt.Sprintf("agent_types:\n  - id: bus-agent\n    command: [%q]\n    env: {%s: \"1\"}\n    launch_env: [BUB_*]\n    protocol: legacy\n    enabled: true\n", self, busAgentEnv)), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	_, addrs, stderr := devProcess(t, filepath.Join(dir, "data"), "--runner-agent-types="+types, "--runner-workspace-roots="+dir,
@@ -279,7 +279,7 @@ func TestDevLaunchedAgentIsConfinedByItsToken(t *testing.T) {
 		t.Fatal(err)
 	}
 	types := filepath.Join(dir, "types.yaml")
-	if err := os.WriteFile(types, []byte(fmt.Sprintf("agent_types:\n  - id: bus-agent\n    command: [%q]\n    env: {%s: \"1\", %s: \"1\"}\n    protocol: legacy\n    enabled: true\n",
+	if err := os.WriteFile(types, []byte(fmt.Sprintf("agent_types:\n  - id: bus-agent\n    command: [%q]\n    env: {%s: \"1\", %s: \"1\"}\n    launch_env: [BUB_*]\n    protocol: legacy\n    enabled: true\n",
 		self, busAgentEnv, busAgentProbeEnv)), 0o644); err != nil {
 		t.Fatal(err)
 	}

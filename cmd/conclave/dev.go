@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"text/tabwriter"
@@ -134,7 +135,8 @@ func runDev(ctx context.Context, args []string, lookup config.Lookup, stdout, st
 	if err != nil {
 		return err
 	}
-	rn, err := runner.New(cfg.Runner, runner.Deps{Store: st, Queue: q, Logger: logger, Telemetry: tel})
+	rn, err := runner.New(cfg.Runner, runner.Deps{Store: st, Queue: q, Logger: logger, Telemetry: tel,
+		ProcessDir: filepath.Join(cfg.Storage.DataDir, runner.ProcessDirName)})
 	if err != nil {
 		return err
 	}

@@ -75,7 +75,7 @@ type Common struct {
 // Storage selects and locates the store and queue backends.
 type Storage struct {
 	Backend     StoreBackend `env:"CONCLAVE_BACKEND" default:"embedded" help:"state backend: embedded or aws"`
-	DataDir     string       `env:"CONCLAVE_DATA_DIR" default:".conclave" help:"directory of the embedded store"`
+	DataDir     string       `env:"CONCLAVE_DATA_DIR" default:".conclave" help:"directory of the embedded store, and of the runner's records of the agent processes it starts"`
 	AWSEndpoint string       `env:"CONCLAVE_AWS_ENDPOINT" help:"override the DynamoDB and SQS endpoint (dynalite, fauxqs)"`
 	AWSRegion   string       `env:"AWS_REGION" default:"us-east-1" help:"AWS region"`
 }

@@ -45,7 +45,9 @@ func agentTypes(t *testing.T) string {
 		{"crash", "-mode, crash", "5m"},
 		{"hang", "-mode, hang", "20s"},
 	} {
-		fmt.Fprintf(&b, "  - id: %s\n    image: %s\n    command: [%s, %s]\n    protocol: acp\n    permission: allow\n    enabled: true\n    timeout: %s\n    memory_mb: 128\n    cpu_cores: 0.25\n",
+		// A launch may set OPENAI_API_KEY, the secret env
+		// TestKubernetesExecutor passes.
+		fmt.Fprintf(&b, "  - id: %s\n    image: %s\n    command: [%s, %s]\n    protocol: acp\n    permission: allow\n    launch_env: [OPENAI_API_KEY]\n    enabled: true\n    timeout: %s\n    memory_mb: 128\n    cpu_cores: 0.25\n",
 			tt.id, agentImage, agentBin, tt.args, tt.timeout)
 	}
 	path := filepath.Join(t.TempDir(), "agent-types.yaml")

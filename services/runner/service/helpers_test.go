@@ -81,6 +81,16 @@ func agentTypes(t *testing.T) string {
 	fmt.Fprintf(&b, "  - id: oneshot-fails\n    command: [python3, %q]\n    protocol: oneshot\n    enabled: true\n    timeout: 30s\n", filepath.Join(tools, "failing_agent.py"))
 	fmt.Fprintf(&b, "  - id: oneshot-slow\n    command: [/bin/sh, %q]\n    protocol: oneshot\n    enabled: true\n    timeout: 90s\n", slow)
 	fmt.Fprintf(&b, "  - id: needs-env\n    command: [%q]\n    required_env: [API_KEY]\n    enabled: true\n", agentBin)
+	// An agent whose process outlives its stdin and its stdout (the
+	// example agent exits on either; the shell does not) and leaves a child
+	// running in its process group (the child writes child.pid in the
+	// workspace).
+	withChild := filepath.Join(t.TempDir(), "with-child.sh")
+	if err := os.WriteFile(withChild, fmt.Appendf(nil, "sleep 300 </dev/null >/dev/null 2>&1 &\necho $! > child.pid\n%q -dialect acp\nsleep 300\n", agentBin), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	fmt.Fprintf(&b, "  - id: acp-lingering-group\n    command: [/bin/sh, %q]\n    protocol: acp\n    permission: allow\n    enabled: true\n    timeout: 5m\n", withChild)
+	writeHookTypes(t, &b, node, example)
 	path := filepath.Join(t.TempDir(), "agent-types.yaml")
 	if err := os.WriteFile(path, []byte(b.String()), 0o644); err != nil {
 		t.Fatal(err)

@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -153,5 +154,99 @@ func TestGracefulRestart(t *testing.T) {
 	}
 	if st := second.status(t, in.ID); st.Status != "running" {
 		t.Errorf("after the restart: %+v", st)
+	}
+}
+
+// TestAgentsDieWithTheRunner kills the runner process (SIGKILL) while it
+// holds an agent that would outlive its stdin: the agent dies with it (its
+// death signal), so no copy of it runs beside the next runner's. What the
+// agent started in its process group outlives both (the death signal is
+// the agent's own): the next runner on the same data directory ends it
+// before it serves or runs anything. A runner stopped gracefully ends its
+// agents' groups itself.
+func TestAgentsDieWithTheRunner(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs the runner as a process")
+	}
+	t.Parallel()
+	dir := t.TempDir()
+	root := filepath.Join(dir, "workspaces")
+	if err := os.MkdirAll(root, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	types := agentTypes(t)
+	port := freePort(t)
+	first, r := runnerProcess(t, filepath.Join(dir, "data"), root, types, port, 1)
+	ws := r.workspace(t)
+	in := r.launch(t, "acp-lingering-group", ws, map[string]string{"TASK_DESCRIPTION": "first"})
+	if st := r.waitStatus(t, in.ID, "completed", "failed", "stopped"); st.Status != "completed" {
+		t.Fatalf("the first turn: %+v", st)
+	}
+	agent, err := strconv.Atoi(r.status(t, in.ID).ContainerID)
+	if err != nil {
+		t.Fatalf("the agent's pid: %v", err)
+	}
+	child := readPIDFile(t, filepath.Join(ws, "child.pid"))
+	t.Cleanup(func() { _ = syscall.Kill(child, syscall.SIGKILL) })
+	os.Remove(filepath.Join(ws, "child.pid"))
+
+	if err := first.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	_ = first.Wait()
+	waitExited(t, agent, "the agent of the killed runner")
+	if exited(child) {
+		t.Fatal("the agent's child died with the runner: this test no longer shows the restart's cleanup")
+	}
+
+	second, r := runnerProcess(t, filepath.Join(dir, "data"), root, types, port, 1)
+	// Ended before the runner listened; SIGKILL's exit may still be under
+	// way.
+	waitExited(t, child, "the child the killed runner's agent left")
+	// The launch is taken over (nothing to run: its turn had ended), and
+	// the next prompt resumes the session in a new process.
+	r.waitLog(t, in.ID, "delivered again with no prompt pending")
+	r.prompt(t, in.ID, "again")
+	r.waitLogCount(t, in.ID, "started acp-lingering-group", 2)
+	child = readPIDFile(t, filepath.Join(ws, "child.pid"))
+	t.Cleanup(func() { _ = syscall.Kill(child, syscall.SIGKILL) })
+	if err := second.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	_ = second.Wait()
+	waitExited(t, child, "the child of a gracefully stopped runner's agent")
+}
+
+// exited reports whether pid has exited (a zombie not yet reaped counts).
+func exited(pid int) bool {
+	st, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return true
+	}
+	i := strings.LastIndexByte(string(st), ')')
+	return i >= 0 && strings.HasPrefix(strings.TrimSpace(string(st[i+1:])), "Z")
+}
+
+// waitExited waits up to 10s for pid to exit.
+func waitExited(t *testing.T, pid int, what string) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); !exited(pid); time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s (pid %d) still runs 10s on", what, pid)
+		}
+	}
+}
+
+// readPIDFile waits up to 10s for a pid in path.
+func readPIDFile(t *testing.T, path string) int {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		data, _ := os.ReadFile(path)
+		if pid, err := strconv.Atoi(strings.TrimSpace(string(data))); err == nil && pid > 0 {
+			return pid
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no pid in %s within 10s", path)
+		}
 	}
 }

@@ -166,6 +166,9 @@ func Queues(cfg Config) []queue.Definition {
 	return append(defs, queue.Definition{Name: cfg.EventsQueue, VisibilityTimeout: 2 * time.Minute, MaxReceiveCount: 5})
 }
 
+// ProcessDirName is Deps.ProcessDir's name under CONCLAVE_DATA_DIR.
+const ProcessDirName = "runner-agents"
+
 // Deps are what the runner runs on.
 type Deps struct {
 	Store     store.Store
@@ -178,6 +181,12 @@ type Deps struct {
 	// Kube, when set, is the Kubernetes executor's client configuration
 	// in place of CONCLAVE_RUNNER_KUBE_KUBECONFIG or the in-cluster one.
 	Kube *rest.Config
+	// ProcessDir, when set, is where the local executor records the agent
+	// processes it starts (cmd/runner and conclave dev: runner-agents under
+	// CONCLAVE_DATA_DIR), so that a runner started after a crash first ends
+	// those the crashed one left running. A directory that cannot be used
+	// is logged, and the runner runs without the records.
+	ProcessDir string
 	// BeforeEventSend, when set, sees each event envelope before it is
 	// sent to the events queue: a crash point for tests (cmd/runner sets
 	// it only under CONCLAVE_RUNNER_TEST_CRASHPOINT).
@@ -194,6 +203,9 @@ type Runner struct {
 	// beside the supervisor, and the hub's streams end before the drain.
 	kube *executor.Kubernetes
 	hub  *hostlink.Hub
+	// records, with the local executor and Deps.ProcessDir: closed once
+	// the agents have stopped.
+	records *executor.ProcessRecords
 }
 
 // New builds the runner. The store's Tables and the Queues must exist.
@@ -229,7 +241,16 @@ func New(cfg Config, deps Deps, opts ...server.Option) (*Runner, error) {
 		hosts = &hostLinks{hub: r.hub, key: []byte(cfg.HostKey), runnerAddr: r.hostAddr(cfg.HostAddr),
 			settings: hostlink.Settings{ProtocolTimeout: cfg.ProtocolTimeout, MaxLine: cfg.MaxLineBytes}, otlp: cfg.HostOTLPEndpoint}
 	default:
-		exec = &executor.Local{Roots: cfg.WorkspaceRoots}
+		local := &executor.Local{Roots: cfg.WorkspaceRoots}
+		if deps.ProcessDir != "" {
+			// Before any launch runs: what a crashed runner left is ended
+			// before its launches are taken over.
+			if local.Records, err = executor.OpenProcessRecords(deps.ProcessDir, logger); err != nil {
+				logger.Warn("running without agent process records: agents' children may outlive a crash of this runner", "err", err)
+			}
+			r.records = local.Records
+		}
+		exec = local
 	}
 	rec := records.New(deps.Store)
 	runnerMetrics := metrics.New(tel.Meter("runner"))
@@ -378,6 +399,10 @@ func (r *Runner) Run(ctx context.Context) error {
 	cancel()
 	if serr := <-errs; err == nil {
 		err = serr
+	}
+	if r.records != nil {
+		// The supervisor has stopped its agents.
+		_ = r.records.Close()
 	}
 	return err
 }

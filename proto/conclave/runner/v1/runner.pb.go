@@ -1318,8 +1318,13 @@ type AgentType struct {
 	// Environment variables a launch must provide.
 	RequiredEnv []string `protobuf:"bytes,11,rep,name=required_env,json=requiredEnv,proto3" json:"required_env,omitempty"`
 	// Wire protocol: "acp", "kandev", "legacy", or "" to detect it.
-	Protocol      string `protobuf:"bytes,12,opt,name=protocol,proto3" json:"protocol,omitempty"`
-	Enabled       bool   `protobuf:"varint,13,opt,name=enabled,proto3" json:"enabled,omitempty"`
+	Protocol string `protobuf:"bytes,12,opt,name=protocol,proto3" json:"protocol,omitempty"`
+	Enabled  bool   `protobuf:"varint,13,opt,name=enabled,proto3" json:"enabled,omitempty"`
+	// What else a launch may set in its env (names, and prefixes ending in
+	// "*"), besides required_env and the runner's own TASK_DESCRIPTION and
+	// AUGGIE_SESSION_ID. A variable that hooks the agent's loader, shell or
+	// interpreter is refused whatever this says.
+	LaunchEnv     []string `protobuf:"bytes,14,rep,name=launch_env,json=launchEnv,proto3" json:"launch_env,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1443,6 +1448,13 @@ func (x *AgentType) GetEnabled() bool {
 		return x.Enabled
 	}
 	return false
+}
+
+func (x *AgentType) GetLaunchEnv() []string {
+	if x != nil {
+		return x.LaunchEnv
+	}
+	return nil
 }
 
 // ListAgentTypesResponse lists the registry.
@@ -1692,7 +1704,7 @@ const file_conclave_runner_v1_runner_proto_rawDesc = "" +
 	"\x13DeleteAgentResponse\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x18\n" +
 	"\adeleted\x18\x02 \x01(\bR\adeleted\"\x17\n" +
-	"\x15ListAgentTypesRequest\"\xf3\x02\n" +
+	"\x15ListAgentTypesRequest\"\x92\x03\n" +
 	"\tAgentType\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12 \n" +
@@ -1708,7 +1720,9 @@ const file_conclave_runner_v1_runner_proto_rawDesc = "" +
 	" \x03(\tR\fcapabilities\x12!\n" +
 	"\frequired_env\x18\v \x03(\tR\vrequiredEnv\x12\x1a\n" +
 	"\bprotocol\x18\f \x01(\tR\bprotocol\x12\x18\n" +
-	"\aenabled\x18\r \x01(\bR\aenabled\"X\n" +
+	"\aenabled\x18\r \x01(\bR\aenabled\x12\x1d\n" +
+	"\n" +
+	"launch_env\x18\x0e \x03(\tR\tlaunchEnv\"X\n" +
 	"\x16ListAgentTypesResponse\x12>\n" +
 	"\vagent_types\x18\x01 \x03(\v2\x1d.conclave.runner.v1.AgentTypeR\n" +
 	"agentTypes\"M\n" +

@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"path/filepath"
 
 	"google.golang.org/protobuf/types/known/structpb"
 
@@ -56,6 +57,7 @@ func run(ctx context.Context, args []string) error {
 		}
 	}
 	r, err := service.New(cfg.Runner, service.Deps{Store: st, Queue: q, Logger: logger, Telemetry: tel,
+		ProcessDir:      filepath.Join(cfg.Storage.DataDir, service.ProcessDirName),
 		BeforeEventSend: crashPoint(os.Getenv("CONCLAVE_RUNNER_TEST_CRASHPOINT"))})
 	if err != nil {
 		return err

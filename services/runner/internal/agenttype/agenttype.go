@@ -62,8 +62,13 @@ type Type struct {
 	SilenceTimeout time.Duration `yaml:"silence_timeout"`
 	Capabilities   []string      `yaml:"capabilities"`
 	RequiredEnv    []string      `yaml:"required_env"`
-	Protocol       string        `yaml:"protocol"`
-	Enabled        bool          `yaml:"enabled"`
+	// LaunchEnv is what else a launch may set in its env: names, and
+	// prefixes ending in '*' (BUB_*). A launch may set nothing else but
+	// RequiredEnv and RunnerLaunchEnv, and never a hook variable
+	// (HookVariable), which only Env can set.
+	LaunchEnv []string `yaml:"launch_env"`
+	Protocol  string   `yaml:"protocol"`
+	Enabled   bool     `yaml:"enabled"`
 	// Env is set for every instance of the type, under the launch's env.
 	Env map[string]string `yaml:"env"`
 	// Permission answers session/request_permission (ACP): allow, deny or
@@ -137,7 +142,7 @@ func (t Type) Validate() error {
 	default:
 		return fmt.Errorf("agent type %s: permission %q is not one of allow, deny, allow_always", t.ID, t.Permission)
 	}
-	return nil
+	return t.validateEnvNames()
 }
 
 // DefaultTimeout bounds an instance whose type sets no timeout.

@@ -132,18 +132,6 @@ func newID() string {
 	return h[:8] + "-" + h[8:12] + "-" + h[12:16] + "-" + h[16:20] + "-" + h[20:]
 }
 
-var envName = func(k string) bool {
-	if k == "" || len(k) > 256 {
-		return false
-	}
-	for i, r := range k {
-		if !(r == '_' || r >= 'A' && r <= 'Z' || r >= 'a' && r <= 'z' || i > 0 && r >= '0' && r <= '9') {
-			return false
-		}
-	}
-	return true
-}
-
 func (s *Server) validateID(what, id string) error {
 	if id == "" || len(id) > 128 || !utf8.ValidString(id) || strings.ContainsAny(id, "#/\x00") {
 		return validation(what+" is missing or malformed", fmt.Sprintf("%s must be 1-128 characters without '#' or '/'", what))
@@ -172,7 +160,7 @@ func (s *Server) LaunchAgent(ctx context.Context, req *runnerv1.LaunchAgentReque
 	}
 	size := 0
 	for k, v := range req.GetEnv() {
-		if !envName(k) {
+		if !agenttype.ValidEnvName(k) {
 			return nil, validation(fmt.Sprintf("env variable name %q is not valid", k), "names are letters, digits and '_', not starting with a digit")
 		}
 		if k == "TRACEPARENT" {
@@ -185,6 +173,16 @@ func (s *Server) LaunchAgent(ctx context.Context, req *runnerv1.LaunchAgentReque
 	}
 	if size > s.limits.MaxEnvBytes {
 		return nil, validation(fmt.Sprintf("env is %d bytes, over the %d byte limit", size, s.limits.MaxEnvBytes), "")
+	}
+	// Only what the operator lets callers set reaches the agent, and never
+	// a variable that hooks its loader, shell or interpreter.
+	if envErr := (*agenttype.EnvError)(nil); errors.As(typ.CheckLaunchEnv(req.GetEnv()), &envErr) {
+		if envErr.Hook {
+			return nil, validation(fmt.Sprintf("env may not set %s", envErr.Name),
+				"it can make the agent's loader, shell, interpreter or tools run code, or it is the platform's own; only the operator can set it, in the agent type's env")
+		}
+		return nil, validation(fmt.Sprintf("env variable %s is not allowed for agent type %s", envErr.Name, typ.ID),
+			"a launch may set only "+strings.Join(envErr.Allowed, ", ")+" (the type's required_env and launch_env)")
 	}
 	if missing := typ.MissingEnv(req.GetEnv()); missing != "" {
 		return nil, validation(fmt.Sprintf("required environment variable %s is missing", missing), fmt.Sprintf("agent type %s requires %s", typ.ID, strings.Join(typ.RequiredEnv, ", ")))
@@ -425,7 +423,7 @@ func (s *Server) ListAgentTypes(context.Context, *runnerv1.ListAgentTypesRequest
 			Id: t.ID, Name: t.Name, Description: t.Description, Image: t.Image, Command: t.Command,
 			WorkingDir: t.WorkingDir, MemoryMb: int32(t.MemoryMB), CpuCores: t.CPUCores,
 			Timeout: t.EffectiveTimeout().String(), Capabilities: t.Capabilities, RequiredEnv: t.RequiredEnv,
-			Protocol: t.Protocol, Enabled: t.Enabled,
+			Protocol: t.Protocol, Enabled: t.Enabled, LaunchEnv: t.LaunchEnv,
 		})
 	}
 	return out, nil

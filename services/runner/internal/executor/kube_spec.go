@@ -41,6 +41,8 @@ const (
 	hostBinPath        = hostBinDir + "/agent-host"
 	hostTokenEnv       = "CONCLAVE_AGENT_HOST_TOKEN"
 	hostWorkspaceEnv   = "CONCLAVE_AGENT_HOST_WORKSPACE"
+	hostLaunchEnv      = "CONCLAVE_AGENT_HOST_LAUNCH_ENV"
+	hostLaunchAllowed  = "CONCLAVE_AGENT_HOST_LAUNCH_ENV_ALLOWED"
 	hostInstallCommand = "install"
 )
 
@@ -58,6 +60,11 @@ func (k *Kubernetes) buildJob(spec Spec) (jobObjects, error) {
 		// Launches are numbered from 1; a Job is per launch, so an unset
 		// number would make every launch adopt the first one's Job.
 		return jobObjects{}, fmt.Errorf("launch %d of instance %s: the Kubernetes executor needs the launch number", spec.Launch, spec.InstanceID)
+	}
+	// The API refused such a launch; one stored before that rule, or whose
+	// type has changed since, is refused here.
+	if err := typ.CheckAgentEnv(spec.Env); err != nil {
+		return jobObjects{}, err
 	}
 	if typ.Image == "" {
 		return jobObjects{}, fmt.Errorf("agent type %s has no image for the Kubernetes executor", typ.ID)
@@ -200,6 +207,12 @@ func (k *Kubernetes) splitEnv(spec Spec, secretName, mount string) ([]corev1.Env
 	// The agent's fs/* requests are confined to its workspace, wherever
 	// this pod mounts it.
 	all[hostWorkspaceEnv] = mount
+	// agent-host checks again, before it starts the agent, that what the
+	// launch set is what a launch may set: the Job's spec carries the env.
+	all[hostLaunchAllowed] = strings.Join(spec.Type.LaunchEnvAllowed(), ",")
+	if set := spec.Type.LaunchSet(spec.Env); len(set) > 0 {
+		all[hostLaunchEnv] = strings.Join(set, ",")
+	}
 	for n, v := range spec.Host.Env {
 		all[n] = v
 	}

@@ -314,9 +314,12 @@ func TestKubeJobSpec(t *testing.T) {
 		{
 			name: "secret env by secretKeyRef, values only in the Secret",
 			spec: func(s Spec) Spec {
+				s.Type.LaunchEnv = []string{"AUGMENT_SESSION_AUTH", "OPENAI_*"}
 				s.Env["AUGMENT_SESSION_AUTH"] = "auth-secret-value"
 				s.Env["OPENAI_API_KEY"] = "key-secret-value"
-				s.Env["CONCLAVE_AGENT_HOST_TOKEN"] = "an agent's own value never wins over the host's"
+				// Only the type's own env can hold a CONCLAVE_ name.
+				s.Type.Env = map[string]string{"CONCLAVE_AGENT_HOST_TOKEN": "the type's own value never wins over the host's"}
+				s.Env["CONCLAVE_AGENT_HOST_TOKEN"] = s.Type.Env["CONCLAVE_AGENT_HOST_TOKEN"]
 				return s
 			},
 			check: func(t *testing.T, job *batchv1.Job, secret *corev1.Secret) {
@@ -336,8 +339,15 @@ func TestKubeJobSpec(t *testing.T) {
 					}
 				}
 				if inline["TASK_DESCRIPTION"] != "fix it" || inline["CONCLAVE_AGENT_HOST_RUNNER"] != "runner:50052" ||
-					inline["CONCLAVE_AGENT_HOST_WORKSPACE"] != "/workspace" || len(inline) != 3 {
+					inline["CONCLAVE_AGENT_HOST_WORKSPACE"] != "/workspace" || len(inline) != 5 {
 					t.Errorf("inline env %v", inline)
+				}
+				// What agent-host checks again before it starts the agent.
+				if got, want := inline["CONCLAVE_AGENT_HOST_LAUNCH_ENV"], "AUGMENT_SESSION_AUTH,OPENAI_API_KEY,TASK_DESCRIPTION"; got != want {
+					t.Errorf("CONCLAVE_AGENT_HOST_LAUNCH_ENV = %q, want %q", got, want)
+				}
+				if got, want := inline["CONCLAVE_AGENT_HOST_LAUNCH_ENV_ALLOWED"], "TASK_DESCRIPTION,AUGGIE_SESSION_ID,AUGMENT_SESSION_AUTH,OPENAI_*"; got != want {
+					t.Errorf("CONCLAVE_AGENT_HOST_LAUNCH_ENV_ALLOWED = %q, want %q", got, want)
 				}
 				for _, n := range []string{"AUGMENT_SESSION_AUTH", "OPENAI_API_KEY", "CONCLAVE_AGENT_HOST_TOKEN"} {
 					if refs[n] != job.Name+"/"+n {
@@ -463,8 +473,9 @@ func TestKubeJobCreateFailureDeletesSecret(t *testing.T) {
 	t.Parallel()
 	kt := newKubeTest(t, testKubeConfig())
 	spec := agentSpec("refused-by-the-server", 1)
-	// The API validates launches' env names; the API server still refuses
-	// this one.
+	// The API validates launches' env names, and the registry its types';
+	// the API server still refuses this one.
+	spec.Type.Env = map[string]string{"NOT=A NAME": "x"}
 	spec.Env["NOT=A NAME"] = "x"
 	_, err := kt.exec.Start(t.Context(), spec, io.Discard)
 	if err == nil || !apierrors.IsInvalid(err) {

@@ -18,10 +18,14 @@ import (
 )
 
 // Local runs agents as child processes of the runner, each in its own
-// process group so that a kill reaches everything the agent started.
+// process group so that a kill reaches everything the agent started, and
+// each killed if the runner dies first.
 type Local struct {
 	// Roots are the directories workspaces must lie within.
 	Roots []string
+	// Records, when set, records every agent started, so that a runner
+	// restarted after a crash ends what this one left running.
+	Records *ProcessRecords
 }
 
 // Name is "local".
@@ -99,6 +103,11 @@ func (l *Local) Start(_ context.Context, spec Spec, stderr io.Writer) (Process, 
 	if len(spec.Type.Command) == 0 {
 		return nil, fmt.Errorf("agent type %s has no command for the local executor", spec.Type.ID)
 	}
+	// The API refused such a launch; one stored before that rule, or whose
+	// type has changed since, is refused here.
+	if err := spec.Type.CheckAgentEnv(spec.Env); err != nil {
+		return nil, err
+	}
 	bin, err := exec.LookPath(spec.Type.Command[0])
 	if err != nil {
 		return nil, fmt.Errorf("agent type %s: %w", spec.Type.ID, err)
@@ -109,7 +118,10 @@ func (l *Local) Start(_ context.Context, spec Spec, stderr io.Writer) (Process, 
 	cmd.Dir = spec.Workspace
 	cmd.Env = envList(spec.Env)
 	cmd.Stderr = stderr
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	// Its own group, so that a kill reaches what it starts; killed if the
+	// runner dies (forked from the starter thread, which only ends with
+	// the runner).
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	// A descendant that left the process group (setsid) may hold the stderr
 	// pipe open after the agent exits: Wait stops waiting for it then.
 	cmd.WaitDelay = exitDrain
@@ -126,7 +138,7 @@ func (l *Local) Start(_ context.Context, spec Spec, stderr io.Writer) (Process, 
 		return nil, err
 	}
 	cmd.Stdin, cmd.Stdout = childIn, childOut
-	err = cmd.Start()
+	err = startOnStarterThread(cmd)
 	childIn.Close()
 	childOut.Close()
 	if err != nil {
@@ -134,11 +146,17 @@ func (l *Local) Start(_ context.Context, spec Spec, stderr io.Writer) (Process, 
 		stdout.Close()
 		return nil, fmt.Errorf("starting %s: %w", spec.Type.ID, err)
 	}
+	if l.Records != nil {
+		l.Records.add(cmd.Process.Pid)
+	}
 	p := &localProcess{cmd: cmd, stdin: stdin, stdout: stdout, done: make(chan struct{})}
 	go func() {
 		p.err = cmd.Wait()
 		// What the agent left running in its group ends with it.
 		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+		if l.Records != nil {
+			l.Records.remove(cmd.Process.Pid)
+		}
 		// And a descendant outside the group that holds stdout open must not
 		// keep the runner reading: what the agent wrote before it exited is
 		// read within exitDrain, then reads end.

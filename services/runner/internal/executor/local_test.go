@@ -86,7 +86,8 @@ func TestConfineWorkspace(t *testing.T) {
 func TestLocalProcessGroupAndEnv(t *testing.T) {
 	// Not parallel: it sets a variable in the runner's own environment.
 	ws := t.TempDir()
-	typ := agenttype.Type{ID: "sh", Command: []string{"sh", "-c", `env > env.txt; sleep 300 & echo $! > child.pid; wait`}, Enabled: true}
+	typ := agenttype.Type{ID: "sh", Command: []string{"sh", "-c", `env > env.txt; sleep 300 & echo $! > child.pid; wait`}, Enabled: true,
+		Env: map[string]string{"DECLARED": "yes"}}
 	t.Setenv("RUNNER_SECRET", "must-not-leak")
 	p, err := (&Local{Roots: []string{ws}}).Start(context.Background(), Spec{InstanceID: "i", Type: typ, Workspace: ws,
 		Env: map[string]string{"DECLARED": "yes", "TRACEPARENT": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}}, io.Discard)

@@ -210,6 +210,11 @@ func (h *host) runAgent(ctx context.Context) (int, error) {
 			return 0, nil
 		}
 	}
+	if err := h.s.checkLaunchEnv(); err != nil {
+		h.note(ctx, "refused to start the agent: %v", err)
+		exit(-1, "", "refused to start the agent: "+err.Error())
+		return ExitStartFailed, nil
+	}
 	cmd := exec.Command(h.o.Command[0], h.o.Command[1:]...)
 	cmd.Env = telemetry.InjectEnv(ctx, h.o.AgentEnv)
 	cmd.Dir = h.s.Workspace

@@ -627,3 +627,69 @@ func TestDetach(t *testing.T) {
 		t.Fatalf("agent-host exited %d", code)
 	}
 }
+
+// agent-host applies the runner's rule on a launch's env again before it
+// starts the agent (the Job's spec carries the env): a variable the launch
+// set that hooks the agent's shell, or that the type does not allow, and
+// the agent is never started; what is allowed reaches it.
+func TestLaunchEnvCheckedAgain(t *testing.T) {
+	skipShort(t)
+	t.Parallel()
+	for _, tt := range []struct {
+		name      string
+		launchEnv string
+		refused   string // the variable named, or "" for a started agent
+	}{
+		{"hook variable, whatever the type allows", "BASH_ENV,CALLER_GREETING", "BASH_ENV"},
+		{"not allowed by the type", "CALLER_GREETING,OTHER", "OTHER"},
+		{"allowed", "CALLER_GREETING", ""},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			ws := t.TempDir()
+			marker := filepath.Join(ws, "hook-ran")
+			hook := filepath.Join(ws, "hook.sh")
+			if err := os.WriteFile(hook, []byte("touch "+marker+"\n"), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			rig := startHub(t, "")
+			rec := newRecorder()
+			instance := "inst-env-" + strconv.Itoa(len(tt.launchEnv))
+			link := rig.hub.Expect(instance, 1, rec.options())
+			p := startHost(t, hostSpec{addr: rig.addr, instance: instance, workspace: ws,
+				env: map[string]string{
+					"CONCLAVE_AGENT_HOST_LAUNCH_ENV":         tt.launchEnv,
+					"CONCLAVE_AGENT_HOST_LAUNCH_ENV_ALLOWED": "TASK_DESCRIPTION,B*,CALLER_*",
+					"BASH_ENV":                               hook,
+					"CALLER_GREETING":                        "hello",
+					"OTHER":                                  "x",
+				},
+				agent: []string{"/bin/bash", "-c", `exec "$0" -print-env`, acpAgentBin}})
+			if tt.refused == "" {
+				if _, err := link.PromptTurn(t.Context(), 1, "hi", acceptTimeout); err != nil {
+					t.Fatal(err)
+				}
+				rec.waitFor(t, "the agent's env", func(_ []acp.Update, logs []string) bool {
+					return slices.Contains(logs, "stderr: acp-agent: env CALLER_GREETING=hello")
+				})
+				_ = link.Close()
+				<-link.Done()
+				return
+			}
+			select {
+			case <-link.Done():
+			case <-time.After(30 * time.Second):
+				t.Fatalf("agent-host still runs after 30s: it started the agent with %s", tt.refused)
+			}
+			if x := link.Exit(); x == nil || !strings.Contains(x.Reason, "refused to start the agent") || !strings.Contains(x.Reason, tt.refused) {
+				t.Fatalf("exit = %+v, want the agent refused for %s", x, tt.refused)
+			}
+			if code := p.wait(t); code != ExitStartFailed {
+				t.Errorf("agent-host exited %d, want %d", code, ExitStartFailed)
+			}
+			if _, err := os.Stat(marker); err == nil {
+				t.Error("the agent was started: BASH_ENV's hook ran")
+			}
+		})
+	}
+}

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/conclave-ai/conclave/services/runner/internal/acp"
+	"github.com/conclave-ai/conclave/services/runner/internal/agenttype"
 )
 
 // EnvPrefix starts every agent-host setting; the agent gets none of them.
@@ -25,6 +26,11 @@ type Settings struct {
 	SessionID  string `env:"CONCLAVE_AGENT_HOST_SESSION_ID" help:"a session to resume with session/load (empty: session/new)"`
 	Permission string `env:"CONCLAVE_AGENT_HOST_PERMISSION" default:"deny" help:"how session/request_permission is answered: allow, deny or allow_always"`
 	Workspace  string `env:"CONCLAVE_AGENT_HOST_WORKSPACE" help:"the agent's working directory, to which fs/* requests are confined (empty: the current directory, and fs/* refused)"`
+	// LaunchEnv and LaunchEnvAllowed are set by the Kubernetes executor:
+	// agent-host checks them again before it starts the agent, since the
+	// Job's spec carries the env (agenttype.CheckLaunchVariable).
+	LaunchEnv        []string `env:"CONCLAVE_AGENT_HOST_LAUNCH_ENV" help:"comma-separated names of the variables of this environment that the launch set (the others are the agent type's and the image's); the agent is not started if one is not allowed"`
+	LaunchEnvAllowed []string `env:"CONCLAVE_AGENT_HOST_LAUNCH_ENV_ALLOWED" help:"comma-separated names and PREFIX* patterns a launch may set (the agent type's); a variable that hooks a loader, shell or interpreter is refused whatever this says"`
 
 	BufferBytes int `env:"CONCLAVE_AGENT_HOST_BUFFER_BYTES" default:"8388608" help:"bound on the bytes of events not yet acknowledged by the runner; when full, the agent's stdout is not read"`
 	MaxLine     int `env:"CONCLAVE_AGENT_HOST_MAX_LINE" default:"4194304" help:"bound on a line from the agent (stdout and stderr)"`
@@ -118,6 +124,18 @@ func (s Settings) Env() map[string]string {
 	set("CONCLAVE_AGENT_HOST_PROTOCOL_TIMEOUT", s.ProtocolTimeout.String())
 	set("CONCLAVE_AGENT_HOST_KILL_GRACE", s.KillGrace.String())
 	return env
+}
+
+// checkLaunchEnv is the runner's rule on a launch's env, applied again
+// where the agent runs: each variable the launch set must be allowed, and
+// none may hook the agent's loader, shell or interpreter.
+func (s Settings) checkLaunchEnv() error {
+	for _, name := range s.LaunchEnv {
+		if err := agenttype.CheckLaunchVariable(s.LaunchEnvAllowed, name); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // AgentEnv is environ without agent-host's settings (the token above all):

@@ -215,6 +215,11 @@ func oneshotAgent(typ agenttype.Type, workspace string, env map[string]string, s
 		Flags: hybrid.SortedFlags(typ.Args), Stderr: stderr,
 	}
 	a.ValidateInputs, a.MaxParamLength = typ.OneshotValidation()
+	// The API refused such a launch; one stored before that rule, or whose
+	// type has changed since, is refused here.
+	if err := typ.CheckAgentEnv(env); err != nil {
+		return a, err
+	}
 	cmd := typ.Command
 	switch len(cmd) {
 	case 1:
