@@ -73,3 +73,51 @@ func TestBridgeCommands(t *testing.T) {
 		})
 	}
 }
+
+// Requests piped into `conclave bridge mcp`, as scripts do (`printf ... |
+// conclave bridge mcp`), are all answered: the end of input ends the
+// session only once every request read has its answer.
+func TestBridgeMCPAnswersPipedRequests(t *testing.T) {
+	t.Parallel()
+	requests := []string{
+		`{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"printf","version":"1"}}}`,
+		`{"jsonrpc":"2.0","method":"notifications/initialized"}`,
+		`{"jsonrpc":"2.0","id":2,"method":"tools/list"}`,
+		`{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"label_github_issue","arguments":{"repo_name":"a/b","issue_number":3}}}`,
+		`{"jsonrpc":"2.0","id":"four","method":"ping"}`,
+	}
+	cmd := exec.Command(conclaveBin, "bridge", "mcp", "--bridge-config=../../examples/tool-agents/config.yaml")
+	cmd.Stdin = strings.NewReader(strings.Join(requests, "\n") + "\n")
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("conclave bridge mcp: %v\nstderr:\n%s", err, stderr.String())
+	}
+	got := map[string]map[string]any{} // id: the result
+	for line := range bytes.Lines(stdout.Bytes()) {
+		var m struct {
+			ID     json.RawMessage `json:"id"`
+			Result map[string]any  `json:"result"`
+			Error  any             `json:"error"`
+		}
+		if err := json.Unmarshal(line, &m); err != nil || m.Error != nil || m.Result == nil {
+			t.Fatalf("stdout line %q is not a result (%v)", line, err)
+		}
+		got[string(m.ID)] = m.Result
+	}
+	if len(got) != 4 {
+		t.Fatalf("answered %d of the 4 requests:\n%s\nstderr:\n%s", len(got), stdout.String(), stderr.String())
+	}
+	if got["1"]["protocolVersion"] != "2025-06-18" {
+		t.Errorf("initialize = %v", got["1"])
+	}
+	if tools, _ := got["2"]["tools"].([]any); len(tools) == 0 {
+		t.Errorf("tools/list = %v", got["2"])
+	}
+	if sc, _ := got["3"]["structuredContent"].(map[string]any); got["3"]["isError"] == true || sc["status"] != "success" {
+		t.Errorf("tools/call = %v", got["3"])
+	}
+	if _, ok := got[`"four"`]; !ok {
+		t.Errorf("ping unanswered: %v", got)
+	}
+}

@@ -76,8 +76,9 @@ type Config struct {
 	Keepalive Keepalive
 }
 
-// Keepalive configures gRPC keepalive; zero fields take the package
-// defaults, and negative values are rejected. Agents hold long-lived, mostly idle
+// Keepalive configures gRPC keepalive, and the TCP keepalive of the
+// listeners the server binds; zero fields take the package defaults, and
+// negative values are rejected. Agents hold long-lived, mostly idle
 // streams through load balancers, so the defaults let clients ping often
 // enough to keep NAT and LB state alive, and let the server notice dead peers
 // within about a minute and a half rather than gRPC's two hours.
@@ -89,9 +90,12 @@ type Keepalive struct {
 	// while they have no active RPC. By default such pings are permitted,
 	// because an agent between streams should not lose its connection.
 	RejectPingsWithoutStream bool
-	// Time is how long a connection may be silent before the server pings it.
+	// Time is how long a connection may be silent before the server pings
+	// it: an HTTP/2 PING on gRPC connections, and TCP keepalive probes on
+	// every connection of a listener the server binds.
 	Time time.Duration
-	// Timeout is how long the server waits for a ping ack before closing.
+	// Timeout is how long the server waits for a ping ack before closing;
+	// TCP keepalive gives up on a peer after as long without an answer.
 	Timeout time.Duration
 	// MaxConnectionIdle, MaxConnectionAge and MaxConnectionAgeGrace are
 	// passed to gRPC as is; zero leaves them unlimited. MaxConnectionAge is

@@ -280,12 +280,12 @@ func (s *Server) listen() (err error) {
 		}
 	}()
 	if s.grpcEnabled && s.grpcListener == nil {
-		if s.grpcListener, err = net.Listen("tcp", s.cfg.GRPCAddr); err != nil {
+		if s.grpcListener, err = listenTCP(s.cfg.GRPCAddr, s.cfg.Keepalive); err != nil {
 			return fmt.Errorf("server %s: gRPC listener on %s: %w", s.cfg.Name, s.cfg.GRPCAddr, err)
 		}
 	}
 	if s.httpEnabled && s.httpListener == nil {
-		if s.httpListener, err = net.Listen("tcp", s.cfg.HTTPAddr); err != nil {
+		if s.httpListener, err = listenTCP(s.cfg.HTTPAddr, s.cfg.Keepalive); err != nil {
 			return fmt.Errorf("server %s: HTTP listener on %s: %w", s.cfg.Name, s.cfg.HTTPAddr, err)
 		}
 	}

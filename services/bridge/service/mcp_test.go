@@ -474,6 +474,47 @@ func TestKilledBridgeKillsAgents(t *testing.T) {
 	waitGone(t, agent)
 }
 
+// A stdio client that has closed its input still gets its calls answered;
+// SIGTERM, which MCP clients send a server that does not exit, stops the
+// bridge at once and takes the running agents down.
+func TestStdioSIGTERMCancelsCalls(t *testing.T) {
+	t.Parallel()
+	cfg := workspace(t)
+	cmd := exec.Command(bridgeBin, "mcp", "--bridge-config", cfg)
+	cmd.Stdin = strings.NewReader(strings.Join([]string{
+		`{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"raw","version":"1"}}}`,
+		`{"jsonrpc":"2.0","method":"notifications/initialized"}`,
+		`{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"hang_with_child","arguments":{}}}`,
+	}, "\n") + "\n")
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	dir := filepath.Dir(cfg)
+	agent := readPID(t, filepath.Join(dir, "hang_agent.pid"))
+	child := readPID(t, filepath.Join(dir, "hang_child.pid"))
+	t.Cleanup(func() { _ = syscall.Kill(child, syscall.SIGKILL) })
+	select {
+	case err := <-exited:
+		t.Fatalf("bridge mcp exited with a call in flight: %v\n%s", err, stderr.String())
+	default:
+	}
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-exited:
+	case <-time.After(30 * time.Second):
+		_ = cmd.Process.Kill()
+		t.Fatalf("bridge mcp did not exit on SIGTERM\n%s", stderr.String())
+	}
+	waitGone(t, agent)
+	waitGone(t, child)
+}
+
 // waitGone waits until pid no longer runs (a zombie no init reaps counts as
 // gone).
 func waitGone(t *testing.T, pid int) {
@@ -532,11 +573,10 @@ func TestProtocolVersionNegotiated(t *testing.T) {
 		if err := cmd.Start(); err != nil {
 			t.Fatal(err)
 		}
-		// The pipe stays open until the answer is in: closing stdin is how a
-		// stdio client says it is gone, and in-flight requests are dropped.
+		// Closing stdin at once is fine: the answer still comes.
 		_, _ = io.WriteString(stdin, `{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"`+tt.asked+`","capabilities":{},"clientInfo":{"name":"raw","version":"1"}}}`+"\n")
-		line, err := bufio.NewReader(stdout).ReadBytes('\n')
 		stdin.Close()
+		line, err := bufio.NewReader(stdout).ReadBytes('\n')
 		if werr := cmd.Wait(); err != nil || werr != nil {
 			t.Fatalf("bridge mcp: %v, exit %v", err, werr)
 		}

@@ -197,7 +197,10 @@ func ServeStdio(ctx context.Context, cfg Config, logger *slog.Logger, tel *telem
 	if err != nil {
 		return err
 	}
-	s := mcpserver.New(runner, mcpserver.Options{Version: cfg.Version, ProgressInterval: cfg.progressInterval(), Logger: logger})
+	// The end of ctx (SIGTERM, SIGINT) cancels the calls running: the SDK
+	// would otherwise wait for them before it ends the session. The end of
+	// stdin does not: every request read is answered first.
+	s := mcpserver.New(runner, mcpserver.Options{Version: cfg.Version, ProgressInterval: cfg.progressInterval(), Logger: logger, Calls: ctx})
 	// Lines that are not JSON-RPC messages are answered with -32700 or
 	// -32600 by the transport, and the session goes on.
 	err = s.Run(ctx, mcpstdio.NewTransport(in, out, logger))

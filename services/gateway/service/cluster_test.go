@@ -35,6 +35,10 @@ var (
 )
 
 func TestMain(m *testing.M) {
+	if addr := os.Getenv(silentAgentEnv); addr != "" {
+		// This process is a coven agent a test started (liveness_test.go).
+		os.Exit(runSilentAgent(addr))
+	}
 	os.Exit(testenv.RunWith(m, func(ctx context.Context) (*testenv.Component, error) {
 		dir, err := os.MkdirTemp("", "gateway-bin")
 		if err != nil {

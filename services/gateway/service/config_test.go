@@ -11,8 +11,8 @@ import (
 	"github.com/conclave-ai/conclave/services/gateway/service"
 )
 
-// TestClientLimitSettings loads the per-client limit and idempotency
-// settings as cmd/gateway does, from the environment.
+// TestClientLimitSettings loads the per-client limit, idempotency and
+// liveness settings as cmd/gateway does, from the environment.
 func TestClientLimitSettings(t *testing.T) {
 	t.Parallel()
 	tests := []struct {
@@ -33,6 +33,17 @@ func TestClientLimitSettings(t *testing.T) {
 		{name: "zero burst", env: map[string]string{"CONCLAVE_GATEWAY_CLIENT_BURST": "0"}, wantErr: "CONCLAVE_GATEWAY_CLIENT_BURST: "},
 		{name: "negative streams", env: map[string]string{"CONCLAVE_GATEWAY_CLIENT_STREAMS": "-1"}, wantErr: "CONCLAVE_GATEWAY_CLIENT_STREAMS: "},
 		{name: "zero TTL", env: map[string]string{"CONCLAVE_GATEWAY_IDEMPOTENCY_TTL": "0s"}, wantErr: "CONCLAVE_GATEWAY_IDEMPOTENCY_TTL: "},
+		// Liveness: heartbeats are optional, the transport finds dead peers.
+		{name: "liveness defaults", check: func(c service.Config) bool {
+			return c.AgentTimeout == 0 && c.KeepaliveTime == 30*time.Second && c.KeepaliveTimeout == 20*time.Second
+		}},
+		{name: "an agent timeout", env: map[string]string{"CONCLAVE_GATEWAY_AGENT_TIMEOUT": "2m", "CONCLAVE_GATEWAY_KEEPALIVE_TIME": "10s"},
+			check: func(c service.Config) bool {
+				return c.AgentTimeout == 2*time.Minute && c.KeepaliveTime == 10*time.Second
+			}},
+		{name: "negative agent timeout", env: map[string]string{"CONCLAVE_GATEWAY_AGENT_TIMEOUT": "-1s"}, wantErr: "CONCLAVE_GATEWAY_AGENT_TIMEOUT: "},
+		{name: "zero keepalive", env: map[string]string{"CONCLAVE_GATEWAY_KEEPALIVE_TIME": "0s"}, wantErr: "CONCLAVE_GATEWAY_KEEPALIVE_TIME: "},
+		{name: "zero keepalive timeout", env: map[string]string{"CONCLAVE_GATEWAY_KEEPALIVE_TIMEOUT": "0s"}, wantErr: "CONCLAVE_GATEWAY_KEEPALIVE_TIMEOUT: "},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

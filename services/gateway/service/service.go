@@ -32,17 +32,23 @@ type Config struct {
 	HTTPAddr        config.ListenAddr `env:"CONCLAVE_GATEWAY_HTTP_ADDR" default:":8080" help:"HTTP listener: REST, health and metrics"`
 	ServerID        string            `env:"CONCLAVE_GATEWAY_SERVER_ID" help:"this replica's name in Welcome (default: the host name)"`
 	RegisterTimeout time.Duration     `env:"CONCLAVE_GATEWAY_REGISTER_TIMEOUT" default:"10s" help:"how long a new stream may wait before RegisterAgent"`
-	AgentTimeout    time.Duration     `env:"CONCLAVE_GATEWAY_AGENT_TIMEOUT" default:"90s" help:"how long a registered agent may stay silent before it is deregistered"`
-	ShutdownTimeout time.Duration     `env:"CONCLAVE_GATEWAY_SHUTDOWN_TIMEOUT" default:"15s" help:"how long in-flight work may drain on shutdown"`
-	QueueDepth      int               `env:"CONCLAVE_GATEWAY_QUEUE_DEPTH" default:"32" help:"requests that may wait for a busy agent before callers get RESOURCE_EXHAUSTED"`
-	CancelGrace     time.Duration     `env:"CONCLAVE_GATEWAY_CANCEL_GRACE" default:"30s" help:"how long an agent may take to end an abandoned request"`
-	Lease           time.Duration     `env:"CONCLAVE_GATEWAY_LEASE" default:"15s" help:"how long a replica's lease (and so its agents' registrations) outlives its last renewal in the store"`
-	AdvertiseAddr   string            `env:"CONCLAVE_GATEWAY_ADVERTISE_ADDR" help:"host:port other replicas reach this one's gRPC listener at (default: the listener's address, or the host name and port)"`
-	ClientTokens    []string          `env:"CONCLAVE_GATEWAY_CLIENT_TOKENS" help:"comma-separated bearer tokens accepted on the client API"`
-	ClientRate      float64           `env:"CONCLAVE_GATEWAY_CLIENT_RATE" default:"50" help:"client API requests per second each client (bearer token) may make on one replica"`
-	ClientBurst     int               `env:"CONCLAVE_GATEWAY_CLIENT_BURST" default:"100" help:"client API requests each client may make at once, above its rate"`
-	ClientStreams   int               `env:"CONCLAVE_GATEWAY_CLIENT_STREAMS" default:"64" help:"SendMessage streams each client may hold open on one replica"`
-	IdempotencyTTL  time.Duration     `env:"CONCLAVE_GATEWAY_IDEMPOTENCY_TTL" default:"24h" help:"how long a SendMessage idempotency_key is remembered"`
+	AgentTimeout    time.Duration     `env:"CONCLAVE_GATEWAY_AGENT_TIMEOUT" default:"0s" help:"how long a registered agent may stay silent before it is deregistered; 0 (the default) keeps a silent agent while its connection lives, since coven heartbeats are optional"`
+	// KeepaliveTime and KeepaliveTimeout find dead agents through the
+	// transport: a connection silent for KeepaliveTime is pinged (HTTP/2
+	// PING, and TCP keepalive probes), and closed when no answer comes
+	// within KeepaliveTimeout; its agents are then deregistered.
+	KeepaliveTime    time.Duration `env:"CONCLAVE_GATEWAY_KEEPALIVE_TIME" default:"30s" help:"how long a connection may be silent before the gateway pings it (gRPC keepalive, TCP keepalive)"`
+	KeepaliveTimeout time.Duration `env:"CONCLAVE_GATEWAY_KEEPALIVE_TIMEOUT" default:"20s" help:"how long the gateway waits for a ping's answer before it closes the connection and deregisters its agents"`
+	ShutdownTimeout  time.Duration `env:"CONCLAVE_GATEWAY_SHUTDOWN_TIMEOUT" default:"15s" help:"how long in-flight work may drain on shutdown"`
+	QueueDepth       int           `env:"CONCLAVE_GATEWAY_QUEUE_DEPTH" default:"32" help:"requests that may wait for a busy agent before callers get RESOURCE_EXHAUSTED"`
+	CancelGrace      time.Duration `env:"CONCLAVE_GATEWAY_CANCEL_GRACE" default:"30s" help:"how long an agent may take to end an abandoned request"`
+	Lease            time.Duration `env:"CONCLAVE_GATEWAY_LEASE" default:"15s" help:"how long a replica's lease (and so its agents' registrations) outlives its last renewal in the store"`
+	AdvertiseAddr    string        `env:"CONCLAVE_GATEWAY_ADVERTISE_ADDR" help:"host:port other replicas reach this one's gRPC listener at (default: the listener's address, or the host name and port)"`
+	ClientTokens     []string      `env:"CONCLAVE_GATEWAY_CLIENT_TOKENS" help:"comma-separated bearer tokens accepted on the client API"`
+	ClientRate       float64       `env:"CONCLAVE_GATEWAY_CLIENT_RATE" default:"50" help:"client API requests per second each client (bearer token) may make on one replica"`
+	ClientBurst      int           `env:"CONCLAVE_GATEWAY_CLIENT_BURST" default:"100" help:"client API requests each client may make at once, above its rate"`
+	ClientStreams    int           `env:"CONCLAVE_GATEWAY_CLIENT_STREAMS" default:"64" help:"SendMessage streams each client may hold open on one replica"`
+	IdempotencyTTL   time.Duration `env:"CONCLAVE_GATEWAY_IDEMPOTENCY_TTL" default:"24h" help:"how long a SendMessage idempotency_key is remembered"`
 	// AllowUnauthenticated opens the client API without tokens; conclave dev
 	// sets it, on loopback only.
 	AllowUnauthenticated bool     `env:"CONCLAVE_GATEWAY_ALLOW_UNAUTHENTICATED" default:"false" help:"serve the client API without bearer tokens (development only)"`
@@ -82,13 +88,17 @@ func (c Config) Validate() error {
 	if c.QueueDepth < 1 || c.QueueDepth > 10000 {
 		return fmt.Errorf("CONCLAVE_GATEWAY_QUEUE_DEPTH: must be 1..10000, got %d", c.QueueDepth)
 	}
+	if c.AgentTimeout < 0 {
+		return fmt.Errorf("CONCLAVE_GATEWAY_AGENT_TIMEOUT: must be 0 (off) or positive, got %s", c.AgentTimeout)
+	}
 	for key, d := range map[string]time.Duration{
-		"CONCLAVE_GATEWAY_REGISTER_TIMEOUT": c.RegisterTimeout,
-		"CONCLAVE_GATEWAY_AGENT_TIMEOUT":    c.AgentTimeout,
-		"CONCLAVE_GATEWAY_SHUTDOWN_TIMEOUT": c.ShutdownTimeout,
-		"CONCLAVE_GATEWAY_CANCEL_GRACE":     c.CancelGrace,
-		"CONCLAVE_GATEWAY_LEASE":            c.Lease,
-		"CONCLAVE_GATEWAY_IDEMPOTENCY_TTL":  c.IdempotencyTTL,
+		"CONCLAVE_GATEWAY_REGISTER_TIMEOUT":  c.RegisterTimeout,
+		"CONCLAVE_GATEWAY_KEEPALIVE_TIME":    c.KeepaliveTime,
+		"CONCLAVE_GATEWAY_KEEPALIVE_TIMEOUT": c.KeepaliveTimeout,
+		"CONCLAVE_GATEWAY_SHUTDOWN_TIMEOUT":  c.ShutdownTimeout,
+		"CONCLAVE_GATEWAY_CANCEL_GRACE":      c.CancelGrace,
+		"CONCLAVE_GATEWAY_LEASE":             c.Lease,
+		"CONCLAVE_GATEWAY_IDEMPOTENCY_TTL":   c.IdempotencyTTL,
 	} {
 		if d <= 0 {
 			return fmt.Errorf("%s: must be positive, got %s", key, d)
@@ -150,6 +160,9 @@ func New(cfg Config, logger *slog.Logger, tel *telemetry.Provider, st store.Stor
 		ShutdownTimeout: cfg.ShutdownTimeout,
 		// Attachments of up to 3 MiB arrive base64-encoded in REST bodies.
 		MaxRequestBodyBytes: 5 << 20,
+		// Zero (a Config not loaded from the environment) takes the
+		// server's defaults.
+		Keepalive: server.Keepalive{Time: cfg.KeepaliveTime, Timeout: cfg.KeepaliveTimeout},
 	}, logger, opts...)
 	if err != nil {
 		return nil, fmt.Errorf("gateway server: %w", err)

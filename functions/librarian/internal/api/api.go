@@ -17,7 +17,6 @@ import (
 	"strings"
 	"time"
 
-	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/conclave-ai/conclave/functions/librarian/internal/access"
@@ -179,8 +178,6 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	w.WriteHeader(status)
 	_ = json.NewEncoder(w).Encode(v)
 }
-
-var marshal = protojson.MarshalOptions{UseProtoNames: true, EmitUnpopulated: false}
 
 func writeProto(w http.ResponseWriter, status int, m proto.Message) {
 	b, err := marshal.Marshal(m)

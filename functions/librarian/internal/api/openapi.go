@@ -109,11 +109,10 @@ func fieldSchema(f protoreflect.FieldDescriptor, add func(protoreflect.MessageDe
 		s = map[string]any{"type": "boolean"}
 	case protoreflect.DoubleKind, protoreflect.FloatKind:
 		s = map[string]any{"type": "number"}
-	case protoreflect.Int32Kind, protoreflect.Sint32Kind, protoreflect.Uint32Kind:
+	case protoreflect.Int32Kind, protoreflect.Sint32Kind, protoreflect.Uint32Kind,
+		protoreflect.Int64Kind, protoreflect.Sint64Kind, protoreflect.Uint64Kind:
+		// 64-bit integers too: the API writes them as numbers (marshal).
 		s = map[string]any{"type": "integer"}
-	case protoreflect.Int64Kind, protoreflect.Sint64Kind, protoreflect.Uint64Kind:
-		// protojson writes 64-bit integers as strings.
-		s = map[string]any{"type": []string{"string", "integer"}}
 	case protoreflect.MessageKind:
 		switch f.Message().FullName() {
 		case "google.protobuf.Timestamp":

@@ -85,10 +85,12 @@ func (h *Handler) listDecided(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	// DecidedRequests, with "requests" there even when empty.
+	// DecidedRequests, with every member there, as marshal writes
+	// messages: "requests" even when empty, next_page_token "" on the last
+	// page.
 	out := struct {
 		Requests      []jsonProto `json:"requests"`
-		NextPageToken string      `json:"next_page_token,omitempty"`
+		NextPageToken string      `json:"next_page_token"`
 	}{Requests: []jsonProto{}}
 	for _, rec := range page.Records {
 		out.Requests = append(out.Requests, jsonProto{decidedOf(rec)})

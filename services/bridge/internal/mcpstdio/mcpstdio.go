@@ -9,6 +9,14 @@
 // line that is not JSON with the JSON-RPC parse error (-32700) and a line
 // that is JSON but not a JSON-RPC message with invalid request (-32600), and
 // carries on with the next line, as JSON-RPC 2.0 asks of a server.
+//
+// The SDK also ends the session as soon as its reader reports the end of
+// input, cancelling the requests in flight and dropping their answers. A
+// client that writes its requests and closes stdin (`printf ... | conclave
+// bridge mcp`) would get no answer at all. So the filter keeps the end of
+// input from the SDK until every request it passed on has been answered:
+// the end of input ends the session only after that, as a stdio server
+// should.
 package mcpstdio
 
 import (
@@ -31,9 +39,10 @@ const MaxLineBytes = mcp.DefaultMaxLineLength
 // NewTransport returns the transport for a session on in (the client's
 // messages) and out (where only protocol frames may be written).
 func NewTransport(in io.ReadCloser, out io.WriteCloser, logger *slog.Logger) *mcp.IOTransport {
-	w := &lockedWriter{w: out}
+	calls := newInFlight()
+	w := &lockedWriter{w: out, calls: calls}
 	return &mcp.IOTransport{
-		Reader: &filter{in: bufio.NewReader(in), closer: in, out: w, logger: logger, maxLine: MaxLineBytes},
+		Reader: &filter{in: bufio.NewReader(in), closer: in, out: w, calls: calls, logger: logger, maxLine: MaxLineBytes},
 		Writer: w,
 		// The filter enforces the frame limit, line by line, and answers
 		// an overlong line instead of ending the session.
@@ -42,26 +51,161 @@ func NewTransport(in io.ReadCloser, out io.WriteCloser, logger *slog.Logger) *mc
 }
 
 // lockedWriter serialises the filter's error responses with the SDK's
-// writes: each is one whole line, and lines must not interleave.
+// writes: each is one whole line, and lines must not interleave. It tells
+// calls what the SDK writes: the answers to the client's requests, and the
+// server's own requests.
 type lockedWriter struct {
-	mu sync.Mutex
-	w  io.WriteCloser
+	mu    sync.Mutex
+	w     io.WriteCloser
+	calls *inFlight
 }
 
+// Write writes one of the SDK's frames: the SDK writes each whole, in one
+// call.
 func (l *lockedWriter) Write(p []byte) (int, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return l.w.Write(p)
+	n, err := l.w.Write(p)
+	if err != nil {
+		// Nothing more can be answered: the client is gone.
+		l.calls.end()
+		return n, err
+	}
+	l.calls.written(decode(bytes.TrimSpace(p)))
+	return n, nil
+}
+
+// writeAnswer writes one of the filter's own error responses, to a line
+// the SDK never saw: it settles none of the requests the SDK owes answers
+// to, even when it carries the id of one.
+func (l *lockedWriter) writeAnswer(p []byte) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if _, err := l.w.Write(p); err != nil {
+		l.calls.end()
+	}
 }
 
 func (l *lockedWriter) Close() error { return l.w.Close() }
+
+// inFlight is what each side of the session still owes the other: the
+// client's requests the SDK has not answered, and the server's requests
+// the client has not answered.
+type inFlight struct {
+	mu     sync.Mutex
+	owed   map[jsonrpc.ID]bool // the client's requests passed on to the SDK
+	asked  map[jsonrpc.ID]bool // the server's requests written to the client
+	ended  bool                // the SDK closed the session, or the client stopped reading
+	change chan struct{}       // closed, and replaced, when any of the above changes
+}
+
+func newInFlight() *inFlight {
+	return &inFlight{owed: map[jsonrpc.ID]bool{}, asked: map[jsonrpc.ID]bool{}, change: make(chan struct{})}
+}
+
+// changed wakes a reader waiting in drain; the caller holds mu.
+func (f *inFlight) changed() {
+	close(f.change)
+	f.change = make(chan struct{})
+}
+
+// read records messages the filter passes on from the client.
+func (f *inFlight) read(msgs []jsonrpc.Message) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, m := range msgs {
+		switch m := m.(type) {
+		case *jsonrpc.Request:
+			if m.IsCall() {
+				f.owed[m.ID] = true
+			} else if id, ok := cancelled(m); ok {
+				// MCP: a cancelled request needs no answer.
+				delete(f.owed, id)
+			}
+		case *jsonrpc.Response:
+			delete(f.asked, m.ID)
+		}
+	}
+	f.changed()
+}
+
+// written records messages the SDK wrote to the client.
+func (f *inFlight) written(msgs []jsonrpc.Message) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, m := range msgs {
+		switch m := m.(type) {
+		case *jsonrpc.Response:
+			delete(f.owed, m.ID)
+		case *jsonrpc.Request:
+			if m.IsCall() {
+				f.asked[m.ID] = true
+			}
+		}
+	}
+	f.changed()
+}
+
+// end stops any wait in drain: the session is over.
+func (f *inFlight) end() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if !f.ended {
+		f.ended = true
+		f.changed()
+	}
+}
+
+// drain is called once the client's input has ended. It waits until the
+// SDK has answered every request the client sent, or the session ended
+// otherwise, and then reports done. Meanwhile the server's own requests
+// can never be answered by the client: drain returns error responses for
+// them, for the SDK to read as the client's answers, so that no handler
+// waits on the client forever while its own answer is owed.
+func (f *inFlight) drain() (answers []byte, done bool) {
+	for {
+		f.mu.Lock()
+		if f.ended || len(f.owed) == 0 {
+			f.mu.Unlock()
+			return nil, true
+		}
+		for id := range f.asked {
+			b, _ := json.Marshal(id.Raw()) // an int64 or a string
+			answers = append(answers, errorResponse(b, jsonrpc.CodeInternalError, "the client closed its input before answering")...)
+			answers = append(answers, '\n')
+			delete(f.asked, id)
+		}
+		change := f.change
+		f.mu.Unlock()
+		if len(answers) > 0 {
+			return answers, false
+		}
+		<-change
+	}
+}
+
+// cancelled returns the id of the request a notifications/cancelled names.
+func cancelled(n *jsonrpc.Request) (jsonrpc.ID, bool) {
+	if n.Method != "notifications/cancelled" {
+		return jsonrpc.ID{}, false
+	}
+	var p struct {
+		RequestID any `json:"requestId"`
+	}
+	if json.Unmarshal(n.Params, &p) != nil {
+		return jsonrpc.ID{}, false
+	}
+	id, err := jsonrpc.MakeID(p.RequestID)
+	return id, err == nil && id.IsValid()
+}
 
 // filter is the reader the SDK's transport reads stdin through. Read hands
 // on one good line at a time.
 type filter struct {
 	in      *bufio.Reader
 	closer  io.Closer
-	out     io.Writer
+	out     *lockedWriter
+	calls   *inFlight
 	logger  *slog.Logger
 	maxLine int
 
@@ -72,7 +216,12 @@ type filter struct {
 func (f *filter) Read(p []byte) (int, error) {
 	for len(f.pending) == 0 {
 		if f.err != nil {
-			return 0, f.err
+			answers, done := f.calls.drain()
+			if done {
+				return 0, f.err
+			}
+			f.pending = answers
+			continue
 		}
 		line, tooLong, err := f.readLine()
 		if err != nil {
@@ -85,10 +234,12 @@ func (f *filter) Read(p []byte) (int, error) {
 		if len(bytes.TrimSpace(line)) == 0 {
 			continue
 		}
-		if resp := Check(line); resp != nil {
+		msgs, resp := check(line)
+		if resp != nil {
 			f.answer(resp)
 			continue
 		}
+		f.calls.read(msgs)
 		f.pending = append(line, '\n')
 	}
 	n := copy(p, f.pending)
@@ -119,34 +270,69 @@ func (f *filter) readLine() (line []byte, tooLong bool, err error) {
 // write means the client is gone; the next read will say so.
 func (f *filter) answer(resp []byte) {
 	f.logger.Warn("mcp stdio: answered a line that is not a JSON-RPC message", "response", string(resp))
-	_, _ = f.out.Write(append(resp, '\n'))
+	f.out.writeAnswer(append(resp, '\n'))
 }
 
-func (f *filter) Close() error { return f.closer.Close() }
+// Close is the SDK closing the session: nothing more will be answered.
+func (f *filter) Close() error {
+	f.calls.end()
+	return f.closer.Close()
+}
 
 // Check returns nil when line is a JSON-RPC message, or a batch of them,
 // that the SDK can take, and otherwise the error response to send for it.
 func Check(line []byte) []byte {
+	_, resp := check(line)
+	return resp
+}
+
+// check is Check that also returns the messages of a line it passes.
+func check(line []byte) ([]jsonrpc.Message, []byte) {
 	var v any
 	if err := json.Unmarshal(line, &v); err != nil {
 		// The error names the problem and its offset, never the content.
-		return errorResponse(nil, jsonrpc.CodeParseError, "Parse error: "+err.Error())
+		return nil, errorResponse(nil, jsonrpc.CodeParseError, "Parse error: "+err.Error())
 	}
 	if batch, ok := v.([]any); ok {
 		if len(batch) == 0 {
-			return invalidRequest(nil, "Invalid Request: empty batch")
+			return nil, invalidRequest(nil, "Invalid Request: empty batch")
 		}
 		var raws []json.RawMessage
 		_ = json.Unmarshal(line, &raws) // valid JSON array: cannot fail
+		msgs := make([]jsonrpc.Message, 0, len(raws))
 		for _, raw := range raws {
-			if _, err := jsonrpc.DecodeMessage(raw); err != nil {
-				return invalidRequest(nil, "Invalid Request: in batch: "+err.Error())
+			m, err := jsonrpc.DecodeMessage(raw)
+			if err != nil {
+				return nil, invalidRequest(nil, "Invalid Request: in batch: "+err.Error())
+			}
+			msgs = append(msgs, m)
+		}
+		return msgs, nil
+	}
+	m, err := jsonrpc.DecodeMessage(line)
+	if err != nil {
+		return nil, invalidRequest(requestID(line), "Invalid Request: "+err.Error())
+	}
+	return []jsonrpc.Message{m}, nil
+}
+
+// decode returns the messages of a frame the SDK wrote: one, or a batch.
+func decode(frame []byte) []jsonrpc.Message {
+	if len(frame) > 0 && frame[0] == '[' {
+		var raws []json.RawMessage
+		if json.Unmarshal(frame, &raws) != nil {
+			return nil
+		}
+		msgs := make([]jsonrpc.Message, 0, len(raws))
+		for _, raw := range raws {
+			if m, err := jsonrpc.DecodeMessage(raw); err == nil {
+				msgs = append(msgs, m)
 			}
 		}
-		return nil
+		return msgs
 	}
-	if _, err := jsonrpc.DecodeMessage(line); err != nil {
-		return invalidRequest(requestID(line), "Invalid Request: "+err.Error())
+	if m, err := jsonrpc.DecodeMessage(frame); err == nil {
+		return []jsonrpc.Message{m}
 	}
 	return nil
 }

@@ -2,13 +2,19 @@ package mcpstdio
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"log/slog"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 
+	"github.com/google/jsonschema-go/jsonschema"
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
+	"github.com/modelcontextprotocol/go-sdk/mcp"
 )
 
 type wireReply struct {
@@ -65,9 +71,10 @@ func TestCheck(t *testing.T) {
 // goes on to the next line; an overlong line is answered, not fatal.
 func TestFilter(t *testing.T) {
 	t.Parallel()
-	good1 := `{"jsonrpc":"2.0","id":1,"method":"ping"}`
-	good2 := `{"jsonrpc":"2.0","id":2,"method":"ping"}`
-	good3 := `{"jsonrpc":"2.0","id":3,"method":"ping"}` // no final newline
+	// Notifications: no answer is owed, so the input's end ends the reads.
+	good1 := `{"jsonrpc":"2.0","method":"notifications/one"}`
+	good2 := `{"jsonrpc":"2.0","method":"notifications/two"}`
+	good3 := `{"jsonrpc":"2.0","method":"notifications/three"}` // no final newline
 	input := good1 + "\r\n\n   \nnot json\n" + `{"long":"` + strings.Repeat("x", 200) + `"}` + "\n" + good2 + "\n{}\n" + good3
 	var out bytes.Buffer
 	tr := NewTransport(io.NopCloser(strings.NewReader(input)), nopWriteCloser{&out}, slog.New(slog.DiscardHandler))
@@ -125,4 +132,111 @@ func FuzzCheck(f *testing.F) {
 			t.Fatalf("answer to %q = %q (%v)", line, resp, err)
 		}
 	})
+}
+
+// syncBuffer is a bytes.Buffer the SDK and the filter may write at once.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) Close() error { return nil }
+
+func (b *syncBuffer) Bytes() []byte {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return bytes.Clone(b.buf.Bytes())
+}
+
+// A client that writes its requests and closes its input, as `printf ... |
+// conclave bridge mcp` does, gets every answer: the session ends only once
+// the SDK has answered each request read. A handler that asks the client
+// something meanwhile is told the client is gone, rather than waiting for
+// an answer that cannot come.
+func TestEndOfInputWaitsForAnswers(t *testing.T) {
+	t.Parallel()
+	started, release := make(chan struct{}), make(chan struct{})
+	s := mcp.NewServer(&mcp.Implementation{Name: "test", Version: "1"}, nil)
+	s.AddTool(&mcp.Tool{Name: "wait", InputSchema: &jsonschema.Schema{Type: "object"}}, func(ctx context.Context, _ *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+		close(started)
+		select {
+		case <-release:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+		return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: "released"}}}, nil
+	})
+	s.AddTool(&mcp.Tool{Name: "ask", InputSchema: &jsonschema.Schema{Type: "object"}}, func(ctx context.Context, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+		err := req.Session.Ping(ctx, nil)
+		return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: fmt.Sprintf("ping: %v", err)}}}, nil
+	})
+	input := strings.Join([]string{
+		`{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"pipe","version":"1"}}}`,
+		`{"jsonrpc":"2.0","method":"notifications/initialized"}`,
+		`{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"wait","arguments":{}}}`,
+		`{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"ask","arguments":{}}}`,
+		`{"jsonrpc":"2.0","id":4,"method":"tools/list"}`,
+	}, "\n") + "\n"
+	out := &syncBuffer{}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() {
+		done <- s.Run(ctx, NewTransport(io.NopCloser(strings.NewReader(input)), out, slog.New(slog.DiscardHandler)))
+	}()
+	select {
+	case <-started:
+	case err := <-done:
+		t.Fatalf("the session ended (%v) before the wait tool started; wrote:\n%s", err, out.Bytes())
+	case <-ctx.Done():
+		t.Fatal("the wait tool never started")
+	}
+	close(release)
+	select {
+	case <-done:
+	case <-ctx.Done():
+		t.Fatalf("the session did not end after its input did; wrote:\n%s", out.Bytes())
+	}
+	answers := map[string]string{} // id: the first text content, or the error
+	for line := range bytes.Lines(out.Bytes()) {
+		var m struct {
+			ID     json.RawMessage `json:"id"`
+			Method string          `json:"method"`
+			Result struct {
+				Content []struct{ Text string } `json:"content"`
+				Tools   []struct{ Name string } `json:"tools"`
+			} `json:"result"`
+			Error *struct{ Message string } `json:"error"`
+		}
+		if err := json.Unmarshal(line, &m); err != nil {
+			t.Fatalf("frame %q: %v", line, err)
+		}
+		switch {
+		case m.Method != "":
+			continue // the server's own request (ping)
+		case m.Error != nil:
+			answers[string(m.ID)] = "error: " + m.Error.Message
+		case len(m.Result.Content) > 0:
+			answers[string(m.ID)] = m.Result.Content[0].Text
+		case len(m.Result.Tools) > 0:
+			answers[string(m.ID)] = fmt.Sprintf("%d tools", len(m.Result.Tools))
+		default:
+			answers[string(m.ID)] = "result"
+		}
+	}
+	want := map[string]string{"1": "result", "2": "released", "4": "2 tools"}
+	for id, w := range want {
+		if answers[id] != w {
+			t.Errorf("answer to %s = %q, want %q (all: %v)", id, answers[id], w, answers)
+		}
+	}
+	if !strings.Contains(answers["3"], "closed its input") {
+		t.Errorf("answer to 3 = %q, want the server's ping failed because the client closed its input", answers["3"])
+	}
 }

@@ -174,6 +174,7 @@ type message struct {
 	topic     string
 	payload   json.RawMessage
 	publisher string
+	origin    Origin
 	// accepted is when this replica took the message (its publish, its
 	// arrival from another replica, or its retry falling due): delivery
 	// latency is measured from it.
@@ -183,6 +184,24 @@ type message struct {
 	event bool
 }
 
+// from is the sender deliveries name: the publisher's from, else its
+// clientId.
+func (m *message) from() string {
+	if m.origin.From != "" {
+		return m.origin.From
+	}
+	return m.publisher
+}
+
+// messageID is the id deliveries name: the publisher's messageId, else the
+// bus's own.
+func (m *message) messageID() string {
+	if m.origin.MessageID != "" {
+		return m.origin.MessageID
+	}
+	return m.id
+}
+
 // Forwarded is a message one replica hands another: to route among its own
 // subscribers, or, with ClientID, to deliver to that agent (a retry).
 type Forwarded struct {
@@ -190,8 +209,17 @@ type Forwarded struct {
 	Topic     string          `json:"topic"`
 	Payload   json.RawMessage `json:"payload"`
 	Publisher string          `json:"publisher,omitempty"`
-	ClientID  string          `json:"client_id,omitempty"`
-	Attempt   int             `json:"attempt,omitempty"`
+	Origin
+	ClientID string `json:"client_id,omitempty"`
+	Attempt  int    `json:"attempt,omitempty"`
+}
+
+// Origin is what a publisher said of its message beyond its topic and
+// payload: the from and messageId of current bub clients. Both are the
+// publisher's own claims, passed on to subscribers as given.
+type Origin struct {
+	From      string `json:"from,omitempty"`
+	MessageID string `json:"sender_message_id,omitempty"`
 }
 
 // Forwarded's answer: the acks of the replica's subscribers, whether any
@@ -211,7 +239,7 @@ type Forwarder interface {
 // DeliverForwarded routes a message another replica forwarded among this
 // replica's subscribers only: no default handler, no further forwarding.
 func (b *Broker) DeliverForwarded(ctx context.Context, f Forwarded) (ForwardResult, error) {
-	msg := &message{id: f.MessageID, topic: f.Topic, payload: f.Payload, publisher: f.Publisher, accepted: time.Now()}
+	msg := &message{id: f.MessageID, topic: f.Topic, payload: f.Payload, publisher: f.Publisher, origin: f.Origin, accepted: time.Now()}
 	ctx = context.WithoutCancel(ctx)
 	if f.ClientID != "" {
 		s := b.agentFor(f.ClientID, f.Topic)
@@ -263,6 +291,11 @@ func (b *Broker) Publish(ctx context.Context, publisher, t string, payload json.
 	return b.publishWait(ctx, &message{id: newMessageID(), topic: t, payload: payload, publisher: publisher, accepted: time.Now()})
 }
 
+// publishFrom is Publish with what the publisher said of its message.
+func (b *Broker) publishFrom(ctx context.Context, publisher, t string, payload json.RawMessage, origin Origin) (*SendResult, error) {
+	return b.publishWait(ctx, &message{id: newMessageID(), topic: t, payload: payload, publisher: publisher, origin: origin, accepted: time.Now()})
+}
+
 // PublishEvent publishes an event from the events queue as EventPublisher:
 // as Publish does, except that an event no subscriber matches is not
 // taken by the default handler (the result says it was not routed). An
@@ -292,8 +325,8 @@ func (b *Broker) publishWait(ctx context.Context, msg *message) (*SendResult, er
 // connection's read loop, usually), or by one of its own when what is
 // left may block (retries to schedule, other replicas, the default
 // handler).
-func (b *Broker) publishAsync(ctx context.Context, publisher, t string, payload json.RawMessage, done func(*SendResult, error)) {
-	b.publishMessage(ctx, &message{id: newMessageID(), topic: t, payload: payload, publisher: publisher, accepted: time.Now()}, done)
+func (b *Broker) publishAsync(ctx context.Context, publisher, t string, payload json.RawMessage, origin Origin, done func(*SendResult, error)) {
+	b.publishMessage(ctx, &message{id: newMessageID(), topic: t, payload: payload, publisher: publisher, origin: origin, accepted: time.Now()}, done)
 }
 
 // publishMessage delivers msg as publishAsync says.
@@ -340,7 +373,7 @@ func (b *Broker) completePublish(ctx context.Context, msg *message, routed bool,
 		if stop {
 			skipped = true // the other replicas' subscribers are left out
 		} else {
-			remote := b.opts.Forwarder.Forward(ctx, Forwarded{MessageID: msg.id, Topic: msg.topic, Payload: msg.payload, Publisher: msg.publisher})
+			remote := b.opts.Forwarder.Forward(ctx, Forwarded{MessageID: msg.id, Topic: msg.topic, Payload: msg.payload, Publisher: msg.publisher, Origin: msg.origin})
 			acks = append(acks, remote.Acks...)
 			routed = routed || remote.Routed
 		}
@@ -580,7 +613,7 @@ func (b *Broker) startDelivery(ctx context.Context, d *delivery, s *Session, msg
 			params.process = processParams(msg, attempt)
 		}
 	} else if params.base == nil {
-		params.base = deliveryParams(msg.topic, msg.payload)
+		params.base = deliveryParams(msg)
 	}
 	raw := params.base
 	if d.method == MethodProcessMessage {
@@ -658,7 +691,7 @@ func outcomeLabel(o outcome) string {
 }
 
 func processParams(msg *message, attempt int) json.RawMessage {
-	p := deliveryParams(msg.topic, msg.payload)
+	p := deliveryParams(msg)
 	extra, _ := json.Marshal(struct {
 		MessageID string `json:"message_id"`
 		Attempt   int    `json:"attempt"`

@@ -366,7 +366,7 @@ func (h *DefaultHandler) take(ctx context.Context, msg *message) Ack {
 		reason := fmt.Sprintf("the default handler could not start an agent for %q: %v", msg.topic, sp.err)
 		ack := Ack{ClientID: sp.agentID, Message: reason}
 		if r := h.broker.opts.Retries; r != nil {
-			job := retryJob{MessageID: msg.id, Topic: msg.topic, Payload: msg.payload, Publisher: msg.publisher,
+			job := retryJob{MessageID: msg.id, Topic: msg.topic, Payload: msg.payload, Publisher: msg.publisher, Origin: msg.origin,
 				LastError: reason, PublishedAt: time.Now().UTC()}
 			if err := r.deadLetter(ctx, job, "spawn_failed"); err != nil {
 				ack.Message += fmt.Sprintf("; and the dead letter could not be stored: %v", err)
@@ -555,7 +555,7 @@ func (h *DefaultHandler) deliverTo(ctx context.Context, agentID string, msg *mes
 	}
 	if f := h.broker.opts.Forwarder; f != nil {
 		res := f.Forward(ctx, Forwarded{MessageID: msg.id, Topic: msg.topic, Payload: msg.payload,
-			Publisher: msg.publisher, ClientID: agentID, Attempt: 1})
+			Publisher: msg.publisher, Origin: msg.origin, ClientID: agentID, Attempt: 1})
 		if res.Routed && len(res.Acks) > 0 {
 			return res.Acks[0]
 		}

@@ -21,6 +21,8 @@ func FuzzHandle(f *testing.F) {
 		`{"topic":"inbound:chat-1","payload":{"chat_id":"chat-1","text":"hello"}}`,
 		`{"payload":{"type":"x"}}`, `{}`, `[]`, `null`, `{"topic":1}`, `{"clientId":"\u0000"}`,
 		`{"topic":"` + string(make([]byte, 300)) + `"}`, `{"capabilities":[],"clientId":"a"}`,
+		`{"address":"tg:*"}`, `{"topic":"a:1","to":"a:2"}`, `{"messageId":"","from":1}`,
+		`{"from":"tg:1","to":"agent:x","messageId":"msg_01J","payload":{"type":"t"}}`,
 	} {
 		for m := range 6 {
 			f.Add(uint8(m), []byte(seed))

@@ -128,14 +128,21 @@ type subscriberAnswer struct {
 	Message         string  `json:"message"`
 }
 
-// deliveryParams encodes {topic, payload} by hand: payload is already JSON.
-func deliveryParams(topic string, payload json.RawMessage) json.RawMessage {
-	t, _ := json.Marshal(topic) // a string cannot fail
-	out := make([]byte, 0, len(t)+len(payload)+24)
-	out = append(out, `{"topic":`...)
-	out = append(out, t...)
+// deliveryParams encodes a delivery's params: the seed's {topic,
+// payload}, and the same topic as to, with from and messageId, as current
+// bub clients read a message. The payload is already JSON, so the object is
+// put together by hand.
+func deliveryParams(msg *message) json.RawMessage {
+	head, _ := json.Marshal(struct { // strings only: Marshal cannot fail
+		Topic     string `json:"topic"`
+		To        string `json:"to"`
+		From      string `json:"from,omitempty"`
+		MessageID string `json:"messageId"`
+	}{msg.topic, msg.topic, msg.from(), msg.messageID()})
+	out := make([]byte, 0, len(head)+len(msg.payload)+12)
+	out = append(out, head[:len(head)-1]...) // without its closing brace
 	out = append(out, `,"payload":`...)
-	out = append(out, payload...)
+	out = append(out, msg.payload...)
 	return append(out, '}')
 }
 

@@ -84,28 +84,30 @@ func NewRetries(q queue.Queue, st store.Store, policy RetryPolicy, tp trace.Trac
 
 // retryJob is a retry queue message's body.
 type retryJob struct {
-	MessageID   string          `json:"message_id"`
-	Topic       string          `json:"topic"`
-	Payload     json.RawMessage `json:"payload"`
-	ClientID    string          `json:"client_id"`
-	Publisher   string          `json:"publisher,omitempty"`
-	Attempts    int             `json:"attempts"`
-	LastError   string          `json:"last_error"`
-	PublishedAt time.Time       `json:"published_at"`
+	MessageID string          `json:"message_id"`
+	Topic     string          `json:"topic"`
+	Payload   json.RawMessage `json:"payload"`
+	ClientID  string          `json:"client_id"`
+	Publisher string          `json:"publisher,omitempty"`
+	Origin
+	Attempts    int       `json:"attempts"`
+	LastError   string    `json:"last_error"`
+	PublishedAt time.Time `json:"published_at"`
 }
 
 // DeadLetter is a message the bus gave up on.
 type DeadLetter struct {
-	ID          string          `json:"id"`
-	MessageID   string          `json:"message_id"`
-	Topic       string          `json:"topic"`
-	Payload     json.RawMessage `json:"payload"`
-	ClientID    string          `json:"client_id,omitempty"`
-	Publisher   string          `json:"publisher,omitempty"`
-	Attempts    int             `json:"attempts"`
-	LastError   string          `json:"last_error"`
-	PublishedAt time.Time       `json:"published_at"`
-	DeadAt      time.Time       `json:"dead_at"`
+	ID        string          `json:"id"`
+	MessageID string          `json:"message_id"`
+	Topic     string          `json:"topic"`
+	Payload   json.RawMessage `json:"payload"`
+	ClientID  string          `json:"client_id,omitempty"`
+	Publisher string          `json:"publisher,omitempty"`
+	Origin
+	Attempts    int       `json:"attempts"`
+	LastError   string    `json:"last_error"`
+	PublishedAt time.Time `json:"published_at"`
+	DeadAt      time.Time `json:"dead_at"`
 	// Traceparent and Tracestate are the message's trace context (W3C), so
 	// that a redrive delivers it in the trace it was published in.
 	Traceparent string `json:"traceparent,omitempty"`
@@ -125,7 +127,7 @@ func (r *Retries) delay(attempts int, requested time.Duration) time.Duration {
 // delivery, or dead-letters it, and returns the ack message saying which.
 func (r *Retries) afterAttempt(ctx context.Context, msg *message, clientID string, attempt int, out outcome) string {
 	job := retryJob{MessageID: msg.id, Topic: msg.topic, Payload: msg.payload, ClientID: clientID,
-		Publisher: msg.publisher, Attempts: attempt, LastError: out.err, PublishedAt: time.Now().UTC()}
+		Publisher: msg.publisher, Origin: msg.origin, Attempts: attempt, LastError: out.err, PublishedAt: time.Now().UTC()}
 	next, err := r.schedule(ctx, job, out.retryAfter)
 	if err != nil {
 		r.log.ErrorContext(ctx, "bus: could not schedule a retry or dead letter", "message_id", msg.id, "error", err)
@@ -159,7 +161,7 @@ func (r *Retries) deadLetter(ctx context.Context, job retryJob, reason string) e
 	now := time.Now().UTC()
 	dl := DeadLetter{ID: fmt.Sprintf("%s-%s", now.Format("20060102T150405.000000000Z"), job.MessageID),
 		MessageID: job.MessageID, Topic: job.Topic, Payload: job.Payload, ClientID: job.ClientID,
-		Publisher: job.Publisher, Attempts: job.Attempts, LastError: job.LastError,
+		Publisher: job.Publisher, Origin: job.Origin, Attempts: job.Attempts, LastError: job.LastError,
 		PublishedAt: job.PublishedAt, DeadAt: now}
 	tc := propagation.MapCarrier{}
 	propagation.TraceContext{}.Inject(ctx, tc)
@@ -194,7 +196,7 @@ func (r *Retries) handle(ctx context.Context, m queue.Message) error {
 			LastError: fmt.Sprintf("undecodable retry message: %v", err)}, "undecodable")
 	}
 	job.Attempts++
-	msg := &message{id: job.MessageID, topic: job.Topic, payload: job.Payload, publisher: job.Publisher, accepted: time.Now()}
+	msg := &message{id: job.MessageID, topic: job.Topic, payload: job.Payload, publisher: job.Publisher, origin: job.Origin, accepted: time.Now()}
 	if job.ClientID == "" {
 		// A redriven message the default handler could not place: it goes
 		// to whichever agent now subscribes, or to the default handler again.
@@ -210,7 +212,7 @@ func (r *Retries) handle(ctx context.Context, m queue.Message) error {
 		// The agent may be connected to another replica, which then
 		// delivers and schedules what follows itself.
 		res := r.broker.opts.Forwarder.Forward(ctx, Forwarded{MessageID: job.MessageID, Topic: job.Topic,
-			Payload: job.Payload, Publisher: job.Publisher, ClientID: job.ClientID, Attempt: job.Attempts})
+			Payload: job.Payload, Publisher: job.Publisher, Origin: job.Origin, ClientID: job.ClientID, Attempt: job.Attempts})
 		if res.Routed {
 			return nil
 		}
@@ -292,7 +294,7 @@ func (r *Retries) Redrive(ctx context.Context, id string) error {
 		}
 	}
 	body, err := json.Marshal(retryJob{MessageID: dl.MessageID, Topic: dl.Topic, Payload: dl.Payload,
-		ClientID: dl.ClientID, Publisher: dl.Publisher, LastError: dl.LastError, PublishedAt: dl.PublishedAt})
+		ClientID: dl.ClientID, Publisher: dl.Publisher, Origin: dl.Origin, LastError: dl.LastError, PublishedAt: dl.PublishedAt})
 	if err != nil {
 		return err
 	}

@@ -5,9 +5,11 @@ import (
 	"encoding/json"
 	"errors"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 	"unicode"
+	"unicode/utf8"
 
 	"golang.org/x/time/rate"
 
@@ -333,18 +335,85 @@ func (s *Session) resolveGrant(ctx context.Context, token string) (Grant, *jsonr
 	return g, nil
 }
 
+// topicNames are the members a request may name its topic by: the seed's
+// topic, and the address (subscribe, unsubscribe) and to (sendMessage) of
+// current bub clients. Every method takes every name.
+var topicNames = []string{"topic", "address", "to"}
+
+// errMissingTopic names the members the bus looked for.
+const errMissingTopic = `missing topic (looked for "topic", "address" and "to")`
+
+// topicMember returns the topic a request names, by any of topicNames, and
+// which name it used; name is "" when the request names none. Two names
+// giving different topics are an error naming both.
+func topicMember(m map[string]json.RawMessage) (t, name string, _ *jsonrpc.Error) {
+	for _, n := range topicNames {
+		v, ok, err := stringMember(m, n)
+		switch {
+		case err != nil:
+			return "", "", err
+		case !ok:
+		case name == "":
+			t, name = v, n
+		case v != t:
+			return "", "", invalidParams("%s %q and %s %q name different topics; send one of them", name, t, n, v)
+		}
+	}
+	if name != "" {
+		if err := topic.Validate(t); err != nil {
+			return "", "", invalidParams("%s: %v", name, err)
+		}
+	}
+	return t, name, nil
+}
+
 func (s *Session) topicParam(m map[string]json.RawMessage) (string, *jsonrpc.Error) {
-	t, ok, err := stringMember(m, "topic")
+	t, name, err := topicMember(m)
 	if err != nil {
 		return "", err
 	}
-	if !ok {
-		return "", invalidParams("missing topic")
-	}
-	if verr := topic.Validate(t); verr != nil {
-		return "", invalidParams("topic: %v", verr)
+	if name == "" {
+		return "", invalidParams(errMissingTopic)
 	}
 	return t, nil
+}
+
+// MaxMessageIDLen bounds the messageId a publisher may give.
+const MaxMessageIDLen = 256
+
+// originParams reads the from and messageId of a sendMessage, which
+// current bub clients send: both optional strings, passed on to the
+// subscribers as given.
+func originParams(m map[string]json.RawMessage) (Origin, *jsonrpc.Error) {
+	var o Origin
+	from, ok, err := stringMember(m, "from")
+	if err != nil {
+		return o, err
+	}
+	if ok {
+		// An address, as long as a topic may be.
+		if !printable(from, topic.MaxLen) {
+			return o, invalidParams("from must be a non-empty string of at most %d bytes without control characters", topic.MaxLen)
+		}
+		o.From = from
+	}
+	id, ok, err := stringMember(m, "messageId")
+	if err != nil {
+		return o, err
+	}
+	if ok {
+		if !printable(id, MaxMessageIDLen) {
+			return o, invalidParams("messageId must be a non-empty string of at most %d bytes without control characters", MaxMessageIDLen)
+		}
+		o.MessageID = id
+	}
+	return o, nil
+}
+
+// printable reports whether s is a non-empty UTF-8 string of at most max
+// bytes without control characters, which would corrupt log lines.
+func printable(s string, max int) bool {
+	return s != "" && len(s) <= max && utf8.ValidString(s) && !strings.ContainsFunc(s, unicode.IsControl)
 }
 
 func (s *Session) subscribe(ctx context.Context, req *jsonrpc.Request) (any, error) {
@@ -430,12 +499,12 @@ func (s *Session) HandleAsync(ctx context.Context, req *jsonrpc.Request, reply f
 		reply(nil, err)
 		return true
 	}
-	clientID, t, payload, err := s.publishParams(req)
+	clientID, t, payload, origin, err := s.publishParams(req)
 	if err != nil {
 		reply(nil, err)
 		return true
 	}
-	s.b.publishAsync(ctx, clientID, t, payload, func(res *SendResult, err error) {
+	s.b.publishAsync(ctx, clientID, t, payload, origin, func(res *SendResult, err error) {
 		if err != nil {
 			reply(nil, err)
 			return
@@ -446,42 +515,43 @@ func (s *Session) HandleAsync(ctx context.Context, req *jsonrpc.Request, reply f
 }
 
 func (s *Session) sendMessage(ctx context.Context, req *jsonrpc.Request) (any, error) {
-	clientID, t, payload, err := s.publishParams(req)
+	clientID, t, payload, origin, err := s.publishParams(req)
 	if err != nil {
 		return nil, err
 	}
-	return s.b.Publish(ctx, clientID, t, payload)
+	return s.b.publishFrom(ctx, clientID, t, payload, origin)
 }
 
 // publishParams checks a sendMessage request and returns who publishes
 // what where.
-func (s *Session) publishParams(req *jsonrpc.Request) (clientID, t string, payload json.RawMessage, _ error) {
+func (s *Session) publishParams(req *jsonrpc.Request) (clientID, t string, payload json.RawMessage, origin Origin, _ error) {
 	m, perr := objectParams(req)
 	if perr != nil {
-		return "", "", nil, perr
+		return "", "", nil, origin, perr
 	}
-	t, ok, terr := stringMember(m, "topic")
+	t, name, terr := topicMember(m)
 	if terr != nil {
-		return "", "", nil, terr
+		return "", "", nil, origin, terr
+	}
+	origin, oerr := originParams(m)
+	if oerr != nil {
+		return "", "", nil, origin, oerr
 	}
 	s.mu.Lock()
 	clientID, defaultTopic, perms := s.clientID, s.defaultTopic, s.perms
 	s.mu.Unlock()
-	if !ok {
+	if name == "" {
 		if defaultTopic == "" {
-			return "", "", nil, invalidParams("missing topic, and this client has no default topic")
+			return "", "", nil, origin, invalidParams(errMissingTopic + ", and this client has no default topic")
 		}
 		t = defaultTopic
 	}
-	if err := topic.Validate(t); err != nil {
-		return "", "", nil, invalidParams("topic: %v", err)
-	}
-	payload, ok = m["payload"]
+	payload, ok := m["payload"]
 	if !ok || len(payload) == 0 || payload[0] != '{' {
-		return "", "", nil, invalidParams("payload must be a JSON object")
+		return "", "", nil, origin, invalidParams("payload must be a JSON object")
 	}
 	if !perms.mayPublish(t) {
-		return "", "", nil, rpcError(CodeForbidden, "Forbidden: client %q may not publish to %q", clientID, t)
+		return "", "", nil, origin, rpcError(CodeForbidden, "Forbidden: client %q may not publish to %q", clientID, t)
 	}
-	return clientID, t, payload, nil
+	return clientID, t, payload, origin, nil
 }

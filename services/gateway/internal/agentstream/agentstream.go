@@ -39,8 +39,11 @@ type Options struct {
 	// RegisterTimeout is how long a new stream may stay silent before its
 	// RegisterAgent arrives.
 	RegisterTimeout time.Duration
-	// AgentTimeout is how long a registered agent may stay silent (no
-	// heartbeat, no response) before it is deregistered and its stream closed.
+	// AgentTimeout, when positive, is how long a registered agent may stay
+	// silent (no heartbeat, no response) before it is deregistered and its
+	// stream closed. Zero, the default, keeps a silent agent as long as its
+	// connection lives: coven makes heartbeats optional, and the transport
+	// (gRPC keepalive pings, TCP keepalive) finds the dead peers.
 	AgentTimeout time.Duration
 	// QueueDepth is how many requests may wait for a busy agent.
 	QueueDepth int
@@ -64,6 +67,8 @@ type Options struct {
 	// stream's metadata) against its agent_id; its error, a gRPC status, ends
 	// the stream after a RegistrationError.
 	Authenticate func(ctx context.Context, agentID string) error
+	// Now is the clock agents' silence is measured by; time.Now when nil.
+	Now func() time.Time
 }
 
 // Registry records which connection holds each agent across replicas. It
@@ -174,19 +179,17 @@ type Service struct {
 	draining bool
 	// shutdownReason is Shutdown's reason, once draining.
 	shutdownReason string
-	keeping        bool // the keeper loop runs; it does while any agent is registered
+	keeping        bool // the keeper loop runs; it does while any agent is registered, with an AgentTimeout
 	nextID         atomic.Uint64
 }
 
 var _ covenpb.CovenControlServer = (*Service)(nil)
 
-// New returns a Service. Zero timeouts take defaults.
+// New returns a Service. Zero timeouts take defaults, except AgentTimeout,
+// whose zero is off.
 func New(opts Options, logger *slog.Logger) *Service {
 	if opts.RegisterTimeout <= 0 {
 		opts.RegisterTimeout = 10 * time.Second
-	}
-	if opts.AgentTimeout <= 0 {
-		opts.AgentTimeout = 90 * time.Second
 	}
 	if opts.QueueDepth <= 0 {
 		opts.QueueDepth = 32
@@ -203,7 +206,10 @@ func New(opts Options, logger *slog.Logger) *Service {
 	if opts.Metrics == nil {
 		opts.Metrics = metrics.Discard()
 	}
-	return &Service{opts: opts, log: logger, now: time.Now, metrics: opts.Metrics, agents: map[string]*Agent{}, joining: map[string]*Agent{}, requests: map[string]requestRef{}}
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
+	return &Service{opts: opts, log: logger, now: opts.Now, metrics: opts.Metrics, agents: map[string]*Agent{}, joining: map[string]*Agent{}, requests: map[string]requestRef{}}
 }
 
 var (
@@ -547,16 +553,16 @@ func (s *Service) reserve(ctx context.Context, a *Agent) error {
 	return nil
 }
 
-// promote makes a welcomed agent routable and watched by the keeper. It
-// reports whether the gateway began draining meanwhile, in which case the
-// agent has not been told to go elsewhere yet.
+// promote makes a welcomed agent routable and, with an AgentTimeout,
+// watched by the keeper. It reports whether the gateway began draining
+// meanwhile, in which case the agent has not been told to go elsewhere yet.
 func (s *Service) promote(a *Agent) (draining bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	delete(s.joining, a.ID)
 	s.agents[a.ID] = a
 	s.metrics.Connected(1)
-	if !s.keeping {
+	if s.opts.AgentTimeout > 0 && !s.keeping {
 		s.keeping = true
 		go s.keep()
 	}

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -230,6 +231,28 @@ func TestSilentAgentDeregistered(t *testing.T) {
 	}
 	if n := len(svc.Agents()); n != 0 {
 		t.Fatalf("silent agent still registered")
+	}
+}
+
+// Without an AgentTimeout (the default), an agent that sends nothing stays
+// registered however long it is silent: coven heartbeats are optional.
+func TestSilentAgentKeptWithoutAgentTimeout(t *testing.T) {
+	t.Parallel()
+	var skew atomic.Int64
+	now := func() time.Time { return time.Now().Add(time.Duration(skew.Load())) }
+	svc, c := start(t, agentstream.Options{Now: now})
+	s := connect(t, c, "quiet")
+	skew.Store(int64(24 * time.Hour))
+	// A keeper, were one running, would look at least once a second.
+	time.Sleep(1500 * time.Millisecond)
+	if !svc.Holds("quiet") {
+		t.Fatal("a silent agent was deregistered without an agent timeout")
+	}
+	if err := s.CloseSend(); err != nil {
+		t.Fatal(err)
+	}
+	if code, _ := finalStatus(s); code != codes.OK {
+		t.Fatalf("the stream ended with %v, want the agent's own close", code)
 	}
 }
 

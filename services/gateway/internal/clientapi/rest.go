@@ -19,8 +19,12 @@ import (
 )
 
 // marshal is the REST JSON: the proto field names, snake_case as the seeds
-// write them.
-var marshal = protojson.MarshalOptions{UseProtoNames: true}
+// write them, and every field present (an empty list as [], false and 0
+// as such, an absent object as null), so that a client reading a member
+// the API documents finds it. Only the members of the oneof event that an
+// agent did not send stay out. The API has no 64-bit integers, which
+// protojson would write as strings.
+var marshal = protojson.MarshalOptions{UseProtoNames: true, EmitUnpopulated: true}
 
 // NewREST serves the client API as REST through grpc-gateway over conn (a
 // connection to this gateway's own gRPC listener, so REST requests pass the
