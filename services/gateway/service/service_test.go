@@ -288,7 +288,7 @@ func TestClientAPIOverRESTAndSSE(t *testing.T) {
 		}
 	}
 	resp.Body.Close()
-	if strings.Join(events, ",") != "message,message,end" {
+	if strings.Join(events, ",") != "message,message,message,end" {
 		t.Fatalf("SSE events = %v", events)
 	}
 	resp = do("POST", "/v1/agents/ghost/messages", `{"content":"x"}`, "text/event-stream", true)
