@@ -65,6 +65,7 @@ type busOption struct {
 	q        queue.Queue
 	launcher service.Launcher
 	tel      *telemetry.Provider
+	logger   *slog.Logger
 }
 
 // startBus runs a real bus on a loopback port over an embedded store and
@@ -103,7 +104,9 @@ func startBus(t *testing.T, cfg service.Config, o busOption) *testBus {
 		o.tel = tel
 	}
 	logger := slog.New(slog.DiscardHandler)
-	if testing.Verbose() {
+	if o.logger != nil {
+		logger = o.logger
+	} else if testing.Verbose() {
 		logger = slog.New(slog.NewTextHandler(tWriter{t}, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	}
 	b, err := service.New(cfg, logger, o.tel, o.st, o.q, o.launcher)
