@@ -6,7 +6,8 @@
 // Every kind is non-empty, valid UTF-8, at most MaxBytes bytes, and free of
 // control characters (NUL included), Unicode format characters (bidi
 // overrides, zero-width characters) and whitespace: such ids would corrupt
-// log lines and store keys, or look like another id. A kind may refuse more
+// log lines and store keys, or look like another id. No id is "." or "..",
+// which a URL path cannot carry as one segment. A kind may refuse more
 // characters (its Forbidden ones), for ids that become one segment of a
 // store key.
 //
@@ -88,6 +89,10 @@ func (k Kind) Check(id string) error {
 		return k.refuse("must not contain spaces, control or format characters")
 	case k.Forbidden != "" && strings.ContainsAny(id, k.Forbidden):
 		return k.refuse(fmt.Sprintf("must not contain any of %s", quoteEach(k.Forbidden)))
+	case id == "." || id == "..":
+		// As a segment of a URL path, escaping leaves them as they are,
+		// and they would name another path.
+		return k.refuse(`must not be "." or ".."`)
 	}
 	return nil
 }

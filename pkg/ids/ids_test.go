@@ -37,6 +37,9 @@ func TestCheck(t *testing.T) {
 		{"slash in an instance id", ids.InstanceID, "a/b", `must not contain any of '/', '#'`},
 		{"hash in a task id", ids.TaskID, "a#b", `must not contain any of '/', '#'`},
 		{"slash in a dead-letter id", ids.DeadLetterID, "../x", `must not contain any of '/'`},
+		{"dot-dot", ids.AgentID, "..", `must not be "." or ".."`},
+		{"dot", ids.InstanceID, ".", `must not be "." or ".."`},
+		{"dots within", ids.AgentID, "a..b", ""},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -71,7 +74,7 @@ func TestCheckOptional(t *testing.T) {
 }
 
 // problems are every message Check may give: none has room for the id.
-var problems = regexp.MustCompile(`^\w+ (is required|is \d+ bytes; at most \d+ are allowed|must be valid UTF-8|must not contain spaces, control or format characters|must not contain any of ('.'(, )?)+)$`)
+var problems = regexp.MustCompile(`^\w+ (is required|is \d+ bytes; at most \d+ are allowed|must be valid UTF-8|must not contain spaces, control or format characters|must not contain any of ('.'(, )?)+|must not be "\." or "\.\.")$`)
 
 // FuzzCheck: Check never panics, never echoes the id, and accepts only ids
 // that are short, valid UTF-8 and free of the refused characters.
