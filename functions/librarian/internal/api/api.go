@@ -166,6 +166,26 @@ type errorBody struct {
 	} `json:"error"`
 }
 
+// WriteHTTPError answers, in the Librarian's error body, the errors
+// pkg/server writes itself (server.WithHTTPErrorWriter): a body over the
+// server's limit (413), a recovered panic (500), draining (503).
+func WriteHTTPError(w http.ResponseWriter, status int, message string) {
+	code := map[int]string{
+		http.StatusNotFound: "not_found", http.StatusMethodNotAllowed: "method_not_allowed",
+		http.StatusRequestEntityTooLarge: "request_too_large", http.StatusUnsupportedMediaType: "unsupported_media_type",
+		http.StatusTooManyRequests: "rate_limited", http.StatusServiceUnavailable: "unavailable",
+	}[status]
+	switch {
+	case code != "":
+	case status >= 500:
+		code = "internal"
+	default:
+		code = "bad_request"
+	}
+	w.Header().Set("X-Content-Type-Options", "nosniff")
+	writeError(w, &apiError{Status: status, Code: code, Message: message})
+}
+
 func writeError(w http.ResponseWriter, e *apiError) {
 	for k, v := range e.Headers {
 		w.Header().Set(k, v)
