@@ -197,8 +197,7 @@ var (
 		},
 		end: func(w io.Writer) { _, _ = fmt.Fprint(w, "event: end\ndata: {}\n\n") },
 		fail: func(w io.Writer, st *status.Status) {
-			data, _ := marshal.Marshal(st.Proto())
-			_, _ = fmt.Fprintf(w, "event: error\ndata: %s\n\n", data)
+			_, _ = fmt.Fprintf(w, "event: error\ndata: %s\n\n", statusJSON(st))
 		},
 	}
 	ndjson = streamForm{
@@ -207,7 +206,7 @@ var (
 			return writeLine(w, "result", m)
 		},
 		end:  func(io.Writer) {},
-		fail: func(w io.Writer, st *status.Status) { _ = writeLine(w, "error", st.Proto()) },
+		fail: func(w io.Writer, st *status.Status) { _, _ = fmt.Fprintf(w, "{\"error\":%s}\n", statusJSON(st)) },
 	}
 )
 
@@ -227,12 +226,19 @@ func writeStatus(w http.ResponseWriter, st *status.Status) {
 	writeStatusAs(w, runtime.HTTPStatusFromCode(st.Code()), st)
 }
 
-func writeStatusAs(w http.ResponseWriter, httpStatus int, st *status.Status) {
+// statusJSON is st as JSON. A message quoting invalid UTF-8 from the
+// request, or a detail that cannot be encoded, would make protojson fail:
+// the code and a valid message still can be.
+func statusJSON(st *status.Status) []byte {
 	data, err := marshal.Marshal(st.Proto())
 	if err != nil {
-		// A detail that cannot be encoded: the code and message still can.
-		data, _ = marshal.Marshal(status.New(st.Code(), st.Message()).Proto())
+		data, _ = marshal.Marshal(status.New(st.Code(), strings.ToValidUTF8(st.Message(), "\uFFFD")).Proto())
 	}
+	return data
+}
+
+func writeStatusAs(w http.ResponseWriter, httpStatus int, st *status.Status) {
+	data := statusJSON(st)
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("X-Content-Type-Options", "nosniff")
 	w.WriteHeader(httpStatus)
