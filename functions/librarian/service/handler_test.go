@@ -44,13 +44,13 @@ type env struct {
 
 // newEnv serves the Librarian's handler over embedded storage, with the
 // built-in configuration and a seed graph.
-func newEnv(t *testing.T, mod func(*service.Config)) *env {
+func newEnv(t testing.TB, mod func(*service.Config)) *env {
 	t.Helper()
 	return newEnvAt(t, mod, nil)
 }
 
 // newEnvAt is newEnv with the handler's clock (nil: time.Now).
-func newEnvAt(t *testing.T, mod func(*service.Config), now func() time.Time) *env {
+func newEnvAt(t testing.TB, mod func(*service.Config), now func() time.Time) *env {
 	t.Helper()
 	dir := t.TempDir()
 	st, err := store.OpenBolt(filepath.Join(dir, "state.db"), store.BoltOptions{})
@@ -93,7 +93,7 @@ func newEnvAt(t *testing.T, mod func(*service.Config), now func() time.Time) *en
 	return &env{srv: newServer(t, lib), lib: lib, st: st, queue: q}
 }
 
-func newServer(t *testing.T, lib *service.Librarian) *httptest.Server {
+func newServer(t testing.TB, lib *service.Librarian) *httptest.Server {
 	t.Helper()
 	srv := httptest.NewServer(lib.Handler)
 	t.Cleanup(srv.Close)
@@ -106,7 +106,7 @@ type reply struct {
 	body   []byte
 }
 
-func (e *env) do(t *testing.T, method, path, token string, body any) reply {
+func (e *env) do(t testing.TB, method, path, token string, body any) reply {
 	t.Helper()
 	var rd io.Reader
 	switch b := body.(type) {
