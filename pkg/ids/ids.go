@@ -5,11 +5,11 @@
 //
 // Every kind is non-empty, valid UTF-8, at most MaxBytes bytes, and free of
 // control characters (NUL included), Unicode format characters (bidi
-// overrides, zero-width characters) and whitespace: such ids would corrupt
-// log lines and store keys, or look like another id. No id is "." or "..",
-// which a URL path cannot carry as one segment. A kind may refuse more
-// characters (its Forbidden ones), for ids that become one segment of a
-// store key.
+// overrides, zero-width characters), whitespace and U+FFFD (the mark of a
+// lossy decoding upstream): such ids would corrupt log lines and store
+// keys, or look like another id. No id is "." or "..", which a URL path
+// cannot carry as one segment. A kind may refuse more characters (its
+// Forbidden ones), for ids that become one segment of a store key.
 //
 // The bound, 128 bytes for every kind here, is far inside what any store
 // key allows (DynamoDB: 2,048 bytes for a partition key, 1,024 for a sort
@@ -20,7 +20,6 @@
 package ids
 
 import (
-	"errors"
 	"fmt"
 	"strings"
 	"unicode"
@@ -105,17 +104,6 @@ func (k Kind) CheckOptional(id string) error {
 	return k.Check(id)
 }
 
-// Valid reports whether Check accepts id.
-func (k Kind) Valid(id string) bool { return k.Check(id) == nil }
-
-// As is k under another field name, for an API whose field or path
-// parameter names this kind of id otherwise (the runner's {id} is an
-// instance_id).
-func (k Kind) As(field string) Kind {
-	k.Field = field
-	return k
-}
-
 func (k Kind) refuse(problem string) error { return &Error{Field: k.Field, Problem: problem} }
 
 // refused are the characters no id may contain.
@@ -129,12 +117,4 @@ func quoteEach(chars string) string {
 		q = append(q, fmt.Sprintf("%q", c))
 	}
 	return strings.Join(q, ", ")
-}
-
-// Field returns the field an *Error in err's chain names, if any.
-func Field(err error) (string, bool) {
-	if e, ok := errors.AsType[*Error](err); ok {
-		return e.Field, true
-	}
-	return "", false
 }
