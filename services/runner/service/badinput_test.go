@@ -68,6 +68,10 @@ func TestBadLaunches(t *testing.T) {
 		if code := r.do(t, "POST", "/api/v1/agents/missing/prompt", map[string]string{"message": "hi"}, &e); code != 404 {
 			t.Errorf("prompt: %d %+v", code, e)
 		}
+		// HEAD reaches the GET route, not a 405.
+		if code := r.do(t, "HEAD", "/api/v1/agents/missing/status", nil, nil); code != 404 {
+			t.Errorf("HEAD status: %d", code)
+		}
 	})
 	t.Run("empty prompt and bad tail", func(t *testing.T) {
 		var e errorBody

@@ -84,7 +84,18 @@ func (h *REST) serveUnary(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	watchBody(r)
-	h.mux.ServeHTTP(w, r)
+	h.mux.ServeHTTP(w, headAsGet(r))
+}
+
+// headAsGet lets a HEAD reach the GET route the server's mux matched it
+// to (grpc-gateway has no HEAD routes); net/http sends no body for it.
+func headAsGet(r *http.Request) *http.Request {
+	if r.Method != http.MethodHead {
+		return r
+	}
+	r = r.Clone(r.Context())
+	r.Method = http.MethodGet
+	return r
 }
 
 // checkPathIDs answers 400 naming the field for an id in the path that

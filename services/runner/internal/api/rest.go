@@ -270,6 +270,12 @@ func (h *REST) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		cut.finish()
 		return
 	}
+	if r.Method == http.MethodHead {
+		// The server's mux matched a GET route; grpc-gateway has no HEAD
+		// routes, and net/http sends no body for it.
+		r = r.Clone(r.Context())
+		r.Method = http.MethodGet
+	}
 	h.mux.ServeHTTP(w, r)
 }
 
