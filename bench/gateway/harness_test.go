@@ -230,7 +230,7 @@ func startAgent(b *testing.B, ctx context.Context, conn *grpc.ClientConn, id str
 }
 
 // send makes one SendMessage call and reads its stream to the end; it
-// returns the number of events received.
+// returns the number of the agent's events received.
 func send(ctx context.Context, client gatewayv1.GatewayServiceClient, agent, content string) (int, error) {
 	stream, err := client.SendMessage(ctx, &gatewayv1.SendMessageRequest{AgentId: agent, Content: content})
 	if err != nil {
@@ -238,14 +238,18 @@ func send(ctx context.Context, client gatewayv1.GatewayServiceClient, agent, con
 	}
 	n := 0
 	for {
-		_, err := stream.Recv()
+		m, err := stream.Recv()
 		if errors.Is(err, io.EOF) {
 			return n, nil
 		}
 		if err != nil {
 			return n, err
 		}
-		n++
+		// The gateway's first response carries only the request_id; the
+		// relay floor sends none, and neither is an agent's event.
+		if m.GetEvent() != nil {
+			n++
+		}
 	}
 }
 

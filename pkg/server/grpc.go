@@ -81,9 +81,9 @@ func (s *Server) logStream(srv any, ss grpc.ServerStream, info *grpc.StreamServe
 	return err
 }
 
-// logRPC logs every call at debug level, and at warn level the codes that
-// mean the server itself is at fault, so those stand out without enabling
-// debug logs in production.
+// logRPC logs every call at debug level, at warn level the codes that mean
+// the server itself is at fault, so those stand out without enabling debug
+// logs in production, and at error level a cause Hide kept from the client.
 func (s *Server) logRPC(ctx context.Context, method string, start time.Time, err error) {
 	code := status.Code(err)
 	level := slog.LevelDebug
@@ -91,12 +91,20 @@ func (s *Server) logRPC(ctx context.Context, method string, start time.Time, err
 	case codes.Unknown, codes.Internal, codes.DataLoss:
 		level = slog.LevelWarn
 	}
+	cause, hidden := HiddenCause(err)
+	if hidden {
+		// What the client was not told is what the operator must be.
+		level = slog.LevelError
+	}
 	if !s.logger.Enabled(ctx, level) {
 		return
 	}
 	attrs := []any{"method", method, "code", code.String(), "duration", time.Since(start)}
 	if err != nil {
 		attrs = append(attrs, "err", err)
+	}
+	if hidden {
+		attrs = append(attrs, "cause", cause)
 	}
 	s.logger.Log(ctx, level, "grpc call", attrs...)
 }

@@ -46,8 +46,10 @@ func WithHTTPMiddleware(mw func(http.Handler) http.Handler) Option {
 }
 
 // WithHTTPErrorWriter makes the errors the server answers by itself on HTTP
-// (413 for a body over MaxRequestBodyBytes, 500 for a recovered panic, 503
-// for a HandleDrained request refused while draining) use a service's own
+// (404 for a path no route has, 405 with Allow for a method no route of the
+// path takes, 413 for a body over MaxRequestBodyBytes, 500 for a recovered
+// panic, 503 for a HandleDrained request refused while draining) use a
+// service's own
 // error body: write is called with the status and a message in place of
 // WriteError, so that a service whose protocol fixes its error body answers
 // every error in it.

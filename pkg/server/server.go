@@ -141,7 +141,7 @@ func New(cfg Config, logger *slog.Logger, opts ...Option) (*Server, error) {
 	s.Handle("GET /readyz", http.HandlerFunc(s.serveReadyz))
 	s.Handle("GET /metrics", metrics)
 
-	handler := s.httpCore(s.mux)
+	handler := s.httpCore(s.routes())
 	for _, mw := range slices.Backward(o.httpMiddleware) {
 		handler = mw(handler)
 	}

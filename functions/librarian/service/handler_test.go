@@ -44,13 +44,13 @@ type env struct {
 
 // newEnv serves the Librarian's handler over embedded storage, with the
 // built-in configuration and a seed graph.
-func newEnv(t *testing.T, mod func(*service.Config)) *env {
+func newEnv(t testing.TB, mod func(*service.Config)) *env {
 	t.Helper()
 	return newEnvAt(t, mod, nil)
 }
 
 // newEnvAt is newEnv with the handler's clock (nil: time.Now).
-func newEnvAt(t *testing.T, mod func(*service.Config), now func() time.Time) *env {
+func newEnvAt(t testing.TB, mod func(*service.Config), now func() time.Time) *env {
 	t.Helper()
 	dir := t.TempDir()
 	st, err := store.OpenBolt(filepath.Join(dir, "state.db"), store.BoltOptions{})
@@ -93,7 +93,7 @@ func newEnvAt(t *testing.T, mod func(*service.Config), now func() time.Time) *en
 	return &env{srv: newServer(t, lib), lib: lib, st: st, queue: q}
 }
 
-func newServer(t *testing.T, lib *service.Librarian) *httptest.Server {
+func newServer(t testing.TB, lib *service.Librarian) *httptest.Server {
 	t.Helper()
 	srv := httptest.NewServer(lib.Handler)
 	t.Cleanup(srv.Close)
@@ -106,7 +106,7 @@ type reply struct {
 	body   []byte
 }
 
-func (e *env) do(t *testing.T, method, path, token string, body any) reply {
+func (e *env) do(t testing.TB, method, path, token string, body any) reply {
 	t.Helper()
 	var rd io.Reader
 	switch b := body.(type) {
@@ -403,7 +403,17 @@ func TestBadInput(t *testing.T) {
 		{"REPORT of an unknown request", "POST", "/agent/request", claudeToken, map[string]any{"request_type": "REPORT",
 			"request_id": "req-zzzzzzzzzzzzzzzz", "completed": true, "changes_made": []string{"x"}}, 404, "request_not_found"},
 		{"unknown status", "GET", "/agent/status/req-zzzzzzzzzzzzzzzz", claudeToken, nil, 404, "request_not_found"},
-		{"malformed status id", "GET", "/agent/status/..%2F..%2Fetc", claudeToken, nil, 404, ""},
+		// Ids follow pkg/ids and the Librarian's own form: a 400 naming
+		// the field, before the store is asked.
+		{"malformed status id", "GET", "/agent/status/..%2F..%2Fetc", claudeToken, nil, 400, "invalid_request_id"},
+		{"status id not UTF-8", "GET", "/agent/status/%FF%FE", claudeToken, nil, 400, "invalid_request_id"},
+		{"over-long status id", "GET", "/agent/status/" + strings.Repeat("a", 10000), claudeToken, nil, 400, "invalid_request_id"},
+		{"status id with a NUL", "GET", "/agent/status/req-%00", claudeToken, nil, 400, "invalid_request_id"},
+		{"decision on an id not UTF-8", "POST", "/reviews/%FF%FE/decision", reviewerToken, map[string]any{"decision": "approve", "comment": "ok"}, 400, "invalid_request_id"},
+		{"agent_id not UTF-8", "GET", "/agent/capabilities?agent_id=%FF%FE", claudeToken, nil, 400, "invalid_agent_id"},
+		{"agent_id with a newline", "POST", "/agent/request", claudeToken, with("agent_id", "claude-3\n"), 400, "invalid_agent_id"},
+		{"REPORT of an id not the Librarian's", "POST", "/agent/request", claudeToken, map[string]any{"request_type": "REPORT",
+			"request_id": "a\u0000b", "completed": true, "changes_made": []string{"x"}}, 400, "invalid_request_id"},
 		{"context without query", "POST", "/agent/context", claudeToken, map[string]any{}, 400, "missing_query"},
 		{"context limit", "POST", "/agent/context", claudeToken, map[string]any{"query": "x", "limit": 1000}, 400, "invalid_limit"},
 		{"context target type", "POST", "/agent/context", claudeToken, map[string]any{"query": "x", "target_types": []string{"kitchen"}}, 400, "unknown_target_type"},

@@ -13,6 +13,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/conclave-ai/conclave/functions/librarian/internal/api"
 	"github.com/conclave-ai/conclave/functions/librarian/internal/handler"
 	"github.com/conclave-ai/conclave/pkg/queue"
 	"github.com/conclave-ai/conclave/pkg/server"
@@ -82,7 +83,7 @@ func New(cfg Config, d Deps, opts ...server.Option) (*Service, error) {
 		}
 		prom.ServeHTTP(w, r)
 	})
-	opts = append([]server.Option{server.WithMetricsHandler(metrics)}, opts...)
+	opts = append([]server.Option{server.WithMetricsHandler(metrics), server.WithHTTPErrorWriter(api.WriteHTTPError)}, opts...)
 	srv, err := server.New(server.Config{
 		Name:                "librarian",
 		HTTPAddr:            string(cfg.HTTPAddr),

@@ -268,8 +268,11 @@ func TestHTTPAuthentication(t *testing.T) {
 		if resp.StatusCode != tt.want {
 			t.Errorf("%s: status %d, want %d: %s", tt.name, resp.StatusCode, tt.want, body)
 		}
-		if tt.want == http.StatusUnauthorized && (!strings.Contains(string(body), `"code":401`) || resp.Header.Get("WWW-Authenticate") == "") {
-			t.Errorf("%s: 401 without the JSON error body or WWW-Authenticate: %s", tt.name, body)
+		if tt.want == http.StatusUnauthorized {
+			decodeRPCError(t, body, -32600)
+			if resp.Header.Get("WWW-Authenticate") == "" {
+				t.Errorf("%s: 401 without WWW-Authenticate", tt.name)
+			}
 		}
 	}
 }
@@ -307,27 +310,77 @@ func TestHTTPRateLimit(t *testing.T) {
 	}
 }
 
+// decodeRPCError checks that body is the bridge's one HTTP error shape, a
+// JSON-RPC error response without an id, with the given code.
+func decodeRPCError(t *testing.T, body []byte, code int) {
+	t.Helper()
+	var e struct {
+		JSONRPC string `json:"jsonrpc"`
+		ID      any    `json:"id"`
+		Error   struct {
+			Code    int    `json:"code"`
+			Message string `json:"message"`
+		} `json:"error"`
+	}
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&e); err != nil || e.JSONRPC != "2.0" || e.ID != nil || e.Error.Code != code || e.Error.Message == "" {
+		t.Errorf("not a JSON-RPC error with code %d (%v): %.300s", code, err, body)
+	}
+}
+
+// TestHTTPBadRequests: every error of the bridge's HTTP port, the MCP
+// SDK's transport errors and the server's own included, is a JSON-RPC
+// error response, never plain text.
 func TestHTTPBadRequests(t *testing.T) {
 	t.Parallel()
 	b := startHTTP(t, func(c *serviceConfig) { c.MaxRequestBytes = 64 << 10 })
-	post := func(body string) (int, string) {
-		req, _ := http.NewRequest(http.MethodPost, b.url, strings.NewReader(body))
-		req.Header.Set("Authorization", "Bearer "+testToken)
-		req.Header.Set("Content-Type", "application/json")
-		req.Header.Set("Accept", "application/json, text/event-stream")
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		out, _ := io.ReadAll(resp.Body)
-		return resp.StatusCode, string(out)
-	}
-	if code, body := post(`{"jsonrpc":"2.0","id":1,"method":`); code != http.StatusBadRequest {
-		t.Errorf("bad JSON: %d %s", code, body)
-	}
-	if code, body := post(`{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"pad":"` + strings.Repeat("a", 128<<10) + `"}}`); code != http.StatusRequestEntityTooLarge {
-		t.Errorf("oversized body: %d %s", code, body)
+	base := strings.TrimSuffix(b.url, service.MCPPath)
+	init := `{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"raw","version":"1"}}}`
+	for _, tt := range []struct {
+		name, method, url, body, contentType, accept string
+		header                                       map[string]string
+		status                                       int
+		allow                                        string
+	}{
+		{"bad JSON", "POST", b.url, `{"jsonrpc":"2.0","id":1,"method":`, "application/json", "application/json, text/event-stream", nil, http.StatusBadRequest, ""},
+		{"oversized body", "POST", b.url, `{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"pad":"` + strings.Repeat("a", 128<<10) + `"}}`, "application/json", "application/json, text/event-stream", nil, http.StatusRequestEntityTooLarge, ""},
+		{"wrong Content-Type", "POST", b.url, init, "text/plain", "application/json, text/event-stream", nil, http.StatusUnsupportedMediaType, ""},
+		{"wrong Accept", "POST", b.url, init, "application/json", "text/html", nil, http.StatusBadRequest, ""},
+		{"unknown session", "POST", b.url, init, "application/json", "application/json, text/event-stream", map[string]string{"Mcp-Session-Id": "nope"}, http.StatusNotFound, ""},
+		{"wrong method", "PUT", b.url, init, "application/json", "application/json, text/event-stream", nil, http.StatusMethodNotAllowed, "GET, POST, DELETE"},
+		{"unknown path", "GET", base + "/nope", "", "", "", nil, http.StatusNotFound, ""},
+		{"wrong method on a built-in route", "POST", base + "/healthz", "{}", "application/json", "", nil, http.StatusMethodNotAllowed, "GET, HEAD"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			req, _ := http.NewRequest(tt.method, tt.url, strings.NewReader(tt.body))
+			req.Header.Set("Authorization", "Bearer "+testToken)
+			if tt.contentType != "" {
+				req.Header.Set("Content-Type", tt.contentType)
+			}
+			if tt.accept != "" {
+				req.Header.Set("Accept", tt.accept)
+			}
+			for k, v := range tt.header {
+				req.Header.Set(k, v)
+			}
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer resp.Body.Close()
+			out, _ := io.ReadAll(resp.Body)
+			if resp.StatusCode != tt.status {
+				t.Fatalf("status %d, want %d: %.300s", resp.StatusCode, tt.status, out)
+			}
+			decodeRPCError(t, out, -32600)
+			if ct := resp.Header.Get("Content-Type"); ct != "application/json" {
+				t.Errorf("Content-Type %q", ct)
+			}
+			if got := resp.Header.Get("Allow"); got != tt.allow {
+				t.Errorf("Allow %q, want %q", got, tt.allow)
+			}
+		})
 	}
 }
 

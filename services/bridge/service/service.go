@@ -136,6 +136,7 @@ func New(cfg Config, logger *slog.Logger, tel *telemetry.Provider, opts ...serve
 		return nil, err
 	}
 	opts = append([]server.Option{
+		server.WithHTTPErrorWriter(WriteHTTPError),
 		server.WithMetricsHandler(tel.MetricsHandler()),
 		server.WithHTTPMiddleware(func(h http.Handler) http.Handler { return tel.HTTPHandler(h, "bridge") }),
 	}, opts...)
@@ -158,7 +159,7 @@ func New(cfg Config, logger *slog.Logger, tel *telemetry.Provider, opts ...serve
 	if cfg.AllowUnauthenticated {
 		logger.Warn("the bridge's MCP endpoint accepts requests without a bearer token")
 	}
-	protected := guard(cfg, handler)
+	protected := guard(cfg, jsonRPCErrors(handler))
 	// A tool call (a POST) lasts as long as its agent, up to its timeout:
 	// on SIGTERM it is drained, so that it finishes with its result, while
 	// new calls are refused. GET /mcp is the session's server-sent event

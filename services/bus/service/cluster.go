@@ -211,7 +211,8 @@ func (c *cluster) serveDeliver(w http.ResponseWriter, r *http.Request) {
 		// subscribers are told in the acks.
 		res = broker.ForwardResult{Acks: []broker.Ack{{ClientID: "replica " + c.serverID, Message: rpcErr.Message}}}
 	} else if err != nil {
-		server.WriteError(w, http.StatusInternalServerError, "bus: "+err.Error())
+		c.log.ErrorContext(r.Context(), "bus: delivering a forwarded message failed", "error", err)
+		server.WriteError(w, http.StatusInternalServerError, "bus: internal error")
 		return
 	}
 	if res.Acks == nil {

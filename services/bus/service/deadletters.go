@@ -6,7 +6,9 @@ import (
 	"net/http"
 	"strconv"
 
+	"github.com/conclave-ai/conclave/pkg/ids"
 	"github.com/conclave-ai/conclave/pkg/server"
+	"github.com/conclave-ai/conclave/pkg/store"
 	"github.com/conclave-ai/conclave/services/bus/internal/broker"
 )
 
@@ -59,37 +61,68 @@ func (b *Bus) listDeadLetters(w http.ResponseWriter, r *http.Request) {
 		limit = n
 	}
 	dls, cursor, err := b.retries.ListDeadLetters(r.Context(), limit, r.URL.Query().Get("cursor"))
+	if errors.Is(err, store.ErrInvalid) {
+		server.WriteError(w, http.StatusBadRequest, "bus: cursor is not one this bus issued")
+		return
+	}
 	if err != nil {
-		server.WriteError(w, http.StatusBadRequest, "bus: listing dead letters: "+err.Error())
+		b.unavailable(w, r, "listing dead letters", err)
 		return
 	}
 	writeJSON(w, map[string]any{"dead_letters": dls, "cursor": cursor})
 }
 
+// deadLetterID is the request's dead-letter id, or "" after answering 400:
+// an id the rule refuses never reaches the store.
+func deadLetterID(w http.ResponseWriter, r *http.Request) string {
+	id := r.PathValue("id")
+	if err := ids.DeadLetterID.Check(id); err != nil {
+		server.WriteError(w, http.StatusBadRequest, "bus: "+err.Error())
+		return ""
+	}
+	return id
+}
+
 func (b *Bus) showDeadLetter(w http.ResponseWriter, r *http.Request) {
-	dl, err := b.retries.DeadLetter(r.Context(), r.PathValue("id"))
+	id := deadLetterID(w, r)
+	if id == "" {
+		return
+	}
+	dl, err := b.retries.DeadLetter(r.Context(), id)
 	if errors.Is(err, broker.ErrDeadLetterNotFound) {
 		server.WriteError(w, http.StatusNotFound, "bus: "+err.Error())
 		return
 	}
 	if err != nil {
-		server.WriteError(w, http.StatusInternalServerError, "bus: "+err.Error())
+		b.unavailable(w, r, "reading a dead letter", err)
 		return
 	}
 	writeJSON(w, dl)
 }
 
 func (b *Bus) redriveDeadLetter(w http.ResponseWriter, r *http.Request) {
-	id := r.PathValue("id")
+	id := deadLetterID(w, r)
+	if id == "" {
+		return
+	}
 	err := b.retries.Redrive(r.Context(), id)
 	switch {
 	case errors.Is(err, broker.ErrDeadLetterNotFound):
 		server.WriteError(w, http.StatusNotFound, "bus: "+err.Error())
 	case err != nil:
-		server.WriteError(w, http.StatusInternalServerError, "bus: "+err.Error())
+		b.unavailable(w, r, "redriving a dead letter", err)
 	default:
 		writeJSON(w, map[string]any{"redriven": []string{id}})
 	}
+}
+
+// unavailable answers a failed store or queue call with 503 and logs its
+// error, which may name keys or the caller's input, with the request's
+// trace id: the client is told only to retry.
+func (b *Bus) unavailable(w http.ResponseWriter, r *http.Request, what string, err error) {
+	b.log.ErrorContext(r.Context(), "bus: "+what+" failed", "error", err)
+	w.Header().Set("Retry-After", "1")
+	server.WriteError(w, http.StatusServiceUnavailable, "bus: the dead-letter store or the retry queue is unavailable; retry")
 }
 
 func (b *Bus) redriveAll(w http.ResponseWriter, r *http.Request) {
@@ -98,12 +131,12 @@ func (b *Bus) redriveAll(w http.ResponseWriter, r *http.Request) {
 	for {
 		dls, next, err := b.retries.ListDeadLetters(r.Context(), 100, cursor)
 		if err != nil {
-			server.WriteError(w, http.StatusInternalServerError, "bus: "+err.Error())
+			b.unavailable(w, r, "listing dead letters to redrive (after "+strconv.Itoa(len(redriven))+" redriven)", err)
 			return
 		}
 		for _, dl := range dls {
 			if err := b.retries.Redrive(r.Context(), dl.ID); err != nil {
-				server.WriteError(w, http.StatusInternalServerError, "bus: redriving "+dl.ID+" (after "+strconv.Itoa(len(redriven))+" redriven): "+err.Error())
+				b.unavailable(w, r, "redriving "+dl.ID+" (after "+strconv.Itoa(len(redriven))+" redriven)", err)
 				return
 			}
 			redriven = append(redriven, dl.ID)

@@ -28,7 +28,7 @@ const guard = 30 * time.Second
 
 // defaultConfig is the bus's configuration with every default applied, as
 // an operator who sets nothing gets it, on a loopback port.
-func defaultConfig(t *testing.T, env map[string]string) service.Config {
+func defaultConfig(t testing.TB, env map[string]string) service.Config {
 	t.Helper()
 	var cfg struct{ Bus service.Config }
 	lookup := func(k string) (string, bool) {
@@ -65,11 +65,12 @@ type busOption struct {
 	q        queue.Queue
 	launcher service.Launcher
 	tel      *telemetry.Provider
+	logger   *slog.Logger
 }
 
 // startBus runs a real bus on a loopback port over an embedded store and
 // queue of its own (or those given).
-func startBus(t *testing.T, cfg service.Config, o busOption) *testBus {
+func startBus(t testing.TB, cfg service.Config, o busOption) *testBus {
 	t.Helper()
 	dir := t.TempDir()
 	if o.st == nil {
@@ -103,7 +104,9 @@ func startBus(t *testing.T, cfg service.Config, o busOption) *testBus {
 		o.tel = tel
 	}
 	logger := slog.New(slog.DiscardHandler)
-	if testing.Verbose() {
+	if o.logger != nil {
+		logger = o.logger
+	} else if testing.Verbose() {
 		logger = slog.New(slog.NewTextHandler(tWriter{t}, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	}
 	b, err := service.New(cfg, logger, o.tel, o.st, o.q, o.launcher)
@@ -359,7 +362,7 @@ func contains(s, sub string) bool { return strings.Contains(s, sub) }
 func jsonUnmarshal(data []byte, v any) error { return json.Unmarshal(data, v) }
 
 // tWriter sends the bus's log to the test's, with -v.
-type tWriter struct{ t *testing.T }
+type tWriter struct{ t testing.TB }
 
 func (w tWriter) Write(p []byte) (int, error) {
 	w.t.Log(strings.TrimSpace(string(p)))

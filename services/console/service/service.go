@@ -222,6 +222,9 @@ func New(cfg Config, logger *slog.Logger, tel *telemetry.Provider, opts ...Optio
 		return nil, err
 	}
 	srvOpts := append([]server.Option{
+		// The console's one error shape, also for what the server
+		// answers itself (unknown paths, wrong methods, bodies over 1 MiB).
+		server.WithHTTPErrorWriter(web.WriteHTTPError),
 		server.WithMetricsHandler(tel.MetricsHandler()),
 		server.WithHTTPMiddleware(func(h http.Handler) http.Handler { return tel.HTTPHandler(h, "console") }),
 	}, o.server...)

@@ -71,7 +71,7 @@ func TestIdempotencyKey(t *testing.T) {
 				t.Fatalf("the repeat names request %s, want the first, %s", id, first.requestID)
 			}
 		}
-		// Over REST: 409 with the same message.
+		// Over REST: 409 with the same message, as a google.rpc.Status.
 		httpReq, _ := http.NewRequestWithContext(ctx, "POST", base+"/v1/agents/idem-once/messages",
 			strings.NewReader(`{"content":"pay 10","idempotency_key":"order-1"}`))
 		httpReq.Header.Set("Authorization", "Bearer "+token)
@@ -80,15 +80,13 @@ func TestIdempotencyKey(t *testing.T) {
 			t.Fatal(err)
 		}
 		var body struct {
-			Error struct {
-				Code    codes.Code `json:"code"`
-				Message string     `json:"message"`
-			} `json:"error"`
+			Code    codes.Code `json:"code"`
+			Message string     `json:"message"`
 		}
 		err = json.NewDecoder(resp.Body).Decode(&body)
 		resp.Body.Close()
-		if resp.StatusCode != http.StatusConflict || err != nil || body.Error.Code != codes.AlreadyExists ||
-			!strings.Contains(body.Error.Message, first.requestID) {
+		if resp.StatusCode != http.StatusConflict || err != nil || body.Code != codes.AlreadyExists ||
+			!strings.Contains(body.Message, first.requestID) {
 			t.Fatalf("REST repeat: HTTP %d, %+v (%v); want 409 naming %s", resp.StatusCode, body, err, first.requestID)
 		}
 		settle(t, ctx, client, "idem-once")

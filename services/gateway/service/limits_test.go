@@ -161,6 +161,8 @@ func send(ctx context.Context, client gatewayv1.GatewayServiceClient, req *gatew
 		}
 		r.requestID = m.GetRequestId()
 		switch ev := m.GetEvent(); {
+		case ev == nil:
+			// The first response: only the request_id, at once.
 		case ev.GetDone() != nil:
 			r.events = append(r.events, "done")
 		case ev.GetCancelled() != nil:

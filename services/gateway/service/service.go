@@ -149,6 +149,9 @@ func New(cfg Config, logger *slog.Logger, tel *telemetry.Provider, st store.Stor
 	}).Interceptors(m)
 	grpcOpts = append(grpcOpts, grpc.ChainUnaryInterceptor(limitUnary), grpc.ChainStreamInterceptor(limitStream))
 	opts = append([]server.Option{
+		// Every HTTP error, the server's own included, is a
+		// google.rpc.Status, as grpc-gateway writes REST errors.
+		server.WithHTTPErrorWriter(clientapi.WriteHTTPError),
 		server.WithGRPCOptions(grpcOpts...),
 		server.WithMetricsHandler(tel.MetricsHandler()),
 		server.WithHTTPMiddleware(func(h http.Handler) http.Handler { return tel.HTTPHandler(h, "gateway") }),
@@ -215,8 +218,7 @@ func New(cfg Config, logger *slog.Logger, tel *telemetry.Provider, st store.Stor
 		if err != nil {
 			return nil, err
 		}
-		srv.Handle("/v1/", rest)
-		srv.HandleStream("POST /v1/agents/{agent_id}/messages", rest)
+		rest.Routes(srv.Handle, srv.HandleStream)
 	}
 	srv.OnShutdown(func(ctx context.Context) {
 		// The lease goes first: its agents' registrations are then free at

@@ -29,7 +29,7 @@ const token = "test-token"
 
 // startGateway runs a real gateway on loopback ports, on its own store, and
 // returns its gRPC connection and HTTP base URL.
-func startGateway(t *testing.T) (*grpc.ClientConn, string) {
+func startGateway(t testing.TB) (*grpc.ClientConn, string) {
 	t.Helper()
 	tel, err := telemetry.New(context.Background(), telemetry.Config{ServiceName: "gateway-test"})
 	if err != nil {
@@ -38,7 +38,7 @@ func startGateway(t *testing.T) (*grpc.ClientConn, string) {
 	return startReplica(t, "gw-test", openStore(t), tel)
 }
 
-func openStore(t *testing.T) store.Store {
+func openStore(t testing.TB) store.Store {
 	t.Helper()
 	st, err := store.OpenBolt(filepath.Join(t.TempDir(), "state.db"), store.BoltOptions{})
 	if err != nil {
@@ -63,14 +63,14 @@ func testConfig(id string) service.Config {
 
 // startReplica runs one gateway replica named id over a store it may share
 // with other replicas.
-func startReplica(t *testing.T, id string, st store.Store, tel *telemetry.Provider) (*grpc.ClientConn, string) {
+func startReplica(t testing.TB, id string, st store.Store, tel *telemetry.Provider) (*grpc.ClientConn, string) {
 	t.Helper()
 	return startWith(t, testConfig(id), st, tel)
 }
 
 // startWith runs a gateway configured as cfg and returns its gRPC
 // connection and HTTP base URL.
-func startWith(t *testing.T, cfg service.Config, st store.Store, tel *telemetry.Provider) (*grpc.ClientConn, string) {
+func startWith(t testing.TB, cfg service.Config, st store.Store, tel *telemetry.Provider) (*grpc.ClientConn, string) {
 	t.Helper()
 	gw, err := service.New(cfg, slog.New(slog.DiscardHandler), tel, st)
 	if err != nil {
@@ -288,7 +288,7 @@ func TestClientAPIOverRESTAndSSE(t *testing.T) {
 		}
 	}
 	resp.Body.Close()
-	if strings.Join(events, ",") != "message,message,end" {
+	if strings.Join(events, ",") != "message,message,message,end" {
 		t.Fatalf("SSE events = %v", events)
 	}
 	resp = do("POST", "/v1/agents/ghost/messages", `{"content":"x"}`, "text/event-stream", true)

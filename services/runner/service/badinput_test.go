@@ -68,6 +68,10 @@ func TestBadLaunches(t *testing.T) {
 		if code := r.do(t, "POST", "/api/v1/agents/missing/prompt", map[string]string{"message": "hi"}, &e); code != 404 {
 			t.Errorf("prompt: %d %+v", code, e)
 		}
+		// HEAD reaches the GET route, not a 405.
+		if code := r.do(t, "HEAD", "/api/v1/agents/missing/status", nil, nil); code != 404 {
+			t.Errorf("HEAD status: %d", code)
+		}
 	})
 	t.Run("empty prompt and bad tail", func(t *testing.T) {
 		var e errorBody
@@ -155,18 +159,29 @@ func TestBadRequests(t *testing.T) {
 		status                          int
 		code, message                   string
 	}{
-		{"a body over the limit", "POST", "/api/v1/agents/launch", "application/json", strings.NewReader(tooLarge), 413, "validation_error", "1048576"},
-		{"a body over the limit, chunked", "POST", "/api/v1/agents/launch", "application/json", io.MultiReader(strings.NewReader(tooLarge)), 413, "validation_error", "1048576"},
-		{"a body over the limit on an unknown path", "POST", "/api/v1/nope", "application/json", strings.NewReader(tooLarge), 413, "validation_error", "1048576"},
-		{"a wrong Content-Type", "POST", "/api/v1/agents/launch", "text/plain", strings.NewReader(launch), 415, "bad_request", "application/json"},
-		{"a form", "POST", "/api/v1/agents/x/cancel", "application/x-www-form-urlencoded", strings.NewReader("reason=x"), 415, "bad_request", "application/json"},
+		{"a body over the limit", "POST", "/api/v1/agents/launch", "application/json", strings.NewReader(tooLarge), 413, "payload_too_large", "1048576"},
+		{"a body over the limit, chunked", "POST", "/api/v1/agents/launch", "application/json", io.MultiReader(strings.NewReader(tooLarge)), 413, "payload_too_large", "1048576"},
+		{"a body over the limit on an unknown path", "POST", "/api/v1/nope", "application/json", strings.NewReader(tooLarge), 413, "payload_too_large", "1048576"},
+		{"a wrong Content-Type", "POST", "/api/v1/agents/launch", "text/plain", strings.NewReader(launch), 415, "unsupported_media_type", "application/json"},
+		{"a form", "POST", "/api/v1/agents/x/cancel", "application/x-www-form-urlencoded", strings.NewReader("reason=x"), 415, "unsupported_media_type", "application/json"},
 		{"malformed JSON", "POST", "/api/v1/agents/launch", "application/json", strings.NewReader(`{"task_id":`), 400, "bad_request", ""},
 		{"JSON that is not an object", "POST", "/api/v1/agents/launch", "application/json", strings.NewReader(`["t"]`), 400, "bad_request", ""},
 		{"a field of the wrong type", "POST", "/api/v1/agents/launch", "application/json", strings.NewReader(`{"task_id":1}`), 400, "bad_request", ""},
-		{"an unknown path under the API", "GET", "/api/v1/nope", "", nil, 404, "not_found", "/api/v1/nope"},
-		{"an unknown path", "GET", "/nope", "", nil, 404, "not_found", "/nope"},
-		{"a wrong method", "PUT", "/api/v1/agents/launch", "application/json", strings.NewReader(launch), 405, "bad_request", "PUT"},
-		{"a wrong method on a GET route", "POST", "/api/v1/agent-types", "application/json", strings.NewReader(`{}`), 405, "bad_request", "POST"},
+		{"an unknown path under the API", "GET", "/api/v1/nope", "", nil, 404, "not_found", "no endpoint"},
+		{"an unknown path", "GET", "/nope", "", nil, 404, "not_found", "no endpoint"},
+		{"a wrong method", "PUT", "/api/v1/agents/launch", "application/json", strings.NewReader(launch), 405, "method_not_allowed", "DELETE, POST"}, // DELETE: "launch" is also a possible instance id
+		{"a wrong method on a GET route", "POST", "/api/v1/agent-types", "application/json", strings.NewReader(`{}`), 405, "method_not_allowed", "GET, HEAD"},
+		// Ids in the path: a 400 naming the field, before marshalling
+		// (which fails on invalid UTF-8) or the store.
+		{"an instance id not UTF-8", "GET", "/api/v1/agents/%FF%FE/status", "", nil, 400, "validation_error", "instance_id"},
+		{"a task id not UTF-8", "GET", "/api/v1/tasks/%FF%FE", "", nil, 400, "validation_error", "task_id"},
+		{"deleting an instance id not UTF-8", "DELETE", "/api/v1/agents/%FF%FE", "", nil, 400, "validation_error", "instance_id"},
+		{"prompting an instance id not UTF-8", "POST", "/api/v1/agents/%FF%FE/prompt", "application/json", strings.NewReader(`{"message":"hi"}`), 400, "validation_error", "instance_id"},
+		{"following an instance id not UTF-8", "GET", "/api/v1/agents/%FF%FE/logs?follow=true", "", nil, 400, "validation_error", "instance_id"},
+		{"an over-long instance id", "GET", "/api/v1/agents/" + strings.Repeat("a", 10000) + "/status", "", nil, 400, "validation_error", "instance_id"},
+		{"an over-long task id", "GET", "/api/v1/tasks/" + strings.Repeat("a", 10000), "", nil, 400, "validation_error", "task_id"},
+		{"an instance id with an escaped slash", "GET", "/api/v1/agents/a%2Fb/status", "", nil, 400, "validation_error", "instance_id"},
+		{"an instance id with a NUL", "GET", "/api/v1/agents/a%00b/session", "", nil, 400, "validation_error", "instance_id"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			req, err := http.NewRequest(tt.method, r.base+tt.path, tt.body)
@@ -183,10 +198,18 @@ func TestBadRequests(t *testing.T) {
 			defer resp.Body.Close()
 			data, _ := io.ReadAll(resp.Body)
 			var e errorBody
-			if err := json.Unmarshal(data, &e); err != nil || resp.StatusCode != tt.status || e.HTTPStatus != tt.status || e.Error != tt.code ||
+			dec := json.NewDecoder(strings.NewReader(string(data)))
+			dec.DisallowUnknownFields()
+			if err := dec.Decode(&e); err != nil || resp.StatusCode != tt.status || e.HTTPStatus != tt.status || e.Error != tt.code ||
 				!strings.Contains(e.Message+" "+e.Details, tt.message) || resp.Header.Get("Content-Type") != "application/json" {
-				t.Fatalf("got %d %s %s; want %d with seed 002's body, error %s, mentioning %q",
+				t.Fatalf("got %d %s %.300s; want %d with seed 002's body, error %s, mentioning %q",
 					resp.StatusCode, resp.Header.Get("Content-Type"), data, tt.status, tt.code, tt.message)
+			}
+			if strings.Contains(string(data), "aaaaaaaa") || strings.Contains(string(data), "/nope") {
+				t.Errorf("the body echoes the path: %.300s", data)
+			}
+			if tt.status == http.StatusMethodNotAllowed && resp.Header.Get("Allow") != tt.message {
+				t.Errorf("Allow = %q, want %q", resp.Header.Get("Allow"), tt.message)
 			}
 		})
 	}

@@ -53,7 +53,7 @@ func TestMain(m *testing.M) {
 
 // agentTypes is a registry file of the example agent in each dialect and
 // mode the tests use, and the npm SDK's example agent.
-func agentTypes(t *testing.T) string {
+func agentTypes(t testing.TB) string {
 	t.Helper()
 	var b strings.Builder
 	b.WriteString("agent_types:\n")
@@ -98,7 +98,7 @@ func agentTypes(t *testing.T) string {
 	return path
 }
 
-func testConfig(t *testing.T, root string, overrides map[string]string) service.Config {
+func testConfig(t testing.TB, root string, overrides map[string]string) service.Config {
 	t.Helper()
 	env := map[string]string{
 		"CONCLAVE_RUNNER_GRPC_ADDR":             "127.0.0.1:0",
@@ -135,7 +135,7 @@ type testRunner struct {
 	token string
 }
 
-type tWriter struct{ t *testing.T }
+type tWriter struct{ t testing.TB }
 
 func (w tWriter) Write(p []byte) (int, error) {
 	w.t.Log(strings.TrimRight(string(p), "\n"))
@@ -145,7 +145,7 @@ func (w tWriter) Write(p []byte) (int, error) {
 // sharedState is the configuration, store and queue of runners that are
 // replicas of one another: each run on them with runOn has listeners of
 // its own.
-func sharedState(t *testing.T, overrides map[string]string) (service.Config, store.Store, queue.Queue) {
+func sharedState(t testing.TB, overrides map[string]string) (service.Config, store.Store, queue.Queue) {
 	t.Helper()
 	dir := t.TempDir()
 	root := filepath.Join(dir, "workspaces")
@@ -168,13 +168,13 @@ func sharedState(t *testing.T, overrides map[string]string) (service.Config, sto
 
 // startRunner runs a runner on loopback over its own embedded store and
 // queue, with a workspace root of its own.
-func startRunner(t *testing.T, overrides map[string]string) *testRunner {
+func startRunner(t testing.TB, overrides map[string]string) *testRunner {
 	t.Helper()
 	return startRunnerWith(t, overrides, nil)
 }
 
 // startRunnerWith is startRunner with a telemetry provider (nil: its own).
-func startRunnerWith(t *testing.T, overrides map[string]string, tel *telemetry.Provider) *testRunner {
+func startRunnerWith(t testing.TB, overrides map[string]string, tel *telemetry.Provider) *testRunner {
 	t.Helper()
 	cfg, st, q := sharedState(t, overrides)
 	r, _ := runOn(t, cfg, st, q, tel)
@@ -183,13 +183,13 @@ func startRunnerWith(t *testing.T, overrides map[string]string, tel *telemetry.P
 
 // runOn runs a runner with cfg on st and q until the test ends or stop is
 // called; stop returns Run's error.
-func runOn(t *testing.T, cfg service.Config, st store.Store, q queue.Queue, tel *telemetry.Provider) (*testRunner, func() error) {
+func runOn(t testing.TB, cfg service.Config, st store.Store, q queue.Queue, tel *telemetry.Provider) (*testRunner, func() error) {
 	t.Helper()
 	return runOnWith(t, cfg, st, q, tel, nil)
 }
 
 // runOnWith is runOn with an executor (nil: the local one).
-func runOnWith(t *testing.T, cfg service.Config, st store.Store, q queue.Queue, tel *telemetry.Provider, exec executor.Executor) (*testRunner, func() error) {
+func runOnWith(t testing.TB, cfg service.Config, st store.Store, q queue.Queue, tel *telemetry.Provider, exec executor.Executor) (*testRunner, func() error) {
 	t.Helper()
 	var err error
 	root := cfg.WorkspaceRoots[0]

@@ -313,10 +313,7 @@ func New(cfg Config, deps Deps, opts ...server.Option) (*Runner, error) {
 		if err != nil {
 			return nil, err
 		}
-		// Every path but the server's own (health, metrics): an unknown
-		// one gets seed 002's 404 from the REST mux.
-		srv.Handle("/", rest)
-		srv.HandleStream(api.FollowPattern, rest)
+		rest.Routes(srv.Handle, srv.HandleStream)
 	}
 	if r.hub != nil {
 		// agent-host's streams are ended first (their hosts buffer and

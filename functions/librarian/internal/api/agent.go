@@ -420,6 +420,9 @@ func (h *Handler) applyChange(ctx context.Context, rec requests.Record) error {
 
 func (h *Handler) status(w http.ResponseWriter, r *http.Request) error {
 	id := r.PathValue("request_id")
+	if err := CheckRequestID(id); err != nil {
+		return err
+	}
 	rec, err := h.o.Requests.Get(r.Context(), id)
 	if errors.Is(err, requests.ErrNotFound) {
 		return &apiError{Status: http.StatusNotFound, Code: "request_not_found", Message: fmt.Sprintf("request %q does not exist", clip(id))}

@@ -24,6 +24,7 @@ import (
 	"github.com/conclave-ai/conclave/functions/librarian/internal/graph"
 	"github.com/conclave-ai/conclave/functions/librarian/internal/policy"
 	"github.com/conclave-ai/conclave/functions/librarian/internal/requests"
+	"github.com/conclave-ai/conclave/pkg/ids"
 	eventsv1 "github.com/conclave-ai/conclave/proto/conclave/events/v1"
 )
 
@@ -162,6 +163,26 @@ type errorBody struct {
 		Message string `json:"message"`
 		Field   string `json:"field,omitempty"`
 	} `json:"error"`
+}
+
+// WriteHTTPError answers, in the Librarian's error body, the errors
+// pkg/server writes itself (server.WithHTTPErrorWriter): a body over the
+// server's limit (413), a recovered panic (500), draining (503).
+func WriteHTTPError(w http.ResponseWriter, status int, message string) {
+	code := map[int]string{
+		http.StatusNotFound: "not_found", http.StatusMethodNotAllowed: "method_not_allowed",
+		http.StatusRequestEntityTooLarge: "request_too_large", http.StatusUnsupportedMediaType: "unsupported_media_type",
+		http.StatusTooManyRequests: "rate_limited", http.StatusServiceUnavailable: "unavailable",
+	}[status]
+	switch {
+	case code != "":
+	case status >= 500:
+		code = "internal"
+	default:
+		code = "bad_request"
+	}
+	w.Header().Set("X-Content-Type-Options", "nosniff")
+	writeError(w, &apiError{Status: status, Code: code, Message: message})
 }
 
 func writeError(w http.ResponseWriter, e *apiError) {
@@ -321,6 +342,11 @@ func (h *Handler) reviewer(fn handlerFunc) http.HandlerFunc {
 // agent, or in development the agent_id it names. A token for another
 // agent than the one named is 403.
 func (h *Handler) agentFor(ctx context.Context, named string) (policy.Agent, error) {
+	if named != "" {
+		if err := ids.AgentID.Check(named); err != nil {
+			return policy.Agent{}, &apiError{Status: http.StatusBadRequest, Code: "invalid_agent_id", Field: "agent_id", Message: err.Error()}
+		}
+	}
 	p := principal(ctx)
 	id := p.Subject
 	switch {
@@ -339,6 +365,21 @@ func (h *Handler) agentFor(ctx context.Context, named string) (policy.Agent, err
 			Message: fmt.Sprintf("agent not authorized: %q is not in config/agents.yaml", clip(id))}
 	}
 	return a, nil
+}
+
+// CheckRequestID applies the Librarian request id's rule: pkg/ids' rule
+// for every id (UTF-8, length, characters), then the Librarian's own form
+// ("req-" and 16 base32 characters). A refused id is a 400 naming
+// request_id, answered before the store is asked.
+func CheckRequestID(id string) error {
+	if err := ids.LibrarianRequestID.Check(id); err != nil {
+		return &apiError{Status: http.StatusBadRequest, Code: "invalid_request_id", Field: "request_id", Message: err.Error()}
+	}
+	if !requests.ValidID(id) {
+		return &apiError{Status: http.StatusBadRequest, Code: "invalid_request_id", Field: "request_id",
+			Message: "request_id is not one the Librarian issues (\"req-\" and 16 base32 characters)"}
+	}
+	return nil
 }
 
 // readBody reads at most limit bytes, 413 beyond.

@@ -148,6 +148,9 @@ func (h *Handler) decideReview(w http.ResponseWriter, r *http.Request) error {
 // Decide applies a reviewer's decision to an escalated request; the review
 // page and the JSON API both come here.
 func (h *Handler) Decide(ctx context.Context, reviewer access.Principal, id string, d Decision) (requests.Record, error) {
+	if err := CheckRequestID(id); err != nil {
+		return requests.Record{}, err
+	}
 	var to governance.State
 	switch d.Decision {
 	case "approve":

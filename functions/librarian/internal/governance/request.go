@@ -11,6 +11,7 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/conclave-ai/conclave/functions/librarian/internal/policy"
+	"github.com/conclave-ai/conclave/pkg/ids"
 	librarianv1 "github.com/conclave-ai/conclave/proto/conclave/librarian/v1"
 )
 
@@ -82,6 +83,17 @@ func CheckShape(r *librarianv1.AgentRequest, limits policy.Limits) *InputError {
 	for field, v := range map[string]string{"agent_id": r.GetAgentId(), "session_id": r.GetSessionId(), "target_id": r.GetTargetId(), "request_id": r.GetRequestId()} {
 		if len(v) > maxIDBytes {
 			return badInput(field, "field_too_long", "%s is longer than %d bytes", field, maxIDBytes)
+		}
+	}
+	// The ids the Librarian keys records by follow pkg/ids (agent_id is
+	// the rule every service shares); a missing one is left to the
+	// required-fields rule.
+	for _, c := range []struct {
+		kind ids.Kind
+		v    string
+	}{{ids.AgentID, r.GetAgentId()}, {ids.LibrarianRequestID, r.GetRequestId()}} {
+		if err := c.kind.CheckOptional(c.v); err != nil {
+			return badInput(c.kind.Field, "invalid_"+c.kind.Field, "%s", err)
 		}
 	}
 	if n := int64(len(r.GetContent())); n > limits.MaxContentSize {

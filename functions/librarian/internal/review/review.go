@@ -122,6 +122,10 @@ func (p *pages) show(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	id := r.PathValue("request_id")
+	if err := api.CheckRequestID(id); err != nil {
+		p.problem(w, http.StatusBadRequest, "That is not a request id: "+err.Error()+".")
+		return
+	}
 	rec, err := p.b.Request(r.Context(), id)
 	if errors.Is(err, requests.ErrNotFound) {
 		p.problem(w, http.StatusNotFound, "There is no request "+id+".")

@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"strings"
 
+	"github.com/conclave-ai/conclave/pkg/ids"
 	"github.com/conclave-ai/conclave/services/console/internal/backend"
 	"github.com/conclave-ai/conclave/services/console/internal/session"
 )
@@ -64,6 +65,9 @@ type deadLetterData struct {
 }
 
 func (h *Handler) deadLetter(w http.ResponseWriter, r *http.Request, s session.Session) {
+	if !h.checkID(w, r, ids.DeadLetterID, r.PathValue("id")) {
+		return
+	}
 	dl, err := h.o.Bus.DeadLetter(r.Context(), s.Tokens.Bus, r.PathValue("id"))
 	if backend.IsKind(err, backend.Rejected) {
 		h.problem(w, r, backend.StatusOf(err), err.Error())
@@ -75,6 +79,9 @@ func (h *Handler) deadLetter(w http.ResponseWriter, r *http.Request, s session.S
 // redrive serves both POST /bus/dead-letters/{id}/redrive and
 // POST /bus/dead-letters/redrive (every dead letter).
 func (h *Handler) redrive(w http.ResponseWriter, r *http.Request, s session.Session) {
+	if id := r.PathValue("id"); id != "" && !h.checkID(w, r, ids.DeadLetterID, id) {
+		return
+	}
 	if err := h.o.Bus.Redrive(r.Context(), s.Tokens.Bus, r.PathValue("id")); err != nil {
 		h.backendProblem(w, r, err)
 		return

@@ -15,6 +15,7 @@ import (
 
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/conclave-ai/conclave/pkg/ids"
 	"github.com/conclave-ai/conclave/services/console/internal/backend"
 	"github.com/conclave-ai/conclave/services/console/internal/metrics"
 	"github.com/conclave-ai/conclave/services/console/internal/session"
@@ -311,8 +312,8 @@ func parseLogID(s string) (logID, bool) {
 // liveLogs follows an instance's logs and, beside them, its status.
 func (h *Handler) liveLogs(w http.ResponseWriter, r *http.Request, s session.Session) {
 	id := r.PathValue("id")
-	if !validInstanceID(id) {
-		writeJSONError(w, http.StatusNotFound, "there is no such instance: a runner instance id is letters, digits and dashes")
+	if err := ids.InstanceID.Check(id); err != nil {
+		writeJSONError(w, http.StatusBadRequest, err.Error())
 		return
 	}
 	st, ctx, done := h.startSSE(w, r, metrics.StreamLogs)

@@ -12,6 +12,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/conclave-ai/conclave/pkg/ids"
 	gatewayv1 "github.com/conclave-ai/conclave/proto/conclave/gateway/v1"
 	librarianv1 "github.com/conclave-ai/conclave/proto/conclave/librarian/v1"
 	runnerv1 "github.com/conclave-ai/conclave/proto/conclave/runner/v1"
@@ -237,8 +238,7 @@ const maxMessageBytes = 256 << 10
 func (h *Handler) startChat(w http.ResponseWriter, r *http.Request, s session.Session) {
 	agentID := strings.TrimSpace(r.PostForm.Get("agent_id"))
 	content := r.PostForm.Get("content")
-	if err := validText("The agent", agentID, 128); err != nil {
-		h.problem(w, r, http.StatusBadRequest, err.Error())
+	if !h.checkID(w, r, ids.AgentID, agentID) {
 		return
 	}
 	if strings.TrimSpace(content) == "" || len(content) > maxMessageBytes {
@@ -415,12 +415,7 @@ func enabledTypes(types []*runnerv1.AgentType) []*runnerv1.AgentType {
 
 func (h *Handler) findInstance(w http.ResponseWriter, r *http.Request, _ session.Session) {
 	id := strings.TrimSpace(r.URL.Query().Get("id"))
-	if err := validText("The instance id", id, 256); err != nil {
-		h.problem(w, r, http.StatusBadRequest, err.Error())
-		return
-	}
-	if !validInstanceID(id) {
-		h.problem(w, r, http.StatusBadRequest, "The instance id is not one the runner makes: letters, digits and dashes.")
+	if !h.checkID(w, r, ids.InstanceID, id) {
 		return
 	}
 	http.Redirect(w, r, "/runner/instances/"+pathEscape(id), http.StatusSeeOther)
@@ -438,8 +433,7 @@ func (h *Handler) launch(w http.ResponseWriter, r *http.Request, s session.Sessi
 	if l.TaskID == "" {
 		// The runner needs one; like `conclave runner launch`, make it.
 		l.TaskID = "console-" + newChatID()[:16]
-	} else if err := validText("The task id", l.TaskID, 256); err != nil {
-		h.problem(w, r, http.StatusBadRequest, err.Error())
+	} else if !h.checkID(w, r, ids.TaskID, l.TaskID) {
 		return
 	}
 	if prompt := r.PostForm.Get("prompt"); strings.TrimSpace(prompt) != "" {
@@ -460,28 +454,10 @@ func (h *Handler) launch(w http.ResponseWriter, r *http.Request, s session.Sessi
 	http.Redirect(w, r, "/runner/instances/"+pathEscape(in.GetId())+"?done=launched", http.StatusSeeOther)
 }
 
-// validInstanceID holds an instance id to the runner's alphabet: the
-// runner makes ids of hex digits and dashes (a UUID's form). Letters,
-// digits, "-" and "_" are accepted, and nothing that could change a
-// URL's path or query: no "/", ".", "?", "%" or "#".
-func validInstanceID(id string) bool {
-	if id == "" || len(id) > 128 {
-		return false
-	}
-	for i := 0; i < len(id); i++ {
-		c := id[i]
-		if !(c >= '0' && c <= '9' || c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c == '-' || c == '_') {
-			return false
-		}
-	}
-	return true
-}
-
-// instanceID is the request's instance id, or "" after answering 404.
+// instanceID is the request's instance id, or "" after answering 400.
 func (h *Handler) instanceID(w http.ResponseWriter, r *http.Request) string {
 	id := r.PathValue("id")
-	if !validInstanceID(id) {
-		h.problem(w, r, http.StatusNotFound, "There is no such instance: a runner instance id is letters, digits and dashes.")
+	if !h.checkID(w, r, ids.InstanceID, id) {
 		return ""
 	}
 	return id
@@ -634,6 +610,9 @@ func (h *Handler) librarian(w http.ResponseWriter, r *http.Request, s session.Se
 
 func (h *Handler) decide(w http.ResponseWriter, r *http.Request, s session.Session) {
 	id := r.PathValue("id")
+	if !h.checkID(w, r, ids.LibrarianRequestID, id) {
+		return
+	}
 	choice := r.PostForm.Get("decision")
 	comment := strings.TrimSpace(r.PostForm.Get("comment"))
 	if choice != "approve" && choice != "reject" {

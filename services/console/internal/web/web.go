@@ -23,6 +23,7 @@ import (
 
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/conclave-ai/conclave/pkg/ids"
 	"github.com/conclave-ai/conclave/services/console/internal/backend"
 	"github.com/conclave-ai/conclave/services/console/internal/metrics"
 	"github.com/conclave-ai/conclave/services/console/internal/session"
@@ -305,10 +306,11 @@ type problemData struct {
 	Message string
 }
 
-// problem answers an error: a JSON body for scripts, a readable page
-// otherwise.
+// problem answers an error in the console's one error shape (see
+// WriteHTTPError), or as a readable page to a browser that navigated here
+// (its Accept names text/html).
 func (h *Handler) problem(w http.ResponseWriter, r *http.Request, status int, msg string) {
-	if wantsJSON(r) {
+	if !strings.Contains(r.Header.Get("Accept"), "text/html") {
 		writeJSONError(w, status, msg)
 		return
 	}
@@ -345,10 +347,31 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	_ = json.NewEncoder(w).Encode(v)
 }
 
-// writeJSONError writes the error shape shared by Conclave's HTTP
-// surfaces: {"error":{"code":403,"message":"..."}}.
+// writeJSONError writes the console's error shape, the one pkg/server
+// writes: {"error":{"code":403,"message":"..."}}.
 func writeJSONError(w http.ResponseWriter, status int, msg string) {
 	writeJSON(w, status, map[string]any{"error": map[string]any{"code": status, "message": msg}})
+}
+
+// WriteHTTPError answers the errors the server writes itself
+// (server.WithHTTPErrorWriter): 404 and 405 for what no route takes, 413
+// for a body over the limit, 500 for a recovered panic, 503 while
+// draining. It has no request to negotiate with, so a browser too gets
+// the JSON shape.
+func WriteHTTPError(w http.ResponseWriter, status int, msg string) {
+	securityHeaders(w)
+	writeJSONError(w, status, msg)
+}
+
+// checkID applies kind's rule (pkg/ids), the one the service that owns
+// such ids applies: a refused id is a 400 naming the field, and never
+// reaches that service. It reports whether the request may go on.
+func (h *Handler) checkID(w http.ResponseWriter, r *http.Request, kind ids.Kind, id string) bool {
+	if err := kind.Check(id); err != nil {
+		h.problem(w, r, http.StatusBadRequest, err.Error())
+		return false
+	}
+	return true
 }
 
 // traceLink is a trace id and, when Jaeger is configured, the page that

@@ -465,7 +465,11 @@ func TestBadInputIsRefusedClearly(t *testing.T) {
 		want               string
 	}{
 		{"chat without a message", "POST", "/chats", url.Values{"csrf": {tok}, "agent_id": {"a1"}, "content": {" "}}, 400, "1 byte to 256 KiB"},
-		{"chat without an agent", "POST", "/chats", url.Values{"csrf": {tok}, "content": {"hi"}}, 400, "The agent is required"},
+		{"chat without an agent", "POST", "/chats", url.Values{"csrf": {tok}, "content": {"hi"}}, 400, "agent_id is required"},
+		{"chat with an agent id not UTF-8", "POST", "/chats", url.Values{"csrf": {tok}, "agent_id": {"\xff\xfe"}, "content": {"hi"}}, 400, "agent_id must be valid UTF-8"},
+		{"a dead letter id not UTF-8", "GET", "/bus/dead-letters/%FF%FE", nil, 400, "dead_letter_id"},
+		{"redriving an over-long dead letter id", "POST", "/bus/dead-letters/" + strings.Repeat("a", 10000) + "/redrive", url.Values{"csrf": {tok}}, 400, "dead_letter_id"},
+		{"a decision on an id not UTF-8", "POST", "/librarian/reviews/%FF%FE/decision", url.Values{"csrf": {tok}, "decision": {"approve"}, "comment": {"ok"}}, 400, "request_id"},
 		{"chat too long", "POST", "/chats", url.Values{"csrf": {tok}, "agent_id": {"a1"}, "content": {strings.Repeat("x", maxMessageBytes+1)}}, 400, "256 KiB"},
 		{"payload not an object", "POST", "/bus/publish", url.Values{"csrf": {tok}, "topic": {"t"}, "payload": {"[1]"}}, 400, "JSON object"},
 		{"topic with a control character", "POST", "/bus/publish", url.Values{"csrf": {tok}, "topic": {"a\x01"}, "payload": {"{}"}}, 400, "control character"},
@@ -473,7 +477,7 @@ func TestBadInputIsRefusedClearly(t *testing.T) {
 		{"a decision without a comment", "POST", "/librarian/reviews/r/decision", url.Values{"csrf": {tok}, "decision": {"approve"}}, 400, "comment"},
 		{"a bad pattern", "GET", "/live/bus?pattern=", nil, 400, "pattern is required"},
 		{"an unknown chat", "GET", "/chats/nope", nil, 404, "no such chat"},
-		{"find without an id", "GET", "/runner/find?id=", nil, 400, "instance id is required"},
+		{"find without an id", "GET", "/runner/find?id=", nil, 400, "instance_id is required"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -580,8 +584,8 @@ func TestTooManyStreams(t *testing.T) {
 	}
 }
 
-// An id in a URL must not retarget the page's forms: ids outside the
-// runner's alphabet are refused, and every id a template puts in a URL
+// An id in a URL must not retarget the page's forms: ids the instance_id
+// rule (pkg/ids) refuses are a 400, and every id a template puts in a URL
 // path is escaped as one segment.
 func TestIDsInURLsCannotRetargetForms(t *testing.T) {
 	t.Parallel()
@@ -593,24 +597,34 @@ func TestIDsInURLsCannotRetargetForms(t *testing.T) {
 	for _, path := range []string{
 		"/runner/instances/x%2F..%2F..%2Fbus%2Fdead-letters%2Fredrive%3F",
 		"/runner/instances/%2E%2E",
-		"/runner/instances/a.b",
-		"/runner/instances/a%3Fb",
 		"/runner/instances/a%23b",
+		"/runner/instances/a%00b",
+		"/runner/instances/%FF%FE",
 	} {
 		resp, body := e.do(t, "GET", path, ck, nil, nil)
-		if resp.StatusCode != http.StatusNotFound || strings.Contains(body, "redrive") || strings.Contains(body, tok) {
-			t.Errorf("GET %s: %d, want 404 without a form\n%s", path, resp.StatusCode, body)
+		if resp.StatusCode != http.StatusBadRequest || !strings.Contains(body, "instance_id") || strings.Contains(body, "redrive") || strings.Contains(body, tok) {
+			t.Errorf("GET %s: %d, want 400 naming instance_id, without a form\n%s", path, resp.StatusCode, body)
 		}
 	}
 	for _, path := range []string{"/runner/instances/a%2Fb/cancel", "/runner/instances/a%2Fb/prompt"} {
 		resp, _ := e.do(t, "POST", path, ck, url.Values{"csrf": {tok}, "message": {"hi"}}, nil)
-		if resp.StatusCode != http.StatusNotFound {
-			t.Errorf("POST %s: %d, want 404", path, resp.StatusCode)
+		if resp.StatusCode != http.StatusBadRequest {
+			t.Errorf("POST %s: %d, want 400", path, resp.StatusCode)
 		}
 	}
 	resp, _ := e.do(t, "GET", "/live/runner/a%2F..%2Fb/logs", ck, nil, map[string]string{"Accept": "text/event-stream"})
-	if resp.StatusCode != http.StatusNotFound {
-		t.Errorf("logs of a bad id: %d, want 404", resp.StatusCode)
+	if resp.StatusCode != http.StatusBadRequest {
+		t.Errorf("logs of a bad id: %d, want 400", resp.StatusCode)
+	}
+	// Ids the rule accepts keep their forms on their own page, escaped.
+	for path, action := range map[string]string{
+		"/runner/instances/a.b":   `action="/runner/instances/a.b/cancel"`,
+		"/runner/instances/a%3Fb": `action="/runner/instances/a%3Fb/cancel"`,
+	} {
+		resp, body := e.do(t, "GET", path, ck, nil, nil)
+		if resp.StatusCode != http.StatusOK || !strings.Contains(body, action) {
+			t.Errorf("GET %s: %d, want its page with %s", path, resp.StatusCode, action)
+		}
 	}
 	resp, _ = e.do(t, "GET", "/runner/find?id="+url.QueryEscape("x/../../bus"), ck, nil, nil)
 	if resp.StatusCode != http.StatusBadRequest {

@@ -11,7 +11,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -23,14 +22,15 @@ import (
 	"google.golang.org/grpc/tap"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/conclave-ai/conclave/pkg/ids"
 	gatewayv1 "github.com/conclave-ai/conclave/proto/conclave/gateway/v1"
 	covenpb "github.com/conclave-ai/conclave/proto/coven"
 	"github.com/conclave-ai/conclave/services/gateway/internal/metrics"
 )
 
-// MaxAgentIDLen bounds agent_id: IDs are keys in logs, metrics and the
-// registry, and a UUID needs 36 bytes.
-const MaxAgentIDLen = 128
+// MaxAgentIDLen bounds agent_id (ids.AgentID's rule): IDs are keys in
+// logs, metrics and the registry, and a UUID needs 36 bytes.
+const MaxAgentIDLen = ids.MaxBytes
 
 // Options tune the stream's timing.
 type Options struct {
@@ -364,8 +364,14 @@ func (s *Service) awaitRegister(ctx context.Context, closer *streamCloser, strea
 	if reg == nil {
 		return nil, errNotRegisterFirst
 	}
-	if err := validateAgentID(reg.GetAgentId()); err != nil {
-		return nil, err
+	if err := ids.AgentID.Check(reg.GetAgentId()); err != nil {
+		// The client API takes the same ids, so every agent that registers
+		// can be reached. Coven's RegistrationError says why first.
+		st := status.New(codes.InvalidArgument, "RegisterAgent."+err.Error())
+		_ = stream.Send(&covenpb.ServerMessage{Payload: &covenpb.ServerMessage_RegistrationError{
+			RegistrationError: &covenpb.RegistrationError{Reason: st.Message()},
+		}})
+		return nil, st.Err()
 	}
 	return reg, nil
 }
@@ -508,20 +514,6 @@ func (s *Service) handle(ctx context.Context, a *Agent, m *covenpb.AgentMessage)
 		a.log().WarnContext(ctx, "ignored repeated RegisterAgent")
 	default:
 		a.log().WarnContext(ctx, "ignored empty AgentMessage")
-	}
-	return nil
-}
-
-func validateAgentID(id string) error {
-	switch {
-	case id == "":
-		return status.Error(codes.InvalidArgument, "RegisterAgent.agent_id is required")
-	case len(id) > MaxAgentIDLen:
-		return status.Errorf(codes.InvalidArgument, "RegisterAgent.agent_id is %d bytes; at most %d are allowed", len(id), MaxAgentIDLen)
-	case strings.ContainsFunc(id, func(r rune) bool { return r < 0x21 || r == 0x7f }):
-		// proto3 already guarantees UTF-8; control characters and spaces
-		// would still corrupt log lines and registry keys.
-		return status.Error(codes.InvalidArgument, "RegisterAgent.agent_id must not contain spaces or control characters")
 	}
 	return nil
 }

@@ -160,6 +160,8 @@ func TestRegistrationRejected(t *testing.T) {
 		{"missing agent_id", register(""), codes.InvalidArgument},
 		{"over-long agent_id", register(strings.Repeat("a", agentstream.MaxAgentIDLen+1)), codes.InvalidArgument},
 		{"agent_id with space", register("a b"), codes.InvalidArgument},
+		{"agent_id with NUL", register("a\x00b"), codes.InvalidArgument},
+		{"agent_id with a bidi override", register("a\u202eb"), codes.InvalidArgument},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -169,8 +171,14 @@ func TestRegistrationRejected(t *testing.T) {
 			if err := s.Send(tt.first); err != nil {
 				t.Fatal(err)
 			}
-			if got, _ := finalStatus(s); got != tt.want {
+			got, msgs := finalStatus(s)
+			if got != tt.want {
 				t.Fatalf("status = %v, want %v", got, tt.want)
+			}
+			// An agent_id the rule refuses is told why in coven's own
+			// RegistrationError, naming the field.
+			if tt.want == codes.InvalidArgument && (len(msgs) != 1 || !strings.Contains(msgs[0].GetRegistrationError().GetReason(), "agent_id")) {
+				t.Fatalf("want one RegistrationError naming agent_id before the close, got %v", msgs)
 			}
 			if n := len(svc.Agents()); n != 0 {
 				t.Fatalf("%d agents registered after a rejected registration", n)

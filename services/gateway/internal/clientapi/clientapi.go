@@ -16,6 +16,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/conclave-ai/conclave/pkg/ids"
 	gatewayv1 "github.com/conclave-ai/conclave/proto/conclave/gateway/v1"
 	covenpb "github.com/conclave-ai/conclave/proto/coven"
 	"github.com/conclave-ai/conclave/services/gateway/internal/agentstream"
@@ -170,8 +171,8 @@ func (s *Server) listCluster(ctx context.Context, req *gatewayv1.ListAgentsReque
 
 // GetAgent implements gatewayv1.GatewayServiceServer.
 func (s *Server) GetAgent(ctx context.Context, req *gatewayv1.GetAgentRequest) (*gatewayv1.GetAgentResponse, error) {
-	if req.GetAgentId() == "" {
-		return nil, status.Error(codes.InvalidArgument, "agent_id is required")
+	if err := checkID(ids.AgentID, req.GetAgentId()); err != nil {
+		return nil, err
 	}
 	if s.cluster != nil {
 		a, err := s.cluster.Get(ctx, req.GetAgentId())
@@ -189,8 +190,13 @@ func (s *Server) GetAgent(ctx context.Context, req *gatewayv1.GetAgentRequest) (
 }
 
 func (s *Server) validate(req *gatewayv1.SendMessageRequest) error {
-	if req.GetAgentId() == "" {
-		return status.Error(codes.InvalidArgument, "agent_id is required")
+	if err := checkID(ids.AgentID, req.GetAgentId()); err != nil {
+		return err
+	}
+	if req.GetThreadId() != "" {
+		if err := checkID(ids.ThreadID, req.GetThreadId()); err != nil {
+			return err
+		}
 	}
 	if n := len(req.GetContent()); n > s.limits.MaxContentBytes {
 		return status.Errorf(codes.InvalidArgument, "content is %d bytes; at most %d are allowed", n, s.limits.MaxContentBytes)
@@ -296,8 +302,8 @@ func (s *Server) sendElsewhere(req *gatewayv1.SendMessageRequest, stream grpc.Se
 	return status.Errorf(codes.NotFound, "agent %q is not connected", req.GetAgentId())
 }
 
-// relay streams r's events to the client until the request ends or the
-// client goes away. A request abandoned while it waits in the queue gets no
+// relay streams r's events to the client, after a first response with
+// only the request_id, until the request ends or the client goes away. A request abandoned while it waits in the queue gets no
 // further event, so the client's context ends the wait. It counts the
 // request's outcome and times it from start.
 func (s *Server) relay(ctx context.Context, start time.Time, r *agentstream.Request, stream grpc.ServerStreamingServer[gatewayv1.SendMessageResponse]) error {
@@ -308,6 +314,12 @@ func (s *Server) relay(ctx context.Context, start time.Time, r *agentstream.Requ
 		s.metrics.Request(outcome)
 		s.metrics.Finished(time.Since(start))
 	}()
+	// The first response names the request at once, before the agent
+	// says anything: a caller of a silent or busy agent has the
+	// request_id to cancel it with, and the stream's headers.
+	if err := stream.Send(&gatewayv1.SendMessageResponse{RequestId: r.ID}); err != nil {
+		return fmt.Errorf("streaming to client: %w", err)
+	}
 	for {
 		select {
 		case ev, ok := <-r.Events:
@@ -349,8 +361,8 @@ func (s *Server) release(c *claim) {
 
 // CancelMessage implements gatewayv1.GatewayServiceServer.
 func (s *Server) CancelMessage(ctx context.Context, req *gatewayv1.CancelMessageRequest) (*gatewayv1.CancelMessageResponse, error) {
-	if req.GetRequestId() == "" {
-		return nil, status.Error(codes.InvalidArgument, "request_id is required")
+	if err := checkID(ids.RequestID, req.GetRequestId()); err != nil {
+		return nil, err
 	}
 	reason := req.GetReason()
 	if reason == "" {
@@ -364,4 +376,13 @@ func (s *Server) CancelMessage(ctx context.Context, req *gatewayv1.CancelMessage
 		return peer.CancelMessage(s.peers.outgoing(ctx), &gatewayv1.CancelMessageRequest{RequestId: req.GetRequestId(), Reason: reason})
 	}
 	return &gatewayv1.CancelMessageResponse{Cancelled: s.agents.Cancel(ctx, req.GetRequestId(), reason)}, nil
+}
+
+// checkID applies kind's rule, the one agent registration shares: a
+// refused id is INVALID_ARGUMENT naming the field, before any store call.
+func checkID(kind ids.Kind, id string) error {
+	if err := kind.Check(id); err != nil {
+		return status.Error(codes.InvalidArgument, err.Error())
+	}
+	return nil
 }

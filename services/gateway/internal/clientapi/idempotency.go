@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"strings"
 	"time"
 	"unicode"
@@ -14,6 +15,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/conclave-ai/conclave/pkg/auth"
+	"github.com/conclave-ai/conclave/pkg/server"
 	"github.com/conclave-ai/conclave/pkg/store"
 )
 
@@ -107,14 +109,14 @@ func (i *idempotency) claim(ctx context.Context, agentID, key, requestID string)
 			// store applied it); the message is not sent, so the key must
 			// not stay taken by it.
 			_ = c.release()
-			return nil, status.Errorf(codes.Unavailable, "recording idempotency_key: %v", err)
+			return nil, server.Hide(status.New(codes.Unavailable, "the gateway's store of idempotency keys is unavailable; retry"), fmt.Errorf("recording idempotency_key: %w", err))
 		}
 		cur, err := i.store.Get(ctx, IdempotencyTable.Name, c.key)
 		if errors.Is(err, store.ErrNotFound) {
 			continue
 		}
 		if err != nil {
-			return nil, status.Errorf(codes.Unavailable, "reading idempotency_key: %v", err)
+			return nil, server.Hide(status.New(codes.Unavailable, "the gateway's store of idempotency keys is unavailable; retry"), fmt.Errorf("reading idempotency_key: %w", err))
 		}
 		return nil, alreadySent(key, agentID, cur.Attrs["request_id"])
 	}

@@ -2,7 +2,6 @@ package clientapi
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -11,10 +10,13 @@ import (
 
 	"github.com/grpc-ecosystem/grpc-gateway/v2/runtime"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
 
+	"github.com/conclave-ai/conclave/pkg/ids"
 	gatewayv1 "github.com/conclave-ai/conclave/proto/conclave/gateway/v1"
 )
 
@@ -26,98 +28,301 @@ import (
 // protojson would write as strings.
 var marshal = protojson.MarshalOptions{UseProtoNames: true, EmitUnpopulated: true}
 
-// NewREST serves the client API as REST through grpc-gateway over conn (a
-// connection to this gateway's own gRPC listener, so REST requests pass the
-// same interceptors as gRPC ones), and SendMessage also as Server-Sent Events
-// for clients that ask for text/event-stream.
-func NewREST(ctx context.Context, conn grpc.ClientConnInterface) (http.Handler, error) {
-	mux := runtime.NewServeMux(runtime.WithMarshalerOption(runtime.MIMEWildcard, &runtime.JSONPb{
-		MarshalOptions:   marshal,
-		UnmarshalOptions: protojson.UnmarshalOptions{DiscardUnknown: false},
-	}))
+// REST is the client API as REST, over a connection to this gateway's own
+// gRPC listener, so that REST requests pass the same interceptors as gRPC
+// ones.
+type REST struct {
+	mux    *runtime.ServeMux
+	client gatewayv1.GatewayServiceClient
+}
+
+// pathIDs are the path parameters that carry ids, with their rule.
+var pathIDs = map[string]ids.Kind{"agent_id": ids.AgentID, "request_id": ids.RequestID}
+
+// NewREST serves the client API as REST through grpc-gateway over conn,
+// and SendMessage as a stream of its own: newline-delimited JSON, or
+// Server-Sent Events for clients that ask for text/event-stream. Every
+// error is a google.rpc.Status, as grpc-gateway writes it.
+func NewREST(ctx context.Context, conn grpc.ClientConnInterface) (*REST, error) {
+	mux := runtime.NewServeMux(
+		runtime.WithMarshalerOption(runtime.MIMEWildcard, &runtime.JSONPb{
+			MarshalOptions:   marshal,
+			UnmarshalOptions: protojson.UnmarshalOptions{DiscardUnknown: false},
+		}),
+		// A path parameter is one segment, unescaped whole: an agent_id
+		// with '/' is reached as %2F, as coven-gateway routes it.
+		runtime.WithUnescapingMode(runtime.UnescapingModeAllExceptReserved),
+		runtime.WithErrorHandler(func(ctx context.Context, mux *runtime.ServeMux, m runtime.Marshaler, w http.ResponseWriter, r *http.Request, err error) {
+			if e, ok := bodyTooLarge(r); ok {
+				WriteHTTPError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("request body exceeds %d bytes", e.Limit))
+				return
+			}
+			runtime.DefaultHTTPErrorHandler(ctx, mux, m, w, r, err)
+		}),
+		// Routes reach grpc-gateway only through the server's mux, which
+		// answers unknown paths and methods itself; this is a backstop.
+		runtime.WithRoutingErrorHandler(func(_ context.Context, _ *runtime.ServeMux, _ runtime.Marshaler, w http.ResponseWriter, _ *http.Request, code int) {
+			WriteHTTPError(w, code, strings.ToLower(http.StatusText(code)))
+		}),
+	)
 	client := gatewayv1.NewGatewayServiceClient(conn)
 	if err := gatewayv1.RegisterGatewayServiceHandlerClient(ctx, mux, client); err != nil {
 		return nil, fmt.Errorf("registering REST routes: %w", err)
 	}
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.Method == http.MethodPost && strings.Contains(r.Header.Get("Accept"), "text/event-stream") {
-			serveSSE(w, r, client)
-			return
-		}
-		mux.ServeHTTP(w, r)
-	}), nil
+	return &REST{mux: mux, client: client}, nil
 }
 
-// serveSSE streams SendMessage as Server-Sent Events: one "message" event
-// per agent event, its data the SendMessageResponse as JSON, then "end", or
-// "error" with {"code", "message"} when the request fails.
-func serveSSE(w http.ResponseWriter, r *http.Request, client gatewayv1.GatewayServiceClient) {
-	agentID := r.PathValue("agent_id")
+// Routes registers the REST routes: unary for the bounded calls, stream
+// for SendMessage. The server's mux routes them, so an unknown path or a
+// wrong method is answered (404, 405 with Allow) in the server's error
+// shape, WriteHTTPError.
+func (h *REST) Routes(unary, stream func(pattern string, h http.Handler)) {
+	unary("GET /v1/agents", http.HandlerFunc(h.serveUnary))
+	unary("GET /v1/agents/{agent_id}", http.HandlerFunc(h.serveUnary))
+	unary("POST /v1/requests/{request_id}/cancel", http.HandlerFunc(h.serveUnary))
+	stream("POST /v1/agents/{agent_id}/messages", http.HandlerFunc(h.serveSend))
+}
+
+func (h *REST) serveUnary(w http.ResponseWriter, r *http.Request) {
+	if !checkPathIDs(w, r) {
+		return
+	}
+	watchBody(r)
+	h.mux.ServeHTTP(w, headAsGet(r))
+}
+
+// headAsGet lets a HEAD reach the GET route the server's mux matched it
+// to (grpc-gateway has no HEAD routes); net/http sends no body for it.
+func headAsGet(r *http.Request) *http.Request {
+	if r.Method != http.MethodHead {
+		return r
+	}
+	r = r.Clone(r.Context())
+	r.Method = http.MethodGet
+	return r
+}
+
+// checkPathIDs answers 400 naming the field for an id in the path that
+// its rule refuses, before it reaches marshalling (which fails on invalid
+// UTF-8) or a store. It reports whether the request may go on.
+func checkPathIDs(w http.ResponseWriter, r *http.Request) bool {
+	for name, kind := range pathIDs {
+		if v := r.PathValue(name); v != "" {
+			if err := kind.Check(v); err != nil {
+				writeStatus(w, status.New(codes.InvalidArgument, err.Error()))
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// serveSend streams SendMessage. Its first response, which carries only
+// the request_id, comes as soon as the gateway has queued the message,
+// and goes out at once with the headers, so a caller of a silent agent can
+// cancel. As Server-Sent Events: one "message" event per response, its
+// data the SendMessageResponse as JSON, then "end", or "error" with a
+// google.rpc.Status. As newline-delimited JSON, grpc-gateway's stream
+// form: {"result": response} per line, or {"error": status} last.
+func (h *REST) serveSend(w http.ResponseWriter, r *http.Request) {
+	if !checkPathIDs(w, r) {
+		return
+	}
 	body, err := io.ReadAll(r.Body)
 	if err != nil {
-		writeJSONError(w, http.StatusBadRequest, fmt.Sprintf("reading body: %v", err))
+		if e, ok := errors.AsType[*http.MaxBytesError](err); ok {
+			WriteHTTPError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("request body exceeds %d bytes", e.Limit))
+			return
+		}
+		writeStatus(w, status.New(codes.InvalidArgument, "the request body could not be read"))
 		return
 	}
 	req := &gatewayv1.SendMessageRequest{}
 	if len(body) > 0 {
 		if err := protojson.Unmarshal(body, req); err != nil {
-			writeJSONError(w, http.StatusBadRequest, fmt.Sprintf("body is not a SendMessageRequest: %v", err))
+			writeStatus(w, status.Newf(codes.InvalidArgument, "body is not a SendMessageRequest: %v", err))
 			return
 		}
 	}
-	if agentID != "" {
-		req.AgentId = agentID
-	}
+	req.AgentId = r.PathValue("agent_id")
 	ctx := r.Context()
-	if h := r.Header.Get("Authorization"); h != "" {
-		ctx = metadata.AppendToOutgoingContext(ctx, "authorization", h)
+	if a := r.Header.Get("Authorization"); a != "" {
+		ctx = metadata.AppendToOutgoingContext(ctx, "authorization", a)
 	}
-	stream, err := client.SendMessage(ctx, req)
+	stream, err := h.client.SendMessage(ctx, req)
 	if err != nil {
-		writeStatus(w, err)
+		writeStatus(w, status.Convert(err))
 		return
 	}
-	// The first event or error decides the HTTP status, so an unknown agent
-	// is a 404, not a 200 with an error event.
+	// The first response or error decides the HTTP status, so an unknown
+	// agent is a 404, not a 200 with an error in the stream.
 	first, err := stream.Recv()
 	if err != nil {
-		writeStatus(w, err)
+		writeStatus(w, status.Convert(err))
 		return
 	}
-	w.Header().Set("Content-Type", "text/event-stream")
-	w.Header().Set("Cache-Control", "no-cache")
-	w.Header().Set("X-Accel-Buffering", "no") // nginx: do not buffer the stream
-	w.WriteHeader(http.StatusOK)
+	out := ndjson
+	if strings.Contains(r.Header.Get("Accept"), "text/event-stream") {
+		out = sse
+	}
+	out.start(w)
 	flusher, _ := w.(http.Flusher)
-	for n := 1; ; n++ {
-		data, _ := marshal.Marshal(first)
-		fmt.Fprintf(w, "id: %d\nevent: message\ndata: %s\n\n", n, data)
+	n := 0
+	for msg := first; err == nil; msg, err = stream.Recv() {
+		n++
+		if werr := out.message(w, n, msg); werr != nil {
+			return
+		}
 		if flusher != nil {
 			flusher.Flush()
 		}
-		if first, err = stream.Recv(); err != nil {
-			break
-		}
 	}
 	if errors.Is(err, io.EOF) {
-		fmt.Fprint(w, "event: end\ndata: {}\n\n")
+		out.end(w)
 	} else {
-		st := status.Convert(err)
-		data, _ := json.Marshal(map[string]any{"code": st.Code().String(), "message": st.Message()})
-		fmt.Fprintf(w, "event: error\ndata: %s\n\n", data)
+		out.fail(w, status.Convert(err))
 	}
 	if flusher != nil {
 		flusher.Flush()
 	}
 }
 
-func writeStatus(w http.ResponseWriter, err error) {
-	st := status.Convert(err)
-	writeJSONError(w, runtime.HTTPStatusFromCode(st.Code()), st.Message())
+// streamForm writes one of SendMessage's two stream forms.
+type streamForm struct {
+	contentType string
+	message     func(w io.Writer, n int, m *gatewayv1.SendMessageResponse) error
+	end         func(w io.Writer)
+	fail        func(w io.Writer, st *status.Status)
 }
 
-func writeJSONError(w http.ResponseWriter, code int, msg string) {
+func (f streamForm) start(w http.ResponseWriter) {
+	w.Header().Set("Content-Type", f.contentType)
+	w.Header().Set("Cache-Control", "no-cache")
+	w.Header().Set("X-Accel-Buffering", "no") // nginx: do not buffer the stream
+	w.WriteHeader(http.StatusOK)
+}
+
+var (
+	sse = streamForm{
+		contentType: "text/event-stream",
+		message: func(w io.Writer, n int, m *gatewayv1.SendMessageResponse) error {
+			data, _ := marshal.Marshal(m)
+			_, err := fmt.Fprintf(w, "id: %d\nevent: message\ndata: %s\n\n", n, data)
+			return err
+		},
+		end: func(w io.Writer) { _, _ = fmt.Fprint(w, "event: end\ndata: {}\n\n") },
+		fail: func(w io.Writer, st *status.Status) {
+			_, _ = fmt.Fprintf(w, "event: error\ndata: %s\n\n", statusJSON(st))
+		},
+	}
+	ndjson = streamForm{
+		contentType: "application/json",
+		message: func(w io.Writer, _ int, m *gatewayv1.SendMessageResponse) error {
+			return writeLine(w, "result", m)
+		},
+		end:  func(io.Writer) {},
+		fail: func(w io.Writer, st *status.Status) { _, _ = fmt.Fprintf(w, "{\"error\":%s}\n", statusJSON(st)) },
+	}
+)
+
+// writeLine writes {"<key>": m} and a newline.
+func writeLine(w io.Writer, key string, m proto.Message) error {
+	data, err := marshal.Marshal(m)
+	if err != nil {
+		return err
+	}
+	_, err = fmt.Fprintf(w, "{%q:%s}\n", key, data)
+	return err
+}
+
+// writeStatus answers st as grpc-gateway does: the HTTP status of its
+// code, the google.rpc.Status as JSON.
+func writeStatus(w http.ResponseWriter, st *status.Status) {
+	writeStatusAs(w, runtime.HTTPStatusFromCode(st.Code()), st)
+}
+
+// statusJSON is st as JSON. A message quoting invalid UTF-8 from the
+// request, or a detail that cannot be encoded, would make protojson fail:
+// the code and a valid message still can be.
+func statusJSON(st *status.Status) []byte {
+	data, err := marshal.Marshal(st.Proto())
+	if err != nil {
+		data, _ = marshal.Marshal(status.New(st.Code(), strings.ToValidUTF8(st.Message(), "\uFFFD")).Proto())
+	}
+	return data
+}
+
+func writeStatusAs(w http.ResponseWriter, httpStatus int, st *status.Status) {
+	data := statusJSON(st)
 	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(code)
-	_ = json.NewEncoder(w).Encode(map[string]any{"error": map[string]any{"code": code, "message": msg}})
+	w.Header().Set("X-Content-Type-Options", "nosniff")
+	w.WriteHeader(httpStatus)
+	_, _ = w.Write(append(data, '\n'))
+}
+
+// WriteHTTPError answers, as a google.rpc.Status, the errors the server
+// writes itself (server.WithHTTPErrorWriter): 404 and 405 for what no
+// route takes, 413, 415, 500, 503. The HTTP status stays; the body's code
+// is the gRPC code nearest to it.
+func WriteHTTPError(w http.ResponseWriter, httpStatus int, message string) {
+	writeStatusAs(w, httpStatus, status.New(codeOf(httpStatus), message))
+}
+
+// codeOf is the gRPC code for an HTTP status, the inverse of
+// runtime.HTTPStatusFromCode where it has one.
+func codeOf(httpStatus int) codes.Code {
+	switch httpStatus {
+	case http.StatusBadRequest, http.StatusUnsupportedMediaType:
+		return codes.InvalidArgument
+	case http.StatusUnauthorized:
+		return codes.Unauthenticated
+	case http.StatusForbidden:
+		return codes.PermissionDenied
+	case http.StatusNotFound:
+		return codes.NotFound
+	case http.StatusMethodNotAllowed, http.StatusNotImplemented:
+		// As grpc-gateway's own routing errors say it.
+		return codes.Unimplemented
+	case http.StatusConflict:
+		return codes.Aborted
+	case http.StatusRequestEntityTooLarge, http.StatusTooManyRequests:
+		// As gRPC says a message over its size limit.
+		return codes.ResourceExhausted
+	case http.StatusServiceUnavailable:
+		return codes.Unavailable
+	case http.StatusGatewayTimeout:
+		return codes.DeadlineExceeded
+	}
+	if httpStatus >= 500 {
+		return codes.Internal
+	}
+	return codes.InvalidArgument
+}
+
+// watchedBody notes that reading the request body hit the server's size
+// limit, which grpc-gateway reports only as a 400 carrying the error's text.
+type watchedBody struct {
+	io.ReadCloser
+	tooLarge *http.MaxBytesError
+}
+
+func (b *watchedBody) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	if e, ok := errors.AsType[*http.MaxBytesError](err); ok {
+		b.tooLarge = e
+	}
+	return n, err
+}
+
+func watchBody(r *http.Request) {
+	if r.Body != nil && r.Body != http.NoBody {
+		r.Body = &watchedBody{ReadCloser: r.Body}
+	}
+}
+
+func bodyTooLarge(r *http.Request) (*http.MaxBytesError, bool) {
+	if b, ok := r.Body.(*watchedBody); ok && b.tooLarge != nil {
+		return b.tooLarge, true
+	}
+	return nil, false
 }

@@ -36,6 +36,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/conclave-ai/conclave/pkg/server"
 	"github.com/conclave-ai/conclave/pkg/store"
 	gatewayv1 "github.com/conclave-ai/conclave/proto/conclave/gateway/v1"
 )
@@ -242,7 +243,7 @@ func (r *Registry) claim(ctx context.Context, a *gatewayv1.Agent, self, epoch st
 	case errors.Is(err, store.ErrConditionFailed):
 		return status.Errorf(codes.AlreadyExists, "agent %q is already connected", a.GetAgentId())
 	case err != nil:
-		return status.Errorf(codes.Unavailable, "registering agent %q: %v", a.GetAgentId(), err)
+		return storeUnavailable(fmt.Errorf("registering agent %q: %w", a.GetAgentId(), err))
 	}
 	return nil
 }
@@ -295,7 +296,7 @@ func (r *Registry) Locate(ctx context.Context, agentID string) (*gatewayv1.Agent
 		return nil, "", status.Errorf(codes.NotFound, "agent %q is not connected", agentID)
 	}
 	if err != nil {
-		return nil, "", status.Errorf(codes.Unavailable, "reading agent %q: %v", agentID, err)
+		return nil, "", storeUnavailable(fmt.Errorf("reading agent %q: %w", agentID, err))
 	}
 	a, err := decode(it)
 	if err != nil {
@@ -310,14 +311,14 @@ func (r *Registry) Locate(ctx context.Context, agentID string) (*gatewayv1.Agent
 func (r *Registry) List(ctx context.Context, limit int, cursor string) ([]*gatewayv1.Agent, string, error) {
 	page, err := r.store.Query(ctx, Table.Name, store.Query{PK: agentsPartition, Limit: limit, Cursor: cursor})
 	if errors.Is(err, store.ErrInvalid) {
-		return nil, "", status.Errorf(codes.InvalidArgument, "page_token: %v", err)
+		return nil, "", status.Error(codes.InvalidArgument, "page_token is not one this gateway issued")
 	}
 	if err != nil {
-		return nil, "", status.Errorf(codes.Unavailable, "listing agents: %v", err)
+		return nil, "", storeUnavailable(fmt.Errorf("listing agents: %w", err))
 	}
 	leases, err := r.leases(ctx)
 	if err != nil {
-		return nil, "", status.Errorf(codes.Unavailable, "listing gateway replicas: %v", err)
+		return nil, "", storeUnavailable(fmt.Errorf("listing gateway replicas: %w", err))
 	}
 	out := make([]*gatewayv1.Agent, 0, len(page.Items))
 	for _, it := range page.Items {
@@ -370,7 +371,7 @@ func (r *Registry) Sweep(ctx context.Context) (int, error) {
 func decode(it store.Item) (*gatewayv1.Agent, error) {
 	a := &gatewayv1.Agent{}
 	if err := proto.Unmarshal(it.Data, a); err != nil {
-		return nil, status.Errorf(codes.Internal, "registry entry %q is corrupt: %v", it.SK, err)
+		return nil, server.Hide(status.New(codes.Internal, "internal error"), fmt.Errorf("registry entry %q is corrupt: %w", it.SK, err))
 	}
 	return a, nil
 }
@@ -383,7 +384,7 @@ func (r *Registry) ReplicaAddr(ctx context.Context, serverID string) (string, er
 		return "", status.Errorf(codes.Unavailable, "gateway replica %q is gone", serverID)
 	}
 	if err != nil {
-		return "", status.Errorf(codes.Unavailable, "looking up gateway replica %q: %v", serverID, err)
+		return "", storeUnavailable(fmt.Errorf("looking up gateway replica %q: %w", serverID, err))
 	}
 	return it.Attrs["addr"], nil
 }
@@ -507,7 +508,7 @@ func (p *Replica) Claim(ctx context.Context, a *gatewayv1.Agent) error {
 			if errors.Is(err, store.ErrConditionFailed) {
 				return status.Errorf(codes.AlreadyExists, "agent %q is already connected", a.GetAgentId())
 			}
-			return status.Errorf(codes.Unavailable, "registering agent %q: %v", a.GetAgentId(), err)
+			return storeUnavailable(fmt.Errorf("registering agent %q: %w", a.GetAgentId(), err))
 		}
 	}
 }
@@ -630,7 +631,8 @@ func (p *Replica) step(ctx context.Context) (time.Duration, bool) {
 	}
 	p.opts.Observe("failed", took)
 	p.mu.Lock()
-	p.trouble = status.Errorf(codes.Unavailable, "gateway %s cannot renew its lease in the store (%v); retry, or connect to another replica", p.id, err)
+	// The store's error is logged below, not told to the agents refused.
+	p.trouble = status.Errorf(codes.Unavailable, "gateway %s cannot renew its lease in the store; retry, or connect to another replica", p.id)
 	p.mu.Unlock()
 	p.opts.Logger.WarnContext(ctx, "could not renew this replica's lease; retrying", "error", err, "valid_for", validUntil.Sub(p.reg.now()))
 	return 0, false
@@ -660,7 +662,7 @@ func (p *Replica) establish(ctx context.Context, start time.Time) (time.Duration
 			return 0, true
 		}
 		p.opts.Observe("failed", took)
-		reason := fmt.Sprintf("cannot take its lease in the store (%v)", err)
+		reason := "cannot take its lease in the store" // its error is logged below
 		if errors.Is(err, store.ErrConditionFailed) {
 			reason = "finds another live lease under its server ID: a previous run that has not expired yet (it will within the lease), or a second replica with the same CONCLAVE_GATEWAY_SERVER_ID"
 		}
@@ -729,4 +731,11 @@ func (p *Replica) Withdraw(ctx context.Context) error {
 		return nil
 	}
 	return err
+}
+
+// storeUnavailable is the status of a store call that failed: the client
+// is told to retry, the log (through server.Hide) gets the store's error,
+// which may name keys or the caller's input.
+func storeUnavailable(cause error) error {
+	return server.Hide(status.New(codes.Unavailable, "the gateway's store is unavailable; retry"), cause)
 }

@@ -14,7 +14,6 @@ import (
 	"slices"
 	"strings"
 	"time"
-	"unicode/utf8"
 
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
@@ -22,6 +21,8 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/conclave-ai/conclave/pkg/ids"
+	"github.com/conclave-ai/conclave/pkg/server"
 	runnerv1 "github.com/conclave-ai/conclave/proto/conclave/runner/v1"
 	"github.com/conclave-ai/conclave/services/runner/internal/acp"
 	"github.com/conclave-ai/conclave/services/runner/internal/agenttype"
@@ -74,6 +75,13 @@ const (
 	// CodeUnavailable (503): the instance's runner cannot be reached now;
 	// the same request succeeds once its launch has moved on.
 	CodeUnavailable = "unavailable"
+	// The request itself, beyond the seed's common codes: a wrong method
+	// (405), a body over the limit (413) or not JSON (415), too many
+	// requests (429).
+	CodeMethodNotAllowed     = "method_not_allowed"
+	CodePayloadTooLarge      = "payload_too_large"
+	CodeUnsupportedMediaType = "unsupported_media_type"
+	CodeRateLimited          = "rate_limited"
 )
 
 // apiError is a gRPC status with seed 002's code and details.
@@ -97,8 +105,10 @@ func notFound(what string) error {
 	return apiError(codes.NotFound, CodeNotFound, what+" not found", "")
 }
 
+// internal is an error the client is told nothing more of: its cause (a
+// store's error may name keys or the caller's input) goes to the log.
 func internal(err error) error {
-	return apiError(codes.Internal, CodeInternal, "internal error", err.Error())
+	return server.Hide(status.Convert(apiError(codes.Internal, CodeInternal, "internal error", "")), err)
 }
 
 func fromRecords(err error, what string) error {
@@ -132,17 +142,31 @@ func newID() string {
 	return h[:8] + "-" + h[8:12] + "-" + h[12:16] + "-" + h[16:20] + "-" + h[20:]
 }
 
-func (s *Server) validateID(what, id string) error {
-	if id == "" || len(id) > 128 || !utf8.ValidString(id) || strings.ContainsAny(id, "#/\x00") {
-		return validation(what+" is missing or malformed", fmt.Sprintf("%s must be 1-128 characters without '#' or '/'", what))
+// agentTypeFilter bounds ListAgents' agent_type, a segment of the
+// listing's store keys, as ids are.
+var agentTypeFilter = ids.Kind{Field: "agent_type", MaxBytes: ids.MaxBytes, Forbidden: "/#"}
+
+// checkID applies kind's rule (pkg/ids): a refused id is a
+// validation_error naming the field, before any store call.
+func checkID(kind ids.Kind, id string) error {
+	if err := kind.Check(id); err != nil {
+		return validation(err.Error(), fmt.Sprintf("%s is 1 to %d bytes of UTF-8, without spaces, control or format characters, %s", kind.Field, kind.MaxBytes, quoteAll(kind.Forbidden)))
 	}
 	return nil
+}
+
+func quoteAll(chars string) string {
+	q := make([]string, 0, len(chars))
+	for _, c := range chars {
+		q = append(q, fmt.Sprintf("%q", c))
+	}
+	return strings.Join(q, " or ")
 }
 
 // LaunchAgent validates the launch, writes the instance and its task, and
 // queues it; a worker starts it. An invalid launch creates nothing.
 func (s *Server) LaunchAgent(ctx context.Context, req *runnerv1.LaunchAgentRequest) (*runnerv1.LaunchAgentResponse, error) {
-	if err := s.validateID("task_id", req.GetTaskId()); err != nil {
+	if err := checkID(ids.TaskID, req.GetTaskId()); err != nil {
 		return nil, err
 	}
 	typ, ok := s.registry.Get(req.GetAgentType())
@@ -253,7 +277,7 @@ func instanceProto(in *records.Instance) *runnerv1.AgentInstance {
 }
 
 func (s *Server) PromptAgent(ctx context.Context, req *runnerv1.PromptAgentRequest) (*runnerv1.PromptAgentResponse, error) {
-	if err := s.validateID("instance_id", req.GetInstanceId()); err != nil {
+	if err := checkID(ids.InstanceID, req.GetInstanceId()); err != nil {
 		return nil, err
 	}
 	switch msg := req.GetMessage(); {
@@ -281,7 +305,7 @@ func (s *Server) PromptAgent(ctx context.Context, req *runnerv1.PromptAgentReque
 }
 
 func (s *Server) CancelAgent(ctx context.Context, req *runnerv1.CancelAgentRequest) (*runnerv1.CancelAgentResponse, error) {
-	if err := s.validateID("instance_id", req.GetInstanceId()); err != nil {
+	if err := checkID(ids.InstanceID, req.GetInstanceId()); err != nil {
 		return nil, err
 	}
 	if len(req.GetReason()) > 4096 {
@@ -298,7 +322,7 @@ func (s *Server) CancelAgent(ctx context.Context, req *runnerv1.CancelAgentReque
 }
 
 func (s *Server) GetAgentStatus(ctx context.Context, req *runnerv1.GetAgentStatusRequest) (*runnerv1.GetAgentStatusResponse, error) {
-	if err := s.validateID("instance_id", req.GetInstanceId()); err != nil {
+	if err := checkID(ids.InstanceID, req.GetInstanceId()); err != nil {
 		return nil, err
 	}
 	in, err := s.rec.Instance(ctx, req.GetInstanceId())
@@ -329,7 +353,7 @@ func logProto(l records.LogLine) *runnerv1.LogLine {
 }
 
 func (s *Server) GetAgentLogs(ctx context.Context, req *runnerv1.GetAgentLogsRequest) (*runnerv1.GetAgentLogsResponse, error) {
-	if err := s.validateID("instance_id", req.GetInstanceId()); err != nil {
+	if err := checkID(ids.InstanceID, req.GetInstanceId()); err != nil {
 		return nil, err
 	}
 	if req.GetFollow() {
@@ -354,7 +378,7 @@ func (s *Server) GetAgentLogs(ctx context.Context, req *runnerv1.GetAgentLogsReq
 }
 
 func (s *Server) GetAgentSession(ctx context.Context, req *runnerv1.GetAgentSessionRequest) (*runnerv1.GetAgentSessionResponse, error) {
-	if err := s.validateID("instance_id", req.GetInstanceId()); err != nil {
+	if err := checkID(ids.InstanceID, req.GetInstanceId()); err != nil {
 		return nil, err
 	}
 	in, err := s.rec.Instance(ctx, req.GetInstanceId())
@@ -365,7 +389,7 @@ func (s *Server) GetAgentSession(ctx context.Context, req *runnerv1.GetAgentSess
 }
 
 func (s *Server) GetTask(ctx context.Context, req *runnerv1.GetTaskRequest) (*runnerv1.GetTaskResponse, error) {
-	if err := s.validateID("task_id", req.GetTaskId()); err != nil {
+	if err := checkID(ids.TaskID, req.GetTaskId()); err != nil {
 		return nil, err
 	}
 	t, err := s.rec.Task(ctx, req.GetTaskId())
@@ -391,7 +415,7 @@ func (s *Server) GetTask(ctx context.Context, req *runnerv1.GetTaskRequest) (*ru
 }
 
 func (s *Server) DeleteAgent(ctx context.Context, req *runnerv1.DeleteAgentRequest) (*runnerv1.DeleteAgentResponse, error) {
-	if err := s.validateID("instance_id", req.GetInstanceId()); err != nil {
+	if err := checkID(ids.InstanceID, req.GetInstanceId()); err != nil {
 		return nil, err
 	}
 	if !forwarded(ctx) {
@@ -478,7 +502,7 @@ func (s *Server) ListAgents(ctx context.Context, req *runnerv1.ListAgentsRequest
 		return nil, validation(fmt.Sprintf("unknown status %q", st), "one of "+strings.Join(listStatuses, ", "))
 	}
 	if t := req.GetAgentType(); t != "" {
-		if err := s.validateID("agent_type", t); err != nil {
+		if err := checkID(agentTypeFilter, t); err != nil {
 			return nil, err
 		}
 	}

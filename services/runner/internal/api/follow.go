@@ -7,6 +7,7 @@ import (
 
 	"google.golang.org/grpc/codes"
 
+	"github.com/conclave-ai/conclave/pkg/ids"
 	runnerv1 "github.com/conclave-ai/conclave/proto/conclave/runner/v1"
 	"github.com/conclave-ai/conclave/services/runner/internal/records"
 )
@@ -25,7 +26,7 @@ const followChunks = 100
 // store, read every followPoll.
 func (s *Server) FollowAgentLogs(req *runnerv1.FollowAgentLogsRequest, stream runnerv1.RunnerService_FollowAgentLogsServer) error {
 	ctx := stream.Context()
-	if err := s.validateID("instance_id", req.GetInstanceId()); err != nil {
+	if err := checkID(ids.InstanceID, req.GetInstanceId()); err != nil {
 		return err
 	}
 	n, err := s.tail(req.GetTail())

@@ -10,6 +10,7 @@ import (
 	"mime"
 	"net/http"
 	"strconv"
+	"strings"
 
 	"github.com/grpc-ecosystem/grpc-gateway/v2/runtime"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
@@ -19,6 +20,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protojson"
 
+	"github.com/conclave-ai/conclave/pkg/ids"
 	runnerv1 "github.com/conclave-ai/conclave/proto/conclave/runner/v1"
 )
 
@@ -115,16 +117,26 @@ func writeBody(w http.ResponseWriter, body ErrorBody) {
 }
 
 // WriteHTTPError answers, in seed 002's body, the errors pkg/server writes
-// itself (server.WithHTTPErrorWriter): 413 for a body over the limit is a
-// validation_error (the request breaks a stated limit, like an oversized
-// env), a recovered panic an internal_error.
+// itself (server.WithHTTPErrorWriter) and the REST mux's own: 404 for a
+// path no route has, 405 (with Allow) for a wrong method, 413 for a body
+// over the limit, 415 for a body that is not JSON, 500 for a recovered
+// panic, 503 while draining. Each status has its own code; the seed lists
+// its common ones and leaves room for more.
 func WriteHTTPError(w http.ResponseWriter, status int, message string) {
 	body := ErrorBody{Error: CodeBadRequest, Message: message, HTTPStatus: status}
 	switch {
-	case status == http.StatusRequestEntityTooLarge:
-		body.Error, body.Details = CodeValidation, "send a smaller request body"
 	case status == http.StatusNotFound:
 		body.Error = CodeNotFound
+	case status == http.StatusMethodNotAllowed:
+		body.Error = CodeMethodNotAllowed
+	case status == http.StatusRequestEntityTooLarge:
+		body.Error, body.Details = CodePayloadTooLarge, "send a smaller request body"
+	case status == http.StatusUnsupportedMediaType:
+		body.Error, body.Details = CodeUnsupportedMediaType, "send application/json"
+	case status == http.StatusTooManyRequests:
+		body.Error = CodeRateLimited
+	case status == http.StatusServiceUnavailable:
+		body.Error = CodeUnavailable
 	case status >= 500:
 		body.Error = CodeInternal
 	}
@@ -164,13 +176,19 @@ func jsonBody(r *http.Request) bool {
 	return err == nil && mediaType == "application/json"
 }
 
-// NewREST serves the API as REST through grpc-gateway over conn (the
-// runner's own gRPC listener, so REST passes the same authentication and
-// tracing), with seed 002's error bodies for every error (a body over the
-// server's limit, a Content-Type other than JSON, malformed JSON, an unknown
-// path, a wrong method), and logs?follow=true as newline-delimited JSON
-// LogLines.
-func NewREST(ctx context.Context, conn grpc.ClientConnInterface) (http.Handler, error) {
+// REST is the API as REST, through grpc-gateway over a connection to the
+// runner's own gRPC listener, so that REST passes the same authentication
+// and tracing, with seed 002's error bodies for every error (a body over
+// the server's limit, a Content-Type other than JSON, malformed JSON, a
+// bad id in the path, an unknown path, a wrong method), and
+// logs?follow=true as newline-delimited JSON LogLines.
+type REST struct {
+	mux    *runtime.ServeMux
+	client runnerv1.RunnerServiceClient
+}
+
+// NewREST builds the REST API over conn.
+func NewREST(ctx context.Context, conn grpc.ClientConnInterface) (*REST, error) {
 	mux := runtime.NewServeMux(
 		runtime.WithMarshalerOption(runtime.MIMEWildcard, &runtime.JSONPb{MarshalOptions: marshal}),
 		runtime.WithErrorHandler(func(_ context.Context, _ *runtime.ServeMux, _ runtime.Marshaler, w http.ResponseWriter, r *http.Request, err error) {
@@ -180,45 +198,85 @@ func NewREST(ctx context.Context, conn grpc.ClientConnInterface) (http.Handler, 
 			}
 			writeError(w, err)
 		}),
-		runtime.WithRoutingErrorHandler(func(_ context.Context, _ *runtime.ServeMux, _ runtime.Marshaler, w http.ResponseWriter, r *http.Request, code int) {
-			body := ErrorBody{Error: CodeNotFound, Message: "no such endpoint: " + r.Method + " " + r.URL.Path, HTTPStatus: http.StatusNotFound}
-			switch code {
-			case http.StatusMethodNotAllowed:
-				body = ErrorBody{Error: CodeBadRequest, Message: "method " + r.Method + " is not allowed on " + r.URL.Path, HTTPStatus: code}
-			case http.StatusBadRequest:
-				body = ErrorBody{Error: CodeBadRequest, Message: "malformed request", HTTPStatus: code}
+		// Routes reach grpc-gateway only through the server's mux, which
+		// answers unknown paths and methods itself; this is a backstop.
+		runtime.WithRoutingErrorHandler(func(_ context.Context, _ *runtime.ServeMux, _ runtime.Marshaler, w http.ResponseWriter, _ *http.Request, code int) {
+			if code == http.StatusBadRequest {
+				WriteHTTPError(w, code, "malformed request")
+				return
 			}
-			writeBody(w, body)
+			WriteHTTPError(w, code, strings.ToLower(http.StatusText(code)))
 		}),
 	)
 	client := runnerv1.NewRunnerServiceClient(conn)
 	if err := runnerv1.RegisterRunnerServiceHandlerClient(ctx, mux, client); err != nil {
 		return nil, fmt.Errorf("registering REST routes: %w", err)
 	}
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.Method == http.MethodGet && r.URL.Query().Get("follow") == "true" && r.PathValue("instance_id") != "" {
-			serveFollow(w, r, client)
-			return
-		}
-		switch r.Method {
-		case http.MethodPost, http.MethodPut, http.MethodPatch:
-			if !jsonBody(r) {
-				writeBody(w, ErrorBody{Error: CodeBadRequest, HTTPStatus: http.StatusUnsupportedMediaType,
-					Message: fmt.Sprintf("Content-Type %q is not supported", r.Header.Get("Content-Type")), Details: "send application/json"})
+	return &REST{mux: mux, client: client}, nil
+}
+
+// Routes registers seed 002's paths on the server's mux: unary for the
+// bounded calls, stream for the logs (which may follow). The server's mux
+// routes them, so an unknown path or a wrong method is answered (404, 405
+// with Allow) through WriteHTTPError.
+func (h *REST) Routes(unary, stream func(pattern string, h http.Handler)) {
+	for _, p := range []string{
+		"POST /api/v1/agents/launch",
+		"GET /api/v1/agents",
+		"POST /api/v1/agents/{instance_id}/prompt",
+		"POST /api/v1/agents/{instance_id}/cancel",
+		"GET /api/v1/agents/{instance_id}/status",
+		"GET /api/v1/agents/{instance_id}/session",
+		"DELETE /api/v1/agents/{instance_id}",
+		"GET /api/v1/tasks/{task_id}",
+		"GET /api/v1/agent-types",
+	} {
+		unary(p, h)
+	}
+	stream(FollowPattern, h)
+}
+
+// pathIDs are the path parameters that carry ids, with their rule.
+var pathIDs = map[string]ids.Kind{"instance_id": ids.InstanceID, "task_id": ids.TaskID}
+
+func (h *REST) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	// Ids in the path are checked before they reach marshalling, which
+	// fails on invalid UTF-8, or the store.
+	for name, kind := range pathIDs {
+		if v := r.PathValue(name); v != "" {
+			if err := checkID(kind, v); err != nil {
+				writeError(w, err)
 				return
 			}
 		}
-		if r.Body != nil && r.Body != http.NoBody {
-			r.Body = &watchedBody{ReadCloser: r.Body}
-		}
-		if r.Method == http.MethodPost && r.URL.Path == "/api/v1/agents/launch" {
-			cut := &seedLaunchBody{ResponseWriter: w}
-			mux.ServeHTTP(cut, r)
-			cut.finish()
+	}
+	if r.Method == http.MethodGet && r.URL.Query().Get("follow") == "true" && r.PathValue("instance_id") != "" {
+		serveFollow(w, r, h.client)
+		return
+	}
+	switch r.Method {
+	case http.MethodPost, http.MethodPut, http.MethodPatch:
+		if !jsonBody(r) {
+			WriteHTTPError(w, http.StatusUnsupportedMediaType, fmt.Sprintf("Content-Type %q is not supported", r.Header.Get("Content-Type")))
 			return
 		}
-		mux.ServeHTTP(w, r)
-	}), nil
+	}
+	if r.Body != nil && r.Body != http.NoBody {
+		r.Body = &watchedBody{ReadCloser: r.Body}
+	}
+	if r.Method == http.MethodPost && r.URL.Path == "/api/v1/agents/launch" {
+		cut := &seedLaunchBody{ResponseWriter: w}
+		h.mux.ServeHTTP(cut, r)
+		cut.finish()
+		return
+	}
+	if r.Method == http.MethodHead {
+		// The server's mux matched a GET route; grpc-gateway has no HEAD
+		// routes, and net/http sends no body for it.
+		r = r.Clone(r.Context())
+		r.Method = http.MethodGet
+	}
+	h.mux.ServeHTTP(w, r)
 }
 
 // FollowPattern is the route serveFollow needs, for the HTTP mux.
