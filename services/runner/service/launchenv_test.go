@@ -18,7 +18,7 @@ const hookLaunchEnv = "[B*, L*, N*, P*, CALLER_*]"
 
 // writeHookTypes adds the agent types of TestLaunchEnvHooks to b: agents
 // a hook variable would make run code, in both protocols.
-func writeHookTypes(t *testing.T, b *strings.Builder, node, npmExample string) {
+func writeHookTypes(t testing.TB, b *strings.Builder, node, npmExample string) {
 	t.Helper()
 	dir := t.TempDir()
 	write := func(name, content string) string {
