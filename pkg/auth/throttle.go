@@ -123,8 +123,11 @@ func (th *Throttle) refill(b *budget, now time.Time) {
 }
 
 // Wait returns how long the address remote must wait before it may try a
-// token again: zero when it may now.
+// token again: zero when it may now. A nil Throttle throttles nothing.
 func (th *Throttle) Wait(remote string) time.Duration {
+	if th == nil {
+		return 0
+	}
 	key, ok := addrKey(remote)
 	if !ok {
 		return 0
@@ -145,6 +148,9 @@ func (th *Throttle) Wait(remote string) time.Duration {
 
 // Fail counts one wrong token from the address remote.
 func (th *Throttle) Fail(remote string) {
+	if th == nil {
+		return
+	}
 	key, ok := addrKey(remote)
 	if !ok {
 		return
@@ -187,28 +193,34 @@ func RetryAfter(wait time.Duration) string {
 // ThrottledMessage is what a throttled request is told.
 const ThrottledMessage = "too many wrong tokens from this address; retry later"
 
+// Refused is the check of one request that presents a token, from the
+// address remote: how long it must wait, counted as a throttled request
+// when it must (a positive wait), or zero when it may go on.
+func (th *Throttle) Refused(ctx context.Context, remote string) time.Duration {
+	if th == nil {
+		return 0
+	}
+	wait := th.Wait(remote)
+	if wait > 0 {
+		th.throttled(ctx)
+	}
+	return wait
+}
+
 // HTTP is the check of one HTTP request that presents a token: when its
 // address is throttled it sets Retry-After, counts the refusal and
 // returns false, and the caller answers 429 in its own error shape.
 func (th *Throttle) HTTP(w http.ResponseWriter, r *http.Request) bool {
-	if th == nil {
-		return true
-	}
-	wait := th.Wait(r.RemoteAddr)
+	wait := th.Refused(r.Context(), r.RemoteAddr)
 	if wait <= 0 {
 		return true
 	}
 	w.Header().Set("Retry-After", RetryAfter(wait))
-	th.throttled(r.Context())
 	return false
 }
 
 // FailHTTP counts the wrong token r presented.
-func (th *Throttle) FailHTTP(r *http.Request) {
-	if th != nil {
-		th.Fail(r.RemoteAddr)
-	}
-}
+func (th *Throttle) FailHTTP(r *http.Request) { th.Fail(r.RemoteAddr) }
 
 // peerAddr is the remote address of a gRPC call, or "".
 func peerAddr(ctx context.Context) string {
@@ -230,8 +242,7 @@ func (th *Throttle) GRPC(ctx context.Context, check func(context.Context) error)
 	_, presented := FromIncomingContext(ctx)
 	addr := peerAddr(ctx)
 	if presented {
-		if wait := th.Wait(addr); wait > 0 {
-			th.throttled(ctx)
+		if wait := th.Refused(ctx, addr); wait > 0 {
 			_ = grpc.SetTrailer(ctx, metadata.Pairs("retry-after", RetryAfter(wait)))
 			st, _ := status.New(codes.ResourceExhausted, ThrottledMessage).
 				WithDetails(&errdetails.RetryInfo{RetryDelay: durationpb.New(wait)})

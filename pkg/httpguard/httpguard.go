@@ -158,3 +158,14 @@ func LoopbackAddr(addr string) bool {
 	ip, err := netip.ParseAddr(host)
 	return err == nil && ip.Unmap().IsLoopback()
 }
+
+// CheckListen is the configuration check of a listener that runs without
+// authentication: nil when addr (the setting env) is empty or binds
+// loopback only, else an error naming env and the setting, allowing, that
+// makes it unauthenticated.
+func CheckListen(env, addr, allowing string) error {
+	if addr == "" || LoopbackAddr(addr) {
+		return nil
+	}
+	return fmt.Errorf("%s: %q listens beyond loopback, and %s=true serves it without authentication; bind 127.0.0.1, [::1] or localhost, or configure tokens", env, addr, allowing)
+}
