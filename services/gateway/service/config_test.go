@@ -33,6 +33,12 @@ func TestClientLimitSettings(t *testing.T) {
 		{name: "zero burst", env: map[string]string{"CONCLAVE_GATEWAY_CLIENT_BURST": "0"}, wantErr: "CONCLAVE_GATEWAY_CLIENT_BURST: "},
 		{name: "negative streams", env: map[string]string{"CONCLAVE_GATEWAY_CLIENT_STREAMS": "-1"}, wantErr: "CONCLAVE_GATEWAY_CLIENT_STREAMS: "},
 		{name: "zero TTL", env: map[string]string{"CONCLAVE_GATEWAY_IDEMPOTENCY_TTL": "0s"}, wantErr: "CONCLAVE_GATEWAY_IDEMPOTENCY_TTL: "},
+		// The standalone gateway once accepted CONCLAVE_GATEWAY_CLIENT_TOKENS=a.
+		{name: "one-character client token", env: map[string]string{"CONCLAVE_GATEWAY_CLIENT_TOKENS": "a"}, wantErr: "CONCLAVE_GATEWAY_CLIENT_TOKENS: "},
+		{name: "15-character client token", env: map[string]string{"CONCLAVE_GATEWAY_CLIENT_TOKENS": token + ",fifteen-chars-x"}, wantErr: "CONCLAVE_GATEWAY_CLIENT_TOKENS: "},
+		{name: "15-character agent token", env: map[string]string{"CONCLAVE_GATEWAY_AGENT_TOKENS": "agent-1=fifteen-chars-x"}, wantErr: "CONCLAVE_GATEWAY_AGENT_TOKENS: "},
+		{name: "16-character agent token", env: map[string]string{"CONCLAVE_GATEWAY_AGENT_TOKENS": "agent-1=sixteen-chars-xy"},
+			check: func(c service.Config) bool { return len(c.AgentTokens) == 1 }},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

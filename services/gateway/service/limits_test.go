@@ -25,7 +25,7 @@ import (
 )
 
 // otherToken is a second client's token on gateways startTuned runs.
-const otherToken = "other-token"
+const otherToken = "other-token-0123456789"
 
 // startTuned runs a real gateway replica named id on st, like startReplica,
 // with two client tokens (token and otherToken) and cfg adjusted by tune.

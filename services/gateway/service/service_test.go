@@ -25,7 +25,7 @@ import (
 	"github.com/conclave-ai/conclave/services/gateway/service"
 )
 
-const token = "test-token"
+const token = "test-token-0123456789"
 
 // startGateway runs a real gateway on loopback ports, on its own store, and
 // returns its gRPC connection and HTTP base URL.

@@ -11,12 +11,23 @@ import (
 
 	"github.com/grpc-ecosystem/grpc-gateway/v2/runtime"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protojson"
 
+	"github.com/conclave-ai/conclave/pkg/auth"
 	gatewayv1 "github.com/conclave-ai/conclave/proto/conclave/gateway/v1"
 )
+
+// RESTAuth is what REST checks itself before a request reaches the gRPC
+// listener: the client tokens, and the throttle of wrong ones. It has to:
+// REST reaches gRPC from this process's own address, so only here is the
+// caller's address known.
+type RESTAuth struct {
+	Tokens   *auth.Tokens
+	Throttle *auth.Throttle
+}
 
 // marshal is the REST JSON: the proto field names, snake_case as the seeds
 // write them.
@@ -26,7 +37,12 @@ var marshal = protojson.MarshalOptions{UseProtoNames: true}
 // connection to this gateway's own gRPC listener, so REST requests pass the
 // same interceptors as gRPC ones), and SendMessage also as Server-Sent Events
 // for clients that ask for text/event-stream.
-func NewREST(ctx context.Context, conn grpc.ClientConnInterface) (http.Handler, error) {
+//
+// With check (a server with client tokens), a request that presents a
+// bearer token is checked here first: a wrong one is answered 401 and
+// counted against the caller's address, and an address that presented too
+// many is answered 429 with Retry-After.
+func NewREST(ctx context.Context, conn grpc.ClientConnInterface, check *RESTAuth) (http.Handler, error) {
 	mux := runtime.NewServeMux(runtime.WithMarshalerOption(runtime.MIMEWildcard, &runtime.JSONPb{
 		MarshalOptions:   marshal,
 		UnmarshalOptions: protojson.UnmarshalOptions{DiscardUnknown: false},
@@ -36,12 +52,37 @@ func NewREST(ctx context.Context, conn grpc.ClientConnInterface) (http.Handler, 
 		return nil, fmt.Errorf("registering REST routes: %w", err)
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if check != nil {
+			if err := check.check(w, r); err != nil {
+				_, out := runtime.MarshalerForRequest(mux, r)
+				runtime.HTTPError(r.Context(), mux, out, w, r, err)
+				return
+			}
+		}
 		if r.Method == http.MethodPost && strings.Contains(r.Header.Get("Accept"), "text/event-stream") {
 			serveSSE(w, r, client)
 			return
 		}
 		mux.ServeHTTP(w, r)
 	}), nil
+}
+
+// check returns the status a request with a wrong or throttled bearer
+// token gets, or nil. A request without one goes on, for the gRPC
+// listener to refuse as it refuses any call without a token.
+func (a *RESTAuth) check(w http.ResponseWriter, r *http.Request) error {
+	token, ok := auth.Bearer(r.Header.Get("Authorization"))
+	if !ok {
+		return nil
+	}
+	if !a.Throttle.HTTP(w, r) {
+		return status.Error(codes.ResourceExhausted, auth.ThrottledMessage)
+	}
+	if !a.Tokens.Valid(token) {
+		a.Throttle.FailHTTP(r)
+		return status.Error(codes.Unauthenticated, "invalid bearer token")
+	}
+	return nil
 }
 
 // serveSSE streams SendMessage as Server-Sent Events: one "message" event
