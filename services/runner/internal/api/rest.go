@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"mime"
 	"net/http"
 	"strconv"
 
@@ -19,6 +18,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protojson"
 
+	"github.com/conclave-ai/conclave/pkg/auth"
 	runnerv1 "github.com/conclave-ai/conclave/proto/conclave/runner/v1"
 )
 
@@ -123,6 +123,12 @@ func WriteHTTPError(w http.ResponseWriter, status int, message string) {
 	switch {
 	case status == http.StatusRequestEntityTooLarge:
 		body.Error, body.Details = CodeValidation, "send a smaller request body"
+	case status == http.StatusUnsupportedMediaType:
+		body.Details = "send application/json"
+	case status == http.StatusForbidden:
+		body.Error = "forbidden"
+	case status == http.StatusTooManyRequests:
+		body.Error = "rate_limited"
 	case status == http.StatusNotFound:
 		body.Error = CodeNotFound
 	case status >= 500:
@@ -153,24 +159,43 @@ func bodyTooLarge(r *http.Request) (*http.MaxBytesError, bool) {
 	return nil, false
 }
 
-// jsonBody reports whether a request's body, if it has one, is declared as
-// JSON. A body without a Content-Type is taken as JSON.
-func jsonBody(r *http.Request) bool {
-	ct := r.Header.Get("Content-Type")
-	if r.ContentLength == 0 || ct == "" {
-		return true
+// RESTAuth is what REST checks itself before a request reaches the gRPC
+// listener: the client tokens, and the throttle of wrong ones. It has to:
+// REST reaches gRPC from this process's own address, so only here is the
+// caller's address known.
+type RESTAuth struct {
+	Tokens   *auth.Tokens
+	Throttle *auth.Throttle
+}
+
+// check returns the status a request with a wrong or throttled bearer
+// token gets, or nil. A request without one goes on, for the gRPC
+// listener to refuse as it refuses any call without a token.
+func (a *RESTAuth) check(w http.ResponseWriter, r *http.Request) error {
+	token, ok := auth.Bearer(r.Header.Get("Authorization"))
+	if !ok {
+		return nil
 	}
-	mediaType, _, err := mime.ParseMediaType(ct)
-	return err == nil && mediaType == "application/json"
+	if !a.Throttle.HTTP(w, r) {
+		return apiError(codes.ResourceExhausted, "rate_limited", auth.ThrottledMessage, "wait for Retry-After, then send a right token")
+	}
+	if !a.Tokens.Valid(token) {
+		a.Throttle.FailHTTP(r)
+		return status.Error(codes.Unauthenticated, "invalid bearer token")
+	}
+	return nil
 }
 
 // NewREST serves the API as REST through grpc-gateway over conn (the
 // runner's own gRPC listener, so REST passes the same authentication and
 // tracing), with seed 002's error bodies for every error (a body over the
-// server's limit, a Content-Type other than JSON, malformed JSON, an unknown
-// path, a wrong method), and logs?follow=true as newline-delimited JSON
-// LogLines.
-func NewREST(ctx context.Context, conn grpc.ClientConnInterface) (http.Handler, error) {
+// server's limit, malformed JSON, an unknown path, a wrong method), and
+// logs?follow=true as newline-delimited JSON LogLines. A Content-Type other
+// than JSON is refused by pkg/server's content-type rule before, in
+// WriteHTTPError's body. With check (a runner with client tokens), a
+// request that presents a wrong bearer token is refused here, 401, and
+// counted against its address, which gets 429 once it presented too many.
+func NewREST(ctx context.Context, conn grpc.ClientConnInterface, check *RESTAuth) (http.Handler, error) {
 	mux := runtime.NewServeMux(
 		runtime.WithMarshalerOption(runtime.MIMEWildcard, &runtime.JSONPb{MarshalOptions: marshal}),
 		runtime.WithErrorHandler(func(_ context.Context, _ *runtime.ServeMux, _ runtime.Marshaler, w http.ResponseWriter, r *http.Request, err error) {
@@ -200,11 +225,9 @@ func NewREST(ctx context.Context, conn grpc.ClientConnInterface) (http.Handler, 
 			serveFollow(w, r, client)
 			return
 		}
-		switch r.Method {
-		case http.MethodPost, http.MethodPut, http.MethodPatch:
-			if !jsonBody(r) {
-				writeBody(w, ErrorBody{Error: CodeBadRequest, HTTPStatus: http.StatusUnsupportedMediaType,
-					Message: fmt.Sprintf("Content-Type %q is not supported", r.Header.Get("Content-Type")), Details: "send application/json"})
+		if check != nil {
+			if err := check.check(w, r); err != nil {
+				writeError(w, err)
 				return
 			}
 		}
