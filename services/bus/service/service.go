@@ -356,7 +356,7 @@ func writeAuthError(w http.ResponseWriter, err error) {
 }
 
 func (b *Bus) serveWebSocket(w http.ResponseWriter, r *http.Request) {
-	sessionAuth := broker.SessionAuth{Open: b.cfg.AllowUnauthenticated, Access: b.access}
+	sessionAuth := broker.SessionAuth{Open: b.cfg.AllowUnauthenticated, Access: b.access, Throttle: b.throttle, Remote: r.RemoteAddr}
 	if !b.cfg.AllowUnauthenticated {
 		grant, _, err := b.authenticate(w, r)
 		if err != nil {

@@ -226,6 +226,12 @@ func TestGatewayMetrics(t *testing.T) {
 	}
 	c.moved("conclave_gateway_requests_total", 1, "outcome", "rate_limited")
 
+	// Requests refused for too many wrong tokens from one address, on a
+	// fourth replica.
+	connD, urlD := startTuned(t, "gw-throttled", shared, nil)
+	checkAuthThrottle(t, connD, urlD)
+	(&scraper{t: t, url: urlD, checked: checked}).moved("conclave_gateway_auth_throttled_total", 3)
+
 	var got []string
 	for name := range checked {
 		got = append(got, name)
