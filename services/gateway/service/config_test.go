@@ -33,6 +33,10 @@ func TestClientLimitSettings(t *testing.T) {
 		{name: "zero burst", env: map[string]string{"CONCLAVE_GATEWAY_CLIENT_BURST": "0"}, wantErr: "CONCLAVE_GATEWAY_CLIENT_BURST: "},
 		{name: "negative streams", env: map[string]string{"CONCLAVE_GATEWAY_CLIENT_STREAMS": "-1"}, wantErr: "CONCLAVE_GATEWAY_CLIENT_STREAMS: "},
 		{name: "zero TTL", env: map[string]string{"CONCLAVE_GATEWAY_IDEMPOTENCY_TTL": "0s"}, wantErr: "CONCLAVE_GATEWAY_IDEMPOTENCY_TTL: "},
+		// Agents without tokens on every interface.
+		{name: "open agent listener on the network", env: map[string]string{"CONCLAVE_GATEWAY_GRPC_ADDR": ":50051"}, wantErr: "CONCLAVE_GATEWAY_GRPC_ADDR: "},
+		{name: "open client API on the network", env: map[string]string{"CONCLAVE_GATEWAY_ALLOW_UNAUTHENTICATED": "true", "CONCLAVE_GATEWAY_HTTP_ADDR": "0.0.0.0:8080"},
+			wantErr: "CONCLAVE_GATEWAY_HTTP_ADDR: "},
 		// The standalone gateway once accepted CONCLAVE_GATEWAY_CLIENT_TOKENS=a.
 		{name: "one-character client token", env: map[string]string{"CONCLAVE_GATEWAY_CLIENT_TOKENS": "a"}, wantErr: "CONCLAVE_GATEWAY_CLIENT_TOKENS: "},
 		{name: "15-character client token", env: map[string]string{"CONCLAVE_GATEWAY_CLIENT_TOKENS": token + ",fifteen-chars-x"}, wantErr: "CONCLAVE_GATEWAY_CLIENT_TOKENS: "},
@@ -46,6 +50,9 @@ func TestClientLimitSettings(t *testing.T) {
 			env := map[string]string{
 				"CONCLAVE_GATEWAY_CLIENT_TOKENS":               token,
 				"CONCLAVE_GATEWAY_ALLOW_AGENTS_WITHOUT_TOKENS": "true",
+				// Agents without tokens: loopback only.
+				"CONCLAVE_GATEWAY_GRPC_ADDR": "127.0.0.1:50051",
+				"CONCLAVE_GATEWAY_HTTP_ADDR": "127.0.0.1:8080",
 			}
 			for k, v := range tt.env {
 				env[k] = v

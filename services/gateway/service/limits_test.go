@@ -332,6 +332,7 @@ func TestClientStreamCap(t *testing.T) {
 	// Over REST as well: 429.
 	req, _ := http.NewRequestWithContext(ctx, "POST", base+"/v1/agents/quick/messages", strings.NewReader(`{"content":"third"}`))
 	req.Header.Set("Authorization", "Bearer "+token)
+	req.Header.Set("Content-Type", "application/json")
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatal(err)

@@ -237,6 +237,9 @@ func TestClientAPIOverRESTAndSSE(t *testing.T) {
 	do := func(method, path, body, accept string, withToken bool) *http.Response {
 		t.Helper()
 		req, _ := http.NewRequestWithContext(ctx, method, base+path, strings.NewReader(body))
+		if body != "" {
+			req.Header.Set("Content-Type", "application/json")
+		}
 		if accept != "" {
 			req.Header.Set("Accept", accept)
 		}
