@@ -2,6 +2,9 @@ package auth
 
 import (
 	"context"
+	"crypto/rand"
+	"crypto/subtle"
+	"encoding/hex"
 	"net"
 	"net/http"
 	"net/netip"
@@ -44,6 +47,9 @@ const (
 // the ones whose budget is whole again are forgotten, and if none is, an
 // arbitrary one is.
 type Throttle struct {
+	// self marks the calls of this process's own REST front (SelfDialOption),
+	// which checked its caller's address itself.
+	self      string
 	burst     float64
 	every     time.Duration
 	max       int
@@ -73,7 +79,9 @@ type ThrottleOptions struct {
 
 // NewThrottle returns a Throttle.
 func NewThrottle(o ThrottleOptions) *Throttle {
-	th := &Throttle{burst: float64(o.Burst), every: o.Every, max: o.MaxAddresses, now: o.Now, throttled: o.Throttled,
+	secret := make([]byte, 32)
+	_, _ = rand.Read(secret)
+	th := &Throttle{self: hex.EncodeToString(secret), burst: float64(o.Burst), every: o.Every, max: o.MaxAddresses, now: o.Now, throttled: o.Throttled,
 		addrs: map[netip.Prefix]*budget{}}
 	if th.burst <= 0 {
 		th.burst = ThrottleBurst
@@ -240,6 +248,11 @@ func (th *Throttle) GRPC(ctx context.Context, check func(context.Context) error)
 		return check(ctx)
 	}
 	_, presented := FromIncomingContext(ctx)
+	if presented && th.fromSelf(ctx) {
+		// A REST front's call: its caller's address, which this one is
+		// not, has been checked and counted already.
+		return check(ctx)
+	}
 	addr := peerAddr(ctx)
 	if presented {
 		if wait := th.Refused(ctx, addr); wait > 0 {
@@ -254,4 +267,35 @@ func (th *Throttle) GRPC(ctx context.Context, check func(context.Context) error)
 		th.Fail(addr)
 	}
 	return err
+}
+
+// selfKey is the metadata key of SelfDialOptions' mark.
+const selfKey = "x-conclave-throttle-self"
+
+// SelfDialOptions mark the calls of a client of this process's own gRPC
+// listener (a REST front, server.SelfClient) so that the throttle does not
+// count them against that client's address: the front throttled its own
+// caller's address before. The mark is a secret made for this Throttle,
+// which never leaves the process, so no other caller can claim it.
+func (th *Throttle) SelfDialOptions() []grpc.DialOption {
+	mark := func(ctx context.Context) context.Context { return metadata.AppendToOutgoingContext(ctx, selfKey, th.self) }
+	return []grpc.DialOption{
+		grpc.WithChainUnaryInterceptor(func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+			return invoker(mark(ctx), method, req, reply, cc, opts...)
+		}),
+		grpc.WithChainStreamInterceptor(func(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
+			return streamer(mark(ctx), desc, cc, method, opts...)
+		}),
+	}
+}
+
+// fromSelf reports whether ctx's call carries this Throttle's mark.
+func (th *Throttle) fromSelf(ctx context.Context) bool {
+	md, _ := metadata.FromIncomingContext(ctx)
+	for _, v := range md.Get(selfKey) {
+		if subtle.ConstantTimeCompare([]byte(v), []byte(th.self)) == 1 {
+			return true
+		}
+	}
+	return false
 }

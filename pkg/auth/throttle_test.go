@@ -14,6 +14,9 @@ import (
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
@@ -247,5 +250,51 @@ func TestAgentTokensThrottle(t *testing.T) {
 	}
 	if err := at.Check(grpcCall("192.0.2.3", tok), "agent-1"); err != nil {
 		t.Errorf("another address: %v", err)
+	}
+}
+
+// A REST front's own calls (SelfDialOptions) pass a throttled address,
+// the token still checked; a forged mark does not.
+func TestThrottleSelfCalls(t *testing.T) {
+	t.Parallel()
+	good := strings.Repeat("g", 20)
+	th := auth.NewThrottle(auth.ThrottleOptions{Burst: 1})
+	unary, stream := auth.NewTokens(good).WithThrottle(th).Protect("/grpc.health.v1.")
+	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(unary), grpc.ChainStreamInterceptor(stream))
+	healthpb.RegisterHealthServer(srv, health.NewServer())
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = srv.Serve(l) }()
+	t.Cleanup(srv.Stop)
+	dial := func(opts ...grpc.DialOption) healthpb.HealthClient {
+		conn, err := grpc.NewClient(l.Addr().String(), append(opts, grpc.WithTransportCredentials(insecure.NewCredentials()))...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = conn.Close() })
+		return healthpb.NewHealthClient(conn)
+	}
+	check := func(c healthpb.HealthClient, md ...string) codes.Code {
+		ctx := metadata.AppendToOutgoingContext(context.Background(), md...)
+		_, err := c.Check(ctx, &healthpb.HealthCheckRequest{})
+		return status.Code(err)
+	}
+	plain, self := dial(), dial(th.SelfDialOptions()...)
+	if c := check(plain, "authorization", "Bearer wrong-token-0123456789"); c != codes.Unauthenticated {
+		t.Fatalf("wrong token: %v", c)
+	}
+	if c := check(plain, "authorization", "Bearer "+good); c != codes.ResourceExhausted {
+		t.Errorf("throttled address, right token: %v", c)
+	}
+	if c := check(plain, "authorization", "Bearer "+good, "x-conclave-throttle-self", "forged"); c != codes.ResourceExhausted {
+		t.Errorf("a forged mark: %v", c)
+	}
+	if c := check(self, "authorization", "Bearer "+good); c != codes.OK {
+		t.Errorf("the front's call: %v", c)
+	}
+	if c := check(self, "authorization", "Bearer wrong-token-0123456789"); c != codes.Unauthenticated {
+		t.Errorf("the front's call with a wrong token: %v", c)
 	}
 }

@@ -226,7 +226,9 @@ func New(cfg Config, logger *slog.Logger, tel *telemetry.Provider, st store.Stor
 	if cfg.HTTPAddr != "" {
 		// REST goes through this gateway's own gRPC listener, so it passes
 		// the same authentication, limits and tracing as gRPC clients.
-		self, err := srv.SelfClient(tel.GRPCDialOptions()...)
+		// Its calls are marked as the front's, which throttles its own
+		// callers' addresses: the gRPC side sees only this process's.
+		self, err := srv.SelfClient(append(tel.GRPCDialOptions(), throttle.SelfDialOptions()...)...)
 		if err != nil {
 			return nil, err
 		}

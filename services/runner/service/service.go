@@ -306,7 +306,14 @@ func New(cfg Config, deps Deps, opts ...server.Option) (*Runner, error) {
 		r.hub.Register(srv.GRPC())
 	}
 	if cfg.HTTPAddr != "" {
-		self, err := srv.SelfClient(tel.GRPCDialOptions()...)
+		selfOpts := tel.GRPCDialOptions()
+		if restAuth != nil {
+			// Its calls are marked as the front's, which throttles its
+			// own callers' addresses: the gRPC side sees only this
+			// process's.
+			selfOpts = append(selfOpts, restAuth.Throttle.SelfDialOptions()...)
+		}
+		self, err := srv.SelfClient(selfOpts...)
 		if err != nil {
 			return nil, err
 		}
