@@ -53,6 +53,7 @@ func TestMetrics(t *testing.T) {
 	call := func(method, path, body string) int {
 		req := httptest.NewRequest(method, path, strings.NewReader(body))
 		req.Header.Set("Authorization", "Bearer "+copilotToken)
+		req.Header.Set("Content-Type", "application/json")
 		rec := httptest.NewRecorder()
 		lib.Handler.ServeHTTP(rec, req)
 		return rec.Code
