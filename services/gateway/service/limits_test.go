@@ -239,6 +239,9 @@ func TestClientRateLimitOverGRPCAndREST(t *testing.T) {
 		if resp.StatusCode != wantHTTP {
 			t.Errorf("REST %v answered HTTP %d, want %d", body.Code, resp.StatusCode, wantHTTP)
 		}
+		if resp.StatusCode == http.StatusTooManyRequests && resp.Header.Get("Retry-After") == "" {
+			t.Errorf("REST %v: a 429 without Retry-After", body.Code)
+		}
 		return result{body.Code, body.Message}
 	}
 
@@ -339,7 +342,7 @@ func TestClientStreamCap(t *testing.T) {
 	}
 	body, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
-	if resp.StatusCode != http.StatusTooManyRequests || !strings.Contains(string(body), capMsg) {
+	if resp.StatusCode != http.StatusTooManyRequests || !strings.Contains(string(body), capMsg) || resp.Header.Get("Retry-After") == "" {
 		t.Fatalf("a third stream over REST: %d %s", resp.StatusCode, body)
 	}
 	// Unary calls are not streams.

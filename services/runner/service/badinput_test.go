@@ -135,6 +135,15 @@ func TestRateLimit(t *testing.T) {
 	if code := r.do(t, "GET", "/api/v1/agent-types", nil, &e); code != http.StatusTooManyRequests || e.Error != "rate_limited" || e.HTTPStatus != 429 {
 		t.Fatalf("past the burst: %d %+v", code, e)
 	}
+	// Every 429 says when to come back.
+	resp, err := http.Get(r.base + "/api/v1/agent-types")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusTooManyRequests || resp.Header.Get("Retry-After") == "" {
+		t.Errorf("past the burst: %d with Retry-After %q, want 429 with one", resp.StatusCode, resp.Header.Get("Retry-After"))
+	}
 }
 
 // TestBadRequests: whatever is wrong with a REST request itself (its size,
