@@ -4,6 +4,9 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -44,7 +47,13 @@ func TestDevRefusesWebPages(t *testing.T) {
 		t.Skip("starts the conclave binary")
 	}
 	t.Parallel()
-	_, addrs, stderr := devProcess(t, t.TempDir())
+	// An agent type that any launch the test lets through would start.
+	dir := t.TempDir()
+	types := filepath.Join(dir, "types.yaml")
+	if err := os.WriteFile(types, []byte("agent_types:\n  - id: idle\n    command: [/bin/cat]\n    permission: allow\n    enabled: true\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	_, addrs, stderr := devProcess(t, filepath.Join(dir, "data"), "--runner-agent-types="+types, "--runner-workspace-roots="+dir)
 	url := func(row, path string) string {
 		t.Helper()
 		a := addrs[row]
@@ -64,7 +73,11 @@ func TestDevRefusesWebPages(t *testing.T) {
 		}
 		return len(list.Agents)
 	}
-	launch := `{"agent_type":"echo","workspace_path":".","task_id":"t-1","prompt":"hi"}`
+	launch := `{"task_id":"t-1","agent_type":"idle","workspace_path":` + strconv.Quote(dir) + `}`
+	// The launch is valid: sent as JSON from loopback, it starts an agent.
+	if status, body := browserRequest(t, "POST", url("runner HTTP", "/api/v1/agents/launch"), "", "application/json", launch); status != http.StatusOK {
+		t.Fatalf("a valid launch: %d %s", status, body)
+	}
 	simple := []struct {
 		name, row, path, contentType, body string
 	}{

@@ -181,7 +181,10 @@ func TestBadSettingExitsWithOneLine(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			cmd := exec.Command(conclaveBin, append([]string{"dev"}, tt.args...)...)
+			// A setting accepted by mistake would serve until killed.
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			cmd := exec.CommandContext(ctx, conclaveBin, append([]string{"dev"}, tt.args...)...)
 			cmd.Env = append(os.Environ(), tt.env...)
 			var stdout, stderr bytes.Buffer
 			cmd.Stdout, cmd.Stderr = &stdout, &stderr
