@@ -278,7 +278,9 @@ const selfKey = "x-conclave-throttle-self"
 // caller's address before. The mark is a secret made for this Throttle,
 // which never leaves the process, so no other caller can claim it.
 func (th *Throttle) SelfDialOptions() []grpc.DialOption {
-	mark := func(ctx context.Context) context.Context { return metadata.AppendToOutgoingContext(ctx, selfKey, th.self) }
+	mark := func(ctx context.Context) context.Context {
+		return metadata.AppendToOutgoingContext(ctx, selfKey, th.self)
+	}
 	return []grpc.DialOption{
 		grpc.WithChainUnaryInterceptor(func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
 			return invoker(mark(ctx), method, req, reply, cc, opts...)
