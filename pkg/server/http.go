@@ -18,6 +18,8 @@ import (
 )
 
 // Handle registers a unary HTTP route: one request, one bounded response.
+// Like every route, its state-changing requests must be JSON, or the types
+// given with AcceptContentTypes, or they get 415 before h runs (guard.go).
 // Its handler gets a context deadline of Config.RequestTimeout and is subject
 // to the connection's read and write deadlines. Patterns follow
 // http.ServeMux, which also decides what an invalid or conflicting pattern
