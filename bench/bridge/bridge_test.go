@@ -152,7 +152,7 @@ type bearer struct{ next http.RoundTripper }
 
 func (t bearer) RoundTrip(r *http.Request) (*http.Response, error) {
 	r = r.Clone(r.Context())
-	r.Header.Set("Authorization", "Bearer bench")
+	r.Header.Set("Authorization", "Bearer bench-token-0123456789")
 	return t.next.RoundTrip(r)
 }
 
@@ -175,7 +175,7 @@ func startBridge(b *testing.B, py, script string) *mcp.ClientSession {
 	if err != nil {
 		b.Fatal(err)
 	}
-	br, err := service.New(service.Config{ConfigFile: cfg, HTTPAddr: "127.0.0.1:0", Tokens: []string{"bench"},
+	br, err := service.New(service.Config{ConfigFile: cfg, HTTPAddr: "127.0.0.1:0", Tokens: []string{"bench-token-0123456789"},
 		ShutdownTimeout: 5 * time.Second, ProgressInterval: time.Minute, MaxRequestBytes: 4 << 20, Rate: 1e6, Burst: 1e6,
 		Env: os.LookupEnv}, slog.New(slog.NewTextHandler(io.Discard, nil)), tel, server.WithHTTPListener(l))
 	if err != nil {

@@ -42,7 +42,7 @@ var payload = json.RawMessage(`{"type":"task_request","task_id":"task-789","desc
 func startBus(b *testing.B) string {
 	b.Helper()
 	var cfg struct{ Bus service.Config }
-	env := map[string]string{"CONCLAVE_BUS_ALLOW_UNAUTHENTICATED": "true", "CONCLAVE_BUS_RATE": "1e9", "CONCLAVE_BUS_BURST": "1000000000"}
+	env := map[string]string{"CONCLAVE_BUS_ALLOW_UNAUTHENTICATED": "true", "CONCLAVE_BUS_ADDR": "127.0.0.1:0", "CONCLAVE_BUS_RATE": "1e9", "CONCLAVE_BUS_BURST": "1000000000"}
 	if err := config.Load(context.Background(), &cfg, "bus", nil, func(k string) (string, bool) { v, ok := env[k]; return v, ok }, io.Discard); err != nil {
 		b.Fatal(err)
 	}

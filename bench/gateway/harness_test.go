@@ -33,7 +33,7 @@ import (
 	"github.com/conclave-ai/conclave/services/gateway/service"
 )
 
-const token = "bench-token"
+const token = "bench-token-0123456789"
 
 // target is one server under test: the real gateway or the relay floor.
 type target struct {

@@ -98,6 +98,7 @@ func BenchmarkWarm(b *testing.B) {
 				for b.Loop() {
 					req := httptest.NewRequest(http.MethodPost, "/agent/request", strings.NewReader(bodies[typ]))
 					req.Header.Set("Authorization", "Bearer "+token)
+					req.Header.Set("Content-Type", "application/json")
 					rec := httptest.NewRecorder()
 					start := time.Now()
 					lib.Handler.ServeHTTP(rec, req)

@@ -158,11 +158,33 @@ func TestBadSettingExitsWithOneLine(t *testing.T) {
 		{"bad duration", nil, []string{"CONCLAVE_GATEWAY_AGENT_TIMEOUT=soon"}, "CONCLAVE_GATEWAY_AGENT_TIMEOUT"},
 		{"negative duration", nil, []string{"CONCLAVE_GATEWAY_AGENT_TIMEOUT=-1s"}, "CONCLAVE_GATEWAY_AGENT_TIMEOUT"},
 		{"bad log level", nil, []string{"CONCLAVE_LOG_LEVEL=chatty"}, "CONCLAVE_LOG_LEVEL"},
+		// Without authentication, every listener stays on loopback.
+		{"gateway HTTP on every interface", []string{"--gateway-http-addr=0.0.0.0:0"}, nil, "CONCLAVE_GATEWAY_HTTP_ADDR"},
+		{"gateway gRPC on every interface", []string{"--gateway-grpc-addr=:0"}, nil, "CONCLAVE_GATEWAY_GRPC_ADDR"},
+		{"librarian on every interface", []string{"--librarian-http-addr=0.0.0.0:0"}, nil, "CONCLAVE_LIBRARIAN_HTTP_ADDR"},
+		{"bridge on every interface", []string{"--bridge-http-addr=[::]:0"}, nil, "CONCLAVE_BRIDGE_HTTP_ADDR"},
+		{"bus on every interface", nil, []string{"CONCLAVE_BUS_ADDR=0.0.0.0:0"}, "CONCLAVE_BUS_ADDR"},
+		{"runner gRPC on every interface", []string{"--runner-grpc-addr=0.0.0.0:0"}, nil, "CONCLAVE_RUNNER_GRPC_ADDR"},
+		{"runner HTTP on another address", []string{"--runner-http-addr=192.0.2.1:0"}, nil, "CONCLAVE_RUNNER_HTTP_ADDR"},
+		{"console on every interface", []string{"--console-http-addr=0.0.0.0:0"}, nil, "CONCLAVE_CONSOLE_HTTP_ADDR"},
+		// No token shorter than 16 characters, anywhere.
+		{"short gateway client token", nil, []string{"CONCLAVE_GATEWAY_CLIENT_TOKENS=fifteen-chars-x"}, "CONCLAVE_GATEWAY_CLIENT_TOKENS"},
+		{"short gateway agent token", nil, []string{"CONCLAVE_GATEWAY_AGENT_TOKENS=agent-1=fifteen-chars-x"}, "CONCLAVE_GATEWAY_AGENT_TOKENS"},
+		{"short runner token", nil, []string{"CONCLAVE_RUNNER_CLIENT_TOKENS=fifteen-chars-x"}, "CONCLAVE_RUNNER_CLIENT_TOKENS"},
+		{"short bridge token", nil, []string{"CONCLAVE_BRIDGE_TOKENS=fifteen-chars-x"}, "CONCLAVE_BRIDGE_TOKENS"},
+		{"short bus peer token", nil, []string{"CONCLAVE_BUS_PEER_TOKEN=fifteen-chars-x"}, "CONCLAVE_BUS_PEER_TOKEN"},
+		{"short bus runner token", nil, []string{"CONCLAVE_BUS_RUNNER_TOKEN=fifteen-chars-x"}, "CONCLAVE_BUS_RUNNER_TOKEN"},
+		{"short librarian agent token", nil, []string{"CONCLAVE_LIBRARIAN_AGENT_TOKENS=claude-3=fifteen-chars-x"}, "CONCLAVE_LIBRARIAN_AGENT_TOKENS"},
+		{"short librarian reviewer token", nil, []string{"CONCLAVE_LIBRARIAN_REVIEWER_TOKENS=alice=fifteen-chars-x"}, "CONCLAVE_LIBRARIAN_REVIEWER_TOKENS"},
+		{"short console bus token", nil, []string{"CONCLAVE_CONSOLE_EVENTS_BUS_TOKEN=fifteen-chars-x"}, "CONCLAVE_CONSOLE_EVENTS_BUS_TOKEN"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			cmd := exec.Command(conclaveBin, append([]string{"dev"}, tt.args...)...)
+			// A setting accepted by mistake would serve until killed.
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			cmd := exec.CommandContext(ctx, conclaveBin, append([]string{"dev"}, tt.args...)...)
 			cmd.Env = append(os.Environ(), tt.env...)
 			var stdout, stderr bytes.Buffer
 			cmd.Stdout, cmd.Stderr = &stdout, &stderr

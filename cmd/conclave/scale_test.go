@@ -167,7 +167,7 @@ func TestReplicasOnDynamoDBHoldIdleAgents(t *testing.T) {
 	if err := testenv.GoBuild(ctx, gatewayBin, "./services/gateway/cmd/gateway"); err != nil {
 		t.Fatal(err)
 	}
-	const count, token = 1000, "client-secret"
+	const count, token = 1000, "client-secret-0123456789"
 	replicas := map[string]string{} // server ID → gRPC address
 	var logs []*syncBuffer
 	for i := range 3 {

@@ -14,6 +14,7 @@ import (
 	colmetricspb "go.opentelemetry.io/proto/otlp/collector/metrics/v1"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/conclave-ai/conclave/pkg/auth"
 	"github.com/conclave-ai/conclave/pkg/telemetry/metricstest"
 )
 
@@ -88,6 +89,14 @@ func TestMetricsOverOTLP(t *testing.T) {
 	// its events (events_published); malformed JSON is refused (refusals).
 	for _, f := range []string{"request-approval.json", "request-malformed.json"} {
 		if _, err := rt.Invoke(ctx, fixture(t, f), nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Wrong tokens from one address, until the instance throttles it
+	// (auth_throttled).
+	wrong := strings.ReplaceAll(string(fixture(t, "request-malformed.json")), "claude-3-sam-local-token-0123", "wrong-token-0123456789")
+	for range auth.ThrottleBurst + 1 {
+		if _, err := rt.Invoke(ctx, []byte(wrong), nil); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -14,7 +14,7 @@ import (
 
 func TestAgentTokens(t *testing.T) {
 	t.Parallel()
-	pairs := []string{"alpha=a-secret", " beta = b-secret "}
+	pairs := []string{"alpha=a-secret-0123456789", " beta = b-secret-0123456789 "}
 	tests := []struct {
 		name     string
 		required bool
@@ -22,15 +22,15 @@ func TestAgentTokens(t *testing.T) {
 		header   string
 		want     codes.Code
 	}{
-		{"own token", true, "alpha", "Bearer a-secret", codes.OK},
-		{"trimmed pair", true, "beta", "Bearer b-secret", codes.OK},
-		{"another agent's token", true, "beta", "Bearer a-secret", codes.Unauthenticated},
+		{"own token", true, "alpha", "Bearer a-secret-0123456789", codes.OK},
+		{"trimmed pair", true, "beta", "Bearer b-secret-0123456789", codes.OK},
+		{"another agent's token", true, "beta", "Bearer a-secret-0123456789", codes.Unauthenticated},
 		{"no token", true, "alpha", "", codes.Unauthenticated},
-		{"not a bearer token", true, "alpha", "Basic a-secret", codes.Unauthenticated},
-		{"unknown agent, required", true, "gamma", "Bearer a-secret", codes.PermissionDenied},
+		{"not a bearer token", true, "alpha", "Basic a-secret-0123456789", codes.Unauthenticated},
+		{"unknown agent, required", true, "gamma", "Bearer a-secret-0123456789", codes.PermissionDenied},
 		{"unknown agent, optional", false, "gamma", "", codes.OK},
 		{"known agent, optional, no token", false, "alpha", "", codes.Unauthenticated},
-		{"known agent, optional, wrong token", false, "alpha", "Bearer b-secret", codes.Unauthenticated},
+		{"known agent, optional, wrong token", false, "alpha", "Bearer b-secret-0123456789", codes.Unauthenticated},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -56,7 +56,7 @@ func TestAgentTokens(t *testing.T) {
 
 func TestParseAgentTokensRejects(t *testing.T) {
 	t.Parallel()
-	for _, pairs := range [][]string{{"alpha"}, {"=x"}, {"alpha="}, {"alpha=x", "alpha=y"}} {
+	for _, pairs := range [][]string{{"alpha"}, {"=xxxxxxxxxxxxxxxxxxxxx"}, {"alpha="}, {"alpha=short-token"}, {"alpha=qqqqqqqqqqqqqqqqqq", "alpha=zzzzzzzzzzzzzzzzzz"}} {
 		_, err := auth.ParseAgentTokens(pairs, true)
 		if err == nil {
 			t.Errorf("%q: accepted", pairs)

@@ -10,6 +10,7 @@ import (
 	"crypto/sha256"
 	"crypto/subtle"
 	"encoding/hex"
+	"fmt"
 	"strings"
 
 	"google.golang.org/grpc"
@@ -18,9 +19,34 @@ import (
 	"google.golang.org/grpc/status"
 )
 
+// MinTokenLength is the shortest secret any Conclave service accepts as a
+// configured token: 16 characters, so that no one configures a password
+// a guesser could find.
+const MinTokenLength = 16
+
+// CheckTokens returns an error naming env when one of tokens is empty or
+// shorter than MinTokenLength. It gives the entry's position, never the
+// token: the error reaches logs.
+func CheckTokens(env string, tokens ...string) error {
+	for i, t := range tokens {
+		if len(t) < MinTokenLength {
+			return fmt.Errorf("%s: entry %d is %s; every token must be at least %d characters", env, i+1, tokenLength(t), MinTokenLength)
+		}
+	}
+	return nil
+}
+
+func tokenLength(t string) string {
+	if t == "" {
+		return "empty"
+	}
+	return fmt.Sprintf("%d characters long", len(t))
+}
+
 // Tokens is a set of accepted bearer tokens.
 type Tokens struct {
-	digests [][sha256.Size]byte
+	digests  [][sha256.Size]byte
+	throttle *Throttle
 }
 
 // NewTokens accepts the given tokens; empty strings are ignored.
@@ -31,6 +57,13 @@ func NewTokens(tokens ...string) *Tokens {
 			t.digests = append(t.digests, sha256.Sum256([]byte(tok)))
 		}
 	}
+	return t
+}
+
+// WithThrottle makes Protect refuse callers whose address presented too
+// many wrong tokens (see Throttle), and returns t.
+func (t *Tokens) WithThrottle(th *Throttle) *Tokens {
+	t.throttle = th
 	return t
 }
 
@@ -95,7 +128,7 @@ func (t *Tokens) Protect(prefixes ...string) (grpc.UnaryServerInterceptor, grpc.
 	}
 	unary := func(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
 		if guarded(info.FullMethod) {
-			if err := t.Check(ctx); err != nil {
+			if err := t.throttle.GRPC(ctx, t.Check); err != nil {
 				return nil, err
 			}
 			ctx = withClientID(ctx)
@@ -104,7 +137,7 @@ func (t *Tokens) Protect(prefixes ...string) (grpc.UnaryServerInterceptor, grpc.
 	}
 	stream := func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
 		if guarded(info.FullMethod) {
-			if err := t.Check(ss.Context()); err != nil {
+			if err := t.throttle.GRPC(ss.Context(), t.Check); err != nil {
 				return err
 			}
 			ss = identifiedStream{ServerStream: ss, ctx: withClientID(ss.Context())}

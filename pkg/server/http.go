@@ -18,6 +18,8 @@ import (
 )
 
 // Handle registers a unary HTTP route: one request, one bounded response.
+// Like every route, its state-changing requests must be JSON, or the types
+// given with AcceptContentTypes, or they get 415 before h runs (guard.go).
 // Its handler gets a context deadline of Config.RequestTimeout and is subject
 // to the connection's read and write deadlines. Patterns follow
 // http.ServeMux, which also decides what an invalid or conflicting pattern
@@ -26,7 +28,7 @@ import (
 // WriteError, or WithHTTPErrorWriter's function) when the handler writes
 // nothing.
 func (s *Server) Handle(pattern string, h http.Handler) {
-	s.mux.Handle(pattern, s.unary(h))
+	s.mux.Handle(pattern, s.unary(s.checkContentType(h)))
 }
 
 // HandleStream registers a streaming HTTP route (SSE, WebSocket, long poll).
@@ -37,7 +39,7 @@ func (s *Server) Handle(pattern string, h http.Handler) {
 // running any more; the handler should then end the stream promptly, so that
 // clients reconnect to another replica.
 func (s *Server) HandleStream(pattern string, h http.Handler) {
-	s.mux.Handle(pattern, s.streaming(h))
+	s.mux.Handle(pattern, s.streaming(s.checkContentType(h)))
 }
 
 // HandleDrained registers a long-running HTTP route whose requests are
@@ -53,7 +55,7 @@ func (s *Server) HandleStream(pattern string, h http.Handler) {
 // running when ShutdownTimeout passes has its context cancelled with cause
 // ErrDrainDeadline, and its connection is closed.
 func (s *Server) HandleDrained(pattern string, h http.Handler) {
-	s.mux.Handle(pattern, s.drainedRoute(h))
+	s.mux.Handle(pattern, s.drainedRoute(s.checkContentType(h)))
 }
 
 // WriteError writes the JSON error shape shared by Conclave's HTTP surfaces:
@@ -150,6 +152,9 @@ func (s *Server) httpCore(next http.Handler) http.Handler {
 			}
 			s.logHTTP(r, rw, start)
 		}()
+		if !s.hostAllowed(rw, r) {
+			return
+		}
 
 		var body *limitedBody
 		if limit > 0 {
@@ -236,6 +241,12 @@ type responseWriter struct {
 func (w *responseWriter) sent() bool { return w.status != 0 || w.hijacked }
 
 func (w *responseWriter) WriteHeader(code int) {
+	// Every 429 says when to come back, including those a library writes
+	// (grpc-gateway's for RESOURCE_EXHAUSTED); one that said nothing gets
+	// a second, the shortest a client should wait.
+	if code == http.StatusTooManyRequests && w.status == 0 && w.Header().Get("Retry-After") == "" {
+		w.Header().Set("Retry-After", "1")
+	}
 	// 1xx responses other than 101 are interim: the real status follows.
 	if w.status == 0 && (code >= 200 || code == http.StatusSwitchingProtocols) {
 		w.status = code

@@ -109,7 +109,7 @@ func TestHTTPBodyLimit(t *testing.T) {
 			if tt.hideCL {
 				body = io.MultiReader(body) // hides the length from net/http
 			}
-			resp, err := http.Post(ts.url("/echo"), "text/plain", body)
+			resp, err := http.Post(ts.url("/echo"), "application/json", body)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -141,7 +141,7 @@ func TestHTTPErrorWriter(t *testing.T) {
 	}, WithHTTPErrorWriter(custom))
 	big := strings.Repeat("x", 2048)
 	post := func(body io.Reader) httpResult {
-		resp, err := http.Post(ts.url("/read"), "text/plain", body)
+		resp, err := http.Post(ts.url("/read"), "application/json", body)
 		if err != nil {
 			return httpResult{err: err}
 		}

@@ -5,6 +5,8 @@ import (
 	"net/http"
 
 	"google.golang.org/grpc"
+
+	"github.com/conclave-ai/conclave/pkg/httpguard"
 )
 
 // Option customises a Server beyond what Config describes: things that are
@@ -18,6 +20,7 @@ type options struct {
 	grpcListener   net.Listener
 	httpListener   net.Listener
 	httpError      func(w http.ResponseWriter, code int, message string)
+	devHosts       *httpguard.Hosts // WithDevelopmentGuard
 }
 
 // WithGRPCOptions appends options to the gRPC server, after the package's own.
@@ -47,9 +50,10 @@ func WithHTTPMiddleware(mw func(http.Handler) http.Handler) Option {
 
 // WithHTTPErrorWriter makes the errors the server answers by itself on HTTP
 // (404 for a path no route has, 405 with Allow for a method no route of the
-// path takes, 413 for a body over MaxRequestBodyBytes, 500 for a recovered
-// panic, 503 for a HandleDrained request refused while draining) use a
-// service's own
+// path takes, 413 for a body over MaxRequestBodyBytes, 415 for a
+// state-changing request that is not JSON, 403 for a Host the development
+// guard refuses, 500 for a recovered panic, 503 for a HandleDrained request
+// refused while draining) use a service's own
 // error body: write is called with the status and a message in place of
 // WriteError, so that a service whose protocol fixes its error body answers
 // every error in it.

@@ -18,6 +18,8 @@ import (
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/reflection"
+
+	"github.com/conclave-ai/conclave/pkg/httpguard"
 )
 
 // ErrDraining is the cancellation cause of the context handed to streaming
@@ -44,6 +46,8 @@ type Server struct {
 	httpServer *http.Server
 	// writeError answers the HTTP errors the server writes itself.
 	writeError func(w http.ResponseWriter, code int, message string)
+	// devHosts, under WithDevelopmentGuard, are the Host names answered.
+	devHosts *httpguard.Hosts
 
 	// Listeners are handed over by options or bound by Run, which owns
 	// them either way.
@@ -108,6 +112,7 @@ func New(cfg Config, logger *slog.Logger, opts ...Option) (*Server, error) {
 		health:       health.NewServer(),
 		mux:          http.NewServeMux(),
 		writeError:   WriteError,
+		devHosts:     o.devHosts,
 		grpcListener: o.grpcListener,
 		httpListener: o.httpListener,
 		grpcEnabled:  cfg.GRPCAddr != "" || o.grpcListener != nil,
@@ -279,6 +284,16 @@ func (s *Server) listen() (err error) {
 			}
 		}
 	}()
+	if s.grpcListener == nil {
+		if err := s.checkLoopback("gRPC", s.cfg.GRPCAddr); err != nil {
+			return err
+		}
+	}
+	if s.httpListener == nil {
+		if err := s.checkLoopback("HTTP", s.cfg.HTTPAddr); err != nil {
+			return err
+		}
+	}
 	if s.grpcEnabled && s.grpcListener == nil {
 		if s.grpcListener, err = listenTCP(s.cfg.GRPCAddr, s.cfg.Keepalive); err != nil {
 			return fmt.Errorf("server %s: gRPC listener on %s: %w", s.cfg.Name, s.cfg.GRPCAddr, err)
@@ -288,6 +303,9 @@ func (s *Server) listen() (err error) {
 		if s.httpListener, err = listenTCP(s.cfg.HTTPAddr, s.cfg.Keepalive); err != nil {
 			return fmt.Errorf("server %s: HTTP listener on %s: %w", s.cfg.Name, s.cfg.HTTPAddr, err)
 		}
+	}
+	if err := s.checkBound(); err != nil {
+		return err
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()

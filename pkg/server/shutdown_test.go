@@ -42,7 +42,7 @@ func TestGracefulShutdownDrainsInFlightUnaryHTTP(t *testing.T) {
 	})
 	result := make(chan httpResult, 1)
 	go func() {
-		resp, err := http.Post(ts.url("/slow"), "text/plain", strings.NewReader("work"))
+		resp, err := http.Post(ts.url("/slow"), "application/json", strings.NewReader("work"))
 		if err != nil {
 			result <- httpResult{err: err}
 			return
@@ -323,7 +323,7 @@ func TestShutdownDrainsDrainedRoutes(t *testing.T) {
 	}
 	result := make(chan httpResult, 1)
 	go func() {
-		resp, err := http.Post(ts.url("/call"), "text/plain", strings.NewReader("work"))
+		resp, err := http.Post(ts.url("/call"), "application/json", strings.NewReader("work"))
 		if err != nil {
 			result <- httpResult{err: err}
 			return
@@ -334,7 +334,7 @@ func TestShutdownDrainsDrainedRoutes(t *testing.T) {
 
 	stopped := stopAsync(ts)
 	<-hookRan
-	late, err := http.Post(ts.url("/call?late=1"), "text/plain", strings.NewReader("late"))
+	late, err := http.Post(ts.url("/call?late=1"), "application/json", strings.NewReader("late"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -372,7 +372,7 @@ func TestShutdownDeadlineCancelsDrainedRequests(t *testing.T) {
 		}))
 	})
 	go func() {
-		if resp, err := http.Post(ts.url("/call"), "text/plain", strings.NewReader("work")); err == nil {
+		if resp, err := http.Post(ts.url("/call"), "application/json", strings.NewReader("work")); err == nil {
 			_ = resp.Body.Close()
 		}
 	}()

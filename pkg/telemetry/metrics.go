@@ -1,6 +1,8 @@
 package telemetry
 
 import (
+	"context"
+
 	"go.opentelemetry.io/otel/metric"
 
 	"github.com/conclave-ai/conclave/pkg/telemetry/convention"
@@ -31,3 +33,15 @@ func (p *Provider) Meter(service string) metric.Meter {
 // MetricName is a domain metric's instrument name, conclave_<service>_<thing>
 // (convention.MetricName). It panics on a name outside the convention.
 func MetricName(service, thing string) string { return convention.MetricName(service, thing) }
+
+// AuthThrottled makes service's counter of requests refused because their
+// address had presented too many wrong tokens,
+// conclave_<service>_auth_throttled_total, and returns what counts one
+// (auth.ThrottleOptions.Throttled). Every service that checks tokens keeps
+// it.
+func AuthThrottled(m metric.Meter, service string) func(context.Context) {
+	// Creation fails only on an invalid name, which MetricName rules out.
+	c, _ := m.Int64Counter(MetricName(service, "auth_throttled"), metric.WithUnit("{request}"),
+		metric.WithDescription("Requests refused because their address presented too many wrong tokens."))
+	return func(ctx context.Context) { c.Add(ctx, 1) }
+}

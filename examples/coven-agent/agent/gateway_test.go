@@ -258,14 +258,14 @@ func TestAgentPresentsItsToken(t *testing.T) {
 	}
 	t.Parallel()
 	id := agent.NewID()
-	gw := startGateway(t, "127.0.0.1:0", "CONCLAVE_GATEWAY_AGENT_TOKENS="+id+"=right-token")
+	gw := startGateway(t, "127.0.0.1:0", "CONCLAVE_GATEWAY_AGENT_TOKENS="+id+"=right-token-0123456789")
 	tests := []struct {
 		name, token string
 		want        codes.Code
 	}{
 		{"wrong token", "wrong-token", codes.Unauthenticated},
 		{"no token", "", codes.Unauthenticated},
-		{"right token", "right-token", codes.OK},
+		{"right token", "right-token-0123456789", codes.OK},
 	}
 	for _, tt := range tests {
 		l := &logs{}

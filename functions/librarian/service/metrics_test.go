@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/conclave-ai/conclave/functions/librarian/service"
+	"github.com/conclave-ai/conclave/pkg/auth"
 	"github.com/conclave-ai/conclave/pkg/queue"
 	"github.com/conclave-ai/conclave/pkg/store"
 	"github.com/conclave-ai/conclave/pkg/telemetry"
@@ -52,6 +53,7 @@ func TestMetrics(t *testing.T) {
 	call := func(method, path, body string) int {
 		req := httptest.NewRequest(method, path, strings.NewReader(body))
 		req.Header.Set("Authorization", "Bearer "+copilotToken)
+		req.Header.Set("Content-Type", "application/json")
 		rec := httptest.NewRecorder()
 		lib.Handler.ServeHTTP(rec, req)
 		return rec.Code
@@ -67,6 +69,9 @@ func TestMetrics(t *testing.T) {
 		"conclave_librarian_refusals_total": func(f metricstest.Families) float64 {
 			return f.Value("conclave_librarian_refusals_total", "code", "404")
 		},
+		"conclave_librarian_auth_throttled_total": func(f metricstest.Families) float64 {
+			return f.Value("conclave_librarian_auth_throttled_total")
+		},
 		"conclave_librarian_events_published_total": func(f metricstest.Families) float64 {
 			return f.Value("conclave_librarian_events_published_total", "outcome", "sent") + 10*f.Value("conclave_librarian_events_published_total", "outcome", "staged")
 		},
@@ -79,13 +84,36 @@ func TestMetrics(t *testing.T) {
 		t.Fatalf("status: %d", code)
 	}
 	// 10,000 distinct tokens and request ids, all refused: one series.
+	// Each comes from an address of its own, which the throttle of wrong
+	// tokens therefore lets through.
 	for i := range 10000 {
 		req := httptest.NewRequest("GET", fmt.Sprintf("/agent/status/req-%016d", i), nil)
+		req.RemoteAddr = fmt.Sprintf("10.0.%d.%d:40000", i/256, i%256)
 		req.Header.Set("Authorization", fmt.Sprintf("Bearer lib_%016x_%043d", i, i))
 		rec := httptest.NewRecorder()
 		lib.Handler.ServeHTTP(rec, req)
 		if rec.Code != http.StatusUnauthorized {
 			t.Fatalf("status with a made-up token: %d", rec.Code)
+		}
+	}
+	// Wrong tokens from one address, until it is throttled: 429 with
+	// Retry-After, the right token included.
+	for i := range auth.ThrottleBurst + 2 {
+		req := httptest.NewRequest("GET", "/agent/capabilities", nil)
+		req.RemoteAddr = "198.51.100.7:40000"
+		tok := "lib_0000000000000000_" + strings.Repeat("w", 43)
+		if i == auth.ThrottleBurst+1 {
+			tok = copilotToken
+		}
+		req.Header.Set("Authorization", "Bearer "+tok)
+		rec := httptest.NewRecorder()
+		lib.Handler.ServeHTTP(rec, req)
+		want := http.StatusUnauthorized
+		if i >= auth.ThrottleBurst {
+			want = http.StatusTooManyRequests
+		}
+		if rec.Code != want || (want == http.StatusTooManyRequests && rec.Header().Get("Retry-After") == "") {
+			t.Fatalf("request %d from one address: %d, Retry-After %q; want %d", i+1, rec.Code, rec.Header().Get("Retry-After"), want)
 		}
 	}
 	// With the queue gone, events stay staged.
@@ -102,8 +130,8 @@ func TestMetrics(t *testing.T) {
 	if after.Value("conclave_librarian_events_published_total", "outcome", "staged") != 2 {
 		t.Errorf("staged events: %v", after.Value("conclave_librarian_events_published_total", "outcome", "staged"))
 	}
-	if n := after.Series("conclave_librarian_refusals_total"); n != 2 {
-		t.Errorf("10,000 tokens and request ids made %d refusal series, want 2 (401 and 404)", n)
+	if n := after.Series("conclave_librarian_refusals_total"); n != 3 {
+		t.Errorf("10,000 tokens and request ids made %d refusal series, want 3 (401, 404 and the throttle's 429)", n)
 	}
 	names := make([]string, 0, len(tested))
 	for n := range tested {

@@ -36,6 +36,7 @@ func TestRetriedSubmissionIsNotDoubled(t *testing.T) {
 				body, _ := json.Marshal(req)
 				hr, _ := http.NewRequest("POST", e.srv.URL+"/agent/request", bytes.NewReader(body))
 				hr.Header.Set("Authorization", "Bearer "+claudeToken)
+				hr.Header.Set("Content-Type", "application/json")
 				if tt.header != "" {
 					hr.Header.Set("Idempotency-Key", tt.header)
 				}

@@ -84,6 +84,9 @@ func New(cfg Config, d Deps, opts ...server.Option) (*Service, error) {
 		prom.ServeHTTP(w, r)
 	})
 	opts = append([]server.Option{server.WithMetricsHandler(metrics), server.WithHTTPErrorWriter(api.WriteHTTPError)}, opts...)
+	if cfg.AllowUnauthenticated {
+		opts = append(opts, server.WithDevelopmentGuard(cfg.AllowedHosts))
+	}
 	srv, err := server.New(server.Config{
 		Name:                "librarian",
 		HTTPAddr:            string(cfg.HTTPAddr),
@@ -94,7 +97,9 @@ func New(cfg Config, d Deps, opts ...server.Option) (*Service, error) {
 	if err != nil {
 		return nil, fmt.Errorf("librarian server: %w", err)
 	}
-	srv.Handle("/", lib.Handler)
+	// The handler applies the content-type rule itself, per path (JSON for
+	// the API, forms for the review pages), as it does in the Lambda.
+	srv.Handle("/", server.OwnContentTypes(lib.Handler))
 	logger := d.Logger
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)

@@ -14,7 +14,7 @@ import (
 
 func TestConfigValidate(t *testing.T) {
 	t.Parallel()
-	valid := service.Config{ConfigFile: "c.yaml", HTTPAddr: ":8083", Tokens: []string{"t"}, ShutdownTimeout: time.Second,
+	valid := service.Config{ConfigFile: "c.yaml", HTTPAddr: ":8083", Tokens: []string{"bridge-token-0123456789"}, ShutdownTimeout: time.Second,
 		ProgressInterval: time.Second, MaxRequestBytes: 4096, Rate: 1, Burst: 1, MaxRunning: 1}
 	if err := valid.Validate(); err != nil {
 		t.Fatal(err)
@@ -26,7 +26,8 @@ func TestConfigValidate(t *testing.T) {
 	}{
 		{"no config", func(c *service.Config) { c.ConfigFile = "" }, "CONCLAVE_BRIDGE_CONFIG"},
 		{"no tokens", func(c *service.Config) { c.Tokens = nil }, "CONCLAVE_BRIDGE_TOKENS"},
-		{"empty token", func(c *service.Config) { c.Tokens = []string{"a", ""} }, "CONCLAVE_BRIDGE_TOKENS"},
+		{"empty token", func(c *service.Config) { c.Tokens = []string{"bridge-token-0123456789", ""} }, "CONCLAVE_BRIDGE_TOKENS"},
+		{"15-character token", func(c *service.Config) { c.Tokens = []string{"fifteen-chars-x"} }, "CONCLAVE_BRIDGE_TOKENS"},
 		{"shutdown", func(c *service.Config) { c.ShutdownTimeout = 0 }, "CONCLAVE_BRIDGE_SHUTDOWN_TIMEOUT"},
 		{"progress", func(c *service.Config) { c.ProgressInterval = -time.Second }, "CONCLAVE_BRIDGE_PROGRESS_INTERVAL"},
 		{"body", func(c *service.Config) { c.MaxRequestBytes = 10 }, "CONCLAVE_BRIDGE_MAX_REQUEST_BYTES"},
@@ -41,16 +42,23 @@ func TestConfigValidate(t *testing.T) {
 		}
 	}
 	open := valid
-	open.Tokens, open.AllowUnauthenticated = nil, true
+	open.Tokens, open.AllowUnauthenticated, open.HTTPAddr = nil, true, "127.0.0.1:8083"
 	if err := open.Validate(); err != nil {
 		t.Fatalf("unauthenticated development setup: %v", err)
+	}
+	// Without tokens, loopback only.
+	for _, addr := range []config.ListenAddr{":8083", "0.0.0.0:8083", "[::]:8083"} {
+		open.HTTPAddr = addr
+		if err := open.Validate(); err == nil || !strings.HasPrefix(err.Error(), "CONCLAVE_BRIDGE_HTTP_ADDR:") {
+			t.Errorf("unauthenticated on %s: Validate = %v, want an error naming CONCLAVE_BRIDGE_HTTP_ADDR", addr, err)
+		}
 	}
 }
 
 func TestConfigFromEnvironment(t *testing.T) {
 	t.Parallel()
 	var cfg struct{ Bridge service.Config }
-	env := map[string]string{"CONCLAVE_BRIDGE_TOKENS": "a,b", "CONCLAVE_BRIDGE_CONFIG": "/etc/bridge.yaml"}
+	env := map[string]string{"CONCLAVE_BRIDGE_TOKENS": "bridge-token-a-0123456789,bridge-token-b-0123456789", "CONCLAVE_BRIDGE_CONFIG": "/etc/bridge.yaml"}
 	lookup := func(k string) (string, bool) { v, ok := env[k]; return v, ok }
 	if err := config.Load(context.Background(), &cfg, "bridge", nil, lookup, &strings.Builder{}); err != nil {
 		t.Fatal(err)

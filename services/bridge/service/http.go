@@ -116,15 +116,25 @@ func (w *plainErrors) Flush() {
 
 func (w *plainErrors) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
-// guard puts bearer-token authentication (unless cfg allows none) and a
-// per-client rate limit in front of h. Failures answer in the bridge's
-// error shape, WriteHTTPError.
-func guard(cfg Config, h http.Handler) http.Handler {
+// guard puts bearer-token authentication (unless cfg allows none), the
+// throttle of wrong tokens per address and a per-client rate limit in
+// front of h. Failures answer in the bridge's error shape, WriteHTTPError.
+func guard(cfg Config, throttle *auth.Throttle, h http.Handler) http.Handler {
 	tokens := auth.NewTokens(cfg.Tokens...)
 	limits := &clientLimits{rate: rate.Limit(cfg.Rate), burst: cfg.Burst, clients: map[string]*clientLimit{}}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		client := ""
-		if token, ok := auth.Bearer(r.Header.Get("Authorization")); ok && tokens.Valid(token) {
+		token, presented := auth.Bearer(r.Header.Get("Authorization"))
+		if presented && !cfg.AllowUnauthenticated {
+			if !throttle.HTTP(w, r) {
+				WriteHTTPError(w, http.StatusTooManyRequests, auth.ThrottledMessage)
+				return
+			}
+			if !tokens.Valid(token) {
+				throttle.FailHTTP(r)
+			}
+		}
+		if presented && tokens.Valid(token) {
 			client = auth.TokenID(token)
 		} else if !cfg.AllowUnauthenticated {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="conclave-bridge"`)

@@ -298,6 +298,7 @@ func TestHTTPRateLimit(t *testing.T) {
 	for range 4 {
 		req, _ := http.NewRequest(http.MethodPost, b.url, strings.NewReader(`{}`))
 		req.Header.Set("Authorization", "Bearer "+testToken)
+		req.Header.Set("Content-Type", "application/json")
 		resp, err := http.DefaultClient.Do(req)
 		if err != nil {
 			t.Fatal(err)

@@ -17,7 +17,9 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"go.opentelemetry.io/otel/metric"
 
+	"github.com/conclave-ai/conclave/pkg/auth"
 	"github.com/conclave-ai/conclave/pkg/config"
+	"github.com/conclave-ai/conclave/pkg/httpguard"
 	"github.com/conclave-ai/conclave/pkg/hybrid"
 	"github.com/conclave-ai/conclave/pkg/server"
 	"github.com/conclave-ai/conclave/pkg/telemetry"
@@ -51,6 +53,9 @@ type Config struct {
 	// AllowUnauthenticated opens /mcp without tokens; conclave dev sets it,
 	// on loopback only.
 	AllowUnauthenticated bool `env:"CONCLAVE_BRIDGE_ALLOW_UNAUTHENTICATED" default:"false" help:"serve /mcp without bearer tokens (development only)"`
+	// AllowedHosts are answered besides loopback names while the bridge
+	// runs without authentication.
+	AllowedHosts []string `env:"CONCLAVE_BRIDGE_ALLOWED_HOSTS" help:"comma-separated Host names the HTTP listener answers besides localhost, 127.0.0.1 and [::1] while it runs without authentication"`
 
 	// Env supplies the variables agents may inherit (config.yaml's
 	// environment.pass and each agent's env); nil passes none.
@@ -67,9 +72,12 @@ func (c Config) Validate() error {
 	if len(c.Tokens) == 0 && !c.AllowUnauthenticated && c.HTTPAddr != "" {
 		return fmt.Errorf("CONCLAVE_BRIDGE_TOKENS: set at least one bearer token, or CONCLAVE_BRIDGE_ALLOW_UNAUTHENTICATED=true for development")
 	}
-	for _, t := range c.Tokens {
-		if t == "" {
-			return fmt.Errorf("CONCLAVE_BRIDGE_TOKENS: empty token in the list")
+	if err := auth.CheckTokens("CONCLAVE_BRIDGE_TOKENS", c.Tokens...); err != nil {
+		return err
+	}
+	if c.AllowUnauthenticated {
+		if err := httpguard.CheckListen("CONCLAVE_BRIDGE_HTTP_ADDR", string(c.HTTPAddr), "CONCLAVE_BRIDGE_ALLOW_UNAUTHENTICATED"); err != nil {
+			return err
 		}
 	}
 	if c.ShutdownTimeout <= 0 {
@@ -140,6 +148,9 @@ func New(cfg Config, logger *slog.Logger, tel *telemetry.Provider, opts ...serve
 		server.WithMetricsHandler(tel.MetricsHandler()),
 		server.WithHTTPMiddleware(func(h http.Handler) http.Handler { return tel.HTTPHandler(h, "bridge") }),
 	}, opts...)
+	if cfg.AllowUnauthenticated {
+		opts = append(opts, server.WithDevelopmentGuard(cfg.AllowedHosts))
+	}
 	srv, err := server.New(server.Config{
 		Name:                "bridge",
 		HTTPAddr:            string(cfg.HTTPAddr),
@@ -159,7 +170,8 @@ func New(cfg Config, logger *slog.Logger, tel *telemetry.Provider, opts ...serve
 	if cfg.AllowUnauthenticated {
 		logger.Warn("the bridge's MCP endpoint accepts requests without a bearer token")
 	}
-	protected := guard(cfg, jsonRPCErrors(handler))
+	throttle := auth.NewThrottle(auth.ThrottleOptions{Throttled: telemetry.AuthThrottled(tel.Meter("bridge"), "bridge")})
+	protected := guard(cfg, throttle, jsonRPCErrors(handler))
 	// A tool call (a POST) lasts as long as its agent, up to its timeout:
 	// on SIGTERM it is drained, so that it finishes with its result, while
 	// new calls are refused. GET /mcp is the session's server-sent event

@@ -40,6 +40,7 @@ type cluster struct {
 	client   *http.Client
 	log      *slog.Logger
 	bus      *broker.Broker
+	throttle *auth.Throttle
 }
 
 // advertise keeps this replica in ReplicaTable until ctx ends, then
@@ -116,10 +117,17 @@ func (c *cluster) serveSpawnEvent(w http.ResponseWriter, r *http.Request) {
 }
 
 // authorized checks the peer token of an internal request, answering 401
-// when it is wrong.
+// when it is wrong, 429 when its address presented too many wrong ones.
 func (c *cluster) authorized(w http.ResponseWriter, r *http.Request) bool {
+	if !c.throttle.HTTP(w, r) {
+		server.WriteError(w, http.StatusTooManyRequests, "bus: "+auth.ThrottledMessage)
+		return false
+	}
 	token, ok := auth.Bearer(r.Header.Get("Authorization"))
 	if !ok || !auth.NewTokens(c.token).Valid(token) {
+		if r.Header.Get("Authorization") != "" {
+			c.throttle.FailHTTP(r)
+		}
 		server.WriteError(w, http.StatusUnauthorized, "bus: forwarding needs the replicas' peer token")
 		return false
 	}

@@ -29,6 +29,10 @@ func TestConfigValidation(t *testing.T) {
 		{"reply topics", map[string]string{"CONCLAVE_BUS_ALLOW_UNAUTHENTICATED": "true", "CONCLAVE_BUS_AGENT_REPLY_TOPICS": "tg:*=outbound:{topic_id},tg:*=audit:{topic}"}, ""},
 		{"development", map[string]string{"CONCLAVE_BUS_ALLOW_UNAUTHENTICATED": "true"}, ""},
 		{"production", map[string]string{"CONCLAVE_BUS_GRANTS": `[{"token":"long-enough-token-123","publish":["*"],"subscribe":["*"]}]`}, ""},
+		{"open bus on the network", map[string]string{"CONCLAVE_BUS_ALLOW_UNAUTHENTICATED": "true", "CONCLAVE_BUS_ADDR": "0.0.0.0:7892"}, "CONCLAVE_BUS_ADDR"},
+		{"open bus on every interface by default", map[string]string{"CONCLAVE_BUS_ALLOW_UNAUTHENTICATED": "true", "CONCLAVE_BUS_ADDR": ":7892"}, "CONCLAVE_BUS_ADDR"},
+		{"15-character peer token", map[string]string{"CONCLAVE_BUS_ALLOW_UNAUTHENTICATED": "true", "CONCLAVE_BUS_PEER_TOKEN": "fifteen-chars-x"}, "CONCLAVE_BUS_PEER_TOKEN"},
+		{"15-character runner token", map[string]string{"CONCLAVE_BUS_ALLOW_UNAUTHENTICATED": "true", "CONCLAVE_BUS_RUNNER_TOKEN": "fifteen-chars-x"}, "CONCLAVE_BUS_RUNNER_TOKEN"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -36,6 +40,9 @@ func TestConfigValidation(t *testing.T) {
 			var cfg struct{ Bus service.Config }
 			err := config.Load(context.Background(), &cfg, "bus", nil, func(k string) (string, bool) {
 				v, ok := tt.env[k]
+				if !ok && k == "CONCLAVE_BUS_ADDR" {
+					return "127.0.0.1:7892", true
+				}
 				return v, ok
 			}, io.Discard)
 			switch {

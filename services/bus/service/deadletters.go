@@ -28,7 +28,7 @@ func (b *Bus) routeDeadLetters(srv *server.Server) {
 func (b *Bus) admin(h http.HandlerFunc) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if !b.cfg.AllowUnauthenticated {
-			grant, present, err := b.authenticate(r)
+			grant, present, err := b.authenticate(w, r)
 			switch {
 			case !present:
 				server.WriteError(w, http.StatusUnauthorized, "bus: a bearer token is required")

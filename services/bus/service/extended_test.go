@@ -16,6 +16,10 @@ func getJSON(t *testing.T, method, url string, v any) int {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if method != "GET" {
+		// An open bus wants even an empty POST declared JSON.
+		req.Header.Set("Content-Type", "application/json")
+	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatal(err)

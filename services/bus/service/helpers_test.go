@@ -37,6 +37,9 @@ func defaultConfig(t testing.TB, env map[string]string) service.Config {
 				return "true", true
 			}
 		}
+		if _, ok := env[k]; !ok && k == "CONCLAVE_BUS_ADDR" {
+			return "127.0.0.1:0", true // an open bus binds loopback only
+		}
 		v, ok := env[k]
 		return v, ok
 	}

@@ -81,6 +81,7 @@ func TestMetrics(t *testing.T) {
 	if got, want := afterUnsubscribe, m.Value("conclave_bus_subscriptions")-1; got != want {
 		t.Errorf("conclave_bus_subscriptions after an unsubscribe: %v, want %v", got, want)
 	}
+	mt := metricstest.Scrape(t, throttledBus(t).http+"/metrics")
 	mf := metricstest.Scrape(t, other.http+"/metrics")
 	mu := metricstest.Scrape(t, unrouted.http+"/metrics")
 	checks := []struct {
@@ -101,6 +102,7 @@ func TestMetrics(t *testing.T) {
 		{"conclave_bus_retries_scheduled_total", m.Value("conclave_bus_retries_scheduled_total")},
 		{"conclave_bus_dead_letters_total", m.Value("conclave_bus_dead_letters_total", "reason", "attempts") *
 			mf.Value("conclave_bus_dead_letters_total", "reason", "spawn_failed")},
+		{"conclave_bus_auth_throttled_total", mt.Value("conclave_bus_auth_throttled_total")},
 		{"conclave_bus_agent_spawns_total", m.Value("conclave_bus_agent_spawns_total", "outcome", "ok") *
 			mf.Value("conclave_bus_agent_spawns_total", "outcome", "failed")},
 	}

@@ -19,6 +19,7 @@ import (
 
 	"github.com/conclave-ai/conclave/pkg/auth"
 	"github.com/conclave-ai/conclave/pkg/config"
+	"github.com/conclave-ai/conclave/pkg/httpguard"
 	"github.com/conclave-ai/conclave/pkg/jsonrpc"
 	"github.com/conclave-ai/conclave/pkg/queue"
 	"github.com/conclave-ai/conclave/pkg/server"
@@ -64,6 +65,9 @@ type Config struct {
 	AdvertiseAddr        string        `env:"CONCLAVE_BUS_ADVERTISE_ADDR" help:"host:port other replicas reach this one at (default: the listener's address)"`
 	Lease                time.Duration `env:"CONCLAVE_BUS_LEASE" default:"15s" help:"how long a replica stays listed after its last renewal"`
 	ShutdownTimeout      time.Duration `env:"CONCLAVE_BUS_SHUTDOWN_TIMEOUT" default:"15s" help:"how long in-flight work may drain on shutdown"`
+	// AllowedHosts are answered besides loopback names while the bus runs
+	// without authentication.
+	AllowedHosts []string `env:"CONCLAVE_BUS_ALLOWED_HOSTS" help:"comma-separated Host names the listener answers besides localhost, 127.0.0.1 and [::1] while it runs without authentication"`
 }
 
 // Validate implements config.Validator.
@@ -80,6 +84,11 @@ func (c Config) Validate() error {
 	}
 	if access.Len() == 0 && !c.AllowUnauthenticated {
 		return errors.New("CONCLAVE_BUS_GRANTS: set at least one grant, or CONCLAVE_BUS_ALLOW_UNAUTHENTICATED=true for development")
+	}
+	if c.AllowUnauthenticated {
+		if err := httpguard.CheckListen("CONCLAVE_BUS_ADDR", string(c.Addr), "CONCLAVE_BUS_ALLOW_UNAUTHENTICATED"); err != nil {
+			return err
+		}
 	}
 	if _, err := broker.ParseReplyRules(c.AgentReplyTopics); err != nil {
 		return fmt.Errorf("CONCLAVE_BUS_AGENT_REPLY_TOPICS: %w", err)
@@ -127,8 +136,16 @@ func (c Config) Validate() error {
 			return errors.New("CONCLAVE_BUS_WORKSPACE: the runner needs the absolute workspace path of the agents the default handler launches")
 		}
 	}
-	if c.PeerToken != "" && len(c.PeerToken) < 16 {
-		return errors.New("CONCLAVE_BUS_PEER_TOKEN: must be at least 16 characters")
+	if c.PeerToken != "" {
+		if err := auth.CheckTokens("CONCLAVE_BUS_PEER_TOKEN", c.PeerToken); err != nil {
+			return err
+		}
+	}
+	if c.RunnerToken != "" {
+		// The runner refuses a shorter one; better to say so here.
+		if err := auth.CheckTokens("CONCLAVE_BUS_RUNNER_TOKEN", c.RunnerToken); err != nil {
+			return err
+		}
 	}
 	if c.RetryMaxDelay > queue.MaxDelay {
 		return fmt.Errorf("CONCLAVE_BUS_RETRY_MAX_DELAY: at most %s (the longest queue delay), got %s", queue.MaxDelay, c.RetryMaxDelay)
@@ -166,9 +183,11 @@ type Bus struct {
 	events  *broker.Events
 	cluster *cluster
 	access  *broker.Access
-	cfg     Config
-	tls     bool
-	log     *slog.Logger
+	// throttle counts wrong tokens per address, the peers' included.
+	throttle *auth.Throttle
+	cfg      Config
+	tls      bool
+	log      *slog.Logger
 
 	// conns are the open client connections, closed with 1001 when the
 	// server drains: no goroutine per connection waits for that.
@@ -198,7 +217,8 @@ func New(cfg Config, logger *slog.Logger, tel *telemetry.Provider, st store.Stor
 	if err != nil {
 		return nil, fmt.Errorf("bus metrics: %w", err)
 	}
-	b := &Bus{cfg: cfg, access: access, log: logger, tls: cfg.TLSCert != "", conns: map[*jsonrpc.Conn]*wsconn.Stream{}}
+	b := &Bus{cfg: cfg, access: access, log: logger, tls: cfg.TLSCert != "", conns: map[*jsonrpc.Conn]*wsconn.Stream{},
+		throttle: auth.NewThrottle(auth.ThrottleOptions{Throttled: telemetry.AuthThrottled(tel.Meter("bus"), "bus")})}
 	b.retries = broker.NewRetries(q, st, broker.RetryPolicy{MaxAttempts: cfg.RetryAttempts,
 		BaseDelay: cfg.RetryBaseDelay, MaxDelay: cfg.RetryMaxDelay}, tel.TracerProvider(), logger)
 	var forwarder broker.Forwarder
@@ -207,7 +227,7 @@ func New(cfg Config, logger *slog.Logger, tel *telemetry.Provider, st store.Stor
 		if b.tls {
 			scheme = "https"
 		}
-		b.cluster = &cluster{st: st, serverID: serverID, token: cfg.PeerToken, scheme: scheme, lease: cfg.Lease, log: logger,
+		b.cluster = &cluster{st: st, serverID: serverID, token: cfg.PeerToken, scheme: scheme, lease: cfg.Lease, log: logger, throttle: b.throttle,
 			client: &http.Client{Transport: tel.HTTPTransport(http.DefaultTransport), Timeout: cfg.DeliveryTimeout + 10*time.Second}}
 		b.cluster.addr = func() string {
 			if cfg.AdvertiseAddr != "" {
@@ -258,6 +278,9 @@ func New(cfg Config, logger *slog.Logger, tel *telemetry.Provider, st store.Stor
 		server.WithMetricsHandler(tel.MetricsHandler()),
 		server.WithHTTPMiddleware(func(h http.Handler) http.Handler { return tel.HTTPHandler(h, "bus") }),
 	}, opts...)
+	if cfg.AllowUnauthenticated {
+		opts = append(opts, server.WithDevelopmentGuard(cfg.AllowedHosts))
+	}
 	srv, err := server.New(server.Config{Name: "bus", HTTPAddr: string(cfg.Addr), ShutdownTimeout: cfg.ShutdownTimeout}, logger, opts...)
 	if err != nil {
 		return nil, fmt.Errorf("bus server: %w", err)
@@ -275,14 +298,20 @@ func New(cfg Config, logger *slog.Logger, tel *telemetry.Provider, st store.Stor
 }
 
 // authenticate resolves the bearer token of a request, if it has one.
-// present is false without an Authorization header.
-func (b *Bus) authenticate(r *http.Request) (grant *broker.Grant, present bool, err error) {
+// present is false without an Authorization header. A wrong token counts
+// against the caller's address; once it presented too many, err is
+// errThrottled (and Retry-After is set) whatever the token.
+func (b *Bus) authenticate(w http.ResponseWriter, r *http.Request) (grant *broker.Grant, present bool, err error) {
 	h := r.Header.Get("Authorization")
 	if h == "" {
 		return nil, false, nil
 	}
+	if !b.throttle.HTTP(w, r) {
+		return nil, true, errThrottled
+	}
 	token, ok := auth.Bearer(h)
 	if !ok {
+		b.throttle.FailHTTP(r)
 		return nil, true, errors.New("the Authorization header is not a bearer token")
 	}
 	g, err := b.access.Lookup(token)
@@ -295,18 +324,29 @@ func (b *Bus) authenticate(r *http.Request) (grant *broker.Grant, present bool, 
 		}
 	}
 	if err != nil {
+		if !errors.Is(err, errTokenUncheckable) {
+			b.throttle.FailHTTP(r)
+		}
 		return nil, true, err
 	}
 	return &g, true, nil
 }
+
+// errThrottled: the caller's address presented too many wrong tokens.
+var errThrottled = errors.New(auth.ThrottledMessage)
 
 // errTokenUncheckable: the store that holds launched agents' tokens did
 // not answer; the client should retry, not treat its token as refused.
 var errTokenUncheckable = errors.New("the token cannot be checked now; retry")
 
 // writeAuthError answers a failed authentication: 503 when the token could
-// not be checked, 401 when it was refused.
+// not be checked, 429 when its address is throttled, 401 when it was
+// refused.
 func writeAuthError(w http.ResponseWriter, err error) {
+	if errors.Is(err, errThrottled) {
+		server.WriteError(w, http.StatusTooManyRequests, "bus: "+err.Error())
+		return
+	}
 	if errors.Is(err, errTokenUncheckable) {
 		w.Header().Set("Retry-After", "1")
 		server.WriteError(w, http.StatusServiceUnavailable, "bus: "+err.Error())
@@ -316,9 +356,9 @@ func writeAuthError(w http.ResponseWriter, err error) {
 }
 
 func (b *Bus) serveWebSocket(w http.ResponseWriter, r *http.Request) {
-	sessionAuth := broker.SessionAuth{Open: b.cfg.AllowUnauthenticated, Access: b.access}
+	sessionAuth := broker.SessionAuth{Open: b.cfg.AllowUnauthenticated, Access: b.access, Throttle: b.throttle, Remote: r.RemoteAddr}
 	if !b.cfg.AllowUnauthenticated {
-		grant, _, err := b.authenticate(r)
+		grant, _, err := b.authenticate(w, r)
 		if err != nil {
 			writeAuthError(w, err)
 			return

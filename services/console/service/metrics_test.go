@@ -15,8 +15,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/conclave-ai/conclave/pkg/auth"
 	"github.com/conclave-ai/conclave/pkg/telemetry"
 	"github.com/conclave-ai/conclave/pkg/telemetry/metricstest"
+	"github.com/conclave-ai/conclave/pkg/testenv"
 	"github.com/conclave-ai/conclave/services/console/internal/session"
 	"github.com/conclave-ai/conclave/services/console/service"
 )
@@ -106,6 +108,31 @@ func TestMetrics(t *testing.T) {
 	if resp, err := http.DefaultClient.Do(sreqSignin); err != nil || resp.StatusCode != http.StatusUnauthorized {
 		t.Fatalf("a refused sign-in: %v %v", resp, err)
 	}
+	// Sign-ins refused too often from one address are throttled: 429 with
+	// Retry-After from it, while another address is still heard.
+	signin := func(client *http.Client) *http.Response {
+		t.Helper()
+		req, _ := http.NewRequest("POST", base+"/signin", strings.NewReader(url.Values{"gateway_token": {"bad"}, "signin_csrf": {signinCK.Value}}.Encode()))
+		req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+		req.AddCookie(signinCK)
+		resp, err := client.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp
+	}
+	for i := 1; i < auth.ThrottleBurst; i++ {
+		if resp := signin(http.DefaultClient); resp.StatusCode != http.StatusUnauthorized {
+			t.Fatalf("refused sign-in %d: %d, want 401", i+1, resp.StatusCode)
+		}
+	}
+	if resp := signin(http.DefaultClient); resp.StatusCode != http.StatusTooManyRequests || resp.Header.Get("Retry-After") == "" {
+		t.Errorf("one refused sign-in too many: %d, Retry-After %q; want 429 with it", resp.StatusCode, resp.Header.Get("Retry-After"))
+	}
+	if resp := signin(testenv.ClientFrom(testenv.OtherLoopback)); resp.StatusCode != http.StatusUnauthorized {
+		t.Errorf("a sign-in from another address: %d, want 401", resp.StatusCode)
+	}
 	// A stream: open while scraping.
 	sctx, cancelStream := context.WithCancel(context.Background())
 	sreq, _ := http.NewRequestWithContext(sctx, "GET", base+"/live/agents", nil)
@@ -131,6 +158,7 @@ func TestMetrics(t *testing.T) {
 		{"conclave_console_refusals_total", []string{"reason", "csrf"}},
 		{"conclave_console_refusals_total", []string{"reason", "expired_session"}},
 		{"conclave_console_refusals_total", []string{"reason", "signin"}},
+		{"conclave_console_auth_throttled_total", nil},
 	}
 	for _, c := range checks {
 		if v := fams.Value(c.name, c.labels...); v < 1 {

@@ -15,7 +15,9 @@ import (
 	"strings"
 	"time"
 
+	"github.com/conclave-ai/conclave/pkg/auth"
 	"github.com/conclave-ai/conclave/pkg/config"
+	"github.com/conclave-ai/conclave/pkg/httpguard"
 	"github.com/conclave-ai/conclave/pkg/server"
 	"github.com/conclave-ai/conclave/pkg/telemetry"
 	"github.com/conclave-ai/conclave/services/console/internal/backend"
@@ -49,6 +51,9 @@ type Config struct {
 	MaxStreams           int           `env:"CONCLAVE_CONSOLE_MAX_STREAMS" default:"256" help:"live streams (Server-Sent Events) open at once"`
 	StreamMaxAge         time.Duration `env:"CONCLAVE_CONSOLE_STREAM_MAX_AGE" default:"30m" help:"how long a live stream lasts before the browser reconnects it"`
 	ShutdownTimeout      time.Duration `env:"CONCLAVE_CONSOLE_SHUTDOWN_TIMEOUT" default:"15s" help:"how long in-flight requests may drain on shutdown"`
+	// AllowedHosts are answered besides loopback names while the console
+	// is open without sign-in.
+	AllowedHosts []string `env:"CONCLAVE_CONSOLE_ALLOWED_HOSTS" help:"comma-separated Host names the console answers besides localhost, 127.0.0.1 and [::1] while it is open without sign-in"`
 }
 
 func (c Config) jaegerQueryURL() string {
@@ -62,6 +67,16 @@ func (c Config) jaegerQueryURL() string {
 func (c Config) Validate() error {
 	if _, err := c.sessionKey(); err != nil {
 		return err
+	}
+	if c.AllowUnauthenticated {
+		if err := httpguard.CheckListen("CONCLAVE_CONSOLE_HTTP_ADDR", string(c.HTTPAddr), "CONCLAVE_CONSOLE_ALLOW_UNAUTHENTICATED"); err != nil {
+			return err
+		}
+	}
+	if c.EventsBusToken != "" {
+		if err := auth.CheckTokens("CONCLAVE_CONSOLE_EVENTS_BUS_TOKEN", c.EventsBusToken); err != nil {
+			return err
+		}
 	}
 	for key, u := range map[string]string{
 		"CONCLAVE_CONSOLE_GATEWAY_URL":      c.GatewayURL,
@@ -214,6 +229,7 @@ func New(cfg Config, logger *slog.Logger, tel *telemetry.Provider, opts ...Optio
 		MaxStreams:      cfg.MaxStreams,
 		StreamMaxAge:    cfg.StreamMaxAge,
 		ChatTimeout:     cfg.ChatTimeout,
+		SignInThrottle:  auth.NewThrottle(auth.ThrottleOptions{Throttled: telemetry.AuthThrottled(tel.Meter("console"), "console")}),
 		Metrics:         m,
 		Logger:          logger,
 	})
@@ -228,6 +244,9 @@ func New(cfg Config, logger *slog.Logger, tel *telemetry.Provider, opts ...Optio
 		server.WithMetricsHandler(tel.MetricsHandler()),
 		server.WithHTTPMiddleware(func(h http.Handler) http.Handler { return tel.HTTPHandler(h, "console") }),
 	}, o.server...)
+	if cfg.AllowUnauthenticated {
+		srvOpts = append(srvOpts, server.WithDevelopmentGuard(cfg.AllowedHosts))
+	}
 	srv, err := server.New(server.Config{
 		Name:            "console",
 		HTTPAddr:        string(cfg.HTTPAddr),
@@ -239,7 +258,12 @@ func New(cfg Config, logger *slog.Logger, tel *telemetry.Provider, opts ...Optio
 		stop()
 		return nil, fmt.Errorf("console server: %w", err)
 	}
-	h.Routes(srv.Handle, srv.HandleStream)
+	// The console's posts are its forms (and its scripts', form-encoded
+	// too), each with a CSRF token; they take that type alone.
+	forms := func(register func(string, http.Handler)) func(string, http.Handler) {
+		return func(pattern string, h http.Handler) { register(pattern, server.AcceptContentTypes(h, httpguard.Form)) }
+	}
+	h.Routes(forms(srv.Handle), forms(srv.HandleStream))
 	// Chats with agents run under base: they end with the console.
 	srv.OnShutdown(func(context.Context) { stop() })
 	return &Console{srv: srv, web: h, cfg: cfg, log: logger, stop: stop}, nil

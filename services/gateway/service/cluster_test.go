@@ -128,14 +128,14 @@ const clusterAgentCount = 9
 var clusterAgentTokens = func() []string {
 	pairs := make([]string, clusterAgentCount)
 	for i := range pairs {
-		pairs[i] = fmt.Sprintf("agent-%d=agent-%d-secret", i, i)
+		pairs[i] = fmt.Sprintf("agent-%d=agent-%d-secret-0123456789", i, i)
 	}
 	return pairs
 }()
 
 // withAgentToken carries id's token on an AgentStream.
 func withAgentToken(ctx context.Context, id string) context.Context {
-	return metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+id+"-secret")
+	return metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+id+"-secret-0123456789")
 }
 
 // clusterAgent is a coven agent that keeps itself connected through the

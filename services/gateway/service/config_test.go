@@ -44,6 +44,16 @@ func TestClientLimitSettings(t *testing.T) {
 		{name: "negative agent timeout", env: map[string]string{"CONCLAVE_GATEWAY_AGENT_TIMEOUT": "-1s"}, wantErr: "CONCLAVE_GATEWAY_AGENT_TIMEOUT: "},
 		{name: "zero keepalive", env: map[string]string{"CONCLAVE_GATEWAY_KEEPALIVE_TIME": "0s"}, wantErr: "CONCLAVE_GATEWAY_KEEPALIVE_TIME: "},
 		{name: "zero keepalive timeout", env: map[string]string{"CONCLAVE_GATEWAY_KEEPALIVE_TIMEOUT": "0s"}, wantErr: "CONCLAVE_GATEWAY_KEEPALIVE_TIMEOUT: "},
+		// Agents without tokens on every interface.
+		{name: "open agent listener on the network", env: map[string]string{"CONCLAVE_GATEWAY_GRPC_ADDR": ":50051"}, wantErr: "CONCLAVE_GATEWAY_GRPC_ADDR: "},
+		{name: "open client API on the network", env: map[string]string{"CONCLAVE_GATEWAY_ALLOW_UNAUTHENTICATED": "true", "CONCLAVE_GATEWAY_HTTP_ADDR": "0.0.0.0:8080"},
+			wantErr: "CONCLAVE_GATEWAY_HTTP_ADDR: "},
+		// The standalone gateway once accepted CONCLAVE_GATEWAY_CLIENT_TOKENS=a.
+		{name: "one-character client token", env: map[string]string{"CONCLAVE_GATEWAY_CLIENT_TOKENS": "a"}, wantErr: "CONCLAVE_GATEWAY_CLIENT_TOKENS: "},
+		{name: "15-character client token", env: map[string]string{"CONCLAVE_GATEWAY_CLIENT_TOKENS": token + ",fifteen-chars-x"}, wantErr: "CONCLAVE_GATEWAY_CLIENT_TOKENS: "},
+		{name: "15-character agent token", env: map[string]string{"CONCLAVE_GATEWAY_AGENT_TOKENS": "agent-1=fifteen-chars-x"}, wantErr: "CONCLAVE_GATEWAY_AGENT_TOKENS: "},
+		{name: "16-character agent token", env: map[string]string{"CONCLAVE_GATEWAY_AGENT_TOKENS": "agent-1=sixteen-chars-xy"},
+			check: func(c service.Config) bool { return len(c.AgentTokens) == 1 }},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -51,6 +61,9 @@ func TestClientLimitSettings(t *testing.T) {
 			env := map[string]string{
 				"CONCLAVE_GATEWAY_CLIENT_TOKENS":               token,
 				"CONCLAVE_GATEWAY_ALLOW_AGENTS_WITHOUT_TOKENS": "true",
+				// Agents without tokens: loopback only.
+				"CONCLAVE_GATEWAY_GRPC_ADDR": "127.0.0.1:50051",
+				"CONCLAVE_GATEWAY_HTTP_ADDR": "127.0.0.1:8080",
 			}
 			for k, v := range tt.env {
 				env[k] = v

@@ -75,6 +75,7 @@ func TestIdempotencyKey(t *testing.T) {
 		httpReq, _ := http.NewRequestWithContext(ctx, "POST", base+"/v1/agents/idem-once/messages",
 			strings.NewReader(`{"content":"pay 10","idempotency_key":"order-1"}`))
 		httpReq.Header.Set("Authorization", "Bearer "+token)
+		httpReq.Header.Set("Content-Type", "application/json")
 		resp, err := http.DefaultClient.Do(httpReq)
 		if err != nil {
 			t.Fatal(err)

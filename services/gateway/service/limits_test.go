@@ -17,15 +17,17 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
+	"github.com/conclave-ai/conclave/pkg/auth"
 	"github.com/conclave-ai/conclave/pkg/store"
 	"github.com/conclave-ai/conclave/pkg/telemetry"
+	"github.com/conclave-ai/conclave/pkg/testenv"
 	gatewayv1 "github.com/conclave-ai/conclave/proto/conclave/gateway/v1"
 	covenpb "github.com/conclave-ai/conclave/proto/coven"
 	"github.com/conclave-ai/conclave/services/gateway/service"
 )
 
 // otherToken is a second client's token on gateways startTuned runs.
-const otherToken = "other-token"
+const otherToken = "other-token-0123456789"
 
 // startTuned runs a real gateway replica named id on st, like startReplica,
 // with two client tokens (token and otherToken) and cfg adjusted by tune.
@@ -239,6 +241,9 @@ func TestClientRateLimitOverGRPCAndREST(t *testing.T) {
 		if resp.StatusCode != wantHTTP {
 			t.Errorf("REST %v answered HTTP %d, want %d", body.Code, resp.StatusCode, wantHTTP)
 		}
+		if resp.StatusCode == http.StatusTooManyRequests && resp.Header.Get("Retry-After") == "" {
+			t.Errorf("REST %v: a 429 without Retry-After", body.Code)
+		}
 		return result{body.Code, body.Message}
 	}
 
@@ -332,13 +337,14 @@ func TestClientStreamCap(t *testing.T) {
 	// Over REST as well: 429.
 	req, _ := http.NewRequestWithContext(ctx, "POST", base+"/v1/agents/quick/messages", strings.NewReader(`{"content":"third"}`))
 	req.Header.Set("Authorization", "Bearer "+token)
+	req.Header.Set("Content-Type", "application/json")
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}
 	body, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
-	if resp.StatusCode != http.StatusTooManyRequests || !strings.Contains(string(body), capMsg) {
+	if resp.StatusCode != http.StatusTooManyRequests || !strings.Contains(string(body), capMsg) || resp.Header.Get("Retry-After") == "" {
 		t.Fatalf("a third stream over REST: %d %s", resp.StatusCode, body)
 	}
 	// Unary calls are not streams.
@@ -362,4 +368,57 @@ func TestClientStreamCap(t *testing.T) {
 
 func (r reply) String() string {
 	return fmt.Sprintf("events %q, request %q, error %v", r.events, r.requestID, r.err)
+}
+
+// restGet sends GET url with token through client and returns the status
+// and Retry-After.
+func restGet(t *testing.T, client *http.Client, url, tok string) (int, string) {
+	t.Helper()
+	req, err := http.NewRequest("GET", url, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Authorization", "Bearer "+tok)
+	resp, err := client.Do(req)
+	if err != nil {
+		t.Fatalf("GET %s: %v", url, err)
+	}
+	defer resp.Body.Close()
+	_, _ = io.Copy(io.Discard, resp.Body)
+	return resp.StatusCode, resp.Header.Get("Retry-After")
+}
+
+// checkAuthThrottle sends wrong tokens from 127.0.0.1 until the gateway
+// throttles that address: from then on every request from it that
+// presents a token is refused, the right token included (429 with
+// Retry-After on REST, RESOURCE_EXHAUSTED with a retry-after trailer on
+// gRPC), while another address is served. Three requests are refused so.
+func checkAuthThrottle(t *testing.T, conn *grpc.ClientConn, base string) {
+	t.Helper()
+	const wrong = "wrong-token-0123456789"
+	for i := range auth.ThrottleBurst {
+		if code, _ := restGet(t, http.DefaultClient, base+"/v1/agents", wrong); code != http.StatusUnauthorized {
+			t.Fatalf("wrong token %d: %d, want 401", i+1, code)
+		}
+	}
+	if code, retry := restGet(t, http.DefaultClient, base+"/v1/agents", wrong); code != http.StatusTooManyRequests || retry == "" {
+		t.Errorf("one wrong token too many: %d, Retry-After %q; want 429 with Retry-After", code, retry)
+	}
+	if code, retry := restGet(t, http.DefaultClient, base+"/v1/agents", token); code != http.StatusTooManyRequests || retry == "" {
+		t.Errorf("the right token from the throttled address: %d, Retry-After %q; want 429 with Retry-After", code, retry)
+	}
+	var trailer metadata.MD
+	_, err := gatewayv1.NewGatewayServiceClient(conn).ListAgents(as(context.Background(), token), &gatewayv1.ListAgentsRequest{}, grpc.Trailer(&trailer))
+	if status.Code(err) != codes.ResourceExhausted || len(trailer.Get("retry-after")) == 0 {
+		t.Errorf("gRPC from the throttled address: %v, trailer %v; want RESOURCE_EXHAUSTED with retry-after", err, trailer)
+	}
+	if code, _ := restGet(t, testenv.ClientFrom(testenv.OtherLoopback), base+"/v1/agents", token); code != http.StatusOK {
+		t.Errorf("another address: %d, want 200", code)
+	}
+}
+
+func TestGatewayThrottlesWrongTokens(t *testing.T) {
+	t.Parallel()
+	conn, base := startTuned(t, "gw-throttle", openStore(t), nil)
+	checkAuthThrottle(t, conn, base)
 }

@@ -80,7 +80,7 @@ func TestGatewayMetrics(t *testing.T) {
 	checked := map[string]bool{}
 	connA, urlA := startTuned(t, "gw-metrics", cut, func(c *service.Config) {
 		c.Lease, c.AgentTimeout, c.QueueDepth, c.MaxHeartbeats = 900*time.Millisecond, 5*time.Second, 1, 5
-		c.AgentTokens = []string{"locked=locked-secret"}
+		c.AgentTokens = []string{"locked=locked-secret-0123456789"}
 	})
 	connB, urlB := startTuned(t, "gw-other", shared, func(c *service.Config) { c.AgentTimeout = 10 * time.Minute })
 	a := &scraper{t: t, url: urlA, checked: checked}
@@ -212,7 +212,7 @@ func TestGatewayMetrics(t *testing.T) {
 	// Registrations refused for a want of token where tokens are required,
 	// and requests refused by the client rate limit, on a third replica.
 	connC, urlC := startTuned(t, "gw-strict", shared, func(c *service.Config) {
-		c.AllowAgentsWithoutTokens, c.AgentTokens = false, []string{"only=only-secret"}
+		c.AllowAgentsWithoutTokens, c.AgentTokens = false, []string{"only=only-secret-0123456789"}
 		c.ClientRate, c.ClientBurst = 1e-6, 1
 	})
 	c := &scraper{t: t, url: urlC, checked: checked}
@@ -225,6 +225,12 @@ func TestGatewayMetrics(t *testing.T) {
 		_ = send(authed(ctx), clientC, &gatewayv1.SendMessageRequest{AgentId: "nobody"})
 	}
 	c.moved("conclave_gateway_requests_total", 1, "outcome", "rate_limited")
+
+	// Requests refused for too many wrong tokens from one address, on a
+	// fourth replica.
+	connD, urlD := startTuned(t, "gw-throttled", shared, nil)
+	checkAuthThrottle(t, connD, urlD)
+	(&scraper{t: t, url: urlD, checked: checked}).moved("conclave_gateway_auth_throttled_total", 3)
 
 	var got []string
 	for name := range checked {
@@ -248,7 +254,7 @@ func TestGatewayMetricSeriesStayBounded(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	conn, url := startTuned(t, "gw-bounded", openStore(t), func(c *service.Config) {
-		c.AllowAgentsWithoutTokens, c.AgentTokens = false, []string{"only=only-secret"}
+		c.AllowAgentsWithoutTokens, c.AgentTokens = false, []string{"only=only-secret-0123456789"}
 		c.Lease = 900 * time.Millisecond
 	})
 	client := gatewayv1.NewGatewayServiceClient(conn)

@@ -15,6 +15,7 @@ import (
 
 	"github.com/conclave-ai/conclave/pkg/auth"
 	"github.com/conclave-ai/conclave/pkg/config"
+	"github.com/conclave-ai/conclave/pkg/httpguard"
 	"github.com/conclave-ai/conclave/pkg/server"
 	"github.com/conclave-ai/conclave/pkg/store"
 	"github.com/conclave-ai/conclave/pkg/telemetry"
@@ -57,7 +58,14 @@ type Config struct {
 	// register; agents listed in AgentTokens must still present theirs.
 	AllowAgentsWithoutTokens bool `env:"CONCLAVE_GATEWAY_ALLOW_AGENTS_WITHOUT_TOKENS" default:"false" help:"let agents with no token in CONCLAVE_GATEWAY_AGENT_TOKENS register (development only)"`
 	MaxHeartbeats            int  `env:"CONCLAVE_GATEWAY_MAX_HEARTBEATS" default:"50" help:"heartbeats an agent may send in one second before its stream is closed"`
+	// AllowedHosts are answered besides loopback names while the gateway
+	// runs without authentication.
+	AllowedHosts []string `env:"CONCLAVE_GATEWAY_ALLOWED_HOSTS" help:"comma-separated Host names the HTTP listener answers besides localhost, 127.0.0.1 and [::1] while it runs without authentication"`
 }
+
+// unauthenticated reports whether a listener of the gateway runs without
+// authentication: it must then bind loopback only.
+func (c Config) unauthenticated() bool { return c.AllowUnauthenticated || c.AllowAgentsWithoutTokens }
 
 // Validate implements config.Validator.
 func (c Config) Validate() error {
@@ -66,6 +74,21 @@ func (c Config) Validate() error {
 	}
 	if len(c.ClientTokens) == 0 && !c.AllowUnauthenticated {
 		return fmt.Errorf("CONCLAVE_GATEWAY_CLIENT_TOKENS: set at least one client token, or CONCLAVE_GATEWAY_ALLOW_UNAUTHENTICATED=true for development")
+	}
+	if err := auth.CheckTokens("CONCLAVE_GATEWAY_CLIENT_TOKENS", c.ClientTokens...); err != nil {
+		return err
+	}
+	if c.unauthenticated() {
+		allowing := "CONCLAVE_GATEWAY_ALLOW_UNAUTHENTICATED"
+		if !c.AllowUnauthenticated {
+			allowing = "CONCLAVE_GATEWAY_ALLOW_AGENTS_WITHOUT_TOKENS"
+		}
+		if err := httpguard.CheckListen("CONCLAVE_GATEWAY_GRPC_ADDR", string(c.GRPCAddr), allowing); err != nil {
+			return err
+		}
+		if err := httpguard.CheckListen("CONCLAVE_GATEWAY_HTTP_ADDR", string(c.HTTPAddr), allowing); err != nil {
+			return err
+		}
 	}
 	if _, err := auth.ParseAgentTokens(c.AgentTokens, !c.AllowAgentsWithoutTokens); err != nil {
 		return fmt.Errorf("CONCLAVE_GATEWAY_AGENT_TOKENS: %w", err)
@@ -135,8 +158,13 @@ func New(cfg Config, logger *slog.Logger, tel *telemetry.Provider, st store.Stor
 	// An agent's stream lives as long as its connection: one span for it
 	// would tell nothing and hold memory for every idle agent.
 	grpcOpts := append(tel.GRPCServerOptions(covenpb.CovenControl_AgentStream_FullMethodName), agentstream.ServerOption())
+	// One budget of wrong tokens per address, clients' and agents' alike.
+	throttle := auth.NewThrottle(auth.ThrottleOptions{Throttled: telemetry.AuthThrottled(tel.Meter("gateway"), "gateway")})
+	var restAuth *clientapi.RESTAuth
 	if !cfg.AllowUnauthenticated {
-		unary, stream := auth.NewTokens(cfg.ClientTokens...).Protect(clientapi.ServicePrefix)
+		tokens := auth.NewTokens(cfg.ClientTokens...).WithThrottle(throttle)
+		restAuth = &clientapi.RESTAuth{Tokens: tokens, Throttle: throttle}
+		unary, stream := tokens.Protect(clientapi.ServicePrefix)
 		grpcOpts = append(grpcOpts, grpc.ChainUnaryInterceptor(unary), grpc.ChainStreamInterceptor(stream))
 	} else {
 		logger.Warn("the gateway's client API accepts requests without a bearer token")
@@ -156,6 +184,9 @@ func New(cfg Config, logger *slog.Logger, tel *telemetry.Provider, st store.Stor
 		server.WithMetricsHandler(tel.MetricsHandler()),
 		server.WithHTTPMiddleware(func(h http.Handler) http.Handler { return tel.HTTPHandler(h, "gateway") }),
 	}, opts...)
+	if cfg.unauthenticated() {
+		opts = append(opts, server.WithDevelopmentGuard(cfg.AllowedHosts))
+	}
 	srv, err := server.New(server.Config{
 		Name:            "gateway",
 		GRPCAddr:        string(cfg.GRPCAddr),
@@ -174,6 +205,7 @@ func New(cfg Config, logger *slog.Logger, tel *telemetry.Provider, st store.Stor
 	if err != nil {
 		return nil, fmt.Errorf("CONCLAVE_GATEWAY_AGENT_TOKENS: %w", err)
 	}
+	agentTokens.WithThrottle(throttle)
 	if cfg.AllowAgentsWithoutTokens {
 		logger.Warn("agents without a configured token may register", "agents_with_tokens", agentTokens.Len())
 	}
@@ -210,11 +242,13 @@ func New(cfg Config, logger *slog.Logger, tel *telemetry.Provider, st store.Stor
 	if cfg.HTTPAddr != "" {
 		// REST goes through this gateway's own gRPC listener, so it passes
 		// the same authentication, limits and tracing as gRPC clients.
-		self, err := srv.SelfClient(tel.GRPCDialOptions()...)
+		// Its calls are marked as the front's, which throttles its own
+		// callers' addresses: the gRPC side sees only this process's.
+		self, err := srv.SelfClient(append(tel.GRPCDialOptions(), throttle.SelfDialOptions()...)...)
 		if err != nil {
 			return nil, err
 		}
-		rest, err := clientapi.NewREST(context.Background(), self)
+		rest, err := clientapi.NewREST(context.Background(), self, restAuth)
 		if err != nil {
 			return nil, err
 		}

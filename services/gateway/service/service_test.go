@@ -25,7 +25,7 @@ import (
 	"github.com/conclave-ai/conclave/services/gateway/service"
 )
 
-const token = "test-token"
+const token = "test-token-0123456789"
 
 // startGateway runs a real gateway on loopback ports, on its own store, and
 // returns its gRPC connection and HTTP base URL.
@@ -237,6 +237,9 @@ func TestClientAPIOverRESTAndSSE(t *testing.T) {
 	do := func(method, path, body, accept string, withToken bool) *http.Response {
 		t.Helper()
 		req, _ := http.NewRequestWithContext(ctx, method, base+path, strings.NewReader(body))
+		if body != "" {
+			req.Header.Set("Content-Type", "application/json")
+		}
 		if accept != "" {
 			req.Header.Set("Accept", accept)
 		}

@@ -282,6 +282,7 @@ func TestOneTrace(t *testing.T) {
 	traceID := span.SpanContext().TraceID().String()
 	req, _ := http.NewRequestWithContext(ctx, "POST", r.base+"/api/v1/agents/launch", strings.NewReader(
 		`{"task_id":"traced","agent_type":"normal","workspace_path":"`+workspace(t)+`","env":{"TASK_DESCRIPTION":"trace me"}}`))
+	req.Header.Set("Content-Type", "application/json")
 	propagation.TraceContext{}.Inject(ctx, propagation.HeaderCarrier(req.Header))
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {

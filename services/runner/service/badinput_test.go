@@ -108,7 +108,7 @@ func TestAuthentication(t *testing.T) {
 		t.Skip("starts a runner")
 	}
 	t.Parallel()
-	r := startRunner(t, map[string]string{"CONCLAVE_RUNNER_ALLOW_UNAUTHENTICATED": "false", "CONCLAVE_RUNNER_CLIENT_TOKENS": "s3cret"})
+	r := startRunner(t, map[string]string{"CONCLAVE_RUNNER_ALLOW_UNAUTHENTICATED": "false", "CONCLAVE_RUNNER_CLIENT_TOKENS": "s3cret-0123456789abc"})
 	var e errorBody
 	if code := r.do(t, "POST", "/api/v1/agents/launch", map[string]any{"task_id": "t", "agent_type": "acp-normal", "workspace_path": r.workspace(t)}, &e); code != http.StatusUnauthorized || e.HTTPStatus != 401 {
 		t.Fatalf("without a token: %d %+v", code, e)
@@ -117,7 +117,7 @@ func TestAuthentication(t *testing.T) {
 	if code := r.do(t, "GET", "/api/v1/agent-types", nil, &e); code != http.StatusUnauthorized {
 		t.Fatalf("with a wrong token: %d %+v", code, e)
 	}
-	r.token = "s3cret"
+	r.token = "s3cret-0123456789abc"
 	if code := r.do(t, "GET", "/api/v1/agent-types", nil, nil); code != http.StatusOK {
 		t.Fatalf("with the token: %d", code)
 	}
@@ -138,6 +138,15 @@ func TestRateLimit(t *testing.T) {
 	var e errorBody
 	if code := r.do(t, "GET", "/api/v1/agent-types", nil, &e); code != http.StatusTooManyRequests || e.Error != "rate_limited" || e.HTTPStatus != 429 {
 		t.Fatalf("past the burst: %d %+v", code, e)
+	}
+	// Every 429 says when to come back.
+	resp, err := http.Get(r.base + "/api/v1/agent-types")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusTooManyRequests || resp.Header.Get("Retry-After") == "" {
+		t.Errorf("past the burst: %d with Retry-After %q, want 429 with one", resp.StatusCode, resp.Header.Get("Retry-After"))
 	}
 }
 

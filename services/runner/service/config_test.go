@@ -20,7 +20,7 @@ import (
 // Each bad setting is refused naming its variable.
 func TestConfigValidation(t *testing.T) {
 	t.Parallel()
-	base := map[string]string{"CONCLAVE_RUNNER_CLIENT_TOKENS": "t", "CONCLAVE_RUNNER_WORKSPACE_ROOTS": "/tmp"}
+	base := map[string]string{"CONCLAVE_RUNNER_CLIENT_TOKENS": "runner-token-0123456789", "CONCLAVE_RUNNER_WORKSPACE_ROOTS": "/tmp"}
 	kube := map[string]string{"CONCLAVE_RUNNER_EXECUTOR": "kubernetes", "CONCLAVE_RUNNER_HOST_KEY": strings.Repeat("k", 32),
 		"CONCLAVE_RUNNER_KUBE_HOST_IMAGE": "conclave/agent-host:1"}
 	for _, tt := range []struct {
@@ -29,6 +29,7 @@ func TestConfigValidation(t *testing.T) {
 		also map[string]string
 	}{
 		{"CONCLAVE_RUNNER_CLIENT_TOKENS", "", "CONCLAVE_RUNNER_CLIENT_TOKENS", nil},
+		{"CONCLAVE_RUNNER_CLIENT_TOKENS", "fifteen-chars-x", "CONCLAVE_RUNNER_CLIENT_TOKENS", nil},
 		{"CONCLAVE_RUNNER_WORKSPACE_ROOTS", "", "CONCLAVE_RUNNER_WORKSPACE_ROOTS", nil},
 		{"CONCLAVE_RUNNER_WORKSPACE_ROOTS", "relative/dir", "CONCLAVE_RUNNER_WORKSPACE_ROOTS", nil},
 		{"CONCLAVE_RUNNER_WORKERS", "0", "CONCLAVE_RUNNER_WORKERS", nil},

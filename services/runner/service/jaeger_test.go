@@ -39,6 +39,7 @@ func TestLaunchIsOneTrace(t *testing.T) {
 
 	body := `{"task_id":"traced","agent_type":"acp-normal","workspace_path":"` + r.workspace(t) + `","env":{"TASK_DESCRIPTION":"trace me"}}`
 	req, _ := http.NewRequestWithContext(callCtx, "POST", r.base+"/api/v1/agents/launch", strings.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
 	propagation.TraceContext{}.Inject(callCtx, propagation.HeaderCarrier(req.Header))
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {

@@ -20,12 +20,12 @@ func TestListAgents(t *testing.T) {
 		t.Skip("starts a runner")
 	}
 	t.Parallel()
-	r := startRunner(t, map[string]string{"CONCLAVE_RUNNER_ALLOW_UNAUTHENTICATED": "false", "CONCLAVE_RUNNER_CLIENT_TOKENS": "s3cret"})
+	r := startRunner(t, map[string]string{"CONCLAVE_RUNNER_ALLOW_UNAUTHENTICATED": "false", "CONCLAVE_RUNNER_CLIENT_TOKENS": "s3cret-0123456789abc"})
 	var e errorBody
 	if code := r.do(t, "GET", "/api/v1/agents", nil, &e); code != http.StatusUnauthorized {
 		t.Fatalf("without a token: %d %+v", code, e)
 	}
-	r.token = "s3cret"
+	r.token = "s3cret-0123456789abc"
 	var empty listResponse
 	if code := r.do(t, "GET", "/api/v1/agents", nil, &empty); code != http.StatusOK || empty.Instances == nil || len(empty.Instances) != 0 || empty.NextPageToken != "" {
 		t.Fatalf("nothing launched: %d %+v", code, empty)

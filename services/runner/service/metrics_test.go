@@ -43,6 +43,8 @@ func TestMetrics(t *testing.T) {
 	// are tested on the real node (kubetest, TestKubernetesExecutor).
 	tested["conclave_runner_host_connects_total"] = true
 	tested["conclave_runner_host_streams"] = true
+	// Throttled wrong tokens need a runner with tokens: TestThrottlesWrongTokens.
+	tested["conclave_runner_auth_throttled_total"] = true
 	if err := stopOther(); err != nil {
 		t.Fatal(err)
 	}

@@ -19,6 +19,7 @@ import (
 
 	"github.com/conclave-ai/conclave/pkg/auth"
 	"github.com/conclave-ai/conclave/pkg/config"
+	"github.com/conclave-ai/conclave/pkg/httpguard"
 	"github.com/conclave-ai/conclave/pkg/queue"
 	"github.com/conclave-ai/conclave/pkg/server"
 	"github.com/conclave-ai/conclave/pkg/store"
@@ -59,6 +60,9 @@ type Config struct {
 	// AllowUnauthenticated opens the API without tokens; conclave dev sets
 	// it, on loopback only.
 	AllowUnauthenticated bool `env:"CONCLAVE_RUNNER_ALLOW_UNAUTHENTICATED" default:"false" help:"serve the API without bearer tokens (development only)"`
+	// AllowedHosts are answered besides loopback names while the runner
+	// runs without authentication.
+	AllowedHosts []string `env:"CONCLAVE_RUNNER_ALLOWED_HOSTS" help:"comma-separated Host names the HTTP listener answers besides localhost, 127.0.0.1 and [::1] while it runs without authentication"`
 
 	Executor string `env:"CONCLAVE_RUNNER_EXECUTOR" default:"local" help:"where agents run: local (a process group on this host, spoken to over stdio) or kubernetes (a Job per launch, behind agent-host; docs/runner.md)"`
 	// HostKey signs the per-instance tokens agent-host presents: a secret.
@@ -87,6 +91,17 @@ func (c Config) Validate() error {
 	}
 	if len(c.ClientTokens) == 0 && !c.AllowUnauthenticated {
 		return fmt.Errorf("CONCLAVE_RUNNER_CLIENT_TOKENS: set at least one client token, or CONCLAVE_RUNNER_ALLOW_UNAUTHENTICATED=true for development")
+	}
+	if err := auth.CheckTokens("CONCLAVE_RUNNER_CLIENT_TOKENS", c.ClientTokens...); err != nil {
+		return err
+	}
+	if c.AllowUnauthenticated {
+		if err := httpguard.CheckListen("CONCLAVE_RUNNER_GRPC_ADDR", string(c.GRPCAddr), "CONCLAVE_RUNNER_ALLOW_UNAUTHENTICATED"); err != nil {
+			return err
+		}
+		if err := httpguard.CheckListen("CONCLAVE_RUNNER_HTTP_ADDR", string(c.HTTPAddr), "CONCLAVE_RUNNER_ALLOW_UNAUTHENTICATED"); err != nil {
+			return err
+		}
 	}
 	if len(c.WorkspaceRoots) == 0 {
 		return fmt.Errorf("CONCLAVE_RUNNER_WORKSPACE_ROOTS: set the directories workspaces may lie within")
@@ -271,10 +286,14 @@ func New(cfg Config, deps Deps, opts ...server.Option) (*Runner, error) {
 	sup := supervisor.New(supOpts)
 
 	grpcOpts := tel.GRPCServerOptions()
+	var restAuth *api.RESTAuth
 	if !cfg.AllowUnauthenticated {
+		throttle := auth.NewThrottle(auth.ThrottleOptions{Throttled: telemetry.AuthThrottled(tel.Meter("runner"), "runner")})
+		tokens := auth.NewTokens(cfg.ClientTokens...).WithThrottle(throttle)
+		restAuth = &api.RESTAuth{Tokens: tokens, Throttle: throttle}
 		// Protect covers the API's service only: agent-host's link
 		// (AgentHostService) presents its instance's token to the hub.
-		unary, stream := auth.NewTokens(cfg.ClientTokens...).Protect(api.ServicePrefix)
+		unary, stream := tokens.Protect(api.ServicePrefix)
 		grpcOpts = append(grpcOpts, grpc.ChainUnaryInterceptor(unary), grpc.ChainStreamInterceptor(stream))
 	} else {
 		logger.Warn("the runner's API accepts requests without a bearer token")
@@ -289,6 +308,9 @@ func New(cfg Config, deps Deps, opts ...server.Option) (*Runner, error) {
 		// The server's own 413s and 500s in seed 002's body too.
 		server.WithHTTPErrorWriter(api.WriteHTTPError),
 	}, opts...)
+	if cfg.AllowUnauthenticated {
+		opts = append(opts, server.WithDevelopmentGuard(cfg.AllowedHosts))
+	}
 	srv, err := server.New(server.Config{
 		Name: "runner", GRPCAddr: string(cfg.GRPCAddr), HTTPAddr: string(cfg.HTTPAddr),
 		ShutdownTimeout: cfg.ShutdownTimeout, MaxRequestBodyBytes: 1 << 20,
@@ -305,11 +327,18 @@ func New(cfg Config, deps Deps, opts ...server.Option) (*Runner, error) {
 		r.hub.Register(srv.GRPC())
 	}
 	if cfg.HTTPAddr != "" {
-		self, err := srv.SelfClient(tel.GRPCDialOptions()...)
+		selfOpts := tel.GRPCDialOptions()
+		if restAuth != nil {
+			// Its calls are marked as the front's, which throttles its
+			// own callers' addresses: the gRPC side sees only this
+			// process's.
+			selfOpts = append(selfOpts, restAuth.Throttle.SelfDialOptions()...)
+		}
+		self, err := srv.SelfClient(selfOpts...)
 		if err != nil {
 			return nil, err
 		}
-		rest, err := api.NewREST(context.Background(), self)
+		rest, err := api.NewREST(context.Background(), self, restAuth)
 		if err != nil {
 			return nil, err
 		}

@@ -20,6 +20,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/conclave-ai/conclave/pkg/auth"
 	"github.com/conclave-ai/conclave/pkg/store"
 )
 
@@ -173,8 +174,8 @@ func ParseStatic(pairs []string, role string, into *Static) error {
 	for i, p := range pairs {
 		subject, tok, ok := strings.Cut(p, "=")
 		subject, tok = strings.TrimSpace(subject), strings.TrimSpace(tok)
-		if !ok || !SubjectPattern.MatchString(subject) || len(tok) < 16 {
-			return fmt.Errorf("entry %d is not name=token with a token of 16 characters or more", i+1)
+		if !ok || !SubjectPattern.MatchString(subject) || len(tok) < auth.MinTokenLength {
+			return fmt.Errorf("entry %d is not name=token with a token of %d characters or more", i+1, auth.MinTokenLength)
 		}
 		into.entries = append(into.entries, staticEntry{subject: subject, role: role, digest: sha256.Sum256([]byte(tok))})
 	}

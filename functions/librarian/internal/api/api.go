@@ -24,6 +24,8 @@ import (
 	"github.com/conclave-ai/conclave/functions/librarian/internal/graph"
 	"github.com/conclave-ai/conclave/functions/librarian/internal/policy"
 	"github.com/conclave-ai/conclave/functions/librarian/internal/requests"
+	"github.com/conclave-ai/conclave/pkg/auth"
+	"github.com/conclave-ai/conclave/pkg/httpguard"
 	"github.com/conclave-ai/conclave/pkg/ids"
 	eventsv1 "github.com/conclave-ai/conclave/proto/conclave/events/v1"
 )
@@ -61,7 +63,10 @@ type Options struct {
 	// AllowUnauthenticated lets requests without a token act as the
 	// agent_id they name, and as a reviewer (conclave dev, on loopback).
 	AllowUnauthenticated bool
-	Now                  func() time.Time
+	// Throttle counts wrong tokens per address (nil: none). A Lambda
+	// instance keeps its own counts.
+	Throttle *auth.Throttle
+	Now      func() time.Time
 }
 
 // ReadLimiter counts reads.
@@ -117,6 +122,16 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := context.WithTimeout(r.Context(), h.o.Policy.Protocol.Timeouts.Response)
 	defer cancel()
 	w.Header().Set("X-Content-Type-Options", "nosniff")
+	// The API takes JSON and the review pages their forms, nothing else:
+	// a page elsewhere cannot send either type without a preflight.
+	allowed := httpguard.JSON
+	if r.URL.Path == "/review" || strings.HasPrefix(r.URL.Path, "/review/") {
+		allowed = httpguard.Form
+	}
+	if err := httpguard.ContentType(r, allowed); err != nil {
+		h.fail(w, r, &apiError{Status: http.StatusUnsupportedMediaType, Code: "unsupported_media_type", Message: err.Error()})
+		return
+	}
 	h.mux.ServeHTTP(w, r.WithContext(ctx))
 }
 
@@ -189,6 +204,11 @@ func writeError(w http.ResponseWriter, e *apiError) {
 	for k, v := range e.Headers {
 		w.Header().Set(k, v)
 	}
+	if e.Status == http.StatusTooManyRequests && w.Header().Get("Retry-After") == "" {
+		// Every 429 says when to come back; the Lambda has no pkg/server
+		// to add it.
+		w.Header().Set("Retry-After", "1")
+	}
 	var b errorBody
 	b.Error.Code, b.Error.Status, b.Error.Message, b.Error.Field = e.Status, e.Code, e.Message, e.Field
 	writeJSON(w, e.Status, b)
@@ -260,9 +280,14 @@ func (h *Handler) caller(r *http.Request) (access.Principal, error) {
 		return access.Principal{}, &apiError{Status: http.StatusUnauthorized, Code: "unauthenticated", Message: `send "Authorization: Bearer <token>"`,
 			Headers: map[string]string{"WWW-Authenticate": `Bearer realm="librarian"`}}
 	}
+	if wait := h.o.Throttle.Refused(r.Context(), r.RemoteAddr); wait > 0 {
+		return access.Principal{}, &apiError{Status: http.StatusTooManyRequests, Code: "too_many_wrong_tokens", Message: auth.ThrottledMessage,
+			Headers: map[string]string{"Retry-After": auth.RetryAfter(wait)}}
+	}
 	scheme, token, ok := strings.Cut(strings.TrimSpace(header), " ")
 	token = strings.TrimSpace(token)
 	if !ok || !strings.EqualFold(scheme, "Bearer") || token == "" {
+		h.o.Throttle.Fail(r.RemoteAddr)
 		return access.Principal{}, &apiError{Status: http.StatusUnauthorized, Code: "unauthenticated", Message: `the Authorization header must be "Bearer <token>"`}
 	}
 	if p, ok := h.o.Static.Verify(token); ok {
@@ -270,6 +295,7 @@ func (h *Handler) caller(r *http.Request) (access.Principal, error) {
 	}
 	p, err := h.o.Tokens.Verify(r.Context(), token)
 	if errors.Is(err, access.ErrUnauthenticated) {
+		h.o.Throttle.Fail(r.RemoteAddr)
 		return p, &apiError{Status: http.StatusUnauthorized, Code: "unauthenticated", Message: "invalid or revoked token",
 			Headers: map[string]string{"WWW-Authenticate": `Bearer realm="librarian", error="invalid_token"`}}
 	}

@@ -19,6 +19,7 @@ import (
 	"github.com/conclave-ai/conclave/functions/librarian/internal/events"
 	"github.com/conclave-ai/conclave/functions/librarian/internal/governance"
 	"github.com/conclave-ai/conclave/functions/librarian/internal/requests"
+	"github.com/conclave-ai/conclave/pkg/auth"
 	librarianv1 "github.com/conclave-ai/conclave/proto/conclave/librarian/v1"
 )
 
@@ -317,8 +318,26 @@ func (h *Handler) expire(ctx context.Context, rec *requests.Record) error {
 
 // Authenticate checks a reviewer's token, for the review pages' sign-in.
 func (h *Handler) Authenticate(r *http.Request, token string) (access.Principal, error) {
+	if wait := h.o.Throttle.Refused(r.Context(), r.RemoteAddr); wait > 0 {
+		return access.Principal{}, &apiError{Status: http.StatusTooManyRequests, Code: "too_many_wrong_tokens", Message: auth.ThrottledMessage,
+			Headers: map[string]string{"Retry-After": auth.RetryAfter(wait)}}
+	}
 	if p, ok := h.o.Static.Verify(token); ok {
 		return p, nil
 	}
-	return h.o.Tokens.Verify(r.Context(), token)
+	p, err := h.o.Tokens.Verify(r.Context(), token)
+	if errors.Is(err, access.ErrUnauthenticated) {
+		h.o.Throttle.Fail(r.RemoteAddr)
+	}
+	return p, err
+}
+
+// RetryAfter is the Retry-After of an error Authenticate returned for a
+// throttled address, or "".
+func RetryAfter(err error) string {
+	var ae *apiError
+	if errors.As(err, &ae) && ae.Status == http.StatusTooManyRequests {
+		return ae.Headers["Retry-After"]
+	}
+	return ""
 }

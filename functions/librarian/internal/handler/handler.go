@@ -30,7 +30,9 @@ import (
 	"github.com/conclave-ai/conclave/functions/librarian/internal/review"
 	"github.com/conclave-ai/conclave/functions/librarian/internal/stats"
 	"github.com/conclave-ai/conclave/functions/librarian/templates"
+	"github.com/conclave-ai/conclave/pkg/auth"
 	pkgconfig "github.com/conclave-ai/conclave/pkg/config"
+	"github.com/conclave-ai/conclave/pkg/httpguard"
 	"github.com/conclave-ai/conclave/pkg/queue"
 	"github.com/conclave-ai/conclave/pkg/store"
 )
@@ -49,6 +51,9 @@ type Config struct {
 	// AllowUnauthenticated lets callers without a token act as the agent
 	// they name, and review; conclave dev sets it, on loopback only.
 	AllowUnauthenticated bool `env:"CONCLAVE_LIBRARIAN_ALLOW_UNAUTHENTICATED" default:"false" help:"serve without bearer tokens (development only)"`
+	// AllowedHosts are answered besides loopback names while the local
+	// server runs without authentication.
+	AllowedHosts []string `env:"CONCLAVE_LIBRARIAN_ALLOWED_HOSTS" help:"comma-separated Host names the local server answers besides localhost, 127.0.0.1 and [::1] while it runs without authentication"`
 }
 
 // Validate implements config.Validator.
@@ -65,6 +70,13 @@ func (c Config) Validate() error {
 	}
 	if err := access.ParseStatic(c.ReviewerTokens, access.RoleReviewer, &s); err != nil {
 		return fmt.Errorf("CONCLAVE_LIBRARIAN_REVIEWER_TOKENS: %w", err)
+	}
+	if c.AllowUnauthenticated {
+		// The Lambda has no listener, but API Gateway puts it on a
+		// network all the same: it refuses this setting too.
+		if err := httpguard.CheckListen("CONCLAVE_LIBRARIAN_HTTP_ADDR", string(c.HTTPAddr), "CONCLAVE_LIBRARIAN_ALLOW_UNAUTHENTICATED"); err != nil {
+			return err
+		}
 	}
 	if c.BaseURL != "" && !strings.HasPrefix(c.BaseURL, "https://") && !strings.HasPrefix(c.BaseURL, "http://") {
 		return fmt.Errorf("CONCLAVE_LIBRARIAN_BASE_URL: %q is not an http(s) URL", c.BaseURL)
@@ -158,10 +170,13 @@ func New(cfg Config, d Deps) (*Librarian, error) {
 	limiter := ratelimit.New(d.Store, apiRate, nil)
 	tokens := access.New(d.Store)
 	var observer api.Observer
+	var throttled func(context.Context)
 	if d.Meters != nil {
-		if observer, err = newMetrics(d.Meters); err != nil {
+		m, err := newMetrics(d.Meters)
+		if err != nil {
 			return nil, err
 		}
+		observer, throttled = m, m.AuthThrottled
 	}
 	h := api.New(api.Options{
 		Policy:   pol,
@@ -169,6 +184,7 @@ func New(cfg Config, d Deps) (*Librarian, error) {
 		Limiter:  limiter, Reads: limiter, ReadRate: readRate, Requests: reqs, Graph: g, Tokens: tokens, Static: &static,
 		Events: events.NewPublisher(d.Queue), Stats: stats.New(d.Store), Observer: observer, Logger: logger,
 		BaseURL: cfg.BaseURL, AllowUnauthenticated: cfg.AllowUnauthenticated, Now: d.Now,
+		Throttle: auth.NewThrottle(auth.ThrottleOptions{Throttled: throttled}),
 	})
 	review.Register(h.Mux(), h, review.Options{Secure: strings.HasPrefix(cfg.BaseURL, "https://"), AllowUnauthenticated: cfg.AllowUnauthenticated})
 	var handler http.Handler = h

@@ -19,6 +19,7 @@ type metrics struct {
 	validation metric.Float64Histogram
 	refusals   metric.Int64Counter
 	published  metric.Int64Counter
+	throttled  metric.Int64Counter
 }
 
 func newMetrics(mp metric.MeterProvider) (*metrics, error) {
@@ -43,8 +44,15 @@ func newMetrics(mp metric.MeterProvider) (*metrics, error) {
 		metric.WithDescription("Governance events sent to the queue, by outcome (sent, or staged for a retry).")); err != nil {
 		return nil, err
 	}
+	if out.throttled, err = m.Int64Counter(convention.MetricName("librarian", "auth_throttled"), metric.WithUnit("{request}"),
+		metric.WithDescription("Requests refused because their address presented too many wrong tokens.")); err != nil {
+		return nil, err
+	}
 	return &out, nil
 }
+
+// AuthThrottled counts a request refused by the throttle of wrong tokens.
+func (m *metrics) AuthThrottled(ctx context.Context) { m.throttled.Add(ctx, 1) }
 
 func (m *metrics) Decided(ctx context.Context, requestType, status string, validation time.Duration) {
 	m.decisions.Add(ctx, 1, metric.WithAttributes(attribute.String("request_type", requestType), attribute.String("status", status)))

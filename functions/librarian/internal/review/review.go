@@ -179,6 +179,11 @@ func (p *pages) signin(w http.ResponseWriter, r *http.Request) {
 	}
 	token := strings.TrimSpace(r.PostForm.Get("token"))
 	who, err := p.b.Authenticate(r, token)
+	if wait := api.RetryAfter(err); wait != "" {
+		w.Header().Set("Retry-After", wait)
+		p.problem(w, http.StatusTooManyRequests, "Too many wrong tokens came from this address; wait "+wait+" s and try again.")
+		return
+	}
 	if err != nil || who.Role != access.RoleReviewer {
 		p.render(w, http.StatusUnauthorized, "signin", map[string]any{"Next": safeNext(r.PostForm.Get("next")), "Error": "That is not a reviewer token."})
 		return

@@ -13,6 +13,7 @@ import (
 
 	"golang.org/x/time/rate"
 
+	"github.com/conclave-ai/conclave/pkg/auth"
 	"github.com/conclave-ai/conclave/pkg/jsonrpc"
 	"github.com/conclave-ai/conclave/services/bus/internal/topic"
 )
@@ -32,6 +33,10 @@ type Session struct {
 	// access resolves a token sent in initialize; nil with open.
 	access *Access
 	open   bool
+	// throttle counts the wrong tokens sent in initialize against the
+	// connection's remote address.
+	throttle *auth.Throttle
+	remote   string
 
 	mu           sync.Mutex
 	conn         *jsonrpc.Conn
@@ -54,6 +59,10 @@ type SessionAuth struct {
 	Grant *Grant
 	// Access resolves a token sent in initialize instead.
 	Access *Access
+	// Throttle (nil: none) counts wrong tokens sent in initialize against
+	// Remote, the connection's remote address, as the upgrade's are.
+	Throttle *auth.Throttle
+	Remote   string
 }
 
 // NewSession returns the handler of a new connection. Bind it to its
@@ -61,11 +70,13 @@ type SessionAuth struct {
 func (b *Broker) NewSession(auth SessionAuth) *Session {
 	b.opts.Metrics.connected(1)
 	return &Session{
-		b:       b,
-		limiter: rate.NewLimiter(rate.Limit(b.opts.Rate), b.opts.Burst),
-		grant:   auth.Grant,
-		access:  auth.Access,
-		open:    auth.Open,
+		b:        b,
+		limiter:  rate.NewLimiter(rate.Limit(b.opts.Rate), b.opts.Burst),
+		grant:    auth.Grant,
+		access:   auth.Access,
+		open:     auth.Open,
+		throttle: auth.Throttle,
+		remote:   auth.Remote,
 	}
 }
 
@@ -319,6 +330,9 @@ func (s *Session) resolveGrant(ctx context.Context, token string) (Grant, *jsonr
 	case token == "":
 		return Grant{}, rpcError(CodeForbidden, "Unauthenticated: send a bearer token in the Authorization header of the WebSocket upgrade or as token in initialize")
 	}
+	if wait := s.throttle.Refused(ctx, s.remote); wait > 0 {
+		return Grant{}, rpcError(CodeRateLimited, "Rate limited: too many wrong tokens from this address; retry in %s s", auth.RetryAfter(wait))
+	}
 	if s.access != nil {
 		if g, err := s.access.Lookup(token); err == nil {
 			return g, nil
@@ -327,6 +341,7 @@ func (s *Session) resolveGrant(ctx context.Context, token string) (Grant, *jsonr
 	g, err := s.b.LaunchGrant(ctx, token)
 	switch {
 	case errors.Is(err, ErrUnknownToken):
+		s.throttle.Fail(s.remote)
 		return Grant{}, rpcError(CodeForbidden, "Unauthenticated: unknown token")
 	case err != nil:
 		s.b.log.WarnContext(ctx, "bus: checking a launched agent's token", "error", err)

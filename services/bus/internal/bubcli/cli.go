@@ -238,6 +238,11 @@ func dlqRequest(ctx context.Context, env Env, method, path string, out any) erro
 	if err != nil {
 		return err
 	}
+	if method != http.MethodGet {
+		// A redrive has no body, but an open bus still wants it declared
+		// JSON: a web page cannot send that without asking first.
+		req.Header.Set("Content-Type", "application/json")
+	}
 	if token := env.get("BUB_TOKEN", ""); token != "" {
 		req.Header.Set("Authorization", "Bearer "+token)
 	}

@@ -126,8 +126,11 @@ func startBus(t *testing.T, ctx context.Context) string {
 	t.Helper()
 	var cfg struct{ Bus service.Config }
 	if err := config.Load(ctx, &cfg, "bus", nil, func(k string) (string, bool) {
-		if k == "CONCLAVE_BUS_ALLOW_UNAUTHENTICATED" {
+		switch k {
+		case "CONCLAVE_BUS_ALLOW_UNAUTHENTICATED":
 			return "true", true
+		case "CONCLAVE_BUS_ADDR":
+			return "127.0.0.1:0", true // an open bus binds loopback only
 		}
 		return "", false
 	}, io.Discard); err != nil {

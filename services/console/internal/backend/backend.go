@@ -118,7 +118,9 @@ func (c *Client) request(ctx context.Context, token, method, path string, body a
 	if err != nil {
 		return nil, &Error{Service: c.Service, Kind: Unavailable, Message: "bad address " + base, Err: err}
 	}
-	if body != nil {
+	if body != nil || method != http.MethodGet {
+		// Even without a body: the services refuse a POST that does not
+		// declare JSON when it has no token to show (httpguard.ContentType).
 		req.Header.Set("Content-Type", "application/json")
 	}
 	req.Header.Set("Accept", "application/json")

@@ -12,6 +12,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/conclave-ai/conclave/pkg/auth"
 	"github.com/conclave-ai/conclave/pkg/ids"
 	gatewayv1 "github.com/conclave-ai/conclave/proto/conclave/gateway/v1"
 	librarianv1 "github.com/conclave-ai/conclave/proto/conclave/librarian/v1"
@@ -118,8 +119,16 @@ func (h *Handler) signin(w http.ResponseWriter, r *http.Request) {
 			problems = append(problems, err.Error())
 		}
 	}
-	if len(problems) == 0 {
-		problems = h.checkTokens(r.Context(), tokens)
+	if len(problems) == 0 && tokens != (session.Tokens{}) {
+		if wait := h.o.SignInThrottle.Refused(r.Context(), r.RemoteAddr); wait > 0 {
+			h.o.Metrics.Refused(metrics.RefusedSignIn)
+			w.Header().Set("Retry-After", auth.RetryAfter(wait))
+			h.problem(w, r, http.StatusTooManyRequests, "Too many refused tokens came from this address; wait "+auth.RetryAfter(wait)+" s and sign in again.")
+			return
+		}
+		if problems = h.checkTokens(r.Context(), tokens); len(problems) > 0 {
+			h.o.SignInThrottle.Fail(r.RemoteAddr)
+		}
 	}
 	if tokens == (session.Tokens{}) && !h.o.Open {
 		problems = append(problems, "Give at least one token.")

@@ -23,6 +23,7 @@ import (
 
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/conclave-ai/conclave/pkg/auth"
 	"github.com/conclave-ai/conclave/pkg/ids"
 	"github.com/conclave-ai/conclave/services/console/internal/backend"
 	"github.com/conclave-ai/conclave/services/console/internal/metrics"
@@ -68,6 +69,11 @@ type Options struct {
 	ChatTimeout time.Duration
 	// MaxChats bounds the chats kept in memory.
 	MaxChats int
+
+	// SignInThrottle counts sign-ins whose tokens a service refused, per
+	// address (nil: none): the services see every sign-in coming from the
+	// console's own address, so the console slows a guesser down itself.
+	SignInThrottle *auth.Throttle
 
 	Metrics *metrics.Metrics
 	Logger  *slog.Logger

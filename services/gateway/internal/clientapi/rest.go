@@ -16,9 +16,19 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/conclave-ai/conclave/pkg/auth"
 	"github.com/conclave-ai/conclave/pkg/ids"
 	gatewayv1 "github.com/conclave-ai/conclave/proto/conclave/gateway/v1"
 )
+
+// RESTAuth is what REST checks itself before a request reaches the gRPC
+// listener: the client tokens, and the throttle of wrong ones. It has to:
+// REST reaches gRPC from this process's own address, so only here is the
+// caller's address known.
+type RESTAuth struct {
+	Tokens   *auth.Tokens
+	Throttle *auth.Throttle
+}
 
 // marshal is the REST JSON: the proto field names, snake_case as the seeds
 // write them, and every field present (an empty list as [], false and 0
@@ -34,6 +44,7 @@ var marshal = protojson.MarshalOptions{UseProtoNames: true, EmitUnpopulated: tru
 type REST struct {
 	mux    *runtime.ServeMux
 	client gatewayv1.GatewayServiceClient
+	auth   *RESTAuth
 }
 
 // pathIDs are the path parameters that carry ids, with their rule.
@@ -43,7 +54,12 @@ var pathIDs = map[string]ids.Kind{"agent_id": ids.AgentID, "request_id": ids.Req
 // and SendMessage as a stream of its own: newline-delimited JSON, or
 // Server-Sent Events for clients that ask for text/event-stream. Every
 // error is a google.rpc.Status, as grpc-gateway writes it.
-func NewREST(ctx context.Context, conn grpc.ClientConnInterface) (*REST, error) {
+//
+// With check (a server with client tokens), a request that presents a
+// bearer token is checked here first: a wrong one is answered 401 and
+// counted against the caller's address, and an address that presented too
+// many is answered 429 with Retry-After.
+func NewREST(ctx context.Context, conn grpc.ClientConnInterface, check *RESTAuth) (*REST, error) {
 	mux := runtime.NewServeMux(
 		runtime.WithMarshalerOption(runtime.MIMEWildcard, &runtime.JSONPb{
 			MarshalOptions:   marshal,
@@ -69,7 +85,7 @@ func NewREST(ctx context.Context, conn grpc.ClientConnInterface) (*REST, error) 
 	if err := gatewayv1.RegisterGatewayServiceHandlerClient(ctx, mux, client); err != nil {
 		return nil, fmt.Errorf("registering REST routes: %w", err)
 	}
-	return &REST{mux: mux, client: client}, nil
+	return &REST{mux: mux, client: client, auth: check}, nil
 }
 
 // Routes registers the REST routes: unary for the bounded calls, stream
@@ -84,11 +100,43 @@ func (h *REST) Routes(unary, stream func(pattern string, h http.Handler)) {
 }
 
 func (h *REST) serveUnary(w http.ResponseWriter, r *http.Request) {
-	if !checkPathIDs(w, r) {
+	if !h.authorize(w, r) || !checkPathIDs(w, r) {
 		return
 	}
 	watchBody(r)
 	h.mux.ServeHTTP(w, headAsGet(r))
+}
+
+// authorize answers a request whose bearer token is wrong or throttled,
+// and reports whether the request may go on.
+func (h *REST) authorize(w http.ResponseWriter, r *http.Request) bool {
+	if h.auth == nil {
+		return true
+	}
+	if err := h.auth.check(w, r); err != nil {
+		st, _ := status.FromError(err)
+		writeStatus(w, st)
+		return false
+	}
+	return true
+}
+
+// check returns the status a request with a wrong or throttled bearer
+// token gets, or nil. A request without one goes on, for the gRPC
+// listener to refuse as it refuses any call without a token.
+func (a *RESTAuth) check(w http.ResponseWriter, r *http.Request) error {
+	token, ok := auth.Bearer(r.Header.Get("Authorization"))
+	if !ok {
+		return nil
+	}
+	if !a.Throttle.HTTP(w, r) {
+		return status.Error(codes.ResourceExhausted, auth.ThrottledMessage)
+	}
+	if !a.Tokens.Valid(token) {
+		a.Throttle.FailHTTP(r)
+		return status.Error(codes.Unauthenticated, "invalid bearer token")
+	}
+	return nil
 }
 
 // headAsGet lets a HEAD reach the GET route the server's mux matched it
@@ -125,7 +173,7 @@ func checkPathIDs(w http.ResponseWriter, r *http.Request) bool {
 // google.rpc.Status. As newline-delimited JSON, grpc-gateway's stream
 // form: {"result": response} per line, or {"error": status} last.
 func (h *REST) serveSend(w http.ResponseWriter, r *http.Request) {
-	if !checkPathIDs(w, r) {
+	if !h.authorize(w, r) || !checkPathIDs(w, r) {
 		return
 	}
 	body, err := io.ReadAll(r.Body)

@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"mime"
 	"net/http"
 	"strconv"
 	"strings"
@@ -20,6 +19,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protojson"
 
+	"github.com/conclave-ai/conclave/pkg/auth"
 	"github.com/conclave-ai/conclave/pkg/ids"
 	runnerv1 "github.com/conclave-ai/conclave/proto/conclave/runner/v1"
 )
@@ -125,6 +125,8 @@ func writeBody(w http.ResponseWriter, body ErrorBody) {
 func WriteHTTPError(w http.ResponseWriter, status int, message string) {
 	body := ErrorBody{Error: CodeBadRequest, Message: message, HTTPStatus: status}
 	switch {
+	case status == http.StatusForbidden:
+		body.Error = "forbidden"
 	case status == http.StatusNotFound:
 		body.Error = CodeNotFound
 	case status == http.StatusMethodNotAllowed:
@@ -165,30 +167,51 @@ func bodyTooLarge(r *http.Request) (*http.MaxBytesError, bool) {
 	return nil, false
 }
 
-// jsonBody reports whether a request's body, if it has one, is declared as
-// JSON. A body without a Content-Type is taken as JSON.
-func jsonBody(r *http.Request) bool {
-	ct := r.Header.Get("Content-Type")
-	if r.ContentLength == 0 || ct == "" {
-		return true
+// RESTAuth is what REST checks itself before a request reaches the gRPC
+// listener: the client tokens, and the throttle of wrong ones. It has to:
+// REST reaches gRPC from this process's own address, so only here is the
+// caller's address known.
+type RESTAuth struct {
+	Tokens   *auth.Tokens
+	Throttle *auth.Throttle
+}
+
+// check returns the status a request with a wrong or throttled bearer
+// token gets, or nil. A request without one goes on, for the gRPC
+// listener to refuse as it refuses any call without a token.
+func (a *RESTAuth) check(w http.ResponseWriter, r *http.Request) error {
+	token, ok := auth.Bearer(r.Header.Get("Authorization"))
+	if !ok {
+		return nil
 	}
-	mediaType, _, err := mime.ParseMediaType(ct)
-	return err == nil && mediaType == "application/json"
+	if !a.Throttle.HTTP(w, r) {
+		return apiError(codes.ResourceExhausted, "rate_limited", auth.ThrottledMessage, "wait for Retry-After, then send a right token")
+	}
+	if !a.Tokens.Valid(token) {
+		a.Throttle.FailHTTP(r)
+		return status.Error(codes.Unauthenticated, "invalid bearer token")
+	}
+	return nil
 }
 
 // REST is the API as REST, through grpc-gateway over a connection to the
 // runner's own gRPC listener, so that REST passes the same authentication
 // and tracing, with seed 002's error bodies for every error (a body over
-// the server's limit, a Content-Type other than JSON, malformed JSON, a
-// bad id in the path, an unknown path, a wrong method), and
+// the server's limit, malformed JSON, a bad id in the path, an unknown
+// path, a wrong method; a Content-Type other than JSON is refused before,
+// by pkg/server's content-type rule, in WriteHTTPError's body), and
 // logs?follow=true as newline-delimited JSON LogLines.
 type REST struct {
 	mux    *runtime.ServeMux
 	client runnerv1.RunnerServiceClient
+	auth   *RESTAuth
 }
 
-// NewREST builds the REST API over conn.
-func NewREST(ctx context.Context, conn grpc.ClientConnInterface) (*REST, error) {
+// NewREST builds the REST API over conn. With check (a runner with client
+// tokens), a request that presents a wrong bearer token is refused here,
+// 401, and counted against its address, which gets 429 once it presented
+// too many.
+func NewREST(ctx context.Context, conn grpc.ClientConnInterface, check *RESTAuth) (*REST, error) {
 	mux := runtime.NewServeMux(
 		runtime.WithMarshalerOption(runtime.MIMEWildcard, &runtime.JSONPb{MarshalOptions: marshal}),
 		runtime.WithErrorHandler(func(_ context.Context, _ *runtime.ServeMux, _ runtime.Marshaler, w http.ResponseWriter, r *http.Request, err error) {
@@ -212,7 +235,7 @@ func NewREST(ctx context.Context, conn grpc.ClientConnInterface) (*REST, error) 
 	if err := runnerv1.RegisterRunnerServiceHandlerClient(ctx, mux, client); err != nil {
 		return nil, fmt.Errorf("registering REST routes: %w", err)
 	}
-	return &REST{mux: mux, client: client}, nil
+	return &REST{mux: mux, client: client, auth: check}, nil
 }
 
 // Routes registers seed 002's paths on the server's mux: unary for the
@@ -240,6 +263,12 @@ func (h *REST) Routes(unary, stream func(pattern string, h http.Handler)) {
 var pathIDs = map[string]ids.Kind{"instance_id": ids.InstanceID, "task_id": ids.TaskID}
 
 func (h *REST) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if h.auth != nil {
+		if err := h.auth.check(w, r); err != nil {
+			writeError(w, err)
+			return
+		}
+	}
 	// Ids in the path are checked before they reach marshalling, which
 	// fails on invalid UTF-8, or the store.
 	for name, kind := range pathIDs {
@@ -253,13 +282,6 @@ func (h *REST) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if r.Method == http.MethodGet && r.URL.Query().Get("follow") == "true" && r.PathValue("instance_id") != "" {
 		serveFollow(w, r, h.client)
 		return
-	}
-	switch r.Method {
-	case http.MethodPost, http.MethodPut, http.MethodPatch:
-		if !jsonBody(r) {
-			WriteHTTPError(w, http.StatusUnsupportedMediaType, fmt.Sprintf("Content-Type %q is not supported", r.Header.Get("Content-Type")))
-			return
-		}
 	}
 	if r.Body != nil && r.Body != http.NoBody {
 		r.Body = &watchedBody{ReadCloser: r.Body}
