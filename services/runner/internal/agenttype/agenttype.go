@@ -5,6 +5,7 @@ package agenttype
 
 import (
 	"bytes"
+	"cmp"
 	"errors"
 	"fmt"
 	"io"
@@ -68,7 +69,9 @@ type Type struct {
 	// (HookVariable), which only Env can set.
 	LaunchEnv []string `yaml:"launch_env"`
 	Protocol  string   `yaml:"protocol"`
-	Enabled   bool     `yaml:"enabled"`
+	// Enabled: launches of the type are taken. An entry of the YAML file
+	// without enabled is enabled.
+	Enabled bool `yaml:"enabled"`
 	// Env is set for every instance of the type, under the launch's env.
 	Env map[string]string `yaml:"env"`
 	// Permission answers session/request_permission (ACP): allow, deny or
@@ -206,6 +209,22 @@ func Parse(data []byte) ([]Type, error) {
 	if err := dec.Decode(&f); err != nil && !errors.Is(err, io.EOF) {
 		return nil, fmt.Errorf("agent types: %w", err)
 	}
+	// Which entries say enabled at all: the others are enabled. (A second
+	// decode of what the first accepted, rather than a custom unmarshaler,
+	// whose nested decode would not refuse unknown keys.)
+	var said struct {
+		AgentTypes []struct {
+			Enabled *bool `yaml:"enabled"`
+		} `yaml:"agent_types"`
+	}
+	if err := yaml.Unmarshal(data, &said); err != nil || len(said.AgentTypes) != len(f.AgentTypes) {
+		return nil, fmt.Errorf("agent types: reading enabled: %v", err)
+	}
+	for i := range f.AgentTypes {
+		if said.AgentTypes[i].Enabled == nil {
+			f.AgentTypes[i].Enabled = true
+		}
+	}
 	seen := map[string]bool{}
 	for _, t := range f.AgentTypes {
 		if seen[t.ID] {
@@ -234,6 +253,31 @@ func Load(path string) (*Registry, error) {
 		entries = append(entries, extra...)
 	}
 	return New(entries...)
+}
+
+// Summary lists the types by id, saying which are disabled and which
+// protocol and command or image each runs, for the runner's startup log.
+func (r *Registry) Summary() string {
+	var b strings.Builder
+	for i, t := range r.List() {
+		if i > 0 {
+			b.WriteString("; ")
+		}
+		b.WriteString(t.ID)
+		b.WriteString(" (")
+		b.WriteString(cmp.Or(t.Protocol, "detect"))
+		switch {
+		case len(t.Command) > 0:
+			b.WriteString(", " + t.Command[0])
+		case t.Image != "":
+			b.WriteString(", image " + t.Image)
+		}
+		if !t.Enabled {
+			b.WriteString(", disabled")
+		}
+		b.WriteString(")")
+	}
+	return b.String()
 }
 
 // Get returns the type id, if registered.

@@ -3,6 +3,7 @@ package agenttype
 import (
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -40,6 +41,31 @@ func TestParse(t *testing.T) {
 				t.Fatalf("got %v (%+v), want an error mentioning %q", err, types, tt.err)
 			}
 		})
+	}
+}
+
+// TestEnabledByDefault: an entry of the file without enabled is enabled;
+// enabled: false disables it. (It was disabled, and a launch of it said
+// only "disabled".)
+func TestEnabledByDefault(t *testing.T) {
+	t.Parallel()
+	types, err := Parse([]byte("agent_types:\n  - id: plain\n    command: [x]\n  - id: off\n    command: [x]\n    enabled: false\n  - id: on\n    command: [x]\n    enabled: true\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]bool{}
+	for _, typ := range types {
+		got[typ.ID] = typ.Enabled
+	}
+	if want := map[string]bool{"plain": true, "off": false, "on": true}; !reflect.DeepEqual(got, want) {
+		t.Fatalf("enabled %v, want %v", got, want)
+	}
+	r, err := New(types...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := r.Summary(), "off (detect, x, disabled); on (detect, x); plain (detect, x)"; got != want {
+		t.Errorf("summary %q, want %q", got, want)
 	}
 }
 
