@@ -37,13 +37,27 @@ const (
 	KindToolCall       = "tool_call"        // kandev toolCall, acp tool_call
 	KindToolCallUpdate = "tool_call_update" // acp tool_call_update
 	KindPlan           = "plan"             // acp plan
-	KindComplete       = "complete"         // kandev complete, legacy result
-	KindError          = "error"            // kandev and legacy error
-	KindProgress       = "progress"         // legacy progress
-	KindLog            = "log"              // legacy log
-	KindStatus         = "status"           // legacy status
-	KindHeartbeat      = "heartbeat"        // legacy heartbeat
-	KindOther          = "other"            // any other acp sessionUpdate
+	// The ACP's other session updates, by their own names.
+	KindUserMessage       = "user_message_chunk"        // the user's message, as a session/load replays it
+	KindAvailableCommands = "available_commands_update" // the agent's slash commands
+	KindCurrentMode       = "current_mode_update"       // the session's mode changed
+	KindConfigOption      = "config_option_update"      // the session's configuration options changed
+	KindSessionInfo       = "session_info_update"       // the session's title and the like
+	KindUsage             = "usage_update"              // tokens and cost so far
+	// KindPermissionRequest and KindPermissionOutcome are not updates the
+	// agent sends: they report a session/request_permission and how the
+	// runner answered it, so that both reach the log and the task's topic.
+	KindPermissionRequest = "permission_request"
+	KindPermissionOutcome = "permission_outcome"
+	KindComplete          = "complete"  // kandev complete, legacy result
+	KindError             = "error"     // kandev and legacy error
+	KindProgress          = "progress"  // legacy progress
+	KindLog               = "log"       // legacy log
+	KindStatus            = "status"    // legacy status
+	KindHeartbeat         = "heartbeat" // legacy heartbeat
+	// KindOther is any other acp sessionUpdate; its Text is the name the
+	// agent gave it.
+	KindOther = "other"
 )
 
 // Update is one session/update or legacy line, normalized.
@@ -197,7 +211,7 @@ func New(r io.Reader, w io.WriteCloser, opts Options) *Client {
 	stream := newLineFilter(r, w, opts.MaxLine, c.handleLegacy, drop)
 	c.conn = jsonrpc.NewConn(stream, jsonrpc.Methods{
 		"session/update":             c.handleUpdate,
-		"session/request_permission": c.handlePermission,
+		"session/request_permission": c.notingPermission(c.handlePermission),
 		"fs/read_text_file":          c.handleReadFile,
 		"fs/write_text_file":         c.handleWriteFile,
 	}, jsonrpc.WithCancelMethod("$/cancel_request", "requestId"), jsonrpc.WithLogger(opts.Logger))

@@ -52,7 +52,11 @@ func TestConversation(t *testing.T) {
 	if err != nil || turn.StopReason != acp.StopEndTurn {
 		t.Fatalf("turn 1 = %+v, %v", turn, err)
 	}
-	want := []string{"content: Working on: hello", "plan: ", "tool_call: ", "tool_call_update: ", "content:  Done."}
+	// The permission the agent asked for, and the answer, cross the link
+	// as updates too.
+	want := []string{"content: Working on: hello", "plan: 1/2 completed: read the prompt [completed]; write notes.txt [in_progress]", "tool_call: ",
+		"permission_request: options allow [allow_once], reject [reject_once]", "permission_outcome: selected allow [allow_once] (policy allow)",
+		"tool_call_update: ", "content:  Done."}
 	if got := rec.texts(); !slices.Equal(got, want) {
 		t.Fatalf("updates = %q, want %q", got, want)
 	}
