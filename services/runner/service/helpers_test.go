@@ -58,7 +58,7 @@ func agentTypes(t *testing.T) string {
 	var b strings.Builder
 	b.WriteString("agent_types:\n")
 	for _, dialect := range []string{"acp", "kandev", "legacy"} {
-		for _, mode := range []string{"normal", "slow-tool", "ignore-cancel", "hang", "hang-init", "hang-init-once", "crash", "junk", "linger", "deaf", "orphan"} {
+		for _, mode := range []string{"normal", "slow-tool", "ignore-cancel", "hang", "hang-init", "hang-init-once", "crash", "junk", "linger", "deaf", "orphan", "late-replay"} {
 			protocol := dialect
 			if dialect != "legacy" && mode == "normal" {
 				protocol = "" // detected from initialize

@@ -141,9 +141,11 @@ type Client struct {
 	// turn is the turn begun and not yet ended, if any; turns numbers them.
 	turn  *turnState
 	turns uint64
-	// loading is set while session/load runs: the updates it brings are
-	// the session's history, replayed.
-	loading atomic.Bool
+	// replaying is set from session/load until the next prompt is
+	// written: the updates the agent sends meanwhile are the session's
+	// history, replayed (before the answer, as the ACP asks, or after it,
+	// as some agents do).
+	replaying atomic.Bool
 	// heard is when the agent last wrote to its stdout (Unix nanoseconds).
 	heard atomic.Int64
 }
@@ -353,24 +355,60 @@ func (c *Client) NewSession(ctx context.Context, cwd string) (string, error) {
 	return res.SessionID, nil
 }
 
-// LoadSession resumes sessionID with session/load. The updates the agent
-// sends until it answers replay the session's history; they reach OnUpdate
-// with Replay set.
+// Replay settling: after session/load has answered, the client waits for
+// the agent to send nothing for replayQuiet (at most replaySettleMax in
+// all) before it returns, so that a history replayed after the answer is
+// over before the next prompt is written.
+const (
+	replayQuiet     = 250 * time.Millisecond
+	replaySettleMax = 5 * time.Second
+)
+
+// LoadSession resumes sessionID with session/load. Every update the agent
+// sends from now until the next prompt is written replays the session's
+// history and reaches OnUpdate with Replay set: the ACP has the agent
+// replay it before it answers, and some agents (Gemini CLI) answer first
+// and stream the history after. So once the agent has answered, LoadSession
+// waits for it to go quiet (replayQuiet, within replaySettleMax) before it
+// returns, for the history to be over before the next prompt goes out.
 func (c *Client) LoadSession(ctx context.Context, cwd, sessionID string) error {
 	var params any = map[string]any{"sessionId": sessionID}
 	if c.Dialect() == DialectACP {
 		params = sdk.LoadSessionRequest{Cwd: cwd, SessionId: sdk.SessionId(sessionID), McpServers: []sdk.McpServer{}}
 	}
-	c.loading.Store(true)
-	err := c.call(ctx, "session/load", params, nil)
-	c.loading.Store(false)
-	if err != nil {
+	c.replaying.Store(true)
+	if err := c.call(ctx, "session/load", params, nil); err != nil {
+		c.replaying.Store(false)
 		return err
 	}
 	c.mu.Lock()
 	c.sessionID = sessionID
 	c.mu.Unlock()
+	c.settleReplay(ctx)
 	return nil
+}
+
+// settleReplay waits until the agent has sent nothing for replayQuiet, for
+// at most replaySettleMax, or until ctx ends or the agent goes.
+func (c *Client) settleReplay(ctx context.Context) {
+	deadline := time.Now().Add(replaySettleMax)
+	timer := time.NewTimer(replayQuiet)
+	defer timer.Stop()
+	for {
+		select {
+		case <-timer.C:
+		case <-ctx.Done():
+			return
+		case <-c.conn.Done():
+			return
+		}
+		now := time.Now()
+		quietFor := now.Sub(c.LastHeard())
+		if quietFor >= replayQuiet || !now.Before(deadline) {
+			return
+		}
+		timer.Reset(min(replayQuiet-quietFor, deadline.Sub(now)))
+	}
 }
 
 // BeginTurn starts a turn without any I/O: from now on a Cancel applies to
@@ -415,6 +453,8 @@ func (c *Client) Prompt(ctx context.Context, message string, acceptTimeout time.
 	t.writing, c.cancelled = true, false
 	sessionID := c.sessionID
 	c.mu.Unlock()
+	// What the agent sends from now on is the turn's.
+	c.replaying.Store(false)
 	writeDone := sync.OnceFunc(func() { close(t.written) })
 	defer func() {
 		writeDone()

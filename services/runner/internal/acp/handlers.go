@@ -55,7 +55,7 @@ func (c *Client) handleUpdate(ctx context.Context, req *jsonrpc.Request) (any, e
 		c.opts.OnDrop(DropBadUpdate)
 		return nil, &jsonrpc.Error{Code: jsonrpc.InvalidParams, Message: "Invalid params: " + err.Error()}
 	}
-	u.Raw, u.Replay = req.Params, c.loading.Load()
+	u.Raw, u.Replay = req.Params, c.replaying.Load()
 	c.opts.OnUpdate(ctx, u)
 	switch u.Kind {
 	case KindComplete:

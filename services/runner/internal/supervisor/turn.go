@@ -232,6 +232,7 @@ func (ss *session) onUpdate(ctx context.Context, u acp.Update) {
 	if u.Replay {
 		// The session's history, which was published when it happened.
 		ss.s.o.Metrics.Drop(acp.DropReplay)
+		ss.s.log.DebugContext(ctx, "runner: a session/load replayed an update; not logged or published again", "instance_id", ss.launch.ID, "kind", u.Kind)
 		return
 	}
 	ss.s.o.Metrics.Update(u.Kind)
