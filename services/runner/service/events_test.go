@@ -24,8 +24,8 @@ import (
 
 // statusEvent is a runner.task.status_changed envelope as the bus reads it.
 type statusEvent struct {
-	ID, Status, TaskID, InstanceID, PayloadTaskID string
-	Trace                                         trace.SpanContext
+	ID, Status, TaskID, InstanceID, PayloadTaskID, Error string
+	Trace                                                trace.SpanContext
 }
 
 // drainStatusEvents receives every message waiting on the events queue
@@ -62,7 +62,7 @@ func drainStatusEvents(t *testing.T, q queue.Queue, eventsQueue, instanceID stri
 			sc := trace.SpanContextFromContext(propagation.TraceContext{}.Extract(ctx, carrier))
 			out = append(out, statusEvent{ID: env.GetId(), Status: payload.GetFields()["status"].GetStringValue(),
 				TaskID: env.GetSubjectIds()["task_id"], InstanceID: env.GetSubjectIds()["instance_id"],
-				PayloadTaskID: payload.GetFields()["task_id"].GetStringValue(), Trace: sc})
+				PayloadTaskID: payload.GetFields()["task_id"].GetStringValue(), Error: payload.GetFields()["error"].GetStringValue(), Trace: sc})
 		}
 	}
 }

@@ -13,6 +13,8 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -106,6 +108,10 @@ type Options struct {
 	// Permission answers session/request_permission: allow, deny or
 	// allow_always.
 	Permission string
+	// AuthMethod is the ACP authMethods id to authenticate with before
+	// the session is opened, when the agent offers authMethods; empty:
+	// none.
+	AuthMethod string
 	// MaxLine bounds a line from the agent (default 4 MiB); longer ones
 	// are dropped.
 	MaxLine int
@@ -186,6 +192,27 @@ type AgentCapabilities struct {
 	// sessionResumption).
 	LoadSession bool
 	AgentName   string
+	// AuthMethods are the ACP authMethods the agent offers.
+	AuthMethods []AuthMethod
+}
+
+// AuthMethod is one of the ways an ACP agent offers to authenticate.
+type AuthMethod struct {
+	ID   string `json:"id"`
+	Name string `json:"name"`
+}
+
+// OfferedAuth is the agent's authMethods as one line: "id (name), ...".
+func (c AgentCapabilities) OfferedAuth() string {
+	parts := make([]string, 0, len(c.AuthMethods))
+	for _, m := range c.AuthMethods {
+		if m.Name != "" && m.Name != m.ID {
+			parts = append(parts, fmt.Sprintf("%s (%s)", m.ID, m.Name))
+		} else {
+			parts = append(parts, m.ID)
+		}
+	}
+	return summary(strings.Join(parts, ", "))
 }
 
 // New starts a client on an agent's stdout (r) and stdin (w).
@@ -270,8 +297,9 @@ type initializeResult struct {
 	AgentCapabilities struct {
 		LoadSession bool `json:"loadSession"`
 	} `json:"agentCapabilities"`
-	AgentInfo  *struct{ Name string } `json:"agentInfo"`
-	ServerInfo *struct{ Name string } `json:"serverInfo"`
+	AuthMethods []AuthMethod           `json:"authMethods"`
+	AgentInfo   *struct{ Name string } `json:"agentInfo"`
+	ServerInfo  *struct{ Name string } `json:"serverInfo"`
 	// Kandev's.
 	Capabilities struct {
 		SessionResumption bool `json:"sessionResumption"`
@@ -326,9 +354,33 @@ func (c *Client) Initialize(ctx context.Context) error {
 		name = res.ServerInfo.Name
 	}
 	c.mu.Lock()
-	c.capabilities = AgentCapabilities{LoadSession: res.AgentCapabilities.LoadSession || res.Capabilities.SessionResumption, AgentName: name}
+	c.capabilities = AgentCapabilities{LoadSession: res.AgentCapabilities.LoadSession || res.Capabilities.SessionResumption, AgentName: name,
+		AuthMethods: res.AuthMethods}
 	c.mu.Unlock()
 	return nil
+}
+
+// ErrAuthMethod is wrapped by Authenticate's refusal of a method the agent
+// does not offer.
+var ErrAuthMethod = errors.New("the agent does not offer this auth method")
+
+// Authenticate runs authenticate with Options.AuthMethod, when the agent
+// offered authMethods in initialize and the option names one, and returns
+// the method it authenticated with ("": it did not). A method the agent
+// does not offer is refused, naming those it does, without asking the
+// agent.
+func (c *Client) Authenticate(ctx context.Context) (string, error) {
+	caps, method := c.Capabilities(), c.opts.AuthMethod
+	if method == "" || len(caps.AuthMethods) == 0 || c.Dialect() != DialectACP {
+		return "", nil
+	}
+	if !slices.ContainsFunc(caps.AuthMethods, func(m AuthMethod) bool { return m.ID == method }) {
+		return "", fmt.Errorf("authenticate: %w: %q; it offers %s", ErrAuthMethod, method, caps.OfferedAuth())
+	}
+	if err := c.call(ctx, "authenticate", sdk.AuthenticateRequest{MethodId: method}, nil); err != nil {
+		return "", err
+	}
+	return method, nil
 }
 
 // NewSession runs session/new in cwd.

@@ -77,6 +77,11 @@ type Type struct {
 	// Permission answers session/request_permission (ACP): allow, deny or
 	// allow_always; default deny.
 	Permission string `yaml:"permission"`
+	// AuthMethod is the id of one of the authMethods an ACP agent offers
+	// in initialize: the runner calls authenticate with it before it opens
+	// the session. Empty: the runner does not authenticate (the agent
+	// finds its credentials itself, in the type's env).
+	AuthMethod string `yaml:"auth_method"`
 	// Args maps a oneshot agent's parameters to command-line flags
 	// (issue_number: --issue), as the bridge's config.yaml does.
 	Args map[string]string `yaml:"args"`
@@ -101,7 +106,10 @@ func (t Type) OneshotValidation() (validate bool, maxParamLength int) {
 	return validate, maxParamLength
 }
 
-var idPattern = regexp.MustCompile(`^[a-z0-9][a-z0-9._-]{0,62}$`)
+var (
+	idPattern         = regexp.MustCompile(`^[a-z0-9][a-z0-9._-]{0,62}$`)
+	authMethodPattern = regexp.MustCompile(`^[!-~]{1,128}$`)
+)
 
 // Validate reports the first thing wrong with t.
 func (t Type) Validate() error {
@@ -144,6 +152,12 @@ func (t Type) Validate() error {
 	case "", PermissionAllow, PermissionDeny, PermissionAllowAlways:
 	default:
 		return fmt.Errorf("agent type %s: permission %q is not one of allow, deny, allow_always", t.ID, t.Permission)
+	}
+	if t.AuthMethod != "" && !authMethodPattern.MatchString(t.AuthMethod) {
+		return fmt.Errorf("agent type %s: auth_method %q: must be 1-128 printable ASCII characters without spaces", t.ID, t.AuthMethod)
+	}
+	if t.AuthMethod != "" && (t.Protocol == ProtocolKandev || t.Protocol == ProtocolLegacy || t.Protocol == ProtocolOneshot) {
+		return fmt.Errorf("agent type %s: auth_method is for ACP agents (protocol acp, or detected), not %s", t.ID, t.Protocol)
 	}
 	return t.validateEnvNames()
 }

@@ -27,6 +27,13 @@ func TestParse(t *testing.T) {
 		{"not YAML", "agent_types: [", "agent types"},
 		{"validation on an acp type", "agent_types:\n  - id: a\n    command: [x]\n    protocol: acp\n    validate_inputs: false\n", "oneshot only"},
 		{"negative max_param_length", "agent_types:\n  - id: a\n    command: [x]\n    protocol: oneshot\n    max_param_length: -1\n", "negative max_param_length"},
+		{"auth_method", "agent_types:\n  - id: a\n    command: [x]\n    protocol: acp\n    auth_method: gemini-api-key\n", ""},
+		{"auth_method with a space", "agent_types:\n  - id: a\n    command: [x]\n    auth_method: api key\n", "auth_method"},
+		{"auth_method on a kandev agent", "agent_types:\n  - id: a\n    command: [x]\n    protocol: kandev\n    auth_method: key\n", "for ACP agents"},
+		// Enabled unless it says otherwise: an entry without a command or
+		// image is refused rather than kept disabled.
+		{"without command or image", "agent_types:\n  - id: a\n", "needs a command"},
+		{"disabled without command or image", "agent_types:\n  - id: a\n    enabled: false\n", ""},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()

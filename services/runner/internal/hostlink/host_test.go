@@ -697,3 +697,48 @@ func TestLaunchEnvCheckedAgain(t *testing.T) {
 		})
 	}
 }
+
+// TestAuthenticate: agent-host authenticates with the type's auth method
+// (CONCLAVE_AGENT_HOST_AUTH_METHOD) before session/new, when the agent
+// offers it; without one, the agent's refusal of session/new ends the
+// agent, saying it is the agent's error and which methods it offers.
+func TestAuthenticate(t *testing.T) {
+	skipShort(t)
+	t.Parallel()
+	for _, tt := range []struct {
+		name, method string
+		up           bool
+	}{
+		{"the type names the method", "test-key", true},
+		{"the type names none", "", false},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			rig := startHub(t, "")
+			rec := newRecorder()
+			instance := "inst-auth-" + strconv.FormatBool(tt.up)
+			link := rig.hub.Expect(instance, 1, rec.options())
+			startHost(t, hostSpec{addr: rig.addr, instance: instance, workspace: t.TempDir(),
+				env:   map[string]string{"CONCLAVE_AGENT_HOST_AUTH_METHOD": tt.method},
+				agent: []string{acpAgentBin, "-dialect", "acp", "-auth", "test-key"}})
+			ready, err := link.Ready(t.Context())
+			if tt.up {
+				if err != nil || ready.SessionID == "" {
+					t.Fatalf("ready = %+v, %v", ready, err)
+				}
+				rec.waitFor(t, "the log of authenticate", hasLog("authenticated with the agent's auth method test-key"))
+				return
+			}
+			if err == nil {
+				t.Fatalf("ready = %+v, want the session refused", ready)
+			}
+			rec.waitFor(t, "the log of the agent's error", hasLog("agent_error: session/new: the agent answered with an error: Authentication required: no API key is configured (code -32000); the agent offers authMethods test-key (Test key)"))
+		})
+	}
+}
+
+func hasLog(text string) func([]acp.Update, []string) bool {
+	return func(_ []acp.Update, logs []string) bool {
+		return slices.ContainsFunc(logs, func(l string) bool { return strings.Contains(l, text) })
+	}
+}
