@@ -79,6 +79,9 @@ func testDevProfile(t *testing.T, e *chartEnv) {
 		for _, d := range deployables {
 			wctx, cancel := context.WithTimeout(ctx, waitLimit)
 			hash, err := rel.WaitRolledOut(wctx, release+"-"+d, notHash[d])
+			if err == nil {
+				err = rel.WaitServing(wctx, release+"-"+d)
+			}
 			cancel()
 			if err != nil {
 				t.Fatalf("%v\ndiagnosis:\n%s", err, rel.Diagnose())

@@ -115,12 +115,15 @@ func testInstall(t *testing.T, e *chartEnv) {
 
 // waitRolledOut waits until Deployment name is rolled out
 // (kubeenv.Release.WaitRolledOut) on a pod template other than notHash,
-// unless notHash is empty, and returns its pods' pod-template-hash.
+// unless notHash is empty, and its Service accepts connections, and returns its pods' pod-template-hash.
 func (e *chartEnv) waitRolledOut(t *testing.T, name, notHash string) string {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(t.Context(), waitLimit)
 	defer cancel()
 	hash, err := e.rel.WaitRolledOut(ctx, name, notHash)
+	if err == nil {
+		err = e.rel.WaitServing(ctx, name)
+	}
 	if err != nil {
 		t.Fatal(err)
 	}
