@@ -1,6 +1,7 @@
 package auth
 
 import (
+	"context"
 	"fmt"
 	"strconv"
 	"strings"
@@ -53,9 +54,9 @@ func (s ThrottleSetting) String() string {
 	return strconv.Itoa(s.Burst) + "/" + s.Every.String()
 }
 
-// Options are the ThrottleOptions of the setting; the caller adds the
-// rest (Throttled). A zero setting, one no configuration loaded, gives the
-// package defaults.
-func (s ThrottleSetting) Options() ThrottleOptions {
-	return ThrottleOptions{Burst: s.Burst, Every: s.Every}
+// Options are the ThrottleOptions of a service's throttle: the setting's
+// budget, and throttled counting the refusals (ThrottleOptions.Throttled).
+// A zero setting, one no configuration loaded, takes the package defaults.
+func (s ThrottleSetting) Options(throttled func(context.Context)) ThrottleOptions {
+	return ThrottleOptions{Burst: s.Burst, Every: s.Every, Throttled: throttled}
 }

@@ -88,7 +88,7 @@ func TestThrottleSettingAsSetting(t *testing.T) {
 // regrows its budget as the setting says.
 func TestThrottleSettingOptions(t *testing.T) {
 	t.Parallel()
-	if o := (auth.ThrottleSetting{}).Options(); o.Burst != 0 || o.Every != 0 {
+	if o := (auth.ThrottleSetting{}).Options(nil); o.Burst != 0 || o.Every != 0 {
 		t.Errorf("a zero setting's options %+v, want zero (the defaults)", o)
 	}
 	s, err := auth.ParseThrottleSetting("2/1h")
@@ -96,7 +96,8 @@ func TestThrottleSettingOptions(t *testing.T) {
 		t.Fatal(err)
 	}
 	c := newClock()
-	o := s.Options()
+	var throttled int
+	o := s.Options(func(context.Context) { throttled++ })
 	o.Now = c.now
 	th := auth.NewThrottle(o)
 	th.Fail(addr("192.0.2.1"))
@@ -104,8 +105,8 @@ func TestThrottleSettingOptions(t *testing.T) {
 		t.Errorf("after one wrong token of 2: wait %v", w)
 	}
 	th.Fail(addr("192.0.2.1"))
-	if w := waitOf(th, "192.0.2.1"); w != time.Hour {
-		t.Errorf("after 2 wrong tokens of 2: wait %v, want 1h", w)
+	if w := th.Refused(context.Background(), addr("192.0.2.1")); w != time.Hour || throttled != 1 {
+		t.Errorf("after 2 wrong tokens of 2: wait %v, %d refusals counted; want 1h, 1", w, throttled)
 	}
 	c.advance(59 * time.Minute)
 	if w := waitOf(th, "192.0.2.1"); w != time.Minute {
