@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/conclave-ai/conclave/functions/librarian/service"
 	"github.com/conclave-ai/conclave/pkg/auth"
@@ -45,7 +46,9 @@ func TestMetrics(t *testing.T) {
 	if err := q.Ensure(ctx, service.Queues[0]); err != nil {
 		t.Fatal(err)
 	}
-	lib, err := service.NewHandler(service.Config{APIRate: "100000/minute", AgentTokens: []string{"copilot-2=" + copilotToken}},
+	lib, err := service.NewHandler(service.Config{APIRate: "100000/minute", AgentTokens: []string{"copilot-2=" + copilotToken},
+		// No regrowth within the test, however loaded the machine.
+		AuthThrottle: auth.ThrottleSetting{Burst: auth.ThrottleBurst, Every: time.Hour}},
 		service.Deps{Store: st, Queue: q, Telemetry: tel})
 	if err != nil {
 		t.Fatal(err)

@@ -63,6 +63,8 @@ type Config struct {
 	// AllowedHosts are answered besides loopback names while the runner
 	// runs without authentication.
 	AllowedHosts []string `env:"CONCLAVE_RUNNER_ALLOWED_HOSTS" help:"comma-separated Host names the HTTP listener answers besides localhost, 127.0.0.1 and [::1] while it runs without authentication"`
+	// AuthThrottle is the per-address budget of wrong tokens (pkg/auth.Throttle).
+	AuthThrottle auth.ThrottleSetting `env:"CONCLAVE_RUNNER_AUTH_THROTTLE" default:"20/1s" help:"wrong tokens one address may present: BURST at once, then one more each EVERY (BURST/EVERY); past it, callers get 429 with Retry-After"`
 
 	Executor string `env:"CONCLAVE_RUNNER_EXECUTOR" default:"local" help:"where agents run: local (a process group on this host, spoken to over stdio) or kubernetes (a Job per launch, behind agent-host; docs/runner.md)"`
 	// HostKey signs the per-instance tokens agent-host presents: a secret.
@@ -291,7 +293,7 @@ func New(cfg Config, deps Deps, opts ...server.Option) (*Runner, error) {
 	grpcOpts := tel.GRPCServerOptions()
 	var restAuth *api.RESTAuth
 	if !cfg.AllowUnauthenticated {
-		throttle := auth.NewThrottle(auth.ThrottleOptions{Throttled: telemetry.AuthThrottled(tel.Meter("runner"), "runner")})
+		throttle := auth.NewThrottle(cfg.AuthThrottle.Options(telemetry.AuthThrottled(tel.Meter("runner"), "runner")))
 		tokens := auth.NewTokens(cfg.ClientTokens...).WithThrottle(throttle)
 		restAuth = &api.RESTAuth{Tokens: tokens, Throttle: throttle}
 		// Protect covers the API's service only: agent-host's link
