@@ -327,7 +327,7 @@ func New(cfg Config, deps Deps, opts ...server.Option) (*Runner, error) {
 	// without TLS, on the internal network.
 	owners := api.NewOwners(cfg.ForwardTimeout, runnerMetrics, logger,
 		append(tel.GRPCDialOptions(), grpc.WithTransportCredentials(insecure.NewCredentials()))...)
-	runnerv1.RegisterRunnerServiceServer(srv.GRPC(), api.New(rec, registry, sup, confine, api.DefaultLimits, owners))
+	runnerv1.RegisterRunnerServiceServer(srv.GRPC(), api.New(rec, registry, sup, confine, api.DefaultLimits, owners).WithExecutor(exec.Name()))
 	if r.hub != nil {
 		r.hub.Register(srv.GRPC())
 	}
