@@ -292,8 +292,11 @@ func New(cfg Config, deps Deps, opts ...server.Option) (*Runner, error) {
 
 	grpcOpts := tel.GRPCServerOptions()
 	var restAuth *api.RESTAuth
+	// Made whether or not tokens are checked, so that every documented
+	// metric is on /metrics from the start.
+	authThrottled := telemetry.AuthThrottled(tel.Meter("runner"), "runner")
 	if !cfg.AllowUnauthenticated {
-		throttle := auth.NewThrottle(cfg.AuthThrottle.Options(telemetry.AuthThrottled(tel.Meter("runner"), "runner")))
+		throttle := auth.NewThrottle(cfg.AuthThrottle.Options(authThrottled))
 		tokens := auth.NewTokens(cfg.ClientTokens...).WithThrottle(throttle)
 		restAuth = &api.RESTAuth{Tokens: tokens, Throttle: throttle}
 		// Protect covers the API's service only: agent-host's link
