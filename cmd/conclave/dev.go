@@ -16,10 +16,8 @@ import (
 
 	librarian "github.com/conclave-ai/conclave/functions/librarian/service"
 	"github.com/conclave-ai/conclave/pkg/config"
-	"github.com/conclave-ai/conclave/pkg/queue"
 	"github.com/conclave-ai/conclave/pkg/server"
-	"github.com/conclave-ai/conclave/pkg/store"
-	"github.com/conclave-ai/conclave/pkg/telemetry"
+	"github.com/conclave-ai/conclave/pkg/startup"
 	bridge "github.com/conclave-ai/conclave/services/bridge/service"
 	bus "github.com/conclave-ai/conclave/services/bus/service"
 	console "github.com/conclave-ai/conclave/services/console/service"
@@ -92,8 +90,6 @@ func runDev(ctx context.Context, args []string, lookup config.Lookup, stdout, st
 	if err := config.Load(ctx, &cfg, "conclave dev", args, lookup, stderr); err != nil {
 		return err
 	}
-	logger := cfg.Logger(stderr, "conclave")
-
 	if cfg.Storage.Backend != config.BackendEmbedded {
 		return fmt.Errorf("CONCLAVE_BACKEND: conclave dev runs on the embedded backend; run the services themselves for %q", cfg.Storage.Backend)
 	}
@@ -104,35 +100,17 @@ func runDev(ctx context.Context, args []string, lookup config.Lookup, stdout, st
 		}
 		cfg.Runner.AgentTypesFile = file
 	}
-	tel, stopTelemetry, err := telemetry.Start(ctx, cfg.Common, "conclave", versionString())
+	// One file holds every service's tables, and one every service's
+	// queues; both survive restarts.
+	backends, err := startup.Open(ctx, startup.Options{Name: "conclave", TelemetryName: "conclave", Version: versionString(),
+		Common: cfg.Common, Storage: cfg.Storage, Logs: stderr,
+		Tables: slices.Concat(gateway.Tables, librarian.Tables, bus.Tables, runner.Tables),
+		Queue:  true, Queues: slices.Concat(bus.Queues, librarian.Queues, runner.Queues(cfg.Runner))})
 	if err != nil {
 		return err
 	}
-	defer stopTelemetry()
-
-	// One file holds every service's tables, and survives restarts.
-	st, err := store.Open(ctx, cfg.Storage, "")
-	if err != nil {
-		return err
-	}
-	defer st.Close()
-	if err := store.EnsureTables(ctx, st, slices.Concat(gateway.Tables, librarian.Tables, bus.Tables, runner.Tables)...); err != nil {
-		return err
-	}
-	q, err := queue.Open(ctx, cfg.Storage)
-	if err != nil {
-		return err
-	}
-	defer q.Close()
-	if err := bus.EnsureQueues(ctx, q); err != nil {
-		return err
-	}
-	// One queue file, too, for every service's queues.
-	for _, d := range slices.Concat(librarian.Queues, runner.Queues(cfg.Runner)) {
-		if err := q.Ensure(ctx, d); err != nil {
-			return err
-		}
-	}
+	defer backends.Close()
+	logger, tel, st, q := backends.Logger, backends.Telemetry, backends.Store, backends.Queue
 
 	gw, err := gateway.New(cfg.Gateway, logger, tel, st)
 	if err != nil {

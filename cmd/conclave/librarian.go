@@ -203,8 +203,7 @@ func (c *libClient) do(ctx context.Context, method, path string, body []byte, st
 }
 
 type adminConfig struct {
-	Storage     config.Storage
-	TablePrefix string `env:"CONCLAVE_TABLE_PREFIX" default:"conclave-" help:"prefix of the DynamoDB table names"`
+	Storage config.Storage
 }
 
 func librarianAdmin(ctx context.Context, cmd string, args []string, lookup config.Lookup, stdout, stderr io.Writer) error {
@@ -229,11 +228,7 @@ func librarianAdmin(ctx context.Context, cmd string, args []string, lookup confi
 	if err := config.Load(ctx, &cfg, "conclave librarian "+cmd, nil, lookup, stderr); err != nil {
 		return err
 	}
-	tablePrefix := cfg.TablePrefix
-	if cfg.Storage.Backend == config.BackendEmbedded {
-		tablePrefix = "" // conclave dev's one file has no prefixes
-	}
-	st, err := store.Open(ctx, cfg.Storage, tablePrefix)
+	st, err := store.Open(ctx, cfg.Storage)
 	if err != nil {
 		return err
 	}

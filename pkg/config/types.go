@@ -78,6 +78,8 @@ type Storage struct {
 	DataDir     string       `env:"CONCLAVE_DATA_DIR" default:".conclave" help:"directory of the embedded store, and of the runner's records of the agent processes it starts"`
 	AWSEndpoint string       `env:"CONCLAVE_AWS_ENDPOINT" help:"override the DynamoDB and SQS endpoint (dynalite, fauxqs)"`
 	AWSRegion   string       `env:"AWS_REGION" default:"us-east-1" help:"AWS region"`
+	// TablePrefix separates environments sharing one AWS account.
+	TablePrefix string `env:"CONCLAVE_TABLE_PREFIX" default:"conclave-" help:"prefix of the DynamoDB table names (the aws backend)"`
 }
 
 // Validate checks the settings go-envconfig cannot check by type.

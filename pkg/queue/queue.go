@@ -206,3 +206,14 @@ func (e *SendError) Error() string {
 }
 
 func (e *SendError) Unwrap() error { return e.Err }
+
+// EnsureAll creates each of defs that does not exist yet in q: how a
+// service's queues (its Queues) are made before it runs.
+func EnsureAll(ctx context.Context, q Queue, defs ...Definition) error {
+	for _, d := range defs {
+		if err := q.Ensure(ctx, d); err != nil {
+			return fmt.Errorf("queue %s: %w", d.Name, err)
+		}
+	}
+	return nil
+}

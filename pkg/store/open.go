@@ -16,9 +16,9 @@ import (
 
 // Open opens the backend the settings name: the embedded file
 // <DataDir>/state.db, or DynamoDB with the AWS SDK's default credential
-// chain (and CONCLAVE_AWS_ENDPOINT, for dynalite). Only a main calls it: it
-// reads the AWS environment.
-func Open(ctx context.Context, s config.Storage, tablePrefix string) (Store, error) {
+// chain (and CONCLAVE_AWS_ENDPOINT, for dynalite), its tables named with
+// TablePrefix. Only a main calls it: it reads the AWS environment.
+func Open(ctx context.Context, s config.Storage) (Store, error) {
 	switch s.Backend {
 	case config.BackendEmbedded:
 		return OpenBolt(filepath.Join(s.DataDir, "state.db"), BoltOptions{})
@@ -32,7 +32,7 @@ func Open(ctx context.Context, s config.Storage, tablePrefix string) (Store, err
 				o.BaseEndpoint = aws.String(s.AWSEndpoint)
 			}
 		})
-		return NewDynamo(client, DynamoOptions{TablePrefix: tablePrefix, Endpoint: s.AWSEndpoint}), nil
+		return NewDynamo(client, DynamoOptions{TablePrefix: s.TablePrefix, Endpoint: s.AWSEndpoint}), nil
 	}
 	return nil, fmt.Errorf("store: unknown backend %q", s.Backend)
 }

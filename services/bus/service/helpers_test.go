@@ -96,7 +96,7 @@ func startBus(t testing.TB, cfg service.Config, o busOption) *testBus {
 	if err := store.EnsureTables(ctx, o.st, service.Tables...); err != nil {
 		t.Fatal(err)
 	}
-	if err := service.EnsureQueues(ctx, o.q); err != nil {
+	if err := queue.EnsureAll(ctx, o.q, service.Queues...); err != nil {
 		t.Fatal(err)
 	}
 	if o.tel == nil {

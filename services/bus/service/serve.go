@@ -5,9 +5,7 @@ import (
 	"io"
 
 	"github.com/conclave-ai/conclave/pkg/config"
-	"github.com/conclave-ai/conclave/pkg/queue"
-	"github.com/conclave-ai/conclave/pkg/store"
-	"github.com/conclave-ai/conclave/pkg/telemetry"
+	"github.com/conclave-ai/conclave/pkg/startup"
 	"github.com/conclave-ai/conclave/services/bus/internal/bubcli"
 )
 
@@ -15,8 +13,6 @@ type appConfig struct {
 	config.Common
 	Storage config.Storage
 	Bus     Config
-	// TablePrefix separates environments sharing one AWS account.
-	TablePrefix string `env:"CONCLAVE_TABLE_PREFIX" default:"conclave-" help:"prefix of the DynamoDB table names"`
 }
 
 // Serve loads the bus's settings from args and lookup, opens its store and
@@ -26,34 +22,18 @@ func Serve(ctx context.Context, name string, args []string, lookup config.Lookup
 	if err := config.Load(ctx, &cfg, name, args, lookup, stderr); err != nil {
 		return err
 	}
-	logger := cfg.Logger(stderr, "bus")
-	tel, stopTelemetry, err := telemetry.Start(ctx, cfg.Common, "conclave-bus", "")
+	b, err := startup.Open(ctx, startup.Options{Name: "bus", Common: cfg.Common, Storage: cfg.Storage, Logs: stderr,
+		Tables: Tables, Queue: true, Queues: Queues})
 	if err != nil {
 		return err
 	}
-	defer stopTelemetry()
-	st, err := store.Open(ctx, cfg.Storage, cfg.TablePrefix)
-	if err != nil {
-		return err
-	}
-	defer st.Close()
-	if err := store.EnsureTables(ctx, st, Tables...); err != nil {
-		return err
-	}
-	q, err := queue.Open(ctx, cfg.Storage)
-	if err != nil {
-		return err
-	}
-	defer q.Close()
-	if err := EnsureQueues(ctx, q); err != nil {
-		return err
-	}
-	launcher, runnerConn, err := RunnerLauncher(cfg.Bus, tel)
+	defer b.Close()
+	launcher, runnerConn, err := RunnerLauncher(cfg.Bus, b.Telemetry)
 	if err != nil {
 		return err
 	}
 	defer runnerConn.Close()
-	bus, err := New(cfg.Bus, logger, tel, st, q, launcher)
+	bus, err := New(cfg.Bus, b.Logger, b.Telemetry, b.Store, b.Queue, launcher)
 	if err != nil {
 		return err
 	}

@@ -161,16 +161,6 @@ var Tables = []store.Table{broker.DeadLetterTable, ReplicaTable, broker.LaunchTa
 // Queues lists the queues the bus owns.
 var Queues = []queue.Definition{broker.RetryQueue, broker.EventsQueue}
 
-// EnsureQueues creates the bus's queues.
-func EnsureQueues(ctx context.Context, q queue.Queue) error {
-	for _, d := range Queues {
-		if err := q.Ensure(ctx, d); err != nil {
-			return fmt.Errorf("bus queue %s: %w", d.Name, err)
-		}
-	}
-	return nil
-}
-
 // Launcher starts agents for the default handler (the runner's launch API).
 type Launcher = broker.Launcher
 

@@ -35,8 +35,6 @@ type Settings struct {
 	config.Common
 	Storage   config.Storage
 	Librarian handler.Config
-	// TablePrefix separates environments sharing one AWS account.
-	TablePrefix string `env:"CONCLAVE_TABLE_PREFIX" default:"conclave-" help:"prefix of the DynamoDB table names"`
 	// QueueEndpoint overrides SQS alone, for a local SQS beside a local
 	// DynamoDB on another port.
 	QueueEndpoint string `env:"CONCLAVE_LIBRARIAN_QUEUE_ENDPOINT" help:"override the SQS endpoint only (default: CONCLAVE_AWS_ENDPOINT)"`
@@ -97,7 +95,7 @@ func Init(ctx context.Context, lookup config.Lookup, stderr io.Writer) (lambdaHa
 			o.BaseEndpoint = aws.String(s.Storage.AWSEndpoint)
 		}
 	})
-	st := store.NewDynamo(ddb, store.DynamoOptions{TablePrefix: s.TablePrefix, Endpoint: s.Storage.AWSEndpoint})
+	st := store.NewDynamo(ddb, store.DynamoOptions{TablePrefix: s.Storage.TablePrefix, Endpoint: s.Storage.AWSEndpoint})
 	queueEndpoint := s.QueueEndpoint
 	if queueEndpoint == "" {
 		queueEndpoint = s.Storage.AWSEndpoint

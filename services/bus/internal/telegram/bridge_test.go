@@ -151,7 +151,7 @@ func startBus(t *testing.T, ctx context.Context) string {
 	if err := store.EnsureTables(ctx, st, service.Tables...); err != nil {
 		t.Fatal(err)
 	}
-	if err := service.EnsureQueues(ctx, q); err != nil {
+	if err := queue.EnsureAll(ctx, q, service.Queues...); err != nil {
 		t.Fatal(err)
 	}
 	tel, err := telemetry.New(ctx, telemetry.Config{ServiceName: "bus-test"})

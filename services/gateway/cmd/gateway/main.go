@@ -6,8 +6,7 @@ import (
 	"os"
 
 	"github.com/conclave-ai/conclave/pkg/config"
-	"github.com/conclave-ai/conclave/pkg/store"
-	"github.com/conclave-ai/conclave/pkg/telemetry"
+	"github.com/conclave-ai/conclave/pkg/startup"
 	"github.com/conclave-ai/conclave/services/gateway/service"
 )
 
@@ -15,8 +14,6 @@ type appConfig struct {
 	config.Common
 	Storage config.Storage
 	Gateway service.Config
-	// TablePrefix separates environments sharing one AWS account.
-	TablePrefix string `env:"CONCLAVE_TABLE_PREFIX" default:"conclave-" help:"prefix of the DynamoDB table names"`
 }
 
 func main() { config.Main("gateway", run) }
@@ -26,21 +23,13 @@ func run(ctx context.Context, args []string) error {
 	if err := config.Load(ctx, &cfg, "gateway", args, os.LookupEnv, os.Stderr); err != nil {
 		return err
 	}
-	logger := cfg.Logger(os.Stderr, "gateway")
-	tel, stopTelemetry, err := telemetry.Start(ctx, cfg.Common, "conclave-gateway", "")
+	b, err := startup.Open(ctx, startup.Options{Name: "gateway", Common: cfg.Common, Storage: cfg.Storage, Logs: os.Stderr,
+		Tables: service.Tables})
 	if err != nil {
 		return err
 	}
-	defer stopTelemetry()
-	st, err := store.Open(ctx, cfg.Storage, cfg.TablePrefix)
-	if err != nil {
-		return err
-	}
-	defer st.Close()
-	if err := store.EnsureTables(ctx, st, service.Tables...); err != nil {
-		return err
-	}
-	gw, err := service.New(cfg.Gateway, logger, tel, st)
+	defer b.Close()
+	gw, err := service.New(cfg.Gateway, b.Logger, b.Telemetry, b.Store)
 	if err != nil {
 		return err
 	}

@@ -10,9 +10,7 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/conclave-ai/conclave/pkg/config"
-	"github.com/conclave-ai/conclave/pkg/queue"
-	"github.com/conclave-ai/conclave/pkg/store"
-	"github.com/conclave-ai/conclave/pkg/telemetry"
+	"github.com/conclave-ai/conclave/pkg/startup"
 	eventsv1 "github.com/conclave-ai/conclave/proto/conclave/events/v1"
 	"github.com/conclave-ai/conclave/services/runner/service"
 )
@@ -21,8 +19,6 @@ type appConfig struct {
 	config.Common
 	Storage config.Storage
 	Runner  service.Config
-	// TablePrefix separates environments sharing one AWS account.
-	TablePrefix string `env:"CONCLAVE_TABLE_PREFIX" default:"conclave-" help:"prefix of the DynamoDB table names"`
 }
 
 func main() { config.Main("runner", run) }
@@ -32,31 +28,13 @@ func run(ctx context.Context, args []string) error {
 	if err := config.Load(ctx, &cfg, "runner", args, os.LookupEnv, os.Stderr); err != nil {
 		return err
 	}
-	logger := cfg.Logger(os.Stderr, "runner")
-	tel, stopTelemetry, err := telemetry.Start(ctx, cfg.Common, "conclave-runner", "")
+	b, err := startup.Open(ctx, startup.Options{Name: "runner", Common: cfg.Common, Storage: cfg.Storage, Logs: os.Stderr,
+		Tables: service.Tables, Queue: true, Queues: service.Queues(cfg.Runner)})
 	if err != nil {
 		return err
 	}
-	defer stopTelemetry()
-	st, err := store.Open(ctx, cfg.Storage, cfg.TablePrefix)
-	if err != nil {
-		return err
-	}
-	defer st.Close()
-	if err := store.EnsureTables(ctx, st, service.Tables...); err != nil {
-		return err
-	}
-	q, err := queue.Open(ctx, cfg.Storage)
-	if err != nil {
-		return err
-	}
-	defer q.Close()
-	for _, d := range service.Queues(cfg.Runner) {
-		if err := q.Ensure(ctx, d); err != nil {
-			return err
-		}
-	}
-	r, err := service.New(cfg.Runner, service.Deps{Store: st, Queue: q, Logger: logger, Telemetry: tel,
+	defer b.Close()
+	r, err := service.New(cfg.Runner, service.Deps{Store: b.Store, Queue: b.Queue, Logger: b.Logger, Telemetry: b.Telemetry,
 		ProcessDir:      filepath.Join(cfg.Storage.DataDir, service.ProcessDirName),
 		BeforeEventSend: crashPoint(os.Getenv("CONCLAVE_RUNNER_TEST_CRASHPOINT"))})
 	if err != nil {
