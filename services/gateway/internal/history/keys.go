@@ -50,7 +50,9 @@ type entryKey struct {
 	seq       uint32
 }
 
-func (k entryKey) String() string { return requestPrefix(k.ms, k.requestID) + fmt.Sprintf("%08x", k.seq) }
+func (k entryKey) String() string {
+	return requestPrefix(k.ms, k.requestID) + fmt.Sprintf("%08x", k.seq)
+}
 
 func requestPrefix(ms int64, requestID string) string {
 	return fmt.Sprintf("%013d.%s/", ms, requestID)
@@ -110,7 +112,9 @@ func partSK(head string, part int) string { return fmt.Sprintf("%s%c%02x", head,
 const maxParts = 16
 
 // indexSK is an agent-index item's sort key.
-func indexSK(startMs int64, threadID string) string { return fmt.Sprintf("%013d/%s", startMs, threadID) }
+func indexSK(startMs int64, threadID string) string {
+	return fmt.Sprintf("%013d/%s", startMs, threadID)
+}
 
 func parseIndexSK(sk string) (int64, string, bool) {
 	if len(sk) < 15 || sk[13] != '/' {

@@ -36,7 +36,9 @@ func (s *Store) RequestEntries(ctx context.Context, threadID string, msg EntryRe
 	if err != nil {
 		return nil, false, err
 	}
-	keep := func(k entryKey, _ string) bool { return k.requestID == msg.k.requestID && k.ms == msg.k.ms && k.seq >= from }
+	keep := func(k entryKey, _ string) bool {
+		return k.requestID == msg.k.requestID && k.ms == msg.k.ms && k.seq >= from
+	}
 	return s.scan(ctx, threadID, start, prefix+requestEnd, keep, limit)
 }
 
