@@ -9,6 +9,7 @@ import (
 	"math"
 	"net/http"
 	"os"
+	"slices"
 	"time"
 
 	"google.golang.org/grpc"
@@ -23,6 +24,7 @@ import (
 	covenpb "github.com/conclave-ai/conclave/proto/coven"
 	"github.com/conclave-ai/conclave/services/gateway/internal/agentstream"
 	"github.com/conclave-ai/conclave/services/gateway/internal/clientapi"
+	"github.com/conclave-ai/conclave/services/gateway/internal/history"
 	"github.com/conclave-ai/conclave/services/gateway/internal/metrics"
 	"github.com/conclave-ai/conclave/services/gateway/internal/registry"
 )
@@ -50,6 +52,16 @@ type Config struct {
 	ClientBurst      int           `env:"CONCLAVE_GATEWAY_CLIENT_BURST" default:"100" help:"client API requests each client may make at once, above its rate"`
 	ClientStreams    int           `env:"CONCLAVE_GATEWAY_CLIENT_STREAMS" default:"64" help:"SendMessage streams each client may hold open on one replica"`
 	IdempotencyTTL   time.Duration `env:"CONCLAVE_GATEWAY_IDEMPOTENCY_TTL" default:"24h" help:"how long a SendMessage idempotency_key is remembered"`
+	// History keeps every conversation per thread_id (docs/gateway.md,
+	// "Threads and history"); its privacy consequences are there too.
+	History      bool          `env:"CONCLAVE_GATEWAY_HISTORY" default:"true" help:"keep every conversation per thread_id in the store; false keeps none (and a repeated idempotency_key is refused rather than replayed)"`
+	HistoryTTL   time.Duration `env:"CONCLAVE_GATEWAY_HISTORY_TTL" default:"720h" help:"how long each stored message and event is kept after it was written (DynamoDB TTL; swept on the embedded store); 0 keeps them until deleted by hand"`
+	HistoryFlush time.Duration `env:"CONCLAVE_GATEWAY_HISTORY_FLUSH" default:"1s" help:"how long an answer's events may wait in memory before they are written (they are also written every 64 KiB, and at the answer's end before the client is told it ended)"`
+	// DetachedTimeout bounds a request no client follows any more: with
+	// history, a client that leaves does not cancel its request, so that
+	// it can come back for the rest.
+	DetachedTimeout time.Duration `env:"CONCLAVE_GATEWAY_DETACHED_TIMEOUT" default:"10m" help:"with history, how long a request goes on after its last client left before it is cancelled"`
+	AdminTokens     []string      `env:"CONCLAVE_GATEWAY_ADMIN_TOKENS" help:"comma-separated bearer tokens accepted on the client API that may also read every client's threads"`
 	// AllowUnauthenticated opens the client API without tokens; conclave dev
 	// sets it, on loopback only.
 	AllowUnauthenticated bool     `env:"CONCLAVE_GATEWAY_ALLOW_UNAUTHENTICATED" default:"false" help:"serve the client API without bearer tokens (development only)"`
@@ -72,11 +84,22 @@ func (c Config) Validate() error {
 	if c.GRPCAddr == "" {
 		return fmt.Errorf("CONCLAVE_GATEWAY_GRPC_ADDR: the gateway needs a gRPC listener")
 	}
-	if len(c.ClientTokens) == 0 && !c.AllowUnauthenticated {
+	if len(c.ClientTokens)+len(c.AdminTokens) == 0 && !c.AllowUnauthenticated {
 		return fmt.Errorf("CONCLAVE_GATEWAY_CLIENT_TOKENS: set at least one client token, or CONCLAVE_GATEWAY_ALLOW_UNAUTHENTICATED=true for development")
 	}
 	if err := auth.CheckTokens("CONCLAVE_GATEWAY_CLIENT_TOKENS", c.ClientTokens...); err != nil {
 		return err
+	}
+	if err := auth.CheckTokens("CONCLAVE_GATEWAY_ADMIN_TOKENS", c.AdminTokens...); err != nil {
+		return err
+	}
+	if len(c.AdminTokens) > 0 && c.AllowUnauthenticated {
+		// Every caller is the one anonymous client then: no token is
+		// checked, so none can make its holder an admin.
+		return fmt.Errorf("CONCLAVE_GATEWAY_ADMIN_TOKENS: tokens are not checked while CONCLAVE_GATEWAY_ALLOW_UNAUTHENTICATED=true; set one or the other")
+	}
+	if c.HistoryTTL < 0 {
+		return fmt.Errorf("CONCLAVE_GATEWAY_HISTORY_TTL: must be 0 (kept until deleted) or positive, got %s", c.HistoryTTL)
 	}
 	if c.unauthenticated() {
 		allowing := "CONCLAVE_GATEWAY_ALLOW_UNAUTHENTICATED"
@@ -122,6 +145,8 @@ func (c Config) Validate() error {
 		"CONCLAVE_GATEWAY_CANCEL_GRACE":      c.CancelGrace,
 		"CONCLAVE_GATEWAY_LEASE":             c.Lease,
 		"CONCLAVE_GATEWAY_IDEMPOTENCY_TTL":   c.IdempotencyTTL,
+		"CONCLAVE_GATEWAY_HISTORY_FLUSH":     c.HistoryFlush,
+		"CONCLAVE_GATEWAY_DETACHED_TIMEOUT":  c.DetachedTimeout,
 	} {
 		if d <= 0 {
 			return fmt.Errorf("%s: must be positive, got %s", key, d)
@@ -141,7 +166,7 @@ type Gateway struct {
 }
 
 // Tables lists the tables the gateway keeps its state in.
-var Tables = []store.Table{registry.Table, clientapi.IdempotencyTable}
+var Tables = []store.Table{registry.Table, clientapi.IdempotencyTable, history.Table}
 
 // New builds the gateway's server and services. st holds the cluster-wide
 // agent registry; its Tables must exist.
@@ -162,7 +187,7 @@ func New(cfg Config, logger *slog.Logger, tel *telemetry.Provider, st store.Stor
 	throttle := auth.NewThrottle(auth.ThrottleOptions{Throttled: telemetry.AuthThrottled(tel.Meter("gateway"), "gateway")})
 	var restAuth *clientapi.RESTAuth
 	if !cfg.AllowUnauthenticated {
-		tokens := auth.NewTokens(cfg.ClientTokens...).WithThrottle(throttle)
+		tokens := auth.NewTokens(slices.Concat(cfg.ClientTokens, cfg.AdminTokens)...).WithThrottle(throttle)
 		restAuth = &clientapi.RESTAuth{Tokens: tokens, Throttle: throttle}
 		unary, stream := tokens.Protect(clientapi.ServicePrefix)
 		grpcOpts = append(grpcOpts, grpc.ChainUnaryInterceptor(unary), grpc.ChainStreamInterceptor(stream))
@@ -235,8 +260,17 @@ func New(cfg Config, logger *slog.Logger, tel *telemetry.Provider, st store.Stor
 	srv.AddReadinessCheck("lease", func(context.Context) error { return replica.Healthy() })
 	covenpb.RegisterCovenControlServer(srv.GRPC(), agents)
 	peers := clientapi.NewPeers(serverID, tel.GRPCDialOptions()...)
-	gatewayv1.RegisterGatewayServiceServer(srv.GRPC(), clientapi.New(agents, clientapi.DefaultLimits, serverID, reg, peers,
-		clientapi.WithIdempotency(st, cfg.IdempotencyTTL), clientapi.WithLogger(logger), clientapi.WithMetrics(m)))
+	apiOpts := []clientapi.Option{clientapi.WithIdempotency(st, cfg.IdempotencyTTL), clientapi.WithLogger(logger), clientapi.WithMetrics(m)}
+	if cfg.History {
+		hist := history.New(st, history.Options{TTL: cfg.HistoryTTL, FlushInterval: cfg.HistoryFlush, Logger: logger, Observe: m.HistoryWrite})
+		admins := make([]string, 0, len(cfg.AdminTokens))
+		for _, t := range cfg.AdminTokens {
+			admins = append(admins, auth.TokenID(t))
+		}
+		apiOpts = append(apiOpts, clientapi.WithHistory(hist, cfg.DetachedTimeout), clientapi.WithAdmins(admins...))
+	}
+	api := clientapi.New(agents, clientapi.DefaultLimits, serverID, reg, peers, apiOpts...)
+	gatewayv1.RegisterGatewayServiceServer(srv.GRPC(), api)
 	srv.OnShutdown(func(context.Context) { _ = peers.Close() })
 
 	if cfg.HTTPAddr != "" {
@@ -262,6 +296,9 @@ func New(cfg Config, logger *slog.Logger, tel *telemetry.Provider, st store.Stor
 			logger.WarnContext(ctx, "could not give up this replica's lease; its agents are free when it expires", "error", err)
 		}
 		agents.Shutdown(ctx, "gateway "+serverID+" is shutting down")
+		// The requests the agents were answering have ended; their ends
+		// are written before the store closes.
+		api.Drain(ctx)
 	})
 	return &Gateway{srv: srv, agents: agents, replica: replica, serverID: serverID, cfg: cfg, log: logger}, nil
 }

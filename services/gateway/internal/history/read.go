@@ -70,6 +70,13 @@ func Seq(entryID string) (uint32, string, error) {
 
 func (r EntryRef) String() string { return r.k.String() }
 
+// EntryID is the id of the entry seq of the request ref names.
+func EntryID(ref EntryRef, seq uint32) string {
+	k := ref.k
+	k.seq = seq
+	return k.String()
+}
+
 // headAtOrBefore is the sort key to scan from so as to meet the entry at
 // sk: the head of the last item at or before it within [lowest, sk], or sk
 // itself when there is none.

@@ -24,6 +24,15 @@ type Exchange struct {
 	ClientID        string
 	Sender, Content string
 	Attachments     []*covenpb.FileAttachment
+	// Start is when the request was accepted (zero: now); with RequestID
+	// it makes the request's place in the thread, MessageRef.
+	Start time.Time
+}
+
+// MessageRef is the reference of the client message of requestID, accepted
+// at start: what Begin will record it as.
+func MessageRef(requestID string, start time.Time) EntryRef {
+	return EntryRef{k: entryKey{ms: start.UnixMilli(), requestID: requestID}}
 }
 
 // dataCap bounds the entries' bytes in one item, inside DynamoDB's 400 KB
@@ -64,7 +73,10 @@ type Recording struct {
 // agent, and returns the recording of the answer. The message is stored
 // when Begin returns.
 func (s *Store) Begin(ctx context.Context, ex Exchange) (*Recording, error) {
-	now := s.now()
+	now := ex.Start
+	if now.IsZero() {
+		now = s.now()
+	}
 	r := &Recording{s: s, threadID: ex.ThreadID, requestID: ex.RequestID, agentID: ex.AgentID, owner: ex.ClientID,
 		ms: now.UnixMilli(), subs: map[*Subscription]struct{}{}}
 	msg := r.entry(0, now)
@@ -355,6 +367,16 @@ func (r *Recording) Subscribe(from uint32) *Subscription {
 	r.mu.Unlock()
 	return sub
 }
+
+// Subscribers is how many subscriptions are open.
+func (r *Recording) Subscribers() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.subs)
+}
+
+// Pending is how many bytes of entries wait to be written.
+func (r *Recording) Pending() int { return r.pendingBytes }
 
 // Close ends the subscription.
 func (sub *Subscription) Close() {

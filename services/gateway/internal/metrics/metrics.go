@@ -35,7 +35,8 @@ const (
 	NotFound         = "not_found"
 	RateLimited      = "rate_limited"
 	IdempotentRepeat = "idempotent_repeat"
-	Refused          = "refused" // any other refusal before the request reached an agent
+	Replayed         = "replayed" // a repeated idempotency key answered from the history
+	Refused          = "refused"  // any other refusal before the request reached an agent
 )
 
 // Eviction reasons: why the gateway ended an agent's stream.
@@ -62,6 +63,8 @@ type Metrics struct {
 	leaseWriteTime    metric.Float64Histogram
 	registrationsLost metric.Int64Counter
 	evictions         metric.Int64Counter
+	historyWrites     metric.Int64Counter
+	historyWriteTime  metric.Float64Histogram
 }
 
 // New makes the gateway's instruments from m; replica (the server ID) labels
@@ -98,6 +101,10 @@ func New(m metric.Meter, replica string) *Metrics {
 		metric.WithDescription("Agent registrations another connection took while this replica's lease had expired."))
 	x.evictions, _ = m.Int64Counter(name("evictions"), metric.WithUnit("{agent}"),
 		metric.WithDescription("Agent streams the gateway ended, by reason (silent, lease_lost, heartbeat_flood)."))
+	x.historyWrites, _ = m.Int64Counter(name("history_writes"), metric.WithUnit("{item}"),
+		metric.WithDescription("Items written to the history store, by outcome (ok, failed)."))
+	x.historyWriteTime, _ = m.Float64Histogram(name("history_write_duration"), metric.WithUnit("s"), buckets,
+		metric.WithDescription("How long one write of history items (a batch of a request's entries) took."))
 	return x
 }
 
@@ -157,4 +164,14 @@ func (x *Metrics) Lease(event string, took time.Duration) {
 // Evicted counts a stream the gateway ended.
 func (x *Metrics) Evicted(reason string) {
 	x.evictions.Add(ctx, 1, metric.WithAttributes(attribute.String("reason", reason)))
+}
+
+// HistoryWrite counts a write of history items and its time.
+func (x *Metrics) HistoryWrite(items int, took time.Duration, err error) {
+	o := "ok"
+	if err != nil {
+		o = "failed"
+	}
+	x.historyWrites.Add(ctx, int64(items), outcome(o))
+	x.historyWriteTime.Record(ctx, took.Seconds())
 }
