@@ -50,7 +50,7 @@ type Config struct {
 	ClientTokens     []string      `env:"CONCLAVE_GATEWAY_CLIENT_TOKENS" help:"comma-separated bearer tokens accepted on the client API"`
 	ClientRate       float64       `env:"CONCLAVE_GATEWAY_CLIENT_RATE" default:"50" help:"client API requests per second each client (bearer token) may make on one replica"`
 	ClientBurst      int           `env:"CONCLAVE_GATEWAY_CLIENT_BURST" default:"100" help:"client API requests each client may make at once, above its rate"`
-	ClientStreams    int           `env:"CONCLAVE_GATEWAY_CLIENT_STREAMS" default:"64" help:"SendMessage streams each client may hold open on one replica"`
+	ClientStreams    int           `env:"CONCLAVE_GATEWAY_CLIENT_STREAMS" default:"64" help:"streams (SendMessage, WatchThread) each client may hold open on one replica"`
 	IdempotencyTTL   time.Duration `env:"CONCLAVE_GATEWAY_IDEMPOTENCY_TTL" default:"24h" help:"how long a SendMessage idempotency_key is remembered"`
 	// History keeps every conversation per thread_id (docs/gateway.md,
 	// "Threads and history"); its privacy consequences are there too.
@@ -185,12 +185,13 @@ func New(cfg Config, logger *slog.Logger, tel *telemetry.Provider, st store.Stor
 	grpcOpts := append(tel.GRPCServerOptions(covenpb.CovenControl_AgentStream_FullMethodName), agentstream.ServerOption())
 	// One budget of wrong tokens per address, clients' and agents' alike.
 	throttle := auth.NewThrottle(auth.ThrottleOptions{Throttled: telemetry.AuthThrottled(tel.Meter("gateway"), "gateway")})
-	var restAuth *clientapi.RESTAuth
+	// Authentication, then the per-client limits: every GatewayService
+	// call passes them, over gRPC and over REST alike.
+	var ic clientapi.Interceptors
 	if !cfg.AllowUnauthenticated {
 		tokens := auth.NewTokens(slices.Concat(cfg.ClientTokens, cfg.AdminTokens)...).WithThrottle(throttle)
-		restAuth = &clientapi.RESTAuth{Tokens: tokens, Throttle: throttle}
 		unary, stream := tokens.Protect(clientapi.ServicePrefix)
-		grpcOpts = append(grpcOpts, grpc.ChainUnaryInterceptor(unary), grpc.ChainStreamInterceptor(stream))
+		ic.Unary, ic.Stream = append(ic.Unary, unary), append(ic.Stream, stream)
 	} else {
 		logger.Warn("the gateway's client API accepts requests without a bearer token")
 	}
@@ -200,7 +201,8 @@ func New(cfg Config, logger *slog.Logger, tel *telemetry.Provider, st store.Stor
 	limitUnary, limitStream := clientapi.NewLimiter(clientapi.RateLimits{
 		Rate: cfg.ClientRate, Burst: cfg.ClientBurst, Streams: cfg.ClientStreams,
 	}).Interceptors(m)
-	grpcOpts = append(grpcOpts, grpc.ChainUnaryInterceptor(limitUnary), grpc.ChainStreamInterceptor(limitStream))
+	ic.Unary, ic.Stream = append(ic.Unary, limitUnary), append(ic.Stream, limitStream)
+	grpcOpts = append(grpcOpts, grpc.ChainUnaryInterceptor(ic.Unary...), grpc.ChainStreamInterceptor(ic.Stream...))
 	opts = append([]server.Option{
 		// Every HTTP error, the server's own included, is a
 		// google.rpc.Status, as grpc-gateway writes REST errors.
@@ -274,15 +276,9 @@ func New(cfg Config, logger *slog.Logger, tel *telemetry.Provider, st store.Stor
 	srv.OnShutdown(func(context.Context) { _ = peers.Close() })
 
 	if cfg.HTTPAddr != "" {
-		// REST goes through this gateway's own gRPC listener, so it passes
-		// the same authentication, limits and tracing as gRPC clients.
-		// Its calls are marked as the front's, which throttles its own
-		// callers' addresses: the gRPC side sees only this process's.
-		self, err := srv.SelfClient(append(tel.GRPCDialOptions(), throttle.SelfDialOptions()...)...)
-		if err != nil {
-			return nil, err
-		}
-		rest, err := clientapi.NewREST(context.Background(), self, restAuth)
+		// REST calls the service in this process, through the same
+		// interceptors as gRPC; the HTTP server traces it.
+		rest, err := clientapi.NewREST(api, ic, logger)
 		if err != nil {
 			return nil, err
 		}
