@@ -67,6 +67,12 @@ type Interceptors struct {
 	Stream []grpc.StreamServerInterceptor
 }
 
+// Chain is the interceptors as one of each kind, run in order, for calls
+// made in process.
+func (ic Interceptors) Chain() (grpc.UnaryServerInterceptor, grpc.StreamServerInterceptor) {
+	return chainUnary(ic.Unary), chainStream(ic.Stream)
+}
+
 // REST is the client API as REST, calling the service in this process:
 // grpc-gateway's routing and JSON mapping for the unary calls, handlers of
 // its own for the streams, each through the same interceptors as gRPC.
@@ -152,9 +158,11 @@ func withPeer(r *http.Request) *http.Request {
 	return r.WithContext(peer.NewContext(r.Context(), &peer.Peer{Addr: remoteAddr(r.RemoteAddr)}))
 }
 
-// incoming is the context of a streamed call: the caller's address and
-// its authorization header as gRPC metadata, nothing else.
-func incoming(r *http.Request) context.Context {
+// Incoming is the context of a call made in process for an HTTP request
+// (a REST stream, an A2A call): the caller's address and its
+// authorization header as gRPC metadata, nothing else, as the
+// interceptors and forwarding to another replica read them.
+func Incoming(r *http.Request) context.Context {
 	md := metadata.MD{}
 	for _, v := range r.Header.Values("Authorization") {
 		md.Append("authorization", v)

@@ -75,7 +75,7 @@ func (h *REST) serveStream(w http.ResponseWriter, r *http.Request, method string
 	if strings.Contains(r.Header.Get("Accept"), "text/event-stream") {
 		form = sse
 	}
-	ss := &httpStream{ctx: incoming(r), w: w, form: form}
+	ss := &httpStream{ctx: Incoming(r), w: w, form: form}
 	ss.flusher, _ = w.(http.Flusher)
 	err := h.stream(h.api, ss, &grpc.StreamServerInfo{FullMethod: method, IsServerStream: true}, func(_ any, s grpc.ServerStream) error {
 		return call(s)
