@@ -57,4 +57,7 @@ require (
 	google.golang.org/protobuf v1.36.12
 )
 
-require github.com/a2aproject/a2a-go/v2 v2.3.1 // indirect
+require (
+	github.com/a2aproject/a2a-go v0.3.15 // indirect
+	github.com/a2aproject/a2a-go/v2 v2.3.1
+)

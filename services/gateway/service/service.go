@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"math"
 	"net/http"
+	"net/url"
 	"os"
 	"slices"
 	"time"
@@ -22,6 +23,7 @@ import (
 	"github.com/conclave-ai/conclave/pkg/telemetry"
 	gatewayv1 "github.com/conclave-ai/conclave/proto/conclave/gateway/v1"
 	covenpb "github.com/conclave-ai/conclave/proto/coven"
+	"github.com/conclave-ai/conclave/services/gateway/internal/a2a"
 	"github.com/conclave-ai/conclave/services/gateway/internal/agentstream"
 	"github.com/conclave-ai/conclave/services/gateway/internal/clientapi"
 	"github.com/conclave-ai/conclave/services/gateway/internal/history"
@@ -73,6 +75,9 @@ type Config struct {
 	// AllowedHosts are answered besides loopback names while the gateway
 	// runs without authentication.
 	AllowedHosts []string `env:"CONCLAVE_GATEWAY_ALLOWED_HOSTS" help:"comma-separated Host names the HTTP listener answers besides localhost, 127.0.0.1 and [::1] while it runs without authentication"`
+	// PublicURL is where A2A clients reach the gateway's HTTP listener,
+	// through whatever load balancer is in front: the agent cards name it.
+	PublicURL string `env:"CONCLAVE_GATEWAY_PUBLIC_URL" help:"the gateway's HTTP URL as A2A clients reach it (e.g. https://agents.example.com), named in agent cards; default: the request's Host"`
 }
 
 // unauthenticated reports whether a listener of the gateway runs without
@@ -97,6 +102,12 @@ func (c Config) Validate() error {
 		// Every caller is the one anonymous client then: no token is
 		// checked, so none can make its holder an admin.
 		return fmt.Errorf("CONCLAVE_GATEWAY_ADMIN_TOKENS: tokens are not checked while CONCLAVE_GATEWAY_ALLOW_UNAUTHENTICATED=true; set one or the other")
+	}
+	if c.PublicURL != "" {
+		u, err := url.Parse(c.PublicURL)
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || (u.Path != "" && u.Path != "/") || u.RawQuery != "" || u.Fragment != "" || u.User != nil {
+			return fmt.Errorf("CONCLAVE_GATEWAY_PUBLIC_URL: must be an http or https URL with a host and no path, got %q", c.PublicURL)
+		}
 	}
 	if c.HistoryTTL < 0 {
 		return fmt.Errorf("CONCLAVE_GATEWAY_HISTORY_TTL: must be 0 (kept until deleted) or positive, got %s", c.HistoryTTL)
@@ -166,7 +177,7 @@ type Gateway struct {
 }
 
 // Tables lists the tables the gateway keeps its state in.
-var Tables = []store.Table{registry.Table, clientapi.IdempotencyTable, history.Table}
+var Tables = []store.Table{registry.Table, clientapi.IdempotencyTable, history.Table, a2a.TasksTable}
 
 // New builds the gateway's server and services. st holds the cluster-wide
 // agent registry; its Tables must exist.
@@ -263,12 +274,13 @@ func New(cfg Config, logger *slog.Logger, tel *telemetry.Provider, st store.Stor
 	covenpb.RegisterCovenControlServer(srv.GRPC(), agents)
 	peers := clientapi.NewPeers(serverID, tel.GRPCDialOptions()...)
 	apiOpts := []clientapi.Option{clientapi.WithIdempotency(st, cfg.IdempotencyTTL), clientapi.WithLogger(logger), clientapi.WithMetrics(m)}
+	admins := make([]string, 0, len(cfg.AdminTokens))
+	for _, t := range cfg.AdminTokens {
+		admins = append(admins, auth.TokenID(t))
+	}
+	var hist *history.Store
 	if cfg.History {
-		hist := history.New(st, history.Options{TTL: cfg.HistoryTTL, FlushInterval: cfg.HistoryFlush, Logger: logger, Observe: m.HistoryWrite})
-		admins := make([]string, 0, len(cfg.AdminTokens))
-		for _, t := range cfg.AdminTokens {
-			admins = append(admins, auth.TokenID(t))
-		}
+		hist = history.New(st, history.Options{TTL: cfg.HistoryTTL, FlushInterval: cfg.HistoryFlush, Logger: logger, Observe: m.HistoryWrite})
 		apiOpts = append(apiOpts, clientapi.WithHistory(hist, cfg.DetachedTimeout), clientapi.WithAdmins(admins...))
 	}
 	api := clientapi.New(agents, clientapi.DefaultLimits, serverID, reg, peers, apiOpts...)
@@ -283,6 +295,11 @@ func New(cfg Config, logger *slog.Logger, tel *telemetry.Provider, st store.Stor
 			return nil, err
 		}
 		rest.Routes(srv.Handle, srv.HandleStream)
+		// Every agent is an A2A agent too, over the same API and limits.
+		a2a.New(api, ic, st, a2a.Options{
+			PublicURL: cfg.PublicURL, Secured: !cfg.AllowUnauthenticated, Admins: admins,
+			History: hist, TaskTTL: cfg.HistoryTTL, Logger: logger, Metrics: m,
+		}).Routes(srv.Handle, srv.HandleStream)
 	}
 	srv.OnShutdown(func(ctx context.Context) {
 		// The lease goes first: its agents' registrations are then free at
@@ -327,7 +344,7 @@ func (g *Gateway) Ready() <-chan struct{} { return g.srv.Ready() }
 func (g *Gateway) Endpoints() []server.Endpoint {
 	eps := []server.Endpoint{{Service: "gateway", Protocol: "gRPC: coven.CovenControl (agents), conclave.gateway.v1 (clients)", Address: g.srv.GRPCAddr()}}
 	if addr := g.srv.HTTPAddr(); addr != "" {
-		eps = append(eps, server.Endpoint{Service: "gateway", Protocol: "HTTP: REST /v1/agents (SSE), /healthz /readyz /metrics", Address: addr})
+		eps = append(eps, server.Endpoint{Service: "gateway", Protocol: "HTTP: REST /v1/agents (SSE), A2A /a2a/{agent_id}, /healthz /readyz /metrics", Address: addr})
 	}
 	return eps
 }

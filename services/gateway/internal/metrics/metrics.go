@@ -65,6 +65,8 @@ type Metrics struct {
 	evictions         metric.Int64Counter
 	historyWrites     metric.Int64Counter
 	historyWriteTime  metric.Float64Histogram
+	a2aCalls          metric.Int64Counter
+	a2aTasks          metric.Int64Counter
 }
 
 // New makes the gateway's instruments from m; replica (the server ID) labels
@@ -105,6 +107,10 @@ func New(m metric.Meter, replica string) *Metrics {
 		metric.WithDescription("Items written to the history store, by outcome (ok, failed)."))
 	x.historyWriteTime, _ = m.Float64Histogram(name("history_write_duration"), metric.WithUnit("s"), buckets,
 		metric.WithDescription("How long one write of history items (a batch of a request's entries) took."))
+	x.a2aCalls, _ = m.Int64Counter(name("a2a_calls"), metric.WithUnit("{call}"),
+		metric.WithDescription("A2A calls, by method and outcome (served, refused)."))
+	x.a2aTasks, _ = m.Int64Counter(name("a2a_tasks_ended"), metric.WithUnit("{task}"),
+		metric.WithDescription("A2A tasks whose end this replica recorded, by state (completed, failed, canceled)."))
 	return x
 }
 
@@ -174,4 +180,15 @@ func (x *Metrics) HistoryWrite(items int, took time.Duration, err error) {
 	}
 	x.historyWrites.Add(ctx, int64(items), outcome(o))
 	x.historyWriteTime.Record(ctx, took.Seconds())
+}
+
+// A2ACall counts an A2A call (method: one of a fixed set) and whether it
+// was served or refused before it reached the client API.
+func (x *Metrics) A2ACall(method, o string) {
+	x.a2aCalls.Add(ctx, 1, metric.WithAttributes(attribute.String("method", method), attribute.String("outcome", o)))
+}
+
+// A2ATask counts an A2A task that ended, by its final state.
+func (x *Metrics) A2ATask(state string) {
+	x.a2aTasks.Add(ctx, 1, metric.WithAttributes(attribute.String("state", state)))
 }
