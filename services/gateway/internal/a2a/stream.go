@@ -20,7 +20,7 @@ type localStream[T any] struct {
 
 var _ grpc.ServerStreamingServer[struct{}] = (*localStream[struct{}])(nil)
 
-func (s *localStream[T]) Send(m *T) error             { return s.send(m) }
+func (s *localStream[T]) Send(m *T) error              { return s.send(m) }
 func (s *localStream[T]) SetHeader(metadata.MD) error  { return nil }
 func (s *localStream[T]) SendHeader(metadata.MD) error { return nil }
 func (s *localStream[T]) SetTrailer(metadata.MD)       {}
