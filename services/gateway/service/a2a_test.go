@@ -18,6 +18,7 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/conclave-ai/conclave/pkg/store"
+	"github.com/conclave-ai/conclave/pkg/testenv"
 	covenpb "github.com/conclave-ai/conclave/proto/coven"
 )
 
@@ -27,7 +28,8 @@ import (
 // "fail" it answers an error; to anything else it thinks, uses a tool,
 // and echoes the content in two text chunks, then done.
 type a2aAgent struct {
-	release chan struct{}
+	serverID string // the replica holding it
+	release  chan struct{}
 	holding chan string // request ids of held messages
 }
 
@@ -47,9 +49,11 @@ func startA2AAgent(t *testing.T, ctx context.Context, conn *grpc.ClientConn, id 
 	}}}); err != nil {
 		t.Fatal(err)
 	}
-	if m, err := stream.Recv(); err != nil || m.GetWelcome() == nil {
+	m, err := stream.Recv()
+	if err != nil || m.GetWelcome() == nil {
 		t.Fatalf("register %s: %v %v", id, m, err)
 	}
+	a.serverID = m.GetWelcome().GetServerId()
 	var mu sync.Mutex
 	send := func(r *covenpb.MessageResponse) {
 		mu.Lock()
@@ -514,4 +518,45 @@ func TestA2ABadInput(t *testing.T) {
 	if status != 200 || rpcCode(t, body) != -32000 || !strings.Contains(body, `agent \"ghost\" is not connected`) {
 		t.Fatalf("a message to an agent not connected: %d %s", status, body)
 	}
+}
+
+// TestA2AAcrossReplicas runs the A2A suite on three gateway replica
+// processes over dynalite, the agent connected through nginx: the clients
+// call a replica that does not hold the agent, and GetTask,
+// SubscribeToTask and CancelTask go to the third one.
+func TestA2AAcrossReplicas(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs three gateway processes, nginx and dynalite")
+	}
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	prefix := fmt.Sprintf("a2a%d-", time.Now().UnixNano())
+	replicas := map[string]*replicaProc{}
+	var upstreams []string
+	for i := range 3 {
+		r := startReplicaProcess(t, fmt.Sprintf("gw-%d", i), prefix)
+		replicas[r.id] = r
+		upstreams = append(upstreams, r.grpcAddr)
+	}
+	lb, err := testenv.NginxGRPC(ctx, t.TempDir(), upstreams, "2s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(lb.Stop)
+	agent := startA2AAgent(t, ctx, dialLB(t, lb.Addr), "agent-7", true)
+	var others []*replicaProc
+	for id, r := range replicas {
+		if id != agent.serverID {
+			others = append(others, r)
+		}
+	}
+	if len(others) != 2 {
+		t.Fatalf("the agent is on %q, not one of the replicas", agent.serverID)
+	}
+	clientBase, subscriberBase := "http://"+others[0].httpAddr, "http://"+others[1].httpAddr
+	a2aSuite(t, ctx, agent,
+		a2aClient(t, ctx, clientBase, "agent-7", token, false),
+		a2aClient(t, ctx, clientBase, "agent-7", token, true),
+		a2aClient(t, ctx, subscriberBase, "agent-7", token, false))
 }

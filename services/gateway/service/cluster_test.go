@@ -54,6 +54,7 @@ func TestMain(m *testing.M) {
 
 type replicaProc struct {
 	id, grpcAddr string
+	httpAddr     string
 	cmd          *exec.Cmd
 	mu           sync.Mutex
 	out          *bytes.Buffer
@@ -89,15 +90,15 @@ func startReplicaProcess(t *testing.T, id, tablePrefix string) *replicaProc {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	serving := make(chan string, 1)
+	serving := make(chan [2]string, 1)
 	go func() {
 		// Everything the replica writes is kept for failure messages; its
-		// gRPC address is taken from the line that announces it.
+		// addresses are taken from the line that announces them.
 		lines := bufio.NewScanner(out)
 		for lines.Scan() {
-			if addr := testenv.ServingGRPCAddr(lines.Bytes()); addr != "" {
+			if grpcAddr, httpAddr, ok := testenv.ServingAddrs(lines.Bytes()); ok {
 				select {
-				case serving <- addr:
+				case serving <- [2]string{grpcAddr, httpAddr}:
 				default:
 				}
 			}
@@ -111,7 +112,8 @@ func startReplicaProcess(t *testing.T, id, tablePrefix string) *replicaProc {
 	}()
 	t.Cleanup(func() { _ = cmd.Process.Kill(); <-r.done })
 	select {
-	case r.grpcAddr = <-serving:
+	case addrs := <-serving:
+		r.grpcAddr, r.httpAddr = addrs[0], addrs[1]
 		return r
 	case <-r.done:
 		t.Fatalf("replica %s exited:\n%s", id, r.output())
