@@ -30,7 +30,7 @@ import (
 type a2aAgent struct {
 	serverID string // the replica holding it
 	release  chan struct{}
-	holding chan string // request ids of held messages
+	holding  chan string // request ids of held messages
 }
 
 func startA2AAgent(t *testing.T, ctx context.Context, conn *grpc.ClientConn, id string, withToken bool) *a2aAgent {
