@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http"
 	"slices"
 	"strings"
 	"sync"
@@ -136,6 +137,17 @@ func TestGatewayMetrics(t *testing.T) {
 		t.Fatalf("unknown agent: %v", r)
 	}
 	a.moved("conclave_gateway_requests_total", 1, "outcome", "not_found")
+
+	// A2A calls, and the tasks whose end a replica recorded.
+	if code, body := rpc(t, urlA+"/a2a/echo", token, "application/json", `{"jsonrpc":"2.0","id":1,"method":"SendMessage","params":{"message":{"messageId":"metrics-1","role":"ROLE_USER","parts":[{"text":"hi"}]}}}`); code != http.StatusOK || !strings.Contains(body, "TASK_STATE_COMPLETED") {
+		t.Fatalf("A2A SendMessage: %d %s", code, body)
+	}
+	a.moved("conclave_gateway_a2a_calls_total", 1, "method", "SendMessage", "outcome", "served")
+	a.moved("conclave_gateway_a2a_tasks_ended_total", 1, "state", "completed")
+	if code, body := getBody(t, urlA+"/a2a/echo/.well-known/agent-card.json", ""); code != http.StatusUnauthorized {
+		t.Fatalf("a card without a token: %d %s", code, body)
+	}
+	a.moved("conclave_gateway_a2a_calls_total", 1, "method", "AgentCard", "outcome", "refused")
 	for range 2 {
 		_ = send(authed(ctx), clientA, &gatewayv1.SendMessageRequest{AgentId: "echo", Content: "once", IdempotencyKey: "k1"})
 	}
