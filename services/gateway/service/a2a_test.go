@@ -235,7 +235,8 @@ func a2aSuite(t *testing.T, ctx context.Context, agent *a2aAgent, client, v0, su
 	// GetTask, on another replica, reads it back from the store.
 	got, err := subscriber.GetTask(ctx, &a2a.GetTaskRequest{ID: task.ID})
 	if err != nil || got.Status.State != a2a.TaskStateCompleted || artifactText(got) != "echo: hello" ||
-		len(got.History) != 1 || got.History[0].Parts[0].Text() != "hello" || got.ContextID != task.ContextID {
+		len(got.History) != 1 || got.History[0].Parts[0].Text() != "hello" || got.History[0].ID != task.History[0].ID ||
+		got.ContextID != task.ContextID || !got.Status.Timestamp.Equal(*task.Status.Timestamp) && got.Status.Timestamp.After(*task.Status.Timestamp) {
 		t.Fatalf("GetTask: %+v, %v", got, err)
 	}
 

@@ -98,7 +98,7 @@ func (h *handler) run(ctx context.Context, msg *a2a.Message, emit func(a2a.Event
 			tr = newTranslator(info, []*a2a.Message{&user}, h.s.now)
 			if _, err := h.s.tasks.create(ctx, &taskRecord{
 				TaskID: m.GetRequestId(), ContextID: m.GetThreadId(), AgentID: req.GetAgentId(),
-				ClientID: auth.ClientID(ctx), MessageEntry: m.GetEntryId(), State: a2a.TaskStateSubmitted,
+				ClientID: auth.ClientID(ctx), MessageEntry: m.GetEntryId(), MessageID: msg.ID, State: a2a.TaskStateSubmitted,
 			}); err != nil {
 				failure = h.storeError(ctx, err)
 				return status.Error(codes.Unavailable, "the gateway's store is unavailable")
@@ -245,7 +245,7 @@ func (h *handler) stored(ctx context.Context, rec *taskRecord) (*translator, str
 			}
 			for _, e := range entries {
 				if m := e.GetMessage(); m != nil {
-					tr.task.History = []*a2a.Message{userMessage(info, m)}
+					tr.task.History = []*a2a.Message{userMessage(info, rec.MessageID, m)}
 				} else {
 					tr.entry(e)
 				}

@@ -29,8 +29,10 @@ type taskRecord struct {
 	ClientID  string `json:"client_id"`
 	// MessageEntry is the entry_id of the client's message in the thread:
 	// where the task's entries begin.
-	MessageEntry string        `json:"message_entry"`
-	State        a2a.TaskState `json:"state"`
+	MessageEntry string `json:"message_entry"`
+	// MessageID is the client's messageId, which the history does not keep.
+	MessageID string        `json:"message_id"`
+	State     a2a.TaskState `json:"state"`
 	// StatusText says why a task failed or was canceled.
 	StatusText string    `json:"status_text,omitempty"`
 	Created    time.Time `json:"created"`

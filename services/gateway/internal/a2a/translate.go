@@ -103,6 +103,7 @@ type translator struct {
 	text    bool // the response artifact has text
 	files   int
 	now     func() time.Time
+	at      time.Time // when the event being translated happened, if known
 }
 
 func newTranslator(info a2a.TaskInfo, history []*a2a.Message, now func() time.Time) *translator {
@@ -136,7 +137,10 @@ func (t *translator) status(state a2a.TaskState, meta map[string]any, parts ...*
 		msg = a2a.NewMessageForTask(a2a.MessageRoleAgent, t.info, parts...)
 		msg.Metadata = meta
 	}
-	ts := t.now()
+	ts := t.at
+	if ts.IsZero() {
+		ts = t.now()
+	}
 	t.task.Status = a2a.TaskStatus{State: state, Message: msg, Timestamp: &ts}
 	return &a2a.TaskStatusUpdateEvent{TaskID: t.info.TaskID, ContextID: t.info.ContextID, Status: t.task.Status}
 }
@@ -264,6 +268,10 @@ func (t *translator) ended(err error) []a2a.Event {
 // event says, and its outcome as the end, for a request that did not end
 // with the agent's own terminal event.
 func (t *translator) entry(e *gatewayv1.ThreadEntry) []a2a.Event {
+	if e.GetTime() != nil {
+		t.at = e.GetTime().AsTime()
+		defer func() { t.at = time.Time{} }()
+	}
 	switch x := e.GetEntry().(type) {
 	case *gatewayv1.ThreadEntry_Event:
 		return t.event(x.Event, e.GetFile())
@@ -288,10 +296,10 @@ func nonEmpty(s, def string) string {
 	return def
 }
 
-// userMessage is the client's message of a task as the history keeps it:
-// its text, and each attachment named by a data part (the history keeps
-// no attachment data).
-func userMessage(info a2a.TaskInfo, m *gatewayv1.ClientMessage) *a2a.Message {
+// userMessage is the client's message id of a task as the history keeps
+// it: its text, and each attachment named by a data part (the history
+// keeps no attachment data).
+func userMessage(info a2a.TaskInfo, id string, m *gatewayv1.ClientMessage) *a2a.Message {
 	parts := a2a.ContentParts{a2a.NewTextPart(m.GetContent())}
 	for _, a := range m.GetAttachments() {
 		parts = append(parts, a2a.NewDataPart(map[string]any{"attachment": map[string]any{
@@ -299,5 +307,8 @@ func userMessage(info a2a.TaskInfo, m *gatewayv1.ClientMessage) *a2a.Message {
 		}}))
 	}
 	msg := a2a.NewMessageForTask(a2a.MessageRoleUser, info, parts...)
+	if id != "" {
+		msg.ID = id
+	}
 	return msg
 }
