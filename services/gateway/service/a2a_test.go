@@ -273,6 +273,12 @@ func a2aSuite(t *testing.T, ctx context.Context, agent *a2aAgent, client, v0, su
 		held <- events
 	}()
 	heldID := await(t, agent.holding, "the held message at the agent")
+	// A client learns a task's id from its first event, sent once the task
+	// is stored; the agent may have the message before that.
+	waitFor(t, ctx, "the held task stored", func() bool {
+		_, err := subscriber.GetTask(ctx, &a2a.GetTaskRequest{ID: a2a.TaskID(heldID)})
+		return err == nil
+	})
 	subscribed, attached := make(chan []string, 1), make(chan struct{})
 	go func() {
 		var events []string
@@ -296,7 +302,11 @@ func a2aSuite(t *testing.T, ctx context.Context, agent *a2aAgent, client, v0, su
 	case <-ctx.Done():
 		t.Fatal("no subscription")
 	}
-	agent.release <- struct{}{}
+	select {
+	case agent.release <- struct{}{}:
+	case <-ctx.Done():
+		t.Fatal("the agent never took the release")
+	}
 	if got := await(t, held, "the held stream's end"); got[len(got)-1] != "status:completed" {
 		t.Fatalf("held stream: %v", got)
 	}
