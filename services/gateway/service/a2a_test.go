@@ -411,6 +411,12 @@ func TestA2A(t *testing.T) {
 		if _, err := other.GetTask(ctx, &a2a.GetTaskRequest{ID: res.(*a2a.Task).ID}); err == nil || !strings.Contains(err.Error(), "not found") {
 			t.Fatalf("another client's task: %v", err)
 		}
+		// Nor may it write in the other's context.
+		intrude := textMessage("me too")
+		intrude.Message.ContextID = res.(*a2a.Task).ContextID
+		if _, err := other.SendMessage(ctx, intrude); err == nil || !strings.Contains(err.Error(), "belongs to another client") {
+			t.Fatalf("a message in another client's context: %v", err)
+		}
 	})
 }
 
