@@ -31,11 +31,23 @@ type a2aAgent struct {
 	serverID string // the replica holding it
 	release  chan struct{}
 	holding  chan string // request ids of held messages
+
+	mu       sync.Mutex
+	held     map[string]chan struct{} // a held request's cancel
+	spurious []string                 // cancel requests for requests not held
+}
+
+// strayCancels are the cancel requests the agent got for requests it was
+// not holding (it had ended them).
+func (a *a2aAgent) strayCancels() []string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return append([]string(nil), a.spurious...)
 }
 
 func startA2AAgent(t *testing.T, ctx context.Context, conn *grpc.ClientConn, id string, withToken bool) *a2aAgent {
 	t.Helper()
-	a := &a2aAgent{release: make(chan struct{}), holding: make(chan string, 16)}
+	a := &a2aAgent{release: make(chan struct{}), holding: make(chan string, 16), held: map[string]chan struct{}{}}
 	sctx := ctx
 	if withToken {
 		sctx = withAgentToken(ctx, id)
@@ -60,7 +72,6 @@ func startA2AAgent(t *testing.T, ctx context.Context, conn *grpc.ClientConn, id 
 		defer mu.Unlock()
 		_ = stream.Send(&covenpb.AgentMessage{Payload: &covenpb.AgentMessage_Response{Response: r}})
 	}
-	cancels := make(chan string, 16)
 	go func() {
 		for {
 			m, err := stream.Recv()
@@ -68,7 +79,14 @@ func startA2AAgent(t *testing.T, ctx context.Context, conn *grpc.ClientConn, id 
 				return
 			}
 			if c := m.GetCancelRequest(); c != nil {
-				cancels <- c.GetRequestId()
+				a.mu.Lock()
+				if ch, ok := a.held[c.GetRequestId()]; ok {
+					close(ch)
+					delete(a.held, c.GetRequestId())
+				} else {
+					a.spurious = append(a.spurious, c.GetRequestId())
+				}
+				a.mu.Unlock()
 				continue
 			}
 			req := m.GetSendMessage()
@@ -79,11 +97,20 @@ func startA2AAgent(t *testing.T, ctx context.Context, conn *grpc.ClientConn, id 
 			switch req.GetContent() {
 			case "hold":
 				send(&covenpb.MessageResponse{RequestId: id, Event: &covenpb.MessageResponse_Text{Text: "working"}})
+				cancelled := make(chan struct{})
+				a.mu.Lock()
+				a.held[id] = cancelled
+				a.mu.Unlock()
 				a.holding <- id
 				go func() {
+					defer func() {
+						a.mu.Lock()
+						delete(a.held, id)
+						a.mu.Unlock()
+					}()
 					select {
-					case got := <-cancels:
-						send(&covenpb.MessageResponse{RequestId: got, Event: &covenpb.MessageResponse_Cancelled{Cancelled: &covenpb.Cancelled{Reason: "stopped"}}})
+					case <-cancelled:
+						send(&covenpb.MessageResponse{RequestId: id, Event: &covenpb.MessageResponse_Cancelled{Cancelled: &covenpb.Cancelled{Reason: "stopped"}}})
 					case <-a.release:
 						send(&covenpb.MessageResponse{RequestId: id, Event: &covenpb.MessageResponse_Text{Text: " released"}})
 						send(&covenpb.MessageResponse{RequestId: id, Event: &covenpb.MessageResponse_Done{Done: &covenpb.Done{}}})
@@ -340,6 +367,11 @@ func a2aSuite(t *testing.T, ctx context.Context, agent *a2aAgent, client, v0, su
 	}
 	if got, err := client.GetTask(ctx, &a2a.GetTaskRequest{ID: a2a.TaskID(heldID)}); err != nil || got.Status.State != a2a.TaskStateCanceled {
 		t.Fatalf("GetTask of the canceled task: %+v, %v", got, err)
+	}
+
+	// The gateway asked the agent to cancel only what it was holding.
+	if stray := agent.strayCancels(); len(stray) > 0 {
+		t.Errorf("the agent was told to cancel requests it had ended: %v", stray)
 	}
 
 	// The 0.3 method names.
