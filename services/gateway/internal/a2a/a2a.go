@@ -176,11 +176,10 @@ func (s *Server) serveRPC(w http.ResponseWriter, r *http.Request) {
 	}
 	var head rpcHead
 	_ = json.Unmarshal(body, &head) // the handler answers a malformed body
-	if _, ok := head.ID.(map[string]any); ok {
-		head.ID = nil
-	}
-	if _, ok := head.ID.([]any); ok {
-		head.ID = nil
+	switch head.ID.(type) {
+	case string, float64:
+	default:
+		head.ID = nil // not an id JSON-RPC allows: the handler refuses it
 	}
 	if err := ids.AgentID.Check(agentID); err != nil {
 		writeRPCError(w, http.StatusBadRequest, head.ID, invalidParams(err.Error()))
