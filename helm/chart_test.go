@@ -618,6 +618,8 @@ func allSettingsValues(t *testing.T) string {
 				settings[key] = 2.5
 			case prop.Pattern != "" && strings.Contains(prop.Pattern, "ms|s|m|h"):
 				settings[key] = "1m30s"
+			case strings.HasPrefix(prop.Pattern, "^(https?://"):
+				settings[key] = "https://agents.example.com"
 			default:
 				settings[key] = "sample"
 			}
@@ -806,6 +808,7 @@ func TestSchemaRejects(t *testing.T) {
 		{"replicas not a number", []string{"runner.replicaCount=two"}, "at '/runner/replicaCount': got string, want integer"},
 		{"embedded storage with replicas", []string{"backend=embedded", "gateway.replicaCount=2"}, "at '/gateway/replicaCount': maximum: got 2, want 1"},
 		{"unknown setting", []string{"gateway.settings.agentTimeot=5s"}, "additional properties 'agentTimeot' not allowed"},
+		{"a gateway public URL with a path", []string{"gateway.settings.publicUrl=https://agents.example.com/a2a"}, "publicUrl"},
 		{"bad duration", []string{"runner.settings.idleTimeout=ten minutes"}, "at '/runner/settings/idleTimeout': 'ten minutes' does not match pattern"},
 		{"bad bus policy", []string{"bus.settings.policy=firstWins"}, "at '/bus/settings/policy': value must be one of"},
 		{"no token secret", []string{"gateway.secret.name="}, "at '/gateway/secret/name': minLength: got 0, want 1"},
