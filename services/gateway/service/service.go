@@ -106,7 +106,8 @@ func (c Config) Validate() error {
 	if c.PublicURL != "" {
 		u, err := url.Parse(c.PublicURL)
 		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || (u.Path != "" && u.Path != "/") || u.RawQuery != "" || u.Fragment != "" || u.User != nil {
-			return fmt.Errorf("CONCLAVE_GATEWAY_PUBLIC_URL: must be an http or https URL with a host and no path, got %q", c.PublicURL)
+			// The value is not echoed: it may hold credentials.
+			return fmt.Errorf("CONCLAVE_GATEWAY_PUBLIC_URL: must be an http or https URL with a host and nothing else (no path, query or credentials)")
 		}
 	}
 	if c.HistoryTTL < 0 {
