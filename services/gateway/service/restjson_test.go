@@ -274,6 +274,33 @@ func TestRESTJSONTypes(t *testing.T) {
 	if watched != 8 {
 		t.Errorf("%d watched entries, want 8", watched)
 	}
+	// An EventSource that reconnects sends the last id it saw: the watch
+	// resumes after it, each event's id its entry_id.
+	if len(h.Entries) == 8 {
+		req, _ := http.NewRequestWithContext(ctx, "GET", base+"/v1/threads/"+threadID+"/watch", nil)
+		req.Header.Set("Authorization", "Bearer "+token)
+		req.Header.Set("Accept", "text/event-stream")
+		req.Header.Set("Last-Event-ID", h.Entries[3].EntryID)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		var ids []string
+		for line := range strings.Lines(string(b)) {
+			if id, ok := strings.CutPrefix(strings.TrimSuffix(line, "\n"), "id: "); ok {
+				ids = append(ids, id)
+			}
+		}
+		var want []string
+		for _, e := range h.Entries[4:] {
+			want = append(want, e.EntryID)
+		}
+		if resp.StatusCode != http.StatusOK || strings.Join(ids, ",") != strings.Join(want, ",") {
+			t.Errorf("watch resumed after Last-Event-ID %s: %d, ids %v, want %v\n%s", h.Entries[3].EntryID, resp.StatusCode, ids, want, b)
+		}
+	}
 	var c restCancel
 	decode("cancel", call("POST", "/v1/requests/"+requestID+"/cancel", `{}`, ""), &c)
 	if c.Cancelled {
