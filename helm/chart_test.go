@@ -263,7 +263,7 @@ func indexIn(t *testing.T, objs []runtime.Object, namespaces ...string) rendered
 var podEnvHelpers = []string{"POD_IP", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"}
 
 // secretSettings must come from a Secret, never a literal value.
-var secretSettings = regexp.MustCompile(`_(CLIENT_TOKENS|AGENT_TOKENS|GRANTS|PEER_TOKEN|RUNNER_TOKEN|HOST_KEY|SESSION_KEY|EVENTS_BUS_TOKEN)$|^AWS_(ACCESS_KEY_ID|SECRET_ACCESS_KEY)$`)
+var secretSettings = regexp.MustCompile(`_(CLIENT_TOKENS|AGENT_TOKENS|ADMIN_TOKENS|GRANTS|PEER_TOKEN|RUNNER_TOKEN|HOST_KEY|SESSION_KEY|EVENTS_BUS_TOKEN)$|^AWS_(ACCESS_KEY_ID|SECRET_ACCESS_KEY)$`)
 
 func TestTemplate(t *testing.T) {
 	t.Parallel()
@@ -649,6 +649,7 @@ func allSettingsValues(t *testing.T) string {
 	values["bus"].(map[string]any)["runnerAddr"] = allSettingsRunnerAddr
 	values["bus"].(map[string]any)["publicUrl"] = allSettingsBusURL
 	values["console"].(map[string]any)["secret"] = map[string]any{"eventsBusTokenKey": "events-bus-token"}
+	values["gateway"].(map[string]any)["secret"] = map[string]any{"adminTokensKey": "admin-tokens"}
 	values["console"].(map[string]any)["urls"] = map[string]any{
 		"librarian": "https://librarian.example.com", "jaeger": "https://jaeger.example.com",
 	}
