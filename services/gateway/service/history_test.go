@@ -3,6 +3,7 @@ package service_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"strings"
@@ -18,6 +19,7 @@ import (
 	"github.com/conclave-ai/conclave/pkg/telemetry"
 	"github.com/conclave-ai/conclave/pkg/testenv"
 	gatewayv1 "github.com/conclave-ai/conclave/proto/conclave/gateway/v1"
+	covenpb "github.com/conclave-ai/conclave/proto/coven"
 	"github.com/conclave-ai/conclave/services/gateway/service"
 )
 
@@ -442,6 +444,111 @@ func TestReplayOnAnotherReplica(t *testing.T) {
 		}
 		if got := agent.got(); strings.Join(got, ",") != "q,q2" {
 			t.Fatalf("the agent got %v", got)
+		}
+	})
+}
+
+// TestHistoryLimits: what bounds the history's readers. Without history the
+// reads are UNIMPLEMENTED; a WatchThread stream holds one of its client's
+// stream places, as SendMessage does; a page is at most 1000 entries
+// whatever page_size asks.
+func TestHistoryLimits(t *testing.T) {
+	t.Parallel()
+	t.Run("history off", func(t *testing.T) {
+		t.Parallel()
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		conn, _ := startTuned(t, "gw-nohist", openStore(t), nil)
+		client := gatewayv1.NewGatewayServiceClient(conn)
+		if _, err := client.History(as(ctx, token), &gatewayv1.HistoryRequest{ThreadId: "th"}); status.Code(err) != codes.Unimplemented {
+			t.Errorf("History: %v, want UNIMPLEMENTED", err)
+		}
+		if _, err := client.ListThreads(as(ctx, token), &gatewayv1.ListThreadsRequest{AgentId: "a"}); status.Code(err) != codes.Unimplemented {
+			t.Errorf("ListThreads: %v, want UNIMPLEMENTED", err)
+		}
+		w, err := client.WatchThread(as(ctx, token), &gatewayv1.WatchThreadRequest{ThreadId: "th"})
+		if err == nil {
+			_, err = w.Recv()
+		}
+		if status.Code(err) != codes.Unimplemented {
+			t.Errorf("WatchThread: %v, want UNIMPLEMENTED", err)
+		}
+	})
+
+	t.Run("watching holds a stream place", func(t *testing.T) {
+		t.Parallel()
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		conn, _ := startTuned(t, "gw-watchcap", openStore(t), withHistory(func(c *service.Config) { c.ClientStreams = 2 }))
+		client := gatewayv1.NewGatewayServiceClient(conn)
+		agent := startAgent(t, ctx, conn, "held", true)
+		startAgent(t, ctx, conn, "quick", false)
+		// One stream: a request the agent holds.
+		sendCtx, stopSend := context.WithCancel(as(ctx, token))
+		defer stopSend()
+		held := following(t, sendCtx, client, &gatewayv1.SendMessageRequest{AgentId: "held", ThreadId: "th-cap", Content: "wait"})
+		// Two: watching its thread, which stays open while it is answered.
+		watchCtx, stopWatch := context.WithCancel(as(ctx, token))
+		w, err := client.WatchThread(watchCtx, &gatewayv1.WatchThreadRequest{ThreadId: "th-cap"})
+		if err == nil {
+			_, err = w.Recv()
+		}
+		if err != nil {
+			t.Fatalf("watch: %v", err)
+		}
+		if c := sendCall(as(ctx, token), client, &gatewayv1.SendMessageRequest{AgentId: "quick", Content: "third"}, nil); status.Code(c.err) != codes.ResourceExhausted {
+			t.Fatalf("a third stream while watching: %v, want RESOURCE_EXHAUSTED", c.err)
+		}
+		// Reads are not streams.
+		if _, err := client.History(as(ctx, token), &gatewayv1.HistoryRequest{ThreadId: "th-cap"}); err != nil {
+			t.Fatalf("History at the stream cap: %v", err)
+		}
+		// The watch's place comes back when it ends; the gateway learns of
+		// it after the client does, hence the retries.
+		stopWatch()
+		eventually(t, "a stream after the watch ended", func() bool {
+			return sendCall(as(ctx, token), client, &gatewayv1.SendMessageRequest{AgentId: "quick", Content: "again"}, nil).err == nil
+		})
+		agent.done(t)
+		if c := await(t, held, "the held request"); c.err != nil {
+			t.Fatalf("the held request: %v", c.err)
+		}
+	})
+
+	t.Run("pages are bounded", func(t *testing.T) {
+		t.Parallel()
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		conn, _ := startTuned(t, "gw-pages", openStore(t), withHistory(nil))
+		client := gatewayv1.NewGatewayServiceClient(conn)
+		// One answer of 1100 events makes 1103 entries (message, events,
+		// done, outcome), in a few writes.
+		agent := registerAgent(t, ctx, conn, "chatty")
+		go func() {
+			m, err := agent.Recv()
+			if err != nil {
+				return
+			}
+			id := m.GetSendMessage().GetRequestId()
+			for i := range 1101 {
+				ev := &covenpb.MessageResponse{RequestId: id, Event: &covenpb.MessageResponse_Text{Text: fmt.Sprint(i)}}
+				if i == 1100 {
+					ev.Event = &covenpb.MessageResponse_Done{Done: &covenpb.Done{}}
+				}
+				if agent.Send(&covenpb.AgentMessage{Payload: &covenpb.AgentMessage_Response{Response: ev}}) != nil {
+					return
+				}
+			}
+		}()
+		if c := sendCall(as(ctx, token), client, &gatewayv1.SendMessageRequest{AgentId: "chatty", ThreadId: "th-long", Content: "talk"}, nil); c.err != nil || len(c.responses) != 1102 {
+			t.Fatalf("filling the thread: %d responses, %v", len(c.responses), c.err)
+		}
+		page, err := client.History(as(ctx, token), &gatewayv1.HistoryRequest{ThreadId: "th-long", PageSize: 1 << 30})
+		if err != nil || len(page.GetEntries()) != 1000 || page.GetNextPageToken() == "" {
+			t.Fatalf("a page asked for 2^30 entries: %d entries, next %q, %v; want 1000 and more to come", len(page.GetEntries()), page.GetNextPageToken(), err)
+		}
+		if all := readHistory(t, as(ctx, token), client, "th-long", 1<<30); len(all) != 1103 {
+			t.Fatalf("the whole thread in the largest pages: %d entries, want 1103", len(all))
 		}
 	})
 }

@@ -240,9 +240,34 @@ func TestGatewayMetrics(t *testing.T) {
 
 	// Requests refused for too many wrong tokens from one address, on a
 	// fourth replica.
-	connD, urlD := startTuned(t, "gw-throttled", shared, nil)
+	connD, urlD := startTuned(t, "gw-throttled", shared, steadyThrottle)
 	checkAuthThrottle(t, connD, urlD)
 	(&scraper{t: t, url: urlD, checked: checked}).moved("conclave_gateway_auth_throttled_total", 3)
+
+	// History, on a fifth replica that keeps it: items written, a repeated
+	// key replayed, and writes failing while the store is cut off.
+	histStore := &cuttableStore{Store: shared}
+	connE, urlE := startTuned(t, "gw-history", histStore, withHistory(nil))
+	e := &scraper{t: t, url: urlE, checked: checked}
+	clientE := gatewayv1.NewGatewayServiceClient(connE)
+	echoAgent(t, ctx, connE, "recorded")
+	keyed := &gatewayv1.SendMessageRequest{AgentId: "recorded", ThreadId: "th-metrics", Content: "hi", IdempotencyKey: "k-hist"}
+	for range 2 {
+		if r := send(authed(ctx), clientE, keyed); r.err != nil {
+			t.Fatalf("recorded request: %v", r.err)
+		}
+	}
+	e.moved("conclave_gateway_history_writes_total", 2, "outcome", "ok")
+	e.moved("conclave_gateway_history_write_duration_seconds", 2)
+	e.moved("conclave_gateway_requests_total", 1, "outcome", "replayed")
+	histStore.cut.Store(true)
+	// The thread is known to this replica, so the message's write is the
+	// first store call: it fails, and the message is not sent.
+	if r := send(authed(ctx), clientE, &gatewayv1.SendMessageRequest{AgentId: "recorded", ThreadId: "th-metrics", Content: "lost"}); status.Code(r.err) != codes.Unavailable {
+		t.Fatalf("a message the history cannot store: %v, want UNAVAILABLE", r.err)
+	}
+	histStore.cut.Store(false)
+	e.moved("conclave_gateway_history_writes_total", 1, "outcome", "failed")
 
 	var got []string
 	for name := range checked {

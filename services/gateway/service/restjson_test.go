@@ -80,7 +80,8 @@ type (
 		} `json:"cancelled"`
 	}
 	// restMessage is one line (or one event's data) of a SendMessage
-	// stream; the first has no event.
+	// stream: the first carries the request_id (event null), sent as soon
+	// as the message is queued; every later one an event.
 	restMessage struct {
 		RequestID string     `json:"request_id"`
 		Event     *restEvent `json:"event"`
@@ -230,23 +231,30 @@ func TestRESTJSONTypes(t *testing.T) {
 	for line := range strings.Lines(string(call("POST", "/v1/agents/plain/messages", `{"content":"x","attachments":[{"filename":"a.txt","data":"YWJj"}]}`, ""))) {
 		var l restMessage
 		decode("stream line", []byte(line), &l)
+		if first := len(lines) == 0; first != (l.Event == nil) {
+			t.Errorf("stream line %d: event %v; only the first, and always the first, carries none", len(lines), l.Event)
+		}
 		requestID, threadID = l.RequestID, l.ThreadID
 		lines = append(lines, l)
 	}
-	if len(lines) != 7 || lines[0].Event != nil || lines[1].Event == nil || lines[0].EntryID == "" || threadID == "" {
-		t.Errorf("%d stream lines, want 7, the first without an event: %+v", len(lines), lines)
+	if len(lines) != 7 || lines[0].EntryID == "" || threadID == "" {
+		t.Errorf("%d stream lines, want the request_id's and 6 events, the first naming its entry and thread: %+v", len(lines), lines)
 	}
 	// Server-Sent Events: each message's data.
 	events := 0
 	sc := bufio.NewScanner(strings.NewReader(string(call("POST", "/v1/agents/plain/messages", `{"content":"x"}`, "text/event-stream"))))
 	for sc.Scan() {
 		if data, ok := strings.CutPrefix(sc.Text(), "data: "); ok && data != "{}" {
-			decode("event", []byte(data), &restMessage{})
+			var m restMessage
+			decode("event", []byte(data), &m)
+			if first := events == 0; first != (m.Event == nil) {
+				t.Errorf("event %d: %v; only the first, and always the first, carries none", events, m.Event)
+			}
 			events++
 		}
 	}
 	if events != 7 {
-		t.Errorf("%d events, want 7", events)
+		t.Errorf("%d events, want the request_id's and 6 more", events)
 	}
 	var h restHistory
 	decode("GET /v1/threads/{thread_id}/messages", call("GET", "/v1/threads/"+threadID+"/messages", "", ""), &h)
@@ -265,6 +273,33 @@ func TestRESTJSONTypes(t *testing.T) {
 	}
 	if watched != 8 {
 		t.Errorf("%d watched entries, want 8", watched)
+	}
+	// An EventSource that reconnects sends the last id it saw: the watch
+	// resumes after it, each event's id its entry_id.
+	if len(h.Entries) == 8 {
+		req, _ := http.NewRequestWithContext(ctx, "GET", base+"/v1/threads/"+threadID+"/watch", nil)
+		req.Header.Set("Authorization", "Bearer "+token)
+		req.Header.Set("Accept", "text/event-stream")
+		req.Header.Set("Last-Event-ID", h.Entries[3].EntryID)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		var ids []string
+		for line := range strings.Lines(string(b)) {
+			if id, ok := strings.CutPrefix(strings.TrimSuffix(line, "\n"), "id: "); ok {
+				ids = append(ids, id)
+			}
+		}
+		var want []string
+		for _, e := range h.Entries[4:] {
+			want = append(want, e.EntryID)
+		}
+		if resp.StatusCode != http.StatusOK || strings.Join(ids, ",") != strings.Join(want, ",") {
+			t.Errorf("watch resumed after Last-Event-ID %s: %d, ids %v, want %v\n%s", h.Entries[3].EntryID, resp.StatusCode, ids, want, b)
+		}
 	}
 	var c restCancel
 	decode("cancel", call("POST", "/v1/requests/"+requestID+"/cancel", `{}`, ""), &c)

@@ -75,6 +75,8 @@ type Config struct {
 	// AllowedHosts are answered besides loopback names while the gateway
 	// runs without authentication.
 	AllowedHosts []string `env:"CONCLAVE_GATEWAY_ALLOWED_HOSTS" help:"comma-separated Host names the HTTP listener answers besides localhost, 127.0.0.1 and [::1] while it runs without authentication"`
+	// AuthThrottle is the per-address budget of wrong tokens (pkg/auth.Throttle).
+	AuthThrottle auth.ThrottleSetting `env:"CONCLAVE_GATEWAY_AUTH_THROTTLE" default:"20/1s" help:"wrong tokens one address may present: BURST at once, then one more each EVERY (BURST/EVERY); past it, callers get 429 with Retry-After"`
 	// PublicURL is where A2A clients reach the gateway's HTTP listener,
 	// through whatever load balancer is in front: the agent cards name it.
 	PublicURL string `env:"CONCLAVE_GATEWAY_PUBLIC_URL" help:"the gateway's HTTP URL as A2A clients reach it (e.g. https://agents.example.com), named in agent cards; default: the request's Host"`
@@ -196,7 +198,7 @@ func New(cfg Config, logger *slog.Logger, tel *telemetry.Provider, st store.Stor
 	// would tell nothing and hold memory for every idle agent.
 	grpcOpts := append(tel.GRPCServerOptions(covenpb.CovenControl_AgentStream_FullMethodName), agentstream.ServerOption())
 	// One budget of wrong tokens per address, clients' and agents' alike.
-	throttle := auth.NewThrottle(auth.ThrottleOptions{Throttled: telemetry.AuthThrottled(tel.Meter("gateway"), "gateway")})
+	throttle := auth.NewThrottle(cfg.AuthThrottle.Options(telemetry.AuthThrottled(tel.Meter("gateway"), "gateway")))
 	// Authentication, then the per-client limits: every GatewayService
 	// call passes them, over gRPC and over REST alike.
 	var ic clientapi.Interceptors

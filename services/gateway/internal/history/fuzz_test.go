@@ -1,6 +1,8 @@
 package history
 
 import (
+	"encoding/hex"
+	"errors"
 	"testing"
 
 	gatewayv1 "github.com/conclave-ai/conclave/proto/conclave/gateway/v1"
@@ -41,6 +43,30 @@ func FuzzDecodeEntries(f *testing.F) {
 		}
 		for _, e := range es {
 			_ = appendEntry(nil, e)
+		}
+	})
+}
+
+// FuzzParseThreadsToken: ListThreads page tokens come back from clients. A
+// token is refused, or names an index key that indexSK makes, so that it
+// only ever bounds the agent's index where a real key could.
+func FuzzParseThreadsToken(f *testing.F) {
+	f.Add(hex.EncodeToString([]byte(indexSK(1767225600000, "thread-0123"))))
+	f.Add(hex.EncodeToString([]byte("+000000000001/t")))
+	f.Add(hex.EncodeToString([]byte("-000000000001/t")))
+	f.Add("zz")
+	f.Add("")
+	f.Fuzz(func(t *testing.T, token string) {
+		sk, err := parseThreadsToken(token)
+		if err != nil {
+			if !errors.Is(err, ErrBadCursor) {
+				t.Fatalf("%q: %v, want ErrBadCursor", token, err)
+			}
+			return
+		}
+		ms, thread, ok := parseIndexSK(sk)
+		if !ok || indexSK(ms, thread) != sk || ms < 0 {
+			t.Fatalf("%q names %q, which indexSK would not make (%d, %q)", token, sk, ms, thread)
 		}
 	})
 }

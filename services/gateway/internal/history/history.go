@@ -368,14 +368,9 @@ func (s *Store) Threads(ctx context.Context, agentID, clientID string, limit int
 	q := store.Query{PK: agentPK(agentID), Reverse: true}
 	var before string
 	if token != "" {
-		b, err := hex.DecodeString(token)
-		if err != nil || len(b) == 0 || len(b) > 2*MaxEntryIDBytes {
-			return nil, "", ErrBadCursor
+		if before, err = parseThreadsToken(token); err != nil {
+			return nil, "", err
 		}
-		if _, _, ok := parseIndexSK(string(b)); !ok {
-			return nil, "", ErrBadCursor
-		}
-		before = string(b)
 		q.To = before
 	}
 	scanned := 0
@@ -408,6 +403,19 @@ func (s *Store) Threads(ctx context.Context, agentID, clientID string, limit int
 		}
 		q.Cursor = page.Cursor
 	}
+}
+
+// parseThreadsToken is the index sort key a Threads page token, from a
+// client, names: the last one its page read.
+func parseThreadsToken(token string) (string, error) {
+	b, err := hex.DecodeString(token)
+	if err != nil || len(b) == 0 || len(b) > 2*MaxEntryIDBytes {
+		return "", ErrBadCursor
+	}
+	if _, _, ok := parseIndexSK(string(b)); !ok {
+		return "", ErrBadCursor
+	}
+	return string(b), nil
 }
 
 // AttachmentRefs names attachments without their data.

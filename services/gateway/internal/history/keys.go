@@ -116,8 +116,10 @@ func indexSK(startMs int64, threadID string) string {
 	return fmt.Sprintf("%013d/%s", startMs, threadID)
 }
 
+// parseIndexSK parses what indexSK writes, and only that: 13 digits, so
+// that a key it accepts is the one indexSK would make.
 func parseIndexSK(sk string) (int64, string, bool) {
-	if len(sk) < 15 || sk[13] != '/' {
+	if len(sk) < 15 || sk[13] != '/' || strings.Trim(sk[:13], "0123456789") != "" {
 		return 0, "", false
 	}
 	ms, err := strconv.ParseInt(sk[:13], 10, 64)

@@ -5,6 +5,7 @@ package agenttype
 
 import (
 	"bytes"
+	"cmp"
 	"errors"
 	"fmt"
 	"io"
@@ -68,12 +69,19 @@ type Type struct {
 	// (HookVariable), which only Env can set.
 	LaunchEnv []string `yaml:"launch_env"`
 	Protocol  string   `yaml:"protocol"`
-	Enabled   bool     `yaml:"enabled"`
+	// Enabled: launches of the type are taken. An entry of the YAML file
+	// without enabled is enabled.
+	Enabled bool `yaml:"enabled"`
 	// Env is set for every instance of the type, under the launch's env.
 	Env map[string]string `yaml:"env"`
 	// Permission answers session/request_permission (ACP): allow, deny or
 	// allow_always; default deny.
 	Permission string `yaml:"permission"`
+	// AuthMethod is the id of one of the authMethods an ACP agent offers
+	// in initialize: the runner calls authenticate with it before it opens
+	// the session. Empty: the runner does not authenticate (the agent
+	// finds its credentials itself, in the type's env).
+	AuthMethod string `yaml:"auth_method"`
 	// Args maps a oneshot agent's parameters to command-line flags
 	// (issue_number: --issue), as the bridge's config.yaml does.
 	Args map[string]string `yaml:"args"`
@@ -98,7 +106,28 @@ func (t Type) OneshotValidation() (validate bool, maxParamLength int) {
 	return validate, maxParamLength
 }
 
-var idPattern = regexp.MustCompile(`^[a-z0-9][a-z0-9._-]{0,62}$`)
+var (
+	idPattern         = regexp.MustCompile(`^[a-z0-9][a-z0-9._-]{0,62}$`)
+	authMethodPattern = regexp.MustCompile(`^[!-~]{1,128}$`)
+)
+
+// RunnableOn reports why executor ("local" or "kubernetes") cannot start
+// an agent of type t, or nil when it can. A oneshot agent runs its command
+// in the runner's own process tree on either; an ACP agent runs its
+// command as a local process, or under agent-host in a Job of its image.
+// The API asks before it accepts a launch, so that a launch that cannot
+// start is refused with the reason rather than failing after it.
+func (t Type) RunnableOn(executor string) error {
+	switch {
+	case len(t.Command) == 0 && (executor == "local" || t.Protocol == ProtocolOneshot):
+		return fmt.Errorf("agent type %s has no command, which the %s executor runs", t.ID, executor)
+	case executor == "kubernetes" && t.Protocol != ProtocolOneshot && t.Image == "":
+		return fmt.Errorf("agent type %s has no image, which the kubernetes executor runs in a Job", t.ID)
+	case executor == "kubernetes" && len(t.Command) == 0:
+		return fmt.Errorf("agent type %s has no command, which agent-host runs in its Job", t.ID)
+	}
+	return nil
+}
 
 // Validate reports the first thing wrong with t.
 func (t Type) Validate() error {
@@ -141,6 +170,12 @@ func (t Type) Validate() error {
 	case "", PermissionAllow, PermissionDeny, PermissionAllowAlways:
 	default:
 		return fmt.Errorf("agent type %s: permission %q is not one of allow, deny, allow_always", t.ID, t.Permission)
+	}
+	if t.AuthMethod != "" && !authMethodPattern.MatchString(t.AuthMethod) {
+		return fmt.Errorf("agent type %s: auth_method %q: must be 1-128 printable ASCII characters without spaces", t.ID, t.AuthMethod)
+	}
+	if t.AuthMethod != "" && (t.Protocol == ProtocolKandev || t.Protocol == ProtocolLegacy || t.Protocol == ProtocolOneshot) {
+		return fmt.Errorf("agent type %s: auth_method is for ACP agents (protocol acp, or detected), not %s", t.ID, t.Protocol)
 	}
 	return t.validateEnvNames()
 }
@@ -206,6 +241,22 @@ func Parse(data []byte) ([]Type, error) {
 	if err := dec.Decode(&f); err != nil && !errors.Is(err, io.EOF) {
 		return nil, fmt.Errorf("agent types: %w", err)
 	}
+	// Which entries say enabled at all: the others are enabled. (A second
+	// decode of what the first accepted, rather than a custom unmarshaler,
+	// whose nested decode would not refuse unknown keys.)
+	var said struct {
+		AgentTypes []struct {
+			Enabled *bool `yaml:"enabled"`
+		} `yaml:"agent_types"`
+	}
+	if err := yaml.Unmarshal(data, &said); err != nil || len(said.AgentTypes) != len(f.AgentTypes) {
+		return nil, fmt.Errorf("agent types: reading enabled: %v", err)
+	}
+	for i := range f.AgentTypes {
+		if said.AgentTypes[i].Enabled == nil {
+			f.AgentTypes[i].Enabled = true
+		}
+	}
 	seen := map[string]bool{}
 	for _, t := range f.AgentTypes {
 		if seen[t.ID] {
@@ -234,6 +285,31 @@ func Load(path string) (*Registry, error) {
 		entries = append(entries, extra...)
 	}
 	return New(entries...)
+}
+
+// Summary lists the types by id, saying which are disabled and which
+// protocol and command or image each runs, for the runner's startup log.
+func (r *Registry) Summary() string {
+	var b strings.Builder
+	for i, t := range r.List() {
+		if i > 0 {
+			b.WriteString("; ")
+		}
+		b.WriteString(t.ID)
+		b.WriteString(" (")
+		b.WriteString(cmp.Or(t.Protocol, "detect"))
+		switch {
+		case len(t.Command) > 0:
+			b.WriteString(", " + t.Command[0])
+		case t.Image != "":
+			b.WriteString(", image " + t.Image)
+		}
+		if !t.Enabled {
+			b.WriteString(", disabled")
+		}
+		b.WriteString(")")
+	}
+	return b.String()
 }
 
 // Get returns the type id, if registered.
