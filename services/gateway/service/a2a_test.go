@@ -443,6 +443,12 @@ func TestA2A(t *testing.T) {
 		if _, err := other.GetTask(ctx, &a2a.GetTaskRequest{ID: res.(*a2a.Task).ID}); err == nil || !strings.Contains(err.Error(), "not found") {
 			t.Fatalf("another client's task: %v", err)
 		}
+		// A task is reached at its own agent's endpoint only.
+		code, body = rpc(t, base+"/a2a/someone-else", token, "application/json",
+			`{"jsonrpc":"2.0","id":1,"method":"GetTask","params":{"id":"`+string(res.(*a2a.Task).ID)+`"}}`)
+		if code != http.StatusOK || rpcCode(t, body) != -32001 {
+			t.Fatalf("a task asked of another agent: %d %s", code, body)
+		}
 		// Nor may it write in the other's context.
 		intrude := textMessage("me too")
 		intrude.Message.ContextID = res.(*a2a.Task).ContextID

@@ -207,8 +207,8 @@ func trimHistory(t *a2a.Task, n *int) {
 }
 
 // task is the record of task id, if the caller may read it: its client's
-// or an admin's. Another client's task is not found, as one that does not
-// exist.
+// or an admin's, at its agent's endpoint. Another client's task, or one
+// asked of another agent, is not found, as one that does not exist.
 func (h *handler) task(ctx context.Context, id a2a.TaskID) (*taskRecord, error) {
 	if err := ids.RequestID.Check(string(id)); err != nil {
 		return nil, invalidParams("id: " + err.Error())
@@ -220,7 +220,8 @@ func (h *handler) task(ctx context.Context, id a2a.TaskID) (*taskRecord, error) 
 	if err != nil {
 		return nil, h.storeError(ctx, err)
 	}
-	if c := auth.ClientID(ctx); rec.ClientID != c && !h.s.admins[c] {
+	// A task is its client's, and is reached at its agent's endpoint.
+	if c := auth.ClientID(ctx); (rec.ClientID != c && !h.s.admins[c]) || rec.AgentID != agentFrom(ctx) {
 		return nil, a2a.NewError(a2a.ErrTaskNotFound, fmt.Sprintf("task %s not found", id))
 	}
 	return rec, nil
