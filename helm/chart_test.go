@@ -263,7 +263,7 @@ func indexIn(t *testing.T, objs []runtime.Object, namespaces ...string) rendered
 var podEnvHelpers = []string{"POD_IP", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"}
 
 // secretSettings must come from a Secret, never a literal value.
-var secretSettings = regexp.MustCompile(`_(CLIENT_TOKENS|AGENT_TOKENS|GRANTS|PEER_TOKEN|RUNNER_TOKEN|HOST_KEY|SESSION_KEY|EVENTS_BUS_TOKEN)$|^AWS_(ACCESS_KEY_ID|SECRET_ACCESS_KEY)$`)
+var secretSettings = regexp.MustCompile(`_(CLIENT_TOKENS|AGENT_TOKENS|ADMIN_TOKENS|GRANTS|PEER_TOKEN|RUNNER_TOKEN|HOST_KEY|SESSION_KEY|EVENTS_BUS_TOKEN)$|^AWS_(ACCESS_KEY_ID|SECRET_ACCESS_KEY)$`)
 
 func TestTemplate(t *testing.T) {
 	t.Parallel()
@@ -622,6 +622,8 @@ func allSettingsValues(t *testing.T) string {
 				settings[key] = 2.5
 			case prop.Pattern != "" && strings.Contains(prop.Pattern, "ms|s|m|h"):
 				settings[key] = "1m30s"
+			case strings.HasPrefix(prop.Pattern, "^(https?://"):
+				settings[key] = "https://agents.example.com"
 			default:
 				settings[key] = "sample"
 			}
@@ -649,6 +651,7 @@ func allSettingsValues(t *testing.T) string {
 	values["bus"].(map[string]any)["runnerAddr"] = allSettingsRunnerAddr
 	values["bus"].(map[string]any)["publicUrl"] = allSettingsBusURL
 	values["console"].(map[string]any)["secret"] = map[string]any{"eventsBusTokenKey": "events-bus-token"}
+	values["gateway"].(map[string]any)["secret"] = map[string]any{"adminTokensKey": "admin-tokens"}
 	values["console"].(map[string]any)["urls"] = map[string]any{
 		"librarian": "https://librarian.example.com", "jaeger": "https://jaeger.example.com",
 	}
@@ -810,6 +813,7 @@ func TestSchemaRejects(t *testing.T) {
 		{"replicas not a number", []string{"runner.replicaCount=two"}, "at '/runner/replicaCount': got string, want integer"},
 		{"embedded storage with replicas", []string{"backend=embedded", "gateway.replicaCount=2"}, "at '/gateway/replicaCount': maximum: got 2, want 1"},
 		{"unknown setting", []string{"gateway.settings.agentTimeot=5s"}, "additional properties 'agentTimeot' not allowed"},
+		{"a gateway public URL with a path", []string{"gateway.settings.publicUrl=https://agents.example.com/a2a"}, "publicUrl"},
 		{"bad duration", []string{"runner.settings.idleTimeout=ten minutes"}, "at '/runner/settings/idleTimeout': 'ten minutes' does not match pattern"},
 		{"bad bus policy", []string{"bus.settings.policy=firstWins"}, "at '/bus/settings/policy': value must be one of"},
 		{"no token secret", []string{"gateway.secret.name="}, "at '/gateway/secret/name': minLength: got 0, want 1"},

@@ -39,6 +39,7 @@ const token = "bench-token-0123456789"
 type target struct {
 	name string
 	addr string
+	http string // the REST listener's address (the gateway's only)
 	stop func()
 	// writes counts the writes the gateway sent its store (nil for the
 	// floor, which has none).
@@ -107,8 +108,9 @@ func dynamoAt(endpoint string) storeOpener {
 }
 
 // startGatewayAt runs the gateway on grpcAddr with the store open gives, on
-// cmd/gateway's default timings (lease 15s, agent timeout 90s).
-func startGatewayAt(b *testing.B, grpcAddr string, open storeOpener) *target {
+// cmd/gateway's default timings (lease 15s, agent timeout 90s), history
+// off unless tune turns it on.
+func startGatewayAt(b *testing.B, grpcAddr string, open storeOpener, tune ...func(*service.Config)) *target {
 	b.Helper()
 	tel, err := telemetry.New(context.Background(), telemetry.Config{ServiceName: "gateway-bench"})
 	if err != nil {
@@ -122,7 +124,7 @@ func startGatewayAt(b *testing.B, grpcAddr string, open storeOpener) *target {
 	if err := store.EnsureTables(context.Background(), st, service.Tables...); err != nil {
 		b.Fatal(err)
 	}
-	gw, err := service.New(service.Config{
+	cfg := service.Config{
 		GRPCAddr: config.ListenAddr(grpcAddr), HTTPAddr: "127.0.0.1:0", ServerID: "gw-bench",
 		RegisterTimeout: 10 * time.Second, AgentTimeout: 90 * time.Second, ShutdownTimeout: 5 * time.Second,
 		QueueDepth: 32, CancelGrace: 30 * time.Second, Lease: 15 * time.Second, ClientTokens: []string{token},
@@ -130,7 +132,11 @@ func startGatewayAt(b *testing.B, grpcAddr string, open storeOpener) *target {
 		// Every bench client shares one token; the per-client limits are
 		// set out of reach so that the bench measures the gateway, not them.
 		ClientRate: 1e9, ClientBurst: 1 << 30, ClientStreams: 1 << 20,
-	}, slog.New(slog.DiscardHandler), tel, st)
+	}
+	for _, f := range tune {
+		f(&cfg)
+	}
+	gw, err := service.New(cfg, slog.New(slog.DiscardHandler), tel, st)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -138,13 +144,16 @@ func startGatewayAt(b *testing.B, grpcAddr string, open storeOpener) *target {
 	done := make(chan error, 1)
 	go func() { done <- gw.Run(ctx) }()
 	<-gw.Ready()
-	var addr string
+	var addr, httpAddr string
 	for _, e := range gw.Endpoints() {
-		if strings.HasPrefix(e.Protocol, "gRPC") {
+		switch {
+		case strings.HasPrefix(e.Protocol, "gRPC"):
 			addr = e.Address
+		case strings.HasPrefix(e.Protocol, "HTTP"):
+			httpAddr = e.Address
 		}
 	}
-	return &target{name: "gateway", addr: addr, writes: st.n.Load, stop: func() {
+	return &target{name: "gateway", addr: addr, http: httpAddr, writes: st.n.Load, stop: func() {
 		cancel()
 		if err := <-done; err != nil {
 			b.Errorf("gateway run: %v", err)

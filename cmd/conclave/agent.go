@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strings"
 	"text/tabwriter"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -24,9 +25,11 @@ import (
 const agentUsage = `Usage: conclave agent <command> [flags]
 
 Commands:
-  send    send a message to an agent and stream its reply
-  list    list the connected agents
-  swarm   hold many idle agents on the gateway, for load tests
+  send     send a message to an agent and stream its reply
+  list     list the connected agents
+  threads  list an agent's conversation threads, newest first
+  history  print a thread's conversation
+  swarm    hold many idle agents on the gateway, for load tests
 
 Run 'conclave agent <command> -h' for a command's flags.
 `
@@ -43,7 +46,19 @@ func runAgent(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		if err != nil {
 			return err
 		}
-		return agentSend(ctx, opts, stdout)
+		return agentSend(ctx, opts, stdout, stderr)
+	case "threads":
+		opts, err := parseThreadsArgs(rest, os.LookupEnv, stderr)
+		if err != nil {
+			return err
+		}
+		return agentThreads(ctx, opts, stdout)
+	case "history":
+		opts, err := parseHistoryArgs(rest, os.LookupEnv, stderr)
+		if err != nil {
+			return err
+		}
+		return agentHistory(ctx, opts, stdout)
 	case "list":
 		opts, err := parseListArgs(rest, os.LookupEnv, stderr)
 		if err != nil {
@@ -167,7 +182,7 @@ func parseInterleaved(fs *flag.FlagSet, args []string) ([]string, error) {
 	}
 }
 
-func agentSend(ctx context.Context, o sendOptions, stdout io.Writer) error {
+func agentSend(ctx context.Context, o sendOptions, stdout, stderr io.Writer) error {
 	callCtx, client, conn, err := o.dial(ctx)
 	if err != nil {
 		return err
@@ -180,6 +195,7 @@ func agentSend(ctx context.Context, o sendOptions, stdout io.Writer) error {
 		return rpcFailure(ctx, err, o.addr, o.agentID)
 	}
 	p := &replyPrinter{w: stdout, color: colorful(stdout), saveDir: o.saveDir}
+	requestID := ""
 	for {
 		resp, err := stream.Recv()
 		if err != nil {
@@ -187,12 +203,31 @@ func agentSend(ctx context.Context, o sendOptions, stdout io.Writer) error {
 			if errors.Is(err, io.EOF) {
 				return errors.New("the gateway ended the reply before the agent finished it")
 			}
+			if ctx.Err() != nil && requestID != "" {
+				// Ctrl-C: a gateway that keeps history lets a request
+				// outlive its client, so it is told to stop.
+				cancelRequest(callCtx, client, requestID)
+			}
 			return rpcFailure(ctx, err, o.addr, o.agentID)
+		}
+		if requestID == "" {
+			requestID = resp.GetRequestId()
+			if t := resp.GetThreadId(); t != "" && o.thread == "" {
+				fmt.Fprintf(stderr, "thread %s (continue it with --thread %s)\n", t, t)
+			}
 		}
 		if end, err := p.print(resp.GetEvent()); end || err != nil {
 			return err
 		}
 	}
+}
+
+// cancelRequest asks the gateway to cancel a request its caller left, on
+// a context of its own: the caller's is done.
+func cancelRequest(callCtx context.Context, client gatewayv1.GatewayServiceClient, requestID string) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(callCtx), 5*time.Second)
+	defer cancel()
+	_, _ = client.CancelMessage(ctx, &gatewayv1.CancelMessageRequest{RequestId: requestID, Reason: "interrupted by the user"})
 }
 
 func agentList(ctx context.Context, o listOptions, stdout io.Writer) error {
@@ -257,8 +292,8 @@ func (e *rpcError) Unwrap() error { return e.err }
 // rpcFailure explains a failed call in terms of what the user asked for.
 func rpcFailure(ctx context.Context, err error, addr, agentID string) error {
 	if ctx.Err() != nil {
-		// Ctrl-C: leaving the call is enough, the gateway tells the agent to
-		// stop.
+		// Ctrl-C: the user knows; send has already asked the gateway to
+		// cancel the request.
 		return fmt.Errorf("interrupted: %w", context.Cause(ctx))
 	}
 	st := status.Convert(err)

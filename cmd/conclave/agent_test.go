@@ -406,6 +406,49 @@ func TestAgentCommandsAgainstConclaveDev(t *testing.T) {
 		}
 	})
 
+	t.Run("threads and history show a conversation", func(t *testing.T) {
+		stderr, err := agentCmd(context.Background(), io.Discard, "send", "--agent", id, "--sender", "ada", "first words")
+		if err != nil {
+			t.Fatalf("send: %v\n%s", err, stderr)
+		}
+		thread, _, ok := strings.Cut(strings.TrimPrefix(stderr, "thread "), " ")
+		if !ok || !strings.HasPrefix(stderr, "thread ") || !strings.Contains(stderr, "--thread "+thread) {
+			t.Fatalf("send did not name its new thread on stderr: %q", stderr)
+		}
+		if stderr, err := agentCmd(context.Background(), io.Discard, "send", "--agent", id, "--sender", "ada", "--thread", thread, "more words"); err != nil || strings.Contains(stderr, "thread ") {
+			t.Fatalf("send in the thread: %v, stderr %q (a named thread is not announced)", err, stderr)
+		}
+
+		var threads bytes.Buffer
+		if _, err := agentCmd(context.Background(), &threads, "threads", id); err != nil {
+			t.Fatalf("threads: %v", err)
+		}
+		lines := strings.Split(strings.TrimSpace(threads.String()), "\n")
+		if len(lines) < 2 || !strings.HasPrefix(lines[0], "THREAD") || !strings.HasPrefix(lines[1], thread+" ") {
+			t.Errorf("threads should list %s first, newest first:\n%s", thread, threads.String())
+		}
+
+		var hist bytes.Buffer
+		if _, err := agentCmd(context.Background(), &hist, "history", thread); err != nil {
+			t.Fatalf("history: %v", err)
+		}
+		out := hist.String()
+		first, second := strings.Index(out, "\nfirst words\n"), strings.Index(out, "\nmore words\n")
+		if first < 0 || second < first || strings.Count(out, "── ada → "+id+" · ") != 2 || strings.Count(out, "── "+id+"\n") != 2 {
+			t.Errorf("history should show both messages in order, each answered:\n%s", out)
+		}
+		for _, want := range []string{"You said: first words", "You said: more words", "[file] echo.txt (text/plain, 12 B; not kept)"} {
+			if !strings.Contains(out, want) {
+				t.Errorf("history lacks %q:\n%s", want, out)
+			}
+		}
+
+		_, err = agentCmd(context.Background(), io.Discard, "history", "no-such-thread")
+		if err == nil || !strings.HasPrefix(err.Error(), `thread "no-such-thread" not found`) || status.Code(err) != codes.NotFound {
+			t.Errorf("an unknown thread: %v, want NotFound told plainly", err)
+		}
+	})
+
 	t.Run("an unknown agent is one clear error", func(t *testing.T) {
 		_, err := agentCmd(context.Background(), io.Discard, "send", "--agent", "nobody", "hi")
 		if err == nil || !strings.Contains(err.Error(), `agent "nobody" is not connected`) || status.Code(err) != codes.NotFound {

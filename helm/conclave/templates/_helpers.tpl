@@ -256,6 +256,7 @@ devSecrets.generate the generated Secret and its keys
   value: {{ printf "$(POD_IP):%v" $c.service.grpcPort | quote }}
 {{- include "conclave.secretEnv" (dict "env" "CONCLAVE_GATEWAY_CLIENT_TOKENS" "secret" $secret.name "key" $secret.clientTokensKey) }}
 {{- include "conclave.secretEnv" (dict "env" "CONCLAVE_GATEWAY_AGENT_TOKENS" "secret" $secret.name "key" $secret.agentTokensKey) }}
+{{- include "conclave.secretEnv" (dict "env" "CONCLAVE_GATEWAY_ADMIN_TOKENS" "secret" $secret.name "key" $secret.adminTokensKey) }}
 {{- else if eq $name "bus" }}
 - name: CONCLAVE_BUS_ADDR
   value: {{ printf ":%v" $c.service.port | quote }}

@@ -54,6 +54,7 @@ func TestMain(m *testing.M) {
 
 type replicaProc struct {
 	id, grpcAddr string
+	httpAddr     string
 	cmd          *exec.Cmd
 	mu           sync.Mutex
 	out          *bytes.Buffer
@@ -89,15 +90,15 @@ func startReplicaProcess(t *testing.T, id, tablePrefix string) *replicaProc {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	serving := make(chan string, 1)
+	serving := make(chan [2]string, 1)
 	go func() {
 		// Everything the replica writes is kept for failure messages; its
-		// gRPC address is taken from the line that announces it.
+		// addresses are taken from the line that announces them.
 		lines := bufio.NewScanner(out)
 		for lines.Scan() {
-			if addr := testenv.ServingGRPCAddr(lines.Bytes()); addr != "" {
+			if grpcAddr, httpAddr, ok := testenv.ServingAddrs(lines.Bytes()); ok {
 				select {
-				case serving <- addr:
+				case serving <- [2]string{grpcAddr, httpAddr}:
 				default:
 				}
 			}
@@ -111,7 +112,8 @@ func startReplicaProcess(t *testing.T, id, tablePrefix string) *replicaProc {
 	}()
 	t.Cleanup(func() { _ = cmd.Process.Kill(); <-r.done })
 	select {
-	case r.grpcAddr = <-serving:
+	case addrs := <-serving:
+		r.grpcAddr, r.httpAddr = addrs[0], addrs[1]
 		return r
 	case <-r.done:
 		t.Fatalf("replica %s exited:\n%s", id, r.output())
@@ -140,15 +142,22 @@ func withAgentToken(ctx context.Context, id string) context.Context {
 
 // clusterAgent is a coven agent that keeps itself connected through the
 // load balancer: when its stream breaks it reconnects and re-registers,
-// retrying while its old registration has not expired. Messages with
-// content "hold" are never answered, to have requests in flight.
+// retrying while its old registration has not expired. A message with
+// content "part" gets a text event and no end, to have an answer in flight.
 type clusterAgent struct {
 	id string
 
 	mu       sync.Mutex
 	serverID string
 	welcomes int
+	parts    int // "part" messages received
 	changed  chan struct{}
+}
+
+func (a *clusterAgent) partsReceived() int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.parts
 }
 
 func (a *clusterAgent) state() (string, int) {
@@ -198,13 +207,20 @@ func (a *clusterAgent) session(ctx context.Context, client covenpb.CovenControlC
 			return
 		}
 		req := m.GetSendMessage()
-		if req == nil || req.GetContent() == "hold" {
+		if req == nil {
 			continue
 		}
-		for _, r := range []*covenpb.MessageResponse{
+		answer := []*covenpb.MessageResponse{
 			{RequestId: req.RequestId, Event: &covenpb.MessageResponse_Text{Text: a.id + ":" + req.Content}},
 			{RequestId: req.RequestId, Event: &covenpb.MessageResponse_Done{Done: &covenpb.Done{}}},
-		} {
+		}
+		if req.GetContent() == "part" {
+			a.mu.Lock()
+			a.parts++
+			a.mu.Unlock()
+			answer = answer[:1]
+		}
+		for _, r := range answer {
 			if stream.Send(&covenpb.AgentMessage{Payload: &covenpb.AgentMessage_Response{Response: r}}) != nil {
 				return
 			}
@@ -245,9 +261,11 @@ func dialLB(t *testing.T, addr string) *grpc.ClientConn {
 // TestClusterBehindNginx runs three gateway replica processes on one
 // dynalite behind nginx (grpc_pass): agents and clients spread over the
 // replicas, every client reaches every agent, a duplicate registration is
-// refused across replicas, and when one replica is killed its agents
-// reconnect through nginx and re-register, while the clients whose requests
-// were cut get a clear error and nothing else is lost.
+// refused across replicas, and when one replica is killed mid-answer its
+// agents reconnect through nginx and re-register, the client whose request
+// was cut gets a clear error, its retry with the idempotency_key gets the
+// stored part of the answer from another replica (and the agent is not
+// asked again), and nothing else is lost.
 func TestClusterBehindNginx(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs three gateway processes, nginx and dynalite")
@@ -341,7 +359,8 @@ func TestClusterBehindNginx(t *testing.T) {
 		}
 	}
 
-	// Kill the replica holding agent-0, with a request in flight to it.
+	// Kill the replica holding agent-0 mid-answer: agent-0 has sent part of
+	// its answer, which the victim has stored.
 	victimID, _ := agents[0].state()
 	var victim *replicaProc
 	for _, r := range replicas {
@@ -349,14 +368,29 @@ func TestClusterBehindNginx(t *testing.T) {
 			victim = r
 		}
 	}
-	cut := make(chan error, 1)
+	cutReq := &gatewayv1.SendMessageRequest{AgentId: agents[0].id, Content: "part", IdempotencyKey: "k-cut"}
+	cut, firsts := make(chan error, 1), make(chan *gatewayv1.SendMessageResponse, 1)
 	go func() {
-		_, err := ask(ctx, clients[1], agents[0].id, "hold")
+		stream, err := clients[1].SendMessage(authed(ctx), cutReq)
+		for err == nil {
+			var m *gatewayv1.SendMessageResponse
+			if m, err = stream.Recv(); err == nil && m.GetEvent().GetText() != "" {
+				firsts <- m
+			}
+		}
 		cut <- err
 	}()
-	waitFor(t, ctx, "the held request to reach agent-0", func() bool {
-		a, err := clients[2].GetAgent(authed(ctx), &gatewayv1.GetAgentRequest{AgentId: agents[0].id})
-		return err == nil && a.Agent.GetBusy()
+	var partial *gatewayv1.SendMessageResponse
+	select {
+	case partial = <-firsts:
+	case err := <-cut:
+		t.Fatalf("the request to agent-0 ended before its first event: %v", err)
+	case <-ctx.Done():
+		t.Fatal("no first event from agent-0")
+	}
+	waitFor(t, ctx, "the part of the answer sent to be stored", func() bool {
+		h, err := clients[2].History(authed(ctx), &gatewayv1.HistoryRequest{ThreadId: partial.GetThreadId()})
+		return err == nil && len(h.GetEntries()) == 2 && h.GetEntries()[1].GetEvent().GetText() == agents[0].id+":part"
 	})
 	_, before := agents[0].state()
 	if err := victim.cmd.Process.Signal(syscall.SIGKILL); err != nil {
@@ -381,6 +415,33 @@ func TestClusterBehindNginx(t *testing.T) {
 		t.Fatal("the cut request never ended")
 	}
 
+	// Retried with its idempotency_key, through nginx to a surviving
+	// replica: the part stored is replayed, and the cut told, without
+	// asking the agent again.
+	var replayed []*gatewayv1.SendMessageResponse
+	var replayErr error
+	waitFor(t, ctx, "the retry of the cut request to be replayed", func() bool {
+		replayed, replayErr = nil, nil
+		stream, err := clients[2].SendMessage(authed(ctx), cutReq)
+		for err == nil {
+			var m *gatewayv1.SendMessageResponse
+			if m, err = stream.Recv(); err == nil {
+				replayed = append(replayed, m)
+			}
+		}
+		replayErr = err
+		// While nginx still tries the dead replica first, the retry fails
+		// before any response.
+		return len(replayed) > 0
+	})
+	if len(replayed) != 2 || !replayed[0].GetReplayed() || replayed[0].GetRequestId() != partial.GetRequestId() ||
+		replayed[1].GetEvent().GetText() != agents[0].id+":part" || replayed[1].GetEntryId() != partial.GetEntryId() {
+		t.Fatalf("the replay of the cut request: %v", replayed)
+	}
+	if st := status.Convert(replayErr); st.Code() != codes.Unavailable || !strings.Contains(st.Message(), "incomplete") {
+		t.Fatalf("the replay ended with %v, want UNAVAILABLE saying the answer is incomplete", replayErr)
+	}
+
 	// Its agents come back through nginx on the surviving replicas, once
 	// their leases on the dead one have expired.
 	waitFor(t, ctx, "agent-0 re-registered elsewhere", func() bool {
@@ -393,6 +454,9 @@ func TestClusterBehindNginx(t *testing.T) {
 			s, _ := a.state()
 			return s != victimID && s != ""
 		})
+	}
+	if n := agents[0].partsReceived(); n != 1 {
+		t.Fatalf("agent-0 got the cut message %d times, want once", n)
 	}
 	// Nothing else was lost: every agent answers every client again.
 	for ci, c := range clients {

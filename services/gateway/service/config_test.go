@@ -52,6 +52,12 @@ func TestClientLimitSettings(t *testing.T) {
 		{name: "one-character client token", env: map[string]string{"CONCLAVE_GATEWAY_CLIENT_TOKENS": "a"}, wantErr: "CONCLAVE_GATEWAY_CLIENT_TOKENS: "},
 		{name: "15-character client token", env: map[string]string{"CONCLAVE_GATEWAY_CLIENT_TOKENS": token + ",fifteen-chars-x"}, wantErr: "CONCLAVE_GATEWAY_CLIENT_TOKENS: "},
 		{name: "15-character agent token", env: map[string]string{"CONCLAVE_GATEWAY_AGENT_TOKENS": "agent-1=fifteen-chars-x"}, wantErr: "CONCLAVE_GATEWAY_AGENT_TOKENS: "},
+		// The URL the A2A agent cards name.
+		{name: "a public URL", env: map[string]string{"CONCLAVE_GATEWAY_PUBLIC_URL": "https://agents.example.com"},
+			check: func(c service.Config) bool { return c.PublicURL == "https://agents.example.com" }},
+		{name: "a public URL with a path", env: map[string]string{"CONCLAVE_GATEWAY_PUBLIC_URL": "https://agents.example.com/a2a"}, wantErr: "CONCLAVE_GATEWAY_PUBLIC_URL: "},
+		{name: "a public URL without a scheme", env: map[string]string{"CONCLAVE_GATEWAY_PUBLIC_URL": "agents.example.com"}, wantErr: "CONCLAVE_GATEWAY_PUBLIC_URL: "},
+		{name: "a public URL with credentials", env: map[string]string{"CONCLAVE_GATEWAY_PUBLIC_URL": "https://u:p@agents.example.com"}, wantErr: "CONCLAVE_GATEWAY_PUBLIC_URL: "},
 		{name: "16-character agent token", env: map[string]string{"CONCLAVE_GATEWAY_AGENT_TOKENS": "agent-1=sixteen-chars-xy"},
 			check: func(c service.Config) bool { return len(c.AgentTokens) == 1 }},
 	}

@@ -330,7 +330,7 @@ func TestClientStreamCap(t *testing.T) {
 	closeFirst := open(token, "slow-1")
 	open(token, "slow-2")
 
-	const capMsg = "client limit of 2 concurrent SendMessage streams exceeded; retry later"
+	const capMsg = "client limit of 2 concurrent streams (SendMessage, WatchThread) exceeded; retry later"
 	if r := send(as(ctx, token), client, &gatewayv1.SendMessageRequest{AgentId: "quick", Content: "third"}); status.Code(r.err) != codes.ResourceExhausted || status.Convert(r.err).Message() != capMsg {
 		t.Fatalf("a third stream: %v, want RESOURCE_EXHAUSTED %q", r.err, capMsg)
 	}

@@ -187,10 +187,11 @@ func TestHeartbeatsAreOptional(t *testing.T) {
 	env := map[string]string{
 		"CONCLAVE_GATEWAY_CLIENT_TOKENS":               token,
 		"CONCLAVE_GATEWAY_ALLOW_AGENTS_WITHOUT_TOKENS": "true",
-		"CONCLAVE_GATEWAY_GRPC_ADDR":                   "127.0.0.1:0",
-		"CONCLAVE_GATEWAY_HTTP_ADDR":                   "127.0.0.1:0",
 		"CONCLAVE_GATEWAY_KEEPALIVE_TIME":              keepalive.String(),
 		"CONCLAVE_GATEWAY_KEEPALIVE_TIMEOUT":           keepalive.String(),
+		// Agents without tokens: the listeners bind loopback.
+		"CONCLAVE_GATEWAY_GRPC_ADDR": "127.0.0.1:0",
+		"CONCLAVE_GATEWAY_HTTP_ADDR": "127.0.0.1:0",
 	}
 	var cfg service.Config
 	if err := config.Load(context.Background(), &cfg, "gateway", nil, func(k string) (string, bool) { v, ok := env[k]; return v, ok }, io.Discard); err != nil {
@@ -199,7 +200,7 @@ func TestHeartbeatsAreOptional(t *testing.T) {
 	if cfg.AgentTimeout != 0 {
 		t.Fatalf("CONCLAVE_GATEWAY_AGENT_TIMEOUT defaults to %s, want 0 (off)", cfg.AgentTimeout)
 	}
-	cfg.GRPCAddr, cfg.HTTPAddr, cfg.ServerID = "127.0.0.1:0", "127.0.0.1:0", "gw-liveness"
+	cfg.ServerID = "gw-liveness"
 	tel, err := telemetry.New(context.Background(), telemetry.Config{ServiceName: "gateway-test"})
 	if err != nil {
 		t.Fatal(err)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http"
 	"slices"
 	"strings"
 	"sync"
@@ -136,6 +137,17 @@ func TestGatewayMetrics(t *testing.T) {
 		t.Fatalf("unknown agent: %v", r)
 	}
 	a.moved("conclave_gateway_requests_total", 1, "outcome", "not_found")
+
+	// A2A calls, and the tasks whose end a replica recorded.
+	if code, body := rpc(t, urlA+"/a2a/echo", token, "application/json", `{"jsonrpc":"2.0","id":1,"method":"SendMessage","params":{"message":{"messageId":"metrics-1","role":"ROLE_USER","parts":[{"text":"hi"}]}}}`); code != http.StatusOK || !strings.Contains(body, "TASK_STATE_COMPLETED") {
+		t.Fatalf("A2A SendMessage: %d %s", code, body)
+	}
+	a.moved("conclave_gateway_a2a_calls_total", 1, "method", "SendMessage", "outcome", "served")
+	a.moved("conclave_gateway_a2a_tasks_ended_total", 1, "state", "completed")
+	if code, body := getBody(t, urlA+"/a2a/echo/.well-known/agent-card.json", ""); code != http.StatusUnauthorized {
+		t.Fatalf("a card without a token: %d %s", code, body)
+	}
+	a.moved("conclave_gateway_a2a_calls_total", 1, "method", "AgentCard", "outcome", "refused")
 	for range 2 {
 		_ = send(authed(ctx), clientA, &gatewayv1.SendMessageRequest{AgentId: "echo", Content: "once", IdempotencyKey: "k1"})
 	}
@@ -231,6 +243,31 @@ func TestGatewayMetrics(t *testing.T) {
 	connD, urlD := startTuned(t, "gw-throttled", shared, steadyThrottle)
 	checkAuthThrottle(t, connD, urlD)
 	(&scraper{t: t, url: urlD, checked: checked}).moved("conclave_gateway_auth_throttled_total", 3)
+
+	// History, on a fifth replica that keeps it: items written, a repeated
+	// key replayed, and writes failing while the store is cut off.
+	histStore := &cuttableStore{Store: shared}
+	connE, urlE := startTuned(t, "gw-history", histStore, withHistory(nil))
+	e := &scraper{t: t, url: urlE, checked: checked}
+	clientE := gatewayv1.NewGatewayServiceClient(connE)
+	echoAgent(t, ctx, connE, "recorded")
+	keyed := &gatewayv1.SendMessageRequest{AgentId: "recorded", ThreadId: "th-metrics", Content: "hi", IdempotencyKey: "k-hist"}
+	for range 2 {
+		if r := send(authed(ctx), clientE, keyed); r.err != nil {
+			t.Fatalf("recorded request: %v", r.err)
+		}
+	}
+	e.moved("conclave_gateway_history_writes_total", 2, "outcome", "ok")
+	e.moved("conclave_gateway_history_write_duration_seconds", 2)
+	e.moved("conclave_gateway_requests_total", 1, "outcome", "replayed")
+	histStore.cut.Store(true)
+	// The thread is known to this replica, so the message's write is the
+	// first store call: it fails, and the message is not sent.
+	if r := send(authed(ctx), clientE, &gatewayv1.SendMessageRequest{AgentId: "recorded", ThreadId: "th-metrics", Content: "lost"}); status.Code(r.err) != codes.Unavailable {
+		t.Fatalf("a message the history cannot store: %v, want UNAVAILABLE", r.err)
+	}
+	histStore.cut.Store(false)
+	e.moved("conclave_gateway_history_writes_total", 1, "outcome", "failed")
 
 	var got []string
 	for name := range checked {

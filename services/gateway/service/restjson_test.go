@@ -79,18 +79,61 @@ type (
 			Reason string `json:"reason"`
 		} `json:"cancelled"`
 	}
-	// restMessage is one SendMessage response: the first carries only
-	// the request_id (event null), sent as soon as the message is queued;
-	// every later one an event.
+	// restMessage is one line (or one event's data) of a SendMessage
+	// stream: the first carries the request_id (event null), sent as soon
+	// as the message is queued; every later one an event.
 	restMessage struct {
 		RequestID string     `json:"request_id"`
 		Event     *restEvent `json:"event"`
-	}
-	restStreamLine struct {
-		Result restMessage `json:"result"`
+		ThreadID  string     `json:"thread_id"`
+		EntryID   string     `json:"entry_id"`
+		Replayed  bool       `json:"replayed"`
 	}
 	restCancel struct {
 		Cancelled bool `json:"cancelled"`
+	}
+	restAttachmentRef struct {
+		Filename string `json:"filename"`
+		MimeType string `json:"mime_type"`
+		Size     int    `json:"size"`
+		SHA256   string `json:"sha256"`
+	}
+	// restEntry has one of message, event and outcome.
+	restEntry struct {
+		EntryID   string    `json:"entry_id"`
+		ThreadID  string    `json:"thread_id"`
+		RequestID string    `json:"request_id"`
+		AgentID   string    `json:"agent_id"`
+		Time      time.Time `json:"time"`
+		Message   *struct {
+			Sender      string              `json:"sender"`
+			Content     string              `json:"content"`
+			Attachments []restAttachmentRef `json:"attachments"`
+			ClientID    string              `json:"client_id"`
+		} `json:"message"`
+		Event   *restEvent `json:"event"`
+		Outcome *struct {
+			Ending  string `json:"ending"`
+			Code    int    `json:"code"`
+			Message string `json:"message"`
+		} `json:"outcome"`
+		File *restAttachmentRef `json:"file"`
+	}
+	restHistory struct {
+		Entries       []restEntry `json:"entries"`
+		NextPageToken string      `json:"next_page_token"`
+	}
+	restThreads struct {
+		Threads []struct {
+			ThreadID  string    `json:"thread_id"`
+			AgentID   string    `json:"agent_id"`
+			ClientID  string    `json:"client_id"`
+			StartedAt time.Time `json:"started_at"`
+		} `json:"threads"`
+		NextPageToken string `json:"next_page_token"`
+	}
+	restWatchLine struct {
+		Entry restEntry `json:"entry"`
 	}
 )
 
@@ -141,7 +184,7 @@ func plainAgent(t *testing.T, ctx context.Context, conn *grpc.ClientConn) {
 // busy and the zero numbers written), each of its JSON type.
 func TestRESTJSONTypes(t *testing.T) {
 	t.Parallel()
-	conn, base := startGateway(t)
+	conn, base := startTuned(t, "gw-json", openStore(t), withHistory(nil))
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	plainAgent(t, ctx, conn)
@@ -181,20 +224,21 @@ func TestRESTJSONTypes(t *testing.T) {
 	decode("GET /v1/agents?capability=none", call("GET", "/v1/agents?capability=none", "", ""), &none)
 	decode("GET /v1/agents/plain", call("GET", "/v1/agents/plain", "", ""), &restAgent{})
 
-	// grpc-gateway's stream: one {"result": ...} a line.
-	var requestID string
-	lines := 0
-	for line := range strings.Lines(string(call("POST", "/v1/agents/plain/messages", `{"content":"x"}`, ""))) {
-		var l restStreamLine
+	// Newline-delimited JSON: one SendMessageResponse a line, the first
+	// without an event.
+	var requestID, threadID string
+	var lines []restMessage
+	for line := range strings.Lines(string(call("POST", "/v1/agents/plain/messages", `{"content":"x","attachments":[{"filename":"a.txt","data":"YWJj"}]}`, ""))) {
+		var l restMessage
 		decode("stream line", []byte(line), &l)
-		if first := lines == 0; first != (l.Result.Event == nil) {
-			t.Errorf("stream line %d: event %v; only the first, and always the first, carries none", lines, l.Result.Event)
+		if first := len(lines) == 0; first != (l.Event == nil) {
+			t.Errorf("stream line %d: event %v; only the first, and always the first, carries none", len(lines), l.Event)
 		}
-		requestID = l.Result.RequestID
-		lines++
+		requestID, threadID = l.RequestID, l.ThreadID
+		lines = append(lines, l)
 	}
-	if lines != 7 {
-		t.Errorf("%d stream lines, want the request_id's and 6 events", lines)
+	if len(lines) != 7 || lines[0].EntryID == "" || threadID == "" {
+		t.Errorf("%d stream lines, want the request_id's and 6 events, the first naming its entry and thread: %+v", len(lines), lines)
 	}
 	// Server-Sent Events: each message's data.
 	events := 0
@@ -211,6 +255,51 @@ func TestRESTJSONTypes(t *testing.T) {
 	}
 	if events != 7 {
 		t.Errorf("%d events, want the request_id's and 6 more", events)
+	}
+	var h restHistory
+	decode("GET /v1/threads/{thread_id}/messages", call("GET", "/v1/threads/"+threadID+"/messages", "", ""), &h)
+	if len(h.Entries) != 8 || h.Entries[0].Message == nil || len(h.Entries[0].Message.Attachments) != 1 || h.Entries[7].Outcome == nil || h.Entries[7].Outcome.Ending != "ENDING_DONE" {
+		t.Errorf("history: %+v", h)
+	}
+	var threads restThreads
+	decode("GET /v1/agents/{agent_id}/threads", call("GET", "/v1/agents/plain/threads", "", ""), &threads)
+	if len(threads.Threads) != 2 {
+		t.Errorf("threads: %+v", threads)
+	}
+	watched := 0
+	for line := range strings.Lines(string(call("GET", "/v1/threads/"+threadID+"/watch", "", ""))) {
+		decode("watch line", []byte(line), &restWatchLine{})
+		watched++
+	}
+	if watched != 8 {
+		t.Errorf("%d watched entries, want 8", watched)
+	}
+	// An EventSource that reconnects sends the last id it saw: the watch
+	// resumes after it, each event's id its entry_id.
+	if len(h.Entries) == 8 {
+		req, _ := http.NewRequestWithContext(ctx, "GET", base+"/v1/threads/"+threadID+"/watch", nil)
+		req.Header.Set("Authorization", "Bearer "+token)
+		req.Header.Set("Accept", "text/event-stream")
+		req.Header.Set("Last-Event-ID", h.Entries[3].EntryID)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		var ids []string
+		for line := range strings.Lines(string(b)) {
+			if id, ok := strings.CutPrefix(strings.TrimSuffix(line, "\n"), "id: "); ok {
+				ids = append(ids, id)
+			}
+		}
+		var want []string
+		for _, e := range h.Entries[4:] {
+			want = append(want, e.EntryID)
+		}
+		if resp.StatusCode != http.StatusOK || strings.Join(ids, ",") != strings.Join(want, ",") {
+			t.Errorf("watch resumed after Last-Event-ID %s: %d, ids %v, want %v\n%s", h.Entries[3].EntryID, resp.StatusCode, ids, want, b)
+		}
 	}
 	var c restCancel
 	decode("cancel", call("POST", "/v1/requests/"+requestID+"/cancel", `{}`, ""), &c)

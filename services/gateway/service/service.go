@@ -8,7 +8,9 @@ import (
 	"log/slog"
 	"math"
 	"net/http"
+	"net/url"
 	"os"
+	"slices"
 	"time"
 
 	"google.golang.org/grpc"
@@ -21,8 +23,10 @@ import (
 	"github.com/conclave-ai/conclave/pkg/telemetry"
 	gatewayv1 "github.com/conclave-ai/conclave/proto/conclave/gateway/v1"
 	covenpb "github.com/conclave-ai/conclave/proto/coven"
+	"github.com/conclave-ai/conclave/services/gateway/internal/a2a"
 	"github.com/conclave-ai/conclave/services/gateway/internal/agentstream"
 	"github.com/conclave-ai/conclave/services/gateway/internal/clientapi"
+	"github.com/conclave-ai/conclave/services/gateway/internal/history"
 	"github.com/conclave-ai/conclave/services/gateway/internal/metrics"
 	"github.com/conclave-ai/conclave/services/gateway/internal/registry"
 )
@@ -48,8 +52,18 @@ type Config struct {
 	ClientTokens     []string      `env:"CONCLAVE_GATEWAY_CLIENT_TOKENS" help:"comma-separated bearer tokens accepted on the client API"`
 	ClientRate       float64       `env:"CONCLAVE_GATEWAY_CLIENT_RATE" default:"50" help:"client API requests per second each client (bearer token) may make on one replica"`
 	ClientBurst      int           `env:"CONCLAVE_GATEWAY_CLIENT_BURST" default:"100" help:"client API requests each client may make at once, above its rate"`
-	ClientStreams    int           `env:"CONCLAVE_GATEWAY_CLIENT_STREAMS" default:"64" help:"SendMessage streams each client may hold open on one replica"`
+	ClientStreams    int           `env:"CONCLAVE_GATEWAY_CLIENT_STREAMS" default:"64" help:"streams (SendMessage, WatchThread) each client may hold open on one replica"`
 	IdempotencyTTL   time.Duration `env:"CONCLAVE_GATEWAY_IDEMPOTENCY_TTL" default:"24h" help:"how long a SendMessage idempotency_key is remembered"`
+	// History keeps every conversation per thread_id (docs/gateway.md,
+	// "Threads and history"); its privacy consequences are there too.
+	History      bool          `env:"CONCLAVE_GATEWAY_HISTORY" default:"true" help:"keep every conversation per thread_id in the store; false keeps none (and a repeated idempotency_key is refused rather than replayed)"`
+	HistoryTTL   time.Duration `env:"CONCLAVE_GATEWAY_HISTORY_TTL" default:"720h" help:"how long each stored message and event is kept after it was written (DynamoDB TTL; swept on the embedded store); 0 keeps them until deleted by hand"`
+	HistoryFlush time.Duration `env:"CONCLAVE_GATEWAY_HISTORY_FLUSH" default:"1s" help:"how long an answer's events may wait in memory before they are written (they are also written every 64 KiB, and at the answer's end before the client is told it ended)"`
+	// DetachedTimeout bounds a request no client follows any more: with
+	// history, a client that leaves does not cancel its request, so that
+	// it can come back for the rest.
+	DetachedTimeout time.Duration `env:"CONCLAVE_GATEWAY_DETACHED_TIMEOUT" default:"10m" help:"with history, how long a request goes on after its last client left before it is cancelled"`
+	AdminTokens     []string      `env:"CONCLAVE_GATEWAY_ADMIN_TOKENS" help:"comma-separated bearer tokens accepted on the client API that may also read every client's threads"`
 	// AllowUnauthenticated opens the client API without tokens; conclave dev
 	// sets it, on loopback only.
 	AllowUnauthenticated bool     `env:"CONCLAVE_GATEWAY_ALLOW_UNAUTHENTICATED" default:"false" help:"serve the client API without bearer tokens (development only)"`
@@ -63,6 +77,9 @@ type Config struct {
 	AllowedHosts []string `env:"CONCLAVE_GATEWAY_ALLOWED_HOSTS" help:"comma-separated Host names the HTTP listener answers besides localhost, 127.0.0.1 and [::1] while it runs without authentication"`
 	// AuthThrottle is the per-address budget of wrong tokens (pkg/auth.Throttle).
 	AuthThrottle auth.ThrottleSetting `env:"CONCLAVE_GATEWAY_AUTH_THROTTLE" default:"20/1s" help:"wrong tokens one address may present: BURST at once, then one more each EVERY (BURST/EVERY); past it, callers get 429 with Retry-After"`
+	// PublicURL is where A2A clients reach the gateway's HTTP listener,
+	// through whatever load balancer is in front: the agent cards name it.
+	PublicURL string `env:"CONCLAVE_GATEWAY_PUBLIC_URL" help:"the gateway's HTTP URL as A2A clients reach it (e.g. https://agents.example.com), named in agent cards; default: the request's Host"`
 }
 
 // unauthenticated reports whether a listener of the gateway runs without
@@ -74,11 +91,29 @@ func (c Config) Validate() error {
 	if c.GRPCAddr == "" {
 		return fmt.Errorf("CONCLAVE_GATEWAY_GRPC_ADDR: the gateway needs a gRPC listener")
 	}
-	if len(c.ClientTokens) == 0 && !c.AllowUnauthenticated {
+	if len(c.ClientTokens)+len(c.AdminTokens) == 0 && !c.AllowUnauthenticated {
 		return fmt.Errorf("CONCLAVE_GATEWAY_CLIENT_TOKENS: set at least one client token, or CONCLAVE_GATEWAY_ALLOW_UNAUTHENTICATED=true for development")
 	}
 	if err := auth.CheckTokens("CONCLAVE_GATEWAY_CLIENT_TOKENS", c.ClientTokens...); err != nil {
 		return err
+	}
+	if err := auth.CheckTokens("CONCLAVE_GATEWAY_ADMIN_TOKENS", c.AdminTokens...); err != nil {
+		return err
+	}
+	if len(c.AdminTokens) > 0 && c.AllowUnauthenticated {
+		// Every caller is the one anonymous client then: no token is
+		// checked, so none can make its holder an admin.
+		return fmt.Errorf("CONCLAVE_GATEWAY_ADMIN_TOKENS: tokens are not checked while CONCLAVE_GATEWAY_ALLOW_UNAUTHENTICATED=true; set one or the other")
+	}
+	if c.PublicURL != "" {
+		u, err := url.Parse(c.PublicURL)
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || (u.Path != "" && u.Path != "/") || u.RawQuery != "" || u.Fragment != "" || u.User != nil {
+			// The value is not echoed: it may hold credentials.
+			return fmt.Errorf("CONCLAVE_GATEWAY_PUBLIC_URL: must be an http or https URL with a host and nothing else (no path, query or credentials)")
+		}
+	}
+	if c.HistoryTTL < 0 {
+		return fmt.Errorf("CONCLAVE_GATEWAY_HISTORY_TTL: must be 0 (kept until deleted) or positive, got %s", c.HistoryTTL)
 	}
 	if c.unauthenticated() {
 		allowing := "CONCLAVE_GATEWAY_ALLOW_UNAUTHENTICATED"
@@ -124,6 +159,8 @@ func (c Config) Validate() error {
 		"CONCLAVE_GATEWAY_CANCEL_GRACE":      c.CancelGrace,
 		"CONCLAVE_GATEWAY_LEASE":             c.Lease,
 		"CONCLAVE_GATEWAY_IDEMPOTENCY_TTL":   c.IdempotencyTTL,
+		"CONCLAVE_GATEWAY_HISTORY_FLUSH":     c.HistoryFlush,
+		"CONCLAVE_GATEWAY_DETACHED_TIMEOUT":  c.DetachedTimeout,
 	} {
 		if d <= 0 {
 			return fmt.Errorf("%s: must be positive, got %s", key, d)
@@ -143,7 +180,7 @@ type Gateway struct {
 }
 
 // Tables lists the tables the gateway keeps its state in.
-var Tables = []store.Table{registry.Table, clientapi.IdempotencyTable}
+var Tables = []store.Table{registry.Table, clientapi.IdempotencyTable, history.Table, a2a.TasksTable}
 
 // New builds the gateway's server and services. st holds the cluster-wide
 // agent registry; its Tables must exist.
@@ -162,12 +199,13 @@ func New(cfg Config, logger *slog.Logger, tel *telemetry.Provider, st store.Stor
 	grpcOpts := append(tel.GRPCServerOptions(covenpb.CovenControl_AgentStream_FullMethodName), agentstream.ServerOption())
 	// One budget of wrong tokens per address, clients' and agents' alike.
 	throttle := auth.NewThrottle(cfg.AuthThrottle.Options(telemetry.AuthThrottled(tel.Meter("gateway"), "gateway")))
-	var restAuth *clientapi.RESTAuth
+	// Authentication, then the per-client limits: every GatewayService
+	// call passes them, over gRPC and over REST alike.
+	var ic clientapi.Interceptors
 	if !cfg.AllowUnauthenticated {
-		tokens := auth.NewTokens(cfg.ClientTokens...).WithThrottle(throttle)
-		restAuth = &clientapi.RESTAuth{Tokens: tokens, Throttle: throttle}
+		tokens := auth.NewTokens(slices.Concat(cfg.ClientTokens, cfg.AdminTokens)...).WithThrottle(throttle)
 		unary, stream := tokens.Protect(clientapi.ServicePrefix)
-		grpcOpts = append(grpcOpts, grpc.ChainUnaryInterceptor(unary), grpc.ChainStreamInterceptor(stream))
+		ic.Unary, ic.Stream = append(ic.Unary, unary), append(ic.Stream, stream)
 	} else {
 		logger.Warn("the gateway's client API accepts requests without a bearer token")
 	}
@@ -177,7 +215,8 @@ func New(cfg Config, logger *slog.Logger, tel *telemetry.Provider, st store.Stor
 	limitUnary, limitStream := clientapi.NewLimiter(clientapi.RateLimits{
 		Rate: cfg.ClientRate, Burst: cfg.ClientBurst, Streams: cfg.ClientStreams,
 	}).Interceptors(m)
-	grpcOpts = append(grpcOpts, grpc.ChainUnaryInterceptor(limitUnary), grpc.ChainStreamInterceptor(limitStream))
+	ic.Unary, ic.Stream = append(ic.Unary, limitUnary), append(ic.Stream, limitStream)
+	grpcOpts = append(grpcOpts, grpc.ChainUnaryInterceptor(ic.Unary...), grpc.ChainStreamInterceptor(ic.Stream...))
 	opts = append([]server.Option{
 		// Every HTTP error, the server's own included, is a
 		// google.rpc.Status, as grpc-gateway writes REST errors.
@@ -237,24 +276,33 @@ func New(cfg Config, logger *slog.Logger, tel *telemetry.Provider, st store.Stor
 	srv.AddReadinessCheck("lease", func(context.Context) error { return replica.Healthy() })
 	covenpb.RegisterCovenControlServer(srv.GRPC(), agents)
 	peers := clientapi.NewPeers(serverID, tel.GRPCDialOptions()...)
-	gatewayv1.RegisterGatewayServiceServer(srv.GRPC(), clientapi.New(agents, clientapi.DefaultLimits, serverID, reg, peers,
-		clientapi.WithIdempotency(st, cfg.IdempotencyTTL), clientapi.WithLogger(logger), clientapi.WithMetrics(m)))
+	apiOpts := []clientapi.Option{clientapi.WithIdempotency(st, cfg.IdempotencyTTL), clientapi.WithLogger(logger), clientapi.WithMetrics(m)}
+	admins := make([]string, 0, len(cfg.AdminTokens))
+	for _, t := range cfg.AdminTokens {
+		admins = append(admins, auth.TokenID(t))
+	}
+	var hist *history.Store
+	if cfg.History {
+		hist = history.New(st, history.Options{TTL: cfg.HistoryTTL, FlushInterval: cfg.HistoryFlush, Logger: logger, Observe: m.HistoryWrite})
+		apiOpts = append(apiOpts, clientapi.WithHistory(hist, cfg.DetachedTimeout), clientapi.WithAdmins(admins...))
+	}
+	api := clientapi.New(agents, clientapi.DefaultLimits, serverID, reg, peers, apiOpts...)
+	gatewayv1.RegisterGatewayServiceServer(srv.GRPC(), api)
 	srv.OnShutdown(func(context.Context) { _ = peers.Close() })
 
 	if cfg.HTTPAddr != "" {
-		// REST goes through this gateway's own gRPC listener, so it passes
-		// the same authentication, limits and tracing as gRPC clients.
-		// Its calls are marked as the front's, which throttles its own
-		// callers' addresses: the gRPC side sees only this process's.
-		self, err := srv.SelfClient(append(tel.GRPCDialOptions(), throttle.SelfDialOptions()...)...)
-		if err != nil {
-			return nil, err
-		}
-		rest, err := clientapi.NewREST(context.Background(), self, restAuth)
+		// REST calls the service in this process, through the same
+		// interceptors as gRPC; the HTTP server traces it.
+		rest, err := clientapi.NewREST(api, ic, logger)
 		if err != nil {
 			return nil, err
 		}
 		rest.Routes(srv.Handle, srv.HandleStream)
+		// Every agent is an A2A agent too, over the same API and limits.
+		a2a.New(api, ic, st, a2a.Options{
+			PublicURL: cfg.PublicURL, Secured: !cfg.AllowUnauthenticated, Admins: admins,
+			History: hist, TaskTTL: cfg.HistoryTTL, Logger: logger, Metrics: m,
+		}).Routes(srv.Handle, srv.HandleStream)
 	}
 	srv.OnShutdown(func(ctx context.Context) {
 		// The lease goes first: its agents' registrations are then free at
@@ -264,6 +312,9 @@ func New(cfg Config, logger *slog.Logger, tel *telemetry.Provider, st store.Stor
 			logger.WarnContext(ctx, "could not give up this replica's lease; its agents are free when it expires", "error", err)
 		}
 		agents.Shutdown(ctx, "gateway "+serverID+" is shutting down")
+		// The requests the agents were answering have ended; their ends
+		// are written before the store closes.
+		api.Drain(ctx)
 	})
 	return &Gateway{srv: srv, agents: agents, replica: replica, serverID: serverID, cfg: cfg, log: logger}, nil
 }
@@ -296,7 +347,7 @@ func (g *Gateway) Ready() <-chan struct{} { return g.srv.Ready() }
 func (g *Gateway) Endpoints() []server.Endpoint {
 	eps := []server.Endpoint{{Service: "gateway", Protocol: "gRPC: coven.CovenControl (agents), conclave.gateway.v1 (clients)", Address: g.srv.GRPCAddr()}}
 	if addr := g.srv.HTTPAddr(); addr != "" {
-		eps = append(eps, server.Endpoint{Service: "gateway", Protocol: "HTTP: REST /v1/agents (SSE), /healthz /readyz /metrics", Address: addr})
+		eps = append(eps, server.Endpoint{Service: "gateway", Protocol: "HTTP: REST /v1/agents (SSE), A2A /a2a/{agent_id}, /healthz /readyz /metrics", Address: addr})
 	}
 	return eps
 }

@@ -27,6 +27,67 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+// Ending says how a request ended.
+type Ending int32
+
+const (
+	Ending_ENDING_UNSPECIFIED Ending = 0
+	// The agent ended it with done.
+	Ending_ENDING_DONE Ending = 1
+	// The agent ended it with error.
+	Ending_ENDING_ERROR Ending = 2
+	// It was cancelled (the agent's cancelled, or the gateway's for an agent
+	// that cannot cancel).
+	Ending_ENDING_CANCELLED Ending = 3
+	// The agent disconnected, or its gateway replica shut down, first.
+	Ending_ENDING_AGENT_GONE Ending = 4
+)
+
+// Enum value maps for Ending.
+var (
+	Ending_name = map[int32]string{
+		0: "ENDING_UNSPECIFIED",
+		1: "ENDING_DONE",
+		2: "ENDING_ERROR",
+		3: "ENDING_CANCELLED",
+		4: "ENDING_AGENT_GONE",
+	}
+	Ending_value = map[string]int32{
+		"ENDING_UNSPECIFIED": 0,
+		"ENDING_DONE":        1,
+		"ENDING_ERROR":       2,
+		"ENDING_CANCELLED":   3,
+		"ENDING_AGENT_GONE":  4,
+	}
+)
+
+func (x Ending) Enum() *Ending {
+	p := new(Ending)
+	*p = x
+	return p
+}
+
+func (x Ending) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (Ending) Descriptor() protoreflect.EnumDescriptor {
+	return file_conclave_gateway_v1_gateway_proto_enumTypes[0].Descriptor()
+}
+
+func (Ending) Type() protoreflect.EnumType {
+	return &file_conclave_gateway_v1_gateway_proto_enumTypes[0]
+}
+
+func (x Ending) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use Ending.Descriptor instead.
+func (Ending) EnumDescriptor() ([]byte, []int) {
+	return file_conclave_gateway_v1_gateway_proto_rawDescGZIP(), []int{0}
+}
+
 // Agent is a connected agent as the registry knows it.
 type Agent struct {
 	state            protoimpl.MessageState `protogen:"open.v1"`
@@ -458,7 +519,16 @@ type SendMessageResponse struct {
 	// The gateway-assigned request ID, usable with CancelMessage.
 	RequestId string `protobuf:"bytes,1,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
 	// The agent's event as it sent it.
-	Event         *coven.MessageResponse `protobuf:"bytes,2,opt,name=event,proto3" json:"event,omitempty"`
+	Event *coven.MessageResponse `protobuf:"bytes,2,opt,name=event,proto3" json:"event,omitempty"`
+	// The message's thread: the request's, or the one the gateway started
+	// for a request that named none.
+	ThreadId string `protobuf:"bytes,3,opt,name=thread_id,json=threadId,proto3" json:"thread_id,omitempty"`
+	// This response's entry in the thread's history (the client's message,
+	// for the first response); empty when the gateway keeps no history.
+	EntryId string `protobuf:"bytes,4,opt,name=entry_id,json=entryId,proto3" json:"entry_id,omitempty"`
+	// True when the responses replay the answer to an earlier request with
+	// the same idempotency_key, which the agent is not asked again.
+	Replayed      bool `protobuf:"varint,5,opt,name=replayed,proto3" json:"replayed,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -505,6 +575,27 @@ func (x *SendMessageResponse) GetEvent() *coven.MessageResponse {
 		return x.Event
 	}
 	return nil
+}
+
+func (x *SendMessageResponse) GetThreadId() string {
+	if x != nil {
+		return x.ThreadId
+	}
+	return ""
+}
+
+func (x *SendMessageResponse) GetEntryId() string {
+	if x != nil {
+		return x.EntryId
+	}
+	return ""
+}
+
+func (x *SendMessageResponse) GetReplayed() bool {
+	if x != nil {
+		return x.Replayed
+	}
+	return false
 }
 
 // CancelMessageRequest names the request to cancel.
@@ -607,6 +698,788 @@ func (x *CancelMessageResponse) GetCancelled() bool {
 	return false
 }
 
+// HistoryRequest pages through a thread's entries, oldest first.
+type HistoryRequest struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	ThreadId string                 `protobuf:"bytes,1,opt,name=thread_id,json=threadId,proto3" json:"thread_id,omitempty"`
+	// Maximum entries to return; 0 means the server default.
+	PageSize int32 `protobuf:"varint,2,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
+	// Opaque cursor from a previous HistoryResponse.
+	PageToken string `protobuf:"bytes,3,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
+	// Only entries after this entry_id: what is new since it was read.
+	After         string `protobuf:"bytes,4,opt,name=after,proto3" json:"after,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *HistoryRequest) Reset() {
+	*x = HistoryRequest{}
+	mi := &file_conclave_gateway_v1_gateway_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *HistoryRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*HistoryRequest) ProtoMessage() {}
+
+func (x *HistoryRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_conclave_gateway_v1_gateway_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use HistoryRequest.ProtoReflect.Descriptor instead.
+func (*HistoryRequest) Descriptor() ([]byte, []int) {
+	return file_conclave_gateway_v1_gateway_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *HistoryRequest) GetThreadId() string {
+	if x != nil {
+		return x.ThreadId
+	}
+	return ""
+}
+
+func (x *HistoryRequest) GetPageSize() int32 {
+	if x != nil {
+		return x.PageSize
+	}
+	return 0
+}
+
+func (x *HistoryRequest) GetPageToken() string {
+	if x != nil {
+		return x.PageToken
+	}
+	return ""
+}
+
+func (x *HistoryRequest) GetAfter() string {
+	if x != nil {
+		return x.After
+	}
+	return ""
+}
+
+// HistoryResponse is one page of a thread's entries.
+type HistoryResponse struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Entries []*ThreadEntry         `protobuf:"bytes,1,rep,name=entries,proto3" json:"entries,omitempty"`
+	// Cursor for the next page; empty on the last one.
+	NextPageToken string `protobuf:"bytes,2,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *HistoryResponse) Reset() {
+	*x = HistoryResponse{}
+	mi := &file_conclave_gateway_v1_gateway_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *HistoryResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*HistoryResponse) ProtoMessage() {}
+
+func (x *HistoryResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_conclave_gateway_v1_gateway_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use HistoryResponse.ProtoReflect.Descriptor instead.
+func (*HistoryResponse) Descriptor() ([]byte, []int) {
+	return file_conclave_gateway_v1_gateway_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *HistoryResponse) GetEntries() []*ThreadEntry {
+	if x != nil {
+		return x.Entries
+	}
+	return nil
+}
+
+func (x *HistoryResponse) GetNextPageToken() string {
+	if x != nil {
+		return x.NextPageToken
+	}
+	return ""
+}
+
+// ThreadEntry is one stored step of a thread: a client's message, an event
+// of the agent's answer, or how the request ended.
+type ThreadEntry struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Orders the thread's entries; pass it as `after` to read what follows.
+	EntryId   string `protobuf:"bytes,1,opt,name=entry_id,json=entryId,proto3" json:"entry_id,omitempty"`
+	ThreadId  string `protobuf:"bytes,2,opt,name=thread_id,json=threadId,proto3" json:"thread_id,omitempty"`
+	RequestId string `protobuf:"bytes,3,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	AgentId   string `protobuf:"bytes,4,opt,name=agent_id,json=agentId,proto3" json:"agent_id,omitempty"`
+	// When the gateway received the message or the event.
+	Time *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=time,proto3" json:"time,omitempty"`
+	// Types that are valid to be assigned to Entry:
+	//
+	//	*ThreadEntry_Message
+	//	*ThreadEntry_Event
+	//	*ThreadEntry_Outcome
+	Entry isThreadEntry_Entry `protobuf_oneof:"entry"`
+	// For a file event: the file, whose data the history does not keep.
+	File          *AttachmentRef `protobuf:"bytes,9,opt,name=file,proto3" json:"file,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ThreadEntry) Reset() {
+	*x = ThreadEntry{}
+	mi := &file_conclave_gateway_v1_gateway_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ThreadEntry) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ThreadEntry) ProtoMessage() {}
+
+func (x *ThreadEntry) ProtoReflect() protoreflect.Message {
+	mi := &file_conclave_gateway_v1_gateway_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ThreadEntry.ProtoReflect.Descriptor instead.
+func (*ThreadEntry) Descriptor() ([]byte, []int) {
+	return file_conclave_gateway_v1_gateway_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *ThreadEntry) GetEntryId() string {
+	if x != nil {
+		return x.EntryId
+	}
+	return ""
+}
+
+func (x *ThreadEntry) GetThreadId() string {
+	if x != nil {
+		return x.ThreadId
+	}
+	return ""
+}
+
+func (x *ThreadEntry) GetRequestId() string {
+	if x != nil {
+		return x.RequestId
+	}
+	return ""
+}
+
+func (x *ThreadEntry) GetAgentId() string {
+	if x != nil {
+		return x.AgentId
+	}
+	return ""
+}
+
+func (x *ThreadEntry) GetTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Time
+	}
+	return nil
+}
+
+func (x *ThreadEntry) GetEntry() isThreadEntry_Entry {
+	if x != nil {
+		return x.Entry
+	}
+	return nil
+}
+
+func (x *ThreadEntry) GetMessage() *ClientMessage {
+	if x != nil {
+		if x, ok := x.Entry.(*ThreadEntry_Message); ok {
+			return x.Message
+		}
+	}
+	return nil
+}
+
+func (x *ThreadEntry) GetEvent() *coven.MessageResponse {
+	if x != nil {
+		if x, ok := x.Entry.(*ThreadEntry_Event); ok {
+			return x.Event
+		}
+	}
+	return nil
+}
+
+func (x *ThreadEntry) GetOutcome() *Outcome {
+	if x != nil {
+		if x, ok := x.Entry.(*ThreadEntry_Outcome); ok {
+			return x.Outcome
+		}
+	}
+	return nil
+}
+
+func (x *ThreadEntry) GetFile() *AttachmentRef {
+	if x != nil {
+		return x.File
+	}
+	return nil
+}
+
+type isThreadEntry_Entry interface {
+	isThreadEntry_Entry()
+}
+
+type ThreadEntry_Message struct {
+	Message *ClientMessage `protobuf:"bytes,6,opt,name=message,proto3,oneof"`
+}
+
+type ThreadEntry_Event struct {
+	// The agent's event as it sent it, except a file's data (see file).
+	Event *coven.MessageResponse `protobuf:"bytes,7,opt,name=event,proto3,oneof"`
+}
+
+type ThreadEntry_Outcome struct {
+	Outcome *Outcome `protobuf:"bytes,8,opt,name=outcome,proto3,oneof"`
+}
+
+func (*ThreadEntry_Message) isThreadEntry_Entry() {}
+
+func (*ThreadEntry_Event) isThreadEntry_Entry() {}
+
+func (*ThreadEntry_Outcome) isThreadEntry_Entry() {}
+
+// ClientMessage is a message as a client sent it; attachments' data is not
+// kept, only what names them.
+type ClientMessage struct {
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	Sender      string                 `protobuf:"bytes,1,opt,name=sender,proto3" json:"sender,omitempty"`
+	Content     string                 `protobuf:"bytes,2,opt,name=content,proto3" json:"content,omitempty"`
+	Attachments []*AttachmentRef       `protobuf:"bytes,3,rep,name=attachments,proto3" json:"attachments,omitempty"`
+	// The client that sent it: "token:" and the first 16 hex digits of its
+	// bearer token's SHA-256, or "anonymous".
+	ClientId      string `protobuf:"bytes,4,opt,name=client_id,json=clientId,proto3" json:"client_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ClientMessage) Reset() {
+	*x = ClientMessage{}
+	mi := &file_conclave_gateway_v1_gateway_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ClientMessage) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ClientMessage) ProtoMessage() {}
+
+func (x *ClientMessage) ProtoReflect() protoreflect.Message {
+	mi := &file_conclave_gateway_v1_gateway_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ClientMessage.ProtoReflect.Descriptor instead.
+func (*ClientMessage) Descriptor() ([]byte, []int) {
+	return file_conclave_gateway_v1_gateway_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *ClientMessage) GetSender() string {
+	if x != nil {
+		return x.Sender
+	}
+	return ""
+}
+
+func (x *ClientMessage) GetContent() string {
+	if x != nil {
+		return x.Content
+	}
+	return ""
+}
+
+func (x *ClientMessage) GetAttachments() []*AttachmentRef {
+	if x != nil {
+		return x.Attachments
+	}
+	return nil
+}
+
+func (x *ClientMessage) GetClientId() string {
+	if x != nil {
+		return x.ClientId
+	}
+	return ""
+}
+
+// AttachmentRef names a file without its data.
+type AttachmentRef struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Filename string                 `protobuf:"bytes,1,opt,name=filename,proto3" json:"filename,omitempty"`
+	MimeType string                 `protobuf:"bytes,2,opt,name=mime_type,json=mimeType,proto3" json:"mime_type,omitempty"`
+	// Size of the data in bytes.
+	Size int32 `protobuf:"varint,3,opt,name=size,proto3" json:"size,omitempty"`
+	// SHA-256 of the data, hex.
+	Sha256        string `protobuf:"bytes,4,opt,name=sha256,proto3" json:"sha256,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AttachmentRef) Reset() {
+	*x = AttachmentRef{}
+	mi := &file_conclave_gateway_v1_gateway_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AttachmentRef) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AttachmentRef) ProtoMessage() {}
+
+func (x *AttachmentRef) ProtoReflect() protoreflect.Message {
+	mi := &file_conclave_gateway_v1_gateway_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AttachmentRef.ProtoReflect.Descriptor instead.
+func (*AttachmentRef) Descriptor() ([]byte, []int) {
+	return file_conclave_gateway_v1_gateway_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *AttachmentRef) GetFilename() string {
+	if x != nil {
+		return x.Filename
+	}
+	return ""
+}
+
+func (x *AttachmentRef) GetMimeType() string {
+	if x != nil {
+		return x.MimeType
+	}
+	return ""
+}
+
+func (x *AttachmentRef) GetSize() int32 {
+	if x != nil {
+		return x.Size
+	}
+	return 0
+}
+
+func (x *AttachmentRef) GetSha256() string {
+	if x != nil {
+		return x.Sha256
+	}
+	return ""
+}
+
+// Outcome is how a request ended, as its caller was told.
+type Outcome struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Ending Ending                 `protobuf:"varint,1,opt,name=ending,proto3,enum=conclave.gateway.v1.Ending" json:"ending,omitempty"`
+	// The gRPC status code the request's stream ended with: 0 when the agent
+	// ended it.
+	Code int32 `protobuf:"varint,2,opt,name=code,proto3" json:"code,omitempty"`
+	// The status message, when code is not 0.
+	Message       string `protobuf:"bytes,3,opt,name=message,proto3" json:"message,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Outcome) Reset() {
+	*x = Outcome{}
+	mi := &file_conclave_gateway_v1_gateway_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Outcome) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Outcome) ProtoMessage() {}
+
+func (x *Outcome) ProtoReflect() protoreflect.Message {
+	mi := &file_conclave_gateway_v1_gateway_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Outcome.ProtoReflect.Descriptor instead.
+func (*Outcome) Descriptor() ([]byte, []int) {
+	return file_conclave_gateway_v1_gateway_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *Outcome) GetEnding() Ending {
+	if x != nil {
+		return x.Ending
+	}
+	return Ending_ENDING_UNSPECIFIED
+}
+
+func (x *Outcome) GetCode() int32 {
+	if x != nil {
+		return x.Code
+	}
+	return 0
+}
+
+func (x *Outcome) GetMessage() string {
+	if x != nil {
+		return x.Message
+	}
+	return ""
+}
+
+// ListThreadsRequest pages through an agent's threads.
+type ListThreadsRequest struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	AgentId string                 `protobuf:"bytes,1,opt,name=agent_id,json=agentId,proto3" json:"agent_id,omitempty"`
+	// Maximum threads to return; 0 means the server default.
+	PageSize int32 `protobuf:"varint,2,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
+	// Opaque cursor from a previous ListThreadsResponse.
+	PageToken     string `protobuf:"bytes,3,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListThreadsRequest) Reset() {
+	*x = ListThreadsRequest{}
+	mi := &file_conclave_gateway_v1_gateway_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListThreadsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListThreadsRequest) ProtoMessage() {}
+
+func (x *ListThreadsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_conclave_gateway_v1_gateway_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListThreadsRequest.ProtoReflect.Descriptor instead.
+func (*ListThreadsRequest) Descriptor() ([]byte, []int) {
+	return file_conclave_gateway_v1_gateway_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *ListThreadsRequest) GetAgentId() string {
+	if x != nil {
+		return x.AgentId
+	}
+	return ""
+}
+
+func (x *ListThreadsRequest) GetPageSize() int32 {
+	if x != nil {
+		return x.PageSize
+	}
+	return 0
+}
+
+func (x *ListThreadsRequest) GetPageToken() string {
+	if x != nil {
+		return x.PageToken
+	}
+	return ""
+}
+
+// ListThreadsResponse is one page of threads, newest first. A page may hold
+// fewer than page_size threads while next_page_token is not empty.
+type ListThreadsResponse struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Threads []*Thread              `protobuf:"bytes,1,rep,name=threads,proto3" json:"threads,omitempty"`
+	// Cursor for the next page; empty on the last one.
+	NextPageToken string `protobuf:"bytes,2,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListThreadsResponse) Reset() {
+	*x = ListThreadsResponse{}
+	mi := &file_conclave_gateway_v1_gateway_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListThreadsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListThreadsResponse) ProtoMessage() {}
+
+func (x *ListThreadsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_conclave_gateway_v1_gateway_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListThreadsResponse.ProtoReflect.Descriptor instead.
+func (*ListThreadsResponse) Descriptor() ([]byte, []int) {
+	return file_conclave_gateway_v1_gateway_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *ListThreadsResponse) GetThreads() []*Thread {
+	if x != nil {
+		return x.Threads
+	}
+	return nil
+}
+
+func (x *ListThreadsResponse) GetNextPageToken() string {
+	if x != nil {
+		return x.NextPageToken
+	}
+	return ""
+}
+
+// Thread is a conversation with one agent.
+type Thread struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	ThreadId string                 `protobuf:"bytes,1,opt,name=thread_id,json=threadId,proto3" json:"thread_id,omitempty"`
+	AgentId  string                 `protobuf:"bytes,2,opt,name=agent_id,json=agentId,proto3" json:"agent_id,omitempty"`
+	// The client that started it, as ClientMessage.client_id names it.
+	ClientId string `protobuf:"bytes,3,opt,name=client_id,json=clientId,proto3" json:"client_id,omitempty"`
+	// When it first reached the agent.
+	StartedAt     *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=started_at,json=startedAt,proto3" json:"started_at,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Thread) Reset() {
+	*x = Thread{}
+	mi := &file_conclave_gateway_v1_gateway_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Thread) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Thread) ProtoMessage() {}
+
+func (x *Thread) ProtoReflect() protoreflect.Message {
+	mi := &file_conclave_gateway_v1_gateway_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Thread.ProtoReflect.Descriptor instead.
+func (*Thread) Descriptor() ([]byte, []int) {
+	return file_conclave_gateway_v1_gateway_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *Thread) GetThreadId() string {
+	if x != nil {
+		return x.ThreadId
+	}
+	return ""
+}
+
+func (x *Thread) GetAgentId() string {
+	if x != nil {
+		return x.AgentId
+	}
+	return ""
+}
+
+func (x *Thread) GetClientId() string {
+	if x != nil {
+		return x.ClientId
+	}
+	return ""
+}
+
+func (x *Thread) GetStartedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.StartedAt
+	}
+	return nil
+}
+
+// WatchThreadRequest names a thread and where to resume it.
+type WatchThreadRequest struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	ThreadId string                 `protobuf:"bytes,1,opt,name=thread_id,json=threadId,proto3" json:"thread_id,omitempty"`
+	// Only entries after this entry_id; empty means from the start.
+	After string `protobuf:"bytes,2,opt,name=after,proto3" json:"after,omitempty"`
+	// Only this request's entries; empty means every request of the thread.
+	RequestId     string `protobuf:"bytes,3,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WatchThreadRequest) Reset() {
+	*x = WatchThreadRequest{}
+	mi := &file_conclave_gateway_v1_gateway_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WatchThreadRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WatchThreadRequest) ProtoMessage() {}
+
+func (x *WatchThreadRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_conclave_gateway_v1_gateway_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WatchThreadRequest.ProtoReflect.Descriptor instead.
+func (*WatchThreadRequest) Descriptor() ([]byte, []int) {
+	return file_conclave_gateway_v1_gateway_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *WatchThreadRequest) GetThreadId() string {
+	if x != nil {
+		return x.ThreadId
+	}
+	return ""
+}
+
+func (x *WatchThreadRequest) GetAfter() string {
+	if x != nil {
+		return x.After
+	}
+	return ""
+}
+
+func (x *WatchThreadRequest) GetRequestId() string {
+	if x != nil {
+		return x.RequestId
+	}
+	return ""
+}
+
+// WatchThreadResponse is one entry of the watched thread.
+type WatchThreadResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Entry         *ThreadEntry           `protobuf:"bytes,1,opt,name=entry,proto3" json:"entry,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WatchThreadResponse) Reset() {
+	*x = WatchThreadResponse{}
+	mi := &file_conclave_gateway_v1_gateway_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WatchThreadResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WatchThreadResponse) ProtoMessage() {}
+
+func (x *WatchThreadResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_conclave_gateway_v1_gateway_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WatchThreadResponse.ProtoReflect.Descriptor instead.
+func (*WatchThreadResponse) Descriptor() ([]byte, []int) {
+	return file_conclave_gateway_v1_gateway_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *WatchThreadResponse) GetEntry() *ThreadEntry {
+	if x != nil {
+		return x.Entry
+	}
+	return nil
+}
+
 var File_conclave_gateway_v1_gateway_proto protoreflect.FileDescriptor
 
 const file_conclave_gateway_v1_gateway_proto_rawDesc = "" +
@@ -647,23 +1520,91 @@ const file_conclave_gateway_v1_gateway_proto_rawDesc = "" +
 	"\x06sender\x18\x03 \x01(\tR\x06sender\x12\x18\n" +
 	"\acontent\x18\x04 \x01(\tR\acontent\x127\n" +
 	"\vattachments\x18\x05 \x03(\v2\x15.coven.FileAttachmentR\vattachments\x12'\n" +
-	"\x0fidempotency_key\x18\x06 \x01(\tR\x0eidempotencyKey\"b\n" +
+	"\x0fidempotency_key\x18\x06 \x01(\tR\x0eidempotencyKey\"\xb6\x01\n" +
 	"\x13SendMessageResponse\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12,\n" +
-	"\x05event\x18\x02 \x01(\v2\x16.coven.MessageResponseR\x05event\"M\n" +
+	"\x05event\x18\x02 \x01(\v2\x16.coven.MessageResponseR\x05event\x12\x1b\n" +
+	"\tthread_id\x18\x03 \x01(\tR\bthreadId\x12\x19\n" +
+	"\bentry_id\x18\x04 \x01(\tR\aentryId\x12\x1a\n" +
+	"\breplayed\x18\x05 \x01(\bR\breplayed\"M\n" +
 	"\x14CancelMessageRequest\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12\x16\n" +
 	"\x06reason\x18\x02 \x01(\tR\x06reason\"5\n" +
 	"\x15CancelMessageResponse\x12\x1c\n" +
-	"\tcancelled\x18\x01 \x01(\bR\tcancelled2\x94\x03\n" +
+	"\tcancelled\x18\x01 \x01(\bR\tcancelled\"\x7f\n" +
+	"\x0eHistoryRequest\x12\x1b\n" +
+	"\tthread_id\x18\x01 \x01(\tR\bthreadId\x12\x1b\n" +
+	"\tpage_size\x18\x02 \x01(\x05R\bpageSize\x12\x1d\n" +
+	"\n" +
+	"page_token\x18\x03 \x01(\tR\tpageToken\x12\x14\n" +
+	"\x05after\x18\x04 \x01(\tR\x05after\"u\n" +
+	"\x0fHistoryResponse\x12:\n" +
+	"\aentries\x18\x01 \x03(\v2 .conclave.gateway.v1.ThreadEntryR\aentries\x12&\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\x9a\x03\n" +
+	"\vThreadEntry\x12\x19\n" +
+	"\bentry_id\x18\x01 \x01(\tR\aentryId\x12\x1b\n" +
+	"\tthread_id\x18\x02 \x01(\tR\bthreadId\x12\x1d\n" +
+	"\n" +
+	"request_id\x18\x03 \x01(\tR\trequestId\x12\x19\n" +
+	"\bagent_id\x18\x04 \x01(\tR\aagentId\x12.\n" +
+	"\x04time\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\x04time\x12>\n" +
+	"\amessage\x18\x06 \x01(\v2\".conclave.gateway.v1.ClientMessageH\x00R\amessage\x12.\n" +
+	"\x05event\x18\a \x01(\v2\x16.coven.MessageResponseH\x00R\x05event\x128\n" +
+	"\aoutcome\x18\b \x01(\v2\x1c.conclave.gateway.v1.OutcomeH\x00R\aoutcome\x126\n" +
+	"\x04file\x18\t \x01(\v2\".conclave.gateway.v1.AttachmentRefR\x04fileB\a\n" +
+	"\x05entry\"\xa4\x01\n" +
+	"\rClientMessage\x12\x16\n" +
+	"\x06sender\x18\x01 \x01(\tR\x06sender\x12\x18\n" +
+	"\acontent\x18\x02 \x01(\tR\acontent\x12D\n" +
+	"\vattachments\x18\x03 \x03(\v2\".conclave.gateway.v1.AttachmentRefR\vattachments\x12\x1b\n" +
+	"\tclient_id\x18\x04 \x01(\tR\bclientId\"t\n" +
+	"\rAttachmentRef\x12\x1a\n" +
+	"\bfilename\x18\x01 \x01(\tR\bfilename\x12\x1b\n" +
+	"\tmime_type\x18\x02 \x01(\tR\bmimeType\x12\x12\n" +
+	"\x04size\x18\x03 \x01(\x05R\x04size\x12\x16\n" +
+	"\x06sha256\x18\x04 \x01(\tR\x06sha256\"l\n" +
+	"\aOutcome\x123\n" +
+	"\x06ending\x18\x01 \x01(\x0e2\x1b.conclave.gateway.v1.EndingR\x06ending\x12\x12\n" +
+	"\x04code\x18\x02 \x01(\x05R\x04code\x12\x18\n" +
+	"\amessage\x18\x03 \x01(\tR\amessage\"k\n" +
+	"\x12ListThreadsRequest\x12\x19\n" +
+	"\bagent_id\x18\x01 \x01(\tR\aagentId\x12\x1b\n" +
+	"\tpage_size\x18\x02 \x01(\x05R\bpageSize\x12\x1d\n" +
+	"\n" +
+	"page_token\x18\x03 \x01(\tR\tpageToken\"t\n" +
+	"\x13ListThreadsResponse\x125\n" +
+	"\athreads\x18\x01 \x03(\v2\x1b.conclave.gateway.v1.ThreadR\athreads\x12&\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\x98\x01\n" +
+	"\x06Thread\x12\x1b\n" +
+	"\tthread_id\x18\x01 \x01(\tR\bthreadId\x12\x19\n" +
+	"\bagent_id\x18\x02 \x01(\tR\aagentId\x12\x1b\n" +
+	"\tclient_id\x18\x03 \x01(\tR\bclientId\x129\n" +
+	"\n" +
+	"started_at\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\tstartedAt\"f\n" +
+	"\x12WatchThreadRequest\x12\x1b\n" +
+	"\tthread_id\x18\x01 \x01(\tR\bthreadId\x12\x14\n" +
+	"\x05after\x18\x02 \x01(\tR\x05after\x12\x1d\n" +
+	"\n" +
+	"request_id\x18\x03 \x01(\tR\trequestId\"M\n" +
+	"\x13WatchThreadResponse\x126\n" +
+	"\x05entry\x18\x01 \x01(\v2 .conclave.gateway.v1.ThreadEntryR\x05entry*p\n" +
+	"\x06Ending\x12\x16\n" +
+	"\x12ENDING_UNSPECIFIED\x10\x00\x12\x0f\n" +
+	"\vENDING_DONE\x10\x01\x12\x10\n" +
+	"\fENDING_ERROR\x10\x02\x12\x14\n" +
+	"\x10ENDING_CANCELLED\x10\x03\x12\x15\n" +
+	"\x11ENDING_AGENT_GONE\x10\x042\xb0\x05\n" +
 	"\x0eGatewayService\x12]\n" +
 	"\n" +
 	"ListAgents\x12&.conclave.gateway.v1.ListAgentsRequest\x1a'.conclave.gateway.v1.ListAgentsResponse\x12W\n" +
 	"\bGetAgent\x12$.conclave.gateway.v1.GetAgentRequest\x1a%.conclave.gateway.v1.GetAgentResponse\x12b\n" +
 	"\vSendMessage\x12'.conclave.gateway.v1.SendMessageRequest\x1a(.conclave.gateway.v1.SendMessageResponse0\x01\x12f\n" +
-	"\rCancelMessage\x12).conclave.gateway.v1.CancelMessageRequest\x1a*.conclave.gateway.v1.CancelMessageResponseBEZCgithub.com/conclave-ai/conclave/proto/conclave/gateway/v1;gatewayv1b\x06proto3"
+	"\rCancelMessage\x12).conclave.gateway.v1.CancelMessageRequest\x1a*.conclave.gateway.v1.CancelMessageResponse\x12T\n" +
+	"\aHistory\x12#.conclave.gateway.v1.HistoryRequest\x1a$.conclave.gateway.v1.HistoryResponse\x12`\n" +
+	"\vListThreads\x12'.conclave.gateway.v1.ListThreadsRequest\x1a(.conclave.gateway.v1.ListThreadsResponse\x12b\n" +
+	"\vWatchThread\x12'.conclave.gateway.v1.WatchThreadRequest\x1a(.conclave.gateway.v1.WatchThreadResponse0\x01BEZCgithub.com/conclave-ai/conclave/proto/conclave/gateway/v1;gatewayv1b\x06proto3"
 
 var (
 	file_conclave_gateway_v1_gateway_proto_rawDescOnce sync.Once
@@ -677,43 +1618,73 @@ func file_conclave_gateway_v1_gateway_proto_rawDescGZIP() []byte {
 	return file_conclave_gateway_v1_gateway_proto_rawDescData
 }
 
-var file_conclave_gateway_v1_gateway_proto_msgTypes = make([]protoimpl.MessageInfo, 9)
+var file_conclave_gateway_v1_gateway_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
+var file_conclave_gateway_v1_gateway_proto_msgTypes = make([]protoimpl.MessageInfo, 20)
 var file_conclave_gateway_v1_gateway_proto_goTypes = []any{
-	(*Agent)(nil),                 // 0: conclave.gateway.v1.Agent
-	(*ListAgentsRequest)(nil),     // 1: conclave.gateway.v1.ListAgentsRequest
-	(*ListAgentsResponse)(nil),    // 2: conclave.gateway.v1.ListAgentsResponse
-	(*GetAgentRequest)(nil),       // 3: conclave.gateway.v1.GetAgentRequest
-	(*GetAgentResponse)(nil),      // 4: conclave.gateway.v1.GetAgentResponse
-	(*SendMessageRequest)(nil),    // 5: conclave.gateway.v1.SendMessageRequest
-	(*SendMessageResponse)(nil),   // 6: conclave.gateway.v1.SendMessageResponse
-	(*CancelMessageRequest)(nil),  // 7: conclave.gateway.v1.CancelMessageRequest
-	(*CancelMessageResponse)(nil), // 8: conclave.gateway.v1.CancelMessageResponse
-	(*coven.AgentMetadata)(nil),   // 9: coven.AgentMetadata
-	(*timestamppb.Timestamp)(nil), // 10: google.protobuf.Timestamp
-	(*coven.FileAttachment)(nil),  // 11: coven.FileAttachment
-	(*coven.MessageResponse)(nil), // 12: coven.MessageResponse
+	(Ending)(0),                   // 0: conclave.gateway.v1.Ending
+	(*Agent)(nil),                 // 1: conclave.gateway.v1.Agent
+	(*ListAgentsRequest)(nil),     // 2: conclave.gateway.v1.ListAgentsRequest
+	(*ListAgentsResponse)(nil),    // 3: conclave.gateway.v1.ListAgentsResponse
+	(*GetAgentRequest)(nil),       // 4: conclave.gateway.v1.GetAgentRequest
+	(*GetAgentResponse)(nil),      // 5: conclave.gateway.v1.GetAgentResponse
+	(*SendMessageRequest)(nil),    // 6: conclave.gateway.v1.SendMessageRequest
+	(*SendMessageResponse)(nil),   // 7: conclave.gateway.v1.SendMessageResponse
+	(*CancelMessageRequest)(nil),  // 8: conclave.gateway.v1.CancelMessageRequest
+	(*CancelMessageResponse)(nil), // 9: conclave.gateway.v1.CancelMessageResponse
+	(*HistoryRequest)(nil),        // 10: conclave.gateway.v1.HistoryRequest
+	(*HistoryResponse)(nil),       // 11: conclave.gateway.v1.HistoryResponse
+	(*ThreadEntry)(nil),           // 12: conclave.gateway.v1.ThreadEntry
+	(*ClientMessage)(nil),         // 13: conclave.gateway.v1.ClientMessage
+	(*AttachmentRef)(nil),         // 14: conclave.gateway.v1.AttachmentRef
+	(*Outcome)(nil),               // 15: conclave.gateway.v1.Outcome
+	(*ListThreadsRequest)(nil),    // 16: conclave.gateway.v1.ListThreadsRequest
+	(*ListThreadsResponse)(nil),   // 17: conclave.gateway.v1.ListThreadsResponse
+	(*Thread)(nil),                // 18: conclave.gateway.v1.Thread
+	(*WatchThreadRequest)(nil),    // 19: conclave.gateway.v1.WatchThreadRequest
+	(*WatchThreadResponse)(nil),   // 20: conclave.gateway.v1.WatchThreadResponse
+	(*coven.AgentMetadata)(nil),   // 21: coven.AgentMetadata
+	(*timestamppb.Timestamp)(nil), // 22: google.protobuf.Timestamp
+	(*coven.FileAttachment)(nil),  // 23: coven.FileAttachment
+	(*coven.MessageResponse)(nil), // 24: coven.MessageResponse
 }
 var file_conclave_gateway_v1_gateway_proto_depIdxs = []int32{
-	9,  // 0: conclave.gateway.v1.Agent.metadata:type_name -> coven.AgentMetadata
-	10, // 1: conclave.gateway.v1.Agent.connected_at:type_name -> google.protobuf.Timestamp
-	10, // 2: conclave.gateway.v1.Agent.last_seen_at:type_name -> google.protobuf.Timestamp
-	0,  // 3: conclave.gateway.v1.ListAgentsResponse.agents:type_name -> conclave.gateway.v1.Agent
-	0,  // 4: conclave.gateway.v1.GetAgentResponse.agent:type_name -> conclave.gateway.v1.Agent
-	11, // 5: conclave.gateway.v1.SendMessageRequest.attachments:type_name -> coven.FileAttachment
-	12, // 6: conclave.gateway.v1.SendMessageResponse.event:type_name -> coven.MessageResponse
-	1,  // 7: conclave.gateway.v1.GatewayService.ListAgents:input_type -> conclave.gateway.v1.ListAgentsRequest
-	3,  // 8: conclave.gateway.v1.GatewayService.GetAgent:input_type -> conclave.gateway.v1.GetAgentRequest
-	5,  // 9: conclave.gateway.v1.GatewayService.SendMessage:input_type -> conclave.gateway.v1.SendMessageRequest
-	7,  // 10: conclave.gateway.v1.GatewayService.CancelMessage:input_type -> conclave.gateway.v1.CancelMessageRequest
-	2,  // 11: conclave.gateway.v1.GatewayService.ListAgents:output_type -> conclave.gateway.v1.ListAgentsResponse
-	4,  // 12: conclave.gateway.v1.GatewayService.GetAgent:output_type -> conclave.gateway.v1.GetAgentResponse
-	6,  // 13: conclave.gateway.v1.GatewayService.SendMessage:output_type -> conclave.gateway.v1.SendMessageResponse
-	8,  // 14: conclave.gateway.v1.GatewayService.CancelMessage:output_type -> conclave.gateway.v1.CancelMessageResponse
-	11, // [11:15] is the sub-list for method output_type
-	7,  // [7:11] is the sub-list for method input_type
-	7,  // [7:7] is the sub-list for extension type_name
-	7,  // [7:7] is the sub-list for extension extendee
-	0,  // [0:7] is the sub-list for field type_name
+	21, // 0: conclave.gateway.v1.Agent.metadata:type_name -> coven.AgentMetadata
+	22, // 1: conclave.gateway.v1.Agent.connected_at:type_name -> google.protobuf.Timestamp
+	22, // 2: conclave.gateway.v1.Agent.last_seen_at:type_name -> google.protobuf.Timestamp
+	1,  // 3: conclave.gateway.v1.ListAgentsResponse.agents:type_name -> conclave.gateway.v1.Agent
+	1,  // 4: conclave.gateway.v1.GetAgentResponse.agent:type_name -> conclave.gateway.v1.Agent
+	23, // 5: conclave.gateway.v1.SendMessageRequest.attachments:type_name -> coven.FileAttachment
+	24, // 6: conclave.gateway.v1.SendMessageResponse.event:type_name -> coven.MessageResponse
+	12, // 7: conclave.gateway.v1.HistoryResponse.entries:type_name -> conclave.gateway.v1.ThreadEntry
+	22, // 8: conclave.gateway.v1.ThreadEntry.time:type_name -> google.protobuf.Timestamp
+	13, // 9: conclave.gateway.v1.ThreadEntry.message:type_name -> conclave.gateway.v1.ClientMessage
+	24, // 10: conclave.gateway.v1.ThreadEntry.event:type_name -> coven.MessageResponse
+	15, // 11: conclave.gateway.v1.ThreadEntry.outcome:type_name -> conclave.gateway.v1.Outcome
+	14, // 12: conclave.gateway.v1.ThreadEntry.file:type_name -> conclave.gateway.v1.AttachmentRef
+	14, // 13: conclave.gateway.v1.ClientMessage.attachments:type_name -> conclave.gateway.v1.AttachmentRef
+	0,  // 14: conclave.gateway.v1.Outcome.ending:type_name -> conclave.gateway.v1.Ending
+	18, // 15: conclave.gateway.v1.ListThreadsResponse.threads:type_name -> conclave.gateway.v1.Thread
+	22, // 16: conclave.gateway.v1.Thread.started_at:type_name -> google.protobuf.Timestamp
+	12, // 17: conclave.gateway.v1.WatchThreadResponse.entry:type_name -> conclave.gateway.v1.ThreadEntry
+	2,  // 18: conclave.gateway.v1.GatewayService.ListAgents:input_type -> conclave.gateway.v1.ListAgentsRequest
+	4,  // 19: conclave.gateway.v1.GatewayService.GetAgent:input_type -> conclave.gateway.v1.GetAgentRequest
+	6,  // 20: conclave.gateway.v1.GatewayService.SendMessage:input_type -> conclave.gateway.v1.SendMessageRequest
+	8,  // 21: conclave.gateway.v1.GatewayService.CancelMessage:input_type -> conclave.gateway.v1.CancelMessageRequest
+	10, // 22: conclave.gateway.v1.GatewayService.History:input_type -> conclave.gateway.v1.HistoryRequest
+	16, // 23: conclave.gateway.v1.GatewayService.ListThreads:input_type -> conclave.gateway.v1.ListThreadsRequest
+	19, // 24: conclave.gateway.v1.GatewayService.WatchThread:input_type -> conclave.gateway.v1.WatchThreadRequest
+	3,  // 25: conclave.gateway.v1.GatewayService.ListAgents:output_type -> conclave.gateway.v1.ListAgentsResponse
+	5,  // 26: conclave.gateway.v1.GatewayService.GetAgent:output_type -> conclave.gateway.v1.GetAgentResponse
+	7,  // 27: conclave.gateway.v1.GatewayService.SendMessage:output_type -> conclave.gateway.v1.SendMessageResponse
+	9,  // 28: conclave.gateway.v1.GatewayService.CancelMessage:output_type -> conclave.gateway.v1.CancelMessageResponse
+	11, // 29: conclave.gateway.v1.GatewayService.History:output_type -> conclave.gateway.v1.HistoryResponse
+	17, // 30: conclave.gateway.v1.GatewayService.ListThreads:output_type -> conclave.gateway.v1.ListThreadsResponse
+	20, // 31: conclave.gateway.v1.GatewayService.WatchThread:output_type -> conclave.gateway.v1.WatchThreadResponse
+	25, // [25:32] is the sub-list for method output_type
+	18, // [18:25] is the sub-list for method input_type
+	18, // [18:18] is the sub-list for extension type_name
+	18, // [18:18] is the sub-list for extension extendee
+	0,  // [0:18] is the sub-list for field type_name
 }
 
 func init() { file_conclave_gateway_v1_gateway_proto_init() }
@@ -721,18 +1692,24 @@ func file_conclave_gateway_v1_gateway_proto_init() {
 	if File_conclave_gateway_v1_gateway_proto != nil {
 		return
 	}
+	file_conclave_gateway_v1_gateway_proto_msgTypes[11].OneofWrappers = []any{
+		(*ThreadEntry_Message)(nil),
+		(*ThreadEntry_Event)(nil),
+		(*ThreadEntry_Outcome)(nil),
+	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_conclave_gateway_v1_gateway_proto_rawDesc), len(file_conclave_gateway_v1_gateway_proto_rawDesc)),
-			NumEnums:      0,
-			NumMessages:   9,
+			NumEnums:      1,
+			NumMessages:   20,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
 		GoTypes:           file_conclave_gateway_v1_gateway_proto_goTypes,
 		DependencyIndexes: file_conclave_gateway_v1_gateway_proto_depIdxs,
+		EnumInfos:         file_conclave_gateway_v1_gateway_proto_enumTypes,
 		MessageInfos:      file_conclave_gateway_v1_gateway_proto_msgTypes,
 	}.Build()
 	File_conclave_gateway_v1_gateway_proto = out.File

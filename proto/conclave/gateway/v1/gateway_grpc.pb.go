@@ -27,6 +27,9 @@ const (
 	GatewayService_GetAgent_FullMethodName      = "/conclave.gateway.v1.GatewayService/GetAgent"
 	GatewayService_SendMessage_FullMethodName   = "/conclave.gateway.v1.GatewayService/SendMessage"
 	GatewayService_CancelMessage_FullMethodName = "/conclave.gateway.v1.GatewayService/CancelMessage"
+	GatewayService_History_FullMethodName       = "/conclave.gateway.v1.GatewayService/History"
+	GatewayService_ListThreads_FullMethodName   = "/conclave.gateway.v1.GatewayService/ListThreads"
+	GatewayService_WatchThread_FullMethodName   = "/conclave.gateway.v1.GatewayService/WatchThread"
 )
 
 // GatewayServiceClient is the client API for GatewayService service.
@@ -44,6 +47,15 @@ type GatewayServiceClient interface {
 	SendMessage(ctx context.Context, in *SendMessageRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[SendMessageResponse], error)
 	// CancelMessage cancels an in-flight request.
 	CancelMessage(ctx context.Context, in *CancelMessageRequest, opts ...grpc.CallOption) (*CancelMessageResponse, error)
+	// History reads a thread's stored entries, oldest first: each client
+	// message, every event of the agent's answer, and how the request ended.
+	History(ctx context.Context, in *HistoryRequest, opts ...grpc.CallOption) (*HistoryResponse, error)
+	// ListThreads lists an agent's threads, newest first.
+	ListThreads(ctx context.Context, in *ListThreadsRequest, opts ...grpc.CallOption) (*ListThreadsResponse, error)
+	// WatchThread streams a thread's entries after a point: those stored,
+	// then those of the requests still being answered as they come. It ends
+	// once no request of the thread is being answered.
+	WatchThread(ctx context.Context, in *WatchThreadRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchThreadResponse], error)
 }
 
 type gatewayServiceClient struct {
@@ -103,6 +115,45 @@ func (c *gatewayServiceClient) CancelMessage(ctx context.Context, in *CancelMess
 	return out, nil
 }
 
+func (c *gatewayServiceClient) History(ctx context.Context, in *HistoryRequest, opts ...grpc.CallOption) (*HistoryResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(HistoryResponse)
+	err := c.cc.Invoke(ctx, GatewayService_History_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *gatewayServiceClient) ListThreads(ctx context.Context, in *ListThreadsRequest, opts ...grpc.CallOption) (*ListThreadsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListThreadsResponse)
+	err := c.cc.Invoke(ctx, GatewayService_ListThreads_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *gatewayServiceClient) WatchThread(ctx context.Context, in *WatchThreadRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchThreadResponse], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &GatewayService_ServiceDesc.Streams[1], GatewayService_WatchThread_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[WatchThreadRequest, WatchThreadResponse]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type GatewayService_WatchThreadClient = grpc.ServerStreamingClient[WatchThreadResponse]
+
 // GatewayServiceServer is the server API for GatewayService service.
 // All implementations must embed UnimplementedGatewayServiceServer
 // for forward compatibility.
@@ -118,6 +169,15 @@ type GatewayServiceServer interface {
 	SendMessage(*SendMessageRequest, grpc.ServerStreamingServer[SendMessageResponse]) error
 	// CancelMessage cancels an in-flight request.
 	CancelMessage(context.Context, *CancelMessageRequest) (*CancelMessageResponse, error)
+	// History reads a thread's stored entries, oldest first: each client
+	// message, every event of the agent's answer, and how the request ended.
+	History(context.Context, *HistoryRequest) (*HistoryResponse, error)
+	// ListThreads lists an agent's threads, newest first.
+	ListThreads(context.Context, *ListThreadsRequest) (*ListThreadsResponse, error)
+	// WatchThread streams a thread's entries after a point: those stored,
+	// then those of the requests still being answered as they come. It ends
+	// once no request of the thread is being answered.
+	WatchThread(*WatchThreadRequest, grpc.ServerStreamingServer[WatchThreadResponse]) error
 	mustEmbedUnimplementedGatewayServiceServer()
 }
 
@@ -139,6 +199,15 @@ func (UnimplementedGatewayServiceServer) SendMessage(*SendMessageRequest, grpc.S
 }
 func (UnimplementedGatewayServiceServer) CancelMessage(context.Context, *CancelMessageRequest) (*CancelMessageResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method CancelMessage not implemented")
+}
+func (UnimplementedGatewayServiceServer) History(context.Context, *HistoryRequest) (*HistoryResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method History not implemented")
+}
+func (UnimplementedGatewayServiceServer) ListThreads(context.Context, *ListThreadsRequest) (*ListThreadsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListThreads not implemented")
+}
+func (UnimplementedGatewayServiceServer) WatchThread(*WatchThreadRequest, grpc.ServerStreamingServer[WatchThreadResponse]) error {
+	return status.Error(codes.Unimplemented, "method WatchThread not implemented")
 }
 func (UnimplementedGatewayServiceServer) mustEmbedUnimplementedGatewayServiceServer() {}
 func (UnimplementedGatewayServiceServer) testEmbeddedByValue()                        {}
@@ -226,6 +295,53 @@ func _GatewayService_CancelMessage_Handler(srv interface{}, ctx context.Context,
 	return interceptor(ctx, in, info, handler)
 }
 
+func _GatewayService_History_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(HistoryRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(GatewayServiceServer).History(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: GatewayService_History_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(GatewayServiceServer).History(ctx, req.(*HistoryRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _GatewayService_ListThreads_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListThreadsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(GatewayServiceServer).ListThreads(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: GatewayService_ListThreads_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(GatewayServiceServer).ListThreads(ctx, req.(*ListThreadsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _GatewayService_WatchThread_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(WatchThreadRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(GatewayServiceServer).WatchThread(m, &grpc.GenericServerStream[WatchThreadRequest, WatchThreadResponse]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type GatewayService_WatchThreadServer = grpc.ServerStreamingServer[WatchThreadResponse]
+
 // GatewayService_ServiceDesc is the grpc.ServiceDesc for GatewayService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -245,11 +361,24 @@ var GatewayService_ServiceDesc = grpc.ServiceDesc{
 			MethodName: "CancelMessage",
 			Handler:    _GatewayService_CancelMessage_Handler,
 		},
+		{
+			MethodName: "History",
+			Handler:    _GatewayService_History_Handler,
+		},
+		{
+			MethodName: "ListThreads",
+			Handler:    _GatewayService_ListThreads_Handler,
+		},
 	},
 	Streams: []grpc.StreamDesc{
 		{
 			StreamName:    "SendMessage",
 			Handler:       _GatewayService_SendMessage_Handler,
+			ServerStreams: true,
+		},
+		{
+			StreamName:    "WatchThread",
+			Handler:       _GatewayService_WatchThread_Handler,
 			ServerStreams: true,
 		},
 	},

@@ -141,3 +141,41 @@ func (g Gateway) Cancel(ctx context.Context, token, requestID, reason string) (b
 	err := g.Do(ctx, token, "POST", "/v1/requests/"+url.PathEscape(requestID)+"/cancel", map[string]string{"reason": reason}, &out)
 	return out.GetCancelled(), err
 }
+
+// threadsPage is how many of an agent's threads the console lists.
+const threadsPage = 50
+
+// ListThreads lists an agent's threads the token may read, newest first:
+// the first threadsPage of them.
+func (g Gateway) ListThreads(ctx context.Context, token, agentID string) ([]*gatewayv1.Thread, error) {
+	var page gatewayv1.ListThreadsResponse
+	path := fmt.Sprintf("/v1/agents/%s/threads?page_size=%d", url.PathEscape(agentID), threadsPage)
+	if err := g.Do(ctx, token, "GET", path, nil, &page); err != nil {
+		return nil, err
+	}
+	return page.GetThreads(), nil
+}
+
+// maxHistoryPages bounds History: 10 pages of 500 entries.
+const maxHistoryPages = 10
+
+// History reads a thread's entries, oldest first, up to maxHistoryPages
+// pages; more reports that the thread has entries past them.
+func (g Gateway) History(ctx context.Context, token, threadID string) (entries []*gatewayv1.ThreadEntry, more bool, err error) {
+	pageToken := ""
+	for range maxHistoryPages {
+		var page gatewayv1.HistoryResponse
+		path := "/v1/threads/" + url.PathEscape(threadID) + "/messages?page_size=500"
+		if pageToken != "" {
+			path += "&page_token=" + url.QueryEscape(pageToken)
+		}
+		if err := g.Do(ctx, token, "GET", path, nil, &page); err != nil {
+			return nil, false, err
+		}
+		entries = append(entries, page.GetEntries()...)
+		if pageToken = page.GetNextPageToken(); pageToken == "" {
+			return entries, false, nil
+		}
+	}
+	return entries, true, nil
+}

@@ -73,6 +73,10 @@ func (c *chat) setRequestID(id string) {
 	}
 }
 
+// ThreadID is the gateway's thread of the chat, which the gateway's
+// history keeps.
+func (c *chat) ThreadID() string { return "console-" + c.ID }
+
 // RequestID is the gateway's id of the request, once known.
 func (c *chat) RequestID() string {
 	c.mu.Lock()

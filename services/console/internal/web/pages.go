@@ -270,7 +270,7 @@ func (h *Handler) startChat(w http.ResponseWriter, r *http.Request, s session.Se
 	token := s.Tokens.Gateway
 	go func() {
 		defer cancel()
-		req := &gatewayv1.SendMessageRequest{AgentId: agentID, Content: content, Sender: "console", ThreadId: "console-" + c.ID}
+		req := &gatewayv1.SendMessageRequest{AgentId: agentID, Content: content, Sender: "console", ThreadId: c.ThreadID()}
 		err := h.o.Gateway.SendMessage(runCtx, token, req, func(m *gatewayv1.SendMessageResponse) {
 			if id := m.GetRequestId(); id != "" {
 				c.setRequestID(id)

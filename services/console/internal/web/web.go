@@ -142,6 +142,8 @@ func (h *Handler) Routes(unary, stream func(pattern string, handler http.Handler
 	unary("GET /agents", h.session(h.agents))
 	unary("POST /chats", h.session(h.startChat))
 	unary("GET /chats/{id}", h.session(h.showChat))
+	unary("GET /agents/{id}/threads", h.session(h.threads))
+	unary("GET /threads/{id}", h.session(h.thread))
 	unary("POST /chats/{id}/cancel", h.session(h.cancelChat))
 	unary("GET /bus", h.session(h.bus))
 	unary("POST /bus/publish", h.session(h.publish))

@@ -54,6 +54,36 @@ func services(t *testing.T) *httptest.Server {
 		}
 		fmt.Fprint(w, "event: end\ndata: {}\n\n")
 	})
+	mux.HandleFunc("GET /v1/agents/{id}/threads", func(w http.ResponseWriter, r *http.Request) {
+		if r.PathValue("id") != "a1" || r.URL.Query().Get("page_size") != "50" {
+			w.WriteHeader(http.StatusBadRequest)
+			fmt.Fprint(w, `{"code":3,"message":"unexpected request"}`)
+			return
+		}
+		fmt.Fprintf(w, `{"threads":[{"thread_id":"th/1","agent_id":"a1","client_id":%q,"started_at":"2025-01-01T00:00:00Z"}],"next_page_token":""}`, scriptPayload)
+	})
+	mux.HandleFunc("GET /v1/threads/{id}/messages", func(w http.ResponseWriter, r *http.Request) {
+		switch {
+		case r.PathValue("id") == "gone":
+			w.WriteHeader(http.StatusNotFound)
+			fmt.Fprint(w, `{"code":5,"message":"thread \"gone\" not found"}`)
+			return
+		case r.URL.Query().Get("page_token") == "":
+			// Two pages: the message and the first event, then the rest.
+			fmt.Fprintf(w, `{"entries":[
+{"entry_id":"e0","thread_id":"th/1","request_id":"r1","agent_id":"a1","time":"2025-01-01T00:00:00Z","message":{"sender":"ann","content":%q,"attachments":[{"filename":"notes.md","mime_type":"text/markdown","size":12}],"client_id":"token:01"}},
+{"entry_id":"e1","thread_id":"th/1","request_id":"r1","agent_id":"a1","time":"2025-01-01T00:00:01Z","event":{"request_id":"r1","text":"<b>hi</b>"}}
+],"next_page_token":"p2"}`, scriptPayload)
+		default:
+			fmt.Fprint(w, `{"entries":[
+{"entry_id":"e2","thread_id":"th/1","request_id":"r1","agent_id":"a1","time":"2025-01-01T00:00:01Z","event":{"request_id":"r1","file":{"filename":"out.txt","mime_type":"text/plain"}},"file":{"filename":"out.txt","mime_type":"text/plain","size":9}},
+{"entry_id":"e3","thread_id":"th/1","request_id":"r1","agent_id":"a1","time":"2025-01-01T00:00:02Z","event":{"request_id":"r1","done":{"full_response":"<b>hi</b>"}}},
+{"entry_id":"e4","thread_id":"th/1","request_id":"r1","agent_id":"a1","time":"2025-01-01T00:00:02Z","outcome":{"ending":"ENDING_DONE"}},
+{"entry_id":"e5","thread_id":"th/1","request_id":"r2","agent_id":"a1","time":"2025-01-01T00:01:00Z","message":{"content":"again","client_id":"token:01"}},
+{"entry_id":"e6","thread_id":"th/1","request_id":"r2","agent_id":"a1","time":"2025-01-01T00:01:01Z","outcome":{"ending":"ENDING_AGENT_GONE","code":14,"message":"agent a1 disconnected"}}
+],"next_page_token":""}`)
+		}
+	})
 	mux.HandleFunc("GET /v1/dead-letters", func(w http.ResponseWriter, r *http.Request) {
 		fmt.Fprintf(w, `{"dead_letters":[{"id":"dl1","message_id":"m1","topic":"t:1","payload":{"text":%q},"attempts":3,"last_error":%q}],"cursor":""}`, scriptPayload, scriptPayload)
 	})
@@ -310,7 +340,7 @@ func TestHTMLFromServicesIsEscaped(t *testing.T) {
 	e := newConsole(t, true, svc.URL, svc.URL, svc.URL, svc.URL)
 	ck := e.cookie(t, e.codec.New(session.Tokens{}, true))
 	e.h.instances.add(knownInstance{ID: "i1"})
-	for _, path := range []string{"/", "/agents", "/bus", "/bus/dead-letters/dl1", "/librarian", "/runner", "/traces/" + knownTrace} {
+	for _, path := range []string{"/", "/agents", "/agents/a1/threads", "/threads/th%2F1", "/bus", "/bus/dead-letters/dl1", "/librarian", "/runner", "/traces/" + knownTrace} {
 		t.Run(path, func(t *testing.T) {
 			t.Parallel()
 			resp, body := e.do(t, "GET", path, ck, nil, nil)
@@ -893,5 +923,70 @@ func TestTracePageSaysWhatItLeftOut(t *testing.T) {
 	}
 	if want := "1 (and 7 more, past the 2000 this page shows: see Jaeger)"; !strings.Contains(buf.String(), want) {
 		t.Fatalf("the page lacks %q:\n%s", want, buf.String())
+	}
+}
+
+func TestThreadPages(t *testing.T) {
+	t.Parallel()
+	svc := services(t)
+	e := newConsole(t, true, svc.URL, svc.URL, svc.URL, svc.URL)
+	ck := e.cookie(t, e.codec.New(session.Tokens{}, true))
+
+	resp, body := e.do(t, "GET", "/agents", ck, nil, nil)
+	if resp.StatusCode != http.StatusOK || !strings.Contains(body, `href="/agents/a1/threads"`) {
+		t.Fatalf("the agents page links no threads: %d\n%s", resp.StatusCode, body)
+	}
+	resp, body = e.do(t, "GET", "/agents/a1/threads", ck, nil, nil)
+	if resp.StatusCode != http.StatusOK || !strings.Contains(body, `<a href="/threads/th%2F1"><code>th/1</code></a>`) {
+		t.Fatalf("threads: %d\n%s", resp.StatusCode, body)
+	}
+
+	resp, body = e.do(t, "GET", "/threads/th%2F1", ck, nil, nil)
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("thread: %d\n%s", resp.StatusCode, body)
+	}
+	// Both pages, in order: each message with its answer and its end.
+	for _, want := range []string{
+		"ann → <code>a1</code>", "&lt;script&gt;alert", "attachment: notes.md (text/markdown, 12 bytes)",
+		`<span class="kind">text</span> <span class="text">&lt;b&gt;hi&lt;/b&gt;</span>`,
+		`<span class="kind">file</span> <code>out.txt</code> <span class="text">text/plain, 9 bytes (not kept)</span>`,
+		"Ended: done", "token:01 → <code>a1</code>", "again", "Ended: agent_gone (agent a1 disconnected)",
+	} {
+		i := strings.Index(body, want)
+		if i < 0 {
+			t.Fatalf("the thread page lacks %q:\n%s", want, body)
+		}
+		body = body[i+len(want):]
+	}
+
+	// A chat's page links its thread.
+	s := e.codec.New(session.Tokens{}, true)
+	ck = e.cookie(t, s)
+	resp, body = e.do(t, "POST", "/chats", ck, url.Values{"agent_id": {"a1"}, "content": {"hello"}},
+		map[string]string{"Accept": "application/json", "X-CSRF-Token": e.codec.CSRFToken(s)})
+	var started struct {
+		ChatID string `json:"chat_id"`
+	}
+	if err := json.Unmarshal([]byte(body), &started); resp.StatusCode != http.StatusCreated || err != nil {
+		t.Fatalf("start a chat: %d %s", resp.StatusCode, body)
+	}
+	resp, body = e.do(t, "GET", "/chats/"+started.ChatID, ck, nil, nil)
+	if want := `<a href="/threads/console-` + started.ChatID + `">`; resp.StatusCode != http.StatusOK || !strings.Contains(body, want) {
+		t.Fatalf("the chat page lacks %s: %d\n%s", want, resp.StatusCode, body)
+	}
+
+	for _, tt := range []struct {
+		path   string
+		status int
+		want   string
+	}{
+		{"/threads/gone", http.StatusNotFound, "not found"},
+		{"/threads/a%20b", http.StatusBadRequest, "thread_id"},
+		{"/agents/a%20b/threads", http.StatusBadRequest, "agent_id"},
+	} {
+		resp, body := e.do(t, "GET", tt.path, ck, nil, nil)
+		if resp.StatusCode != tt.status || !strings.Contains(body, tt.want) {
+			t.Errorf("%s: %d, want %d with %q:\n%s", tt.path, resp.StatusCode, tt.status, tt.want, body)
+		}
 	}
 }

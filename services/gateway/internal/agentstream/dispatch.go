@@ -345,6 +345,12 @@ func (s *Service) await(ctx context.Context, a *Agent, r *request) bool {
 	case <-r.caller.Done():
 	case <-r.closed:
 	}
+	// A request the agent ended closes for its caller too, and select
+	// picks among ready cases at random: an agent that answered before
+	// this wait began must not be told to cancel what it has finished.
+	if r.agentEnded() {
+		return true
+	}
 	if a.supports("cancellation") {
 		a.sendCancel(r, "the caller went away")
 	}

@@ -284,3 +284,25 @@ func TestSendRacingDisconnectNeverHangs(t *testing.T) {
 		}
 	}
 }
+
+// TestEndedRequestIsNotCancelled: an agent that answers at once is never
+// told to cancel what it has ended. The dispatcher waits for the agent's
+// end or its caller's; both are ready when the answer came first, and
+// select picks among ready cases at random, which once sent such an agent
+// a CancelRequest now and then ("the caller went away").
+func TestEndedRequestIsNotCancelled(t *testing.T) {
+	t.Parallel()
+	svc, c := start(t, agentstream.Options{})
+	agent := connectWith(t, c, "fast", "cancellation")
+	for i := range 300 {
+		req, err := svc.Send(context.Background(), "fast", &covenpb.SendMessage{Content: fmt.Sprint(i)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := nextRequest(t, agent) // fails on a CancelRequest for the one before
+		respond(t, agent, done(got.GetRequestId()))
+		if evs := collect(req); len(evs) != 1 || evs[0].Response.GetDone() == nil {
+			t.Fatalf("request %d: %v", i, evs)
+		}
+	}
+}

@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"google.golang.org/grpc"
@@ -20,6 +21,7 @@ import (
 	gatewayv1 "github.com/conclave-ai/conclave/proto/conclave/gateway/v1"
 	covenpb "github.com/conclave-ai/conclave/proto/coven"
 	"github.com/conclave-ai/conclave/services/gateway/internal/agentstream"
+	"github.com/conclave-ai/conclave/services/gateway/internal/history"
 	"github.com/conclave-ai/conclave/services/gateway/internal/metrics"
 )
 
@@ -63,6 +65,11 @@ type Server struct {
 	idem     *idempotency // nil: idempotency keys are refused
 	log      *slog.Logger
 	metrics  *metrics.Metrics
+
+	hist      *history.Store // nil: no history
+	detached  time.Duration
+	admins    map[string]bool
+	recorders sync.WaitGroup
 }
 
 var _ gatewayv1.GatewayServiceServer = (*Server)(nil)
@@ -226,8 +233,9 @@ func (s *Server) validate(req *gatewayv1.SendMessageRequest) error {
 }
 
 // SendMessage implements gatewayv1.GatewayServiceServer: it streams the
-// agent's events until one ends the request. When the client goes away the
-// agent is told to cancel.
+// agent's events until one ends the request. With history, see
+// sendRecorded. Without, when the client goes away the agent is told to
+// cancel.
 //
 // A message with an idempotency key is recorded only by the replica that
 // holds the agent, just before it is queued, so that a forwarded request is
@@ -238,6 +246,9 @@ func (s *Server) SendMessage(req *gatewayv1.SendMessageRequest, stream grpc.Serv
 	if err := s.validate(req); err != nil {
 		s.metrics.Request(metrics.Refused)
 		return err
+	}
+	if s.hist != nil {
+		return s.sendRecorded(req, stream)
 	}
 	ctx, agentID, key := stream.Context(), req.GetAgentId(), req.GetIdempotencyKey()
 	msg := &covenpb.SendMessage{
@@ -251,7 +262,7 @@ func (s *Server) SendMessage(req *gatewayv1.SendMessageRequest, stream grpc.Serv
 		}
 		msg.RequestId = agentstream.NewRequestID(s.serverID)
 		var err error
-		if c, err = s.idem.claim(ctx, agentID, key, msg.RequestId); err != nil {
+		if c, _, err = s.idem.claim(ctx, agentID, key, msg.RequestId, "", ""); err != nil {
 			if status.Code(err) == codes.AlreadyExists {
 				s.metrics.Request(metrics.IdempotentRepeat)
 			} else {
@@ -277,7 +288,7 @@ func (s *Server) SendMessage(req *gatewayv1.SendMessageRequest, stream grpc.Serv
 		}
 		return err
 	}
-	err = s.relay(ctx, start, r, stream)
+	err = s.relay(ctx, start, r, req.GetThreadId(), stream)
 	if c != nil && r.Abandon() {
 		// The request ended, or its caller left, while it waited: the agent
 		// never saw it and, abandoned, never will.
@@ -306,7 +317,7 @@ func (s *Server) sendElsewhere(req *gatewayv1.SendMessageRequest, stream grpc.Se
 // only the request_id, until the request ends or the client goes away. A request abandoned while it waits in the queue gets no
 // further event, so the client's context ends the wait. It counts the
 // request's outcome and times it from start.
-func (s *Server) relay(ctx context.Context, start time.Time, r *agentstream.Request, stream grpc.ServerStreamingServer[gatewayv1.SendMessageResponse]) error {
+func (s *Server) relay(ctx context.Context, start time.Time, r *agentstream.Request, threadID string, stream grpc.ServerStreamingServer[gatewayv1.SendMessageResponse]) error {
 	// Only a terminal event changes the outcome; a request that ends
 	// otherwise, without the agent going away, ended by its caller leaving.
 	outcome, first := metrics.CallerLeft, true
@@ -317,7 +328,7 @@ func (s *Server) relay(ctx context.Context, start time.Time, r *agentstream.Requ
 	// The first response names the request at once, before the agent
 	// says anything: a caller of a silent or busy agent has the
 	// request_id to cancel it with, and the stream's headers.
-	if err := stream.Send(&gatewayv1.SendMessageResponse{RequestId: r.ID}); err != nil {
+	if err := stream.Send(&gatewayv1.SendMessageResponse{RequestId: r.ID, ThreadId: threadID}); err != nil {
 		return fmt.Errorf("streaming to client: %w", err)
 	}
 	for {
@@ -342,7 +353,7 @@ func (s *Server) relay(ctx context.Context, start time.Time, r *agentstream.Requ
 			case *covenpb.MessageResponse_Cancelled:
 				outcome = metrics.Cancelled
 			}
-			if err := stream.Send(&gatewayv1.SendMessageResponse{RequestId: r.ID, Event: ev.Response}); err != nil {
+			if err := stream.Send(&gatewayv1.SendMessageResponse{RequestId: r.ID, Event: ev.Response, ThreadId: threadID}); err != nil {
 				return fmt.Errorf("streaming to client: %w", err)
 			}
 			s.metrics.Relayed()

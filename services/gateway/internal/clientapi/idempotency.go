@@ -70,6 +70,17 @@ type idempotency struct {
 	now   func() time.Time
 }
 
+// sent is what a key's record says of the request that first carried it:
+// with history, where its answer is kept (its thread and client message
+// entry); without, only its ids.
+type sent struct {
+	requestID, agentID, threadID, entry string
+}
+
+func sentOf(it store.Item) *sent {
+	return &sent{requestID: it.Attrs["request_id"], agentID: it.Attrs["agent_id"], threadID: it.Attrs["thread_id"], entry: it.Attrs["entry"]}
+}
+
 // claim is a key held for one request until it expires, or until release
 // gives it back because the agent never received the message.
 type claim struct {
@@ -86,41 +97,54 @@ func idempotencyKey(clientID, agentID, key string) store.Key {
 	return store.Key{PK: clientID, SK: hex.EncodeToString(d[:])}
 }
 
-// claim records that requestID carries key for the caller and agentID. A
-// key already recorded is ALREADY_EXISTS, naming the request that has it; a
-// store that cannot be reached is UNAVAILABLE, since the message was not
-// sent.
-func (i *idempotency) claim(ctx context.Context, agentID, key, requestID string) (*claim, error) {
+// claim records that requestID carries key for the caller and agentID,
+// and, with history, where its answer is kept (thread and entry, or ""). A
+// key already recorded is ALREADY_EXISTS, naming the request that has it,
+// which is returned too; a store that cannot be reached is UNAVAILABLE,
+// since the message was not sent.
+func (i *idempotency) claim(ctx context.Context, agentID, key, requestID, threadID, entry string) (*claim, *sent, error) {
 	c := &claim{idem: i, key: idempotencyKey(auth.ClientID(ctx), agentID, key), agentID: agentID, requestID: requestID}
-	item := store.Item{
-		Key:       c.key,
-		Attrs:     map[string]string{"request_id": requestID, "agent_id": agentID},
-		ExpiresAt: i.now().Add(i.ttl),
+	attrs := map[string]string{"request_id": requestID, "agent_id": agentID}
+	if entry != "" {
+		attrs["thread_id"], attrs["entry"] = threadID, entry
 	}
+	item := store.Item{Key: c.key, Attrs: attrs, ExpiresAt: i.now().Add(i.ttl)}
 	// Two tries: the holder may give the key back between the write that
 	// found it and the read that names it.
 	for range 2 {
 		_, err := i.store.Put(ctx, IdempotencyTable.Name, item, store.IfNotExists())
 		if err == nil {
-			return c, nil
+			return c, nil, nil
 		}
 		if !errors.Is(err, store.ErrConditionFailed) {
 			// The write may have landed all the same (a timeout after the
 			// store applied it); the message is not sent, so the key must
 			// not stay taken by it.
 			_ = c.release()
-			return nil, server.Hide(status.New(codes.Unavailable, "the gateway's store of idempotency keys is unavailable; retry"), fmt.Errorf("recording idempotency_key: %w", err))
+			return nil, nil, server.Hide(status.New(codes.Unavailable, "the gateway's store of idempotency keys is unavailable; retry"), fmt.Errorf("recording idempotency_key: %w", err))
 		}
 		cur, err := i.store.Get(ctx, IdempotencyTable.Name, c.key)
 		if errors.Is(err, store.ErrNotFound) {
 			continue
 		}
 		if err != nil {
-			return nil, server.Hide(status.New(codes.Unavailable, "the gateway's store of idempotency keys is unavailable; retry"), fmt.Errorf("reading idempotency_key: %w", err))
+			return nil, nil, server.Hide(status.New(codes.Unavailable, "the gateway's store of idempotency keys is unavailable; retry"), fmt.Errorf("reading idempotency_key: %w", err))
 		}
-		return nil, alreadySent(key, agentID, cur.Attrs["request_id"])
+		return nil, sentOf(cur), alreadySent(key, agentID, cur.Attrs["request_id"])
 	}
-	return nil, status.Errorf(codes.Aborted, "idempotency_key %q is being claimed and released concurrently; retry", key)
+	return nil, nil, status.Errorf(codes.Aborted, "idempotency_key %q is being claimed and released concurrently; retry", key)
+}
+
+// lookup returns the record of key for the caller and agentID, or nil.
+func (i *idempotency) lookup(ctx context.Context, agentID, key string) (*sent, error) {
+	it, err := i.store.Get(ctx, IdempotencyTable.Name, idempotencyKey(auth.ClientID(ctx), agentID, key))
+	if errors.Is(err, store.ErrNotFound) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, server.Hide(status.New(codes.Unavailable, "the gateway's store of idempotency keys is unavailable; retry"), fmt.Errorf("reading idempotency_key: %w", err))
+	}
+	return sentOf(it), nil
 }
 
 func alreadySent(key, agentID, requestID string) error {

@@ -80,7 +80,7 @@ func TestClaimScopes(t *testing.T) {
 	t.Parallel()
 	idem, _ := testIdempotency(t)
 	alice, bob := asClient(t, "alice"), asClient(t, "bob")
-	first, err := idem.claim(alice, "agent-1", "k", "gw.1")
+	first, _, err := idem.claim(alice, "agent-1", "k", "gw.1", "", "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -100,7 +100,7 @@ func TestClaimScopes(t *testing.T) {
 		{"anonymous", context.Background(), "agent-1", "k", codes.OK, ""},
 	}
 	for i, tt := range tests {
-		_, err := idem.claim(tt.ctx, tt.agent, tt.key, "gw.other"+string(rune('a'+i)))
+		_, _, err := idem.claim(tt.ctx, tt.agent, tt.key, "gw.other"+string(rune('a'+i)), "", "")
 		if status.Code(err) != tt.want {
 			t.Errorf("%s: %v, want %v", tt.name, err, tt.want)
 			continue
@@ -135,7 +135,7 @@ func TestClaimReleaseAndExpiry(t *testing.T) {
 	t.Parallel()
 	idem, clock := testIdempotency(t)
 	ctx := asClient(t, "alice")
-	c, err := idem.claim(ctx, "agent", "k", "gw.1")
+	c, _, err := idem.claim(ctx, "agent", "k", "gw.1", "", "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -144,18 +144,18 @@ func TestClaimReleaseAndExpiry(t *testing.T) {
 	if err := c.release(); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := idem.claim(ctx, "agent", "k", "gw.2"); err != nil {
+	if _, _, err := idem.claim(ctx, "agent", "k", "gw.2", "", ""); err != nil {
 		t.Fatalf("claim after release: %v", err)
 	}
 	if err := c.release(); err != nil {
 		t.Fatalf("stale release: %v", err)
 	}
-	if _, err := idem.claim(ctx, "agent", "k", "gw.3"); status.Code(err) != codes.AlreadyExists || !strings.Contains(err.Error(), "gw.2") {
+	if _, _, err := idem.claim(ctx, "agent", "k", "gw.3", "", ""); status.Code(err) != codes.AlreadyExists || !strings.Contains(err.Error(), "gw.2") {
 		t.Fatalf("a stale release gave back another request's claim: %v", err)
 	}
 	// An expired claim is no claim.
 	clock.Add(int64(idem.ttl + time.Second))
-	if _, err := idem.claim(ctx, "agent", "k", "gw.4"); err != nil {
+	if _, _, err := idem.claim(ctx, "agent", "k", "gw.4", "", ""); err != nil {
 		t.Fatalf("claim after expiry: %v", err)
 	}
 }
@@ -166,7 +166,7 @@ func TestClaimStoreDown(t *testing.T) {
 	if err := idem.store.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := idem.claim(asClient(t, "alice"), "agent", "k", "gw.1"); status.Code(err) != codes.Unavailable {
+	if _, _, err := idem.claim(asClient(t, "alice"), "agent", "k", "gw.1", "", ""); status.Code(err) != codes.Unavailable {
 		t.Fatalf("claim on a closed store: %v, want UNAVAILABLE", err)
 	}
 }

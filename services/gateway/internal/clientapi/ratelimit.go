@@ -22,7 +22,8 @@ type RateLimits struct {
 	Rate float64
 	// Burst is how many requests may come at once.
 	Burst int
-	// Streams is how many SendMessage streams may be open at once.
+	// Streams is how many streams (SendMessage, WatchThread) may be open
+	// at once.
 	Streams int
 }
 
@@ -42,7 +43,7 @@ func (l RateLimits) withDefaults() RateLimits {
 	return l
 }
 
-// Limiter keeps one token bucket and one count of open SendMessage streams
+// Limiter keeps one token bucket and one count of open streams
 // per client, as auth.ClientID names it.
 //
 // Its map is never pruned, and needs not be: an identity exists only for a
@@ -104,7 +105,7 @@ func (l *Limiter) openStream(c *clientState) (func(), error) {
 	defer l.mu.Unlock()
 	if c.streams >= l.limits.Streams {
 		return nil, status.Errorf(codes.ResourceExhausted,
-			"client limit of %d concurrent SendMessage streams exceeded; retry later", l.limits.Streams)
+			"client limit of %d concurrent streams (SendMessage, WatchThread) exceeded; retry later", l.limits.Streams)
 	}
 	c.streams++
 	return func() {
@@ -143,16 +144,16 @@ func (l *Limiter) Interceptors(m *metrics.Metrics) (grpc.UnaryServerInterceptor,
 			}
 			return err
 		}
-		if send {
-			// A SendMessage stream holds a place in an agent's queue for
-			// as long as the agent works, so open ones are counted too.
-			done, err := l.openStream(c)
-			if err != nil {
+		// A stream lasts as long as an agent works (SendMessage holds a
+		// place in its queue), so open ones are counted too.
+		done, err := l.openStream(c)
+		if err != nil {
+			if send {
 				m.Request(metrics.RateLimited)
-				return err
 			}
-			defer done()
+			return err
 		}
+		defer done()
 		return h(srv, ss)
 	}
 	return unary, stream

@@ -159,7 +159,7 @@ func TestConcurrentStreamCap(t *testing.T) {
 	open("alpha")
 	open("alpha")
 	err := c.stream("alpha", func() error { return nil })
-	if status.Code(err) != codes.ResourceExhausted || !strings.Contains(status.Convert(err).Message(), "2 concurrent SendMessage streams") {
+	if status.Code(err) != codes.ResourceExhausted || !strings.Contains(status.Convert(err).Message(), "2 concurrent streams (SendMessage, WatchThread)") {
 		t.Fatalf("alpha's third stream: %v, want RESOURCE_EXHAUSTED naming the cap", err)
 	}
 	// Unary calls are not streams.

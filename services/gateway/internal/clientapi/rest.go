@@ -1,79 +1,115 @@
 package clientapi
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"strings"
+	"time"
 
 	"github.com/grpc-ecosystem/grpc-gateway/v2/runtime"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/conclave-ai/conclave/pkg/auth"
 	"github.com/conclave-ai/conclave/pkg/ids"
+	"github.com/conclave-ai/conclave/pkg/server"
 	gatewayv1 "github.com/conclave-ai/conclave/proto/conclave/gateway/v1"
 )
-
-// RESTAuth is what REST checks itself before a request reaches the gRPC
-// listener: the client tokens, and the throttle of wrong ones. It has to:
-// REST reaches gRPC from this process's own address, so only here is the
-// caller's address known.
-type RESTAuth struct {
-	Tokens   *auth.Tokens
-	Throttle *auth.Throttle
-}
 
 // marshal is the REST JSON: the proto field names, snake_case as the seeds
 // write them, and every field present (an empty list as [], false and 0
 // as such, an absent object as null), so that a client reading a member
-// the API documents finds it. Only the members of the oneof event that an
-// agent did not send stay out. The API has no 64-bit integers, which
-// protojson would write as strings.
+// the API documents finds it. Only the members of a oneof that are not set
+// stay out. The API has no 64-bit integers, which protojson would write as
+// strings.
 var marshal = protojson.MarshalOptions{UseProtoNames: true, EmitUnpopulated: true}
 
-// REST is the client API as REST, over a connection to this gateway's own
-// gRPC listener, so that REST requests pass the same interceptors as gRPC
-// ones.
+// jsonOf is m as the REST JSON, compact: protojson varies its spacing from
+// build to build on purpose, and the API's bytes are documented.
+func jsonOf(m proto.Message) ([]byte, error) {
+	data, err := marshal.Marshal(m)
+	if err != nil {
+		return nil, err
+	}
+	var b bytes.Buffer
+	if err := json.Compact(&b, data); err != nil {
+		return nil, err
+	}
+	return b.Bytes(), nil
+}
+
+// compactJSON is grpc-gateway's marshaler writing jsonOf's bytes.
+type compactJSON struct{ runtime.JSONPb }
+
+func (c *compactJSON) Marshal(v any) ([]byte, error) {
+	if m, ok := v.(proto.Message); ok {
+		return jsonOf(m)
+	}
+	return c.JSONPb.Marshal(v)
+}
+
+// Interceptors are what every client API call passes, over gRPC and over
+// REST alike: authentication, then the per-client limits.
+type Interceptors struct {
+	Unary  []grpc.UnaryServerInterceptor
+	Stream []grpc.StreamServerInterceptor
+}
+
+// Chain is the interceptors as one of each kind, run in order, for calls
+// made in process.
+func (ic Interceptors) Chain() (grpc.UnaryServerInterceptor, grpc.StreamServerInterceptor) {
+	return chainUnary(ic.Unary), chainStream(ic.Stream)
+}
+
+// REST is the client API as REST, calling the service in this process:
+// grpc-gateway's routing and JSON mapping for the unary calls, handlers of
+// its own for the streams, each through the same interceptors as gRPC.
 type REST struct {
 	mux    *runtime.ServeMux
-	client gatewayv1.GatewayServiceClient
-	auth   *RESTAuth
+	api    gatewayv1.GatewayServiceServer
+	stream grpc.StreamServerInterceptor
+	log    *slog.Logger
 }
 
 // pathIDs are the path parameters that carry ids, with their rule.
-var pathIDs = map[string]ids.Kind{"agent_id": ids.AgentID, "request_id": ids.RequestID}
+var pathIDs = map[string]ids.Kind{"agent_id": ids.AgentID, "request_id": ids.RequestID, "thread_id": ids.ThreadID}
 
-// NewREST serves the client API as REST through grpc-gateway over conn,
-// and SendMessage as a stream of its own: newline-delimited JSON, or
-// Server-Sent Events for clients that ask for text/event-stream. Every
-// error is a google.rpc.Status, as grpc-gateway writes it.
-//
-// With check (a server with client tokens), a request that presents a
-// bearer token is checked here first: a wrong one is answered 401 and
-// counted against the caller's address, and an address that presented too
-// many is answered 429 with Retry-After.
-func NewREST(ctx context.Context, conn grpc.ClientConnInterface, check *RESTAuth) (*REST, error) {
-	mux := runtime.NewServeMux(
-		runtime.WithMarshalerOption(runtime.MIMEWildcard, &runtime.JSONPb{
+// NewREST serves api as REST, each call through ic as on gRPC. Every error
+// is a google.rpc.Status as JSON; the responses carry no gRPC metadata.
+func NewREST(api gatewayv1.GatewayServiceServer, ic Interceptors, logger *slog.Logger) (*REST, error) {
+	none := func(string) (string, bool) { return "", false }
+	h := &REST{api: api, stream: chainStream(ic.Stream), log: logger}
+	h.mux = runtime.NewServeMux(
+		runtime.WithMarshalerOption(runtime.MIMEWildcard, &compactJSON{runtime.JSONPb{
 			MarshalOptions:   marshal,
 			UnmarshalOptions: protojson.UnmarshalOptions{DiscardUnknown: false},
-		}),
+		}}),
 		// A path parameter is one segment, unescaped whole: an agent_id
 		// with '/' is reached as %2F, as coven-gateway routes it.
 		runtime.WithUnescapingMode(runtime.UnescapingModeAllExceptReserved),
+		// No header becomes metadata but authorization (which
+		// grpc-gateway always passes), and no metadata becomes a header.
+		runtime.WithIncomingHeaderMatcher(none),
+		runtime.WithOutgoingHeaderMatcher(none),
+		runtime.WithOutgoingTrailerMatcher(none),
 		runtime.WithErrorHandler(func(ctx context.Context, mux *runtime.ServeMux, m runtime.Marshaler, w http.ResponseWriter, r *http.Request, err error) {
 			if e, ok := bodyTooLarge(r); ok {
 				WriteHTTPError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("request body exceeds %d bytes", e.Limit))
 				return
 			}
-			runtime.DefaultHTTPErrorHandler(ctx, mux, m, w, r, err)
+			h.writeError(w, r, err)
 		}),
 		// Routes reach grpc-gateway only through the server's mux, which
 		// answers unknown paths and methods itself; this is a backstop.
@@ -81,62 +117,57 @@ func NewREST(ctx context.Context, conn grpc.ClientConnInterface, check *RESTAuth
 			WriteHTTPError(w, code, strings.ToLower(http.StatusText(code)))
 		}),
 	)
-	client := gatewayv1.NewGatewayServiceClient(conn)
-	if err := gatewayv1.RegisterGatewayServiceHandlerClient(ctx, mux, client); err != nil {
+	if err := gatewayv1.RegisterGatewayServiceHandlerServer(context.Background(), h.mux, intercepted{api: api, unary: chainUnary(ic.Unary)}); err != nil {
 		return nil, fmt.Errorf("registering REST routes: %w", err)
 	}
-	return &REST{mux: mux, client: client, auth: check}, nil
+	return h, nil
 }
 
 // Routes registers the REST routes: unary for the bounded calls, stream
-// for SendMessage. The server's mux routes them, so an unknown path or a
-// wrong method is answered (404, 405 with Allow) in the server's error
-// shape, WriteHTTPError.
+// for SendMessage and WatchThread. The server's mux routes them, so an
+// unknown path or a wrong method is answered (404, 405 with Allow) in the
+// server's error shape, WriteHTTPError.
 func (h *REST) Routes(unary, stream func(pattern string, h http.Handler)) {
-	unary("GET /v1/agents", http.HandlerFunc(h.serveUnary))
-	unary("GET /v1/agents/{agent_id}", http.HandlerFunc(h.serveUnary))
-	unary("POST /v1/requests/{request_id}/cancel", http.HandlerFunc(h.serveUnary))
+	for _, p := range []string{
+		"GET /v1/agents", "GET /v1/agents/{agent_id}", "POST /v1/requests/{request_id}/cancel",
+		"GET /v1/agents/{agent_id}/threads", "GET /v1/threads/{thread_id}/messages",
+	} {
+		unary(p, http.HandlerFunc(h.serveUnary))
+	}
 	stream("POST /v1/agents/{agent_id}/messages", http.HandlerFunc(h.serveSend))
+	stream("GET /v1/threads/{thread_id}/watch", http.HandlerFunc(h.serveWatch))
 }
 
 func (h *REST) serveUnary(w http.ResponseWriter, r *http.Request) {
-	if !h.authorize(w, r) || !checkPathIDs(w, r) {
+	if !checkPathIDs(w, r) {
 		return
 	}
 	watchBody(r)
-	h.mux.ServeHTTP(w, headAsGet(r))
+	h.mux.ServeHTTP(w, withPeer(headAsGet(r)))
 }
 
-// authorize answers a request whose bearer token is wrong or throttled,
-// and reports whether the request may go on.
-func (h *REST) authorize(w http.ResponseWriter, r *http.Request) bool {
-	if h.auth == nil {
-		return true
-	}
-	if err := h.auth.check(w, r); err != nil {
-		st, _ := status.FromError(err)
-		writeStatus(w, st)
-		return false
-	}
-	return true
+// remoteAddr is an HTTP request's remote address as a net.Addr.
+type remoteAddr string
+
+func (a remoteAddr) Network() string { return "tcp" }
+func (a remoteAddr) String() string  { return string(a) }
+
+// withPeer gives the call the caller's address, as gRPC gives it a
+// connection's: the throttle of wrong tokens counts by it.
+func withPeer(r *http.Request) *http.Request {
+	return r.WithContext(peer.NewContext(r.Context(), &peer.Peer{Addr: remoteAddr(r.RemoteAddr)}))
 }
 
-// check returns the status a request with a wrong or throttled bearer
-// token gets, or nil. A request without one goes on, for the gRPC
-// listener to refuse as it refuses any call without a token.
-func (a *RESTAuth) check(w http.ResponseWriter, r *http.Request) error {
-	token, ok := auth.Bearer(r.Header.Get("Authorization"))
-	if !ok {
-		return nil
+// Incoming is the context of a call made in process for an HTTP request
+// (a REST stream, an A2A call): the caller's address and its
+// authorization header as gRPC metadata, nothing else, as the
+// interceptors and forwarding to another replica read them.
+func Incoming(r *http.Request) context.Context {
+	md := metadata.MD{}
+	for _, v := range r.Header.Values("Authorization") {
+		md.Append("authorization", v)
 	}
-	if !a.Throttle.HTTP(w, r) {
-		return status.Error(codes.ResourceExhausted, auth.ThrottledMessage)
-	}
-	if !a.Tokens.Valid(token) {
-		a.Throttle.FailHTTP(r)
-		return status.Error(codes.Unauthenticated, "invalid bearer token")
-	}
-	return nil
+	return metadata.NewIncomingContext(withPeer(r).Context(), md)
 }
 
 // headAsGet lets a HEAD reach the GET route the server's mux matched it
@@ -165,122 +196,88 @@ func checkPathIDs(w http.ResponseWriter, r *http.Request) bool {
 	return true
 }
 
-// serveSend streams SendMessage. Its first response, which carries only
-// the request_id, comes as soon as the gateway has queued the message,
-// and goes out at once with the headers, so a caller of a silent agent can
-// cancel. As Server-Sent Events: one "message" event per response, its
-// data the SendMessageResponse as JSON, then "end", or "error" with a
-// google.rpc.Status. As newline-delimited JSON, grpc-gateway's stream
-// form: {"result": response} per line, or {"error": status} last.
-func (h *REST) serveSend(w http.ResponseWriter, r *http.Request) {
-	if !h.authorize(w, r) || !checkPathIDs(w, r) {
-		return
+// writeError answers err as grpc-gateway does, with Retry-After when the
+// status says when to retry; a cause the status hides is logged, as the
+// gRPC server's logging does for gRPC calls.
+func (h *REST) writeError(w http.ResponseWriter, r *http.Request, err error) {
+	if cause, ok := server.HiddenCause(err); ok {
+		h.log.ErrorContext(r.Context(), "REST call failed", "method", r.Method, "path", r.URL.Path, "error", cause)
 	}
-	body, err := io.ReadAll(r.Body)
+	st := status.Convert(err)
+	if wait := retryDelay(st); wait > 0 {
+		w.Header().Set("Retry-After", auth.RetryAfter(wait))
+	}
+	writeStatus(w, st)
+}
+
+func retryDelay(st *status.Status) time.Duration {
+	for _, d := range st.Details() {
+		if ri, ok := d.(*errdetails.RetryInfo); ok {
+			return ri.GetRetryDelay().AsDuration()
+		}
+	}
+	return 0
+}
+
+// intercepted is the service as grpc-gateway calls it in process: each
+// unary call through the interceptors, as the gRPC server runs them.
+type intercepted struct {
+	gatewayv1.UnimplementedGatewayServiceServer
+	api   gatewayv1.GatewayServiceServer
+	unary grpc.UnaryServerInterceptor
+}
+
+func invoke[Req, Resp any](ctx context.Context, i intercepted, method string, req Req, call func(context.Context, Req) (Resp, error)) (Resp, error) {
+	out, err := i.unary(ctx, req, &grpc.UnaryServerInfo{Server: i.api, FullMethod: method}, func(ctx context.Context, req any) (any, error) {
+		return call(ctx, req.(Req))
+	})
 	if err != nil {
-		if e, ok := errors.AsType[*http.MaxBytesError](err); ok {
-			WriteHTTPError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("request body exceeds %d bytes", e.Limit))
-			return
+		var zero Resp
+		return zero, err
+	}
+	return out.(Resp), nil
+}
+
+func (i intercepted) ListAgents(ctx context.Context, req *gatewayv1.ListAgentsRequest) (*gatewayv1.ListAgentsResponse, error) {
+	return invoke(ctx, i, gatewayv1.GatewayService_ListAgents_FullMethodName, req, i.api.ListAgents)
+}
+
+func (i intercepted) GetAgent(ctx context.Context, req *gatewayv1.GetAgentRequest) (*gatewayv1.GetAgentResponse, error) {
+	return invoke(ctx, i, gatewayv1.GatewayService_GetAgent_FullMethodName, req, i.api.GetAgent)
+}
+
+func (i intercepted) CancelMessage(ctx context.Context, req *gatewayv1.CancelMessageRequest) (*gatewayv1.CancelMessageResponse, error) {
+	return invoke(ctx, i, gatewayv1.GatewayService_CancelMessage_FullMethodName, req, i.api.CancelMessage)
+}
+
+func (i intercepted) History(ctx context.Context, req *gatewayv1.HistoryRequest) (*gatewayv1.HistoryResponse, error) {
+	return invoke(ctx, i, gatewayv1.GatewayService_History_FullMethodName, req, i.api.History)
+}
+
+func (i intercepted) ListThreads(ctx context.Context, req *gatewayv1.ListThreadsRequest) (*gatewayv1.ListThreadsResponse, error) {
+	return invoke(ctx, i, gatewayv1.GatewayService_ListThreads_FullMethodName, req, i.api.ListThreads)
+}
+
+// chainUnary runs ics in order around a handler, as grpc.ChainUnaryInterceptor does.
+func chainUnary(ics []grpc.UnaryServerInterceptor) grpc.UnaryServerInterceptor {
+	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+		for i := len(ics) - 1; i >= 0; i-- {
+			ic, next := ics[i], h
+			h = func(ctx context.Context, req any) (any, error) { return ic(ctx, req, info, next) }
 		}
-		writeStatus(w, status.New(codes.InvalidArgument, "the request body could not be read"))
-		return
-	}
-	req := &gatewayv1.SendMessageRequest{}
-	if len(body) > 0 {
-		if err := protojson.Unmarshal(body, req); err != nil {
-			writeStatus(w, status.Newf(codes.InvalidArgument, "body is not a SendMessageRequest: %v", err))
-			return
-		}
-	}
-	req.AgentId = r.PathValue("agent_id")
-	ctx := r.Context()
-	if a := r.Header.Get("Authorization"); a != "" {
-		ctx = metadata.AppendToOutgoingContext(ctx, "authorization", a)
-	}
-	stream, err := h.client.SendMessage(ctx, req)
-	if err != nil {
-		writeStatus(w, status.Convert(err))
-		return
-	}
-	// The first response or error decides the HTTP status, so an unknown
-	// agent is a 404, not a 200 with an error in the stream.
-	first, err := stream.Recv()
-	if err != nil {
-		writeStatus(w, status.Convert(err))
-		return
-	}
-	out := ndjson
-	if strings.Contains(r.Header.Get("Accept"), "text/event-stream") {
-		out = sse
-	}
-	out.start(w)
-	flusher, _ := w.(http.Flusher)
-	n := 0
-	for msg := first; err == nil; msg, err = stream.Recv() {
-		n++
-		if werr := out.message(w, n, msg); werr != nil {
-			return
-		}
-		if flusher != nil {
-			flusher.Flush()
-		}
-	}
-	if errors.Is(err, io.EOF) {
-		out.end(w)
-	} else {
-		out.fail(w, status.Convert(err))
-	}
-	if flusher != nil {
-		flusher.Flush()
+		return h(ctx, req)
 	}
 }
 
-// streamForm writes one of SendMessage's two stream forms.
-type streamForm struct {
-	contentType string
-	message     func(w io.Writer, n int, m *gatewayv1.SendMessageResponse) error
-	end         func(w io.Writer)
-	fail        func(w io.Writer, st *status.Status)
-}
-
-func (f streamForm) start(w http.ResponseWriter) {
-	w.Header().Set("Content-Type", f.contentType)
-	w.Header().Set("Cache-Control", "no-cache")
-	w.Header().Set("X-Accel-Buffering", "no") // nginx: do not buffer the stream
-	w.WriteHeader(http.StatusOK)
-}
-
-var (
-	sse = streamForm{
-		contentType: "text/event-stream",
-		message: func(w io.Writer, n int, m *gatewayv1.SendMessageResponse) error {
-			data, _ := marshal.Marshal(m)
-			_, err := fmt.Fprintf(w, "id: %d\nevent: message\ndata: %s\n\n", n, data)
-			return err
-		},
-		end: func(w io.Writer) { _, _ = fmt.Fprint(w, "event: end\ndata: {}\n\n") },
-		fail: func(w io.Writer, st *status.Status) {
-			_, _ = fmt.Fprintf(w, "event: error\ndata: %s\n\n", statusJSON(st))
-		},
+// chainStream runs ics in order around a handler, as grpc.ChainStreamInterceptor does.
+func chainStream(ics []grpc.StreamServerInterceptor) grpc.StreamServerInterceptor {
+	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
+		for i := len(ics) - 1; i >= 0; i-- {
+			ic, next := ics[i], h
+			h = func(srv any, ss grpc.ServerStream) error { return ic(srv, ss, info, next) }
+		}
+		return h(srv, ss)
 	}
-	ndjson = streamForm{
-		contentType: "application/json",
-		message: func(w io.Writer, _ int, m *gatewayv1.SendMessageResponse) error {
-			return writeLine(w, "result", m)
-		},
-		end:  func(io.Writer) {},
-		fail: func(w io.Writer, st *status.Status) { _, _ = fmt.Fprintf(w, "{\"error\":%s}\n", statusJSON(st)) },
-	}
-)
-
-// writeLine writes {"<key>": m} and a newline.
-func writeLine(w io.Writer, key string, m proto.Message) error {
-	data, err := marshal.Marshal(m)
-	if err != nil {
-		return err
-	}
-	_, err = fmt.Fprintf(w, "{%q:%s}\n", key, data)
-	return err
 }
 
 // writeStatus answers st as grpc-gateway does: the HTTP status of its
@@ -293,9 +290,9 @@ func writeStatus(w http.ResponseWriter, st *status.Status) {
 // request, or a detail that cannot be encoded, would make protojson fail:
 // the code and a valid message still can be.
 func statusJSON(st *status.Status) []byte {
-	data, err := marshal.Marshal(st.Proto())
+	data, err := jsonOf(st.Proto())
 	if err != nil {
-		data, _ = marshal.Marshal(status.New(st.Code(), strings.ToValidUTF8(st.Message(), "\uFFFD")).Proto())
+		data, _ = jsonOf(status.New(st.Code(), strings.ToValidUTF8(st.Message(), "\uFFFD")).Proto())
 	}
 	return data
 }

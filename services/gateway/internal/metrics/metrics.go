@@ -35,7 +35,8 @@ const (
 	NotFound         = "not_found"
 	RateLimited      = "rate_limited"
 	IdempotentRepeat = "idempotent_repeat"
-	Refused          = "refused" // any other refusal before the request reached an agent
+	Replayed         = "replayed" // a repeated idempotency key answered from the history
+	Refused          = "refused"  // any other refusal before the request reached an agent
 )
 
 // Eviction reasons: why the gateway ended an agent's stream.
@@ -62,6 +63,10 @@ type Metrics struct {
 	leaseWriteTime    metric.Float64Histogram
 	registrationsLost metric.Int64Counter
 	evictions         metric.Int64Counter
+	historyWrites     metric.Int64Counter
+	historyWriteTime  metric.Float64Histogram
+	a2aCalls          metric.Int64Counter
+	a2aTasks          metric.Int64Counter
 }
 
 // New makes the gateway's instruments from m; replica (the server ID) labels
@@ -98,6 +103,14 @@ func New(m metric.Meter, replica string) *Metrics {
 		metric.WithDescription("Agent registrations another connection took while this replica's lease had expired."))
 	x.evictions, _ = m.Int64Counter(name("evictions"), metric.WithUnit("{agent}"),
 		metric.WithDescription("Agent streams the gateway ended, by reason (silent, lease_lost, heartbeat_flood)."))
+	x.historyWrites, _ = m.Int64Counter(name("history_writes"), metric.WithUnit("{item}"),
+		metric.WithDescription("Items written to the history store, by outcome (ok, failed)."))
+	x.historyWriteTime, _ = m.Float64Histogram(name("history_write_duration"), metric.WithUnit("s"), buckets,
+		metric.WithDescription("How long one write of history items (a batch of a request's entries) took."))
+	x.a2aCalls, _ = m.Int64Counter(name("a2a_calls"), metric.WithUnit("{call}"),
+		metric.WithDescription("A2A calls, by method and outcome (served, refused)."))
+	x.a2aTasks, _ = m.Int64Counter(name("a2a_tasks_ended"), metric.WithUnit("{task}"),
+		metric.WithDescription("A2A tasks whose end this replica recorded, by state (completed, failed, canceled)."))
 	return x
 }
 
@@ -157,4 +170,25 @@ func (x *Metrics) Lease(event string, took time.Duration) {
 // Evicted counts a stream the gateway ended.
 func (x *Metrics) Evicted(reason string) {
 	x.evictions.Add(ctx, 1, metric.WithAttributes(attribute.String("reason", reason)))
+}
+
+// HistoryWrite counts a write of history items and its time.
+func (x *Metrics) HistoryWrite(items int, took time.Duration, err error) {
+	o := "ok"
+	if err != nil {
+		o = "failed"
+	}
+	x.historyWrites.Add(ctx, int64(items), outcome(o))
+	x.historyWriteTime.Record(ctx, took.Seconds())
+}
+
+// A2ACall counts an A2A call (method: one of a fixed set) and whether it
+// was served or refused before it reached the client API.
+func (x *Metrics) A2ACall(method, o string) {
+	x.a2aCalls.Add(ctx, 1, metric.WithAttributes(attribute.String("method", method), attribute.String("outcome", o)))
+}
+
+// A2ATask counts an A2A task that ended, by its final state.
+func (x *Metrics) A2ATask(state string) {
+	x.a2aTasks.Add(ctx, 1, metric.WithAttributes(attribute.String("state", state)))
 }
