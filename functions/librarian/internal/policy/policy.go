@@ -154,6 +154,13 @@ type Compliance struct {
 	RequireRationale bool
 	// EnforceReferences rejects unknown references instead of warning.
 	EnforceReferences bool
+	// RequireKnownTargets (default true, as the seed's pipeline does)
+	// makes a modify, delete or code/test create whose target the graph
+	// does not hold, or that names none, rejected or sent back for
+	// clarification. Off, such a change is judged by the later rules
+	// (deviations, risk) alone: for agents that edit files the graph does
+	// not track. It is not one of the seed's keys, so it may be left out.
+	RequireKnownTargets bool
 }
 
 // Policy is both files, validated.
@@ -246,6 +253,8 @@ type rawProtocol struct {
 			AllowDeviations   *bool `yaml:"allow_deviations"`
 			RequireRationale  *bool `yaml:"require_rationale"`
 			EnforceReferences *bool `yaml:"enforce_references"`
+			// Not the seed's: optional, default true.
+			RequireKnownTargets *bool `yaml:"require_known_targets"`
 		} `yaml:"compliance"`
 	} `yaml:"protocol"`
 }
@@ -322,6 +331,7 @@ func parseProtocol(data []byte) (Protocol, error) {
 		}
 		*b.out = *b.raw
 	}
+	p.Compliance.RequireKnownTargets = r.Compliance.RequireKnownTargets == nil || *r.Compliance.RequireKnownTargets
 	return p, nil
 }
 

@@ -32,7 +32,7 @@ func TestShippedFilesLoad(t *testing.T) {
 		Version:    "1.0",
 		Timeouts:   policy.Timeouts{Validation: 5 * time.Second, Response: 10 * time.Second, Escalation: 24 * time.Hour},
 		Limits:     policy.Limits{MaxContentSize: 100 << 10, MaxReferences: 20, MaxDeviations: 5, MaxRetryAttempts: 3},
-		Compliance: policy.Compliance{StrictMode: true, RequireRationale: true, EnforceReferences: true},
+		Compliance: policy.Compliance{StrictMode: true, RequireRationale: true, EnforceReferences: true, RequireKnownTargets: true},
 	}
 	if p.Protocol != want {
 		t.Fatalf("protocol = %+v, want %+v", p.Protocol, want)
@@ -86,6 +86,26 @@ func TestBadFilesNameFileAndKey(t *testing.T) {
 				t.Fatalf("error %v, want it to contain %q", err, tt.want)
 			}
 		})
+	}
+}
+
+// TestRequireKnownTargets: the one key that is not the seed's is optional,
+// on by default, and may be turned off.
+func TestRequireKnownTargets(t *testing.T) {
+	t.Parallel()
+	agents, _ := config.Files.ReadFile(policy.AgentsFile)
+	protocol, _ := config.Files.ReadFile(policy.ProtocolFile)
+	for _, tt := range []struct {
+		name, line string
+		want       bool
+	}{{"left out", "", true}, {"on", "    require_known_targets: true\n", true}, {"off", "    require_known_targets: false\n", false}} {
+		p, err := policy.Parse(agents, []byte(strings.Replace(string(protocol), "    strict_mode: true\n", "    strict_mode: true\n"+tt.line, 1)), "config")
+		if err != nil {
+			t.Fatalf("%s: %v", tt.name, err)
+		}
+		if p.Protocol.Compliance.RequireKnownTargets != tt.want {
+			t.Errorf("%s: require_known_targets = %v", tt.name, p.Protocol.Compliance.RequireKnownTargets)
+		}
 	}
 }
 
