@@ -46,11 +46,12 @@ func (e *Error) Error() string {
 const maxAnswerBytes = 4 << 20
 
 // Client calls the Librarian's agent API (POST /agent/request, GET
-// /agent/status/{id}) with a token of its own.
+// /agent/status/{id}) with a token of its own per agent: a Librarian agent
+// token acts for one agent_id.
 type Client struct {
-	base  func() string
-	token string
-	http  *http.Client
+	base   func() string
+	tokens func(agentID string) string
+	http   *http.Client
 	// Attempts bounds the tries of one call that the Librarian answers
 	// with a transport error, a 5xx or a 429 (default 3); Backoff is the
 	// first pause between them, doubling (default 200ms). A submission is
@@ -60,14 +61,19 @@ type Client struct {
 }
 
 // NewClient calls the Librarian at the URL base returns (its scheme, host
-// and any path prefix, e.g. an API Gateway stage), presenting token when
-// not empty. hc carries the transport (tracing) and the per-call timeout;
-// nil is a client with a 15 s timeout.
-func NewClient(base func() string, token string, hc *http.Client) *Client {
+// and any path prefix, e.g. an API Gateway stage), presenting the token
+// tokens gives for the agent a call is for, when there is one (nil: none,
+// for a Librarian that takes none in development). hc carries the
+// transport (tracing) and the per-call timeout; nil is a client with a
+// 15 s timeout.
+func NewClient(base func() string, tokens func(agentID string) string, hc *http.Client) *Client {
 	if hc == nil {
 		hc = &http.Client{Timeout: 15 * time.Second}
 	}
-	return &Client{base: base, token: token, http: hc, Attempts: 3, Backoff: 200 * time.Millisecond}
+	if tokens == nil {
+		tokens = func(string) string { return "" }
+	}
+	return &Client{base: base, tokens: tokens, http: hc, Attempts: 3, Backoff: 200 * time.Millisecond}
 }
 
 var (
@@ -84,7 +90,7 @@ func (c *Client) Submit(ctx context.Context, req *librarianv1.AgentRequest, key 
 		return nil, fmt.Errorf("encoding the request: %w", err)
 	}
 	resp := &librarianv1.LibrarianResponse{}
-	if err := c.do(ctx, http.MethodPost, "/agent/request", body, key, resp); err != nil {
+	if err := c.do(ctx, http.MethodPost, "/agent/request", body, key, c.tokens(req.GetAgentId()), resp); err != nil {
 		return nil, err
 	}
 	if resp.GetRequestId() == "" || resp.GetStatus() == "" {
@@ -93,16 +99,16 @@ func (c *Client) Submit(ctx context.Context, req *librarianv1.AgentRequest, key 
 	return resp, nil
 }
 
-// Status reads GET /agent/status/{id}.
-func (c *Client) Status(ctx context.Context, id string) (*librarianv1.RequestStatus, error) {
+// Status reads GET /agent/status/{id} as agentID, whose request it is.
+func (c *Client) Status(ctx context.Context, id, agentID string) (*librarianv1.RequestStatus, error) {
 	st := &librarianv1.RequestStatus{}
-	if err := c.do(ctx, http.MethodGet, "/agent/status/"+url.PathEscape(id), nil, "", st); err != nil {
+	if err := c.do(ctx, http.MethodGet, "/agent/status/"+url.PathEscape(id), nil, "", c.tokens(agentID), st); err != nil {
 		return nil, err
 	}
 	return st, nil
 }
 
-func (c *Client) do(ctx context.Context, method, path string, body []byte, key string, out proto.Message) error {
+func (c *Client) do(ctx context.Context, method, path string, body []byte, key, token string, out proto.Message) error {
 	base := strings.TrimSuffix(c.base(), "/")
 	if base == "" {
 		return fmt.Errorf("%w: its address is not known", ErrUnavailable)
@@ -110,7 +116,7 @@ func (c *Client) do(ctx context.Context, method, path string, body []byte, key s
 	pause := c.Backoff
 	var last error
 	for attempt := 1; ; attempt++ {
-		retryAfter, err := c.once(ctx, method, base+path, body, key, out)
+		retryAfter, err := c.once(ctx, method, base+path, body, key, token, out)
 		if err == nil {
 			return nil
 		}
@@ -133,7 +139,7 @@ func (c *Client) do(ctx context.Context, method, path string, body []byte, key s
 
 // once makes one call; a retryable failure wraps ErrUnavailable and may
 // say how long the Librarian asked to wait.
-func (c *Client) once(ctx context.Context, method, u string, body []byte, key string, out proto.Message) (time.Duration, error) {
+func (c *Client) once(ctx context.Context, method, u string, body []byte, key, token string, out proto.Message) (time.Duration, error) {
 	var rd io.Reader
 	if body != nil {
 		rd = bytes.NewReader(body)
@@ -149,8 +155,8 @@ func (c *Client) once(ctx context.Context, method, u string, body []byte, key st
 	if key != "" {
 		req.Header.Set("Idempotency-Key", key)
 	}
-	if c.token != "" {
-		req.Header.Set("Authorization", "Bearer "+c.token)
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
 	}
 	resp, err := c.http.Do(req)
 	if err != nil {

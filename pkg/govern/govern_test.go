@@ -167,7 +167,7 @@ func newEnv(t *testing.T, answer func(n int) (int, string)) *env {
 	t.Cleanup(libSrv.Close)
 	busSrv := httptest.NewServer(e.bus)
 	t.Cleanup(busSrv.Close)
-	client := NewClient(func() string { return libSrv.URL }, "lib_token_0123456789abcdef", nil)
+	client := NewClient(func() string { return libSrv.URL }, func(string) string { return "lib_token_0123456789abcdef" }, nil)
 	client.Backoff = time.Millisecond
 	e.watcher = NewWatcher(WatcherOptions{URL: func() string { return "ws" + strings.TrimPrefix(busSrv.URL, "http") }, ClientID: "test",
 		Status: client.Status, BackoffMin: 10 * time.Millisecond, BackoffMax: 20 * time.Millisecond})
@@ -238,7 +238,7 @@ func TestAskOutcomes(t *testing.T) {
 }
 
 func TestLibrarianUnreachable(t *testing.T) {
-	client := NewClient(func() string { return "http://127.0.0.1:1" }, "", nil)
+	client := NewClient(func() string { return "http://127.0.0.1:1" }, nil, nil)
 	client.Backoff = time.Millisecond
 	rec := &recorder{}
 	out := NewGovernor(client, nil, rec, nil, nil).Ask(context.Background(), Ask{Request: request(), Key: "k"})
@@ -347,7 +347,7 @@ func TestCancelledWait(t *testing.T) {
 func TestDecisionBeforeWatch(t *testing.T) {
 	w := NewWatcher(WatcherOptions{})
 	w.deliver(Decision{RequestID: "r", Status: "approved"})
-	wt := w.Watch("r")
+	wt := w.Watch("r", "a")
 	defer wt.Stop()
 	select {
 	case d := <-wt.C:
@@ -364,7 +364,7 @@ func TestClientAnswerTooLarge(t *testing.T) {
 		_, _ = io.WriteString(w, `{"request_id":"x","status":"approved","feedback":"`+strings.Repeat("a", maxAnswerBytes)+`"}`)
 	}))
 	defer srv.Close()
-	c := NewClient(func() string { return srv.URL }, "", nil)
+	c := NewClient(func() string { return srv.URL }, nil, nil)
 	c.Attempts = 1
 	if _, err := c.Submit(context.Background(), request(), "k"); err == nil || !strings.Contains(err.Error(), "over") {
 		t.Fatalf("err %v", err)

@@ -173,7 +173,8 @@ func (g *Governor) ask(ctx context.Context, a Ask, span trace.Span) (out Outcome
 	}
 	started := time.Now()
 	defer func() { out.Waited = time.Since(started) }()
-	watch := g.watcher.Watch(out.RequestID)
+	agent := a.Request.GetAgentId()
+	watch := g.watcher.Watch(out.RequestID, agent)
 	defer watch.Stop()
 	span.AddEvent("escalated", trace.WithAttributes(attribute.String("conclave.librarian.review_url", out.ReviewURL),
 		attribute.String("conclave.librarian.deadline", deadline.UTC().Format(time.RFC3339))))
@@ -183,7 +184,7 @@ func (g *Governor) ask(ctx context.Context, a Ask, span trace.Span) (out Outcome
 	if !a.Deadline.IsZero() {
 		// A wait taken up again: the decision may have come while no one
 		// listened.
-		go g.watcher.Check(context.WithoutCancel(ctx), out.RequestID)
+		go g.watcher.Check(context.WithoutCancel(ctx), out.RequestID, agent)
 	}
 	timer := time.NewTimer(time.Until(deadline))
 	defer timer.Stop()
@@ -199,7 +200,7 @@ func (g *Governor) ask(ctx context.Context, a Ask, span trace.Span) (out Outcome
 	// The deadline: one last read, which makes the Librarian apply its
 	// own escalation timeout if it is due.
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 15*time.Second)
-	g.watcher.Check(cctx, out.RequestID)
+	g.watcher.Check(cctx, out.RequestID, agent)
 	cancel()
 	select {
 	case d := <-watch.C:

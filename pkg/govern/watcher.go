@@ -59,7 +59,7 @@ type WatcherOptions struct {
 	// Status reads a request's status once (Client.Status): after every
 	// (re)subscription, for each request waited on, a decision missed
 	// while the connection was down is found this way.
-	Status func(ctx context.Context, id string) (*librarianv1.RequestStatus, error)
+	Status func(ctx context.Context, id, agentID string) (*librarianv1.RequestStatus, error)
 	Logger *slog.Logger
 	// MaxFrameBytes bounds one message from the bus (default 1 MiB).
 	MaxFrameBytes int
@@ -82,8 +82,11 @@ type Watcher struct {
 
 	mu      sync.Mutex
 	waiters map[string]map[*Watch]struct{}
-	recent  map[string]Decision
-	order   []string
+	// agents names the agent of each request waited on, whose token
+	// reads its status.
+	agents map[string]string
+	recent map[string]Decision
+	order  []string
 }
 
 // recentDecisions bounds the decisions kept for waiters yet to come.
@@ -106,7 +109,7 @@ func NewWatcher(o WatcherOptions) *Watcher {
 	if o.BackoffMax < o.BackoffMin {
 		o.BackoffMax = max(5*time.Second, o.BackoffMin)
 	}
-	return &Watcher{o: o, waiters: map[string]map[*Watch]struct{}{}, recent: map[string]Decision{}}
+	return &Watcher{o: o, waiters: map[string]map[*Watch]struct{}{}, agents: map[string]string{}, recent: map[string]Decision{}}
 }
 
 // Connected reports whether the watcher is subscribed now.
@@ -122,9 +125,9 @@ type Watch struct {
 	once sync.Once
 }
 
-// Watch registers for the decision of request id. A decision heard
-// already is delivered at once. Stop ends the registration.
-func (w *Watcher) Watch(id string) *Watch {
+// Watch registers for the decision of request id, agentID's. A decision
+// heard already is delivered at once. Stop ends the registration.
+func (w *Watcher) Watch(id, agentID string) *Watch {
 	c := make(chan Decision, 1)
 	wt := &Watch{w: w, id: id, C: c, c: c}
 	w.mu.Lock()
@@ -136,6 +139,7 @@ func (w *Watcher) Watch(id string) *Watch {
 	if w.waiters[id] == nil {
 		w.waiters[id] = map[*Watch]struct{}{}
 	}
+	w.agents[id] = agentID
 	w.waiters[id][wt] = struct{}{}
 	return wt
 }
@@ -149,6 +153,7 @@ func (wt *Watch) Stop() {
 			delete(set, wt)
 			if len(set) == 0 {
 				delete(wt.w.waiters, wt.id)
+				delete(wt.w.agents, wt.id)
 			}
 		}
 	})
@@ -173,14 +178,16 @@ func (w *Watcher) deliver(d Decision) {
 		}
 	}
 	delete(w.waiters, d.RequestID)
+	delete(w.agents, d.RequestID)
 }
 
-// Check reads request id's status once and delivers it if it is decided.
-func (w *Watcher) Check(ctx context.Context, id string) {
+// Check reads request id's status once, as agentID, and delivers it if it
+// is decided.
+func (w *Watcher) Check(ctx context.Context, id, agentID string) {
 	if w.o.Status == nil {
 		return
 	}
-	st, err := w.o.Status(ctx, id)
+	st, err := w.o.Status(ctx, id, agentID)
 	if err != nil {
 		w.o.Logger.WarnContext(ctx, "govern: reading a request's status", "request_id", id, "error", err)
 		return
@@ -193,16 +200,16 @@ func (w *Watcher) Check(ctx context.Context, id string) {
 // checkAll reads once the status of every request waited on.
 func (w *Watcher) checkAll(ctx context.Context) {
 	w.mu.Lock()
-	ids := make([]string, 0, len(w.waiters))
-	for id := range w.waiters {
-		ids = append(ids, id)
+	agents := make(map[string]string, len(w.agents))
+	for id, agent := range w.agents {
+		agents[id] = agent
 	}
 	w.mu.Unlock()
-	for _, id := range ids {
+	for id, agent := range agents {
 		if ctx.Err() != nil {
 			return
 		}
-		w.Check(ctx, id)
+		w.Check(ctx, id, agent)
 	}
 }
 

@@ -42,6 +42,9 @@ const (
 	PermissionAllow       = "allow"
 	PermissionDeny        = "deny"
 	PermissionAllowAlways = "allow_always"
+	// PermissionLibrarian asks the Librarian (docs/governance.md): each
+	// request becomes an APPROVAL; what it escalates, a person decides.
+	PermissionLibrarian = "librarian"
 )
 
 // Type is one registry entry. The YAML keys are seed 002's field names.
@@ -71,9 +74,13 @@ type Type struct {
 	Enabled   bool     `yaml:"enabled"`
 	// Env is set for every instance of the type, under the launch's env.
 	Env map[string]string `yaml:"env"`
-	// Permission answers session/request_permission (ACP): allow, deny or
-	// allow_always; default deny.
+	// Permission answers session/request_permission (ACP): allow, deny,
+	// allow_always or librarian; default deny.
 	Permission string `yaml:"permission"`
+	// ApprovalTimeout bounds, for permission librarian, how long a request
+	// the Librarian escalated waits for a person, when shorter than the
+	// Librarian's own timeouts.escalation; 0: the Librarian's.
+	ApprovalTimeout time.Duration `yaml:"approval_timeout"`
 	// Args maps a oneshot agent's parameters to command-line flags
 	// (issue_number: --issue), as the bridge's config.yaml does.
 	Args map[string]string `yaml:"args"`
@@ -138,9 +145,15 @@ func (t Type) Validate() error {
 		return fmt.Errorf("agent type %s: protocol %q is not one of acp, kandev, legacy, oneshot (or empty to detect)", t.ID, t.Protocol)
 	}
 	switch t.Permission {
-	case "", PermissionAllow, PermissionDeny, PermissionAllowAlways:
+	case "", PermissionAllow, PermissionDeny, PermissionAllowAlways, PermissionLibrarian:
 	default:
-		return fmt.Errorf("agent type %s: permission %q is not one of allow, deny, allow_always", t.ID, t.Permission)
+		return fmt.Errorf("agent type %s: permission %q is not one of allow, deny, allow_always, librarian", t.ID, t.Permission)
+	}
+	switch {
+	case t.ApprovalTimeout < 0:
+		return fmt.Errorf("agent type %s: negative approval_timeout %s", t.ID, t.ApprovalTimeout)
+	case t.ApprovalTimeout > 0 && t.Permission != PermissionLibrarian:
+		return fmt.Errorf("agent type %s: approval_timeout is for permission librarian only", t.ID)
 	}
 	return t.validateEnvNames()
 }

@@ -332,6 +332,7 @@ func (ss *session) runStdio(ctx context.Context, proc executor.Process, typ agen
 	}
 	client := acp.New(stdio.Stdout(), stdio.Stdin(), acp.Options{
 		Dialect: typ.Protocol, Workspace: ss.launch.Workspace, Permission: typ.Permission, MaxLine: o.MaxLine,
+		Govern:   ss.governor(typ, ss.launch.Workspace, ss.launch.Workspace),
 		OnUpdate: ss.onUpdate, OnDrop: o.Metrics.Drop, Logger: ss.s.log.With("instance_id", ss.launch.ID),
 	})
 	defer client.Close()

@@ -163,6 +163,9 @@ func (ss *session) turn(ctx context.Context, client conversation, p pendingPromp
 		t   acp.Turn
 		err error
 	)
+	ss.mu.Lock()
+	ss.curTurn, ss.said, ss.saidBefore = p.turn, "", ""
+	ss.mu.Unlock()
 	stopWatch := ss.watchSilence(client)
 	if d, ok := client.(durableTurns); ok {
 		t, err = d.PromptTurn(ctx, int64(p.turn), p.message, ss.s.o.ProtocolTimeout)
@@ -199,7 +202,7 @@ func (ss *session) turn(ctx context.Context, client conversation, p pendingPromp
 		status, errText = records.StatusFailed, why
 	}
 	ss.setStatus(ctx, func(in *records.Instance) {
-		in.Status, in.Error, in.FinishedAt = status, errText, time.Now().UTC()
+		in.Status, in.Error, in.FinishedAt, in.Approval = status, errText, time.Now().UTC(), nil
 		if status == records.StatusCompleted {
 			in.Progress = 100
 		}
@@ -235,6 +238,7 @@ func (ss *session) onUpdate(ctx context.Context, u acp.Update) {
 		return
 	}
 	ss.s.o.Metrics.Update(u.Kind)
+	ss.noteSaid(u)
 	text := u.Kind
 	if u.ToolName != "" || u.ToolCallID != "" {
 		text += " " + firstNonEmpty(u.ToolName, u.ToolCallID)
@@ -305,6 +309,11 @@ func (ss *session) watchSilence(client conversation) (stop func()) {
 			last := h.LastHeard()
 			if last.Before(since) {
 				last = since
+			}
+			if ss.asking.Load() > 0 {
+				// The agent waits on our answer to its permission
+				// request (a person may take long): it is not silent.
+				since, last = time.Now(), time.Now()
 			}
 			if quiet := time.Since(last); quiet < limit {
 				check.Reset(limit - quiet)

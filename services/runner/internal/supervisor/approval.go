@@ -1,0 +1,180 @@
+package supervisor
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"time"
+
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/conclave-ai/conclave/pkg/govern"
+	"github.com/conclave-ai/conclave/services/runner/internal/acp"
+	"github.com/conclave-ai/conclave/services/runner/internal/agenttype"
+	"github.com/conclave-ai/conclave/services/runner/internal/approval"
+	"github.com/conclave-ai/conclave/services/runner/internal/records"
+)
+
+// Governor asks the Librarian and waits for a person's decision on what it
+// escalates (pkg/govern).
+type Governor interface {
+	Ask(ctx context.Context, a govern.Ask) govern.Outcome
+}
+
+// EventPermissionDecided announces how an agent's permission request under
+// the librarian policy was decided, on task:{task_id}.
+const EventPermissionDecided = "runner.permission.decided"
+
+// maxSaid bounds what the session keeps of what its agent said since its
+// last tool call: the stated reason of its next permission request.
+const maxSaid = 4 << 10
+
+// noteSaid keeps what the agent says in its turn, for the rationale of its
+// next permission request: the text since its last tool call.
+func (ss *session) noteSaid(u acp.Update) {
+	switch u.Kind {
+	case acp.KindContent:
+		ss.mu.Lock()
+		ss.said += u.Text
+		if len(ss.said) > 2*maxSaid {
+			ss.said = ss.said[len(ss.said)-maxSaid:]
+		}
+		ss.mu.Unlock()
+	case acp.KindToolCall:
+		ss.mu.Lock()
+		if ss.said != "" {
+			ss.saidBefore, ss.said = ss.said, ""
+		}
+		ss.mu.Unlock()
+	}
+}
+
+// governor is the type's Govern for the ACP client: nil for a type that
+// is not under the librarian policy. workspace is the workspace as the
+// agent sees it, local the same on this host ("" when the runner does not
+// see its files).
+func (ss *session) governor(typ agenttype.Type, workspace, local string) func(context.Context, acp.PermissionRequest) acp.PermissionAnswer {
+	if typ.Permission != agenttype.PermissionLibrarian {
+		return nil
+	}
+	return func(ctx context.Context, p acp.PermissionRequest) acp.PermissionAnswer {
+		return ss.askLibrarian(ctx, typ, workspace, local, p)
+	}
+}
+
+// askLibrarian decides an agent's permission request by the Librarian:
+// an APPROVAL request; if it is escalated, the instance is
+// awaiting_approval (with the review's URL) until a person decides or the
+// wait times out. Every refusal, and why, is in the log and on the task's
+// topic. It fails closed.
+func (ss *session) askLibrarian(ctx context.Context, typ agenttype.Type, workspace, local string, p acp.PermissionRequest) acp.PermissionAnswer {
+	if !trace.SpanContextFromContext(ctx).IsValid() {
+		ctx = ss.traceCtx(ctx)
+	}
+	ss.asking.Add(1)
+	defer ss.asking.Add(-1)
+	ss.mu.Lock()
+	turn, said := ss.curTurn, ss.said
+	if said == "" {
+		// The agent announced the tool call before it asked: what it
+		// said before that is its reason.
+		said = ss.saidBefore
+	}
+	ss.mu.Unlock()
+	req, key := approval.Request(approval.Input{AgentType: typ.ID, InstanceID: ss.launch.ID, TaskID: ss.launch.TaskID, Turn: turn,
+		Workspace: workspace, Local: local, ToolCall: p.ToolCall, Said: said})
+	title := toolTitle(p)
+	ss.log.Add(StreamRunner, fmt.Sprintf("permission requested: %s (%s %s); asking the Librarian", title, req.Action, req.TargetType))
+	g := ss.s.o.Governor
+	if g == nil {
+		out := govern.Outcome{Decision: govern.Unavailable, Reason: "no Librarian is configured for this runner (CONCLAVE_RUNNER_LIBRARIAN_URL)"}
+		return ss.answer(ctx, p, out)
+	}
+	// A wait taken up again (this runner restarted mid-wait, and the agent
+	// asked again) keeps the deadline it had.
+	var deadline time.Time
+	ss.stMu.Lock()
+	if a := ss.in.Approval; a != nil && a.Key == key {
+		deadline = a.Deadline
+	}
+	ss.stMu.Unlock()
+	escalated := false
+	out := g.Ask(ctx, govern.Ask{Request: req, Key: key, MaxWait: typ.ApprovalTimeout, Deadline: deadline,
+		Escalated: func(ctx context.Context, pending govern.Pending) {
+			escalated = true
+			ss.log.Add(StreamRunner, fmt.Sprintf("permission for %s escalated to a person (%s); waiting until %s; review: %s",
+				title, firstNonEmpty(pending.Reason, "no reason given"), pending.Deadline.UTC().Format(time.RFC3339), pending.ReviewURL))
+			ss.setStatus(ctx, func(in *records.Instance) {
+				if in.Terminal() {
+					return
+				}
+				in.Status = records.StatusAwaitingApproval
+				in.Approval = &records.Approval{RequestID: pending.RequestID, ReviewURL: pending.ReviewURL, Key: key, Turn: turn,
+					ToolCallID: string(p.ToolCall.ToolCallId), Title: title, Since: time.Now().UTC(), Deadline: pending.Deadline.UTC()}
+			})
+		}})
+	if escalated {
+		ss.setStatus(context.WithoutCancel(ctx), func(in *records.Instance) {
+			if in.Status == records.StatusAwaitingApproval {
+				in.Status = records.StatusRunning
+			}
+			in.Approval = nil
+		})
+	}
+	return ss.answer(ctx, p, out)
+}
+
+// answer logs and announces how a permission request was decided, and
+// turns the outcome into the ACP client's answer.
+func (ss *session) answer(ctx context.Context, p acp.PermissionRequest, out govern.Outcome) acp.PermissionAnswer {
+	title := toolTitle(p)
+	line := fmt.Sprintf("permission for %s: %s", title, out.Decision)
+	switch {
+	case out.Allowed && len(out.Constraints) > 0:
+		line += "; constraints: " + strings.Join(out.Constraints, "; ")
+	case out.Allowed:
+	case out.FailedClosed():
+		line += " (failing closed: refused): " + out.Reason
+	default:
+		line += ": refused: " + out.Reason
+	}
+	if out.RequestID != "" {
+		line += " [librarian request " + out.RequestID + "]"
+	}
+	ss.log.Add(StreamRunner, line)
+	meta := map[string]any{"decision": out.Decision, "allowed": out.Allowed}
+	if out.RequestID != "" {
+		meta["request_id"] = out.RequestID
+	}
+	if out.ReviewURL != "" {
+		meta["review_url"] = out.ReviewURL
+	}
+	if out.Reason != "" {
+		meta["reason"] = out.Reason
+	}
+	if len(out.Constraints) > 0 {
+		cs := make([]any, len(out.Constraints))
+		for i, c := range out.Constraints {
+			cs[i] = c
+		}
+		meta["constraints"] = cs
+	}
+	payload := map[string]any{"instance_id": ss.launch.ID, "tool_call_id": string(p.ToolCall.ToolCallId), "title": title,
+		"escalated": out.Escalated, "failed_closed": out.FailedClosed()}
+	for k, v := range meta {
+		payload[k] = v
+	}
+	if out.Escalated {
+		payload["waited_seconds"] = out.Waited.Seconds()
+	}
+	ss.s.events.Publish(ctx, EventPermissionDecided, ss.launch.TaskID, ss.launch.ID, payload)
+	return acp.PermissionAnswer{Allow: out.Allowed, Meta: meta}
+}
+
+func toolTitle(p acp.PermissionRequest) string {
+	title := string(p.ToolCall.ToolCallId)
+	if p.ToolCall.Title != nil && *p.ToolCall.Title != "" {
+		title = *p.ToolCall.Title
+	}
+	return fmt.Sprintf("%q", strings.Join(strings.Fields(title), " "))
+}
