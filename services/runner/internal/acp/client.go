@@ -130,7 +130,7 @@ type Client struct {
 	// turnCancelled is closed with it, ending the waits of governed ones.
 	cancelled     bool
 	turnCancelled chan struct{}
-	capabilities AgentCapabilities
+	capabilities  AgentCapabilities
 	// turn is the turn begun and not yet ended, if any; turns numbers them.
 	turn  *turnState
 	turns uint64
