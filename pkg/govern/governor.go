@@ -118,6 +118,10 @@ type Outcome struct {
 	// Escalated: a person was asked; Waited is how long the wait took.
 	Escalated bool
 	Waited    time.Duration
+	// Via says how an escalated request's decision came: "bus" (its event)
+	// or "status" (read once: on a reconnection, a restart, or at the
+	// deadline).
+	Via string
 }
 
 // FailedClosed reports whether the outcome is a refusal made because the
@@ -191,6 +195,7 @@ func (g *Governor) ask(ctx context.Context, a Ask, span trace.Span) (out Outcome
 	select {
 	case d := <-watch.C:
 		g.traceDecision(ctx, d)
+		out.Via = d.Via
 		return decide(out, d.Status, d.Response)
 	case <-ctx.Done():
 		out.Decision, out.Reason = Cancelled, "the wait for a decision was given up: "+context.Cause(ctx).Error()
@@ -205,11 +210,12 @@ func (g *Governor) ask(ctx context.Context, a Ask, span trace.Span) (out Outcome
 	select {
 	case d := <-watch.C:
 		g.traceDecision(ctx, d)
+		out.Via = d.Via
 		return decide(out, d.Status, d.Response)
 	default:
 	}
 	out.Decision = Timeout
-	out.Reason = fmt.Sprintf("no one decided within the time allowed (until %s); refused", deadline.UTC().Format(time.RFC3339))
+	out.Reason = fmt.Sprintf("no one decided within the time allowed (until %s)", deadline.UTC().Format(time.RFC3339))
 	return out
 }
 

@@ -104,3 +104,13 @@ func newGovernance(cfg Config, deps Deps, registry *agenttype.Registry, serverID
 		ClientID: "runner-" + serverID + "-" + hex.EncodeToString(suffix), Status: client.Status, Logger: deps.Logger})
 	return govern.NewGovernor(client, watcher, m, tel.TracerProvider(), deps.Logger), watcher, nil
 }
+
+// GovernedTypes lists the enabled agent types of cfg's registry under the
+// librarian policy: conclave dev registers them with its Librarian.
+func GovernedTypes(cfg Config) ([]string, error) {
+	registry, err := agenttype.Load(cfg.AgentTypesFile)
+	if err != nil {
+		return nil, fmt.Errorf("CONCLAVE_RUNNER_AGENT_TYPES: %w", err)
+	}
+	return governed(registry), nil
+}

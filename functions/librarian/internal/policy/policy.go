@@ -185,6 +185,22 @@ func (p *Policy) AgentIDs() []string {
 	return ids
 }
 
+// AddAgent registers id, when the registry lacks it, as an agent that may
+// ask about changes to every target type (read, write, analyze; the
+// protocol's max_content_size; 1000/hour): conclave dev's entry for the
+// runner's agent types under the librarian permission policy, so that the
+// flow works without an agents.yaml of one's own. It reports whether it
+// added one.
+func (p *Policy) AddAgent(id string) bool {
+	if _, ok := p.Agents[id]; ok || id == "" {
+		return false
+	}
+	p.Agents[id] = Agent{ID: id, Type: "runner-agent", Capabilities: []string{"read", "write", "analyze"},
+		RateLimit: Rate{Count: 1000, Window: time.Hour}, MaxRequestSize: p.Protocol.Limits.MaxContentSize,
+		AllowedTargets: slices.Clone(TargetTypes)}
+	return true
+}
+
 // Load reads agents.yaml and protocol.yaml from fsys; dir names the
 // directory in errors.
 func Load(fsys fs.FS, dir string) (*Policy, error) {

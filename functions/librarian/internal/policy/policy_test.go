@@ -132,3 +132,21 @@ func TestParseRateAndSize(t *testing.T) {
 		}
 	}
 }
+
+func TestAddAgent(t *testing.T) {
+	t.Parallel()
+	p, err := policy.Load(config.Files, "config")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.AddAgent("claude-3") {
+		t.Error("an agent of agents.yaml was replaced")
+	}
+	if !p.AddAgent("npm-example") {
+		t.Fatal("not added")
+	}
+	a, _ := p.Agent("npm-example")
+	if !a.Can("write") || !a.Can("read") || len(a.AllowedTargets) != len(policy.TargetTypes) || a.MaxRequestSize != p.Protocol.Limits.MaxContentSize {
+		t.Fatalf("added %+v", a)
+	}
+}

@@ -129,6 +129,9 @@ func (ss *session) askLibrarian(ctx context.Context, typ agenttype.Type, workspa
 func (ss *session) answer(ctx context.Context, p acp.PermissionRequest, out govern.Outcome) acp.PermissionAnswer {
 	title := toolTitle(p)
 	line := fmt.Sprintf("permission for %s: %s", title, out.Decision)
+	if out.Escalated && out.Via != "" {
+		line += fmt.Sprintf(" (after %s waiting for a person; the decision came by %s)", out.Waited.Round(time.Millisecond), map[string]string{"bus": "the bus", "status": "a status read"}[out.Via])
+	}
 	switch {
 	case out.Allowed && len(out.Constraints) > 0:
 		line += "; constraints: " + strings.Join(out.Constraints, "; ")
