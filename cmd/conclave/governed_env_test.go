@@ -76,6 +76,8 @@ type governedOptions struct {
 	// runnerProcess: the test runs the runner itself (a process it can
 	// kill), and the env only the Librarian and the bus.
 	runnerProcess bool
+	// telemetry, when set, gives each service its provider (Jaeger's).
+	telemetry func(service string) *telemetry.Provider
 }
 
 // governedEnv is the three services of a governed test.
@@ -204,6 +206,10 @@ func startGoverned(t *testing.T, o governedOptions) *governedEnv {
 		t.Fatal(err)
 	}
 	e.tel = tel
+	telOf := func(string) *telemetry.Provider { return tel }
+	if o.telemetry != nil {
+		telOf = o.telemetry
+	}
 
 	libCfg := loadConfig[librarian.Config](t, map[string]string{
 		"CONCLAVE_LIBRARIAN_HTTP_ADDR":       "127.0.0.1:0",
@@ -212,7 +218,7 @@ func startGoverned(t *testing.T, o governedOptions) *governedEnv {
 		"CONCLAVE_LIBRARIAN_REVIEWER_TOKENS": "alice=" + reviewerLibToken,
 		"CONCLAVE_LIBRARIAN_SWEEP_INTERVAL":  "200ms",
 	})
-	e.lib, err = librarian.New(libCfg, librarian.Deps{Store: st, Queue: q, Logger: testLogger(t, "librarian"), Telemetry: tel})
+	e.lib, err = librarian.New(libCfg, librarian.Deps{Store: st, Queue: q, Logger: testLogger(t, "librarian"), Telemetry: telOf("librarian")})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -223,7 +229,7 @@ func startGoverned(t *testing.T, o governedOptions) *governedEnv {
 	busCfg := loadConfig[bus.Config](t, map[string]string{
 		"CONCLAVE_BUS_ADDR": "127.0.0.1:0", "CONCLAVE_BUS_SERVER_ID": "governed", "CONCLAVE_BUS_GRANTS": string(grants),
 	})
-	e.busSvc, err = bus.New(busCfg, testLogger(t, "bus"), tel, st, q, nil)
+	e.busSvc, err = bus.New(busCfg, testLogger(t, "bus"), telOf("bus"), st, q, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -259,7 +265,7 @@ func startGoverned(t *testing.T, o governedOptions) *governedEnv {
 			t.Fatal(err)
 		}
 	}
-	rn, err := runner.New(rcfg, runner.Deps{Store: st, Queue: q, Logger: testLogger(t, "runner"), Telemetry: tel})
+	rn, err := runner.New(rcfg, runner.Deps{Store: st, Queue: q, Logger: testLogger(t, "runner"), Telemetry: telOf("runner")})
 	if err != nil {
 		t.Fatal(err)
 	}

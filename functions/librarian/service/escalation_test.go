@@ -265,11 +265,20 @@ func TestDecisionEventInTheRequestsTrace(t *testing.T) {
 		map[string]any{"decision": "approve", "comment": "fine"}); r.status != 200 {
 		t.Fatalf("decision: %d %s", r.status, r.body)
 	}
-	evs := e.events(t)
-	if len(evs) != 1 || evs[0].Type != "librarian.request.approved" {
-		t.Fatalf("events %v", evs)
+	msgs, err := e.queue.Receive(context.Background(), service.Queues[0].Name, queue.ReceiveOptions{Max: 10})
+	if err != nil || len(msgs) != 1 {
+		t.Fatalf("messages %v, %v", msgs, err)
 	}
-	if tp := evs[0].GetTraceContext().GetTraceparent(); !strings.Contains(tp, agentTrace) {
+	env := &eventsv1.Envelope{}
+	if err := protojson.Unmarshal(msgs[0].Body, env); err != nil || env.Type != "librarian.request.approved" {
+		t.Fatalf("event %v, %v", env, err)
+	}
+	// Both the envelope and the message (whose attribute the bus reads
+	// first) carry the request's trace.
+	if tp := env.GetTraceContext().GetTraceparent(); !strings.Contains(tp, agentTrace) {
 		t.Fatalf("the decision event's traceparent %q is not in the request's trace %s", tp, agentTrace)
+	}
+	if tp := msgs[0].Attributes["traceparent"]; !strings.Contains(tp, agentTrace) {
+		t.Fatalf("the decision event's message has traceparent %q, not in the request's trace %s", tp, agentTrace)
 	}
 }
