@@ -80,6 +80,9 @@ func TestGovernedOutcomes(t *testing.T) {
 				if tt.decision == "approved" && ev["constraints"] == nil || tt.decision == "rejected" && !strings.Contains(fmt.Sprint(ev["reason"]), "deviations_not_allowed") {
 					t.Errorf("runner.permission.decided %v", ev)
 				}
+				if m := e.metrics(t); !strings.Contains(m, `conclave_runner_permission_requests_total{`) || !strings.Contains(m, `outcome="`+tt.decision+`"`) {
+					t.Errorf("permission_requests_total{outcome=%q} not counted:\n%s", tt.decision, grepLines(m, "permission"))
+				}
 			})
 		}
 	}
@@ -125,6 +128,9 @@ func TestGovernedEscalationDecidedInChromium(t *testing.T) {
 			}
 			if d := decided(t, msgs); d["decision"] != "approved" || d["escalated"] != true || !strings.Contains(fmt.Sprint(d["reason"]), "alice") {
 				t.Errorf("runner.permission.decided %v", d)
+			}
+			if m := e.metrics(t); !strings.Contains(m, `conclave_runner_approval_wait_seconds_count{`) {
+				t.Errorf("approval_wait_seconds not recorded:\n%s", grepLines(m, "approval"))
 			}
 		})
 	}
