@@ -88,6 +88,9 @@ func runDev(ctx context.Context, args []string, lookup config.Lookup, stdout, st
 	// addresses bound are given once they listen; these are the defaults).
 	cfg.Runner.LibrarianURL = "http://127.0.0.1:8081"
 	cfg.Runner.BusURL = "ws://127.0.0.1:7892"
+	// So do the bridge's governed tools (at the default addresses).
+	cfg.Bridge.LibrarianURL = "http://127.0.0.1:8081"
+	cfg.Bridge.BusURL = "ws://127.0.0.1:7892"
 	// Agents may work anywhere under the directory conclave dev runs in;
 	// those the bus's default handler launches work in it.
 	if wd, err := os.Getwd(); err == nil {
@@ -142,7 +145,8 @@ func runDev(ctx context.Context, args []string, lookup config.Lookup, stdout, st
 	if err != nil {
 		return err
 	}
-	lib, err := librarian.New(cfg.Librarian, librarian.Deps{Store: st, Queue: q, Logger: logger, Telemetry: tel, Agents: governed})
+	lib, err := librarian.New(cfg.Librarian, librarian.Deps{Store: st, Queue: q, Logger: logger, Telemetry: tel,
+		Agents: append(governed, cfg.Bridge.LibrarianAgent)})
 	if err != nil {
 		return err
 	}

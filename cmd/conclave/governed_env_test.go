@@ -45,6 +45,9 @@ const (
 	runnerLibToken   = "lib-runner-npm-governed-0123456789"
 	reviewerLibToken = "lib-reviewer-alice-0123456789abcd"
 	runnerBusToken   = "bus-runner-0123456789abcdef0123"
+	bridgeAgent      = "conclave-bridge"
+	bridgeLibToken   = "lib-bridge-0123456789abcdef0123"
+	bridgeBusToken   = "bus-bridge-0123456789abcdef0123"
 	adminBusToken    = "bus-admin-0123456789abcdef01234"
 	// The example agent's permission request.
 	governedTitle = "Modifying critical configuration file"
@@ -116,7 +119,9 @@ func librarianConfig(t *testing.T, replace map[string]string) string {
 	t.Helper()
 	dir := t.TempDir()
 	agents, _ := libconfig.Files.ReadFile("agents.yaml")
-	agents = append(agents, []byte(fmt.Sprintf("\n  %s:\n    type: runner-agent\n    capabilities: [read, write, analyze]\n    rate_limit: 1000/hour\n    allowed_targets: [all]\n", governedType))...)
+	for _, id := range []string{governedType, bridgeAgent} {
+		agents = append(agents, []byte(fmt.Sprintf("\n  %s:\n    type: runner-agent\n    capabilities: [read, write, analyze]\n    rate_limit: 1000/hour\n    allowed_targets: [all]\n", id))...)
+	}
 	proto, _ := libconfig.Files.ReadFile("protocol.yaml")
 	text := string(proto)
 	for old, repl := range replace {
@@ -214,7 +219,7 @@ func startGoverned(t *testing.T, o governedOptions) *governedEnv {
 	libCfg := loadConfig[librarian.Config](t, map[string]string{
 		"CONCLAVE_LIBRARIAN_HTTP_ADDR":       "127.0.0.1:0",
 		"CONCLAVE_LIBRARIAN_CONFIG_DIR":      librarianConfig(t, o.protocol),
-		"CONCLAVE_LIBRARIAN_AGENT_TOKENS":    governedType + "=" + runnerLibToken,
+		"CONCLAVE_LIBRARIAN_AGENT_TOKENS":    governedType + "=" + runnerLibToken + "," + bridgeAgent + "=" + bridgeLibToken,
 		"CONCLAVE_LIBRARIAN_REVIEWER_TOKENS": "alice=" + reviewerLibToken,
 		"CONCLAVE_LIBRARIAN_SWEEP_INTERVAL":  "200ms",
 	})
@@ -224,6 +229,7 @@ func startGoverned(t *testing.T, o governedOptions) *governedEnv {
 	}
 	grants, _ := json.Marshal([]map[string]any{
 		{"token": runnerBusToken, "subscribe": []string{"system:librarian.*"}},
+		{"token": bridgeBusToken, "subscribe": []string{"system:librarian.request.*"}},
 		{"token": adminBusToken, "publish": []string{"*"}, "subscribe": []string{"*"}, "admin": true},
 	})
 	busCfg := loadConfig[bus.Config](t, map[string]string{
@@ -473,8 +479,7 @@ func waitEvent(t *testing.T, msgs <-chan map[string]any, typ string, d time.Dura
 }
 
 // metrics is what the process's Prometheus endpoint shows.
-func (e *governedEnv) metrics(t *testing.T) string {
-	t.Helper()
+func (e *governedEnv) metrics(*testing.T) string {
 	rec := httptest.NewRecorder()
 	e.tel.MetricsHandler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
 	return rec.Body.String()
