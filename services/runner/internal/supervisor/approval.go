@@ -2,10 +2,13 @@ package supervisor
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"os"
 	"strings"
 	"time"
 
+	sdk "github.com/coder/acp-go-sdk"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/conclave-ai/conclave/pkg/govern"
@@ -59,6 +62,37 @@ func (ss *session) governor(typ agenttype.Type, workspace, local string) func(co
 	}
 	return func(ctx context.Context, p acp.PermissionRequest) acp.PermissionAnswer {
 		return ss.askLibrarian(ctx, typ, workspace, local, p)
+	}
+}
+
+// hostedGovernor decides, for a type under the librarian policy, the
+// permission requests agent-host relays from an agent in a pod (nil for
+// other types): workspace is the agent's workspace in its pod; the runner
+// sees the same files only when the workspace is a claim it mounts too.
+// The wait ends with the turn.
+func (ss *session) hostedGovernor(typ agenttype.Type) func(context.Context, json.RawMessage, string) acp.PermissionAnswer {
+	if typ.Permission != agenttype.PermissionLibrarian {
+		return nil
+	}
+	return func(ctx context.Context, params json.RawMessage, workspace string) acp.PermissionAnswer {
+		var p sdk.RequestPermissionRequest
+		if err := json.Unmarshal(params, &p); err != nil {
+			return acp.PermissionAnswer{Meta: map[string]any{"decision": "unavailable", "reason": "the permission request is not ACP's: " + err.Error()}}
+		}
+		local := ""
+		if fi, err := os.Stat(ss.launch.Workspace); err == nil && fi.IsDir() {
+			local = ss.launch.Workspace
+		}
+		ss.mu.Lock()
+		turnCtx := ss.turnCtx
+		ss.mu.Unlock()
+		if turnCtx != nil {
+			var stop context.CancelFunc
+			ctx, stop = context.WithCancel(ctx)
+			defer stop()
+			defer context.AfterFunc(turnCtx, stop)()
+		}
+		return ss.askLibrarian(ctx, typ, workspace, local, acp.PermissionRequest{Params: params, ToolCall: p.ToolCall, Options: p.Options})
 	}
 }
 

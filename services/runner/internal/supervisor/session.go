@@ -105,6 +105,9 @@ type session struct {
 	// requests).
 	curTurn          int
 	said, saidBefore string
+	// turnCtx ends with the turn in progress: a hosted agent's permission
+	// request waits no longer.
+	turnCtx context.Context
 	// asking counts the agent's permission requests being decided: an
 	// agent waiting on its answer is not silent.
 	asking atomic.Int32

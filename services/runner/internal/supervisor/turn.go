@@ -163,8 +163,10 @@ func (ss *session) turn(ctx context.Context, client conversation, p pendingPromp
 		t   acp.Turn
 		err error
 	)
+	turnCtx, endTurn := context.WithCancel(context.WithoutCancel(ctx))
+	defer endTurn()
 	ss.mu.Lock()
-	ss.curTurn, ss.said, ss.saidBefore = p.turn, "", ""
+	ss.curTurn, ss.said, ss.saidBefore, ss.turnCtx = p.turn, "", "", turnCtx
 	ss.mu.Unlock()
 	stopWatch := ss.watchSilence(client)
 	if d, ok := client.(durableTurns); ok {
