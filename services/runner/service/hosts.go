@@ -32,11 +32,11 @@ var (
 )
 
 func (h *hostLinks) Expect(instanceID string, launch int64, onUpdate func(context.Context, acp.Update), onLog func(stream, text string),
-	onPermission func(context.Context, json.RawMessage, string) acp.PermissionAnswer) supervisor.HostLink {
+	onPermission func(context.Context, json.RawMessage, string, int) acp.PermissionAnswer) supervisor.HostLink {
 	var decide func(context.Context, hostlink.PermissionRequest) acp.PermissionAnswer
 	if onPermission != nil {
 		decide = func(ctx context.Context, p hostlink.PermissionRequest) acp.PermissionAnswer {
-			return onPermission(ctx, p.Params, p.Workspace)
+			return onPermission(ctx, p.Params, p.Workspace, int(p.Turn))
 		}
 	}
 	return hostLink{h.hub.Expect(instanceID, launch, hostlink.LinkOptions{

@@ -1437,7 +1437,10 @@ type PermissionRequest struct {
 	// The agent's workspace in its pod, which its paths are relative to.
 	Workspace string `protobuf:"bytes,3,opt,name=workspace,proto3" json:"workspace,omitempty"`
 	// The turn's trace context (W3C traceparent), for the runner's spans.
-	Traceparent   string `protobuf:"bytes,4,opt,name=traceparent,proto3" json:"traceparent,omitempty"`
+	Traceparent string `protobuf:"bytes,4,opt,name=traceparent,proto3" json:"traceparent,omitempty"`
+	// The turn it belongs to: the Prompt's durable turn number (0 when no
+	// turn runs).
+	Turn          int64 `protobuf:"varint,5,opt,name=turn,proto3" json:"turn,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1498,6 +1501,13 @@ func (x *PermissionRequest) GetTraceparent() string {
 		return x.Traceparent
 	}
 	return ""
+}
+
+func (x *PermissionRequest) GetTurn() int64 {
+	if x != nil {
+		return x.Turn
+	}
+	return 0
 }
 
 // PermissionAnswer is the runner's decision on a PermissionRequest.
@@ -1669,12 +1679,13 @@ const file_conclave_runner_v1_agenthost_proto_rawDesc = "" +
 	"\x06Cancel\x12\x12\n" +
 	"\x04turn\x18\x01 \x01(\x03R\x04turn\x12\x16\n" +
 	"\x06reason\x18\x02 \x01(\tR\x06reason\"\a\n" +
-	"\x05Close\"{\n" +
+	"\x05Close\"\x8f\x01\n" +
 	"\x11PermissionRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x03R\x02id\x12\x16\n" +
 	"\x06params\x18\x02 \x01(\fR\x06params\x12\x1c\n" +
 	"\tworkspace\x18\x03 \x01(\tR\tworkspace\x12 \n" +
-	"\vtraceparent\x18\x04 \x01(\tR\vtraceparent\"e\n" +
+	"\vtraceparent\x18\x04 \x01(\tR\vtraceparent\x12\x12\n" +
+	"\x04turn\x18\x05 \x01(\x03R\x04turn\"e\n" +
 	"\x10PermissionAnswer\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x03R\x02id\x12\x17\n" +
 	"\ahost_id\x18\x02 \x01(\tR\x06hostId\x12\x14\n" +

@@ -110,6 +110,8 @@ type LinkOptions struct {
 type PermissionRequest struct {
 	Params    json.RawMessage
 	Workspace string
+	// Turn is the durable number of the turn that asks (0: none runs).
+	Turn int64
 }
 
 // Expect registers launch of instanceID: its host's Connect is accepted

@@ -575,7 +575,7 @@ func (l *Link) permission(ctx context.Context, p *runnerv1.PermissionRequest) {
 	}()
 	go func() {
 		defer cancel()
-		a := l.opts.OnPermission(ctx, PermissionRequest{Params: p.GetParams(), Workspace: p.GetWorkspace()})
+		a := l.opts.OnPermission(ctx, PermissionRequest{Params: p.GetParams(), Workspace: p.GetWorkspace(), Turn: p.GetTurn()})
 		meta, _ := json.Marshal(a.Meta)
 		l.mu.Lock()
 		defer l.mu.Unlock()

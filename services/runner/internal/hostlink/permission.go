@@ -23,7 +23,7 @@ type pendingPermission struct {
 // as a person may take, until ctx ends (the turn cancelled, the agent
 // gone). A runner that restarts meanwhile is sent the request again.
 func (h *host) askRunner(ctx context.Context, p acp.PermissionRequest) acp.PermissionAnswer {
-	req := &runnerv1.PermissionRequest{Params: p.Params, Workspace: h.s.Workspace, Traceparent: traceparent(h.spanOf(ctx))}
+	req := &runnerv1.PermissionRequest{Params: p.Params, Workspace: h.s.Workspace, Traceparent: traceparent(h.spanOf(ctx)), Turn: h.agent.runningTurn()}
 	pp := &pendingPermission{req: req, answer: make(chan *runnerv1.PermissionAnswer, 1)}
 	h.mu.Lock()
 	h.permSeq++
@@ -94,4 +94,16 @@ func (h *host) resendPermissions(ctx context.Context) {
 	for _, r := range reqs {
 		_ = h.buf.push(context.WithoutCancel(ctx), &runnerv1.HostEvent{Kind: &runnerv1.HostEvent_PermissionRequest{PermissionRequest: r}})
 	}
+}
+
+// runningTurn is the durable number of the turn the agent runs, or 0.
+func (a *agentRun) runningTurn() int64 {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for n, t := range a.turns {
+		if t.running && t.ended == nil {
+			return n
+		}
+	}
+	return 0
 }

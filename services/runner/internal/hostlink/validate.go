@@ -103,6 +103,8 @@ func checkEvent(e *runnerv1.HostEvent) error {
 			return fmt.Errorf("event %d: permission_request.params must be a JSON object", e.GetSeq())
 		case p.GetWorkspace() != "" && !filepath.IsAbs(p.GetWorkspace()):
 			return fmt.Errorf("event %d: permission_request.workspace must be an absolute path", e.GetSeq())
+		case p.GetTurn() < 0:
+			return fmt.Errorf("event %d: permission_request.turn must not be negative", e.GetSeq())
 		}
 		return nil
 	default:

@@ -61,7 +61,7 @@ func (ss *session) governor(typ agenttype.Type, workspace, local string) func(co
 		return nil
 	}
 	return func(ctx context.Context, p acp.PermissionRequest) acp.PermissionAnswer {
-		return ss.askLibrarian(ctx, typ, workspace, local, p)
+		return ss.askLibrarian(ctx, typ, workspace, local, 0, p)
 	}
 }
 
@@ -70,11 +70,11 @@ func (ss *session) governor(typ agenttype.Type, workspace, local string) func(co
 // other types): workspace is the agent's workspace in its pod; the runner
 // sees the same files only when the workspace is a claim it mounts too.
 // The wait ends with the turn.
-func (ss *session) hostedGovernor(typ agenttype.Type) func(context.Context, json.RawMessage, string) acp.PermissionAnswer {
+func (ss *session) hostedGovernor(typ agenttype.Type) func(context.Context, json.RawMessage, string, int) acp.PermissionAnswer {
 	if typ.Permission != agenttype.PermissionLibrarian {
 		return nil
 	}
-	return func(ctx context.Context, params json.RawMessage, workspace string) acp.PermissionAnswer {
+	return func(ctx context.Context, params json.RawMessage, workspace string, turn int) acp.PermissionAnswer {
 		var p sdk.RequestPermissionRequest
 		if err := json.Unmarshal(params, &p); err != nil {
 			return acp.PermissionAnswer{Meta: map[string]any{"decision": "unavailable", "reason": "the permission request is not ACP's: " + err.Error()}}
@@ -92,7 +92,7 @@ func (ss *session) hostedGovernor(typ agenttype.Type) func(context.Context, json
 			defer stop()
 			defer context.AfterFunc(turnCtx, stop)()
 		}
-		return ss.askLibrarian(ctx, typ, workspace, local, acp.PermissionRequest{Params: params, ToolCall: p.ToolCall, Options: p.Options})
+		return ss.askLibrarian(ctx, typ, workspace, local, turn, acp.PermissionRequest{Params: params, ToolCall: p.ToolCall, Options: p.Options})
 	}
 }
 
@@ -101,14 +101,21 @@ func (ss *session) hostedGovernor(typ agenttype.Type) func(context.Context, json
 // awaiting_approval (with the review's URL) until a person decides or the
 // wait times out. Every refusal, and why, is in the log and on the task's
 // topic. It fails closed.
-func (ss *session) askLibrarian(ctx context.Context, typ agenttype.Type, workspace, local string, p acp.PermissionRequest) acp.PermissionAnswer {
+//
+// turn is the durable turn that asks, when the caller knows it (agent-host
+// says; a request it sends a restarted runner may come before that runner
+// has begun the turn); 0 is the turn in progress here.
+func (ss *session) askLibrarian(ctx context.Context, typ agenttype.Type, workspace, local string, turn int, p acp.PermissionRequest) acp.PermissionAnswer {
 	if !trace.SpanContextFromContext(ctx).IsValid() {
 		ctx = ss.traceCtx(ctx)
 	}
 	ss.asking.Add(1)
 	defer ss.asking.Add(-1)
 	ss.mu.Lock()
-	turn, said := ss.curTurn, ss.said
+	said := ss.said
+	if turn == 0 {
+		turn = ss.curTurn
+	}
 	if said == "" {
 		// The agent announced the tool call before it asked: what it
 		// said before that is its reason.
@@ -132,10 +139,8 @@ func (ss *session) askLibrarian(ctx context.Context, typ agenttype.Type, workspa
 		deadline = a.Deadline
 	}
 	ss.stMu.Unlock()
-	escalated := false
 	out := g.Ask(ctx, govern.Ask{Request: req, Key: key, MaxWait: typ.ApprovalTimeout, Deadline: deadline,
 		Escalated: func(ctx context.Context, pending govern.Pending) {
-			escalated = true
 			ss.log.Add(StreamRunner, fmt.Sprintf("permission for %s escalated to a person (%s); waiting until %s; review: %s",
 				title, firstNonEmpty(pending.Reason, "no reason given"), pending.Deadline.UTC().Format(time.RFC3339), pending.ReviewURL))
 			ss.setStatus(ctx, func(in *records.Instance) {
@@ -147,14 +152,23 @@ func (ss *session) askLibrarian(ctx context.Context, typ agenttype.Type, workspa
 					ToolCallID: string(p.ToolCall.ToolCallId), Title: title, Since: time.Now().UTC(), Deadline: pending.Deadline.UTC()}
 			})
 		}})
-	if escalated {
-		ss.setStatus(context.WithoutCancel(ctx), func(in *records.Instance) {
-			if in.Status == records.StatusAwaitingApproval {
-				in.Status = records.StatusRunning
-			}
-			in.Approval = nil
-		})
+	if kind, _ := ss.killedWhy(); kind.quiet() {
+		// The runner is stopping (or the launch moved on): the wait is
+		// taken up by whoever runs the launch next; nothing is recorded.
+		ss.log.Add(StreamRunner, fmt.Sprintf("permission for %s: the wait ends here, the launch will go on elsewhere", toolTitle(p)))
+		return acp.PermissionAnswer{Meta: map[string]any{"decision": out.Decision}}
 	}
+	// The wait is over, however it ended (an answer replayed after a
+	// restart ends one recorded by the runner before).
+	ss.setStatus(context.WithoutCancel(ctx), func(in *records.Instance) {
+		if in.Approval == nil || in.Approval.Key != key {
+			return
+		}
+		if in.Status == records.StatusAwaitingApproval {
+			in.Status = records.StatusRunning
+		}
+		in.Approval = nil
+	})
 	return ss.answer(ctx, p, out)
 }
 

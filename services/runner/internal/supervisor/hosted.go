@@ -20,10 +20,10 @@ type HostLinks interface {
 	// Expect registers a launch whose agent-host will dial in. Updates and
 	// log lines reach onUpdate and onLog in order, once each.
 	// onPermission, when not nil, decides the agent's permission requests
-	// (the librarian policy): their params as the agent sent them and its
-	// workspace in the pod.
+	// (the librarian policy): their params as the agent sent them, its
+	// workspace in the pod, and the durable turn that asks.
 	Expect(instanceID string, launch int64, onUpdate func(context.Context, acp.Update), onLog func(stream, text string),
-		onPermission func(ctx context.Context, params json.RawMessage, workspace string) acp.PermissionAnswer) HostLink
+		onPermission func(ctx context.Context, params json.RawMessage, workspace string, turn int) acp.PermissionAnswer) HostLink
 	// Spec is agent-host's settings and token for a launch; sessionID is
 	// a session to load, or empty.
 	Spec(instanceID string, launch int64, typ agenttype.Type, sessionID string) executor.HostSpec

@@ -157,6 +157,12 @@ func (ss *session) turn(ctx context.Context, client conversation, p pendingPromp
 		ss.setStatusBeside(ctx, func(in *records.Instance) {
 			start(in)
 			in.Status, in.Progress, in.FinishedAt, in.Error = records.StatusRunning, 0, time.Time{}, ""
+			if a := in.Approval; a != nil && a.Turn == p.turn {
+				// The turn is taken up after a restart, its permission
+				// request still waiting for a person (the agent asks
+				// again, and the wait goes on).
+				in.Status = records.StatusAwaitingApproval
+			}
 		})
 	}
 	var (
