@@ -364,7 +364,7 @@ func (a *agent) turn(m message) {
 		perm := a.call("session/request_permission", map[string]any{"sessionId": a.sessionID,
 			"toolCall": map[string]any{"toolCallId": "call_1", "title": "write notes.txt", "kind": "edit", "status": "pending",
 				"locations": []map[string]any{{"path": location}}},
-			"options":  []map[string]any{{"optionId": "allow", "name": "Allow", "kind": "allow_once"}, {"optionId": "reject", "name": "Reject", "kind": "reject_once"}}})
+			"options": []map[string]any{{"optionId": "allow", "name": "Allow", "kind": "allow_once"}, {"optionId": "reject", "name": "Reject", "kind": "reject_once"}}})
 		var outcome struct {
 			Outcome struct {
 				Outcome  string `json:"outcome"`
