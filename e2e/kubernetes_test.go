@@ -171,6 +171,7 @@ func TestKubernetes(t *testing.T) {
 	startBridge(t, ctx, sh, bins[bridgeCmd], aws)
 	startLibrarian(t, ctx, sh, bins[librarianCmd], be.dynalite, kubePrefix, aws)
 
+	sh.governedSkip = "the chart's runner is not pointed at the Librarian and the bus yet (the Librarian runs on the host, which the pods do not reach)"
 	runScenario(t, sh)
 	if t.Failed() {
 		t.Logf("the node:\n%s", rel.Diagnose())

@@ -49,6 +49,10 @@ type shape struct {
 	// needed: conclave dev opens both the API and the review page).
 	librarianURL, librarianAgentToken, reviewerToken string
 
+	// governedSkip, when set, says why the shape does not run the governed
+	// step (its runner is not pointed at the Librarian and the bus).
+	governedSkip string
+
 	// console is the console's base URL, pointed at the test's Jaeger, and
 	// consoleToken a token to sign in with ("" when the shape runs none).
 	console, consoleToken string
@@ -132,6 +136,10 @@ var spanNames = []struct {
 	{"runner-launches", true, runner},
 	{"start agent", false, runner},
 	{"acp ", true, runner},
+	// pkg/govern's: the runner's, in this scenario (the bridge's governed
+	// tools make them too).
+	{"librarian approval", false, runner},
+	{"librarian decision", false, runner},
 }
 
 // services lists the services a trace has spans from, sorted.
