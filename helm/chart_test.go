@@ -206,6 +206,7 @@ type rendered struct {
 	roles           map[string]*rbacv1.Role
 	bindings        map[string]*rbacv1.RoleBinding
 	configMaps      map[string]*corev1.ConfigMap
+	secrets         map[string]*corev1.Secret
 }
 
 func index(t *testing.T, objs []runtime.Object) rendered {
@@ -222,6 +223,7 @@ func indexIn(t *testing.T, objs []runtime.Object, namespaces ...string) rendered
 		serviceAccounts: map[string]*corev1.ServiceAccount{}, pdbs: map[string]*policyv1.PodDisruptionBudget{},
 		hpas: map[string]*autoscalingv2.HorizontalPodAutoscaler{}, netpols: map[string]*networkingv1.NetworkPolicy{},
 		roles: map[string]*rbacv1.Role{}, bindings: map[string]*rbacv1.RoleBinding{}, configMaps: map[string]*corev1.ConfigMap{},
+		secrets: map[string]*corev1.Secret{},
 	}
 	for _, obj := range objs {
 		switch o := obj.(type) {
@@ -243,6 +245,8 @@ func indexIn(t *testing.T, objs []runtime.Object, namespaces ...string) rendered
 			r.bindings[o.Name] = o
 		case *corev1.ConfigMap:
 			r.configMaps[o.Name] = o
+		case *corev1.Secret:
+			r.secrets[o.Name] = o
 		default:
 			t.Fatalf("the chart renders a %T, which this test does not check", obj)
 		}
@@ -276,21 +280,17 @@ func TestTemplate(t *testing.T) {
 				checkDeployable(t, r, d)
 			}
 			checkConsole(t, r, nil)
-			// The dev values run the local executor, which gets no Role
-			// and no agents' ServiceAccount; the others the Kubernetes
-			// one, the default.
-			if name == "dev" {
-				if len(r.roles)+len(r.bindings) > 0 {
-					t.Errorf("the local executor gets Roles %v and bindings %v, want none", r.roles, r.bindings)
-				}
-				checkAgentServiceAccount(t, r, "", "")
-			} else {
-				checkRunnerRole(t, r, "conclave")
-				agents := release + "-agents"
-				if name == "all-settings" {
-					agents = "agents"
-				}
-				checkAgentServiceAccount(t, r, "conclave", agents)
+			// Every one runs the Kubernetes executor, the default.
+			checkRunnerRole(t, r, "conclave")
+			agents := release + "-agents"
+			if name == "all-settings" {
+				agents = "agents"
+			}
+			checkAgentServiceAccount(t, r, "conclave", agents)
+			// Only devSecrets.generate (the dev values) makes a Secret:
+			// otherwise tokens are the operator's, never chart values.
+			if name != "dev" && len(r.secrets) > 0 {
+				t.Errorf("the %s values render Secrets %v, want none", name, keys(r.secrets))
 			}
 			if name == "all-settings" {
 				checkBusAddresses(t, r, allSettingsRunnerAddr, allSettingsBusURL)
@@ -531,16 +531,20 @@ func checkDev(t *testing.T, r rendered) {
 			t.Errorf("%s: OTEL_EXPORTER_OTLP_ENDPOINT=%q, want %q", d, env["OTEL_EXPORTER_OTLP_ENDPOINT"], want)
 		}
 	}
-	// The console opens without sign-in and makes its own session key, as
-	// conclave dev's does, and links trace ids to the port-forwarded Jaeger.
+	// Every service requires its tokens, from the Secret the chart makes
+	// (a pod listens beyond loopback, where none starts without them);
+	// people sign in to the console with its dev-token.
+	checkDevSecret(t, r, devAgentID)
+	for _, d := range deployables {
+		for name, value := range envOf(r.deployments[release+"-"+d]) {
+			if strings.Contains(name, "_ALLOW_") {
+				t.Errorf("%s: %s=%q: the dev values run without a token", d, name, value)
+			}
+		}
+	}
+	// The console links trace ids to the port-forwarded Jaeger.
 	console := r.deployments[release+"-console"]
 	env := envOf(console)
-	if env["CONCLAVE_CONSOLE_ALLOW_UNAUTHENTICATED"] != "true" {
-		t.Errorf("the dev console is not open: CONCLAVE_CONSOLE_ALLOW_UNAUTHENTICATED=%q", env["CONCLAVE_CONSOLE_ALLOW_UNAUTHENTICATED"])
-	}
-	if _, ok := env["CONCLAVE_CONSOLE_SESSION_KEY"]; ok {
-		t.Error("the dev console takes a session key from a Secret values-dev.yaml does not name")
-	}
 	if want := "http://127.0.0.1:16686"; env["CONCLAVE_CONSOLE_JAEGER_URL"] != want {
 		t.Errorf("CONCLAVE_CONSOLE_JAEGER_URL=%q, want %s (the NOTES' port-forward)", env["CONCLAVE_CONSOLE_JAEGER_URL"], want)
 	}
@@ -827,7 +831,19 @@ func TestSchemaRejects(t *testing.T) {
 		{"agents' ServiceAccount as a name only", []string{"runner.kubernetes.serviceAccount=agent"}, "at '/runner/kubernetes/serviceAccount': got string, want object"},
 		{"bad agents' ServiceAccount name", []string{"runner.kubernetes.serviceAccount.name=Agents"}, "at '/runner/kubernetes/serviceAccount/name': 'Agents' does not match pattern"},
 		{"example agent without a repository", []string{"exampleAgent.image.repository="}, "at '/exampleAgent/image/repository': minLength: got 0, want 1"},
-		{"kubernetes executor without the runner's Secret", []string{"runner.executor=kubernetes", "runner.secret.name=", "runner.settings.allowUnauthenticated=true"}, "at '/runner/secret/name': minLength: got 0, want 1"},
+		{"kubernetes executor without the runner's Secret", []string{"runner.executor=kubernetes", "runner.secret.name="}, "at '/runner/secret/name': minLength: got 0, want 1"},
+		{"local executor without the runner's Secret", []string{"runner.executor=local", "runner.secret.name="}, "at '/runner/secret/name': minLength: got 0, want 1"},
+		{"no bus Secret", []string{"bus.secret.name="}, "at '/bus/secret/name': minLength: got 0, want 1"},
+		{"gateway without authentication", []string{"gateway.settings.allowUnauthenticated=true"}, "gateway.settings.allowUnauthenticated: a pod listens on its own address, and a service without authentication listens on loopback only"},
+		{"gateway's agents without tokens", []string{"gateway.settings.allowAgentsWithoutTokens=true"}, "gateway.settings.allowAgentsWithoutTokens: a pod listens on its own address"},
+		{"bus without authentication", []string{"bus.settings.allowUnauthenticated=true"}, "bus.settings.allowUnauthenticated: a pod listens on its own address"},
+		{"runner without authentication", []string{"runner.settings.allowUnauthenticated=true"}, "runner.settings.allowUnauthenticated: a pod listens on its own address"},
+		{"console without sign-in", []string{"console.settings.allowUnauthenticated=true"}, "console.settings.allowUnauthenticated: a pod listens on its own address"},
+		{"open console with generated Secrets", []string{"devSecrets.generate=true", "console.settings.allowUnauthenticated=true"}, "console.settings.allowUnauthenticated: a pod listens on its own address"},
+		{"dev agent id with a comma", []string{"devSecrets.agentId=a\\,b"}, "at '/devSecrets/agentId': 'a,b' does not match pattern"},
+		{"dev agent id empty", []string{"devSecrets.generate=true", "devSecrets.agentId="}, "at '/devSecrets/agentId': '' does not match pattern"},
+		{"devSecrets.generate not a boolean", []string{"devSecrets.generate=yes"}, "at '/devSecrets/generate': got string, want boolean"},
+		{"unknown devSecrets key", []string{"devSecrets.generated=true"}, "additional properties 'generated' not allowed"},
 		{"console without its Secret", []string{"console.secret.name="}, "at '/console/secret/name': minLength: got 0, want 1"},
 		{"console without a session key", []string{"console.secret.sessionKeyKey="}, "at '/console/secret/sessionKeyKey': minLength: got 0, want 1"},
 		{"console's session key as a value", []string{"console.settings.sessionKey=c2VjcmV0"}, "at '/console/settings': additional properties 'sessionKey' not allowed"},

@@ -71,7 +71,7 @@ var deployables = []deployable{
 // unconfigured deployment runs it: its queue names and visibility.
 func runnerDefaults() runner.Config {
 	var cfg struct{ Runner runner.Config }
-	env := map[string]string{"CONCLAVE_RUNNER_ALLOW_UNAUTHENTICATED": "true", "CONCLAVE_RUNNER_WORKSPACE_ROOTS": "/workspaces"}
+	env := map[string]string{"CONCLAVE_RUNNER_CLIENT_TOKENS": "a-token-of-sixteen-or-more", "CONCLAVE_RUNNER_WORKSPACE_ROOTS": "/workspaces"}
 	lookup := func(k string) (string, bool) { v, ok := env[k]; return v, ok }
 	if err := config.Load(context.Background(), &cfg, "runner", nil, lookup, io.Discard); err != nil {
 		panic(fmt.Sprintf("the runner's default configuration: %v", err))

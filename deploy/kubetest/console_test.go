@@ -35,9 +35,11 @@ type consoleSession struct {
 // the upgrade (the pods it signed in at are gone by then).
 var console *consoleSession
 
-func (e *chartEnv) consoleSession(t *testing.T, ctx context.Context) *consoleSession {
+// consoleSession is a new browser session of the console of the release
+// in ns.
+func (e *chartEnv) consoleSession(t *testing.T, ctx context.Context, ns string) *consoleSession {
 	t.Helper()
-	svc, err := e.admin.CoreV1().Services(namespace).Get(ctx, release+"-console", metav1.GetOptions{})
+	svc, err := e.admin.CoreV1().Services(ns).Get(ctx, release+"-console", metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -102,7 +104,7 @@ var (
 func testConsole(t *testing.T, e *chartEnv) {
 	ctx, cancel := context.WithTimeout(t.Context(), waitLimit)
 	defer cancel()
-	s := e.consoleSession(t, ctx)
+	s := e.consoleSession(t, ctx, namespace)
 	for _, path := range []string{"/healthz", "/readyz"} {
 		status, _, body, err := s.get(ctx, path)
 		if err != nil || status != http.StatusOK {

@@ -62,7 +62,8 @@ var renderedKinds = []string{
 // example ACP agent as a Job; `helm upgrade` with a changed value rolls
 // every Deployment to a new ReplicaSet whose pods become Ready, the
 // gateway still serves and the console's session outlives its pods;
-// `helm uninstall` leaves none of the release's objects.
+// `helm uninstall` leaves none of the release's objects. Last, the dev
+// profile, values-dev.yaml, runs on its generated tokens (testDevProfile).
 func TestChartOnNode(t *testing.T) {
 	if testing.Short() {
 		t.Skip("-short: installs the chart on a real Kubernetes node")
@@ -85,6 +86,7 @@ func TestChartOnNode(t *testing.T) {
 		{"GatewayAfterUpgrade", testGatewayAfterUpgrade},
 		{"ConsoleAfterUpgrade", testConsoleAfterUpgrade},
 		{"UninstallLeavesNothing", testUninstall},
+		{"DevProfile", testDevProfile},
 	}
 	for _, s := range steps {
 		start := time.Now()
@@ -113,12 +115,15 @@ func testInstall(t *testing.T, e *chartEnv) {
 
 // waitRolledOut waits until Deployment name is rolled out
 // (kubeenv.Release.WaitRolledOut) on a pod template other than notHash,
-// unless notHash is empty, and returns its pods' pod-template-hash.
+// unless notHash is empty, and its Service accepts connections, and returns its pods' pod-template-hash.
 func (e *chartEnv) waitRolledOut(t *testing.T, name, notHash string) string {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(t.Context(), waitLimit)
 	defer cancel()
 	hash, err := e.rel.WaitRolledOut(ctx, name, notHash)
+	if err == nil {
+		err = e.rel.WaitServing(ctx, name)
+	}
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -435,9 +440,16 @@ func (e *chartEnv) canI(ctx context.Context, sa, verb, group, resource, subresou
 // agent's pod runs as the agents' ServiceAccount with no token. Deleting
 // the instance removes its Job.
 func testRunnerLaunch(t *testing.T, e *chartEnv) {
+	e.launchExampleAgent(t, namespace, runnerToken)
+}
+
+// launchExampleAgent is testRunnerLaunch's launch, of the release in ns
+// with token (one of its runner's client tokens).
+func (e *chartEnv) launchExampleAgent(t *testing.T, ns, token string) {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(t.Context(), waitLimit)
 	defer cancel()
-	svc, err := e.admin.CoreV1().Services(namespace).Get(ctx, release+"-runner", metav1.GetOptions{})
+	svc, err := e.admin.CoreV1().Services(ns).Get(ctx, release+"-runner", metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -457,7 +469,7 @@ func testRunnerLaunch(t *testing.T, e *chartEnv) {
 			return 0, err
 		}
 		req.Header.Set("Content-Type", "application/json")
-		req.Header.Set("Authorization", "Bearer "+runnerToken)
+		req.Header.Set("Authorization", "Bearer "+token)
 		resp, err := client.Do(req)
 		if err != nil {
 			return 0, err
@@ -512,7 +524,7 @@ func testRunnerLaunch(t *testing.T, e *chartEnv) {
 	if _, err := do("GET", "/api/v1/agents/"+in.ID+"/status", nil, &in); err != nil {
 		t.Fatal(err)
 	}
-	job, err := e.admin.BatchV1().Jobs(namespace).Get(ctx, in.ContainerID, metav1.GetOptions{})
+	job, err := e.admin.BatchV1().Jobs(ns).Get(ctx, in.ContainerID, metav1.GetOptions{})
 	if err != nil {
 		t.Fatalf("the launch's Job %q: %v", in.ContainerID, err)
 	}
@@ -520,7 +532,7 @@ func testRunnerLaunch(t *testing.T, e *chartEnv) {
 	if img := job.Spec.Template.Spec.Containers[0].Image; img != "conclave/acp-agent:"+e.version {
 		t.Errorf("the launch's agent runs %s, want the chart's example agent conclave/acp-agent:%s", img, e.version)
 	}
-	pods, err := e.admin.CoreV1().Pods(namespace).List(ctx, metav1.ListOptions{LabelSelector: "conclave.ai/job=" + job.Name})
+	pods, err := e.admin.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: "conclave.ai/job=" + job.Name})
 	if err != nil || len(pods.Items) != 1 {
 		t.Fatalf("the launch's pod: %v, %v", pods, err)
 	}
@@ -542,7 +554,7 @@ func testRunnerLaunch(t *testing.T, e *chartEnv) {
 		t.Fatal(err)
 	}
 	waitGone(t, ctx, "the launch's Job "+job.Name, func(ctx context.Context) error {
-		_, err := e.admin.BatchV1().Jobs(namespace).Get(ctx, job.Name, metav1.GetOptions{})
+		_, err := e.admin.BatchV1().Jobs(ns).Get(ctx, job.Name, metav1.GetOptions{})
 		return err
 	})
 }

@@ -26,10 +26,16 @@
 //	               "Working on", waits for a file named release there (or a
 //	               cancel), then streams -chunks chunks "chunk 1", "chunk 2", ...
 //	               and ends; it writes streamed there once they are written
+//	late-replay    session/load answers first and replays the history after
+//	               the answer, as Gemini CLI does (against the ACP)
 //
-// In every mode, session/load replays the session's history (one
-// agent_message_chunk "replayed history of <id>") before answering, as ACP
-// agents do.
+// In every other mode, session/load replays the session's history (an
+// agent_message_chunk "replayed history of <id>", and the last turn's
+// answer " Done.") before answering, as the ACP asks.
+//
+// -auth ID makes it offer one authMethods entry, ID, in initialize, and
+// refuse session/new and session/load with the ACP's auth_required error
+// (-32000) until the client has called authenticate with it.
 //
 // -flood N makes a turn stream N agent_message_chunk notifications as fast
 // as it can, and nothing else, for the runner's benchmarks.
@@ -92,18 +98,22 @@ type agent struct {
 	// permissionPath is the location its permission request names ("":
 	// notes.txt in cwd).
 	permissionPath string
+	// authMethod is -auth; authenticated is set once authenticate named it.
+	authMethod    string
+	authenticated bool
 }
 
 func main() {
 	dialect := flag.String("dialect", "acp", "acp, kandev or legacy")
-	mode := flag.String("mode", "normal", "normal, slow-tool, ignore-cancel, hang, hang-init, hang-init-once, crash, junk, linger, deaf, orphan or gated")
+	mode := flag.String("mode", "normal", "normal, slow-tool, ignore-cancel, hang, hang-init, hang-init-once, crash, junk, linger, deaf, orphan, gated or late-replay")
 	flood := flag.Int("flood", 0, "stream this many chunks per turn and nothing else")
 	chunks := flag.Int("chunks", 100, "the chunks a gated turn streams once released")
 	printEnv := flag.Bool("print-env", false, "write the environment to stderr at start")
 	bus := flag.Bool("bus", false, "also join the bus at BUB_BUS_URL as BUB_AGENT_ID and answer processMessage on BUB_DEFAULT_TOPIC")
 	permissionPath := flag.String("permission-path", "", "the file its permission request names (default: notes.txt in the session's directory)")
+	auth := flag.String("auth", "", "offer this authMethods id, and open no session until authenticate names it")
 	flag.Parse()
-	a := &agent{dialect: *dialect, mode: *mode, flood: *flood, chunks: *chunks, out: bufio.NewWriterSize(os.Stdout, 64<<10), pending: map[string]chan message{},
+	a := &agent{dialect: *dialect, mode: *mode, flood: *flood, chunks: *chunks, authMethod: *auth, out: bufio.NewWriterSize(os.Stdout, 64<<10), pending: map[string]chan message{},
 		permissionPath: *permissionPath}
 	if *printEnv {
 		for _, kv := range os.Environ() {
@@ -233,9 +243,29 @@ func (a *agent) handle(m message) {
 				"capabilities": map[string]bool{"streaming": true, "sessionResumption": true}})
 			return
 		}
-		a.respond(m.ID, map[string]any{"protocolVersion": 1, "agentCapabilities": map[string]any{"loadSession": true},
-			"agentInfo": map[string]string{"name": "conclave-acp-agent", "version": "1.0.0"}})
+		result := map[string]any{"protocolVersion": 1, "agentCapabilities": map[string]any{"loadSession": true},
+			"agentInfo": map[string]string{"name": "conclave-acp-agent", "version": "1.0.0"}}
+		if a.authMethod != "" {
+			result["authMethods"] = []map[string]string{{"id": a.authMethod, "name": "Test key", "description": "a key the agent already has"}}
+		}
+		a.respond(m.ID, result)
+	case "authenticate":
+		var p struct {
+			MethodID string `json:"methodId"`
+		}
+		_ = json.Unmarshal(m.Params, &p)
+		if a.authMethod == "" || p.MethodID != a.authMethod {
+			a.respondError(m.ID, -32602, "Invalid params: unknown auth method "+p.MethodID)
+			return
+		}
+		fmt.Fprintln(os.Stderr, "acp-agent: authenticated with", p.MethodID)
+		a.authenticated = true
+		a.respond(m.ID, map[string]any{})
 	case "session/new", "session/load":
+		if a.authMethod != "" && !a.authenticated {
+			a.respondError(m.ID, -32000, "Authentication required: no API key is configured")
+			return
+		}
 		var p struct {
 			Cwd       string `json:"cwd"`
 			SessionID string `json:"sessionId"`
@@ -253,8 +283,12 @@ func (a *agent) handle(m message) {
 		}
 		if m.Method == "session/load" {
 			fmt.Fprintln(os.Stderr, "acp-agent: loaded session", a.sessionID)
-			a.update(map[string]any{"sessionUpdate": "agent_message_chunk", "content": map[string]any{"type": "text", "text": "replayed history of " + a.sessionID}},
-				"content", map[string]any{"text": "replayed history of " + a.sessionID})
+			if a.mode == "late-replay" {
+				a.respond(m.ID, map[string]any{"sessionId": a.sessionID, "loaded": true})
+				a.replay()
+				return
+			}
+			a.replay()
 			a.respond(m.ID, map[string]any{"sessionId": a.sessionID, "loaded": true})
 			return
 		}
@@ -277,6 +311,26 @@ func (a *agent) handle(m message) {
 	default:
 		if m.ID != nil {
 			a.respondError(m.ID, -32601, "Method not found: "+m.Method)
+		}
+	}
+}
+
+// replay streams the session's history, as a session/load does: the
+// user's prompt, "replayed history of <id>", and the last turn's answer.
+func (a *agent) replay() {
+	for _, u := range []map[string]any{
+		{"sessionUpdate": "user_message_chunk", "content": map[string]any{"type": "text", "text": "an earlier prompt"}},
+		{"sessionUpdate": "agent_message_chunk", "content": map[string]any{"type": "text", "text": "replayed history of " + a.sessionID}},
+		{"sessionUpdate": "agent_message_chunk", "content": map[string]any{"type": "text", "text": " Done."}},
+	} {
+		text := u["content"].(map[string]any)["text"].(string)
+		if a.dialect == "kandev" && u["sessionUpdate"] == "user_message_chunk" {
+			continue
+		}
+		a.update(u, "content", map[string]any{"text": text})
+		if a.mode == "late-replay" {
+			// Spread out, as an agent that streams it from disk.
+			time.Sleep(20 * time.Millisecond)
 		}
 	}
 }

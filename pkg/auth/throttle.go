@@ -21,10 +21,11 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 )
 
-// Defaults of a Throttle: an address may present ThrottleBurst wrong
-// tokens at once, and one more every ThrottleEvery after that (60 guesses
-// a minute at most, which is nothing against a 16-character token and
-// plenty for a person who mistyped one).
+// Defaults of a Throttle, and of every service's
+// CONCLAVE_<SERVICE>_AUTH_THROTTLE (ThrottleSetting): an address may
+// present ThrottleBurst wrong tokens at once, and one more every
+// ThrottleEvery after that (60 guesses a minute at most, which is nothing
+// against a 16-character token and plenty for a person who mistyped one).
 const (
 	ThrottleBurst        = 20
 	ThrottleEvery        = time.Second

@@ -169,7 +169,32 @@ resolves) when it is enabled here, else nothing. Takes (dict "root" $
 {{- end -}}
 {{- end -}}
 
-{{/* conclave.secretEnv: one env var from the deployable's existing Secret; takes (dict "env" NAME "secret" NAME "key" KEY). */}}
+{{/* conclave.devSecretName: the Secret devSecrets.generate makes. */}}
+{{- define "conclave.devSecretName" -}}
+{{- printf "%s-dev-secrets" (include "conclave.fullname" .) -}}
+{{- end -}}
+
+{{/*
+conclave.secret: the Secret a deployable reads its secret settings from,
+as its values' secret block ({name, <setting>Key...}): that block, or with
+devSecrets.generate the generated Secret and its keys
+(templates/dev-secrets.yaml). Takes the root and the deployable's name
+(dict "root" $ "name" "gateway"); returns JSON.
+*/}}
+{{- define "conclave.secret" -}}
+{{- if .root.Values.devSecrets.generate -}}
+{{- $keys := dict
+  "gateway" (dict "clientTokensKey" "gateway-client-tokens" "agentTokensKey" "gateway-agent-tokens")
+  "bus" (dict "grantsKey" "bus-grants" "peerTokenKey" "bus-peer-token" "runnerTokenKey" "bus-runner-token")
+  "runner" (dict "clientTokensKey" "runner-client-tokens" "hostKeyKey" "runner-host-key")
+  "console" (dict "sessionKeyKey" "console-session-key" "eventsBusTokenKey" "console-events-bus-token") -}}
+{{- set (index $keys .name) "name" (include "conclave.devSecretName" .root) | toJson -}}
+{{- else -}}
+{{- (index .root.Values .name).secret | toJson -}}
+{{- end -}}
+{{- end -}}
+
+{{/* conclave.secretEnv: one env var from the deployable's Secret; takes (dict "env" NAME "secret" NAME "key" KEY). */}}
 {{- define "conclave.secretEnv" -}}
 {{- if and .secret .key }}
 - name: {{ .env }}
@@ -186,6 +211,7 @@ resolves) when it is enabled here, else nothing. Takes (dict "root" $
 {{- $name := .name -}}
 {{- $c := index $root.Values $name -}}
 {{- $prefix := printf "CONCLAVE_%s_" (upper $name) -}}
+{{- $secret := include "conclave.secret" . | fromJson -}}
 {{- if eq (include "conclave.hasStore" $name) "true" }}
 # POD_IP is no Conclave setting: the advertise address below expands it.
 - name: POD_IP
@@ -228,8 +254,8 @@ resolves) when it is enabled here, else nothing. Takes (dict "root" $
   value: {{ printf ":%v" $c.service.httpPort | quote }}
 - name: CONCLAVE_GATEWAY_ADVERTISE_ADDR
   value: {{ printf "$(POD_IP):%v" $c.service.grpcPort | quote }}
-{{- include "conclave.secretEnv" (dict "env" "CONCLAVE_GATEWAY_CLIENT_TOKENS" "secret" $c.secret.name "key" $c.secret.clientTokensKey) }}
-{{- include "conclave.secretEnv" (dict "env" "CONCLAVE_GATEWAY_AGENT_TOKENS" "secret" $c.secret.name "key" $c.secret.agentTokensKey) }}
+{{- include "conclave.secretEnv" (dict "env" "CONCLAVE_GATEWAY_CLIENT_TOKENS" "secret" $secret.name "key" $secret.clientTokensKey) }}
+{{- include "conclave.secretEnv" (dict "env" "CONCLAVE_GATEWAY_AGENT_TOKENS" "secret" $secret.name "key" $secret.agentTokensKey) }}
 {{- else if eq $name "bus" }}
 - name: CONCLAVE_BUS_ADDR
   value: {{ printf ":%v" $c.service.port | quote }}
@@ -237,14 +263,14 @@ resolves) when it is enabled here, else nothing. Takes (dict "root" $
   value: {{ printf "$(POD_IP):%v" $c.service.port | quote }}
 - name: CONCLAVE_BUS_PUBLIC_URL
   value: {{ $c.publicUrl | default (printf "ws://%s.%s.svc:%v" (include "conclave.name" .) $root.Release.Namespace $c.service.port) | quote }}
-{{- include "conclave.secretEnv" (dict "env" "CONCLAVE_BUS_GRANTS" "secret" $c.secret.name "key" $c.secret.grantsKey) }}
-{{- include "conclave.secretEnv" (dict "env" "CONCLAVE_BUS_PEER_TOKEN" "secret" $c.secret.name "key" $c.secret.peerTokenKey) }}
+{{- include "conclave.secretEnv" (dict "env" "CONCLAVE_BUS_GRANTS" "secret" $secret.name "key" $secret.grantsKey) }}
+{{- include "conclave.secretEnv" (dict "env" "CONCLAVE_BUS_PEER_TOKEN" "secret" $secret.name "key" $secret.peerTokenKey) }}
 {{- if and $c.runnerAgentType $root.Values.runner.enabled }}
 - name: CONCLAVE_BUS_RUNNER_ADDR
   value: {{ $c.runnerAddr | default (printf "%s:%v" (include "conclave.name" (dict "root" $root "name" "runner")) $root.Values.runner.service.grpcPort) | quote }}
 - name: CONCLAVE_BUS_RUNNER_AGENT_TYPE
   value: {{ $c.runnerAgentType | quote }}
-{{- include "conclave.secretEnv" (dict "env" "CONCLAVE_BUS_RUNNER_TOKEN" "secret" $c.secret.name "key" $c.secret.runnerTokenKey) }}
+{{- include "conclave.secretEnv" (dict "env" "CONCLAVE_BUS_RUNNER_TOKEN" "secret" $secret.name "key" $secret.runnerTokenKey) }}
 {{- end }}
 {{- else if eq $name "runner" }}
 - name: CONCLAVE_RUNNER_GRPC_ADDR
@@ -263,12 +289,12 @@ resolves) when it is enabled here, else nothing. Takes (dict "root" $
 - name: CONCLAVE_RUNNER_AGENT_TYPES
   value: /etc/conclave/agent-types.yaml
 {{- end }}
-{{- include "conclave.secretEnv" (dict "env" "CONCLAVE_RUNNER_CLIENT_TOKENS" "secret" $c.secret.name "key" $c.secret.clientTokensKey) }}
+{{- include "conclave.secretEnv" (dict "env" "CONCLAVE_RUNNER_CLIENT_TOKENS" "secret" $secret.name "key" $secret.clientTokensKey) }}
 - name: CONCLAVE_RUNNER_EXECUTOR
   value: {{ $c.executor | quote }}
 {{- if eq $c.executor "kubernetes" }}
 {{- $k := $c.kubernetes }}
-{{- include "conclave.secretEnv" (dict "env" "CONCLAVE_RUNNER_HOST_KEY" "secret" $c.secret.name "key" $c.secret.hostKeyKey) }}
+{{- include "conclave.secretEnv" (dict "env" "CONCLAVE_RUNNER_HOST_KEY" "secret" $secret.name "key" $secret.hostKeyKey) }}
 # Agents' pods dial the replica that launched them, by its pod IP: only it
 # expects their link.
 - name: CONCLAVE_RUNNER_HOST_ADDR
@@ -327,8 +353,8 @@ resolves) when it is enabled here, else nothing. Takes (dict "root" $
 - name: CONCLAVE_CONSOLE_JAEGER_QUERY_URL
   value: {{ . | quote }}
 {{- end }}
-{{- include "conclave.secretEnv" (dict "env" "CONCLAVE_CONSOLE_SESSION_KEY" "secret" $c.secret.name "key" $c.secret.sessionKeyKey) }}
-{{- include "conclave.secretEnv" (dict "env" "CONCLAVE_CONSOLE_EVENTS_BUS_TOKEN" "secret" $c.secret.name "key" $c.secret.eventsBusTokenKey) }}
+{{- include "conclave.secretEnv" (dict "env" "CONCLAVE_CONSOLE_SESSION_KEY" "secret" $secret.name "key" $secret.sessionKeyKey) }}
+{{- include "conclave.secretEnv" (dict "env" "CONCLAVE_CONSOLE_EVENTS_BUS_TOKEN" "secret" $secret.name "key" $secret.eventsBusTokenKey) }}
 {{- end }}
 {{- range $key, $value := $c.settings }}
 - name: {{ printf "%s%s" $prefix ($key | snakecase | upper) }}

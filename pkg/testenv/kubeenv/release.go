@@ -5,8 +5,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 
@@ -101,6 +103,34 @@ func (r *Release) WaitRolledOut(ctx context.Context, name, notHash string) (stri
 		case <-time.After(500 * time.Millisecond):
 		}
 	}
+}
+
+// WaitServing waits until every port of Service name accepts a TCP
+// connection at its cluster IP, dialled from the node's namespace. A
+// rolled-out Deployment is not yet a reachable Service: kube-proxy
+// programs the new endpoints a moment after the pods turn Ready, and
+// until then a connection is refused.
+func (r *Release) WaitServing(ctx context.Context, name string) error {
+	svc, err := r.Client.CoreV1().Services(r.Namespace).Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		return err
+	}
+	for _, p := range svc.Spec.Ports {
+		addr := net.JoinHostPort(svc.Spec.ClusterIP, strconv.Itoa(int(p.Port)))
+		for {
+			conn, err := r.Node.DialContext(ctx, "tcp", addr)
+			if err == nil {
+				conn.Close()
+				break
+			}
+			select {
+			case <-ctx.Done():
+				return fmt.Errorf("service %s port %s (%s) never accepted a connection: %w", name, p.Name, addr, err)
+			case <-time.After(250 * time.Millisecond):
+			}
+		}
+	}
+	return nil
 }
 
 // RolledOut checks Deployment name's rollout is complete: the controller

@@ -42,6 +42,10 @@ func busHTTP(t *testing.T, method, url string) (*http.Response, []byte) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if method == http.MethodPost {
+		// State-changing requests declare JSON (docs/security.md).
+		req.Header.Set("Content-Type", "application/json")
+	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatal(err)

@@ -187,6 +187,8 @@ func TestHeartbeatsAreOptional(t *testing.T) {
 	env := map[string]string{
 		"CONCLAVE_GATEWAY_CLIENT_TOKENS":               token,
 		"CONCLAVE_GATEWAY_ALLOW_AGENTS_WITHOUT_TOKENS": "true",
+		"CONCLAVE_GATEWAY_GRPC_ADDR":                   "127.0.0.1:0",
+		"CONCLAVE_GATEWAY_HTTP_ADDR":                   "127.0.0.1:0",
 		"CONCLAVE_GATEWAY_KEEPALIVE_TIME":              keepalive.String(),
 		"CONCLAVE_GATEWAY_KEEPALIVE_TIMEOUT":           keepalive.String(),
 	}

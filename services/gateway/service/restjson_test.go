@@ -79,9 +79,12 @@ type (
 			Reason string `json:"reason"`
 		} `json:"cancelled"`
 	}
+	// restMessage is one SendMessage response: the first carries only
+	// the request_id (event null), sent as soon as the message is queued;
+	// every later one an event.
 	restMessage struct {
-		RequestID string    `json:"request_id"`
-		Event     restEvent `json:"event"`
+		RequestID string     `json:"request_id"`
+		Event     *restEvent `json:"event"`
 	}
 	restStreamLine struct {
 		Result restMessage `json:"result"`
@@ -184,23 +187,30 @@ func TestRESTJSONTypes(t *testing.T) {
 	for line := range strings.Lines(string(call("POST", "/v1/agents/plain/messages", `{"content":"x"}`, ""))) {
 		var l restStreamLine
 		decode("stream line", []byte(line), &l)
+		if first := lines == 0; first != (l.Result.Event == nil) {
+			t.Errorf("stream line %d: event %v; only the first, and always the first, carries none", lines, l.Result.Event)
+		}
 		requestID = l.Result.RequestID
 		lines++
 	}
-	if lines != 6 {
-		t.Errorf("%d stream lines, want 6", lines)
+	if lines != 7 {
+		t.Errorf("%d stream lines, want the request_id's and 6 events", lines)
 	}
 	// Server-Sent Events: each message's data.
 	events := 0
 	sc := bufio.NewScanner(strings.NewReader(string(call("POST", "/v1/agents/plain/messages", `{"content":"x"}`, "text/event-stream"))))
 	for sc.Scan() {
 		if data, ok := strings.CutPrefix(sc.Text(), "data: "); ok && data != "{}" {
-			decode("event", []byte(data), &restMessage{})
+			var m restMessage
+			decode("event", []byte(data), &m)
+			if first := events == 0; first != (m.Event == nil) {
+				t.Errorf("event %d: %v; only the first, and always the first, carries none", events, m.Event)
+			}
 			events++
 		}
 	}
-	if events != 6 {
-		t.Errorf("%d events, want 6", events)
+	if events != 7 {
+		t.Errorf("%d events, want the request_id's and 6 more", events)
 	}
 	var c restCancel
 	decode("cancel", call("POST", "/v1/requests/"+requestID+"/cancel", `{}`, ""), &c)

@@ -39,6 +39,7 @@ func TestBadLaunches(t *testing.T) {
 		{"relative workspace", map[string]any{"task_id": "t5", "agent_type": "acp-normal", "workspace_path": "ws"}, 400, "validation_error", "workspace_path"},
 		{"oversized env", map[string]any{"task_id": "t6", "agent_type": "acp-normal", "workspace_path": ws, "env": map[string]string{"BIG": big}}, 400, "validation_error", "env is"},
 		{"bad env name", map[string]any{"task_id": "t7", "agent_type": "acp-normal", "workspace_path": ws, "env": map[string]string{"A=B": "x"}}, 400, "validation_error", "env variable name"},
+		{"disabled agent type", map[string]any{"task_id": "t10", "agent_type": "disabled-agent", "workspace_path": ws}, 400, "validation_error", "says enabled: false"},
 		{"missing required env", map[string]any{"task_id": "t8", "agent_type": "needs-env", "workspace_path": ws}, 400, "validation_error", "API_KEY"},
 		{"no task id", map[string]any{"agent_type": "acp-normal", "workspace_path": ws}, 400, "validation_error", "task_id"},
 		{"unknown field", map[string]any{"task_id": "t9", "agent_type": "acp-normal", "workspace_path": ws, "bogus": 1}, 400, "bad_request", ""},

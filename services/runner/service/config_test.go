@@ -132,3 +132,49 @@ func TestRunEndsWhenItCannotListen(t *testing.T) {
 		t.Fatalf("Run = %v, want the bind error", err)
 	}
 }
+
+// TestStartupLogListsAgentTypes: the runner says at startup which agent
+// types it loaded, and which of them are disabled; an entry of the file
+// without enabled is enabled, and a launch of a disabled one says why.
+func TestStartupLogListsAgentTypes(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	root := filepath.Join(dir, "workspaces")
+	if err := os.MkdirAll(root, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	types := filepath.Join(dir, "types.yaml")
+	if err := os.WriteFile(types, []byte("agent_types:\n  - id: plain\n    command: [/bin/true]\n  - id: off\n    command: [/bin/true]\n    enabled: false\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cfg := testConfig(t, root, map[string]string{"CONCLAVE_RUNNER_AGENT_TYPES": types})
+	st, err := store.OpenBolt(filepath.Join(dir, "state.db"), store.BoltOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	q, err := queue.OpenEmbedded(filepath.Join(dir, "queues.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer q.Close()
+	tel, err := telemetry.New(context.Background(), telemetry.Config{ServiceName: "runner-test"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out strings.Builder
+	if _, err := service.New(cfg, service.Deps{Store: st, Queue: q, Logger: slog.New(slog.NewTextHandler(&out, nil)), Telemetry: tel}); err != nil {
+		t.Fatal(err)
+	}
+	var line string
+	for _, l := range strings.Split(out.String(), "\n") {
+		if strings.Contains(l, "agent types loaded") {
+			line = l
+		}
+	}
+	for _, want := range []string{"count=3", "augment-agent (kandev, image kandev/augment-agent:latest)", "off (detect, /bin/true, disabled)", "plain (detect, /bin/true)"} {
+		if !strings.Contains(line, want) {
+			t.Errorf("the startup log's agent types line %q does not say %q; the log:\n%s", line, want, out.String())
+		}
+	}
+}

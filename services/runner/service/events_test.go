@@ -24,8 +24,8 @@ import (
 
 // statusEvent is a runner.task.status_changed envelope as the bus reads it.
 type statusEvent struct {
-	ID, Status, TaskID, InstanceID, PayloadTaskID string
-	Trace                                         trace.SpanContext
+	ID, Status, TaskID, InstanceID, PayloadTaskID, Error string
+	Trace                                                trace.SpanContext
 }
 
 // drainStatusEvents receives every message waiting on the events queue
@@ -62,7 +62,7 @@ func drainStatusEvents(t *testing.T, q queue.Queue, eventsQueue, instanceID stri
 			sc := trace.SpanContextFromContext(propagation.TraceContext{}.Extract(ctx, carrier))
 			out = append(out, statusEvent{ID: env.GetId(), Status: payload.GetFields()["status"].GetStringValue(),
 				TaskID: env.GetSubjectIds()["task_id"], InstanceID: env.GetSubjectIds()["instance_id"],
-				PayloadTaskID: payload.GetFields()["task_id"].GetStringValue(), Trace: sc})
+				PayloadTaskID: payload.GetFields()["task_id"].GetStringValue(), Error: payload.GetFields()["error"].GetStringValue(), Trace: sc})
 		}
 	}
 }
@@ -259,5 +259,65 @@ func TestEventsOutageDoesNotStopLaunches(t *testing.T) {
 			got[e.InstanceID] = append(got[e.InstanceID], e.Status)
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// updateEvent is a runner.session.update envelope as the bus reads it.
+type updateEvent struct {
+	Kind, Text, Update string
+}
+
+// drainUpdateEvents receives every message waiting on the events queue
+// (deleting them) and returns the session updates of instanceID, in the
+// order they were sent.
+func drainUpdateEvents(t *testing.T, q queue.Queue, eventsQueue, instanceID string) []updateEvent {
+	t.Helper()
+	ctx := context.Background()
+	var out []updateEvent
+	for {
+		msgs, err := q.Receive(ctx, eventsQueue, queue.ReceiveOptions{Max: queue.MaxBatch})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(msgs) == 0 {
+			return out
+		}
+		for _, m := range msgs {
+			if err := q.Delete(ctx, eventsQueue, m.ReceiptHandle); err != nil {
+				t.Fatal(err)
+			}
+			env, err := queue.DecodeEnvelope(m.Body)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if env.GetType() != "runner.session.update" || env.GetSubjectIds()["instance_id"] != instanceID {
+				continue
+			}
+			var payload structpb.Struct
+			if err := env.GetPayload().UnmarshalTo(&payload); err != nil {
+				t.Fatal(err)
+			}
+			f := payload.GetFields()
+			out = append(out, updateEvent{Kind: f["kind"].GetStringValue(), Text: f["text"].GetStringValue(), Update: f["update"].GetStringValue()})
+		}
+	}
+}
+
+// waitUpdateEvents drains the events queue until the updates of
+// instanceID include one of kind whose text contains text, and returns
+// all it drained.
+func waitUpdateEvents(t *testing.T, r *testRunner, instanceID, kind, text string) []updateEvent {
+	t.Helper()
+	var all []updateEvent
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(50 * time.Millisecond) {
+		all = append(all, drainUpdateEvents(t, r.q, r.cfg.EventsQueue, instanceID)...)
+		for _, e := range all {
+			if e.Kind == kind && strings.Contains(e.Text, text) {
+				return all
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no %s event with %q on the events queue within a minute; got %+v", kind, text, all)
+		}
 	}
 }

@@ -58,7 +58,7 @@ func agentTypes(t testing.TB) string {
 	var b strings.Builder
 	b.WriteString("agent_types:\n")
 	for _, dialect := range []string{"acp", "kandev", "legacy"} {
-		for _, mode := range []string{"normal", "slow-tool", "ignore-cancel", "hang", "hang-init", "hang-init-once", "crash", "junk", "linger", "deaf", "orphan"} {
+		for _, mode := range []string{"normal", "slow-tool", "ignore-cancel", "hang", "hang-init", "hang-init-once", "crash", "junk", "linger", "deaf", "orphan", "late-replay"} {
 			protocol := dialect
 			if dialect != "legacy" && mode == "normal" {
 				protocol = "" // detected from initialize
@@ -81,6 +81,14 @@ func agentTypes(t testing.TB) string {
 	fmt.Fprintf(&b, "  - id: oneshot-fails\n    command: [python3, %q]\n    protocol: oneshot\n    enabled: true\n    timeout: 30s\n", filepath.Join(tools, "failing_agent.py"))
 	fmt.Fprintf(&b, "  - id: oneshot-slow\n    command: [/bin/sh, %q]\n    protocol: oneshot\n    enabled: true\n    timeout: 90s\n", slow)
 	fmt.Fprintf(&b, "  - id: needs-env\n    command: [%q]\n    required_env: [API_KEY]\n    enabled: true\n", agentBin)
+	fmt.Fprintf(&b, "  - id: disabled-agent\n    command: [%q]\n    enabled: false\n", agentBin)
+	// Agents that offer an auth method and open no session until it is
+	// used: a type that names it, one that names none, one that names
+	// another; and the example agent under the deny policy.
+	for id, method := range map[string]string{"acp-auth": "test-key", "acp-auth-none": "", "acp-auth-other": "other-key"} {
+		fmt.Fprintf(&b, "  - id: %s\n    command: [%q, -dialect, acp, -auth, test-key]\n    protocol: acp\n    permission: allow\n    auth_method: %q\n    timeout: 20s\n", id, agentBin, method)
+	}
+	fmt.Fprintf(&b, "  - id: acp-deny\n    command: [%q, -dialect, acp]\n    protocol: acp\n    permission: deny\n    timeout: 20s\n", agentBin)
 	// An agent whose process outlives its stdin and its stdout (the
 	// example agent exits on either; the shell does not) and leaves a child
 	// running in its process group (the child writes child.pid in the

@@ -55,7 +55,7 @@ func (h *hostLinks) Expect(instanceID string, launch int64, onUpdate func(contex
 func (h *hostLinks) Spec(instanceID string, launch int64, typ agenttype.Type, sessionID string) executor.HostSpec {
 	s := h.settings
 	s.RunnerAddr, s.InstanceID, s.Launch = h.runnerAddr(), instanceID, launch
-	s.Protocol, s.Permission, s.SessionID = typ.Protocol, typ.Permission, sessionID
+	s.Protocol, s.Permission, s.AuthMethod, s.SessionID = typ.Protocol, typ.Permission, typ.AuthMethod, sessionID
 	env := s.Env()
 	if h.otlp != "" {
 		env["OTEL_EXPORTER_OTLP_ENDPOINT"] = h.otlp

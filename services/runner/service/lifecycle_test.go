@@ -384,41 +384,44 @@ func TestQueueOutageLeavesNothingHalfDone(t *testing.T) {
 	}
 }
 
-// TestResumeDoesNotRepublishHistory: the updates an agent replays during
+// TestResumeDoesNotRepublishHistory: the updates an agent replays after
 // session/load are the session's history; they are neither logged nor
-// published again.
+// published again, whether the agent replays them before it answers (as
+// the ACP asks) or after (as Gemini CLI does: every update between the
+// answer and the next prompt is history).
 func TestResumeDoesNotRepublishHistory(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs agent processes")
 	}
 	t.Parallel()
-	r := startRunner(t, map[string]string{"CONCLAVE_RUNNER_IDLE_TIMEOUT": "300ms"})
-	in := r.launch(t, "acp-normal", r.workspace(t), map[string]string{"TASK_DESCRIPTION": "first"})
-	r.waitLog(t, in.ID, "launch 1 ended")
-	r.prompt(t, in.ID, "second")
-	r.waitLog(t, in.ID, "launch 2 ended")
-	lines := r.logs(t, in.ID)
-	if !hasLog(lines, "acp-agent: loaded session") || hasLog(lines, "replayed history") {
-		t.Fatalf("logs %+v", lines)
-	}
-	ctx := context.Background()
-	for {
-		msgs, err := r.q.Receive(ctx, r.cfg.EventsQueue, queue.ReceiveOptions{Max: queue.MaxBatch, Visibility: time.Minute})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if len(msgs) == 0 {
-			break
-		}
-		for _, m := range msgs {
-			env, err := queue.DecodeEnvelope(m.Body)
-			if err != nil {
-				t.Fatal(err)
+	for _, agentType := range []string{"acp-normal", "acp-late-replay"} {
+		t.Run(agentType, func(t *testing.T) {
+			t.Parallel()
+			r := startRunner(t, map[string]string{"CONCLAVE_RUNNER_IDLE_TIMEOUT": "300ms"})
+			in := r.launch(t, agentType, r.workspace(t), map[string]string{"TASK_DESCRIPTION": "first"})
+			r.waitLog(t, in.ID, "launch 1 ended")
+			r.prompt(t, in.ID, "second")
+			r.waitLog(t, in.ID, "launch 2 ended")
+			lines := r.logs(t, in.ID)
+			if !hasLog(lines, "acp-agent: loaded session") || !hasLog(lines, "Working on: second") {
+				t.Fatalf("the second turn did not run on a loaded session: %+v", lines)
 			}
-			if payload := env.GetPayload().GetValue(); strings.Contains(string(payload), "replayed history") {
-				t.Fatalf("a replayed update was published: %q", payload)
+			for _, replayed := range []string{"replayed history", "an earlier prompt"} {
+				if hasLog(lines, replayed) {
+					t.Errorf("a replayed update (%q) was logged: %+v", replayed, lines)
+				}
 			}
-		}
+			if st := r.status(t, in.ID); st.Status != "completed" {
+				t.Errorf("status %+v", st)
+			}
+			// Events go out in order: a replayed one would come before the
+			// second turn's first.
+			for _, e := range waitUpdateEvents(t, r, in.ID, "content", "Working on: second") {
+				if strings.Contains(e.Update, "replayed history") || strings.Contains(e.Update, "an earlier prompt") {
+					t.Errorf("a replayed update was published: %+v", e)
+				}
+			}
+		})
 	}
 }
 

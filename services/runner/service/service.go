@@ -247,6 +247,9 @@ func New(cfg Config, deps Deps, opts ...server.Option) (*Runner, error) {
 	if err != nil {
 		return nil, fmt.Errorf("CONCLAVE_RUNNER_AGENT_TYPES: %w", err)
 	}
+	// Which types this runner launches, said once: a launch of one it
+	// does not list, or lists as disabled, is refused.
+	logger.Info("runner: agent types loaded", "file", cfg.AgentTypesFile, "count", len(registry.List()), "types", registry.Summary())
 	serverID := cfg.ServerID
 	if serverID == "" {
 		if serverID, err = os.Hostname(); err != nil {

@@ -85,7 +85,18 @@ func TestDecodeUpdates(t *testing.T) {
 	}{
 		{DialectACP, `{"sessionId":"s","update":{"sessionUpdate":"agent_message_chunk","content":{"type":"text","text":"hi"}}}`, Update{Kind: KindContent, Text: "hi", Progress: -1}},
 		{DialectACP, `{"sessionId":"s","update":{"sessionUpdate":"tool_call","toolCallId":"c1","title":"Edit","status":"pending"}}`, Update{Kind: KindToolCall, ToolCallID: "c1", ToolName: "Edit", ToolStatus: "pending", Progress: -1}},
-		{DialectACP, `{"sessionId":"s","update":{"sessionUpdate":"plan","entries":[{"status":"completed"},{"status":"pending"}]}}`, Update{Kind: KindPlan, Progress: 50}},
+		{DialectACP, `{"sessionId":"s","update":{"sessionUpdate":"plan","entries":[{"content":"read","status":"completed"},{"content":"write","status":"pending"}]}}`, Update{Kind: KindPlan, Text: "1/2 completed: read [completed]; write [pending]", Progress: 50}},
+		{DialectACP, `{"sessionId":"s","update":{"sessionUpdate":"plan","entries":[]}}`, Update{Kind: KindPlan, Progress: -1}},
+		// The other updates of the ACP, named (an agent sends them between
+		// turns, and a session/load replays them).
+		{DialectACP, `{"sessionId":"s","update":{"sessionUpdate":"available_commands_update","availableCommands":[{"name":"memory","description":"Manage memory."},{"name":"init","input":null}]}}`, Update{Kind: KindAvailableCommands, Text: "memory, init", Progress: -1}},
+		{DialectACP, `{"sessionId":"s","update":{"sessionUpdate":"current_mode_update","currentModeId":"autoEdit"}}`, Update{Kind: KindCurrentMode, Text: "autoEdit", Progress: -1}},
+		{DialectACP, `{"sessionId":"s","update":{"sessionUpdate":"user_message_chunk","content":{"type":"text","text":"fix it"}}}`, Update{Kind: KindUserMessage, Text: "fix it", Progress: -1}},
+		{DialectACP, `{"sessionId":"s","update":{"sessionUpdate":"session_info_update","title":"Fixing it"}}`, Update{Kind: KindSessionInfo, Text: "Fixing it", Progress: -1}},
+		{DialectACP, `{"sessionId":"s","update":{"sessionUpdate":"usage_update","used":1200,"size":200000}}`, Update{Kind: KindUsage, Text: "1200 of 200000 tokens", Progress: -1}},
+		{DialectACP, `{"sessionId":"s","update":{"sessionUpdate":"config_option_update","configOptions":[]}}`, Update{Kind: KindConfigOption, Progress: -1}},
+		{DialectACP, `{"sessionId":"s","update":{"sessionUpdate":"a_future_update","x":1}}`, Update{Kind: KindOther, Text: "a_future_update", Progress: -1}},
+		{DialectACP, `{"sessionId":"s","update":{"sessionUpdate":"available_commands_update","availableCommands":[{"name":"` + strings.Repeat("x", 600) + `"}]}}`, Update{Kind: KindAvailableCommands, Text: strings.Repeat("x", maxSummary) + "…", Progress: -1}},
 		{DialectKandev, `{"type":"complete","data":{"sessionId":"abc","success":true,"summary":"done"}}`, Update{Kind: KindComplete, Success: true, SessionID: "abc", Text: "done", Progress: 100}},
 		{DialectKandev, `{"type":"error","data":{"message":"bad","details":"line 45"}}`, Update{Kind: KindError, Text: "bad line 45", Progress: -1}},
 	} {

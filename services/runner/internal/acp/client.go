@@ -13,6 +13,8 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -37,13 +39,27 @@ const (
 	KindToolCall       = "tool_call"        // kandev toolCall, acp tool_call
 	KindToolCallUpdate = "tool_call_update" // acp tool_call_update
 	KindPlan           = "plan"             // acp plan
-	KindComplete       = "complete"         // kandev complete, legacy result
-	KindError          = "error"            // kandev and legacy error
-	KindProgress       = "progress"         // legacy progress
-	KindLog            = "log"              // legacy log
-	KindStatus         = "status"           // legacy status
-	KindHeartbeat      = "heartbeat"        // legacy heartbeat
-	KindOther          = "other"            // any other acp sessionUpdate
+	// The ACP's other session updates, by their own names.
+	KindUserMessage       = "user_message_chunk"        // the user's message, as a session/load replays it
+	KindAvailableCommands = "available_commands_update" // the agent's slash commands
+	KindCurrentMode       = "current_mode_update"       // the session's mode changed
+	KindConfigOption      = "config_option_update"      // the session's configuration options changed
+	KindSessionInfo       = "session_info_update"       // the session's title and the like
+	KindUsage             = "usage_update"              // tokens and cost so far
+	// KindPermissionRequest and KindPermissionOutcome are not updates the
+	// agent sends: they report a session/request_permission and how the
+	// runner answered it, so that both reach the log and the task's topic.
+	KindPermissionRequest = "permission_request"
+	KindPermissionOutcome = "permission_outcome"
+	KindComplete          = "complete"  // kandev complete, legacy result
+	KindError             = "error"     // kandev and legacy error
+	KindProgress          = "progress"  // legacy progress
+	KindLog               = "log"       // legacy log
+	KindStatus            = "status"    // legacy status
+	KindHeartbeat         = "heartbeat" // legacy heartbeat
+	// KindOther is any other acp sessionUpdate; its Text is the name the
+	// agent gave it.
+	KindOther = "other"
 )
 
 // Update is one session/update or legacy line, normalized.
@@ -97,6 +113,10 @@ type Options struct {
 	// cancelled or the connection ends; it may block for as long as a
 	// person takes.
 	Govern func(ctx context.Context, p PermissionRequest) PermissionAnswer
+	// AuthMethod is the ACP authMethods id to authenticate with before
+	// the session is opened, when the agent offers authMethods; empty:
+	// none.
+	AuthMethod string
 	// MaxLine bounds a line from the agent (default 4 MiB); longer ones
 	// are dropped.
 	MaxLine int
@@ -134,9 +154,11 @@ type Client struct {
 	// turn is the turn begun and not yet ended, if any; turns numbers them.
 	turn  *turnState
 	turns uint64
-	// loading is set while session/load runs: the updates it brings are
-	// the session's history, replayed.
-	loading atomic.Bool
+	// replaying is set from session/load until the next prompt is
+	// written: the updates the agent sends meanwhile are the session's
+	// history, replayed (before the answer, as the ACP asks, or after it,
+	// as some agents do).
+	replaying atomic.Bool
 	// heard is when the agent last wrote to its stdout (Unix nanoseconds).
 	heard atomic.Int64
 }
@@ -177,6 +199,27 @@ type AgentCapabilities struct {
 	// sessionResumption).
 	LoadSession bool
 	AgentName   string
+	// AuthMethods are the ACP authMethods the agent offers.
+	AuthMethods []AuthMethod
+}
+
+// AuthMethod is one of the ways an ACP agent offers to authenticate.
+type AuthMethod struct {
+	ID   string `json:"id"`
+	Name string `json:"name"`
+}
+
+// OfferedAuth is the agent's authMethods as one line: "id (name), ...".
+func (c AgentCapabilities) OfferedAuth() string {
+	parts := make([]string, 0, len(c.AuthMethods))
+	for _, m := range c.AuthMethods {
+		if m.Name != "" && m.Name != m.ID {
+			parts = append(parts, fmt.Sprintf("%s (%s)", m.ID, m.Name))
+		} else {
+			parts = append(parts, m.ID)
+		}
+	}
+	return summary(strings.Join(parts, ", "))
 }
 
 // New starts a client on an agent's stdout (r) and stdin (w).
@@ -204,7 +247,7 @@ func New(r io.Reader, w io.WriteCloser, opts Options) *Client {
 	stream := newLineFilter(r, w, opts.MaxLine, c.handleLegacy, drop)
 	c.conn = jsonrpc.NewConn(stream, jsonrpc.Methods{
 		"session/update":             c.handleUpdate,
-		"session/request_permission": c.handlePermission,
+		"session/request_permission": c.notingPermission(c.handlePermission),
 		"fs/read_text_file":          c.handleReadFile,
 		"fs/write_text_file":         c.handleWriteFile,
 	}, jsonrpc.WithCancelMethod("$/cancel_request", "requestId"), jsonrpc.WithLogger(opts.Logger))
@@ -261,8 +304,9 @@ type initializeResult struct {
 	AgentCapabilities struct {
 		LoadSession bool `json:"loadSession"`
 	} `json:"agentCapabilities"`
-	AgentInfo  *struct{ Name string } `json:"agentInfo"`
-	ServerInfo *struct{ Name string } `json:"serverInfo"`
+	AuthMethods []AuthMethod           `json:"authMethods"`
+	AgentInfo   *struct{ Name string } `json:"agentInfo"`
+	ServerInfo  *struct{ Name string } `json:"serverInfo"`
 	// Kandev's.
 	Capabilities struct {
 		SessionResumption bool `json:"sessionResumption"`
@@ -317,9 +361,33 @@ func (c *Client) Initialize(ctx context.Context) error {
 		name = res.ServerInfo.Name
 	}
 	c.mu.Lock()
-	c.capabilities = AgentCapabilities{LoadSession: res.AgentCapabilities.LoadSession || res.Capabilities.SessionResumption, AgentName: name}
+	c.capabilities = AgentCapabilities{LoadSession: res.AgentCapabilities.LoadSession || res.Capabilities.SessionResumption, AgentName: name,
+		AuthMethods: res.AuthMethods}
 	c.mu.Unlock()
 	return nil
+}
+
+// ErrAuthMethod is wrapped by Authenticate's refusal of a method the agent
+// does not offer.
+var ErrAuthMethod = errors.New("the agent does not offer this auth method")
+
+// Authenticate runs authenticate with Options.AuthMethod, when the agent
+// offered authMethods in initialize and the option names one, and returns
+// the method it authenticated with ("": it did not). A method the agent
+// does not offer is refused, naming those it does, without asking the
+// agent.
+func (c *Client) Authenticate(ctx context.Context) (string, error) {
+	caps, method := c.Capabilities(), c.opts.AuthMethod
+	if method == "" || len(caps.AuthMethods) == 0 || c.Dialect() != DialectACP {
+		return "", nil
+	}
+	if !slices.ContainsFunc(caps.AuthMethods, func(m AuthMethod) bool { return m.ID == method }) {
+		return "", fmt.Errorf("authenticate: %w: %q; it offers %s", ErrAuthMethod, method, caps.OfferedAuth())
+	}
+	if err := c.call(ctx, "authenticate", sdk.AuthenticateRequest{MethodId: method}, nil); err != nil {
+		return "", err
+	}
+	return method, nil
 }
 
 // NewSession runs session/new in cwd.
@@ -346,24 +414,60 @@ func (c *Client) NewSession(ctx context.Context, cwd string) (string, error) {
 	return res.SessionID, nil
 }
 
-// LoadSession resumes sessionID with session/load. The updates the agent
-// sends until it answers replay the session's history; they reach OnUpdate
-// with Replay set.
+// Replay settling: after session/load has answered, the client waits for
+// the agent to send nothing for replayQuiet (at most replaySettleMax in
+// all) before it returns, so that a history replayed after the answer is
+// over before the next prompt is written.
+const (
+	replayQuiet     = 250 * time.Millisecond
+	replaySettleMax = 5 * time.Second
+)
+
+// LoadSession resumes sessionID with session/load. Every update the agent
+// sends from now until the next prompt is written replays the session's
+// history and reaches OnUpdate with Replay set: the ACP has the agent
+// replay it before it answers, and some agents (Gemini CLI) answer first
+// and stream the history after. So once the agent has answered, LoadSession
+// waits for it to go quiet (replayQuiet, within replaySettleMax) before it
+// returns, for the history to be over before the next prompt goes out.
 func (c *Client) LoadSession(ctx context.Context, cwd, sessionID string) error {
 	var params any = map[string]any{"sessionId": sessionID}
 	if c.Dialect() == DialectACP {
 		params = sdk.LoadSessionRequest{Cwd: cwd, SessionId: sdk.SessionId(sessionID), McpServers: []sdk.McpServer{}}
 	}
-	c.loading.Store(true)
-	err := c.call(ctx, "session/load", params, nil)
-	c.loading.Store(false)
-	if err != nil {
+	c.replaying.Store(true)
+	if err := c.call(ctx, "session/load", params, nil); err != nil {
+		c.replaying.Store(false)
 		return err
 	}
 	c.mu.Lock()
 	c.sessionID = sessionID
 	c.mu.Unlock()
+	c.settleReplay(ctx)
 	return nil
+}
+
+// settleReplay waits until the agent has sent nothing for replayQuiet, for
+// at most replaySettleMax, or until ctx ends or the agent goes.
+func (c *Client) settleReplay(ctx context.Context) {
+	deadline := time.Now().Add(replaySettleMax)
+	timer := time.NewTimer(replayQuiet)
+	defer timer.Stop()
+	for {
+		select {
+		case <-timer.C:
+		case <-ctx.Done():
+			return
+		case <-c.conn.Done():
+			return
+		}
+		now := time.Now()
+		quietFor := now.Sub(c.LastHeard())
+		if quietFor >= replayQuiet || !now.Before(deadline) {
+			return
+		}
+		timer.Reset(min(replayQuiet-quietFor, deadline.Sub(now)))
+	}
 }
 
 // BeginTurn starts a turn without any I/O: from now on a Cancel applies to
@@ -409,6 +513,8 @@ func (c *Client) Prompt(ctx context.Context, message string, acceptTimeout time.
 	c.turnCancelled = make(chan struct{})
 	sessionID := c.sessionID
 	c.mu.Unlock()
+	// What the agent sends from now on is the turn's.
+	c.replaying.Store(false)
 	writeDone := sync.OnceFunc(func() { close(t.written) })
 	defer func() {
 		writeDone()

@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strings"
 	"syscall"
+	"unicode/utf8"
 
 	sdk "github.com/coder/acp-go-sdk"
 
@@ -54,7 +55,7 @@ func (c *Client) handleUpdate(ctx context.Context, req *jsonrpc.Request) (any, e
 		c.opts.OnDrop(DropBadUpdate)
 		return nil, &jsonrpc.Error{Code: jsonrpc.InvalidParams, Message: "Invalid params: " + err.Error()}
 	}
-	u.Raw, u.Replay = req.Params, c.loading.Load()
+	u.Raw, u.Replay = req.Params, c.replaying.Load()
 	c.opts.OnUpdate(ctx, u)
 	switch u.Kind {
 	case KindComplete:
@@ -92,7 +93,7 @@ func decodeACP(params []byte) (Update, error) {
 		return Update{}, errors.New("update is missing")
 	}
 	var (
-		kind, content, entries []byte
+		kind, content, entries, commands, title, mode, used, size []byte
 	)
 	if err = jsonscan.EachMember(update, func(k, v []byte) bool {
 		switch string(k) {
@@ -103,63 +104,149 @@ func decodeACP(params []byte) (Update, error) {
 		case "toolCallId":
 			u.ToolCallID = jsonscan.String(v)
 		case "title":
-			u.ToolName = jsonscan.String(v)
+			title = v
 		case "status":
 			u.ToolStatus = jsonscan.String(v)
 		case "entries":
 			entries = v
+		case "availableCommands":
+			commands = v
+		case "currentModeId":
+			mode = v
+		case "used":
+			used = v
+		case "size":
+			size = v
 		}
 		return true
 	}); err != nil {
 		return Update{}, err
 	}
-	switch jsonscan.String(kind) {
-	case "agent_message_chunk", "agent_thought_chunk":
-		u.Kind = KindContent
-		if jsonscan.String(kind) == "agent_thought_chunk" {
+	name := jsonscan.String(kind)
+	switch name {
+	case "agent_message_chunk", "agent_thought_chunk", "user_message_chunk":
+		switch name {
+		case "agent_message_chunk":
+			u.Kind = KindContent
+		case "agent_thought_chunk":
 			u.Kind = KindThought
+		default:
+			u.Kind = KindUserMessage
 		}
-		if len(content) > 0 && content[0] == '{' {
-			if err := jsonscan.EachMember(content, func(k, v []byte) bool {
-				if string(k) == "text" {
-					u.Text = jsonscan.String(v)
-					return false
-				}
-				return true
+		if u.Text, err = contentText(content); err != nil {
+			return Update{}, err
+		}
+	case "tool_call", "tool_call_update":
+		u.Kind = KindToolCall
+		if name == "tool_call_update" {
+			u.Kind = KindToolCallUpdate
+		}
+		u.ToolName = jsonscan.String(title)
+	case "plan":
+		u.Kind = KindPlan
+		if u.Text, u.Progress, err = planSummary(entries); err != nil {
+			return Update{}, err
+		}
+	case "available_commands_update":
+		u.Kind = KindAvailableCommands
+		var names []string
+		if len(commands) > 0 && commands[0] == '[' {
+			if err := jsonscan.EachElem(commands, func(e []byte) {
+				_ = jsonscan.EachMember(e, func(k, v []byte) bool {
+					if string(k) == "name" {
+						names = append(names, jsonscan.String(v))
+						return false
+					}
+					return true
+				})
 			}); err != nil {
 				return Update{}, err
 			}
 		}
-	case "tool_call":
-		u.Kind = KindToolCall
-	case "tool_call_update":
-		u.Kind = KindToolCallUpdate
-	case "plan":
-		u.Kind = KindPlan
-		total, done := 0, 0
-		if len(entries) > 0 && entries[0] == '[' {
-			err := jsonscan.EachElem(entries, func(e []byte) {
-				total++
-				_ = jsonscan.EachMember(e, func(k, v []byte) bool {
-					if string(k) == "status" && jsonscan.String(v) == "completed" {
-						done++
-					}
-					return true
-				})
-			})
-			if err != nil {
-				return Update{}, err
-			}
-		}
-		if total > 0 {
-			u.Progress = done * 100 / total
+		u.Text = summary(strings.Join(names, ", "))
+	case "current_mode_update":
+		u.Kind, u.Text = KindCurrentMode, summary(jsonscan.String(mode))
+	case "config_option_update":
+		u.Kind = KindConfigOption
+	case "session_info_update":
+		u.Kind, u.Text = KindSessionInfo, summary(jsonscan.String(title))
+	case "usage_update":
+		u.Kind = KindUsage
+		if len(used) > 0 && len(size) > 0 {
+			u.Text = string(used) + " of " + string(size) + " tokens"
 		}
 	case "":
 		return Update{}, errors.New("update.sessionUpdate is missing")
 	default:
-		u.Kind = KindOther
+		// Named, so that the log says what the agent sent.
+		u.Kind, u.Text = KindOther, summary(name)
 	}
 	return u, nil
+}
+
+// contentText is the text of a content block, if it is one with text.
+func contentText(content []byte) (string, error) {
+	if len(content) == 0 || content[0] != '{' {
+		return "", nil
+	}
+	text := ""
+	err := jsonscan.EachMember(content, func(k, v []byte) bool {
+		if string(k) == "text" {
+			text = jsonscan.String(v)
+			return false
+		}
+		return true
+	})
+	return text, err
+}
+
+// planSummary is a plan's entries as one line ("2/3 completed: read the
+// prompt [completed]; ..."), and its progress: the share of entries
+// completed, or -1 for an empty plan.
+func planSummary(entries []byte) (text string, progress int, err error) {
+	if len(entries) == 0 || entries[0] != '[' {
+		return "", -1, nil
+	}
+	total, done := 0, 0
+	var items []string
+	err = jsonscan.EachElem(entries, func(e []byte) {
+		total++
+		var content, status string
+		_ = jsonscan.EachMember(e, func(k, v []byte) bool {
+			switch string(k) {
+			case "content":
+				content = jsonscan.String(v)
+			case "status":
+				status = jsonscan.String(v)
+			}
+			return true
+		})
+		if status == "completed" {
+			done++
+		}
+		items = append(items, content+" ["+status+"]")
+	})
+	if err != nil || total == 0 {
+		return "", -1, err
+	}
+	return summary(fmt.Sprintf("%d/%d completed: %s", done, total, strings.Join(items, "; "))), done * 100 / total, nil
+}
+
+// maxSummary bounds the text the runner makes of an update: a log line
+// and an event's text say what came, the event's raw update holds all of
+// it.
+const maxSummary = 512
+
+// summary is s cut to maxSummary bytes, on a rune boundary.
+func summary(s string) string {
+	if len(s) <= maxSummary {
+		return s
+	}
+	cut := maxSummary
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + "…"
 }
 
 func decodeKandev(params []byte) (Update, error) {

@@ -166,3 +166,42 @@ func TestGovernedPermission(t *testing.T) {
 		})
 	}
 }
+
+// TestPermissionNoted: a permission request, and the answer it got, reach
+// OnUpdate as a permission_request and a permission_outcome update, with
+// the tool call, the options and the option selected.
+func TestPermissionNoted(t *testing.T) {
+	for _, tt := range []struct {
+		policy, outcome string
+	}{
+		{"allow", "selected once [allow_once] (policy allow)"},
+		{"deny", "selected reject [reject_once] (policy deny)"},
+	} {
+		t.Run(tt.policy, func(t *testing.T) {
+			var r recorder
+			o := r.opts(DialectACP)
+			o.Permission = tt.policy
+			c := New(strings.NewReader(""), nopWriteCloser{io.Discard}, o)
+			t.Cleanup(func() { _ = c.Close() })
+			params := `{"sessionId":"s","toolCall":{"toolCallId":"call-1","title":"write a file","status":"pending"},` +
+				`"options":[{"optionId":"once","name":"Allow","kind":"allow_once"},{"optionId":"reject","name":"Reject","kind":"reject_once"}]}`
+			if _, err := c.notingPermission(c.handlePermission)(context.Background(), &jsonrpc.Request{ID: jsonrpc.Int64ID(1), Method: "session/request_permission", Params: json.RawMessage(params)}); err != nil {
+				t.Fatal(err)
+			}
+			r.mu.Lock()
+			defer r.mu.Unlock()
+			if len(r.updates) != 2 {
+				t.Fatalf("updates %+v, want the request and its outcome", r.updates)
+			}
+			asked, answered := r.updates[0], r.updates[1]
+			if asked.Kind != KindPermissionRequest || asked.ToolCallID != "call-1" || asked.ToolName != "write a file" ||
+				asked.Text != "options once [allow_once], reject [reject_once]" || string(asked.Raw) != params {
+				t.Errorf("request %+v", asked)
+			}
+			if answered.Kind != KindPermissionOutcome || answered.ToolCallID != "call-1" || answered.ToolStatus != "selected" || answered.Text != tt.outcome ||
+				!strings.Contains(string(answered.Raw), `"toolCallId":"call-1"`) {
+				t.Errorf("outcome %+v (%s)", answered, answered.Raw)
+			}
+		})
+	}
+}

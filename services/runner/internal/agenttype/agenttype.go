@@ -5,6 +5,7 @@ package agenttype
 
 import (
 	"bytes"
+	"cmp"
 	"errors"
 	"fmt"
 	"io"
@@ -71,7 +72,9 @@ type Type struct {
 	// (HookVariable), which only Env can set.
 	LaunchEnv []string `yaml:"launch_env"`
 	Protocol  string   `yaml:"protocol"`
-	Enabled   bool     `yaml:"enabled"`
+	// Enabled: launches of the type are taken. An entry of the YAML file
+	// without enabled is enabled.
+	Enabled bool `yaml:"enabled"`
 	// Env is set for every instance of the type, under the launch's env.
 	Env map[string]string `yaml:"env"`
 	// Permission answers session/request_permission (ACP): allow, deny,
@@ -81,6 +84,11 @@ type Type struct {
 	// the Librarian escalated waits for a person, when shorter than the
 	// Librarian's own timeouts.escalation; 0: the Librarian's.
 	ApprovalTimeout time.Duration `yaml:"approval_timeout"`
+	// AuthMethod is the id of one of the authMethods an ACP agent offers
+	// in initialize: the runner calls authenticate with it before it opens
+	// the session. Empty: the runner does not authenticate (the agent
+	// finds its credentials itself, in the type's env).
+	AuthMethod string `yaml:"auth_method"`
 	// Args maps a oneshot agent's parameters to command-line flags
 	// (issue_number: --issue), as the bridge's config.yaml does.
 	Args map[string]string `yaml:"args"`
@@ -105,7 +113,10 @@ func (t Type) OneshotValidation() (validate bool, maxParamLength int) {
 	return validate, maxParamLength
 }
 
-var idPattern = regexp.MustCompile(`^[a-z0-9][a-z0-9._-]{0,62}$`)
+var (
+	idPattern         = regexp.MustCompile(`^[a-z0-9][a-z0-9._-]{0,62}$`)
+	authMethodPattern = regexp.MustCompile(`^[!-~]{1,128}$`)
+)
 
 // Validate reports the first thing wrong with t.
 func (t Type) Validate() error {
@@ -154,6 +165,12 @@ func (t Type) Validate() error {
 		return fmt.Errorf("agent type %s: negative approval_timeout %s", t.ID, t.ApprovalTimeout)
 	case t.ApprovalTimeout > 0 && t.Permission != PermissionLibrarian:
 		return fmt.Errorf("agent type %s: approval_timeout is for permission librarian only", t.ID)
+	}
+	if t.AuthMethod != "" && !authMethodPattern.MatchString(t.AuthMethod) {
+		return fmt.Errorf("agent type %s: auth_method %q: must be 1-128 printable ASCII characters without spaces", t.ID, t.AuthMethod)
+	}
+	if t.AuthMethod != "" && (t.Protocol == ProtocolKandev || t.Protocol == ProtocolLegacy || t.Protocol == ProtocolOneshot) {
+		return fmt.Errorf("agent type %s: auth_method is for ACP agents (protocol acp, or detected), not %s", t.ID, t.Protocol)
 	}
 	return t.validateEnvNames()
 }
@@ -219,6 +236,22 @@ func Parse(data []byte) ([]Type, error) {
 	if err := dec.Decode(&f); err != nil && !errors.Is(err, io.EOF) {
 		return nil, fmt.Errorf("agent types: %w", err)
 	}
+	// Which entries say enabled at all: the others are enabled. (A second
+	// decode of what the first accepted, rather than a custom unmarshaler,
+	// whose nested decode would not refuse unknown keys.)
+	var said struct {
+		AgentTypes []struct {
+			Enabled *bool `yaml:"enabled"`
+		} `yaml:"agent_types"`
+	}
+	if err := yaml.Unmarshal(data, &said); err != nil || len(said.AgentTypes) != len(f.AgentTypes) {
+		return nil, fmt.Errorf("agent types: reading enabled: %v", err)
+	}
+	for i := range f.AgentTypes {
+		if said.AgentTypes[i].Enabled == nil {
+			f.AgentTypes[i].Enabled = true
+		}
+	}
 	seen := map[string]bool{}
 	for _, t := range f.AgentTypes {
 		if seen[t.ID] {
@@ -247,6 +280,31 @@ func Load(path string) (*Registry, error) {
 		entries = append(entries, extra...)
 	}
 	return New(entries...)
+}
+
+// Summary lists the types by id, saying which are disabled and which
+// protocol and command or image each runs, for the runner's startup log.
+func (r *Registry) Summary() string {
+	var b strings.Builder
+	for i, t := range r.List() {
+		if i > 0 {
+			b.WriteString("; ")
+		}
+		b.WriteString(t.ID)
+		b.WriteString(" (")
+		b.WriteString(cmp.Or(t.Protocol, "detect"))
+		switch {
+		case len(t.Command) > 0:
+			b.WriteString(", " + t.Command[0])
+		case t.Image != "":
+			b.WriteString(", image " + t.Image)
+		}
+		if !t.Enabled {
+			b.WriteString(", disabled")
+		}
+		b.WriteString(")")
+	}
+	return b.String()
 }
 
 // Get returns the type id, if registered.

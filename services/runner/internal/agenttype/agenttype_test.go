@@ -3,6 +3,7 @@ package agenttype
 import (
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -29,6 +30,13 @@ func TestParse(t *testing.T) {
 		{"not YAML", "agent_types: [", "agent types"},
 		{"validation on an acp type", "agent_types:\n  - id: a\n    command: [x]\n    protocol: acp\n    validate_inputs: false\n", "oneshot only"},
 		{"negative max_param_length", "agent_types:\n  - id: a\n    command: [x]\n    protocol: oneshot\n    max_param_length: -1\n", "negative max_param_length"},
+		{"auth_method", "agent_types:\n  - id: a\n    command: [x]\n    protocol: acp\n    auth_method: gemini-api-key\n", ""},
+		{"auth_method with a space", "agent_types:\n  - id: a\n    command: [x]\n    auth_method: api key\n", "auth_method"},
+		{"auth_method on a kandev agent", "agent_types:\n  - id: a\n    command: [x]\n    protocol: kandev\n    auth_method: key\n", "for ACP agents"},
+		// Enabled unless it says otherwise: an entry without a command or
+		// image is refused rather than kept disabled.
+		{"without command or image", "agent_types:\n  - id: a\n", "needs a command"},
+		{"disabled without command or image", "agent_types:\n  - id: a\n    enabled: false\n", ""},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
@@ -43,6 +51,31 @@ func TestParse(t *testing.T) {
 				t.Fatalf("got %v (%+v), want an error mentioning %q", err, types, tt.err)
 			}
 		})
+	}
+}
+
+// TestEnabledByDefault: an entry of the file without enabled is enabled;
+// enabled: false disables it. (It was disabled, and a launch of it said
+// only "disabled".)
+func TestEnabledByDefault(t *testing.T) {
+	t.Parallel()
+	types, err := Parse([]byte("agent_types:\n  - id: plain\n    command: [x]\n  - id: off\n    command: [x]\n    enabled: false\n  - id: on\n    command: [x]\n    enabled: true\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]bool{}
+	for _, typ := range types {
+		got[typ.ID] = typ.Enabled
+	}
+	if want := map[string]bool{"plain": true, "off": false, "on": true}; !reflect.DeepEqual(got, want) {
+		t.Fatalf("enabled %v, want %v", got, want)
+	}
+	r, err := New(types...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := r.Summary(), "off (detect, x, disabled); on (detect, x); plain (detect, x)"; got != want {
+		t.Errorf("summary %q, want %q", got, want)
 	}
 }
 

@@ -174,7 +174,7 @@ func (s *Server) LaunchAgent(ctx context.Context, req *runnerv1.LaunchAgentReque
 		return nil, validation(fmt.Sprintf("unknown agent_type %q", req.GetAgentType()), "GET /api/v1/agent-types lists them")
 	}
 	if !typ.Enabled {
-		return nil, validation(fmt.Sprintf("agent_type %q is disabled", typ.ID), "")
+		return nil, validation(fmt.Sprintf("agent_type %q is disabled", typ.ID), "its entry in the runner's agent types file (CONCLAVE_RUNNER_AGENT_TYPES) says enabled: false")
 	}
 	if p := req.GetPriority(); p < 0 || p > supervisor.MaxPriority {
 		return nil, validation(fmt.Sprintf("priority %d is outside 0 to %d", p, supervisor.MaxPriority), "a higher priority starts before lower ones while workers are busy; 0 is the default")

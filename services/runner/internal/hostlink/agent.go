@@ -267,7 +267,7 @@ func (h *host) runAgent(ctx context.Context) (int, error) {
 		govern = h.askRunner
 	}
 	client := acp.New(stdoutR, stdinW, acp.Options{
-		Dialect: h.s.Protocol, Workspace: h.s.Workspace, Permission: h.s.Permission, MaxLine: h.s.MaxLine, Govern: govern,
+		Dialect: h.s.Protocol, Workspace: h.s.Workspace, Permission: h.s.Permission, AuthMethod: h.s.AuthMethod, MaxLine: h.s.MaxLine, Govern: govern,
 		OnUpdate: a.onUpdate,
 		OnDrop:   func(reason string) { h.note(ctx, "dropped a line from the agent: %s", reason) },
 		Logger:   h.log,
@@ -382,16 +382,26 @@ func (h *host) handshake(ctx context.Context, client *acp.Client) string {
 		return err
 	}
 	failed := func(method string, err error) string {
-		if errors.Is(err, context.DeadlineExceeded) {
-			return fmt.Sprintf("dead protocol: no answer to %s within %s", method, h.s.ProtocolTimeout)
+		outcome, reason := client.HandshakeFailure(method, err, h.s.ProtocolTimeout)
+		if outcome == acp.OutcomeDeadProtocol {
+			return reason
 		}
-		return fmt.Sprintf("%s failed: %v", method, err)
+		return outcome + ": " + reason
 	}
 	if h.s.Protocol == acp.DialectLegacy {
 		return ""
 	}
 	if err := call("initialize", client.Initialize); err != nil {
 		return failed("initialize", err)
+	}
+	if err := call("authenticate", func(ctx context.Context) error {
+		method, err := client.Authenticate(ctx)
+		if method != "" {
+			h.note(ctx, "authenticated with the agent's auth method %s", method)
+		}
+		return err
+	}); err != nil {
+		return failed("authenticate", err)
 	}
 	sessionID, loaded := h.s.SessionID, false
 	switch {

@@ -52,7 +52,11 @@ func TestConversation(t *testing.T) {
 	if err != nil || turn.StopReason != acp.StopEndTurn {
 		t.Fatalf("turn 1 = %+v, %v", turn, err)
 	}
-	want := []string{"content: Working on: hello", "plan: ", "tool_call: ", "tool_call_update: ", "content:  Done."}
+	// The permission the agent asked for, and the answer, cross the link
+	// as updates too.
+	want := []string{"content: Working on: hello", "plan: 1/2 completed: read the prompt [completed]; write notes.txt [in_progress]", "tool_call: ",
+		"permission_request: options allow [allow_once], reject [reject_once]", "permission_outcome: selected allow [allow_once] (policy allow)",
+		"tool_call_update: ", "content:  Done."}
 	if got := rec.texts(); !slices.Equal(got, want) {
 		t.Fatalf("updates = %q, want %q", got, want)
 	}
@@ -691,5 +695,50 @@ func TestLaunchEnvCheckedAgain(t *testing.T) {
 				t.Error("the agent was started: BASH_ENV's hook ran")
 			}
 		})
+	}
+}
+
+// TestAuthenticate: agent-host authenticates with the type's auth method
+// (CONCLAVE_AGENT_HOST_AUTH_METHOD) before session/new, when the agent
+// offers it; without one, the agent's refusal of session/new ends the
+// agent, saying it is the agent's error and which methods it offers.
+func TestAuthenticate(t *testing.T) {
+	skipShort(t)
+	t.Parallel()
+	for _, tt := range []struct {
+		name, method string
+		up           bool
+	}{
+		{"the type names the method", "test-key", true},
+		{"the type names none", "", false},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			rig := startHub(t, "")
+			rec := newRecorder()
+			instance := "inst-auth-" + strconv.FormatBool(tt.up)
+			link := rig.hub.Expect(instance, 1, rec.options())
+			startHost(t, hostSpec{addr: rig.addr, instance: instance, workspace: t.TempDir(),
+				env:   map[string]string{"CONCLAVE_AGENT_HOST_AUTH_METHOD": tt.method},
+				agent: []string{acpAgentBin, "-dialect", "acp", "-auth", "test-key"}})
+			ready, err := link.Ready(t.Context())
+			if tt.up {
+				if err != nil || ready.SessionID == "" {
+					t.Fatalf("ready = %+v, %v", ready, err)
+				}
+				rec.waitFor(t, "the log of authenticate", hasLog("authenticated with the agent's auth method test-key"))
+				return
+			}
+			if err == nil {
+				t.Fatalf("ready = %+v, want the session refused", ready)
+			}
+			rec.waitFor(t, "the log of the agent's error", hasLog("agent_error: session/new: the agent answered with an error: Authentication required: no API key is configured (code -32000); the agent offers authMethods test-key (Test key)"))
+		})
+	}
+}
+
+func hasLog(text string) func([]acp.Update, []string) bool {
+	return func(_ []acp.Update, logs []string) bool {
+		return slices.ContainsFunc(logs, func(l string) bool { return strings.Contains(l, text) })
 	}
 }

@@ -25,6 +25,7 @@ type Settings struct {
 	Protocol   string `env:"CONCLAVE_AGENT_HOST_PROTOCOL" help:"the agent's dialect: acp, kandev, legacy, or empty to detect"`
 	SessionID  string `env:"CONCLAVE_AGENT_HOST_SESSION_ID" help:"a session to resume with session/load (empty: session/new)"`
 	Permission string `env:"CONCLAVE_AGENT_HOST_PERMISSION" default:"deny" help:"how session/request_permission is answered: allow, deny, allow_always, or librarian (the runner decides each, asking the Librarian)"`
+	AuthMethod string `env:"CONCLAVE_AGENT_HOST_AUTH_METHOD" help:"the ACP authMethods id to authenticate with before the session opens, when the agent offers authMethods (the agent type's auth_method)"`
 	Workspace  string `env:"CONCLAVE_AGENT_HOST_WORKSPACE" help:"the agent's working directory, to which fs/* requests are confined (empty: the current directory, and fs/* refused)"`
 	// LaunchEnv and LaunchEnvAllowed are set by the Kubernetes executor:
 	// agent-host checks them again before it starts the agent, since the
@@ -114,6 +115,7 @@ func (s Settings) Env() map[string]string {
 	set("CONCLAVE_AGENT_HOST_PROTOCOL", s.Protocol)
 	set("CONCLAVE_AGENT_HOST_SESSION_ID", s.SessionID)
 	set("CONCLAVE_AGENT_HOST_PERMISSION", s.Permission)
+	set("CONCLAVE_AGENT_HOST_AUTH_METHOD", s.AuthMethod)
 	set("CONCLAVE_AGENT_HOST_WORKSPACE", s.Workspace)
 	set("CONCLAVE_AGENT_HOST_BUFFER_BYTES", strconv.Itoa(s.BufferBytes))
 	set("CONCLAVE_AGENT_HOST_MAX_LINE", strconv.Itoa(s.MaxLine))

@@ -331,7 +331,7 @@ func (ss *session) runStdio(ctx context.Context, proc executor.Process, typ agen
 		return ss.end(ctx, proc, "start_failed", fmt.Sprintf("executor %s gave no stdio to speak ACP over", o.Executor.Name()), <-exited, stopNone, "")
 	}
 	client := acp.New(stdio.Stdout(), stdio.Stdin(), acp.Options{
-		Dialect: typ.Protocol, Workspace: ss.launch.Workspace, Permission: typ.Permission, MaxLine: o.MaxLine,
+		Dialect: typ.Protocol, Workspace: ss.launch.Workspace, Permission: typ.Permission, AuthMethod: typ.AuthMethod, MaxLine: o.MaxLine,
 		Govern:   ss.governor(typ, ss.launch.Workspace, ss.launch.Workspace),
 		OnUpdate: ss.onUpdate, OnDrop: o.Metrics.Drop, Logger: ss.s.log.With("instance_id", ss.launch.ID),
 	})
@@ -375,8 +375,12 @@ func (ss *session) end(ctx context.Context, proc executor.Process, outcome, reas
 			outcome, reason = "killed", why
 		}
 	}
-	if outcome == "" && exitErr != nil {
+	switch {
+	case outcome == "" && exitErr != nil:
 		outcome, reason = "exited", fmt.Sprintf("the agent exited: %v", exitErr)
+	case outcome == acp.OutcomeExited && exitErr != nil:
+		// Gone during the handshake: how it went.
+		reason += fmt.Sprintf(" (%v)", exitErr)
 	}
 	ss.s.o.Metrics.Launch(firstNonEmpty(outcome, "completed"))
 	ss.setStatus(context.WithoutCancel(ctx), func(in *records.Instance) {

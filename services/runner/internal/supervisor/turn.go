@@ -19,18 +19,26 @@ func (ss *session) drive(ctx context.Context, client *acp.Client) (outcome, reas
 	o := ss.s.o
 	hs, cancel := context.WithTimeout(ctx, o.ProtocolTimeout)
 	defer cancel()
+	fail := func(method string, err error) (string, string) {
+		return client.HandshakeFailure(method, err, o.ProtocolTimeout)
+	}
 	if err := client.Initialize(hs); err != nil {
-		return "dead_protocol", protocolFailure("initialize", err, o.ProtocolTimeout)
+		return fail("initialize", err)
+	}
+	if method, err := client.Authenticate(hs); err != nil {
+		return fail("authenticate", err)
+	} else if method != "" {
+		ss.log.Add(StreamRunner, "authenticated with the agent's auth method "+method)
 	}
 	sessionID := ss.launch.SessionID
 	if sessionID != "" && client.Capabilities().LoadSession {
 		if err := client.LoadSession(hs, ss.launch.Workspace, sessionID); err != nil {
-			return "dead_protocol", protocolFailure("session/load", err, o.ProtocolTimeout)
+			return fail("session/load", err)
 		}
 	} else if client.Dialect() != acp.DialectLegacy {
 		var err error
 		if sessionID, err = client.NewSession(hs, ss.launch.Workspace); err != nil {
-			return "dead_protocol", protocolFailure("session/new", err, o.ProtocolTimeout)
+			return fail("session/new", err)
 		}
 	}
 	cancel()
@@ -243,6 +251,7 @@ func (ss *session) onUpdate(ctx context.Context, u acp.Update) {
 	if u.Replay {
 		// The session's history, which was published when it happened.
 		ss.s.o.Metrics.Drop(acp.DropReplay)
+		ss.s.log.DebugContext(ctx, "runner: a session/load replayed an update; not logged or published again", "instance_id", ss.launch.ID, "kind", u.Kind)
 		return
 	}
 	ss.s.o.Metrics.Update(u.Kind)
