@@ -121,22 +121,27 @@ func TestGovernedPermission(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			var seen PermissionRequest
 			govern := tt.govern
+			var c *Client
 			if govern != nil {
-				govern = func(ctx context.Context, p PermissionRequest) PermissionAnswer { seen = p; return tt.govern(ctx, p) }
+				govern = func(ctx context.Context, p PermissionRequest) PermissionAnswer {
+					seen = p
+					if tt.cancel {
+						// The turn is cancelled while Govern waits (not
+						// before it is asked, which answers cancelled
+						// without asking).
+						c.mu.Lock()
+						close(c.turnCancelled)
+						c.cancelled = true
+						c.mu.Unlock()
+					}
+					return tt.govern(ctx, p)
+				}
 			}
-			c := New(strings.NewReader(""), nopWriteCloser{io.Discard}, Options{Permission: "librarian", Govern: govern})
+			c = New(strings.NewReader(""), nopWriteCloser{io.Discard}, Options{Permission: "librarian", Govern: govern})
 			t.Cleanup(func() { _ = c.Close() })
 			c.mu.Lock()
 			c.turnCancelled = make(chan struct{})
 			c.mu.Unlock()
-			if tt.cancel {
-				go func() {
-					c.mu.Lock()
-					close(c.turnCancelled)
-					c.cancelled = true
-					c.mu.Unlock()
-				}()
-			}
 			params, _ := json.Marshal(map[string]any{"sessionId": "s", "options": tt.options,
 				"toolCall": map[string]any{"toolCallId": "call-2", "title": "edit config", "kind": "edit", "locations": []map[string]any{{"path": "/w/config.json"}}}})
 			res, err := c.handlePermission(context.Background(), &jsonrpc.Request{ID: jsonrpc.Int64ID(1), Method: "session/request_permission", Params: params})
