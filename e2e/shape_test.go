@@ -49,10 +49,6 @@ type shape struct {
 	// needed: conclave dev opens both the API and the review page).
 	librarianURL, librarianAgentToken, reviewerToken string
 
-	// governedSkip, when set, says why the shape does not run the governed
-	// step (its runner is not pointed at the Librarian and the bus).
-	governedSkip string
-
 	// console is the console's base URL, pointed at the test's Jaeger, and
 	// consoleToken a token to sign in with ("" when the shape runs none).
 	console, consoleToken string

@@ -557,9 +557,6 @@ func stepDeadLetter(r *stepRun) {
 // runner's receipt of it (docs/governance.md).
 func stepGoverned(r *stepRun) {
 	sh := r.sh
-	if sh.governedSkip != "" {
-		r.t.Skip(sh.governedSkip)
-	}
 	u := unique()
 	ctx, root := r.root("step 7: a governed agent asks the Librarian; a person approves")
 	var inst struct {
