@@ -122,7 +122,18 @@ func TestGovernedBridgeTools(t *testing.T) {
 		t.Skip("runs the Librarian, the bus, the bridge and python3")
 	}
 	t.Parallel()
-	e := startGoverned(t, governedOptions{runnerProcess: true})
+	for _, b := range backends {
+		t.Run(b.name, func(t *testing.T) {
+			t.Parallel()
+			governedBridgeTools(t, b.aws)
+		})
+	}
+}
+
+// governedBridgeTools is TestGovernedBridgeTools on one backend (aws:
+// dynalite and fauxqs).
+func governedBridgeTools(t *testing.T, aws bool) {
+	e := startGoverned(t, governedOptions{aws: aws, runnerProcess: true})
 	cs, ws, tel := startGovernedBridge(t, e, e.librarianURL)
 	callTool := func(name, id string) *mcp.CallToolResult {
 		t.Helper()

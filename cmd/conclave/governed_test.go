@@ -229,22 +229,27 @@ func TestGovernedLibrarianDown(t *testing.T) {
 		t.Skip("runs the bus, the runner and node")
 	}
 	t.Parallel()
-	e := startGoverned(t, governedOptions{librarianURL: "http://127.0.0.1:1"})
-	task := "task-governed-down"
-	msgs := e.busMessages(t, "task:"+task)
-	in := e.launch(t, task)
-	done := e.waitStatus(t, in.ID, 3*time.Minute, "completed", "failed", "stopped")
-	log := e.logText(t, in.ID)
-	if done.Status != "completed" || !strings.Contains(log, agentRefused) || !strings.Contains(log, "unavailable (failing closed: refused)") ||
-		!strings.Contains(log, "the Librarian is unavailable") {
-		t.Fatalf("status %+v; log:\n%s", done, log)
-	}
-	if d := decided(t, msgs); d["decision"] != "unavailable" || d["failed_closed"] != true || !strings.Contains(fmt.Sprint(d["reason"]), "connection refused") {
-		t.Errorf("runner.permission.decided %v", d)
-	}
-	metrics := e.metrics(t)
-	if !strings.Contains(metrics, `conclave_runner_permission_fail_closed_total{`) || !strings.Contains(metrics, `reason="unavailable"`) {
-		t.Errorf("no fail-closed denial counted:\n%s", grepLines(metrics, "permission"))
+	for _, b := range backends {
+		t.Run(b.name, func(t *testing.T) {
+			t.Parallel()
+			e := startGoverned(t, governedOptions{aws: b.aws, librarianURL: "http://127.0.0.1:1"})
+			task := "task-governed-down-" + b.name
+			msgs := e.busMessages(t, "task:"+task)
+			in := e.launch(t, task)
+			done := e.waitStatus(t, in.ID, 3*time.Minute, "completed", "failed", "stopped")
+			log := e.logText(t, in.ID)
+			if done.Status != "completed" || !strings.Contains(log, agentRefused) || !strings.Contains(log, "unavailable (failing closed: refused)") ||
+				!strings.Contains(log, "the Librarian is unavailable") {
+				t.Fatalf("status %+v; log:\n%s", done, log)
+			}
+			if d := decided(t, msgs); d["decision"] != "unavailable" || d["failed_closed"] != true || !strings.Contains(fmt.Sprint(d["reason"]), "connection refused") {
+				t.Errorf("runner.permission.decided %v", d)
+			}
+			metrics := e.metrics(t)
+			if !strings.Contains(metrics, `conclave_runner_permission_fail_closed_total{`) || !strings.Contains(metrics, `reason="unavailable"`) {
+				t.Errorf("no fail-closed denial counted:\n%s", grepLines(metrics, "permission"))
+			}
+		})
 	}
 }
 
