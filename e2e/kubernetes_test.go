@@ -153,7 +153,13 @@ func TestKubernetes(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, d := range deployables {
-		if _, err := rel.WaitRolledOut(ctx, kubeRelease+"-"+d, ""); err != nil {
+		_, err := rel.WaitRolledOut(ctx, kubeRelease+"-"+d, "")
+		if err == nil {
+			// Ready pods are not yet a reachable Service: kube-proxy
+			// programs the endpoints a moment later.
+			err = rel.WaitServing(ctx, kubeRelease+"-"+d)
+		}
+		if err != nil {
 			t.Fatalf("%v\n%s", err, rel.Diagnose())
 		}
 	}
