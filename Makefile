@@ -76,9 +76,10 @@ librarian-zip: $(IMAGES_TOOL) ## Build only the Librarian's arm64 Lambda zip, .c
 	SOURCE_DATE_EPOCH=$(SOURCE_DATE_EPOCH) $(IMAGES_TOOL) -root $(ROOT) -out $(CACHE)/images librarian
 
 .PHONY: build
-build: ## Build the conclave binary into bin/.
+build: ## Build the conclave binary, and the example ACP agent conclave dev runs, into bin/.
 	@mkdir -p bin
 	go build -o bin/conclave ./cmd/conclave
+	go build -o bin/acp-agent ./examples/acp-agent
 
 .PHONY: run
 run: build ## Build and run `conclave dev`: every service in one process on embedded storage.

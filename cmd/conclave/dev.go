@@ -105,6 +105,13 @@ func runDev(ctx context.Context, args []string, lookup config.Lookup, stdout, st
 	if cfg.Storage.Backend != config.BackendEmbedded {
 		return fmt.Errorf("CONCLAVE_BACKEND: conclave dev runs on the embedded backend; run the services themselves for %q", cfg.Storage.Backend)
 	}
+	if cfg.Runner.AgentTypesFile == "" {
+		file, err := exampleAgentTypes(cfg.Storage.DataDir)
+		if err != nil {
+			return fmt.Errorf("the example agent type: %w", err)
+		}
+		cfg.Runner.AgentTypesFile = file
+	}
 	tel, stopTelemetry, err := telemetry.Start(ctx, cfg.Common, "conclave", versionString())
 	if err != nil {
 		return err

@@ -24,7 +24,8 @@ const librarianUsage = `Usage: conclave librarian <command> [flags]
 Client commands (HTTP; --url or CONCLAVE_LIBRARIAN_URL, --token or CONCLAVE_LIBRARIAN_TOKEN):
   request FILE|-            submit an AgentRequest (JSON) and print the decision
   status REQUEST_ID         print a request's status
-  query TEXT                rank the knowledge graph's nodes for TEXT
+  query [--agent ID] TEXT   rank the knowledge graph's nodes for TEXT, asking as agent ID
+                            (needed without a token, as in conclave dev: e.g. --agent gemini-pro)
   review list               list the requests waiting for a human
   review approve|reject ID -m COMMENT
                             decide an escalated request (reviewer token)
@@ -49,15 +50,43 @@ func runLibrarian(ctx context.Context, args []string, lookup config.Lookup, stdo
 	case "tokens", "import":
 		return librarianAdmin(ctx, cmd, rest, lookup, stdout, stderr)
 	}
+	var usage string
+	switch cmd {
+	case "request":
+		usage = "request FILE|-"
+	case "status":
+		usage = "status REQUEST_ID"
+	case "query":
+		usage = "query [--agent ID] TEXT"
+	case "review":
+		usage = "review list | review approve|reject REQUEST_ID -m COMMENT"
+	default:
+		fmt.Fprint(stderr, librarianUsage)
+		return fmt.Errorf("librarian: unknown command %q", cmd)
+	}
 	fs := flag.NewFlagSet("conclave librarian "+cmd, flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	baseURL := fs.String("url", envOr(lookup, "CONCLAVE_LIBRARIAN_URL", "http://127.0.0.1:8081"), "the Librarian's URL")
-	token := fs.String("token", envOr(lookup, "CONCLAVE_LIBRARIAN_TOKEN", ""), "bearer token (an agent's, or a reviewer's for review)")
-	comment := fs.String("m", "", "review comment")
+	fs.Usage = func() {
+		fmt.Fprintf(stderr, "Usage: conclave librarian %s [flags]\n\nFlags:\n", usage)
+		fs.PrintDefaults()
+	}
+	baseURL := fs.String("url", envOr(lookup, "CONCLAVE_LIBRARIAN_URL", "http://127.0.0.1:8081"), "the Librarian's URL (CONCLAVE_LIBRARIAN_URL)")
+	token := fs.String("token", envOr(lookup, "CONCLAVE_LIBRARIAN_TOKEN", ""), "bearer token, an agent's, or a reviewer's for review (CONCLAVE_LIBRARIAN_TOKEN)")
+	var comment, agent *string
+	switch cmd {
+	case "review":
+		comment = fs.String("m", "", "the reviewer's comment on approve or reject")
+	case "query":
+		agent = fs.String("agent", envOr(lookup, "CONCLAVE_LIBRARIAN_AGENT_ID", ""),
+			"the agent to ask as, one of config/agents.yaml (CONCLAVE_LIBRARIAN_AGENT_ID); needed without a token, as in conclave dev; a token names its own")
+	}
 	// Flags may follow the positional arguments.
 	var positional []string
 	for {
 		if err := fs.Parse(rest); err != nil {
+			if errors.Is(err, flag.ErrHelp) {
+				return nil
+			}
 			return err
 		}
 		if fs.NArg() == 0 {
@@ -98,9 +127,16 @@ func runLibrarian(ctx context.Context, args []string, lookup config.Lookup, stdo
 		if len(positional) == 0 {
 			return errors.New("librarian query: expected the query text")
 		}
-		body, _ := json.Marshal(map[string]any{"query": strings.Join(positional, " ")})
+		if *agent == "" && *token == "" {
+			return errors.New("librarian query: name the agent to ask as with --agent ID (or CONCLAVE_LIBRARIAN_AGENT_ID), one of the Librarian's config/agents.yaml such as gemini-pro, or give an agent's --token")
+		}
+		q := map[string]any{"query": strings.Join(positional, " ")}
+		if *agent != "" {
+			q["agent_id"] = *agent
+		}
+		body, _ := json.Marshal(q)
 		return c.do(ctx, http.MethodPost, "/agent/context", body, stdout)
-	case "review":
+	default: // review
 		if len(positional) == 1 && positional[0] == "list" {
 			return c.do(ctx, http.MethodGet, "/reviews?status=escalated", nil, stdout)
 		}
@@ -109,9 +145,6 @@ func runLibrarian(ctx context.Context, args []string, lookup config.Lookup, stdo
 		}
 		body, _ := json.Marshal(map[string]string{"decision": positional[0], "comment": *comment})
 		return c.do(ctx, http.MethodPost, "/reviews/"+url.PathEscape(positional[1])+"/decision", body, stdout)
-	default:
-		fmt.Fprint(stderr, librarianUsage)
-		return fmt.Errorf("librarian: unknown command %q", cmd)
 	}
 }
 

@@ -154,3 +154,79 @@ func TestLibrarianCommands(t *testing.T) {
 }
 
 func discardLogger() *slog.Logger { return slog.New(slog.DiscardHandler) }
+
+// TestLibrarianQueryAsAnAgent: without a token, as in conclave dev, the
+// query names the agent it asks as; each command's help lists its own
+// flags only.
+func TestLibrarianQueryAsAnAgent(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	dir := t.TempDir()
+	st, err := store.OpenBolt(filepath.Join(dir, "state.db"), store.BoltOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	if err := store.EnsureTables(ctx, st, librarian.Tables...); err != nil {
+		t.Fatal(err)
+	}
+	q, err := queue.OpenEmbedded(filepath.Join(dir, "queue.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer q.Close()
+	for _, d := range librarian.Queues {
+		if err := q.Ensure(ctx, d); err != nil {
+			t.Fatal(err)
+		}
+	}
+	svc, err := librarian.New(librarian.Config{HTTPAddr: "127.0.0.1:0", APIRate: "60/minute", ShutdownTimeout: time.Second, AllowUnauthenticated: true},
+		librarian.Deps{Store: st, Queue: q, Logger: discardLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sctx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- svc.Run(sctx) }()
+	defer func() { stop(); <-done }()
+	<-svc.Ready()
+	base := "http://" + svc.Endpoints()[0].Address
+
+	tests := []struct {
+		name    string
+		args    []string
+		env     map[string]string
+		wantOut string // in stdout and stderr
+		wantErr string // "" for success
+	}{
+		{"--agent", []string{"query", "--agent", "gemini-pro", "oauth"}, nil, `"query": "oauth"`, ""},
+		{"the agent from the environment", []string{"query", "oauth"}, map[string]string{"CONCLAVE_LIBRARIAN_AGENT_ID": "gemini-pro"}, `"query": "oauth"`, ""},
+		{"no agent and no token", []string{"query", "oauth"}, nil, "", "--agent ID"},
+		{"an agent the Librarian does not know", []string{"query", "--agent", "nobody", "oauth"}, nil, "", "403"},
+		{"query's help", []string{"query", "-h"}, nil, "-agent", ""},
+		{"review's help", []string{"review", "-h"}, nil, "reviewer's comment", ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			env := map[string]string{"CONCLAVE_LIBRARIAN_URL": base}
+			for k, v := range tt.env {
+				env[k] = v
+			}
+			var out, errOut bytes.Buffer
+			err := runLibrarian(ctx, tt.args, func(k string) (string, bool) { v, ok := env[k]; return v, ok }, &out, &errOut)
+			got := out.String() + errOut.String()
+			switch {
+			case tt.wantErr == "" && err != nil:
+				t.Fatalf("%v: %v\n%s", tt.args, err, got)
+			case tt.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tt.wantErr)):
+				t.Fatalf("%v: error %v, want one saying %q\n%s", tt.args, err, tt.wantErr, got)
+			case !strings.Contains(got, tt.wantOut):
+				t.Fatalf("%v printed:\n%s\nwant %q in it", tt.args, got, tt.wantOut)
+			}
+			if tt.args[0] == "query" && tt.args[1] == "-h" && strings.Contains(got, "-m ") {
+				t.Errorf("query's help lists review's -m:\n%s", got)
+			}
+		})
+	}
+}

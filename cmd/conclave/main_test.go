@@ -52,6 +52,12 @@ func testMain(m *testing.M) int {
 		return 1
 	}
 	if !testing.Short() {
+		// The example agent beside conclave, as `make build` leaves it, so
+		// that conclave dev has its example-agent type.
+		if err := testenv.GoBuild(context.Background(), filepath.Join(dir, exampleAgentBinary), "./examples/acp-agent"); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
 		if grpcurlBin, err = toolBinary("grpcurl", "github.com/fullstorydev/grpcurl/cmd/grpcurl"); err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			return 1

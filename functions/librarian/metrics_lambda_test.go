@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -81,7 +82,9 @@ func TestMetricsOverOTLP(t *testing.T) {
 	collector := httptest.NewServer(recv)
 	defer collector.Close()
 	env, _, _, _ := deployment(t)
-	rt := startFunction(t, append(env, "OTEL_EXPORTER_OTLP_ENDPOINT="+collector.URL))
+	rt := startFunction(t, append(env, "OTEL_EXPORTER_OTLP_ENDPOINT="+collector.URL,
+		// No regrowth within the test, however loaded the machine.
+		"CONCLAVE_LIBRARIAN_AUTH_THROTTLE="+strconv.Itoa(auth.ThrottleBurst)+"/1h"))
 	if err := rt.Ready(ctx); err != nil {
 		t.Fatal(err)
 	}

@@ -71,9 +71,9 @@ var errClosed = errors.New("queue: embedded backend is closed")
 // OpenEmbedded opens or creates the queue file at path. Only one process
 // may have it open; another waits up to 5s and then fails.
 func OpenEmbedded(path string) (*Embedded, error) {
-	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: 5 * time.Second})
+	db, err := boltgroup.Open(path)
 	if err != nil {
-		return nil, fmt.Errorf("queue: open %s (is another process using it?): %w", path, err)
+		return nil, fmt.Errorf("queue: open %s: %w", path, err)
 	}
 	e := &Embedded{
 		db:      db,

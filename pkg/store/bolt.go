@@ -50,9 +50,9 @@ func OpenBolt(path string, opts BoltOptions) (*Bolt, error) {
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return nil, fmt.Errorf("store: create directory for %s: %w", path, err)
 	}
-	// A second process opening the same file waits on its lock; a timeout
-	// turns that into an error naming the file instead of a hang.
-	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: 5 * time.Second})
+	// A second process opening the same file waits on its lock, then gets
+	// an error naming the holder instead of a hang.
+	db, err := boltgroup.Open(path)
 	if err != nil {
 		return nil, fmt.Errorf("store: open %s: %w", path, err)
 	}

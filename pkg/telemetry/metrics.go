@@ -27,7 +27,7 @@ import (
 // Meter returns the meter a deployable's domain metrics are made from; its
 // instruments must be named MetricName(service, thing).
 func (p *Provider) Meter(service string) metric.Meter {
-	return p.meterProvider.Meter("github.com/conclave-ai/conclave/" + service)
+	return p.MeterProvider().Meter("github.com/conclave-ai/conclave/" + service)
 }
 
 // MetricName is a domain metric's instrument name, conclave_<service>_<thing>

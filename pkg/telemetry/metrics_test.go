@@ -25,6 +25,10 @@ func TestDomainMetricNames(t *testing.T) {
 	spins, _ := m.Int64Counter(telemetry.MetricName("widget", "spins"), metric.WithUnit("{spin}"))
 	open, _ := m.Int64UpDownCounter(telemetry.MetricName("widget", "open"), metric.WithUnit("{widget}"))
 	took, _ := m.Float64Histogram(telemetry.MetricName("widget", "spin_duration"), metric.WithUnit("s"))
+	// Never counted: exported anyway, at zero, so that an alert on it can
+	// fire on a process that never saw one.
+	_, _ = m.Int64Counter(telemetry.MetricName("widget", "jams"), metric.WithUnit("{jam}"))
+	_, _ = m.Int64UpDownCounter(telemetry.MetricName("widget", "queued"), metric.WithUnit("{widget}"))
 	spins.Add(ctx, 2, metric.WithAttributes(attribute.String("outcome", "ok")))
 	spins.Add(ctx, 1, metric.WithAttributes(attribute.String("outcome", "failed")))
 	open.Add(ctx, 3)
@@ -45,8 +49,14 @@ func TestDomainMetricNames(t *testing.T) {
 			t.Errorf("%s%v = %v, want %v", c.name, c.labels, v, c.want)
 		}
 	}
-	if n := got.Series("conclave_widget_spins"); n != 2 {
-		t.Errorf("spins has %d series, want 2 (one per outcome)", n)
+	// One per outcome, and the zero series without labels it started with.
+	if n := got.Series("conclave_widget_spins"); n != 3 {
+		t.Errorf("spins has %d series, want 3 (one per outcome, and its zero start)", n)
+	}
+	for _, name := range []string{"conclave_widget_jams_total", "conclave_widget_queued"} {
+		if !got.Has(name) || got.Value(name) != 0 {
+			t.Errorf("%s, never counted: exported %v at %v, want exported at 0", name, got.Has(name), got.Value(name))
+		}
 	}
 }
 

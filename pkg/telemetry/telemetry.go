@@ -96,7 +96,7 @@ func Setup(ctx context.Context, cfg Config) (*Provider, error) {
 		return nil, err
 	}
 	otel.SetTracerProvider(p.tracerProvider)
-	otel.SetMeterProvider(p.meterProvider)
+	otel.SetMeterProvider(p.MeterProvider())
 	otel.SetTextMapPropagator(p.propagator)
 	return p, nil
 }
@@ -234,7 +234,9 @@ func (p *Provider) TracerProvider() trace.TracerProvider { return p.tracerProvid
 
 // MeterProvider returns the provider's meter provider. Its instruments are
 // always visible through MetricsHandler.
-func (p *Provider) MeterProvider() metric.MeterProvider { return p.meterProvider }
+func (p *Provider) MeterProvider() metric.MeterProvider {
+	return zeroStartProvider{p.meterProvider}
+}
 
 // MetricsHandler serves the provider's metrics, plus Go runtime and process
 // metrics, in the Prometheus exposition format.

@@ -64,6 +64,8 @@ type Config struct {
 	// AllowedHosts are answered besides loopback names while the bridge
 	// runs without authentication.
 	AllowedHosts []string `env:"CONCLAVE_BRIDGE_ALLOWED_HOSTS" help:"comma-separated Host names the HTTP listener answers besides localhost, 127.0.0.1 and [::1] while it runs without authentication"`
+	// AuthThrottle is the per-address budget of wrong tokens (pkg/auth.Throttle).
+	AuthThrottle auth.ThrottleSetting `env:"CONCLAVE_BRIDGE_AUTH_THROTTLE" default:"20/1s" help:"wrong tokens one address may present: BURST at once, then one more each EVERY (BURST/EVERY); past it, callers get 429 with Retry-After"`
 
 	// Env supplies the variables agents may inherit (config.yaml's
 	// environment.pass and each agent's env); nil passes none.
@@ -204,7 +206,7 @@ func New(cfg Config, logger *slog.Logger, tel *telemetry.Provider, opts ...serve
 	if cfg.AllowUnauthenticated {
 		logger.Warn("the bridge's MCP endpoint accepts requests without a bearer token")
 	}
-	throttle := auth.NewThrottle(auth.ThrottleOptions{Throttled: telemetry.AuthThrottled(tel.Meter("bridge"), "bridge")})
+	throttle := auth.NewThrottle(cfg.AuthThrottle.Options(telemetry.AuthThrottled(tel.Meter("bridge"), "bridge")))
 	protected := guard(cfg, throttle, jsonRPCErrors(handler))
 	// A tool call (a POST) lasts as long as its agent, up to its timeout:
 	// on SIGTERM it is drained, so that it finishes with its result, while

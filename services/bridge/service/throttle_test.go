@@ -4,10 +4,12 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/conclave-ai/conclave/pkg/auth"
 	"github.com/conclave-ai/conclave/pkg/telemetry/metricstest"
 	"github.com/conclave-ai/conclave/pkg/testenv"
+	"github.com/conclave-ai/conclave/services/bridge/service"
 )
 
 // mcpPost sends an MCP initialize to url with tok through client, and
@@ -53,7 +55,10 @@ func checkThrottle(t *testing.T, b *httpBridge) {
 
 func TestThrottlesWrongTokens(t *testing.T) {
 	t.Parallel()
-	b := startHTTP(t, nil)
+	// No regrowth within the test, however loaded the machine.
+	b := startHTTP(t, func(c *service.Config) {
+		c.AuthThrottle = auth.ThrottleSetting{Burst: auth.ThrottleBurst, Every: time.Hour}
+	})
 	checkThrottle(t, b)
 	if v := metricstest.Scrape(t, b.metrics).Value("conclave_bridge_auth_throttled_total"); v != 2 {
 		t.Errorf("conclave_bridge_auth_throttled_total = %v, want 2", v)

@@ -65,7 +65,7 @@ func Serve(ctx context.Context, name string, args []string, lookup config.Lookup
 // BUB_AGENT_ID and BUB_TOKEN through lookup.
 func CLI(ctx context.Context, name string, args []string, lookup config.Lookup, stdin io.Reader, stdout, stderr io.Writer) error {
 	return bubcli.Run(ctx, args, bubcli.Env{
-		Lookup: lookup, Stdin: stdin, Stdout: stdout, Stderr: stderr,
+		Name: name, Lookup: lookup, Stdin: stdin, Stdout: stdout, Stderr: stderr,
 		Serve: func(ctx context.Context, args []string) error {
 			return Serve(ctx, name+" serve", args, lookup, stderr)
 		},

@@ -68,6 +68,8 @@ type Config struct {
 	// AllowedHosts are answered besides loopback names while the bus runs
 	// without authentication.
 	AllowedHosts []string `env:"CONCLAVE_BUS_ALLOWED_HOSTS" help:"comma-separated Host names the listener answers besides localhost, 127.0.0.1 and [::1] while it runs without authentication"`
+	// AuthThrottle is the per-address budget of wrong tokens (pkg/auth.Throttle).
+	AuthThrottle auth.ThrottleSetting `env:"CONCLAVE_BUS_AUTH_THROTTLE" default:"20/1s" help:"wrong tokens one address may present: BURST at once, then one more each EVERY (BURST/EVERY); past it, callers get 429 with Retry-After"`
 }
 
 // Validate implements config.Validator.
@@ -218,7 +220,7 @@ func New(cfg Config, logger *slog.Logger, tel *telemetry.Provider, st store.Stor
 		return nil, fmt.Errorf("bus metrics: %w", err)
 	}
 	b := &Bus{cfg: cfg, access: access, log: logger, tls: cfg.TLSCert != "", conns: map[*jsonrpc.Conn]*wsconn.Stream{},
-		throttle: auth.NewThrottle(auth.ThrottleOptions{Throttled: telemetry.AuthThrottled(tel.Meter("bus"), "bus")})}
+		throttle: auth.NewThrottle(cfg.AuthThrottle.Options(telemetry.AuthThrottled(tel.Meter("bus"), "bus")))}
 	b.retries = broker.NewRetries(q, st, broker.RetryPolicy{MaxAttempts: cfg.RetryAttempts,
 		BaseDelay: cfg.RetryBaseDelay, MaxDelay: cfg.RetryMaxDelay}, tel.TracerProvider(), logger)
 	var forwarder broker.Forwarder

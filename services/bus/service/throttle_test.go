@@ -2,6 +2,7 @@ package service_test
 
 import (
 	"net/http"
+	"strconv"
 	"testing"
 
 	"github.com/conclave-ai/conclave/pkg/auth"
@@ -26,6 +27,11 @@ func request(t *testing.T, client *http.Client, url string, h http.Header) (int,
 	return resp.StatusCode, resp.Header.Get("Retry-After")
 }
 
+// steadyThrottle is the default burst of wrong tokens, with no regrowth
+// within a test: on a loaded machine a second could pass between the
+// requests and hand the address a token back.
+var steadyThrottle = strconv.Itoa(auth.ThrottleBurst) + "/1h"
+
 // throttledBus starts a bus with grants and sends it wrong tokens from
 // 127.0.0.1 until it throttles that address: then even an admin's token
 // gets 429 with Retry-After from it, on the upgrade and the dead-letter
@@ -33,7 +39,7 @@ func request(t *testing.T, client *http.Client, url string, h http.Header) (int,
 // address is served. Three requests are refused so.
 func throttledBus(t *testing.T) *testBus {
 	t.Helper()
-	bus := startBus(t, defaultConfig(t, map[string]string{"CONCLAVE_BUS_GRANTS": grants}), busOption{})
+	bus := startBus(t, defaultConfig(t, map[string]string{"CONCLAVE_BUS_GRANTS": grants, "CONCLAVE_BUS_AUTH_THROTTLE": steadyThrottle}), busOption{})
 	for i := range auth.ThrottleBurst {
 		if code, _ := request(t, http.DefaultClient, bus.http+"/", bearer("wrong-token-0123456789")); code != http.StatusUnauthorized {
 			t.Fatalf("wrong token %d at the upgrade: %d, want 401", i+1, code)

@@ -54,7 +54,9 @@ func TestMetrics(t *testing.T) {
 	cfg := service.Config{HTTPAddr: "127.0.0.1:0", GatewayURL: gateway.URL, BusURL: "ws" + strings.TrimPrefix(down, "http"),
 		RunnerURL: down, LibrarianURL: gateway.URL, SessionTTL: time.Hour,
 		SessionKey: encodeKey(key), BackendTimeout: 5 * time.Second, ChatTimeout: time.Minute, RefreshInterval: time.Second,
-		MaxStreams: 16, StreamMaxAge: time.Minute, ShutdownTimeout: 5 * time.Second}
+		MaxStreams: 16, StreamMaxAge: time.Minute, ShutdownTimeout: 5 * time.Second,
+		// No regrowth within the test, however loaded the machine.
+		AuthThrottle: auth.ThrottleSetting{Burst: auth.ThrottleBurst, Every: time.Hour}}
 	c, err := service.New(cfg, slog.New(slog.DiscardHandler), tel)
 	if err != nil {
 		t.Fatal(err)

@@ -54,6 +54,8 @@ type Config struct {
 	// AllowedHosts are answered besides loopback names while the console
 	// is open without sign-in.
 	AllowedHosts []string `env:"CONCLAVE_CONSOLE_ALLOWED_HOSTS" help:"comma-separated Host names the console answers besides localhost, 127.0.0.1 and [::1] while it is open without sign-in"`
+	// AuthThrottle is the per-address budget of wrong sign-in tokens (pkg/auth.Throttle).
+	AuthThrottle auth.ThrottleSetting `env:"CONCLAVE_CONSOLE_AUTH_THROTTLE" default:"20/1s" help:"wrong sign-in tokens one address may present: BURST at once, then one more each EVERY (BURST/EVERY); past it, callers get 429 with Retry-After"`
 }
 
 func (c Config) jaegerQueryURL() string {
@@ -229,7 +231,7 @@ func New(cfg Config, logger *slog.Logger, tel *telemetry.Provider, opts ...Optio
 		MaxStreams:      cfg.MaxStreams,
 		StreamMaxAge:    cfg.StreamMaxAge,
 		ChatTimeout:     cfg.ChatTimeout,
-		SignInThrottle:  auth.NewThrottle(auth.ThrottleOptions{Throttled: telemetry.AuthThrottled(tel.Meter("console"), "console")}),
+		SignInThrottle:  auth.NewThrottle(cfg.AuthThrottle.Options(telemetry.AuthThrottled(tel.Meter("console"), "console"))),
 		Metrics:         m,
 		Logger:          logger,
 	})

@@ -228,7 +228,7 @@ func TestGatewayMetrics(t *testing.T) {
 
 	// Requests refused for too many wrong tokens from one address, on a
 	// fourth replica.
-	connD, urlD := startTuned(t, "gw-throttled", shared, nil)
+	connD, urlD := startTuned(t, "gw-throttled", shared, steadyThrottle)
 	checkAuthThrottle(t, connD, urlD)
 	(&scraper{t: t, url: urlD, checked: checked}).moved("conclave_gateway_auth_throttled_total", 3)
 

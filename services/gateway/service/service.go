@@ -61,6 +61,8 @@ type Config struct {
 	// AllowedHosts are answered besides loopback names while the gateway
 	// runs without authentication.
 	AllowedHosts []string `env:"CONCLAVE_GATEWAY_ALLOWED_HOSTS" help:"comma-separated Host names the HTTP listener answers besides localhost, 127.0.0.1 and [::1] while it runs without authentication"`
+	// AuthThrottle is the per-address budget of wrong tokens (pkg/auth.Throttle).
+	AuthThrottle auth.ThrottleSetting `env:"CONCLAVE_GATEWAY_AUTH_THROTTLE" default:"20/1s" help:"wrong tokens one address may present: BURST at once, then one more each EVERY (BURST/EVERY); past it, callers get 429 with Retry-After"`
 }
 
 // unauthenticated reports whether a listener of the gateway runs without
@@ -159,7 +161,7 @@ func New(cfg Config, logger *slog.Logger, tel *telemetry.Provider, st store.Stor
 	// would tell nothing and hold memory for every idle agent.
 	grpcOpts := append(tel.GRPCServerOptions(covenpb.CovenControl_AgentStream_FullMethodName), agentstream.ServerOption())
 	// One budget of wrong tokens per address, clients' and agents' alike.
-	throttle := auth.NewThrottle(auth.ThrottleOptions{Throttled: telemetry.AuthThrottled(tel.Meter("gateway"), "gateway")})
+	throttle := auth.NewThrottle(cfg.AuthThrottle.Options(telemetry.AuthThrottled(tel.Meter("gateway"), "gateway")))
 	var restAuth *clientapi.RESTAuth
 	if !cfg.AllowUnauthenticated {
 		tokens := auth.NewTokens(cfg.ClientTokens...).WithThrottle(throttle)

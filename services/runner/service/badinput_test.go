@@ -41,6 +41,11 @@ func TestBadLaunches(t *testing.T) {
 		{"bad env name", map[string]any{"task_id": "t7", "agent_type": "acp-normal", "workspace_path": ws, "env": map[string]string{"A=B": "x"}}, 400, "validation_error", "env variable name"},
 		{"disabled agent type", map[string]any{"task_id": "t10", "agent_type": "disabled-agent", "workspace_path": ws}, 400, "validation_error", "says enabled: false"},
 		{"missing required env", map[string]any{"task_id": "t8", "agent_type": "needs-env", "workspace_path": ws}, 400, "validation_error", "API_KEY"},
+		// The built-in augment-agent has an image but no command: the local
+		// executor cannot start it, so the launch is refused, not failed
+		// after it was accepted.
+		{"a type the executor cannot run", map[string]any{"task_id": "t11", "agent_type": "augment-agent", "workspace_path": ws,
+			"env": map[string]string{"AUGMENT_SESSION_AUTH": "x", "TASK_DESCRIPTION": "y"}}, 400, "validation_error", "no command, which the local executor runs"},
 		{"no task id", map[string]any{"agent_type": "acp-normal", "workspace_path": ws}, 400, "validation_error", "task_id"},
 		{"unknown field", map[string]any{"task_id": "t9", "agent_type": "acp-normal", "workspace_path": ws, "bogus": 1}, 400, "bad_request", ""},
 	} {

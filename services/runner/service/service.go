@@ -64,6 +64,8 @@ type Config struct {
 	// AllowedHosts are answered besides loopback names while the runner
 	// runs without authentication.
 	AllowedHosts []string `env:"CONCLAVE_RUNNER_ALLOWED_HOSTS" help:"comma-separated Host names the HTTP listener answers besides localhost, 127.0.0.1 and [::1] while it runs without authentication"`
+	// AuthThrottle is the per-address budget of wrong tokens (pkg/auth.Throttle).
+	AuthThrottle auth.ThrottleSetting `env:"CONCLAVE_RUNNER_AUTH_THROTTLE" default:"20/1s" help:"wrong tokens one address may present: BURST at once, then one more each EVERY (BURST/EVERY); past it, callers get 429 with Retry-After"`
 
 	// The librarian permission policy (docs/governance.md).
 	LibrarianURL    string   `env:"CONCLAVE_RUNNER_LIBRARIAN_URL" help:"the Librarian's API (http(s)://host[:port][/stage], e.g. API Gateway's) that agent types with permission librarian ask; required when one does"`
@@ -312,8 +314,11 @@ func New(cfg Config, deps Deps, opts ...server.Option) (*Runner, error) {
 
 	grpcOpts := tel.GRPCServerOptions()
 	var restAuth *api.RESTAuth
+	// Made whether or not tokens are checked, so that every documented
+	// metric is on /metrics from the start.
+	authThrottled := telemetry.AuthThrottled(tel.Meter("runner"), "runner")
 	if !cfg.AllowUnauthenticated {
-		throttle := auth.NewThrottle(auth.ThrottleOptions{Throttled: telemetry.AuthThrottled(tel.Meter("runner"), "runner")})
+		throttle := auth.NewThrottle(cfg.AuthThrottle.Options(authThrottled))
 		tokens := auth.NewTokens(cfg.ClientTokens...).WithThrottle(throttle)
 		restAuth = &api.RESTAuth{Tokens: tokens, Throttle: throttle}
 		// Protect covers the API's service only: agent-host's link
@@ -347,7 +352,7 @@ func New(cfg Config, deps Deps, opts ...server.Option) (*Runner, error) {
 	// without TLS, on the internal network.
 	owners := api.NewOwners(cfg.ForwardTimeout, runnerMetrics, logger,
 		append(tel.GRPCDialOptions(), grpc.WithTransportCredentials(insecure.NewCredentials()))...)
-	runnerv1.RegisterRunnerServiceServer(srv.GRPC(), api.New(rec, registry, sup, confine, api.DefaultLimits, owners))
+	runnerv1.RegisterRunnerServiceServer(srv.GRPC(), api.New(rec, registry, sup, confine, api.DefaultLimits, owners).WithExecutor(exec.Name()))
 	if r.hub != nil {
 		r.hub.Register(srv.GRPC())
 	}

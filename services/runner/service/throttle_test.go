@@ -3,6 +3,7 @@ package service_test
 import (
 	"io"
 	"net/http"
+	"strconv"
 	"testing"
 
 	"github.com/conclave-ai/conclave/pkg/auth"
@@ -51,7 +52,9 @@ func checkThrottle(t *testing.T, r *testRunner) {
 
 func TestThrottlesWrongTokens(t *testing.T) {
 	t.Parallel()
-	r := startRunner(t, map[string]string{"CONCLAVE_RUNNER_ALLOW_UNAUTHENTICATED": "false", "CONCLAVE_RUNNER_CLIENT_TOKENS": throttleToken})
+	r := startRunner(t, map[string]string{"CONCLAVE_RUNNER_ALLOW_UNAUTHENTICATED": "false", "CONCLAVE_RUNNER_CLIENT_TOKENS": throttleToken,
+		// No regrowth within the test, however loaded the machine.
+		"CONCLAVE_RUNNER_AUTH_THROTTLE": strconv.Itoa(auth.ThrottleBurst) + "/1h"})
 	checkThrottle(t, r)
 	if v := metricstest.Scrape(t, r.base+"/metrics").Value("conclave_runner_auth_throttled_total"); v != 2 {
 		t.Errorf("conclave_runner_auth_throttled_total = %v, want 2", v)

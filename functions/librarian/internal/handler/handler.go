@@ -54,6 +54,8 @@ type Config struct {
 	// AllowedHosts are answered besides loopback names while the local
 	// server runs without authentication.
 	AllowedHosts []string `env:"CONCLAVE_LIBRARIAN_ALLOWED_HOSTS" help:"comma-separated Host names the local server answers besides localhost, 127.0.0.1 and [::1] while it runs without authentication"`
+	// AuthThrottle is the per-address budget of wrong tokens (pkg/auth.Throttle).
+	AuthThrottle auth.ThrottleSetting `env:"CONCLAVE_LIBRARIAN_AUTH_THROTTLE" default:"20/1s" help:"wrong tokens one address may present: BURST at once, then one more each EVERY (BURST/EVERY); past it, callers get 429 with Retry-After"`
 }
 
 // Validate implements config.Validator.
@@ -191,7 +193,7 @@ func New(cfg Config, d Deps) (*Librarian, error) {
 		Limiter:  limiter, Reads: limiter, ReadRate: readRate, Requests: reqs, Graph: g, Tokens: tokens, Static: &static,
 		Events: events.NewPublisher(d.Queue), Stats: stats.New(d.Store), Observer: observer, Logger: logger,
 		BaseURL: cfg.BaseURL, AllowUnauthenticated: cfg.AllowUnauthenticated, Now: d.Now,
-		Throttle: auth.NewThrottle(auth.ThrottleOptions{Throttled: throttled}),
+		Throttle: auth.NewThrottle(cfg.AuthThrottle.Options(throttled)),
 	})
 	review.Register(h.Mux(), h, review.Options{Secure: strings.HasPrefix(cfg.BaseURL, "https://"), AllowUnauthenticated: cfg.AllowUnauthenticated})
 	var handler http.Handler = h

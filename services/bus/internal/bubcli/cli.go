@@ -21,8 +21,8 @@ import (
 	"github.com/conclave-ai/conclave/pkg/jsonrpc"
 )
 
-// Usage is the command's help.
-const Usage = `Usage: bub <command> [flags]
+// usage is the command's help; %[1]s is the program's name.
+const usage = `Usage: %[1]s <command> [flags]
 
 Commands:
   send-message --topic T --payload @file.json | - | '{...}'
@@ -33,15 +33,22 @@ Commands:
   dlq redrive ID|--all   put dead letters back on the retry queue
   serve                  run the bus (the same settings as the bus deployable)
 
+Every client command takes --url and --token (%[1]s COMMAND -h lists its flags).
+
 Environment:
-  BUB_BUS_URL        the bus (default ws://127.0.0.1:7892)
+  BUB_BUS_URL        the bus, as --url does (default ws://127.0.0.1:7892)
   BUB_DEFAULT_TOPIC  the topic of send-message without --topic
   BUB_AGENT_ID       the clientId to initialize as (default bub-<pid>)
-  BUB_TOKEN          the bearer token, when the bus requires one
+  BUB_TOKEN          the bearer token, as --token does, when the bus requires one
 `
+
+// Usage is the help of the command line run as name ("bub", "conclave bus").
+func Usage(name string) string { return fmt.Sprintf(usage, name) }
 
 // Env is the CLI's view of its environment.
 type Env struct {
+	// Name is the program's name in help and errors: "bub", "conclave bus".
+	Name   string
 	Lookup func(string) (string, bool)
 	Stdin  io.Reader
 	Stdout io.Writer
@@ -59,8 +66,11 @@ func (e Env) get(key, def string) string {
 
 // Run runs one bub command.
 func Run(ctx context.Context, args []string, env Env) error {
+	if env.Name == "" {
+		env.Name = "bub"
+	}
 	if len(args) == 0 {
-		fmt.Fprint(env.Stderr, Usage)
+		fmt.Fprint(env.Stderr, Usage(env.Name))
 		return errors.New("no command given")
 	}
 	switch cmd, rest := args[0], args[1:]; cmd {
@@ -73,11 +83,51 @@ func Run(ctx context.Context, args []string, env Env) error {
 	case "serve":
 		return env.Serve(ctx, rest)
 	case "help", "-h", "--help":
-		fmt.Fprint(env.Stdout, Usage)
+		fmt.Fprint(env.Stdout, Usage(env.Name))
 		return nil
 	default:
-		fmt.Fprint(env.Stderr, Usage)
+		fmt.Fprint(env.Stderr, Usage(env.Name))
 		return fmt.Errorf("unknown command %q", cmd)
+	}
+}
+
+// target is where a client command reaches the bus: --url and --token,
+// which default to BUB_BUS_URL and BUB_TOKEN.
+type target struct {
+	url, token string
+}
+
+// flags is a client command's flag set, with --url and --token; usage is
+// its synopsis after the program's name.
+func (e Env) flags(usage string) (*flag.FlagSet, *target) {
+	fs := flag.NewFlagSet(e.Name+" "+usage, flag.ContinueOnError)
+	fs.SetOutput(e.Stderr)
+	fs.Usage = func() {
+		fmt.Fprintf(e.Stderr, "Usage: %s %s\n\nFlags:\n", e.Name, usage)
+		fs.PrintDefaults()
+	}
+	t := &target{}
+	fs.StringVar(&t.url, "url", e.get("BUB_BUS_URL", "ws://127.0.0.1:7892"), "the bus's WebSocket URL (BUB_BUS_URL)")
+	fs.StringVar(&t.token, "token", e.get("BUB_TOKEN", ""), "bearer token, when the bus requires one (BUB_TOKEN)")
+	return fs, t
+}
+
+// parse parses args with fs, letting flags follow the positional arguments,
+// and returns those. help is true when -h was asked for: fs printed the
+// usage, and the command has nothing more to do.
+func parse(fs *flag.FlagSet, args []string) (positional []string, help bool, err error) {
+	for {
+		if err := fs.Parse(args); err != nil {
+			if errors.Is(err, flag.ErrHelp) {
+				return nil, true, nil
+			}
+			return nil, false, err
+		}
+		if fs.NArg() == 0 {
+			return positional, false, nil
+		}
+		positional = append(positional, fs.Arg(0))
+		args = fs.Args()[1:]
 	}
 }
 
@@ -86,15 +136,14 @@ type client struct {
 	conn *jsonrpc.Conn
 }
 
-func connect(ctx context.Context, env Env, handler jsonrpc.Handler) (*client, error) {
-	busURL := env.get("BUB_BUS_URL", "ws://127.0.0.1:7892")
+func connect(ctx context.Context, env Env, t *target, handler jsonrpc.Handler) (*client, error) {
 	header := http.Header{}
-	if token := env.get("BUB_TOKEN", ""); token != "" {
-		header.Set("Authorization", "Bearer "+token)
+	if t.token != "" {
+		header.Set("Authorization", "Bearer "+t.token)
 	}
-	ws, _, err := websocket.Dial(ctx, busURL, &websocket.DialOptions{HTTPHeader: header})
+	ws, _, err := websocket.Dial(ctx, t.url, &websocket.DialOptions{HTTPHeader: header})
 	if err != nil {
-		return nil, fmt.Errorf("connecting to the bus at %s (BUB_BUS_URL): %w", busURL, err)
+		return nil, fmt.Errorf("connecting to the bus at %s (--url, BUB_BUS_URL): %w", t.url, err)
 	}
 	conn := jsonrpc.NewConn(jsonrpc.NewWebSocketStream(ws, 0), handler)
 	params := map[string]any{
@@ -144,12 +193,15 @@ func readPayload(arg string, stdin io.Reader) (json.RawMessage, error) {
 }
 
 func sendMessage(ctx context.Context, args []string, env Env) error {
-	fs := flag.NewFlagSet("bub send-message", flag.ContinueOnError)
-	fs.SetOutput(env.Stderr)
+	fs, t := env.flags("send-message --topic T --payload @file.json | - | '{...}'")
 	topic := fs.String("topic", "", "topic (default BUB_DEFAULT_TOPIC)")
 	payloadArg := fs.String("payload", "", "payload: @file.json, - for stdin, or inline JSON")
-	if err := fs.Parse(args); err != nil {
+	positional, help, err := parse(fs, args)
+	if help || err != nil {
 		return err
+	}
+	if len(positional) != 0 {
+		return fmt.Errorf("send-message: unexpected %q; the payload goes in --payload", positional[0])
 	}
 	if *payloadArg == "" {
 		return errors.New("send-message: --payload is required")
@@ -164,7 +216,7 @@ func sendMessage(ctx context.Context, args []string, env Env) error {
 	} else if env.get("BUB_DEFAULT_TOPIC", "") == "" {
 		return errors.New("send-message: give --topic or set BUB_DEFAULT_TOPIC")
 	}
-	c, err := connect(ctx, env, nil)
+	c, err := connect(ctx, env, t, nil)
 	if err != nil {
 		return err
 	}
@@ -178,6 +230,11 @@ func sendMessage(ctx context.Context, args []string, env Env) error {
 }
 
 func subscribe(ctx context.Context, args []string, env Env) error {
+	fs, t := env.flags("subscribe PATTERN")
+	args, help, err := parse(fs, args)
+	if help || err != nil {
+		return err
+	}
 	if len(args) != 1 {
 		return errors.New("subscribe: give exactly one PATTERN")
 	}
@@ -197,7 +254,7 @@ func subscribe(ctx context.Context, args []string, env Env) error {
 		}
 		return map[string]any{"success": true, "processed": true, "stopPropagation": false}, nil
 	}
-	c, err := connect(ctx, env, jsonrpc.Methods{"sendMessage": deliver, "processMessage": deliver})
+	c, err := connect(ctx, env, t, jsonrpc.Methods{"sendMessage": deliver, "processMessage": deliver})
 	if err != nil {
 		return err
 	}
@@ -214,10 +271,10 @@ func subscribe(ctx context.Context, args []string, env Env) error {
 }
 
 // httpBase turns the bus's WebSocket URL into its HTTP one.
-func httpBase(env Env) (string, error) {
-	u, err := url.Parse(env.get("BUB_BUS_URL", "ws://127.0.0.1:7892"))
+func httpBase(t *target) (string, error) {
+	u, err := url.Parse(t.url)
 	if err != nil {
-		return "", fmt.Errorf("BUB_BUS_URL: %w", err)
+		return "", fmt.Errorf("--url (BUB_BUS_URL): %w", err)
 	}
 	switch u.Scheme {
 	case "ws":
@@ -229,8 +286,8 @@ func httpBase(env Env) (string, error) {
 	return strings.TrimSuffix(u.String(), "/"), nil
 }
 
-func dlqRequest(ctx context.Context, env Env, method, path string, out any) error {
-	base, err := httpBase(env)
+func dlqRequest(ctx context.Context, t *target, method, path string, out any) error {
+	base, err := httpBase(t)
 	if err != nil {
 		return err
 	}
@@ -243,8 +300,8 @@ func dlqRequest(ctx context.Context, env Env, method, path string, out any) erro
 		// JSON: a web page cannot send that without asking first.
 		req.Header.Set("Content-Type", "application/json")
 	}
-	if token := env.get("BUB_TOKEN", ""); token != "" {
-		req.Header.Set("Authorization", "Bearer "+token)
+	if t.token != "" {
+		req.Header.Set("Authorization", "Bearer "+t.token)
 	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
@@ -262,6 +319,15 @@ func dlqRequest(ctx context.Context, env Env, method, path string, out any) erro
 }
 
 func dlq(ctx context.Context, args []string, env Env) error {
+	fs, t := env.flags("dlq list | show ID | redrive ID|--all")
+	all := fs.Bool("all", false, "with redrive: every dead letter")
+	args, help, err := parse(fs, args)
+	if help || err != nil {
+		return err
+	}
+	if *all {
+		args = append(args, "--all")
+	}
 	if len(args) == 0 {
 		return errors.New("dlq: give list, show ID or redrive ID|--all")
 	}
@@ -273,7 +339,7 @@ func dlq(ctx context.Context, args []string, env Env) error {
 				DeadLetters []json.RawMessage `json:"dead_letters"`
 				Cursor      string            `json:"cursor"`
 			}
-			if err := dlqRequest(ctx, env, "GET", "/v1/dead-letters?cursor="+url.QueryEscape(cursor), &page); err != nil {
+			if err := dlqRequest(ctx, t, "GET", "/v1/dead-letters?cursor="+url.QueryEscape(cursor), &page); err != nil {
 				return err
 			}
 			for _, dl := range page.DeadLetters {
@@ -291,7 +357,7 @@ func dlq(ctx context.Context, args []string, env Env) error {
 			return errors.New("dlq show: give one ID")
 		}
 		var dl json.RawMessage
-		if err := dlqRequest(ctx, env, "GET", "/v1/dead-letters/"+url.PathEscape(args[1]), &dl); err != nil {
+		if err := dlqRequest(ctx, t, "GET", "/v1/dead-letters/"+url.PathEscape(args[1]), &dl); err != nil {
 			return err
 		}
 		_, err := fmt.Fprintf(env.Stdout, "%s\n", dl)
@@ -305,7 +371,7 @@ func dlq(ctx context.Context, args []string, env Env) error {
 			path = "/v1/dead-letters/redrive"
 		}
 		var out json.RawMessage
-		if err := dlqRequest(ctx, env, "POST", path, &out); err != nil {
+		if err := dlqRequest(ctx, t, "POST", path, &out); err != nil {
 			return err
 		}
 		_, err := fmt.Fprintf(env.Stdout, "%s\n", out)

@@ -118,6 +118,24 @@ var (
 	authMethodPattern = regexp.MustCompile(`^[!-~]{1,128}$`)
 )
 
+// RunnableOn reports why executor ("local" or "kubernetes") cannot start
+// an agent of type t, or nil when it can. A oneshot agent runs its command
+// in the runner's own process tree on either; an ACP agent runs its
+// command as a local process, or under agent-host in a Job of its image.
+// The API asks before it accepts a launch, so that a launch that cannot
+// start is refused with the reason rather than failing after it.
+func (t Type) RunnableOn(executor string) error {
+	switch {
+	case len(t.Command) == 0 && (executor == "local" || t.Protocol == ProtocolOneshot):
+		return fmt.Errorf("agent type %s has no command, which the %s executor runs", t.ID, executor)
+	case executor == "kubernetes" && t.Protocol != ProtocolOneshot && t.Image == "":
+		return fmt.Errorf("agent type %s has no image, which the kubernetes executor runs in a Job", t.ID)
+	case executor == "kubernetes" && len(t.Command) == 0:
+		return fmt.Errorf("agent type %s has no command, which agent-host runs in its Job", t.ID)
+	}
+	return nil
+}
+
 // Validate reports the first thing wrong with t.
 func (t Type) Validate() error {
 	switch {

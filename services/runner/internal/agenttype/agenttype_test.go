@@ -130,3 +130,30 @@ func TestLoadOverlaysDefaults(t *testing.T) {
 		t.Error("a missing file loaded")
 	}
 }
+
+func TestRunnableOn(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name     string
+		typ      Type
+		executor string
+		want     string // in the error; "" for runnable
+	}{
+		{"a command, locally", Type{ID: "a", Command: []string{"agent"}}, "local", ""},
+		{"an image only, locally", Type{ID: "a", Image: "img"}, "local", "no command"},
+		{"an image and a command, on Kubernetes", Type{ID: "a", Image: "img", Command: []string{"agent"}}, "kubernetes", ""},
+		{"a command only, on Kubernetes", Type{ID: "a", Command: []string{"agent"}}, "kubernetes", "no image"},
+		{"an image only, on Kubernetes", Type{ID: "a", Image: "img"}, "kubernetes", "no command"},
+		{"oneshot without an image, on Kubernetes", Type{ID: "a", Protocol: ProtocolOneshot, Command: []string{"tool.py"}}, "kubernetes", ""},
+		{"oneshot without a command", Type{ID: "a", Protocol: ProtocolOneshot, Image: "img"}, "kubernetes", "no command"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			err := tt.typ.RunnableOn(tt.executor)
+			if (err == nil) != (tt.want == "") || (err != nil && !strings.Contains(err.Error(), tt.want)) {
+				t.Fatalf("RunnableOn(%s): %v, want %q", tt.executor, err, tt.want)
+			}
+		})
+	}
+}

@@ -57,6 +57,17 @@ type Server struct {
 	limits   Limits
 	// owners reaches the replicas running other instances' agents.
 	owners *Owners
+	// executor names the executor agents start on ("local",
+	// "kubernetes"); empty, launches are not checked against it.
+	executor string
+}
+
+// WithExecutor makes the API refuse a launch of a type that executor
+// cannot start (agenttype.Type.RunnableOn), rather than accept it and
+// fail it a moment later.
+func (s *Server) WithExecutor(name string) *Server {
+	s.executor = name
+	return s
 }
 
 // New returns the API over the runner's parts; owners forwards calls for
@@ -175,6 +186,11 @@ func (s *Server) LaunchAgent(ctx context.Context, req *runnerv1.LaunchAgentReque
 	}
 	if !typ.Enabled {
 		return nil, validation(fmt.Sprintf("agent_type %q is disabled", typ.ID), "its entry in the runner's agent types file (CONCLAVE_RUNNER_AGENT_TYPES) says enabled: false")
+	}
+	if s.executor != "" {
+		if err := typ.RunnableOn(s.executor); err != nil {
+			return nil, validation(err.Error(), "the runner's agent types file (CONCLAVE_RUNNER_AGENT_TYPES) gives a type its command and image; GET /api/v1/agent-types lists the types")
+		}
 	}
 	if p := req.GetPriority(); p < 0 || p > supervisor.MaxPriority {
 		return nil, validation(fmt.Sprintf("priority %d is outside 0 to %d", p, supervisor.MaxPriority), "a higher priority starts before lower ones while workers are busy; 0 is the default")
