@@ -39,6 +39,19 @@ func (c Config) validateGovernance() error {
 // and returns the watcher of its decisions (nil without a bus). A
 // config.yaml with governed tools needs CONCLAVE_BRIDGE_LIBRARIAN_URL.
 func governance(cfg Config, agents *agentconfig.Config, r *tools.Runner, logger *slog.Logger, tel *telemetry.Provider) (*govern.Watcher, error) {
+	var (
+		metrics govern.Metrics
+		tp      trace.TracerProvider
+	)
+	if tel != nil {
+		// Made with no governed tool too, so that every documented
+		// metric is on /metrics from the start (at zero).
+		m, err := tools.NewGovernanceMetrics(tel.Meter("bridge"))
+		if err != nil {
+			return nil, err
+		}
+		metrics, tp = m, tel.TracerProvider()
+	}
 	var governed []string
 	for _, a := range agents.Agents {
 		if a.Governed {
@@ -60,23 +73,12 @@ func governance(cfg Config, agents *agentconfig.Config, r *tools.Runner, logger 
 	}
 	token := cfg.LibrarianToken
 	client := govern.NewClient(func() string { return cfg.LibrarianURL }, func(string) string { return token }, hc)
-	var (
-		watcher *govern.Watcher
-		metrics govern.Metrics
-		tp      trace.TracerProvider
-	)
+	var watcher *govern.Watcher
 	if cfg.BusURL != "" {
 		b := make([]byte, 4)
 		_, _ = rand.Read(b)
 		watcher = govern.NewWatcher(govern.WatcherOptions{URL: func() string { return cfg.BusURL }, Token: cfg.BusToken,
 			ClientID: "bridge-" + hex.EncodeToString(b), Status: client.Status, Logger: logger})
-	}
-	if tel != nil {
-		m, err := tools.NewGovernanceMetrics(tel.Meter("bridge"))
-		if err != nil {
-			return nil, err
-		}
-		metrics, tp = m, tel.TracerProvider()
 	}
 	gov := govern.NewGovernor(client, watcher, metrics, tp, logger)
 	r.SetGovernance(tools.Governance{Governor: gov, AgentID: cfg.LibrarianAgent})
