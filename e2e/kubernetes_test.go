@@ -101,17 +101,34 @@ func TestKubernetes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The Librarian, on its Lambda harness on this host, on the same
+	// dynalite and fauxqs (this host's side of them) and the release's
+	// prefix: its events reach the bus's pods through the release's
+	// events queue. The runner's pods ask it, for the governed agent type
+	// (step 7), through a relay on the node's address; people review on
+	// this host.
+	aws := be.env(kubePrefix)
+	runnerLibToken, runnerBusToken := token("librarian-runner"), token("bus-runner")
+	startLibrarian(t, ctx, sh, bins[librarianCmd], be.dynalite, kubePrefix, aws,
+		"CONCLAVE_LIBRARIAN_CONFIG_DIR="+librarianConfig(t, t.TempDir()),
+		"CONCLAVE_LIBRARIAN_AGENT_TOKENS=claude-3="+sh.librarianAgentToken+","+governedAgentType+"="+runnerLibToken)
+	librarianInNode, err := node.Forward(kubeenv.KubeNodeIP+":0", strings.TrimPrefix(sh.librarianURL, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
 
 	rel, err := kubeenv.NewRelease(ctx, node, kubeRelease, kubeNamespace, dir)
 	if err != nil {
 		t.Fatal(err)
 	}
-	grants, _ := json.Marshal([]map[string]any{{"token": sh.busToken, "publish": []string{"*"}, "subscribe": []string{"*"}, "admin": true}})
+	grants, _ := json.Marshal([]map[string]any{{"token": sh.busToken, "publish": []string{"*"}, "subscribe": []string{"*"}, "admin": true},
+		{"token": runnerBusToken, "subscribe": []string{"system:librarian.request.*"}}})
 	if err := rel.CreateSecrets(ctx, map[string]map[string]string{
 		"conclave-gateway-tokens": {"client-tokens": sh.gatewayToken, "agent-tokens": sh.covenAgentID + "=" + sh.covenAgentToken},
 		"conclave-bus-secrets":    {"grants": string(grants), "peer-token": token("bus-peer"), "runner-token": sh.runnerToken},
-		"conclave-runner-tokens":  {"client-tokens": sh.runnerToken, "host-key": token("runner-host-key")},
-		"conclave-aws":            {"AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test"},
+		"conclave-runner-tokens": {"client-tokens": sh.runnerToken, "host-key": token("runner-host-key"),
+			"librarian-tokens": governedAgentType + "=" + runnerLibToken, "bus-token": runnerBusToken},
+		"conclave-aws": {"AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test"},
 	}); err != nil {
 		t.Fatal(err)
 	}
@@ -120,7 +137,7 @@ func TestKubernetes(t *testing.T) {
 		t.Fatal(err)
 	}
 	values := filepath.Join(dir, "values.yaml")
-	if err := os.WriteFile(values, []byte(kubeValues(awsInNode, otlp.Addr().String(), version)), 0o600); err != nil {
+	if err := os.WriteFile(values, []byte(kubeValues(awsInNode, otlp.Addr().String(), version, "http://"+librarianInNode.Addr().String())), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	deployables := []string{"gateway", "bus", "runner"}
@@ -136,7 +153,13 @@ func TestKubernetes(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, d := range deployables {
-		if _, err := rel.WaitRolledOut(ctx, kubeRelease+"-"+d, ""); err != nil {
+		_, err := rel.WaitRolledOut(ctx, kubeRelease+"-"+d, "")
+		if err == nil {
+			// Ready pods are not yet a reachable Service: kube-proxy
+			// programs the endpoints a moment later.
+			err = rel.WaitServing(ctx, kubeRelease+"-"+d)
+		}
+		if err != nil {
 			t.Fatalf("%v\n%s", err, rel.Diagnose())
 		}
 	}
@@ -163,13 +186,8 @@ func TestKubernetes(t *testing.T) {
 		return cmd
 	}
 
-	// The bridge, as an MCP client's machine runs it, and the Librarian
-	// on its Lambda harness, on the same dynalite and fauxqs (this host's
-	// side of them) and the release's prefix: its events reach the bus's
-	// pods through the release's events queue.
-	aws := be.env(kubePrefix)
+	// The bridge, as an MCP client's machine runs it.
 	startBridge(t, ctx, sh, bins[bridgeCmd], aws)
-	startLibrarian(t, ctx, sh, bins[librarianCmd], be.dynalite, kubePrefix, aws)
 
 	runScenario(t, sh)
 	if t.Failed() {
@@ -181,11 +199,13 @@ func TestKubernetes(t *testing.T) {
 // the pods reach, the images as imported (never pulled), traces to the
 // test's Jaeger (through a relay on the node's address), the runner on
 // the Kubernetes executor with the scenario's agent types, the bus's
-// default handler launching the bus agent through it. The node has no
-// cluster DNS, so the bus reaches the runner, and its launched agents the
+// default handler launching the bus agent through it; the governed agent
+// type asking librarianURL, its decisions heard on the release's bus, the
+// tokens for both in the runner's Secret. The node has no cluster DNS, so
+// the bus reaches the runner, and its launched agents and the runner the
 // bus, by the addresses the kubelet gives every pod of the namespace
 // (their Services exist before the Deployments: helm creates them first).
-func kubeValues(awsEndpoint, otlpEndpoint, version string) string {
+func kubeValues(awsEndpoint, otlpEndpoint, version, librarianURL string) string {
 	return fmt.Sprintf(`backend: aws
 tablePrefix: %[1]s
 aws:
@@ -210,8 +230,13 @@ runner:
   executor: kubernetes
   kubernetes:
     imagePullPolicy: Never
+  secret:
+    librarianTokensKey: librarian-tokens
+    busTokenKey: bus-token
   settings:
     hostOtlpEndpoint: %[3]q
+    librarianUrl: %[12]q
+    busUrl: "ws://$(CONCLAVE_BUS_SERVICE_HOST):$(CONCLAVE_BUS_SERVICE_PORT_HTTP)"
   agentTypes: |
     agent_types:
       - id: %[4]s
@@ -237,10 +262,18 @@ runner:
         args: {issue_number: --issue, repo_name: --repo}
         timeout: 60s
         enabled: true
+      - id: %[11]s
+        image: conclave/acp-agent:%[9]s
+        command: [/usr/local/bin/acp-agent, -dialect, acp, -permission-path, /etc/hostname]
+        protocol: acp
+        permission: librarian
+        memory_mb: 128
+        cpu_cores: 0.25
+        enabled: true
 console:
   enabled: false
 `, kubePrefix, awsEndpoint, otlpEndpoint, acpAgentType, busAgentType, toolAgentType,
-		runnerPythonImage, runnerPythonTag, version, toolAgentsDir)
+		runnerPythonImage, runnerPythonTag, version, toolAgentsDir, governedAgentType, librarianURL)
 }
 
 // runnerPython writes the runner's image with Python: the runner (bin) as

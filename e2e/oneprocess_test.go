@@ -25,6 +25,10 @@ const (
 	// toolAgentType is the bridge's example label agent as a oneshot type
 	// (step 5).
 	toolAgentType = "e2e-label-issue"
+	// governedAgentType is the example ACP agent under the librarian
+	// permission policy, asking to edit a file outside its workspace,
+	// which the Librarian (librarianConfig) escalates to a person (step 7).
+	governedAgentType = "e2e-governed"
 )
 
 // writeAgentTypes writes the runner's agent types file into dir and
@@ -51,12 +55,47 @@ func writeAgentTypes(t *testing.T, dir string) string {
     args: {issue_number: --issue, repo_name: --repo}
     timeout: 60s
     enabled: true
-`, acpAgentType, busAgentType, toolAgentType, acp, label)
+  - id: %[6]s
+    command: [%[4]q, -dialect, acp, -permission-path, /etc/hostname]
+    protocol: acp
+    permission: librarian
+    enabled: true
+`, acpAgentType, busAgentType, toolAgentType, acp, label, governedAgentType)
 	path := filepath.Join(dir, "agent-types.yaml")
 	if err := os.WriteFile(path, []byte(types), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	return path
+}
+
+// librarianConfig writes the Librarian's configuration into a directory of
+// dir: the built-in registry with the governed agent type (as an operator
+// registers it; conclave dev would add it by itself), and a protocol that
+// escalates a deviation to a person and judges targets the knowledge graph
+// does not track (docs/governance.md). Steps 4 and 7 hold under it.
+func librarianConfig(t *testing.T, dir string) string {
+	t.Helper()
+	out := filepath.Join(dir, "librarian-config")
+	if err := os.MkdirAll(out, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	src := filepath.Join(repoRoot, "functions", "librarian", "config")
+	agents, err := os.ReadFile(filepath.Join(src, "agents.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	agents = append(agents, fmt.Appendf(nil, "\n  %s:\n    type: runner-agent\n    capabilities: [read, write, analyze]\n    rate_limit: 1000/hour\n    allowed_targets: [all]\n", governedAgentType)...)
+	protocol, err := os.ReadFile(filepath.Join(src, "protocol.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	protocol = []byte(strings.Replace(string(protocol), "strict_mode: true", "strict_mode: false\n    require_known_targets: false", 1))
+	for name, data := range map[string][]byte{"agents.yaml": agents, "protocol.yaml": protocol} {
+		if err := os.WriteFile(filepath.Join(out, name), data, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return out
 }
 
 // telemetryEnv points a process's OpenTelemetry at the test's Jaeger, and
@@ -82,7 +121,7 @@ func TestOneProcess(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	dev, err := testenv.StartDev(ctx, bins["./cmd/conclave"], project, []string{
-		"--runner-agent-types=" + types, "--bus-runner-agent-type=" + busAgentType,
+		"--runner-agent-types=" + types, "--bus-runner-agent-type=" + busAgentType, "--librarian-config-dir=" + librarianConfig(t, project),
 		"--bridge-config=" + filepath.Join(repoRoot, "examples", "tool-agents", "config.yaml"),
 	}, telemetryEnv())
 	if err != nil {

@@ -29,6 +29,7 @@ var steps = []step{
 	{"4_librarian_decisions_on_the_bus", stepLibrarian},
 	{"5_bridge_tool_over_mcp_and_as_a_oneshot_agent", stepBridgeTool},
 	{"6_dead_letter_and_redrive", stepDeadLetter},
+	{"7_governed_agent_asks_the_librarian", stepGoverned},
 }
 
 // stepTimeout bounds one step, its waits for Jaeger included.

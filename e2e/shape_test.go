@@ -132,6 +132,10 @@ var spanNames = []struct {
 	{"runner-launches", true, runner},
 	{"start agent", false, runner},
 	{"acp ", true, runner},
+	// pkg/govern's: the runner's, in this scenario (the bridge's governed
+	// tools make them too).
+	{"librarian approval", false, runner},
+	{"librarian decision", false, runner},
 }
 
 // services lists the services a trace has spans from, sorted.

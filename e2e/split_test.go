@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
+	"fmt"
 	"net"
 	"net/http"
 	"os"
@@ -52,14 +53,28 @@ func TestSplitProcesses(t *testing.T) {
 		return startProcess(t, ctx, sh, name, bin, slices.Concat(aws, env)...)
 	}
 
-	// The runner first: the bus's default handler launches through it.
+	// The Librarian first: the runner's governed agent type asks it (step
+	// 7); then the runner: the bus's default handler launches through it.
+	// The bus's address is chosen now, for the runner to hear the
+	// Librarian's decisions there.
+	runnerLibToken, runnerBusToken := token("librarian-runner"), token("bus-runner")
+	startLibrarian(t, ctx, sh, bins[librarianCmd], be.dynalite, prefix, aws,
+		"CONCLAVE_LIBRARIAN_CONFIG_DIR="+librarianConfig(t, t.TempDir()),
+		"CONCLAVE_LIBRARIAN_AGENT_TOKENS=claude-3="+sh.librarianAgentToken+","+governedAgentType+"="+runnerLibToken)
+	busPort, err := testenv.FreePort()
+	if err != nil {
+		t.Fatal(err)
+	}
 	types := writeAgentTypes(t, t.TempDir())
 	rn := start("runner", bins[runnerCmd], "CONCLAVE_RUNNER_GRPC_ADDR=127.0.0.1:0", "CONCLAVE_RUNNER_HTTP_ADDR=127.0.0.1:0",
 		"CONCLAVE_RUNNER_SERVER_ID=runner-1", "CONCLAVE_RUNNER_CLIENT_TOKENS="+sh.runnerToken,
-		"CONCLAVE_RUNNER_AGENT_TYPES="+types, "CONCLAVE_RUNNER_WORKSPACE_ROOTS="+sh.workspace)
+		"CONCLAVE_RUNNER_AGENT_TYPES="+types, "CONCLAVE_RUNNER_WORKSPACE_ROOTS="+sh.workspace,
+		"CONCLAVE_RUNNER_LIBRARIAN_URL="+sh.librarianURL, "CONCLAVE_RUNNER_LIBRARIAN_TOKENS="+governedAgentType+"="+runnerLibToken,
+		fmt.Sprintf("CONCLAVE_RUNNER_BUS_URL=ws://127.0.0.1:%d", busPort), "CONCLAVE_RUNNER_BUS_TOKEN="+runnerBusToken)
 	sh.runnerHTTP = "http://" + rn.HTTPAddr
-	grants, _ := json.Marshal([]map[string]any{{"token": sh.busToken, "publish": []string{"*"}, "subscribe": []string{"*"}, "admin": true}})
-	bs := start("bus", bins[busCmd], "CONCLAVE_BUS_ADDR=127.0.0.1:0", "CONCLAVE_BUS_SERVER_ID=bus-1", "CONCLAVE_BUS_GRANTS="+string(grants),
+	grants, _ := json.Marshal([]map[string]any{{"token": sh.busToken, "publish": []string{"*"}, "subscribe": []string{"*"}, "admin": true},
+		{"token": runnerBusToken, "subscribe": []string{"system:librarian.request.*"}}})
+	bs := start("bus", bins[busCmd], fmt.Sprintf("CONCLAVE_BUS_ADDR=127.0.0.1:%d", busPort), "CONCLAVE_BUS_SERVER_ID=bus-1", "CONCLAVE_BUS_GRANTS="+string(grants),
 		"CONCLAVE_BUS_RUNNER_ADDR="+rn.GRPCAddr, "CONCLAVE_BUS_RUNNER_AGENT_TYPE="+busAgentType,
 		"CONCLAVE_BUS_RUNNER_TOKEN="+sh.runnerToken, "CONCLAVE_BUS_WORKSPACE="+sh.workspace)
 	sh.busURL = "ws://" + bs.HTTPAddr
@@ -73,7 +88,6 @@ func TestSplitProcesses(t *testing.T) {
 		"CONCLAVE_GATEWAY_AGENT_TOKENS="+sh.covenAgentID+"="+sh.covenAgentToken)
 	sh.gatewayHTTP, sh.gatewayGRPC = "http://"+gw.HTTPAddr, gw.GRPCAddr
 	startBridge(t, ctx, sh, bins[bridgeCmd], aws)
-	startLibrarian(t, ctx, sh, bins[librarianCmd], be.dynalite, prefix, aws)
 	// The console, to draw a step's trace from Jaeger (after the steps).
 	con := startProcess(t, ctx, sh, "console", bins[consoleCmd], slices.Concat(telemetryEnv(), []string{"CONCLAVE_CONSOLE_HTTP_ADDR=127.0.0.1:0",
 		"CONCLAVE_CONSOLE_GATEWAY_URL=" + sh.gatewayHTTP, "CONCLAVE_CONSOLE_BUS_URL=" + sh.busURL, "CONCLAVE_CONSOLE_RUNNER_URL=" + sh.runnerHTTP,
@@ -156,7 +170,7 @@ func startBridge(t *testing.T, ctx context.Context, sh *shape, bin string, env [
 // storage's settings (CONCLAVE_BACKEND=aws, the endpoint, the prefix);
 // its queue is the bus's bus-events under that prefix. It sets
 // sh.librarianURL and adds the function's log to the report.
-func startLibrarian(t *testing.T, ctx context.Context, sh *shape, bin, dynaliteEndpoint, prefix string, aws []string) {
+func startLibrarian(t *testing.T, ctx context.Context, sh *shape, bin, dynaliteEndpoint, prefix string, aws []string, extra ...string) {
 	t.Helper()
 	st := store.NewDynamo(testenv.DynamoDBClient(dynaliteEndpoint), store.DynamoOptions{TablePrefix: prefix, Endpoint: dynaliteEndpoint})
 	if err := store.EnsureTables(ctx, st, librarianservice.Tables...); err != nil {
@@ -172,7 +186,7 @@ func startLibrarian(t *testing.T, ctx context.Context, sh *shape, bin, dynaliteE
 		"OTEL_EXPORTER_OTLP_ENDPOINT=http://" + jaeger.OTLPHTTPEndpoint,
 		"CONCLAVE_LIBRARIAN_AGENT_TOKENS=claude-3=" + sh.librarianAgentToken,
 		"CONCLAVE_LIBRARIAN_REVIEWER_TOKENS=alice=" + sh.reviewerToken,
-		"CONCLAVE_LIBRARIAN_BASE_URL=" + sh.librarianURL})...)
+		"CONCLAVE_LIBRARIAN_BASE_URL=" + sh.librarianURL}, extra)...)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -546,3 +546,74 @@ func stepDeadLetter(r *stepRun) {
 	r.expectTrace(root, spanOf(bus, "bus publish"), spanOf(bus, "bus deliver processMessage"), spanOf(bus, "bus-retries process"),
 		spanOf(bus, "bus redrive"))
 }
+
+// stepGoverned: an agent under the librarian permission policy asks to
+// edit a file outside its workspace; the runner asks the Librarian over
+// its API, which escalates it; the instance awaits approval with the
+// review's URL; a reviewer approves it on the review page in a real
+// browser; the decision reaches the waiting turn through the bus, and the
+// agent goes on. One trace: the launch, the runner's permission span, the
+// Librarian's spans, the bus publishing the decision to the runner, the
+// runner's receipt of it (docs/governance.md).
+func stepGoverned(r *stepRun) {
+	sh := r.sh
+	u := unique()
+	ctx, root := r.root("step 7: a governed agent asks the Librarian; a person approves")
+	var inst struct {
+		ID string `json:"id"`
+	}
+	if status, body := r.do(ctx, http.MethodPost, sh.runnerHTTP+"/api/v1/agents/launch", sh.runnerToken, map[string]any{
+		"task_id": "e2e-governed-" + u, "agent_type": governedAgentType, "workspace_path": sh.workspace,
+		"env": map[string]string{"TASK_DESCRIPTION": "write the notes of issue 15"},
+	}, &inst); status/100 != 2 || inst.ID == "" {
+		r.t.Fatalf("launch: %d %s", status, body)
+	}
+	defer r.explainInstance(inst.ID)
+	type statusBody struct {
+		Status    string `json:"status"`
+		ReviewURL string `json:"review_url"`
+	}
+	status := func() statusBody {
+		var st statusBody
+		r.do(ctx, http.MethodGet, sh.runnerHTTP+"/api/v1/agents/"+inst.ID+"/status", sh.runnerToken, nil, &st)
+		return st
+	}
+	var waiting statusBody
+	r.waitFor("the instance to await approval", func() string {
+		if waiting = status(); waiting.Status != "awaiting_approval" {
+			return "status " + waiting.Status
+		}
+		return ""
+	})
+	if !strings.HasPrefix(waiting.ReviewURL, sh.librarianURL+"/review/") {
+		r.t.Fatalf("review_url %q is not the Librarian's review page", waiting.ReviewURL)
+	}
+	r.approveOnReviewPage(ctx, waiting.ReviewURL, "Approved in the end-to-end scenario.")
+	r.waitFor("the agent to go on and end its turn", func() string {
+		switch st := status(); st.Status {
+		case "completed":
+			return ""
+		case "failed", "stopped":
+			r.t.Fatalf("the instance ended %s", st.Status)
+		default:
+			return "status " + st.Status
+		}
+		return ""
+	})
+	var logs struct {
+		Lines []struct {
+			Text string `json:"text"`
+		} `json:"lines"`
+	}
+	r.do(ctx, http.MethodGet, sh.runnerHTTP+"/api/v1/agents/"+inst.ID+"/logs?tail=200", sh.runnerToken, nil, &logs)
+	approved := false
+	for _, l := range logs.Lines {
+		approved = approved || strings.Contains(l.Text, `": approved (`) && strings.Contains(l.Text, "the decision came by the bus")
+	}
+	if !approved {
+		r.t.Errorf("the log does not show the approval arriving by the bus: %+v", logs.Lines)
+	}
+	root.End()
+	r.expectTrace(root, spanOf(runner, "start agent"), spanOf(runner, "librarian approval"), in(librarian),
+		spanOf(bus, "bus deliver sendMessage"), spanOf(runner, "librarian decision"))
+}

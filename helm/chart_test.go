@@ -263,7 +263,7 @@ func indexIn(t *testing.T, objs []runtime.Object, namespaces ...string) rendered
 var podEnvHelpers = []string{"POD_IP", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"}
 
 // secretSettings must come from a Secret, never a literal value.
-var secretSettings = regexp.MustCompile(`_(CLIENT_TOKENS|AGENT_TOKENS|ADMIN_TOKENS|GRANTS|PEER_TOKEN|RUNNER_TOKEN|HOST_KEY|SESSION_KEY|EVENTS_BUS_TOKEN)$|^AWS_(ACCESS_KEY_ID|SECRET_ACCESS_KEY)$`)
+var secretSettings = regexp.MustCompile(`_(CLIENT_TOKENS|AGENT_TOKENS|ADMIN_TOKENS|LIBRARIAN_TOKENS|GRANTS|PEER_TOKEN|RUNNER_TOKEN|HOST_KEY|SESSION_KEY|BUS_TOKEN)$|^AWS_(ACCESS_KEY_ID|SECRET_ACCESS_KEY)$`)
 
 func TestTemplate(t *testing.T) {
 	t.Parallel()
@@ -310,8 +310,27 @@ func TestTemplate(t *testing.T) {
 					t.Errorf("the agent types ConfigMap %v does not hold runner.agentTypes %q", cm, allSettingsAgentTypes)
 				}
 				checkObservability(t, r)
+				checkGovernanceSecrets(t, r)
 			}
 		})
+	}
+}
+
+// checkGovernanceSecrets: the runner's tokens for governed agent types
+// come from its Secret, under the keys runner.secret names.
+func checkGovernanceSecrets(t *testing.T, r rendered) {
+	t.Helper()
+	want := map[string]string{"CONCLAVE_RUNNER_LIBRARIAN_TOKENS": "librarian-tokens", "CONCLAVE_RUNNER_BUS_TOKEN": "bus-token"}
+	for _, e := range r.deployments[release+"-runner"].Spec.Template.Spec.Containers[0].Env {
+		if key, ok := want[e.Name]; ok {
+			if e.ValueFrom == nil || e.ValueFrom.SecretKeyRef == nil || e.ValueFrom.SecretKeyRef.Key != key {
+				t.Errorf("%s is %+v, want the runner Secret's key %s", e.Name, e.ValueFrom, key)
+			}
+			delete(want, e.Name)
+		}
+	}
+	for name := range want {
+		t.Errorf("the runner has no %s", name)
 	}
 }
 
@@ -647,6 +666,8 @@ func allSettingsValues(t *testing.T) string {
 		"startGrace": "30s", "secretEnv": []string{"*_SECRET"},
 		"networkPolicy": map[string]any{"egress": []any{map[string]any{"ports": []any{map[string]any{"port": 443, "protocol": "TCP"}}}}},
 	}
+	// Governed agent types' tokens (docs/governance.md).
+	values["runner"].(map[string]any)["secret"] = map[string]any{"librarianTokensKey": "librarian-tokens", "busTokenKey": "bus-token"}
 	values["bus"].(map[string]any)["runnerAgentType"] = "my-agent"
 	values["bus"].(map[string]any)["runnerAddr"] = allSettingsRunnerAddr
 	values["bus"].(map[string]any)["publicUrl"] = allSettingsBusURL

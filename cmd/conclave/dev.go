@@ -81,6 +81,14 @@ func runDev(ctx context.Context, args []string, lookup config.Lookup, stdout, st
 	cfg.Console.HTTPAddr = "127.0.0.1:8090"
 	cfg.Console.AllowUnauthenticated = true
 	cfg.Console.LibrarianAgentID = "gemini-pro"
+	// Agent types under the librarian permission policy ask this process's
+	// Librarian and hear its decisions on this process's bus (the
+	// addresses bound are given once they listen; these are the defaults).
+	cfg.Runner.LibrarianURL = "http://127.0.0.1:8081"
+	cfg.Runner.BusURL = "ws://127.0.0.1:7892"
+	// So do the bridge's governed tools (at the default addresses).
+	cfg.Bridge.LibrarianURL = "http://127.0.0.1:8081"
+	cfg.Bridge.BusURL = "ws://127.0.0.1:7892"
 	// Agents may work anywhere under the directory conclave dev runs in;
 	// those the bus's default handler launches work in it.
 	if wd, err := os.Getwd(); err == nil {
@@ -116,12 +124,27 @@ func runDev(ctx context.Context, args []string, lookup config.Lookup, stdout, st
 	if err != nil {
 		return err
 	}
-	lib, err := librarian.New(cfg.Librarian, librarian.Deps{Store: st, Queue: q, Logger: logger, Telemetry: tel})
+	// The runner's governed agent types are registered with the Librarian,
+	// as an operator registers them in agents.yaml (docs/governance.md).
+	governed, err := runner.GovernedTypes(cfg.Runner)
 	if err != nil {
 		return err
 	}
+	lib, err := librarian.New(cfg.Librarian, librarian.Deps{Store: st, Queue: q, Logger: logger, Telemetry: tel,
+		Agents: append(governed, cfg.Bridge.LibrarianAgent)})
+	if err != nil {
+		return err
+	}
+	var b *bus.Bus
 	rn, err := runner.New(cfg.Runner, runner.Deps{Store: st, Queue: q, Logger: logger, Telemetry: tel,
-		ProcessDir: filepath.Join(cfg.Storage.DataDir, runner.ProcessDirName)})
+		ProcessDir:   filepath.Join(cfg.Storage.DataDir, runner.ProcessDirName),
+		LibrarianURL: func() string { return readyURL(lib, "http://", "HTTP") },
+		BusURL: func() string {
+			if b == nil {
+				return ""
+			}
+			return readyURL(b, "ws://", "WebSocket")
+		}})
 	if err != nil {
 		return err
 	}
@@ -147,8 +170,7 @@ func runDev(ctx context.Context, args []string, lookup config.Lookup, stdout, st
 		return err
 	}
 	defer runnerConn.Close()
-	b, err := bus.New(cfg.Bus, logger, tel, st, q, launcher)
-	if err != nil {
+	if b, err = bus.New(cfg.Bus, logger, tel, st, q, launcher); err != nil {
 		return err
 	}
 	// The console reaches the others through their public APIs, at the

@@ -34,6 +34,12 @@ func TestMain(m *testing.M) {
 
 func testMain(m *testing.M) int {
 	flag.Parse()
+	// The governed tests' services on dynalite and fauxqs load the AWS
+	// SDK's configuration: test credentials, never a developer's.
+	os.Setenv("AWS_ACCESS_KEY_ID", "test")
+	os.Setenv("AWS_SECRET_ACCESS_KEY", "test")
+	os.Unsetenv("AWS_PROFILE")
+	os.Unsetenv("AWS_SESSION_TOKEN")
 	dir, err := os.MkdirTemp("", "conclave-test")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)

@@ -40,6 +40,11 @@
 // -flood N makes a turn stream N agent_message_chunk notifications as fast
 // as it can, and nothing else, for the runner's benchmarks.
 //
+// -permission-path names the file its permission request says the tool
+// call touches (its location; default notes.txt in the session's
+// directory, the file it then writes): a path outside its workspace lets
+// the runner's governance tests make the Librarian see a deviation.
+//
 // -print-env makes it write its environment to stderr at start, one
 // "acp-agent: env NAME=VALUE" line each, for tests of what reaches it.
 //
@@ -90,6 +95,9 @@ type agent struct {
 	cancelOnce    *sync.Once
 	cwd           string
 	sessionID     string
+	// permissionPath is the location its permission request names ("":
+	// notes.txt in cwd).
+	permissionPath string
 	// authMethod is -auth; authenticated is set once authenticate named it.
 	authMethod    string
 	authenticated bool
@@ -102,9 +110,11 @@ func main() {
 	chunks := flag.Int("chunks", 100, "the chunks a gated turn streams once released")
 	printEnv := flag.Bool("print-env", false, "write the environment to stderr at start")
 	bus := flag.Bool("bus", false, "also join the bus at BUB_BUS_URL as BUB_AGENT_ID and answer processMessage on BUB_DEFAULT_TOPIC")
+	permissionPath := flag.String("permission-path", "", "the file its permission request names (default: notes.txt in the session's directory)")
 	auth := flag.String("auth", "", "offer this authMethods id, and open no session until authenticate names it")
 	flag.Parse()
-	a := &agent{dialect: *dialect, mode: *mode, flood: *flood, chunks: *chunks, authMethod: *auth, out: bufio.NewWriterSize(os.Stdout, 64<<10), pending: map[string]chan message{}}
+	a := &agent{dialect: *dialect, mode: *mode, flood: *flood, chunks: *chunks, authMethod: *auth, out: bufio.NewWriterSize(os.Stdout, 64<<10), pending: map[string]chan message{},
+		permissionPath: *permissionPath}
 	if *printEnv {
 		for _, kv := range os.Environ() {
 			fmt.Fprintln(os.Stderr, "acp-agent: env", kv)
@@ -401,9 +411,14 @@ func (a *agent) turn(m message) {
 		}
 	}
 	if stop == "end_turn" && a.dialect == "acp" {
+		location := a.permissionPath
+		if location == "" {
+			location = filepath.Join(a.cwd, "notes.txt")
+		}
 		perm := a.call("session/request_permission", map[string]any{"sessionId": a.sessionID,
-			"toolCall": map[string]any{"toolCallId": "call_1", "title": "write notes.txt", "kind": "edit", "status": "pending"},
-			"options":  []map[string]any{{"optionId": "allow", "name": "Allow", "kind": "allow_once"}, {"optionId": "reject", "name": "Reject", "kind": "reject_once"}}})
+			"toolCall": map[string]any{"toolCallId": "call_1", "title": "write notes.txt", "kind": "edit", "status": "pending",
+				"locations": []map[string]any{{"path": location}}},
+			"options": []map[string]any{{"optionId": "allow", "name": "Allow", "kind": "allow_once"}, {"optionId": "reject", "name": "Reject", "kind": "reject_once"}}})
 		var outcome struct {
 			Outcome struct {
 				Outcome  string `json:"outcome"`

@@ -30,10 +30,14 @@ const (
 	// KindBusy: the caller's limit of agents running at once was reached;
 	// nothing was started.
 	KindBusy Kind = "busy"
+	// KindNotApproved: the tool is governed and the Librarian did not
+	// approve the call (rejected, sent back, timed out, or could not be
+	// asked: failing closed); the agent was not run.
+	KindNotApproved Kind = "not_approved"
 )
 
 // Kinds lists every Kind, for documentation and metrics tests.
-var Kinds = []Kind{KindValidation, KindNotFound, KindTimeout, KindInvalidJSON, KindExecution, KindOutputTooLarge, KindCancelled, KindBusy}
+var Kinds = []Kind{KindValidation, KindNotFound, KindTimeout, KindInvalidJSON, KindExecution, KindOutputTooLarge, KindCancelled, KindBusy, KindNotApproved}
 
 var prefixes = map[Kind]string{
 	KindValidation:     "Validation error",
@@ -44,6 +48,7 @@ var prefixes = map[Kind]string{
 	KindOutputTooLarge: "Output too large",
 	KindCancelled:      "Cancelled",
 	KindBusy:           "Busy",
+	KindNotApproved:    "Not approved",
 }
 
 // Error is a bridge-side failure. Its message is the seed's error string,

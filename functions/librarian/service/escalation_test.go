@@ -1,8 +1,12 @@
 package service_test
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
+	"io"
 	"log/slog"
+	"net/http"
 	"net/http/httptest"
 	"path/filepath"
 	"slices"
@@ -17,6 +21,7 @@ import (
 	"github.com/conclave-ai/conclave/functions/librarian/service"
 	"github.com/conclave-ai/conclave/pkg/queue"
 	"github.com/conclave-ai/conclave/pkg/store"
+	"github.com/conclave-ai/conclave/pkg/telemetry"
 	eventsv1 "github.com/conclave-ai/conclave/proto/conclave/events/v1"
 	librarianv1 "github.com/conclave-ai/conclave/proto/conclave/librarian/v1"
 )
@@ -218,5 +223,62 @@ func TestSweepLoop(t *testing.T) {
 			t.Fatalf("the running service never rejected the overdue escalation; events %v", types(envs))
 		case <-time.After(10 * time.Millisecond):
 		}
+	}
+}
+
+// TestDecisionEventInTheRequestsTrace: a reviewer's decision, made in a
+// trace of its own, is sent in the trace the request was submitted in, so
+// that it reaches the waiting agent (a runner's governed turn) in the
+// agent's trace.
+func TestDecisionEventInTheRequestsTrace(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, nil)
+	tel, err := telemetry.New(context.Background(), telemetry.Config{ServiceName: "librarian-test"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	traced := httptest.NewServer(tel.HTTPHandler(e.lib.Handler, "librarian"))
+	t.Cleanup(traced.Close)
+	send := func(path, token, traceparent string, body any) reply {
+		raw, _ := json.Marshal(body)
+		req, _ := http.NewRequest("POST", traced.URL+path, bytes.NewReader(raw))
+		req.Header.Set("Authorization", "Bearer "+token)
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("traceparent", traceparent)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return reply{status: resp.StatusCode, body: b}
+	}
+	const agentTrace, reviewerTrace = "0af7651916cd43dd8448eb211c80319c", "4bf92f3577b34da6a3ce929d0e0e4736"
+	req := seedApproval()
+	req["risk_assessment"] = "high: changes the authentication flow"
+	resp := send("/agent/request", claudeToken, "00-"+agentTrace+"-b7ad6b7169203331-01", req).response(t)
+	if resp.Status != "escalated" {
+		t.Fatalf("not escalated: %v", resp)
+	}
+	e.events(t)
+	if r := send("/reviews/"+resp.RequestId+"/decision", reviewerToken, "00-"+reviewerTrace+"-00f067aa0ba902b7-01",
+		map[string]any{"decision": "approve", "comment": "fine"}); r.status != 200 {
+		t.Fatalf("decision: %d %s", r.status, r.body)
+	}
+	msgs, err := e.queue.Receive(context.Background(), service.Queues[0].Name, queue.ReceiveOptions{Max: 10})
+	if err != nil || len(msgs) != 1 {
+		t.Fatalf("messages %v, %v", msgs, err)
+	}
+	env := &eventsv1.Envelope{}
+	if err := protojson.Unmarshal(msgs[0].Body, env); err != nil || env.Type != "librarian.request.approved" {
+		t.Fatalf("event %v, %v", env, err)
+	}
+	// Both the envelope and the message (whose attribute the bus reads
+	// first) carry the request's trace.
+	if tp := env.GetTraceContext().GetTraceparent(); !strings.Contains(tp, agentTrace) {
+		t.Fatalf("the decision event's traceparent %q is not in the request's trace %s", tp, agentTrace)
+	}
+	if tp := msgs[0].Attributes["traceparent"]; !strings.Contains(tp, agentTrace) {
+		t.Fatalf("the decision event's message has traceparent %q, not in the request's trace %s", tp, agentTrace)
 	}
 }

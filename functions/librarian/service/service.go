@@ -42,12 +42,15 @@ type Deps struct {
 	// Now is the clock of decisions and escalation deadlines (nil:
 	// time.Now); tests move it forward.
 	Now func() time.Time
+	// Agents are registered when agents.yaml lacks them (conclave dev's
+	// governed agent types; handler.Deps.Agents).
+	Agents []string
 }
 
 // NewHandler loads the configuration files and builds the handler, its
 // metrics and HTTP traces bound to d.Telemetry. It makes no network call.
 func NewHandler(cfg Config, d Deps) (*Librarian, error) {
-	hd := handler.Deps{Store: d.Store, Queue: d.Queue, Logger: d.Logger, Now: d.Now}
+	hd := handler.Deps{Store: d.Store, Queue: d.Queue, Logger: d.Logger, Now: d.Now, Agents: d.Agents}
 	if tel := d.Telemetry; tel != nil {
 		hd.Meters = tel.MeterProvider()
 		hd.Instrument = func(h http.Handler) http.Handler { return tel.HTTPHandler(h, "librarian") }

@@ -291,6 +291,8 @@ devSecrets.generate the generated Secret and its keys
   value: /etc/conclave/agent-types.yaml
 {{- end }}
 {{- include "conclave.secretEnv" (dict "env" "CONCLAVE_RUNNER_CLIENT_TOKENS" "secret" $secret.name "key" $secret.clientTokensKey) }}
+{{- include "conclave.secretEnv" (dict "env" "CONCLAVE_RUNNER_LIBRARIAN_TOKENS" "secret" $secret.name "key" $secret.librarianTokensKey) }}
+{{- include "conclave.secretEnv" (dict "env" "CONCLAVE_RUNNER_BUS_TOKEN" "secret" $secret.name "key" $secret.busTokenKey) }}
 - name: CONCLAVE_RUNNER_EXECUTOR
   value: {{ $c.executor | quote }}
 {{- if eq $c.executor "kubernetes" }}

@@ -105,6 +105,11 @@ func TestMetrics(t *testing.T) {
 	// on a bridge of its own (the throttle would refuse this test's calls).
 	tested["conclave_bridge_auth_throttled_total"] = true
 
+	// Governed tools' need a Librarian and a bus: they are tested with
+	// both in cmd/conclave (TestGovernedBridgeTools).
+	for _, n := range []string{"conclave_bridge_approvals_total", "conclave_bridge_approval_wait_seconds", "conclave_bridge_approval_fail_closed_total"} {
+		tested[n] = true
+	}
 	var names []string
 	for n := range tested {
 		names = append(names, n)

@@ -19,6 +19,7 @@ import (
 
 	"github.com/conclave-ai/conclave/pkg/auth"
 	"github.com/conclave-ai/conclave/pkg/config"
+	"github.com/conclave-ai/conclave/pkg/govern"
 	"github.com/conclave-ai/conclave/pkg/httpguard"
 	"github.com/conclave-ai/conclave/pkg/hybrid"
 	"github.com/conclave-ai/conclave/pkg/server"
@@ -50,6 +51,13 @@ type Config struct {
 	Rate             float64       `env:"CONCLAVE_BRIDGE_RATE" default:"20" help:"MCP requests per second each client (bearer token, or address without tokens) may make"`
 	Burst            int           `env:"CONCLAVE_BRIDGE_BURST" default:"40" help:"MCP requests each client may make at once, above its rate"`
 	MaxRunning       int           `env:"CONCLAVE_BRIDGE_MAX_RUNNING" default:"16" help:"agents that may run at once; calls beyond are refused with a Busy error"`
+	// Governed tools ask the Librarian (docs/governance.md).
+	LibrarianURL   string `env:"CONCLAVE_BRIDGE_LIBRARIAN_URL" help:"the Librarian's API (http(s)://host[:port][/stage]) governed tools ask before they run; required when config.yaml has one"`
+	LibrarianToken string `env:"CONCLAVE_BRIDGE_LIBRARIAN_TOKEN" help:"the bridge's Librarian agent token (empty only for a Librarian that takes none, in development)"`
+	LibrarianAgent string `env:"CONCLAVE_BRIDGE_LIBRARIAN_AGENT" default:"conclave-bridge" help:"the bridge's agent_id in the Librarian's agents.yaml, which its token is for"`
+	BusURL         string `env:"CONCLAVE_BRIDGE_BUS_URL" help:"the bus's WebSocket URL, where the Librarian's decisions on escalated calls arrive; without it an escalated call is refused at once"`
+	BusToken       string `env:"CONCLAVE_BRIDGE_BUS_TOKEN" help:"bearer token of a bus grant that may subscribe to system:librarian.request.*"`
+
 	// AllowUnauthenticated opens /mcp without tokens; conclave dev sets it,
 	// on loopback only.
 	AllowUnauthenticated bool `env:"CONCLAVE_BRIDGE_ALLOW_UNAUTHENTICATED" default:"false" help:"serve /mcp without bearer tokens (development only)"`
@@ -100,7 +108,7 @@ func (c Config) Validate() error {
 	if c.MaxRunning < 1 {
 		return fmt.Errorf("CONCLAVE_BRIDGE_MAX_RUNNING: must be positive, got %d", c.MaxRunning)
 	}
-	return nil
+	return c.validateGovernance()
 }
 
 func (c Config) lookup(key string) (string, bool) {
@@ -117,22 +125,48 @@ func (c Config) progressInterval() time.Duration {
 	return c.ProgressInterval
 }
 
-func loadRunner(cfg Config, logger *slog.Logger, meter metric.Meter) (*tools.Runner, error) {
+// loadRunner loads config.yaml and the runner of its agents, with what its
+// governed tools ask the Librarian with: the watcher, when not nil, must
+// run (watch) while calls are made.
+func loadRunner(cfg Config, logger *slog.Logger, tel *telemetry.Provider) (*tools.Runner, *govern.Watcher, error) {
 	agents, err := agentconfig.Load(cfg.ConfigFile, cfg.Workspace, cfg.lookup)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	maxRunning := cfg.MaxRunning
 	if maxRunning < 1 {
 		maxRunning = defaultMaxRunning
 	}
-	return tools.New(agents, logger, meter, maxRunning)
+	var meter metric.Meter
+	if tel != nil {
+		meter = tel.Meter("bridge")
+	}
+	r, err := tools.New(agents, logger, meter, maxRunning)
+	if err != nil {
+		return nil, nil, err
+	}
+	watcher, err := governance(cfg, agents, r, logger, tel)
+	return r, watcher, err
+}
+
+// watch runs w (if any) until the func it returns is called.
+func watch(w *govern.Watcher) (stop func()) {
+	if w == nil {
+		return func() {}
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = w.Run(ctx) }()
+	return func() { cancel(); <-done }
 }
 
 // Bridge is a configured, not yet running, bridge HTTP server.
 type Bridge struct {
 	srv    *server.Server
 	runner *tools.Runner
+	// watcher hears the Librarian's decisions for governed tools (nil:
+	// none is configured).
+	watcher *govern.Watcher
 	// endCalls cancels the tool calls still running once the server has
 	// stopped (the drain deadline passed), so that no agent outlives it.
 	endCalls context.CancelFunc
@@ -141,7 +175,7 @@ type Bridge struct {
 // New loads config.yaml and builds the HTTP server: streamable HTTP MCP on
 // MCPPath behind bearer tokens and a per-client rate limit.
 func New(cfg Config, logger *slog.Logger, tel *telemetry.Provider, opts ...server.Option) (*Bridge, error) {
-	runner, err := loadRunner(cfg, logger, tel.Meter("bridge"))
+	runner, watcher, err := loadRunner(cfg, logger, tel)
 	if err != nil {
 		return nil, err
 	}
@@ -181,13 +215,14 @@ func New(cfg Config, logger *slog.Logger, tel *telemetry.Provider, opts ...serve
 	// calls are done.
 	srv.HandleDrained(MCPPath, protected)
 	srv.HandleStream("GET "+MCPPath, protected)
-	return &Bridge{srv: srv, runner: runner, endCalls: endCalls}, nil
+	return &Bridge{srv: srv, runner: runner, watcher: watcher, endCalls: endCalls}, nil
 }
 
 // Run serves until ctx is cancelled, then drains: running tool calls
 // finish, within ShutdownTimeout, and those still running after it are
 // cancelled (their agents killed).
 func (b *Bridge) Run(ctx context.Context) error {
+	defer watch(b.watcher)()
 	defer b.endCalls()
 	return b.srv.Run(ctx)
 }
@@ -208,10 +243,11 @@ func (b *Bridge) Endpoints() []server.Endpoint {
 // closes in or ctx ends. Nothing but protocol frames is written to out; logs
 // go to logger.
 func ServeStdio(ctx context.Context, cfg Config, logger *slog.Logger, tel *telemetry.Provider, in io.ReadCloser, out io.WriteCloser) error {
-	runner, err := loadRunner(cfg, logger, tel.Meter("bridge"))
+	runner, watcher, err := loadRunner(cfg, logger, tel)
 	if err != nil {
 		return err
 	}
+	defer watch(watcher)()
 	// The end of ctx (SIGTERM, SIGINT) cancels the calls running: the SDK
 	// would otherwise wait for them before it ends the session. The end of
 	// stdin does not: every request read is answered first.
@@ -230,10 +266,11 @@ func ServeStdio(ctx context.Context, cfg Config, logger *slog.Logger, tel *telem
 // form. err is non-nil for an unknown tool and a broken configuration, and
 // for every failed call, so that a command can exit non-zero.
 func Call(ctx context.Context, cfg Config, logger *slog.Logger, name string, args json.RawMessage) (json.RawMessage, error) {
-	runner, err := loadRunner(cfg, logger, nil)
+	runner, watcher, err := loadRunner(cfg, logger, nil)
 	if err != nil {
 		return nil, err
 	}
+	defer watch(watcher)()
 	resp, err := runner.Call(ctx, name, args)
 	if err != nil {
 		var he *hybrid.Error
@@ -278,7 +315,7 @@ type Health = tools.Health
 // CheckHealth reports whether every agent's script and interpreter exist and
 // are usable.
 func CheckHealth(cfg Config, logger *slog.Logger) (Health, error) {
-	runner, err := loadRunner(cfg, logger, nil)
+	runner, _, err := loadRunner(cfg, logger, nil)
 	if err != nil {
 		return Health{}, err
 	}

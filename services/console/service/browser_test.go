@@ -68,8 +68,19 @@ func testMain(m *testing.M) int {
 	// release in its workspace before it streams its chunks: the test
 	// decides when the logs move, so it sees them arrive live.
 	types := filepath.Join(dir, "types.yaml")
-	if err := os.WriteFile(types, fmt.Appendf(nil, "agent_types:\n  - id: console-gated\n    name: gated example\n    command: [%q, \"-mode\", \"gated\", \"-chunks\", \"3\"]\n    permission: allow\n    enabled: true\n",
-		filepath.Join(dir, "acp-agent")), 0o644); err != nil {
+	// And the example agent of @agentclientprotocol/sdk under the
+	// librarian permission policy: it asks to edit a file outside its
+	// workspace, which the Librarian (configured below) escalates.
+	root, _ := filepath.Abs(filepath.Join("..", "..", ".."))
+	npm := filepath.Join(root, "node_modules", "@agentclientprotocol", "sdk", "dist", "examples", "agent.js")
+	if err := os.WriteFile(types, fmt.Appendf(nil, "agent_types:\n  - id: console-gated\n    name: gated example\n    command: [%q, \"-mode\", \"gated\", \"-chunks\", \"3\"]\n    permission: allow\n    enabled: true\n"+
+		"  - id: console-governed\n    name: governed example\n    command: [%q, %q]\n    protocol: acp\n    permission: librarian\n    enabled: true\n",
+		filepath.Join(dir, "acp-agent"), filepath.Join(root, "node_modules", ".bin", "node"), npm), 0o644); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	libConfig := filepath.Join(dir, "librarian")
+	if err := escalatingLibrarian(root, libConfig); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
@@ -79,7 +90,7 @@ func testMain(m *testing.M) int {
 		return 1
 	}
 	dev.sessionKey = session.GenerateKey()
-	stop, err := startDev(dir, types)
+	stop, err := startDev(dir, types, libConfig)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
@@ -112,13 +123,14 @@ func testMain(m *testing.M) int {
 }
 
 // startDev runs `conclave dev` on free ports and reads where it listens.
-func startDev(dir, types string) (func(), error) {
+func startDev(dir, types, libConfig string) (func(), error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	// Run in dir: no examples/tool-agents there, so the bridge stays off.
 	d, err := testenv.StartDev(ctx, dev.conclave, dir, []string{
 		"--console-session-key=" + base64.StdEncoding.EncodeToString(dev.sessionKey), "--console-refresh-interval=300ms",
-		"--runner-agent-types=" + types, "--runner-workspace-roots=" + dir, "--data-dir", filepath.Join(dir, "data")}, nil)
+		"--runner-agent-types=" + types, "--runner-workspace-roots=" + dir, "--data-dir", filepath.Join(dir, "data"),
+		"--librarian-config-dir=" + libConfig}, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -138,6 +150,29 @@ func startDev(dir, types string) (func(), error) {
 	}
 	dev.console = "http://" + dev.addrs["console HTTP"]
 	return stop, nil
+}
+
+// escalatingLibrarian writes a Librarian configuration into dir: the
+// built-in registry, and a protocol that escalates a deviation (the
+// governed agent's edit outside its workspace) and judges changes the
+// knowledge graph does not track (docs/governance.md).
+func escalatingLibrarian(root, dir string) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	for _, f := range []string{"agents.yaml", "protocol.yaml"} {
+		b, err := os.ReadFile(filepath.Join(root, "functions", "librarian", "config", f))
+		if err != nil {
+			return err
+		}
+		if f == "protocol.yaml" {
+			b = bytes.Replace(b, []byte("strict_mode: true"), []byte("strict_mode: false\n    require_known_targets: false"), 1)
+		}
+		if err := os.WriteFile(filepath.Join(dir, f), b, 0o644); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // tab opens a browser tab for one test.
@@ -415,6 +450,46 @@ func TestRunnerInstanceShowsLogsAsTheyCome(t *testing.T) {
 		t.Errorf("another session's runner page does not list instance %s", id)
 	}
 	onlyConsoleRequests(t, ctx, dev.console)
+}
+
+// TestGovernedInstanceShowsTheApprovalBanner: an instance whose turn waits
+// for a person's decision on a permission request the Librarian escalated
+// shows a banner linking to the review, live; deciding it in the console's
+// review queue lets the agent go on, and the banner goes.
+func TestGovernedInstanceShowsTheApprovalBanner(t *testing.T) {
+	ctx := tab(t)
+	do(t, ctx, chromedp.Navigate(dev.console+"/runner"), chromedp.WaitVisible(chromedp.ID("launch-form")))
+	do(t, ctx, chromedp.SetValue(chromedp.ID("agent_type"), "console-governed"), chromedp.SendKeys(chromedp.ID("workspace_path"), dev.workspace),
+		chromedp.SendKeys(chromedp.ID("prompt"), "improve the config"), chromedp.Click(chromedp.ID("launch")))
+	waitFor(t, ctx, "the instance page opens", `location.pathname.startsWith('/runner/instances/') && !!document.getElementById('logs')`)
+	if !eval[bool](t, ctx, `document.getElementById('approval-banner').hidden`) {
+		t.Error("the approval banner shows before the agent asked")
+	}
+	waitFor(t, ctx, "the approval banner shows", `!document.getElementById('approval-banner').hidden && document.getElementById('status').textContent === 'awaiting_approval'`)
+	lib := "http://" + dev.addrs["librarian HTTP"]
+	review := eval[string](t, ctx, `document.getElementById('approval-review').getAttribute('href')`)
+	if !strings.HasPrefix(review, lib+"/review/req-") {
+		t.Fatalf("the banner links to %q, not to the Librarian's review page", review)
+	}
+	screenshot(t, ctx, "runner-awaiting-approval")
+	// A page opened now shows it too, from the instance's status.
+	id := strings.TrimPrefix(eval[string](t, ctx, `location.pathname`), "/runner/instances/")
+	if page := freshSessionGet(t, "/runner/instances/"+id); !strings.Contains(page, `id="approval-banner">`) || !strings.Contains(page, review) {
+		t.Errorf("a fresh instance page has no approval banner")
+	}
+	requestID := review[strings.LastIndex(review, "/")+1:]
+	row := fmt.Sprintf(`tr[data-request=%q]`, requestID)
+	do(t, ctx, chromedp.Click(chromedp.ID("approval-queue")))
+	waitFor(t, ctx, "the request is in the console's review queue", fmt.Sprintf(`!!document.querySelector(%q)`, row))
+	if reason := text(t, ctx, row); !strings.Contains(reason, "outside_workspace") {
+		t.Errorf("the queue's row: %q", reason)
+	}
+	do(t, ctx, chromedp.SendKeys(chromedp.CSS(row+" textarea"), "The config change is fine."),
+		chromedp.Click(chromedp.CSS(row+` button[value="approve"]`)))
+	waitFor(t, ctx, "the decision is confirmed", `!!document.getElementById('flash')`)
+	do(t, ctx, chromedp.Navigate(dev.console+"/runner/instances/"+id), chromedp.WaitVisible(chromedp.ID("logs")))
+	waitFor(t, ctx, "the agent goes on", `document.getElementById('logs').innerText.includes("I've successfully updated the configuration")`)
+	waitFor(t, ctx, "the banner goes", `document.getElementById('approval-banner').hidden && document.getElementById('status').textContent !== 'awaiting_approval'`)
 }
 
 // freshSessionGet fetches a page of the (open) console in a session of

@@ -2,6 +2,7 @@ package service
 
 import (
 	"context"
+	"encoding/json"
 
 	"github.com/conclave-ai/conclave/services/runner/internal/acp"
 	"github.com/conclave-ai/conclave/services/runner/internal/agenttype"
@@ -30,9 +31,17 @@ var (
 	_ hostlink.HubMetrics  = (*metrics.Metrics)(nil)
 )
 
-func (h *hostLinks) Expect(instanceID string, launch int64, onUpdate func(context.Context, acp.Update), onLog func(stream, text string)) supervisor.HostLink {
+func (h *hostLinks) Expect(instanceID string, launch int64, onUpdate func(context.Context, acp.Update), onLog func(stream, text string),
+	onPermission func(context.Context, json.RawMessage, string, int) acp.PermissionAnswer) supervisor.HostLink {
+	var decide func(context.Context, hostlink.PermissionRequest) acp.PermissionAnswer
+	if onPermission != nil {
+		decide = func(ctx context.Context, p hostlink.PermissionRequest) acp.PermissionAnswer {
+			return onPermission(ctx, p.Params, p.Workspace, int(p.Turn))
+		}
+	}
 	return hostLink{h.hub.Expect(instanceID, launch, hostlink.LinkOptions{
-		OnUpdate: onUpdate,
+		OnUpdate:     onUpdate,
+		OnPermission: decide,
 		OnLog: func(stream, text string) {
 			if stream == "stderr" {
 				onLog(supervisor.StreamStderr, text)

@@ -45,6 +45,11 @@ func TestMetrics(t *testing.T) {
 	tested["conclave_runner_host_streams"] = true
 	// Throttled wrong tokens need a runner with tokens: TestThrottlesWrongTokens.
 	tested["conclave_runner_auth_throttled_total"] = true
+	// The librarian permission policy's need a Librarian and a bus: they
+	// are tested with both in cmd/conclave's governed tests.
+	tested["conclave_runner_permission_requests_total"] = true
+	tested["conclave_runner_approval_wait_seconds"] = true
+	tested["conclave_runner_permission_fail_closed_total"] = true
 	if err := stopOther(); err != nil {
 		t.Fatal(err)
 	}

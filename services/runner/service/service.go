@@ -19,6 +19,7 @@ import (
 
 	"github.com/conclave-ai/conclave/pkg/auth"
 	"github.com/conclave-ai/conclave/pkg/config"
+	"github.com/conclave-ai/conclave/pkg/govern"
 	"github.com/conclave-ai/conclave/pkg/httpguard"
 	"github.com/conclave-ai/conclave/pkg/queue"
 	"github.com/conclave-ai/conclave/pkg/server"
@@ -65,6 +66,12 @@ type Config struct {
 	AllowedHosts []string `env:"CONCLAVE_RUNNER_ALLOWED_HOSTS" help:"comma-separated Host names the HTTP listener answers besides localhost, 127.0.0.1 and [::1] while it runs without authentication"`
 	// AuthThrottle is the per-address budget of wrong tokens (pkg/auth.Throttle).
 	AuthThrottle auth.ThrottleSetting `env:"CONCLAVE_RUNNER_AUTH_THROTTLE" default:"20/1s" help:"wrong tokens one address may present: BURST at once, then one more each EVERY (BURST/EVERY); past it, callers get 429 with Retry-After"`
+
+	// The librarian permission policy (docs/governance.md).
+	LibrarianURL    string   `env:"CONCLAVE_RUNNER_LIBRARIAN_URL" help:"the Librarian's API (http(s)://host[:port][/stage], e.g. API Gateway's) that agent types with permission librarian ask; required when one does"`
+	LibrarianTokens []string `env:"CONCLAVE_RUNNER_LIBRARIAN_TOKENS" help:"comma-separated agent_type=token pairs: each librarian-governed agent type's Librarian agent token (its agent_id is the type's id); empty only for a Librarian that takes no tokens (development)"`
+	BusURL          string   `env:"CONCLAVE_RUNNER_BUS_URL" help:"the bus's WebSocket URL (ws:// or wss://), where the Librarian's decisions arrive on system:librarian.request.*; required with permission librarian"`
+	BusToken        string   `env:"CONCLAVE_RUNNER_BUS_TOKEN" help:"bearer token of a bus grant that may subscribe to system:librarian.request.*"`
 
 	Executor string `env:"CONCLAVE_RUNNER_EXECUTOR" default:"local" help:"where agents run: local (a process group on this host, spoken to over stdio) or kubernetes (a Job per launch, behind agent-host; docs/runner.md)"`
 	// HostKey signs the per-instance tokens agent-host presents: a secret.
@@ -140,8 +147,12 @@ func (c Config) Validate() error {
 			return fmt.Errorf("%s: must be positive, got %s", key, d)
 		}
 	}
-	if _, err := agenttype.Load(c.AgentTypesFile); err != nil {
+	registry, err := agenttype.Load(c.AgentTypesFile)
+	if err != nil {
 		return fmt.Errorf("CONCLAVE_RUNNER_AGENT_TYPES: %w", err)
+	}
+	if err := c.validateGovernance(registry); err != nil {
+		return err
 	}
 	switch c.Executor {
 	case ExecutorLocal:
@@ -208,6 +219,10 @@ type Deps struct {
 	// sent to the events queue: a crash point for tests (cmd/runner sets
 	// it only under CONCLAVE_RUNNER_TEST_CRASHPOINT).
 	BeforeEventSend func(*eventsv1.Envelope)
+	// LibrarianURL and BusURL, when set, give the Librarian's and the
+	// bus's addresses in place of CONCLAVE_RUNNER_LIBRARIAN_URL and
+	// CONCLAVE_RUNNER_BUS_URL: conclave dev's, known once they listen.
+	LibrarianURL, BusURL func() string
 }
 
 // Runner is a configured, not yet running, runner.
@@ -223,6 +238,8 @@ type Runner struct {
 	// records, with the local executor and Deps.ProcessDir: closed once
 	// the agents have stopped.
 	records *executor.ProcessRecords
+	// watcher hears the Librarian's decisions, when an agent type asks it.
+	watcher *govern.Watcher
 }
 
 // New builds the runner. The store's Tables and the Queues must exist.
@@ -287,6 +304,11 @@ func New(cfg Config, deps Deps, opts ...server.Option) (*Runner, error) {
 	}
 	if hosts != nil {
 		supOpts.Hosts, supOpts.HostStartTimeout, supOpts.HostExitGrace = hosts, cfg.HostStartTimeout, cfg.HostExitGrace
+	}
+	if gov, watcher, err := newGovernance(cfg, deps, registry, serverID, runnerMetrics); err != nil {
+		return nil, err
+	} else if gov != nil {
+		supOpts.Governor, r.watcher = gov, watcher
 	}
 	sup := supervisor.New(supOpts)
 
@@ -395,6 +417,11 @@ func (r *Runner) Run(ctx context.Context) error {
 	// not leave Run waiting on workers that only stop with ctx.
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	if r.watcher != nil {
+		watched := make(chan struct{})
+		go func() { defer close(watched); _ = r.watcher.Run(ctx) }()
+		defer func() { cancel(); <-watched }()
+	}
 	errs := make(chan error, 1)
 	go func() {
 		// Launches are claimed once the address they are claimed under,

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"go.opentelemetry.io/otel/propagation"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/structpb"
@@ -87,6 +88,9 @@ func (h *Handler) submit(w http.ResponseWriter, r *http.Request) error {
 	}
 	rec := requests.Record{ID: resp.RequestId, AgentID: agent.ID, State: d.State, Request: req, Response: resp,
 		Results: d.Results, Subject: d.Subject, Location: d.Location}
+	carrier := propagation.MapCarrier{}
+	propagation.TraceContext{}.Inject(r.Context(), carrier)
+	rec.Traceparent, rec.Tracestate = carrier.Get("traceparent"), carrier.Get("tracestate")
 	if d.State == governance.Escalated {
 		rec.ReviewBy = h.o.Now().UTC().Add(h.o.Policy.Protocol.Timeouts.Escalation)
 	}
@@ -241,8 +245,13 @@ func excerpt(s string, n int) string {
 	return s[:n] + "…"
 }
 
-// stage adds an event about rec to its outbox.
+// stage adds an event about rec to its outbox, in the trace the request
+// was submitted in (a reviewer's decision, made in a trace of its own,
+// then reaches the waiting agent in the agent's).
 func (h *Handler) stage(ctx context.Context, rec *requests.Record, typ string) error {
+	if rec.Traceparent != "" {
+		ctx = propagation.TraceContext{}.Extract(ctx, propagation.MapCarrier{"traceparent": rec.Traceparent, "tracestate": rec.Tracestate})
+	}
 	status := &librarianv1.RequestStatus{RequestId: rec.ID, Status: rec.State.Status(), UpdatedAt: timestamppb.New(h.o.Now()), Response: rec.Response}
 	env, err := events.New(ctx, typ, map[string]string{"request_id": rec.ID, "agent_id": rec.AgentID}, status, h.o.Now())
 	if err != nil {

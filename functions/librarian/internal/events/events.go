@@ -68,25 +68,33 @@ type Publisher struct {
 // NewPublisher sends on q; Queue must exist.
 func NewPublisher(q queue.Queue) *Publisher { return &Publisher{q: q} }
 
-// Publish sends envelopes, in order, in one batch.
+// Publish sends envelopes, in order, in batches. Each message carries its
+// envelope's own trace context (the trace the request was submitted in),
+// not the caller's, so that the bus publishes it in that trace.
 func (p *Publisher) Publish(ctx context.Context, envs ...*eventsv1.Envelope) error {
-	if len(envs) == 0 {
-		return nil
-	}
-	msgs := make([]queue.Outgoing, 0, len(envs))
-	for _, env := range envs {
-		body, err := queue.EncodeEnvelope(env)
-		if err != nil {
-			return fmt.Errorf("events: encode %s: %w", env.GetType(), err)
+	for len(envs) > 0 {
+		// A run of envelopes of one trace, sent in one batch.
+		tc := envs[0].GetTraceContext()
+		n := 1
+		for n < len(envs) && n < queue.MaxBatch && envs[n].GetTraceContext().GetTraceparent() == tc.GetTraceparent() {
+			n++
 		}
-		msgs = append(msgs, queue.Outgoing{Body: body, Attributes: map[string]string{"type": env.GetType(), "event_id": env.GetId()}})
-	}
-	for len(msgs) > 0 {
-		n := min(len(msgs), queue.MaxBatch)
-		if _, err := p.q.Send(ctx, Queue.Name, msgs[:n]...); err != nil {
+		msgs := make([]queue.Outgoing, 0, n)
+		for _, env := range envs[:n] {
+			body, err := queue.EncodeEnvelope(env)
+			if err != nil {
+				return fmt.Errorf("events: encode %s: %w", env.GetType(), err)
+			}
+			msgs = append(msgs, queue.Outgoing{Body: body, Attributes: map[string]string{"type": env.GetType(), "event_id": env.GetId()}})
+		}
+		sendCtx := ctx
+		if tc.GetTraceparent() != "" {
+			sendCtx = propagation.TraceContext{}.Extract(ctx, propagation.MapCarrier{"traceparent": tc.GetTraceparent(), "tracestate": tc.GetTracestate()})
+		}
+		if _, err := p.q.Send(sendCtx, Queue.Name, msgs...); err != nil {
 			return fmt.Errorf("events: send: %w", err)
 		}
-		msgs = msgs[n:]
+		envs = envs[n:]
 	}
 	return nil
 }

@@ -174,6 +174,20 @@ func TestPipelineDecisions(t *testing.T) {
 			wantState: governance.ClarificationNeeded, confidence: 0.4},
 		{name: "code create without a path is ambiguous", req: approval(func(r *librarianv1.AgentRequest) { r.TargetType, r.TargetPath, r.Content = "code", nil, "package x" }),
 			wantState: governance.ClarificationNeeded},
+		{name: "unknown targets pass without require_known_targets", protocol: ptr(compliance(func(c *policy.Compliance) { c.RequireKnownTargets = false })),
+			req: approval(func(r *librarianv1.AgentRequest) {
+				r.Action, r.TargetType, r.TargetPath, r.Content = "modify", "code", proto.String("cmd/main.go"), "edit main"
+			}), wantState: governance.Approved, wantLoc: "cmd/main.go", confidence: 1},
+		{name: "no target passes without require_known_targets", protocol: ptr(compliance(func(c *policy.Compliance) { c.RequireKnownTargets = false })),
+			req: approval(func(r *librarianv1.AgentRequest) { r.Action, r.TargetPath = "modify", nil }), wantState: governance.Approved, confidence: 1},
+		{name: "a code create without a path passes without require_known_targets", protocol: ptr(compliance(func(c *policy.Compliance) { c.RequireKnownTargets = false })),
+			req: approval(func(r *librarianv1.AgentRequest) { r.TargetType, r.TargetPath, r.Content = "code", nil, "package x" }), wantState: governance.Approved, confidence: 1},
+		{name: "then a deviation escalates when not strict", protocol: ptr(compliance(func(c *policy.Compliance) { c.RequireKnownTargets, c.StrictMode = false, false })),
+			req: approval(func(r *librarianv1.AgentRequest) {
+				r.Action, r.TargetPath, r.Deviations = "modify", nil, []*structpb.Struct{deviation}
+			}), wantState: governance.Escalated},
+		{name: "but a create over an existing path is still rejected", protocol: ptr(compliance(func(c *policy.Compliance) { c.RequireKnownTargets = false })),
+			req: approval(func(r *librarianv1.AgentRequest) { r.TargetPath = proto.String("docs/design/a.md") }), wantState: governance.Rejected, wantRule: "target_exists"},
 		{name: "modify an existing target", req: approval(func(r *librarianv1.AgentRequest) { r.Action, r.TargetPath = "modify", proto.String("docs/design/a.md") }),
 			wantState: governance.Approved, wantSubj: "design-a", confidence: 1},
 		{name: "a cycle is rejected with its path", req: approval(func(r *librarianv1.AgentRequest) {

@@ -271,11 +271,19 @@ func (t TargetExists) Check(ctx context.Context, in *Input) (Outcome, error) {
 		return Outcome{}, nil
 	}
 	id, path := req.GetTargetId(), req.GetTargetPath()
+	// With require_known_targets off, a change the graph cannot place (no
+	// target named, or one it does not hold) is judged by the rules after
+	// this one rather than sent back: how an operator governs agents that
+	// edit files the graph does not track (docs/governance.md).
+	known := in.Protocol.Compliance.RequireKnownTargets
 	switch req.GetAction() {
 	case ActionCreate:
 		if path == "" {
 			dir, ok := defaultDirs[req.GetTargetType()]
 			slug := Slug(Title(req.GetContent()))
+			if (!ok || slug == "") && !known && id == "" {
+				return Outcome{}, nil
+			}
 			if !ok || slug == "" {
 				return Outcome{Verdict: Clarify, Reason: fmt.Sprintf("target_path is needed to create %s (there is no default location without a title)", req.GetTargetType()),
 					Suggestions: []string{"Set target_path to where the new item should live."}}, nil
@@ -297,7 +305,7 @@ func (t TargetExists) Check(ctx context.Context, in *Input) (Outcome, error) {
 		}
 	case ActionModify, ActionDelete, ActionRead:
 		if id == "" && path == "" {
-			if req.GetAction() == ActionRead {
+			if req.GetAction() == ActionRead || !known {
 				return Outcome{}, nil
 			}
 			return Outcome{Verdict: Clarify, Reason: fmt.Sprintf("a %s needs target_id or target_path to say which item", req.GetAction()),
@@ -306,6 +314,10 @@ func (t TargetExists) Check(ctx context.Context, in *Input) (Outcome, error) {
 		existing, err := t.Graph.Resolve(ctx, id, path)
 		if err != nil {
 			return Outcome{}, err
+		}
+		if existing == "" && !known {
+			in.Location = path
+			return Outcome{}, nil
 		}
 		if existing == "" {
 			return Outcome{Verdict: Reject, Violations: []*librarianv1.ViolationDetail{violation(t.Name(), "target_id", "error", "the target %s does not exist", clip(firstOf(id, path)))},

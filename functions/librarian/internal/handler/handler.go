@@ -111,6 +111,10 @@ type Deps struct {
 	// Now is the clock of decisions and escalation deadlines (nil:
 	// time.Now); tests move it forward.
 	Now func() time.Time
+	// Agents are added to the registry when it lacks them, as agents that
+	// may ask about every target type (policy.AddAgent): conclave dev's
+	// governed agent types.
+	Agents []string
 }
 
 // Librarian is the handler and the parts other surfaces reach into.
@@ -138,6 +142,9 @@ func New(cfg Config, d Deps) (*Librarian, error) {
 	pol, err := policy.Load(fsys, dir)
 	if err != nil {
 		return nil, err
+	}
+	for _, id := range d.Agents {
+		pol.AddAgent(id)
 	}
 	tpl, err := templates.Load()
 	if err != nil {

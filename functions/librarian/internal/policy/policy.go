@@ -154,6 +154,13 @@ type Compliance struct {
 	RequireRationale bool
 	// EnforceReferences rejects unknown references instead of warning.
 	EnforceReferences bool
+	// RequireKnownTargets (default true, as the seed's pipeline does)
+	// makes a modify, delete or code/test create whose target the graph
+	// does not hold, or that names none, rejected or sent back for
+	// clarification. Off, such a change is judged by the later rules
+	// (deviations, risk) alone: for agents that edit files the graph does
+	// not track. It is not one of the seed's keys, so it may be left out.
+	RequireKnownTargets bool
 }
 
 // Policy is both files, validated.
@@ -176,6 +183,22 @@ func (p *Policy) AgentIDs() []string {
 	}
 	sort.Strings(ids)
 	return ids
+}
+
+// AddAgent registers id, when the registry lacks it, as an agent that may
+// ask about changes to every target type (read, write, analyze; the
+// protocol's max_content_size; 1000/hour): conclave dev's entry for the
+// runner's agent types under the librarian permission policy, so that the
+// flow works without an agents.yaml of one's own. It reports whether it
+// added one.
+func (p *Policy) AddAgent(id string) bool {
+	if _, ok := p.Agents[id]; ok || id == "" {
+		return false
+	}
+	p.Agents[id] = Agent{ID: id, Type: "runner-agent", Capabilities: []string{"read", "write", "analyze"},
+		RateLimit: Rate{Count: 1000, Window: time.Hour}, MaxRequestSize: p.Protocol.Limits.MaxContentSize,
+		AllowedTargets: slices.Clone(TargetTypes)}
+	return true
 }
 
 // Load reads agents.yaml and protocol.yaml from fsys; dir names the
@@ -246,6 +269,8 @@ type rawProtocol struct {
 			AllowDeviations   *bool `yaml:"allow_deviations"`
 			RequireRationale  *bool `yaml:"require_rationale"`
 			EnforceReferences *bool `yaml:"enforce_references"`
+			// Not the seed's: optional, default true.
+			RequireKnownTargets *bool `yaml:"require_known_targets"`
 		} `yaml:"compliance"`
 	} `yaml:"protocol"`
 }
@@ -322,6 +347,7 @@ func parseProtocol(data []byte) (Protocol, error) {
 		}
 		*b.out = *b.raw
 	}
+	p.Compliance.RequireKnownTargets = r.Compliance.RequireKnownTargets == nil || *r.Compliance.RequireKnownTargets
 	return p, nil
 }
 

@@ -32,7 +32,7 @@ func TestShippedFilesLoad(t *testing.T) {
 		Version:    "1.0",
 		Timeouts:   policy.Timeouts{Validation: 5 * time.Second, Response: 10 * time.Second, Escalation: 24 * time.Hour},
 		Limits:     policy.Limits{MaxContentSize: 100 << 10, MaxReferences: 20, MaxDeviations: 5, MaxRetryAttempts: 3},
-		Compliance: policy.Compliance{StrictMode: true, RequireRationale: true, EnforceReferences: true},
+		Compliance: policy.Compliance{StrictMode: true, RequireRationale: true, EnforceReferences: true, RequireKnownTargets: true},
 	}
 	if p.Protocol != want {
 		t.Fatalf("protocol = %+v, want %+v", p.Protocol, want)
@@ -89,6 +89,26 @@ func TestBadFilesNameFileAndKey(t *testing.T) {
 	}
 }
 
+// TestRequireKnownTargets: the one key that is not the seed's is optional,
+// on by default, and may be turned off.
+func TestRequireKnownTargets(t *testing.T) {
+	t.Parallel()
+	agents, _ := config.Files.ReadFile(policy.AgentsFile)
+	protocol, _ := config.Files.ReadFile(policy.ProtocolFile)
+	for _, tt := range []struct {
+		name, line string
+		want       bool
+	}{{"left out", "", true}, {"on", "    require_known_targets: true\n", true}, {"off", "    require_known_targets: false\n", false}} {
+		p, err := policy.Parse(agents, []byte(strings.Replace(string(protocol), "    strict_mode: true\n", "    strict_mode: true\n"+tt.line, 1)), "config")
+		if err != nil {
+			t.Fatalf("%s: %v", tt.name, err)
+		}
+		if p.Protocol.Compliance.RequireKnownTargets != tt.want {
+			t.Errorf("%s: require_known_targets = %v", tt.name, p.Protocol.Compliance.RequireKnownTargets)
+		}
+	}
+}
+
 func TestParseRateAndSize(t *testing.T) {
 	t.Parallel()
 	for in, want := range map[string]policy.Rate{"60/minute": {60, time.Minute}, "1/second": {1, time.Second}, " 5 / day ": {5, 24 * time.Hour}} {
@@ -110,5 +130,23 @@ func TestParseRateAndSize(t *testing.T) {
 		if _, err := policy.ParseSize(bad); err == nil {
 			t.Errorf("ParseSize(%q) accepted", bad)
 		}
+	}
+}
+
+func TestAddAgent(t *testing.T) {
+	t.Parallel()
+	p, err := policy.Load(config.Files, "config")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.AddAgent("claude-3") {
+		t.Error("an agent of agents.yaml was replaced")
+	}
+	if !p.AddAgent("npm-example") {
+		t.Fatal("not added")
+	}
+	a, _ := p.Agent("npm-example")
+	if !a.Can("write") || !a.Can("read") || len(a.AllowedTargets) != len(policy.TargetTypes) || a.MaxRequestSize != p.Protocol.Limits.MaxContentSize {
+		t.Fatalf("added %+v", a)
 	}
 }

@@ -80,6 +80,11 @@ type Record struct {
 	DecidedAt time.Time `json:"decided_at,omitzero"`
 	CreatedAt time.Time `json:"created_at"`
 	UpdatedAt time.Time `json:"updated_at"`
+	// Traceparent and Tracestate are the trace context the request was
+	// submitted in: every event about it is sent in that trace, so that a
+	// reviewer's decision reaches the waiting agent in the agent's trace.
+	Traceparent string `json:"traceparent,omitempty"`
+	Tracestate  string `json:"tracestate,omitempty"`
 	// Version is the store's, for conditional updates.
 	Version int64 `json:"-"`
 }

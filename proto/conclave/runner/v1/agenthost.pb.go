@@ -603,6 +603,7 @@ type HostEvent struct {
 	//	*HostEvent_Log
 	//	*HostEvent_TurnEnded
 	//	*HostEvent_Exited
+	//	*HostEvent_PermissionRequest
 	Kind          isHostEvent_Kind `protobuf_oneof:"kind"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -697,6 +698,15 @@ func (x *HostEvent) GetExited() *Exited {
 	return nil
 }
 
+func (x *HostEvent) GetPermissionRequest() *PermissionRequest {
+	if x != nil {
+		if x, ok := x.Kind.(*HostEvent_PermissionRequest); ok {
+			return x.PermissionRequest
+		}
+	}
+	return nil
+}
+
 type isHostEvent_Kind interface {
 	isHostEvent_Kind()
 }
@@ -721,6 +731,10 @@ type HostEvent_Exited struct {
 	Exited *Exited `protobuf:"bytes,6,opt,name=exited,proto3,oneof"`
 }
 
+type HostEvent_PermissionRequest struct {
+	PermissionRequest *PermissionRequest `protobuf:"bytes,7,opt,name=permission_request,json=permissionRequest,proto3,oneof"`
+}
+
 func (*HostEvent_Ready) isHostEvent_Kind() {}
 
 func (*HostEvent_Update) isHostEvent_Kind() {}
@@ -730,6 +744,8 @@ func (*HostEvent_Log) isHostEvent_Kind() {}
 func (*HostEvent_TurnEnded) isHostEvent_Kind() {}
 
 func (*HostEvent_Exited) isHostEvent_Kind() {}
+
+func (*HostEvent_PermissionRequest) isHostEvent_Kind() {}
 
 // Ready: the agent is initialized and its session is up.
 type Ready struct {
@@ -1140,6 +1156,7 @@ type HostCommand struct {
 	//	*HostCommand_Prompt
 	//	*HostCommand_Cancel
 	//	*HostCommand_Close
+	//	*HostCommand_PermissionAnswer
 	Kind          isHostCommand_Kind `protobuf_oneof:"kind"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -1216,6 +1233,15 @@ func (x *HostCommand) GetClose() *Close {
 	return nil
 }
 
+func (x *HostCommand) GetPermissionAnswer() *PermissionAnswer {
+	if x != nil {
+		if x, ok := x.Kind.(*HostCommand_PermissionAnswer); ok {
+			return x.PermissionAnswer
+		}
+	}
+	return nil
+}
+
 type isHostCommand_Kind interface {
 	isHostCommand_Kind()
 }
@@ -1232,11 +1258,17 @@ type HostCommand_Close struct {
 	Close *Close `protobuf:"bytes,4,opt,name=close,proto3,oneof"`
 }
 
+type HostCommand_PermissionAnswer struct {
+	PermissionAnswer *PermissionAnswer `protobuf:"bytes,5,opt,name=permission_answer,json=permissionAnswer,proto3,oneof"`
+}
+
 func (*HostCommand_Prompt) isHostCommand_Kind() {}
 
 func (*HostCommand_Cancel) isHostCommand_Kind() {}
 
 func (*HostCommand_Close) isHostCommand_Kind() {}
+
+func (*HostCommand_PermissionAnswer) isHostCommand_Kind() {}
 
 // Prompt runs a turn.
 type Prompt struct {
@@ -1391,6 +1423,166 @@ func (*Close) Descriptor() ([]byte, []int) {
 	return file_conclave_runner_v1_agenthost_proto_rawDescGZIP(), []int{16}
 }
 
+// PermissionRequest is the agent's session/request_permission under the
+// librarian permission policy, which the runner decides (it asks the
+// Librarian, docs/governance.md). agent-host sends it again on each new
+// link (a restarted runner) until it is answered.
+type PermissionRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Numbers the requests of one agent-host process (its host_id); the
+	// answer names it.
+	Id int64 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
+	// The request's params as the agent sent them (JSON).
+	Params []byte `protobuf:"bytes,2,opt,name=params,proto3" json:"params,omitempty"`
+	// The agent's workspace in its pod, which its paths are relative to.
+	Workspace string `protobuf:"bytes,3,opt,name=workspace,proto3" json:"workspace,omitempty"`
+	// The turn's trace context (W3C traceparent), for the runner's spans.
+	Traceparent string `protobuf:"bytes,4,opt,name=traceparent,proto3" json:"traceparent,omitempty"`
+	// The turn it belongs to: the Prompt's durable turn number (0 when no
+	// turn runs).
+	Turn          int64 `protobuf:"varint,5,opt,name=turn,proto3" json:"turn,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PermissionRequest) Reset() {
+	*x = PermissionRequest{}
+	mi := &file_conclave_runner_v1_agenthost_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PermissionRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PermissionRequest) ProtoMessage() {}
+
+func (x *PermissionRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_conclave_runner_v1_agenthost_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PermissionRequest.ProtoReflect.Descriptor instead.
+func (*PermissionRequest) Descriptor() ([]byte, []int) {
+	return file_conclave_runner_v1_agenthost_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *PermissionRequest) GetId() int64 {
+	if x != nil {
+		return x.Id
+	}
+	return 0
+}
+
+func (x *PermissionRequest) GetParams() []byte {
+	if x != nil {
+		return x.Params
+	}
+	return nil
+}
+
+func (x *PermissionRequest) GetWorkspace() string {
+	if x != nil {
+		return x.Workspace
+	}
+	return ""
+}
+
+func (x *PermissionRequest) GetTraceparent() string {
+	if x != nil {
+		return x.Traceparent
+	}
+	return ""
+}
+
+func (x *PermissionRequest) GetTurn() int64 {
+	if x != nil {
+		return x.Turn
+	}
+	return 0
+}
+
+// PermissionAnswer is the runner's decision on a PermissionRequest.
+type PermissionAnswer struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The request's id and its agent-host process.
+	Id     int64  `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
+	HostId string `protobuf:"bytes,2,opt,name=host_id,json=hostId,proto3" json:"host_id,omitempty"`
+	// Allow selects the agent's allow-once option; otherwise a reject one.
+	Allow bool `protobuf:"varint,3,opt,name=allow,proto3" json:"allow,omitempty"`
+	// The outcome's _meta under conclave.ai/librarian (a JSON object): the
+	// decision, its reason, constraints, the Librarian's request.
+	Meta          []byte `protobuf:"bytes,4,opt,name=meta,proto3" json:"meta,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PermissionAnswer) Reset() {
+	*x = PermissionAnswer{}
+	mi := &file_conclave_runner_v1_agenthost_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PermissionAnswer) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PermissionAnswer) ProtoMessage() {}
+
+func (x *PermissionAnswer) ProtoReflect() protoreflect.Message {
+	mi := &file_conclave_runner_v1_agenthost_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PermissionAnswer.ProtoReflect.Descriptor instead.
+func (*PermissionAnswer) Descriptor() ([]byte, []int) {
+	return file_conclave_runner_v1_agenthost_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *PermissionAnswer) GetId() int64 {
+	if x != nil {
+		return x.Id
+	}
+	return 0
+}
+
+func (x *PermissionAnswer) GetHostId() string {
+	if x != nil {
+		return x.HostId
+	}
+	return ""
+}
+
+func (x *PermissionAnswer) GetAllow() bool {
+	if x != nil {
+		return x.Allow
+	}
+	return false
+}
+
+func (x *PermissionAnswer) GetMeta() []byte {
+	if x != nil {
+		return x.Meta
+	}
+	return nil
+}
+
 var File_conclave_runner_v1_agenthost_proto protoreflect.FileDescriptor
 
 const file_conclave_runner_v1_agenthost_proto_rawDesc = "" +
@@ -1425,7 +1617,7 @@ const file_conclave_runner_v1_agenthost_proto_rawDesc = "" +
 	"\x03seq\x18\x01 \x01(\x03R\x03seq\"\x1e\n" +
 	"\n" +
 	"CommandAck\x12\x10\n" +
-	"\x03seq\x18\x01 \x01(\x03R\x03seq\"\xbb\x02\n" +
+	"\x03seq\x18\x01 \x01(\x03R\x03seq\"\x93\x03\n" +
 	"\tHostEvent\x12\x10\n" +
 	"\x03seq\x18\x01 \x01(\x03R\x03seq\x121\n" +
 	"\x05ready\x18\x02 \x01(\v2\x19.conclave.runner.v1.ReadyH\x00R\x05ready\x129\n" +
@@ -1433,7 +1625,8 @@ const file_conclave_runner_v1_agenthost_proto_rawDesc = "" +
 	"\x03log\x18\x04 \x01(\v2\x1c.conclave.runner.v1.AgentLogH\x00R\x03log\x12>\n" +
 	"\n" +
 	"turn_ended\x18\x05 \x01(\v2\x1d.conclave.runner.v1.TurnEndedH\x00R\tturnEnded\x124\n" +
-	"\x06exited\x18\x06 \x01(\v2\x1a.conclave.runner.v1.ExitedH\x00R\x06exitedB\x06\n" +
+	"\x06exited\x18\x06 \x01(\v2\x1a.conclave.runner.v1.ExitedH\x00R\x06exited\x12V\n" +
+	"\x12permission_request\x18\a \x01(\v2%.conclave.runner.v1.PermissionRequestH\x00R\x11permissionRequestB\x06\n" +
 	"\x04kind\"\x9a\x01\n" +
 	"\x05Ready\x12\x1d\n" +
 	"\n" +
@@ -1471,12 +1664,13 @@ const file_conclave_runner_v1_agenthost_proto_rawDesc = "" +
 	"\x06Exited\x12\x1b\n" +
 	"\texit_code\x18\x01 \x01(\x05R\bexitCode\x12\x16\n" +
 	"\x06signal\x18\x02 \x01(\tR\x06signal\x12\x16\n" +
-	"\x06reason\x18\x03 \x01(\tR\x06reason\"\xc6\x01\n" +
+	"\x06reason\x18\x03 \x01(\tR\x06reason\"\x9b\x02\n" +
 	"\vHostCommand\x12\x10\n" +
 	"\x03seq\x18\x01 \x01(\x03R\x03seq\x124\n" +
 	"\x06prompt\x18\x02 \x01(\v2\x1a.conclave.runner.v1.PromptH\x00R\x06prompt\x124\n" +
 	"\x06cancel\x18\x03 \x01(\v2\x1a.conclave.runner.v1.CancelH\x00R\x06cancel\x121\n" +
-	"\x05close\x18\x04 \x01(\v2\x19.conclave.runner.v1.CloseH\x00R\x05closeB\x06\n" +
+	"\x05close\x18\x04 \x01(\v2\x19.conclave.runner.v1.CloseH\x00R\x05close\x12S\n" +
+	"\x11permission_answer\x18\x05 \x01(\v2$.conclave.runner.v1.PermissionAnswerH\x00R\x10permissionAnswerB\x06\n" +
 	"\x04kind\"x\n" +
 	"\x06Prompt\x12\x12\n" +
 	"\x04turn\x18\x01 \x01(\x03R\x04turn\x12\x18\n" +
@@ -1485,7 +1679,18 @@ const file_conclave_runner_v1_agenthost_proto_rawDesc = "" +
 	"\x06Cancel\x12\x12\n" +
 	"\x04turn\x18\x01 \x01(\x03R\x04turn\x12\x16\n" +
 	"\x06reason\x18\x02 \x01(\tR\x06reason\"\a\n" +
-	"\x05Close*\x81\x01\n" +
+	"\x05Close\"\x8f\x01\n" +
+	"\x11PermissionRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\x03R\x02id\x12\x16\n" +
+	"\x06params\x18\x02 \x01(\fR\x06params\x12\x1c\n" +
+	"\tworkspace\x18\x03 \x01(\tR\tworkspace\x12 \n" +
+	"\vtraceparent\x18\x04 \x01(\tR\vtraceparent\x12\x12\n" +
+	"\x04turn\x18\x05 \x01(\x03R\x04turn\"e\n" +
+	"\x10PermissionAnswer\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\x03R\x02id\x12\x17\n" +
+	"\ahost_id\x18\x02 \x01(\tR\x06hostId\x12\x14\n" +
+	"\x05allow\x18\x03 \x01(\bR\x05allow\x12\x12\n" +
+	"\x04meta\x18\x04 \x01(\fR\x04meta*\x81\x01\n" +
 	"\vTurnFailure\x12\x1c\n" +
 	"\x18TURN_FAILURE_UNSPECIFIED\x10\x00\x12\x1b\n" +
 	"\x17TURN_FAILURE_AGENT_GONE\x10\x01\x12\x1f\n" +
@@ -1507,7 +1712,7 @@ func file_conclave_runner_v1_agenthost_proto_rawDescGZIP() []byte {
 }
 
 var file_conclave_runner_v1_agenthost_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_conclave_runner_v1_agenthost_proto_msgTypes = make([]protoimpl.MessageInfo, 17)
+var file_conclave_runner_v1_agenthost_proto_msgTypes = make([]protoimpl.MessageInfo, 19)
 var file_conclave_runner_v1_agenthost_proto_goTypes = []any{
 	(TurnFailure)(0),            // 0: conclave.runner.v1.TurnFailure
 	(*ConnectRequest)(nil),      // 1: conclave.runner.v1.ConnectRequest
@@ -1527,7 +1732,9 @@ var file_conclave_runner_v1_agenthost_proto_goTypes = []any{
 	(*Prompt)(nil),              // 15: conclave.runner.v1.Prompt
 	(*Cancel)(nil),              // 16: conclave.runner.v1.Cancel
 	(*Close)(nil),               // 17: conclave.runner.v1.Close
-	(*durationpb.Duration)(nil), // 18: google.protobuf.Duration
+	(*PermissionRequest)(nil),   // 18: conclave.runner.v1.PermissionRequest
+	(*PermissionAnswer)(nil),    // 19: conclave.runner.v1.PermissionAnswer
+	(*durationpb.Duration)(nil), // 20: google.protobuf.Duration
 }
 var file_conclave_runner_v1_agenthost_proto_depIdxs = []int32{
 	3,  // 0: conclave.runner.v1.ConnectRequest.hello:type_name -> conclave.runner.v1.Hello
@@ -1538,24 +1745,26 @@ var file_conclave_runner_v1_agenthost_proto_depIdxs = []int32{
 	6,  // 5: conclave.runner.v1.ConnectResponse.event_ack:type_name -> conclave.runner.v1.EventAck
 	14, // 6: conclave.runner.v1.ConnectResponse.command:type_name -> conclave.runner.v1.HostCommand
 	5,  // 7: conclave.runner.v1.ConnectResponse.heartbeat:type_name -> conclave.runner.v1.Heartbeat
-	18, // 8: conclave.runner.v1.Hello.heartbeat_interval:type_name -> google.protobuf.Duration
+	20, // 8: conclave.runner.v1.Hello.heartbeat_interval:type_name -> google.protobuf.Duration
 	9,  // 9: conclave.runner.v1.HostEvent.ready:type_name -> conclave.runner.v1.Ready
 	10, // 10: conclave.runner.v1.HostEvent.update:type_name -> conclave.runner.v1.AgentUpdate
 	11, // 11: conclave.runner.v1.HostEvent.log:type_name -> conclave.runner.v1.AgentLog
 	12, // 12: conclave.runner.v1.HostEvent.turn_ended:type_name -> conclave.runner.v1.TurnEnded
 	13, // 13: conclave.runner.v1.HostEvent.exited:type_name -> conclave.runner.v1.Exited
-	0,  // 14: conclave.runner.v1.TurnEnded.failure:type_name -> conclave.runner.v1.TurnFailure
-	15, // 15: conclave.runner.v1.HostCommand.prompt:type_name -> conclave.runner.v1.Prompt
-	16, // 16: conclave.runner.v1.HostCommand.cancel:type_name -> conclave.runner.v1.Cancel
-	17, // 17: conclave.runner.v1.HostCommand.close:type_name -> conclave.runner.v1.Close
-	18, // 18: conclave.runner.v1.Prompt.accept_timeout:type_name -> google.protobuf.Duration
-	1,  // 19: conclave.runner.v1.AgentHostService.Connect:input_type -> conclave.runner.v1.ConnectRequest
-	2,  // 20: conclave.runner.v1.AgentHostService.Connect:output_type -> conclave.runner.v1.ConnectResponse
-	20, // [20:21] is the sub-list for method output_type
-	19, // [19:20] is the sub-list for method input_type
-	19, // [19:19] is the sub-list for extension type_name
-	19, // [19:19] is the sub-list for extension extendee
-	0,  // [0:19] is the sub-list for field type_name
+	18, // 14: conclave.runner.v1.HostEvent.permission_request:type_name -> conclave.runner.v1.PermissionRequest
+	0,  // 15: conclave.runner.v1.TurnEnded.failure:type_name -> conclave.runner.v1.TurnFailure
+	15, // 16: conclave.runner.v1.HostCommand.prompt:type_name -> conclave.runner.v1.Prompt
+	16, // 17: conclave.runner.v1.HostCommand.cancel:type_name -> conclave.runner.v1.Cancel
+	17, // 18: conclave.runner.v1.HostCommand.close:type_name -> conclave.runner.v1.Close
+	19, // 19: conclave.runner.v1.HostCommand.permission_answer:type_name -> conclave.runner.v1.PermissionAnswer
+	20, // 20: conclave.runner.v1.Prompt.accept_timeout:type_name -> google.protobuf.Duration
+	1,  // 21: conclave.runner.v1.AgentHostService.Connect:input_type -> conclave.runner.v1.ConnectRequest
+	2,  // 22: conclave.runner.v1.AgentHostService.Connect:output_type -> conclave.runner.v1.ConnectResponse
+	22, // [22:23] is the sub-list for method output_type
+	21, // [21:22] is the sub-list for method input_type
+	21, // [21:21] is the sub-list for extension type_name
+	21, // [21:21] is the sub-list for extension extendee
+	0,  // [0:21] is the sub-list for field type_name
 }
 
 func init() { file_conclave_runner_v1_agenthost_proto_init() }
@@ -1581,11 +1790,13 @@ func file_conclave_runner_v1_agenthost_proto_init() {
 		(*HostEvent_Log)(nil),
 		(*HostEvent_TurnEnded)(nil),
 		(*HostEvent_Exited)(nil),
+		(*HostEvent_PermissionRequest)(nil),
 	}
 	file_conclave_runner_v1_agenthost_proto_msgTypes[13].OneofWrappers = []any{
 		(*HostCommand_Prompt)(nil),
 		(*HostCommand_Cancel)(nil),
 		(*HostCommand_Close)(nil),
+		(*HostCommand_PermissionAnswer)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -1593,7 +1804,7 @@ func file_conclave_runner_v1_agenthost_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_conclave_runner_v1_agenthost_proto_rawDesc), len(file_conclave_runner_v1_agenthost_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   17,
+			NumMessages:   19,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -36,12 +36,17 @@ type AgentInstance struct {
 	AgentType string `protobuf:"bytes,3,opt,name=agent_type,json=agentType,proto3" json:"agent_type,omitempty"`
 	// Executor-specific handle: a process ID or a Kubernetes Job name.
 	ContainerId string `protobuf:"bytes,4,opt,name=container_id,json=containerId,proto3" json:"container_id,omitempty"`
-	// One of starting, running, completed, failed, stopped.
+	// One of starting, running, completed, failed, stopped, or
+	// awaiting_approval: a turn waits for a person to decide a permission
+	// request the Librarian escalated.
 	Status     string                 `protobuf:"bytes,5,opt,name=status,proto3" json:"status,omitempty"`
 	StartedAt  *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=started_at,json=startedAt,proto3" json:"started_at,omitempty"`
 	FinishedAt *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=finished_at,json=finishedAt,proto3" json:"finished_at,omitempty"`
 	// Progress in percent, 0-100.
-	Progress      int32 `protobuf:"varint,8,opt,name=progress,proto3" json:"progress,omitempty"`
+	Progress int32 `protobuf:"varint,8,opt,name=progress,proto3" json:"progress,omitempty"`
+	// While awaiting_approval, the Librarian's review page of the request;
+	// empty otherwise.
+	ReviewUrl     string `protobuf:"bytes,9,opt,name=review_url,json=reviewUrl,proto3" json:"review_url,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -130,6 +135,13 @@ func (x *AgentInstance) GetProgress() int32 {
 		return x.Progress
 	}
 	return 0
+}
+
+func (x *AgentInstance) GetReviewUrl() string {
+	if x != nil {
+		return x.ReviewUrl
+	}
+	return ""
 }
 
 // LaunchAgentRequest starts an agent.
@@ -567,8 +579,8 @@ type ListAgentsRequest struct {
 	// A previous response's next_page_token, with the same filters; empty
 	// for the first page.
 	PageToken string `protobuf:"bytes,2,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
-	// Only instances in this status (starting, running, completed, failed,
-	// stopped); empty for all.
+	// Only instances in this status (starting, running, awaiting_approval,
+	// completed, failed, stopped); empty for all.
 	Status string `protobuf:"bytes,3,opt,name=status,proto3" json:"status,omitempty"`
 	// Only instances of this agent type; empty for all.
 	AgentType     string `protobuf:"bytes,4,opt,name=agent_type,json=agentType,proto3" json:"agent_type,omitempty"`
@@ -1606,7 +1618,7 @@ var File_conclave_runner_v1_runner_proto protoreflect.FileDescriptor
 
 const file_conclave_runner_v1_runner_proto_rawDesc = "" +
 	"\n" +
-	"\x1fconclave/runner/v1/runner.proto\x12\x12conclave.runner.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xa6\x02\n" +
+	"\x1fconclave/runner/v1/runner.proto\x12\x12conclave.runner.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xc5\x02\n" +
 	"\rAgentInstance\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x17\n" +
 	"\atask_id\x18\x02 \x01(\tR\x06taskId\x12\x1d\n" +
@@ -1618,7 +1630,9 @@ const file_conclave_runner_v1_runner_proto_rawDesc = "" +
 	"started_at\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\tstartedAt\x12;\n" +
 	"\vfinished_at\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\n" +
 	"finishedAt\x12\x1a\n" +
-	"\bprogress\x18\b \x01(\x05R\bprogress\"\xbf\x02\n" +
+	"\bprogress\x18\b \x01(\x05R\bprogress\x12\x1d\n" +
+	"\n" +
+	"review_url\x18\t \x01(\tR\treviewUrl\"\xbf\x02\n" +
 	"\x12LaunchAgentRequest\x12\x17\n" +
 	"\atask_id\x18\x01 \x01(\tR\x06taskId\x12\x1d\n" +
 	"\n" +

@@ -65,6 +65,11 @@ type agentFile struct {
 	Args           map[string]string `yaml:"args"`
 	Env            []string          `yaml:"env"`
 	MaxOutputBytes *int64            `yaml:"max_output_bytes"`
+	// Governed, Risk and ApprovalTimeout: each call first asks the
+	// Librarian (docs/governance.md).
+	Governed        bool     `yaml:"governed"`
+	Risk            string   `yaml:"risk"`
+	ApprovalTimeout *seconds `yaml:"approval_timeout"`
 }
 
 // seconds is a timeout written as seconds (600, 2.5) or a Go duration
@@ -108,6 +113,14 @@ type Agent struct {
 	Script, Python string
 	// EnvNames are the variables the agent asks for beyond environment.pass.
 	EnvNames []string
+	// Governed: each call first asks the Librarian for approval, and the
+	// agent runs only if it is approved. Risk is the request's
+	// risk_assessment (high or critical escalates to a person);
+	// ApprovalTimeout bounds the wait for that person (0: the
+	// Librarian's timeouts.escalation).
+	Governed        bool
+	Risk            string
+	ApprovalTimeout time.Duration
 	// Run is the resolved agent; each call copies it.
 	Run hybrid.Agent
 }
@@ -236,7 +249,18 @@ func resolveAgent(cfg *Config, name string, af agentFile, pass []string, getenv 
 	if af.Path == "" {
 		return nil, bad("path", "required: the agent's script, relative to the workspace")
 	}
-	a := &Agent{Name: name, Description: af.Description, Script: af.Path, Python: af.Python, EnvNames: af.Env}
+	a := &Agent{Name: name, Description: af.Description, Script: af.Path, Python: af.Python, EnvNames: af.Env, Governed: af.Governed, Risk: af.Risk}
+	if (af.Risk != "" || af.ApprovalTimeout != nil) && !af.Governed {
+		return nil, bad("governed", "risk and approval_timeout are for governed tools; add governed: true")
+	}
+	if len(af.Risk) > 1000 {
+		return nil, bad("risk", "at most 1000 characters")
+	}
+	if af.ApprovalTimeout != nil {
+		if a.ApprovalTimeout = time.Duration(*af.ApprovalTimeout); a.ApprovalTimeout <= 0 {
+			return nil, bad("approval_timeout", "must be positive, got %s", a.ApprovalTimeout)
+		}
+	}
 	if a.Description == "" {
 		a.Description = "Runs the " + name + " agent."
 	}

@@ -49,6 +49,9 @@ agents:
   tool:
     path: bin/tool
     executable: true
+    governed: true
+    risk: "high: writes to the tracker"
+    approval_timeout: 2m
 `)
 	cfg, err := Load(path, "", env(map[string]string{"PATH": "/bin", "GITHUB_TOKEN": "t", "SECRET": "s"}))
 	if err != nil {
@@ -77,8 +80,12 @@ agents:
 	if q.Run.Script != "/abs/quick.py" || q.Run.Timeout != 90*time.Second || string(q.InputSchema) != `{"type":"object"}` || q.Description == "" {
 		t.Fatalf("quick = %+v", q)
 	}
-	if tool, _ := cfg.Agent("tool"); tool.Run.Interpreter != "" || tool.Run.Script != filepath.Join(ws, "bin/tool") {
-		t.Fatalf("executable agent = %+v", tool.Run)
+	if tool, _ := cfg.Agent("tool"); tool.Run.Interpreter != "" || tool.Run.Script != filepath.Join(ws, "bin/tool") ||
+		!tool.Governed || tool.Risk != "high: writes to the tracker" || tool.ApprovalTimeout != 2*time.Minute {
+		t.Fatalf("executable, governed agent = %+v", tool)
+	}
+	if a.Governed || q.Governed {
+		t.Fatal("an agent is governed without governed: true")
 	}
 	if _, ok := cfg.Agent("nope"); ok {
 		t.Fatal("unknown agent found")
@@ -128,6 +135,8 @@ func TestLoadErrors(t *testing.T) {
 		{"bad env", "agents:\n  a:\n    path: a.py\n    env: ['A=B']\n", "agents.a.env[0]"},
 		{"bad pass", "environment: {pass: ['1X']}\nagents:\n  a:\n    path: a.py\n", "environment.pass[0]"},
 		{"executable with python", "agents:\n  a:\n    path: a\n    executable: true\n    python: python3\n", "agents.a.executable: an executable script runs by itself"},
+		{"risk without governed", "agents:\n  a:\n    path: a.py\n    risk: high\n", "agents.a.governed: risk and approval_timeout are for governed tools"},
+		{"bad approval_timeout", "agents:\n  a:\n    path: a.py\n    governed: true\n    approval_timeout: 0\n", "agents.a.approval_timeout: must be positive"},
 		{"bad max output", "agents:\n  a:\n    path: a.py\n    max_output_bytes: 0\n", "agents.a.max_output_bytes"},
 	}
 	for _, tt := range tests {

@@ -50,6 +50,8 @@ type Runner struct {
 	// refused rather than queued, so a burst of calls cannot fork without
 	// bound and the client learns at once.
 	slots chan struct{}
+	// gov asks the Librarian before a governed tool runs.
+	gov Governance
 }
 
 // New returns a Runner for cfg that runs at most maxRunning agents at once.
@@ -144,6 +146,12 @@ func (r *Runner) call(ctx context.Context, a *agentconfig.Agent, args json.RawMe
 	}
 	if err := a.ValidateSchema(plain); err != nil {
 		return nil, err
+	}
+	if a.Governed {
+		// Before the slot: a wait for a person holds no agent's place.
+		if err := r.approve(ctx, a, params, args); err != nil {
+			return nil, err
+		}
 	}
 	run := a.Run // a copy: Stderr is per call
 	run.ValidateInputs = false

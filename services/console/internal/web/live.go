@@ -338,10 +338,11 @@ func (h *Handler) liveLogs(w http.ResponseWriter, r *http.Request, s session.Ses
 				return
 			}
 			if err == nil {
-				cur := fmt.Sprintf("%s/%d", in.GetStatus(), in.GetProgress())
+				cur := fmt.Sprintf("%s/%d/%s", in.GetStatus(), in.GetProgress(), in.GetReviewUrl())
 				if cur != last {
 					last = cur
-					if st.send("status", "", map[string]any{"status": in.GetStatus(), "progress": in.GetProgress(), "finished": formatProtoTime(in.GetFinishedAt())}) != nil {
+					if st.send("status", "", map[string]any{"status": in.GetStatus(), "progress": in.GetProgress(), "finished": formatProtoTime(in.GetFinishedAt()),
+						"review_url": in.GetReviewUrl()}) != nil {
 						stop()
 						return
 					}

@@ -105,9 +105,14 @@ type Options struct {
 	// Workspace confines fs/read_text_file and fs/write_text_file; empty
 	// refuses both.
 	Workspace string
-	// Permission answers session/request_permission: allow, deny or
-	// allow_always.
+	// Permission answers session/request_permission: allow, deny,
+	// allow_always, or librarian (Govern decides).
 	Permission string
+	// Govern decides each permission request under the librarian policy
+	// (nil refuses them all: fail closed). Its ctx ends when the turn is
+	// cancelled or the connection ends; it may block for as long as a
+	// person takes.
+	Govern func(ctx context.Context, p PermissionRequest) PermissionAnswer
 	// AuthMethod is the ACP authMethods id to authenticate with before
 	// the session is opened, when the agent offers authMethods; empty:
 	// none.
@@ -141,9 +146,11 @@ type Client struct {
 	// turnDone ends a kandev turn when its complete or error update arrives.
 	turnDone chan Turn
 	// cancelled marks the turn in progress as cancelled, so that pending
-	// permission requests are answered with the cancelled outcome.
-	cancelled    bool
-	capabilities AgentCapabilities
+	// permission requests are answered with the cancelled outcome;
+	// turnCancelled is closed with it, ending the waits of governed ones.
+	cancelled     bool
+	turnCancelled chan struct{}
+	capabilities  AgentCapabilities
 	// turn is the turn begun and not yet ended, if any; turns numbers them.
 	turn  *turnState
 	turns uint64
@@ -503,6 +510,7 @@ func (c *Client) Prompt(ctx context.Context, message string, acceptTimeout time.
 		return Turn{StopReason: StopCancelled}, nil
 	}
 	t.writing, c.cancelled = true, false
+	c.turnCancelled = make(chan struct{})
 	sessionID := c.sessionID
 	c.mu.Unlock()
 	// What the agent sends from now on is the turn's.
@@ -627,6 +635,9 @@ func (c *Client) CancelTurn(ctx context.Context, reason string, id uint64) error
 		return ctx.Err()
 	}
 	c.mu.Lock()
+	if !c.cancelled && c.turnCancelled != nil {
+		close(c.turnCancelled)
+	}
 	c.cancelled = true
 	sessionID := c.sessionID
 	c.mu.Unlock()

@@ -368,7 +368,7 @@ func firstNonEmpty(ss ...string) string {
 // policy: allow picks an allow_once option (else allow_always), allow_always
 // the reverse, deny a reject option; a cancelled turn, or no option the
 // policy can pick, is the cancelled outcome.
-func (c *Client) handlePermission(_ context.Context, req *jsonrpc.Request) (any, error) {
+func (c *Client) handlePermission(ctx context.Context, req *jsonrpc.Request) (any, error) {
 	var p sdk.RequestPermissionRequest
 	if err := req.DecodeParams(&p); err != nil {
 		return nil, err
@@ -379,6 +379,9 @@ func (c *Client) handlePermission(_ context.Context, req *jsonrpc.Request) (any,
 	cancel := sdk.RequestPermissionResponse{Outcome: sdk.RequestPermissionOutcome{Cancelled: &sdk.RequestPermissionOutcomeCancelled{Outcome: "cancelled"}}}
 	if cancelled {
 		return cancel, nil
+	}
+	if c.opts.Permission == PermissionLibrarian {
+		return c.governed(ctx, req.Params, p), nil
 	}
 	var prefer []sdk.PermissionOptionKind
 	switch c.opts.Permission {

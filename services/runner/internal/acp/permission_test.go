@@ -87,6 +87,91 @@ func TestPermissionPolicies(t *testing.T) {
 	}
 }
 
+// TestGovernedPermission: under the librarian policy Govern decides; an
+// approval selects allow_once only, a refusal a reject option, with the
+// decision in _meta; no Govern refuses; a turn cancelled during the wait
+// answers cancelled.
+func TestGovernedPermission(t *testing.T) {
+	type option = map[string]string
+	opt := func(id, kind string) option { return option{"optionId": id, "kind": kind, "name": id} }
+	all := []option{opt("once", "allow_once"), opt("always", "allow_always"), opt("reject", "reject_once")}
+	allow := func(context.Context, PermissionRequest) PermissionAnswer {
+		return PermissionAnswer{Allow: true, Meta: map[string]any{"decision": "approved", "constraints": []string{"stay in the workspace"}}}
+	}
+	refuse := func(context.Context, PermissionRequest) PermissionAnswer {
+		return PermissionAnswer{Meta: map[string]any{"decision": "rejected", "reason": "a deviation"}}
+	}
+	for _, tt := range []struct {
+		name     string
+		govern   func(context.Context, PermissionRequest) PermissionAnswer
+		options  []option
+		cancel   bool
+		want     string // option selected, or "" for the cancelled outcome
+		decision string // _meta's decision
+	}{
+		{"approved", allow, all, false, "once", "approved"},
+		{"approved, but no allow_once", allow, []option{all[1], all[2]}, false, "", "approved"},
+		{"rejected", refuse, all, false, "reject", "rejected"},
+		{"no Librarian", nil, all, false, "reject", "unavailable"},
+		{"cancelled while waiting", func(ctx context.Context, _ PermissionRequest) PermissionAnswer {
+			<-ctx.Done()
+			return PermissionAnswer{Meta: map[string]any{"decision": "cancelled"}}
+		}, all, true, "", ""},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			var seen PermissionRequest
+			govern := tt.govern
+			var c *Client
+			if govern != nil {
+				govern = func(ctx context.Context, p PermissionRequest) PermissionAnswer {
+					seen = p
+					if tt.cancel {
+						// The turn is cancelled while Govern waits (not
+						// before it is asked, which answers cancelled
+						// without asking).
+						c.mu.Lock()
+						close(c.turnCancelled)
+						c.cancelled = true
+						c.mu.Unlock()
+					}
+					return tt.govern(ctx, p)
+				}
+			}
+			c = New(strings.NewReader(""), nopWriteCloser{io.Discard}, Options{Permission: "librarian", Govern: govern})
+			t.Cleanup(func() { _ = c.Close() })
+			c.mu.Lock()
+			c.turnCancelled = make(chan struct{})
+			c.mu.Unlock()
+			params, _ := json.Marshal(map[string]any{"sessionId": "s", "options": tt.options,
+				"toolCall": map[string]any{"toolCallId": "call-2", "title": "edit config", "kind": "edit", "locations": []map[string]any{{"path": "/w/config.json"}}}})
+			res, err := c.handlePermission(context.Background(), &jsonrpc.Request{ID: jsonrpc.Int64ID(1), Method: "session/request_permission", Params: params})
+			if err != nil {
+				t.Fatal(err)
+			}
+			raw, _ := json.Marshal(res)
+			var got struct {
+				Meta    map[string]map[string]any `json:"_meta"`
+				Outcome struct {
+					Outcome  string `json:"outcome"`
+					OptionID string `json:"optionId"`
+				} `json:"outcome"`
+			}
+			if err := json.Unmarshal(raw, &got); err != nil {
+				t.Fatal(err)
+			}
+			if tt.want == "" && got.Outcome.Outcome != "cancelled" || tt.want != "" && got.Outcome.OptionID != tt.want {
+				t.Fatalf("got %s, want %q", raw, tt.want)
+			}
+			if tt.decision != "" && got.Meta[MetaKey]["decision"] != tt.decision {
+				t.Fatalf("_meta %s", raw)
+			}
+			if govern != nil && (seen.ToolCall.ToolCallId != "call-2" || len(seen.ToolCall.Locations) != 1 || len(seen.Params) == 0) {
+				t.Fatalf("Govern saw %+v", seen)
+			}
+		})
+	}
+}
+
 // TestPermissionNoted: a permission request, and the answer it got, reach
 // OnUpdate as a permission_request and a permission_outcome update, with
 // the tool call, the options and the option selected.

@@ -43,6 +43,9 @@ const (
 	PermissionAllow       = "allow"
 	PermissionDeny        = "deny"
 	PermissionAllowAlways = "allow_always"
+	// PermissionLibrarian asks the Librarian (docs/governance.md): each
+	// request becomes an APPROVAL; what it escalates, a person decides.
+	PermissionLibrarian = "librarian"
 )
 
 // Type is one registry entry. The YAML keys are seed 002's field names.
@@ -74,9 +77,13 @@ type Type struct {
 	Enabled bool `yaml:"enabled"`
 	// Env is set for every instance of the type, under the launch's env.
 	Env map[string]string `yaml:"env"`
-	// Permission answers session/request_permission (ACP): allow, deny or
-	// allow_always; default deny.
+	// Permission answers session/request_permission (ACP): allow, deny,
+	// allow_always or librarian; default deny.
 	Permission string `yaml:"permission"`
+	// ApprovalTimeout bounds, for permission librarian, how long a request
+	// the Librarian escalated waits for a person, when shorter than the
+	// Librarian's own timeouts.escalation; 0: the Librarian's.
+	ApprovalTimeout time.Duration `yaml:"approval_timeout"`
 	// AuthMethod is the id of one of the authMethods an ACP agent offers
 	// in initialize: the runner calls authenticate with it before it opens
 	// the session. Empty: the runner does not authenticate (the agent
@@ -167,9 +174,15 @@ func (t Type) Validate() error {
 		return fmt.Errorf("agent type %s: protocol %q is not one of acp, kandev, legacy, oneshot (or empty to detect)", t.ID, t.Protocol)
 	}
 	switch t.Permission {
-	case "", PermissionAllow, PermissionDeny, PermissionAllowAlways:
+	case "", PermissionAllow, PermissionDeny, PermissionAllowAlways, PermissionLibrarian:
 	default:
-		return fmt.Errorf("agent type %s: permission %q is not one of allow, deny, allow_always", t.ID, t.Permission)
+		return fmt.Errorf("agent type %s: permission %q is not one of allow, deny, allow_always, librarian", t.ID, t.Permission)
+	}
+	switch {
+	case t.ApprovalTimeout < 0:
+		return fmt.Errorf("agent type %s: negative approval_timeout %s", t.ID, t.ApprovalTimeout)
+	case t.ApprovalTimeout > 0 && t.Permission != PermissionLibrarian:
+		return fmt.Errorf("agent type %s: approval_timeout is for permission librarian only", t.ID)
 	}
 	if t.AuthMethod != "" && !authMethodPattern.MatchString(t.AuthMethod) {
 		return fmt.Errorf("agent type %s: auth_method %q: must be 1-128 printable ASCII characters without spaces", t.ID, t.AuthMethod)

@@ -286,6 +286,9 @@ func instanceProto(in *records.Instance) *runnerv1.AgentInstance {
 		Id: in.ID, TaskId: in.TaskID, AgentType: in.AgentType, ContainerId: in.ContainerID,
 		Status: in.Status, StartedAt: timestamppb.New(in.StartedAt), Progress: int32(in.Progress),
 	}
+	if in.Approval != nil && in.Status == records.StatusAwaitingApproval {
+		out.ReviewUrl = in.Approval.ReviewURL
+	}
 	if !in.FinishedAt.IsZero() {
 		out.FinishedAt = timestamppb.New(in.FinishedAt)
 	}
@@ -501,7 +504,7 @@ func decodeListToken(s string) (listToken, bool) {
 	return t, true
 }
 
-var listStatuses = []string{records.StatusStarting, records.StatusRunning, records.StatusCompleted, records.StatusFailed, records.StatusStopped}
+var listStatuses = []string{records.StatusStarting, records.StatusRunning, records.StatusAwaitingApproval, records.StatusCompleted, records.StatusFailed, records.StatusStopped}
 
 // ListAgents lists instances, newest launch first. Every client that may
 // read an instance's status may read them all (the runner's tokens are not

@@ -262,8 +262,12 @@ func (h *host) runAgent(ctx context.Context) (int, error) {
 	waited := make(chan error, 1)
 	go func() { waited <- cmd.Wait() }()
 
+	var govern func(context.Context, acp.PermissionRequest) acp.PermissionAnswer
+	if h.s.Permission == acp.PermissionLibrarian {
+		govern = h.askRunner
+	}
 	client := acp.New(stdoutR, stdinW, acp.Options{
-		Dialect: h.s.Protocol, Workspace: h.s.Workspace, Permission: h.s.Permission, AuthMethod: h.s.AuthMethod, MaxLine: h.s.MaxLine,
+		Dialect: h.s.Protocol, Workspace: h.s.Workspace, Permission: h.s.Permission, AuthMethod: h.s.AuthMethod, MaxLine: h.s.MaxLine, Govern: govern,
 		OnUpdate: a.onUpdate,
 		OnDrop:   func(reason string) { h.note(ctx, "dropped a line from the agent: %s", reason) },
 		Logger:   h.log,

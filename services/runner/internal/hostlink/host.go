@@ -80,6 +80,11 @@ type host struct {
 	// stream once everything is acknowledged.
 	finishing chan struct{}
 	finishOne sync.Once
+
+	// permissions are the agent's permission requests the runner has not
+	// answered yet (the librarian policy), by id; permSeq numbers them.
+	permissions map[int64]*pendingPermission
+	permSeq     int64
 }
 
 // RunHost runs agent-host: it links to the runner, then runs the agent and
@@ -101,7 +106,8 @@ func RunHost(ctx context.Context, o HostOptions) (int, error) {
 	_, _ = rand.Read(id[:])
 	h := &host{o: o, s: o.Settings, log: o.Logger.With("instance_id", o.Settings.InstanceID, "launch", o.Settings.Launch),
 		tracer: o.Tracer, buf: newEventBuffer(o.Settings.BufferBytes), hostID: hex.EncodeToString(id[:]),
-		cmdKick: make(chan struct{}, 1), welcomed: make(chan struct{}), refused: make(chan error, 1), finishing: make(chan struct{})}
+		cmdKick: make(chan struct{}, 1), welcomed: make(chan struct{}), refused: make(chan error, 1), finishing: make(chan struct{}),
+		permissions: map[int64]*pendingPermission{}}
 	h.agent = newAgentRun(h)
 	ctx, span := h.tracer.Start(ctx, "agent-host")
 	defer span.End()
@@ -280,6 +286,7 @@ func (h *host) stream(ctx context.Context) (welcomed, done bool, err error) {
 		// and it has not seen the session come up.
 		if h.linkID != "" {
 			go h.agent.resendReady(ctx)
+			go h.resendPermissions(ctx)
 		}
 		h.linkID, h.lastCmd = w.GetLinkId(), 0
 	}
@@ -398,6 +405,8 @@ func (h *host) command(ctx context.Context, linkID string, c *runnerv1.HostComma
 		a.cancel(ctx, k.Cancel)
 	case *runnerv1.HostCommand_Close:
 		a.close(ctx)
+	case *runnerv1.HostCommand_PermissionAnswer:
+		h.answered(k.PermissionAnswer)
 	}
 	select {
 	case h.cmdKick <- struct{}{}:

@@ -10,6 +10,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -98,6 +99,19 @@ type LinkOptions struct {
 	// OnLog gets the agent's stderr lines (stream "stderr") and
 	// agent-host's notes (stream "host").
 	OnLog func(stream, text string)
+	// OnPermission decides the agent's permission requests under the
+	// librarian policy; it may take as long as a person does (it runs on
+	// a goroutine of its own, once per request). Nil refuses them.
+	OnPermission func(ctx context.Context, req PermissionRequest) acp.PermissionAnswer
+}
+
+// PermissionRequest is a permission request agent-host relayed: the
+// request's params as the agent sent them, and its workspace in the pod.
+type PermissionRequest struct {
+	Params    json.RawMessage
+	Workspace string
+	// Turn is the durable number of the turn that asks (0: none runs).
+	Turn int64
 }
 
 // Expect registers launch of instanceID: its host's Connect is accepted
@@ -111,9 +125,14 @@ func (h *Hub) Expect(instanceID string, launch int64, opts LinkOptions) *Link {
 	if opts.OnLog == nil {
 		opts.OnLog = func(string, string) {}
 	}
+	if opts.OnPermission == nil {
+		opts.OnPermission = func(context.Context, PermissionRequest) acp.PermissionAnswer {
+			return acp.PermissionAnswer{Meta: map[string]any{"decision": "unavailable", "reason": "the runner decides no permission requests for this launch"}}
+		}
+	}
 	var b [16]byte
 	_, _ = rand.Read(b[:])
-	l := &Link{hub: h, instanceID: instanceID, launch: launch, id: hex.EncodeToString(b[:]), opts: opts,
+	l := &Link{hub: h, instanceID: instanceID, launch: launch, id: hex.EncodeToString(b[:]), opts: opts, asking: map[permKey]bool{},
 		readyCh: make(chan struct{}), done: make(chan struct{}), ended: map[int64]turnResult{}, waiters: map[int64][]chan turnResult{},
 		prompted: map[int64]bool{}, applied: make(chan struct{})}
 	h.mu.Lock()

@@ -2,6 +2,7 @@ package hostlink
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"sync"
@@ -89,6 +90,16 @@ type Link struct {
 	ended    map[int64]turnResult
 	endOrder []int64
 	waiters  map[int64][]chan turnResult
+
+	// asking holds the permission requests being decided, so that one
+	// agent-host sends again (on a new stream) is decided once.
+	asking map[permKey]bool
+}
+
+// permKey names a permission request: its agent-host process and id.
+type permKey struct {
+	hostID string
+	id     int64
 }
 
 // linkTurn is a turn begun: a cancel before its prompt is sent keeps the
@@ -526,6 +537,8 @@ func (l *Link) event(ctx context.Context, e *runnerv1.HostEvent) {
 		}
 		delete(l.waiters, n)
 		l.mu.Unlock()
+	case *runnerv1.HostEvent_PermissionRequest:
+		l.permission(ctx, k.PermissionRequest)
 	case *runnerv1.HostEvent_Exited:
 		x := k.Exited
 		l.mu.Lock()
@@ -536,4 +549,41 @@ func (l *Link) event(ctx context.Context, e *runnerv1.HostEvent) {
 		l.finish()
 		l.hub.tombstone(l, "the agent exited")
 	}
+}
+
+// permission decides a permission request on a goroutine of its own (a
+// person may take hours; events go on meanwhile), once per request, and
+// queues the answer as a command.
+func (l *Link) permission(ctx context.Context, p *runnerv1.PermissionRequest) {
+	l.mu.Lock()
+	key := permKey{l.hostID, p.GetId()}
+	if l.asking[key] || l.gone() != nil {
+		l.mu.Unlock()
+		return
+	}
+	l.asking[key] = true
+	l.mu.Unlock()
+	// Not the stream's context (a reconnect must not end the wait), but
+	// the link's: its end (the agent gone, the launch detached) ends it.
+	ctx, cancel := context.WithCancel(traceContext(context.WithoutCancel(ctx), p.GetTraceparent()))
+	go func() {
+		select {
+		case <-l.done:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	go func() {
+		defer cancel()
+		a := l.opts.OnPermission(ctx, PermissionRequest{Params: p.GetParams(), Workspace: p.GetWorkspace(), Turn: p.GetTurn()})
+		meta, _ := json.Marshal(a.Meta)
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		delete(l.asking, key)
+		if l.gone() != nil {
+			return
+		}
+		l.queue(&runnerv1.HostCommand{Kind: &runnerv1.HostCommand_PermissionAnswer{PermissionAnswer: &runnerv1.PermissionAnswer{
+			Id: key.id, HostId: key.hostID, Allow: a.Allow, Meta: meta}}})
+	}()
 }

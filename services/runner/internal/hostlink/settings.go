@@ -24,7 +24,7 @@ type Settings struct {
 	Launch     int64  `env:"CONCLAVE_AGENT_HOST_LAUNCH" help:"the instance's launch number (required, at least 1)"`
 	Protocol   string `env:"CONCLAVE_AGENT_HOST_PROTOCOL" help:"the agent's dialect: acp, kandev, legacy, or empty to detect"`
 	SessionID  string `env:"CONCLAVE_AGENT_HOST_SESSION_ID" help:"a session to resume with session/load (empty: session/new)"`
-	Permission string `env:"CONCLAVE_AGENT_HOST_PERMISSION" default:"deny" help:"how session/request_permission is answered: allow, deny or allow_always"`
+	Permission string `env:"CONCLAVE_AGENT_HOST_PERMISSION" default:"deny" help:"how session/request_permission is answered: allow, deny, allow_always, or librarian (the runner decides each, asking the Librarian)"`
 	AuthMethod string `env:"CONCLAVE_AGENT_HOST_AUTH_METHOD" help:"the ACP authMethods id to authenticate with before the session opens, when the agent offers authMethods (the agent type's auth_method)"`
 	Workspace  string `env:"CONCLAVE_AGENT_HOST_WORKSPACE" help:"the agent's working directory, to which fs/* requests are confined (empty: the current directory, and fs/* refused)"`
 	// LaunchEnv and LaunchEnvAllowed are set by the Kubernetes executor:
@@ -67,9 +67,9 @@ func (s Settings) Validate() error {
 		errs = append(errs, fmt.Errorf("CONCLAVE_AGENT_HOST_PROTOCOL: %q is not acp, kandev, legacy or empty", s.Protocol))
 	}
 	switch s.Permission {
-	case "allow", "deny", "allow_always":
+	case "allow", "deny", "allow_always", acp.PermissionLibrarian:
 	default:
-		errs = append(errs, fmt.Errorf("CONCLAVE_AGENT_HOST_PERMISSION: %q is not allow, deny or allow_always", s.Permission))
+		errs = append(errs, fmt.Errorf("CONCLAVE_AGENT_HOST_PERMISSION: %q is not allow, deny, allow_always or librarian", s.Permission))
 	}
 	if s.Workspace != "" && !strings.HasPrefix(s.Workspace, "/") {
 		errs = append(errs, fmt.Errorf("CONCLAVE_AGENT_HOST_WORKSPACE: %q is not an absolute path", s.Workspace))

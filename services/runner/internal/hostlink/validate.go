@@ -1,8 +1,10 @@
 package hostlink
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
+	"path/filepath"
 	"time"
 
 	runnerv1 "github.com/conclave-ai/conclave/proto/conclave/runner/v1"
@@ -90,6 +92,19 @@ func checkEvent(e *runnerv1.HostEvent) error {
 	case *runnerv1.HostEvent_TurnEnded:
 		if k.TurnEnded.GetTurn() < 1 {
 			return fmt.Errorf("event %d: turn_ended.turn must be at least 1, not %d", e.GetSeq(), k.TurnEnded.GetTurn())
+		}
+		return nil
+	case *runnerv1.HostEvent_PermissionRequest:
+		p := k.PermissionRequest
+		switch {
+		case p.GetId() < 1:
+			return fmt.Errorf("event %d: permission_request.id must be at least 1, not %d", e.GetSeq(), p.GetId())
+		case !json.Valid(p.GetParams()) || len(p.GetParams()) == 0 || p.GetParams()[0] != '{':
+			return fmt.Errorf("event %d: permission_request.params must be a JSON object", e.GetSeq())
+		case p.GetWorkspace() != "" && !filepath.IsAbs(p.GetWorkspace()):
+			return fmt.Errorf("event %d: permission_request.workspace must be an absolute path", e.GetSeq())
+		case p.GetTurn() < 0:
+			return fmt.Errorf("event %d: permission_request.turn must not be negative", e.GetSeq())
 		}
 		return nil
 	default:

@@ -1,6 +1,8 @@
 package hostlink
 
 import (
+	"encoding/json"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -71,6 +73,8 @@ func FuzzConnectRequest(f *testing.F) {
 		{Message: &runnerv1.ConnectRequest_Event{Event: &runnerv1.HostEvent{Seq: 2, Kind: &runnerv1.HostEvent_TurnEnded{TurnEnded: &runnerv1.TurnEnded{Turn: 1, StopReason: "end_turn"}}}}},
 		{Message: &runnerv1.ConnectRequest_Event{Event: &runnerv1.HostEvent{Seq: 3, Kind: &runnerv1.HostEvent_Exited{Exited: &runnerv1.Exited{ExitCode: 3}}}}},
 		{Message: &runnerv1.ConnectRequest_CommandAck{CommandAck: &runnerv1.CommandAck{Seq: 4}}},
+		{Message: &runnerv1.ConnectRequest_Event{Event: &runnerv1.HostEvent{Seq: 5, Kind: &runnerv1.HostEvent_PermissionRequest{PermissionRequest: &runnerv1.PermissionRequest{
+			Id: 1, Params: []byte(`{"sessionId":"s","toolCall":{"toolCallId":"c"},"options":[]}`), Workspace: "/workspace"}}}}},
 	} {
 		b, err := proto.Marshal(m)
 		if err != nil {
@@ -99,6 +103,10 @@ func FuzzConnectRequest(f *testing.F) {
 				}
 				if te := e.GetTurnEnded(); te != nil && te.GetTurn() < 1 {
 					t.Fatalf("accepted turn %d", te.GetTurn())
+				}
+				if p := e.GetPermissionRequest(); p != nil && (p.GetId() < 1 || !json.Valid(p.GetParams()) || p.GetParams()[0] != '{' ||
+					p.GetWorkspace() != "" && !filepath.IsAbs(p.GetWorkspace())) {
+					t.Fatalf("accepted a bad permission request: %v", p)
 				}
 			}
 		}

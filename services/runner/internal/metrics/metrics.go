@@ -4,6 +4,7 @@ package metrics
 
 import (
 	"context"
+	"time"
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
@@ -22,6 +23,9 @@ type Metrics struct {
 	forwards     metric.Int64Counter
 	hostConnects metric.Int64Counter
 	hostStreams  metric.Int64UpDownCounter
+	permissions  metric.Int64Counter
+	approvalWait metric.Float64Histogram
+	failClosed   metric.Int64Counter
 }
 
 // New makes the instruments from m.
@@ -37,6 +41,11 @@ func New(m metric.Meter) *Metrics {
 	out.forwards, _ = m.Int64Counter(name("forwarded_requests_total"), metric.WithDescription("Requests for instances another replica runs, forwarded to it, by method and outcome."))
 	out.hostConnects, _ = m.Int64Counter(name("host_connects_total"), metric.WithDescription("agent-host streams opened to this replica (Kubernetes executor), by outcome."))
 	out.hostStreams, _ = m.Int64UpDownCounter(name("host_streams"), metric.WithDescription("agent-host streams attached to a launch on this replica."))
+	out.permissions, _ = m.Int64Counter(name("permission_requests_total"), metric.WithDescription("Permission requests of agents under the librarian policy, by outcome."))
+	out.approvalWait, _ = m.Float64Histogram(name("approval_wait_seconds"), metric.WithUnit("s"),
+		metric.WithDescription("Time permission requests the Librarian escalated waited for a person, by outcome."),
+		metric.WithExplicitBucketBoundaries(1, 5, 15, 60, 300, 900, 3600, 4*3600, 24*3600))
+	out.failClosed, _ = m.Int64Counter(name("permission_fail_closed_total"), metric.WithDescription("Permission requests refused because the Librarian could not answer, by reason."))
 	return out
 }
 
@@ -84,3 +93,22 @@ func (m *Metrics) HostConnect(outcome string) {
 
 // HostStreams moves the attached agent-host streams gauge.
 func (m *Metrics) HostStreams(delta int) { m.hostStreams.Add(bg, int64(delta)) }
+
+// Asked counts a permission request under the librarian policy; outcomes
+// are govern's: approved, rejected, clarification_needed, timeout,
+// unavailable, refused, cancelled.
+func (m *Metrics) Asked(outcome string) {
+	m.permissions.Add(bg, 1, metric.WithAttributes(attribute.String("outcome", outcome)))
+}
+
+// Waited records how long an escalated request waited for a person.
+func (m *Metrics) Waited(d time.Duration, outcome string) {
+	m.approvalWait.Record(bg, d.Seconds(), metric.WithAttributes(attribute.String("outcome", outcome)))
+}
+
+// FailedClosed counts a refusal made because the Librarian could not
+// answer: reasons unavailable (unreachable or failing) and refused (it
+// refused to take the request).
+func (m *Metrics) FailedClosed(reason string) {
+	m.failClosed.Add(bg, 1, metric.WithAttributes(attribute.String("reason", reason)))
+}

@@ -26,7 +26,26 @@ const (
 	StatusCompleted = "completed"
 	StatusFailed    = "failed"
 	StatusStopped   = "stopped"
+	// StatusAwaitingApproval: a turn waits for a person to decide a
+	// permission request the Librarian escalated (Approval says which).
+	StatusAwaitingApproval = "awaiting_approval"
 )
+
+// Approval is a permission request of the instance's agent that waits for
+// a person's decision: the Librarian's request, and when the wait ends. It
+// is kept with the instance so that a runner that restarts mid-wait takes
+// the wait up again with the same request and deadline.
+type Approval struct {
+	RequestID string `json:"request_id"`
+	ReviewURL string `json:"review_url,omitempty"`
+	// Key is the request's idempotency key; Turn the turn that asked.
+	Key        string    `json:"key"`
+	Turn       int       `json:"turn"`
+	ToolCallID string    `json:"tool_call_id,omitempty"`
+	Title      string    `json:"title,omitempty"`
+	Since      time.Time `json:"since"`
+	Deadline   time.Time `json:"deadline"`
+}
 
 // Instance is one launched agent.
 type Instance struct {
@@ -48,6 +67,9 @@ type Instance struct {
 	Dialect   string            `json:"dialect,omitempty"`
 	// Error says why the instance failed.
 	Error string `json:"error,omitempty"`
+	// Approval is the permission request a turn waits on while the status
+	// is awaiting_approval.
+	Approval *Approval `json:"approval,omitempty"`
 	// LaunchSeq numbers launches of this instance (the first and each
 	// resumption); DoneSeq is the last one whose process has ended, so a
 	// redelivered launch message at or below it is already done.

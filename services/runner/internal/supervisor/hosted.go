@@ -2,6 +2,7 @@ package supervisor
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"time"
@@ -18,7 +19,11 @@ import (
 type HostLinks interface {
 	// Expect registers a launch whose agent-host will dial in. Updates and
 	// log lines reach onUpdate and onLog in order, once each.
-	Expect(instanceID string, launch int64, onUpdate func(context.Context, acp.Update), onLog func(stream, text string)) HostLink
+	// onPermission, when not nil, decides the agent's permission requests
+	// (the librarian policy): their params as the agent sent them, its
+	// workspace in the pod, and the durable turn that asks.
+	Expect(instanceID string, launch int64, onUpdate func(context.Context, acp.Update), onLog func(stream, text string),
+		onPermission func(ctx context.Context, params json.RawMessage, workspace string, turn int) acp.PermissionAnswer) HostLink
 	// Spec is agent-host's settings and token for a launch; sessionID is
 	// a session to load, or empty.
 	Spec(instanceID string, launch int64, typ agenttype.Type, sessionID string) executor.HostSpec

@@ -62,7 +62,7 @@ func (ss *session) run(ctx context.Context, in *records.Instance, claim <-chan c
 		}
 		return ss.runOneshot(ctx, typ, env)
 	}
-	link := ss.expectHost()
+	link := ss.expectHost(typ)
 	if link != nil {
 		defer ss.releaseLink(link)
 	}
@@ -225,11 +225,11 @@ func (ss *session) killOnShutdown() (stop func()) {
 // expectHost registers the launch's agent-host, when agents run behind
 // agent-host, and returns the link it will dial in on (nil: none). The
 // caller releases the link unless it attaches it.
-func (ss *session) expectHost() HostLink {
+func (ss *session) expectHost(typ agenttype.Type) HostLink {
 	if ss.s.o.Hosts == nil {
 		return nil
 	}
-	return ss.s.o.Hosts.Expect(ss.launch.ID, int64(ss.seq), ss.onUpdate, ss.log.Add)
+	return ss.s.o.Hosts.Expect(ss.launch.ID, int64(ss.seq), ss.onUpdate, ss.log.Add, ss.hostedGovernor(typ))
 }
 
 // releaseLink lets go of a launch's agent-host link unless the session
@@ -332,6 +332,7 @@ func (ss *session) runStdio(ctx context.Context, proc executor.Process, typ agen
 	}
 	client := acp.New(stdio.Stdout(), stdio.Stdin(), acp.Options{
 		Dialect: typ.Protocol, Workspace: ss.launch.Workspace, Permission: typ.Permission, AuthMethod: typ.AuthMethod, MaxLine: o.MaxLine,
+		Govern:   ss.governor(typ, ss.launch.Workspace, ss.launch.Workspace),
 		OnUpdate: ss.onUpdate, OnDrop: o.Metrics.Drop, Logger: ss.s.log.With("instance_id", ss.launch.ID),
 	})
 	defer client.Close()

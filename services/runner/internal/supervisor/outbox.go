@@ -186,5 +186,8 @@ func statusPayload(in *records.Instance) map[string]any {
 	if in.Error != "" {
 		p["error"] = in.Error
 	}
+	if a := in.Approval; a != nil && in.Status == records.StatusAwaitingApproval {
+		p["review_url"], p["approval_request_id"], p["approval_deadline"] = a.ReviewURL, a.RequestID, a.Deadline.Format(time.RFC3339)
+	}
 	return p
 }

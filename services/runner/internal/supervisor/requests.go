@@ -171,7 +171,7 @@ func (s *Supervisor) cancelStored(ctx context.Context, id, reason string, unclai
 		if in.PendingTurn() {
 			in.CancelTurn = in.Turn
 		}
-		in.Status, in.FinishedAt, in.Error = records.StatusStopped, time.Now().UTC(), "cancelled: "+reason
+		in.Status, in.FinishedAt, in.Error, in.Approval = records.StatusStopped, time.Now().UTC(), "cancelled: "+reason, nil
 		if queued || stranded {
 			// Nothing runs it: the turn ends here, and a queued message
 			// is dropped as done.

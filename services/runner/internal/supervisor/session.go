@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.opentelemetry.io/otel/trace"
@@ -98,6 +99,18 @@ type session struct {
 	ending bool
 	// launchSpan is the worker's span, which updates join.
 	launchSpan trace.SpanContext
+	// curTurn is the durable number of the turn in progress; said is what
+	// the agent said in it since its last tool call, saidBefore what it
+	// said before that call (the stated reasons of its permission
+	// requests).
+	curTurn          int
+	said, saidBefore string
+	// turnCtx ends with the turn in progress: a hosted agent's permission
+	// request waits no longer.
+	turnCtx context.Context
+	// asking counts the agent's permission requests being decided: an
+	// agent waiting on its answer is not silent.
+	asking atomic.Int32
 }
 
 func newSession(s *Supervisor, in *records.Instance, m queue.Message, seq int) *session {

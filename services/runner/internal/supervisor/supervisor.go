@@ -73,6 +73,9 @@ type Options struct {
 	// TracerProvider makes the workers' consumer spans.
 	TracerProvider trace.TracerProvider
 	Metrics        Metrics
+	// Governor decides the permission requests of agent types under the
+	// librarian policy (nil: they are refused, failing closed).
+	Governor Governor
 	// BeforeEventSend, when set, sees each envelope before it is sent (a
 	// test's crash point).
 	BeforeEventSend func(*eventsv1.Envelope)

@@ -165,12 +165,23 @@ func (ss *session) turn(ctx context.Context, client conversation, p pendingPromp
 		ss.setStatusBeside(ctx, func(in *records.Instance) {
 			start(in)
 			in.Status, in.Progress, in.FinishedAt, in.Error = records.StatusRunning, 0, time.Time{}, ""
+			if a := in.Approval; a != nil && a.Turn == p.turn {
+				// The turn is taken up after a restart, its permission
+				// request still waiting for a person (the agent asks
+				// again, and the wait goes on).
+				in.Status = records.StatusAwaitingApproval
+			}
 		})
 	}
 	var (
 		t   acp.Turn
 		err error
 	)
+	turnCtx, endTurn := context.WithCancel(context.WithoutCancel(ctx))
+	defer endTurn()
+	ss.mu.Lock()
+	ss.curTurn, ss.said, ss.saidBefore, ss.turnCtx = p.turn, "", "", turnCtx
+	ss.mu.Unlock()
 	stopWatch := ss.watchSilence(client)
 	if d, ok := client.(durableTurns); ok {
 		t, err = d.PromptTurn(ctx, int64(p.turn), p.message, ss.s.o.ProtocolTimeout)
@@ -207,7 +218,7 @@ func (ss *session) turn(ctx context.Context, client conversation, p pendingPromp
 		status, errText = records.StatusFailed, why
 	}
 	ss.setStatus(ctx, func(in *records.Instance) {
-		in.Status, in.Error, in.FinishedAt = status, errText, time.Now().UTC()
+		in.Status, in.Error, in.FinishedAt, in.Approval = status, errText, time.Now().UTC(), nil
 		if status == records.StatusCompleted {
 			in.Progress = 100
 		}
@@ -244,6 +255,7 @@ func (ss *session) onUpdate(ctx context.Context, u acp.Update) {
 		return
 	}
 	ss.s.o.Metrics.Update(u.Kind)
+	ss.noteSaid(u)
 	text := u.Kind
 	if u.ToolName != "" || u.ToolCallID != "" {
 		text += " " + firstNonEmpty(u.ToolName, u.ToolCallID)
@@ -314,6 +326,11 @@ func (ss *session) watchSilence(client conversation) (stop func()) {
 			last := h.LastHeard()
 			if last.Before(since) {
 				last = since
+			}
+			if ss.asking.Load() > 0 {
+				// The agent waits on our answer to its permission
+				// request (a person may take long): it is not silent.
+				since, last = time.Now(), time.Now()
 			}
 			if quiet := time.Since(last); quiet < limit {
 				check.Reset(limit - quiet)

@@ -262,6 +262,14 @@ function logs() {
     document.getElementById('status').textContent = s.status;
     document.getElementById('progress').textContent = String(s.progress);
     document.getElementById('finished').textContent = s.finished;
+    // A turn waiting for a person's decision on an escalated permission
+    // request: the banner links to the review (an http(s) URL only).
+    const approval = document.getElementById('approval-banner');
+    if (approval) {
+      const waiting = s.status === 'awaiting_approval';
+      approval.hidden = !waiting;
+      if (waiting && /^https?:\/\//.test(s.review_url ?? '')) document.getElementById('approval-review').href = s.review_url;
+    }
   });
   src.addEventListener('end', (e) => {
     state.textContent = `(${JSON.parse(e.data).message})`;
