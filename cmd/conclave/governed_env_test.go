@@ -185,7 +185,7 @@ func startGoverned(t *testing.T, o governedOptions) *governedEnv {
 		t.Cleanup(srv.Close)
 		e.storage = config.Storage{Backend: config.BackendAWS, AWSEndpoint: srv.URL, AWSRegion: "us-east-1"}
 	}
-	st, err := store.Open(ctx, e.storage, "")
+	st, err := store.Open(ctx, e.storage)
 	if err != nil {
 		t.Fatal(err)
 	}
