@@ -11,6 +11,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -198,13 +199,8 @@ func startGoverned(t *testing.T, o governedOptions) *governedEnv {
 	if err := store.EnsureTables(ctx, st, append(librarian.Tables, bus.Tables...)...); err != nil {
 		t.Fatal(err)
 	}
-	if err := bus.EnsureQueues(ctx, q); err != nil {
+	if err := queue.EnsureAll(ctx, q, slices.Concat(bus.Queues, librarian.Queues)...); err != nil {
 		t.Fatal(err)
-	}
-	for _, d := range librarian.Queues {
-		if err := q.Ensure(ctx, d); err != nil {
-			t.Fatal(err)
-		}
 	}
 	tel, err := telemetry.New(ctx, telemetry.Config{ServiceName: "governed-test"})
 	if err != nil {
