@@ -28,6 +28,7 @@ import (
 	runnerv1 "github.com/conclave-ai/conclave/proto/conclave/runner/v1"
 	"github.com/conclave-ai/conclave/services/runner/internal/agenttype"
 	"github.com/conclave-ai/conclave/services/runner/internal/api"
+	"github.com/conclave-ai/conclave/services/runner/internal/covenlink"
 	"github.com/conclave-ai/conclave/services/runner/internal/executor"
 	"github.com/conclave-ai/conclave/services/runner/internal/hostlink"
 	"github.com/conclave-ai/conclave/services/runner/internal/metrics"
@@ -63,6 +64,12 @@ type Config struct {
 	// AllowedHosts are answered besides loopback names while the runner
 	// runs without authentication.
 	AllowedHosts []string `env:"CONCLAVE_RUNNER_ALLOWED_HOSTS" help:"comma-separated Host names the HTTP listener answers besides localhost, 127.0.0.1 and [::1] while it runs without authentication"`
+
+	// GatewayAddr is the coven gateway's AgentStream endpoint, its load
+	// balancer: agents whose type or launch asks for it register there.
+	GatewayAddr string `env:"CONCLAVE_RUNNER_GATEWAY_ADDR" help:"the coven gateway's AgentStream address (host:port of its load-balanced endpoint, or a gRPC target such as dns:///gateway:50051) agents with gateway: true register at; empty: none do"`
+	// GatewayToken authenticates those registrations: a secret.
+	GatewayToken string `env:"CONCLAVE_RUNNER_GATEWAY_TOKEN" help:"bearer token the runner's agents present to the gateway: the token of a pattern entry of the gateway's CONCLAVE_GATEWAY_AGENT_TOKENS (*=token, or prefix*=token)"`
 
 	Executor string `env:"CONCLAVE_RUNNER_EXECUTOR" default:"local" help:"where agents run: local (a process group on this host, spoken to over stdio) or kubernetes (a Job per launch, behind agent-host; docs/runner.md)"`
 	// HostKey signs the per-instance tokens agent-host presents: a secret.
@@ -141,6 +148,11 @@ func (c Config) Validate() error {
 	if _, err := agenttype.Load(c.AgentTypesFile); err != nil {
 		return fmt.Errorf("CONCLAVE_RUNNER_AGENT_TYPES: %w", err)
 	}
+	if c.GatewayToken != "" {
+		if err := auth.CheckTokens("CONCLAVE_RUNNER_GATEWAY_TOKEN", c.GatewayToken); err != nil {
+			return err
+		}
+	}
 	switch c.Executor {
 	case ExecutorLocal:
 	case ExecutorKubernetes:
@@ -206,6 +218,9 @@ type Deps struct {
 	// sent to the events queue: a crash point for tests (cmd/runner sets
 	// it only under CONCLAVE_RUNNER_TEST_CRASHPOINT).
 	BeforeEventSend func(*eventsv1.Envelope)
+	// GatewayDialOptions are added to the dial of CONCLAVE_RUNNER_GATEWAY_ADDR
+	// (conclave dev: a dialer that waits for its gateway's listener).
+	GatewayDialOptions []grpc.DialOption
 }
 
 // Runner is a configured, not yet running, runner.
@@ -221,6 +236,8 @@ type Runner struct {
 	// records, with the local executor and Deps.ProcessDir: closed once
 	// the agents have stopped.
 	records *executor.ProcessRecords
+	// gateway is the connection to the coven gateway, if there is one.
+	gateway *grpc.ClientConn
 }
 
 // New builds the runner. The store's Tables and the Queues must exist.
@@ -285,6 +302,17 @@ func New(cfg Config, deps Deps, opts ...server.Option) (*Runner, error) {
 	}
 	if hosts != nil {
 		supOpts.Hosts, supOpts.HostStartTimeout, supOpts.HostExitGrace = hosts, cfg.HostStartTimeout, cfg.HostExitGrace
+	}
+	if cfg.GatewayAddr != "" {
+		// One connection for every agent's stream; the gateway's load
+		// balancer spreads connections, not streams, so the runner's
+		// agents share a replica until it goes, then move together.
+		r.gateway, err = grpc.NewClient(cfg.GatewayAddr, append([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())},
+			deps.GatewayDialOptions...)...)
+		if err != nil {
+			return nil, fmt.Errorf("CONCLAVE_RUNNER_GATEWAY_ADDR: %w", err)
+		}
+		supOpts.Gateway, supOpts.GatewayHost = covenlink.NewRegistrar(r.gateway, cfg.GatewayToken, logger), serverID
 	}
 	sup := supervisor.New(supOpts)
 
@@ -432,6 +460,10 @@ func (r *Runner) Run(ctx context.Context) error {
 	if r.records != nil {
 		// The supervisor has stopped its agents.
 		_ = r.records.Close()
+	}
+	if r.gateway != nil {
+		// Its agents have deregistered.
+		_ = r.gateway.Close()
 	}
 	return err
 }

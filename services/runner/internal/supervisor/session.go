@@ -5,11 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/conclave-ai/conclave/pkg/queue"
+	"github.com/conclave-ai/conclave/services/runner/internal/covenlink"
 	"github.com/conclave-ai/conclave/services/runner/internal/executor"
 	"github.com/conclave-ai/conclave/services/runner/internal/records"
 )
@@ -98,6 +100,11 @@ type session struct {
 	ending bool
 	// launchSpan is the worker's span, which updates join.
 	launchSpan trace.SpanContext
+	// coven is the agent's registration at the gateway, if it has one;
+	// curTurn is the number of the turn in progress, whose updates go
+	// there.
+	coven   *covenlink.Link
+	curTurn atomic.Int64
 }
 
 func newSession(s *Supervisor, in *records.Instance, m queue.Message, seq int) *session {
@@ -110,6 +117,12 @@ var errClaimLost = errors.New("the launch was taken over by another delivery")
 
 // prompt stores a prompt for the live agent and hands it over.
 func (ss *session) prompt(ctx context.Context, message string) error {
+	return ss.promptAccepted(ctx, message, nil)
+}
+
+// promptAccepted is prompt, calling accepted, if set, with the turn's
+// number once it is stored, before the turn can begin.
+func (ss *session) promptAccepted(ctx context.Context, message string, accepted func(turn int)) error {
 	ss.mu.Lock()
 	client := ss.client
 	switch {
@@ -150,6 +163,9 @@ func (ss *session) prompt(ctx context.Context, message string) error {
 	}
 	// The prompt is stored: from here it is run, by this session or, if it
 	// is ending, by the launch handle resumes after it.
+	if accepted != nil {
+		accepted(in.Turn)
+	}
 	ss.prompts <- pendingPrompt{turn: in.Turn, message: message}
 	return nil
 }
