@@ -373,3 +373,112 @@ func TestGatewayCancelAndKill(t *testing.T) {
 }
 
 func lastOf(events []*covenpb.MessageResponse) *covenpb.MessageResponse { return events[len(events)-1] }
+
+// TestGatewayReplicas runs two gateway replicas on one store (dynalite)
+// behind a load balancer (nginx), and the runner's agent registered
+// through it. The replica holding the agent is stopped mid-turn:
+//   - gracefully (SIGTERM): its Shutdown lets the turn end, so the client
+//     gets done, and the agent registers again on the other replica;
+//   - killed (SIGKILL): the client's request fails (UNAVAILABLE) as the
+//     gateway says of an agent gone, the turn is not lost (it ends
+//     completed in the runner), and once the dead replica's lease has
+//     expired the agent is registered again, under the same id, on the
+//     other replica, and answers.
+func TestGatewayReplicas(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs node, dynalite, nginx and two gateways")
+	}
+	t.Parallel()
+	ctx := context.Background()
+	dyn, err := testenv.Dynalite(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(dyn.Stop)
+	for _, tt := range []struct {
+		name   string
+		signal syscall.Signal
+	}{
+		{"shutdown", syscall.SIGTERM},
+		{"killed", syscall.SIGKILL},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			env := []string{"CONCLAVE_BACKEND=aws", "CONCLAVE_AWS_ENDPOINT=" + dyn.Endpoint, "CONCLAVE_TABLE_PREFIX=" + tt.name + "-",
+				"AWS_ACCESS_KEY_ID=test", "AWS_SECRET_ACCESS_KEY=test", "AWS_REGION=us-east-1", "CONCLAVE_GATEWAY_LEASE=2s"}
+			replicas := map[string]*gatewayProc{"gw-a": startGateway(t, "gw-a", env...), "gw-b": startGateway(t, "gw-b", env...)}
+			lb, err := testenv.NginxGRPC(ctx, t.TempDir(), []string{replicas["gw-a"].grpcAddr, replicas["gw-b"].grpcAddr}, "2s")
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(lb.Stop)
+			r := startRunner(t, map[string]string{"CONCLAVE_RUNNER_GATEWAY_ADDR": lb.Addr, "CONCLAVE_RUNNER_GATEWAY_TOKEN": gwAgentToken})
+			const id = "moving-agent"
+			in := r.launchOnGateway(t, "npm-example", id)
+			holder := awaitAgent(t, gatewayClient(t, lb.Addr), id, true).GetServerId()
+			var survivor *gatewayProc
+			for name, g := range replicas {
+				if name != holder {
+					survivor = g
+				}
+			}
+			if survivor == nil {
+				t.Fatalf("the agent is held by %q, not one of the replicas", holder)
+			}
+
+			// The message goes straight to the holder, so that the one
+			// replica stopped is the one the request is on.
+			holderGW := gatewayClient(t, replicas[holder].grpcAddr)
+			sctx, cancel := context.WithTimeout(ctx, 90*time.Second)
+			defer cancel()
+			st, err := holderGW.SendMessage(sctx, &gatewayv1.SendMessageRequest{AgentId: id, Content: "improve the config"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			var (
+				events  []string
+				endErr  error
+				stopped bool
+			)
+			for {
+				m, err := st.Recv()
+				if err != nil {
+					endErr = err
+					break
+				}
+				if e := m.GetEvent(); e != nil {
+					events = append(events, describe(e))
+					if !stopped {
+						stopped = true
+						_ = replicas[holder].cmd.Process.Signal(tt.signal)
+					}
+					if _, done := e.GetEvent().(*covenpb.MessageResponse_Done); done {
+						break
+					}
+				}
+			}
+			switch tt.signal {
+			case syscall.SIGTERM:
+				if endErr != nil || len(events) == 0 || !strings.HasPrefix(events[len(events)-1], "done: ") {
+					t.Fatalf("a request on a replica shutting down ended %v; events %q\n%s", endErr, events, replicas[holder].out.String())
+				}
+			case syscall.SIGKILL:
+				if endErr == nil {
+					t.Fatalf("a request on a killed replica ended without an error; events %q", events)
+				}
+			}
+			// The turn itself went on in the runner.
+			if st := r.waitStatus(t, in.ID, "completed", "failed", "stopped"); st.Status != "completed" {
+				t.Fatalf("the turn ended %+v", st)
+			}
+			<-replicas[holder].done
+			a := awaitAgent(t, gatewayClient(t, survivor.grpcAddr), id, true)
+			if a.GetServerId() != survivor.id {
+				t.Fatalf("registered again on %q, want %q", a.GetServerId(), survivor.id)
+			}
+			if last := describe(lastOf(send(t, gatewayClient(t, lb.Addr), id, "", "still there?", nil))); !strings.HasPrefix(last, "done: ") {
+				t.Fatalf("after the move, a message ended %q", last)
+			}
+			r.waitLog(t, in.ID, "registered at the gateway as coven agent moving-agent (replica "+survivor.id+")")
+		})
+	}
+}
