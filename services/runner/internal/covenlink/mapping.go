@@ -15,6 +15,9 @@ const maxToolJSON = 64 << 10
 // mapUpdate is the coven events of one update of a turn (none for the
 // updates coven has no event for: plans, commands, modes, usage...).
 func mapUpdate(u acp.Update) []*covenpb.MessageResponse {
+	// What the agent wrote goes into proto strings, which must be UTF-8;
+	// a JSON escape of a lone surrogate would not be.
+	u.Text, u.ToolCallID, u.ToolName = utf8Only(u.Text), utf8Only(u.ToolCallID), utf8Only(u.ToolName)
 	switch u.Kind {
 	case acp.KindContent:
 		if u.Text == "" {
@@ -33,7 +36,7 @@ func mapUpdate(u acp.Update) []*covenpb.MessageResponse {
 			input = clip(string(tc.RawInput))
 		}
 		return []*covenpb.MessageResponse{{Event: &covenpb.MessageResponse_ToolUse{ToolUse: &covenpb.ToolUse{
-			Id: u.ToolCallID, Name: firstNonEmpty(u.ToolName, tc.Kind, "tool"), InputJson: input}}}}
+			Id: u.ToolCallID, Name: firstNonEmpty(u.ToolName, utf8Only(tc.Kind), "tool"), InputJson: input}}}}
 	case acp.KindToolCallUpdate:
 		tc := toolCallOf(u)
 		if out, ok := tc.output(); ok {
@@ -49,7 +52,7 @@ func mapUpdate(u acp.Update) []*covenpb.MessageResponse {
 		// the tool waits for it.
 		if id := permissionToolCall(u); id != "" {
 			return []*covenpb.MessageResponse{{Event: &covenpb.MessageResponse_ToolState{ToolState: &covenpb.ToolStateUpdate{
-				Id: id, State: covenpb.ToolState_TOOL_STATE_AWAITING_APPROVAL}}}}
+				Id: utf8Only(id), State: covenpb.ToolState_TOOL_STATE_AWAITING_APPROVAL}}}}
 		}
 	}
 	return nil
@@ -125,7 +128,9 @@ func permissionToolCall(u acp.Update) string {
 // clip cuts s to maxToolJSON bytes, dropping a rune cut in two.
 func clip(s string) string {
 	if len(s) <= maxToolJSON {
-		return s
+		return utf8Only(s)
 	}
 	return strings.ToValidUTF8(s[:maxToolJSON], "")
 }
+
+func utf8Only(s string) string { return strings.ToValidUTF8(s, "\uFFFD") }
