@@ -482,3 +482,41 @@ func TestGatewayReplicas(t *testing.T) {
 		})
 	}
 }
+
+// TestGatewayResumedWithSessionLoad: an agent that idles out leaves the
+// gateway with its process; a prompt resumes the instance in a new
+// process with session/load, and it registers again under the same id and
+// answers through the gateway in the loaded session.
+func TestGatewayResumedWithSessionLoad(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs agent processes and the gateway")
+	}
+	t.Parallel()
+	g := startGateway(t, "gw-1")
+	r := startRunner(t, map[string]string{"CONCLAVE_RUNNER_GATEWAY_ADDR": g.grpcAddr, "CONCLAVE_RUNNER_GATEWAY_TOKEN": gwAgentToken,
+		"CONCLAVE_RUNNER_IDLE_TIMEOUT": "2s"})
+	gw := gatewayClient(t, g.grpcAddr)
+	in := r.launchOnGateway(t, "acp-normal", "resumable")
+	awaitAgent(t, gw, "resumable", true)
+	if last := describe(lastOf(send(t, gw, "resumable", "", "first", nil))); !strings.HasPrefix(last, "done: Working on: first") {
+		t.Fatalf("the first message ended %q", last)
+	}
+	var sess struct {
+		SessionID string `json:"session_id"`
+	}
+	r.do(t, "GET", "/api/v1/agents/"+in.ID+"/session", nil, &sess)
+	// Idle for 2s: the process ends, and the agent leaves the gateway.
+	r.waitLog(t, in.ID, "idle for 2s")
+	awaitAgent(t, gw, "resumable", false)
+
+	var ok struct{ Accepted bool }
+	if code := r.do(t, "POST", "/api/v1/agents/"+in.ID+"/prompt", map[string]string{"message": "resume"}, &ok); code != http.StatusOK {
+		t.Fatalf("prompt: HTTP %d", code)
+	}
+	r.waitLog(t, in.ID, "acp-agent: loaded session "+sess.SessionID)
+	awaitAgent(t, gw, "resumable", true)
+	r.waitStatus(t, in.ID, "completed")
+	if last := describe(lastOf(send(t, gw, "resumable", "", "second", nil))); !strings.HasPrefix(last, "done: Working on: second") {
+		t.Fatalf("the resumed agent's message ended %q", last)
+	}
+}
