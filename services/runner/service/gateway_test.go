@@ -278,7 +278,7 @@ func TestGatewayMapping(t *testing.T) {
 	if st := r.waitStatus(t, in.ID, "completed", "failed", "stopped"); st.Status != "completed" {
 		t.Errorf("the turn ended %+v", st)
 	}
-	r.waitLog(t, in.ID, `gateway request`)
+	r.waitLogWithin(t, in.ID, `gateway request`, time.Minute)
 
 	// REST with Server-Sent Events reaches the same agent.
 	req, _ := http.NewRequest("POST", "http://"+g.httpAddr+"/v1/agents/npm-example-on-gateway/messages",
@@ -335,7 +335,7 @@ func TestGatewayCancelAndKill(t *testing.T) {
 	if last := describe(events[len(events)-1]); last != "cancelled: changed my mind" {
 		t.Fatalf("a cancelled request ended %q; events %q", last, describeAll(events))
 	}
-	r.waitLog(t, in.ID, "cancel requested: changed my mind")
+	r.waitLogWithin(t, in.ID, "cancel requested: changed my mind", time.Minute)
 	if st := r.waitStatus(t, in.ID, "stopped", "failed", "completed"); st.Status != "stopped" {
 		t.Fatalf("after the cancel %+v", st)
 	}
@@ -478,7 +478,7 @@ func TestGatewayReplicas(t *testing.T) {
 			if last := describe(lastOf(send(t, gatewayClient(t, lb.Addr), id, "", "still there?", nil))); !strings.HasPrefix(last, "done: ") {
 				t.Fatalf("after the move, a message ended %q", last)
 			}
-			r.waitLog(t, in.ID, "registered at the gateway as coven agent moving-agent (replica "+survivor.id+")")
+			r.waitLogWithin(t, in.ID, "registered at the gateway as coven agent moving-agent (replica "+survivor.id+")", time.Minute)
 		})
 	}
 }
@@ -506,17 +506,47 @@ func TestGatewayResumedWithSessionLoad(t *testing.T) {
 	}
 	r.do(t, "GET", "/api/v1/agents/"+in.ID+"/session", nil, &sess)
 	// Idle for 2s: the process ends, and the agent leaves the gateway.
-	r.waitLog(t, in.ID, "idle for 2s")
+	r.waitLogWithin(t, in.ID, "idle for 2s", time.Minute)
 	awaitAgent(t, gw, "resumable", false)
 
 	var ok struct{ Accepted bool }
 	if code := r.do(t, "POST", "/api/v1/agents/"+in.ID+"/prompt", map[string]string{"message": "resume"}, &ok); code != http.StatusOK {
 		t.Fatalf("prompt: HTTP %d", code)
 	}
-	r.waitLog(t, in.ID, "acp-agent: loaded session "+sess.SessionID)
+	r.waitLogWithin(t, in.ID, "acp-agent: loaded session "+sess.SessionID, time.Minute)
 	awaitAgent(t, gw, "resumable", true)
 	r.waitStatus(t, in.ID, "completed")
 	if last := describe(lastOf(send(t, gw, "resumable", "", "second", nil))); !strings.HasPrefix(last, "done: Working on: second") {
 		t.Fatalf("the resumed agent's message ended %q", last)
+	}
+}
+
+// TestGatewayRefusal: a gateway that refuses the runner's token, or an
+// id listed with a token of its own, is not retried; the instance's log
+// says so, and the instance works on through the runner's API.
+func TestGatewayRefusal(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs agent processes and the gateway")
+	}
+	t.Parallel()
+	// "listed" has a token of its own: the pattern's token cannot open it.
+	g := startGateway(t, "gw-1", "CONCLAVE_GATEWAY_AGENT_TOKENS=listed=listed-agent-secret-0123456789,*="+gwAgentToken)
+	for _, tt := range []struct {
+		name, token, agentID, want string
+	}{
+		{"wrong token", "not-the-runner-token-0123456789", "", "the gateway refused the agent: invalid token"},
+		{"an id with a token of its own", gwAgentToken, "listed", `the gateway refused the agent: invalid token for agent "listed"`},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			r := startRunner(t, map[string]string{"CONCLAVE_RUNNER_GATEWAY_ADDR": g.grpcAddr, "CONCLAVE_RUNNER_GATEWAY_TOKEN": tt.token})
+			in := r.launchOnGateway(t, "acp-normal", tt.agentID)
+			r.waitLogWithin(t, in.ID, tt.want, time.Minute)
+			var ok struct{ Accepted bool }
+			if code := r.do(t, "POST", "/api/v1/agents/"+in.ID+"/prompt", map[string]string{"message": "still here"}, &ok); code != http.StatusOK {
+				t.Fatalf("prompt: HTTP %d", code)
+			}
+			r.waitLogWithin(t, in.ID, "Working on: still here", time.Minute)
+		})
 	}
 }

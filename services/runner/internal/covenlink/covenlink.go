@@ -148,7 +148,7 @@ func (l *Link) run() {
 		case codes.InvalidArgument, codes.Unauthenticated, codes.PermissionDenied:
 			// Registering again cannot fix an id or a credential.
 			l.log.Error("runner: the gateway refused the agent; it is not reachable through the gateway", "error", err)
-			l.agent.Note("the gateway refused the agent: " + status.Convert(err).Message())
+			l.agent.Note("the gateway refused the agent: " + statusMessage(err))
 			return
 		}
 		if welcomed {
@@ -431,6 +431,15 @@ func (b *backoff) next() time.Duration {
 }
 
 func (b *backoff) reset() { b.window = 0 }
+
+// statusMessage is the message of the gRPC status err wraps.
+func statusMessage(err error) string {
+	var se interface{ GRPCStatus() *status.Status }
+	if errors.As(err, &se) {
+		return se.GRPCStatus().Message()
+	}
+	return err.Error()
+}
 
 func firstNonEmpty(s ...string) string {
 	for _, v := range s {
