@@ -550,3 +550,33 @@ func TestGatewayRefusal(t *testing.T) {
 		})
 	}
 }
+
+// TestGatewayHeartbeat: behind a gateway that drops agents silent for 3s
+// (CONCLAVE_GATEWAY_AGENT_TIMEOUT), an idle runner agent heartbeating
+// every second keeps its one connection.
+func TestGatewayHeartbeat(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs agent processes and the gateway")
+	}
+	t.Parallel()
+	g := startGateway(t, "gw-1", "CONCLAVE_GATEWAY_AGENT_TIMEOUT=3s")
+	r := startRunner(t, map[string]string{"CONCLAVE_RUNNER_GATEWAY_ADDR": g.grpcAddr, "CONCLAVE_RUNNER_GATEWAY_TOKEN": gwAgentToken,
+		"CONCLAVE_RUNNER_GATEWAY_HEARTBEAT": "1s"})
+	gw := gatewayClient(t, g.grpcAddr)
+	in := r.launchOnGateway(t, "npm-example", "")
+	first := awaitAgent(t, gw, in.ID, true).GetInstanceId()
+	// Two agent timeouts, idle.
+	time.Sleep(6 * time.Second)
+	if now := awaitAgent(t, gw, in.ID, true).GetInstanceId(); now != first {
+		t.Fatalf("the agent's connection changed from %s to %s: the gateway dropped it as silent", first, now)
+	}
+	registrations := 0
+	for _, l := range r.logs(t, in.ID) {
+		if strings.Contains(l.Text, "registered at the gateway as coven agent") {
+			registrations++
+		}
+	}
+	if registrations != 1 {
+		t.Fatalf("the agent registered %d times, want once: %+v", registrations, r.logs(t, in.ID))
+	}
+}

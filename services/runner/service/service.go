@@ -67,7 +67,8 @@ type Config struct {
 
 	// GatewayAddr is the coven gateway's AgentStream endpoint, its load
 	// balancer: agents whose type or launch asks for it register there.
-	GatewayAddr string `env:"CONCLAVE_RUNNER_GATEWAY_ADDR" help:"the coven gateway's AgentStream address (host:port of its load-balanced endpoint, or a gRPC target such as dns:///gateway:50051) agents with gateway: true register at; empty: none do"`
+	GatewayAddr      string        `env:"CONCLAVE_RUNNER_GATEWAY_ADDR" help:"the coven gateway's AgentStream address (host:port of its load-balanced endpoint, or a gRPC target such as dns:///gateway:50051) agents with gateway: true register at; empty: none do"`
+	GatewayHeartbeat time.Duration `env:"CONCLAVE_RUNNER_GATEWAY_HEARTBEAT" default:"10s" help:"how often each agent registered at the gateway sends a Heartbeat (0: never); keep it under a third of the gateway's CONCLAVE_GATEWAY_AGENT_TIMEOUT when that is set"`
 	// GatewayToken authenticates those registrations: a secret.
 	GatewayToken string `env:"CONCLAVE_RUNNER_GATEWAY_TOKEN" help:"bearer token the runner's agents present to the gateway: the token of a pattern entry of the gateway's CONCLAVE_GATEWAY_AGENT_TOKENS (*=token, or prefix*=token)"`
 
@@ -147,6 +148,9 @@ func (c Config) Validate() error {
 	}
 	if _, err := agenttype.Load(c.AgentTypesFile); err != nil {
 		return fmt.Errorf("CONCLAVE_RUNNER_AGENT_TYPES: %w", err)
+	}
+	if c.GatewayHeartbeat < 0 {
+		return fmt.Errorf("CONCLAVE_RUNNER_GATEWAY_HEARTBEAT: must not be negative, got %s", c.GatewayHeartbeat)
 	}
 	if c.GatewayToken != "" {
 		if err := auth.CheckTokens("CONCLAVE_RUNNER_GATEWAY_TOKEN", c.GatewayToken); err != nil {
@@ -312,7 +316,7 @@ func New(cfg Config, deps Deps, opts ...server.Option) (*Runner, error) {
 		if err != nil {
 			return nil, fmt.Errorf("CONCLAVE_RUNNER_GATEWAY_ADDR: %w", err)
 		}
-		supOpts.Gateway, supOpts.GatewayHost = covenlink.NewRegistrar(r.gateway, cfg.GatewayToken, logger), serverID
+		supOpts.Gateway, supOpts.GatewayHost = covenlink.NewRegistrar(r.gateway, cfg.GatewayToken, cfg.GatewayHeartbeat, logger), serverID
 	}
 	sup := supervisor.New(supOpts)
 

@@ -30,17 +30,20 @@ type Registrar struct {
 	client covenpb.CovenControlClient
 	token  string
 	log    *slog.Logger
-	// MinBackoff and MaxBackoff bound the wait before a link registers
+	// minBackoff and maxBackoff bound the wait before a link registers
 	// again after its stream ended or its registration was refused.
 	minBackoff, maxBackoff time.Duration
+	// heartbeat is how often each link sends a Heartbeat; 0: never.
+	heartbeat time.Duration
 }
 
 // NewRegistrar returns a Registrar over conn; token, when set, is every
 // link's bearer token (a pattern token of the gateway's
-// CONCLAVE_GATEWAY_AGENT_TOKENS, such as "*=token").
-func NewRegistrar(conn grpc.ClientConnInterface, token string, logger *slog.Logger) *Registrar {
+// CONCLAVE_GATEWAY_AGENT_TOKENS, such as "*=token"); each link heartbeats
+// every heartbeat (0: never).
+func NewRegistrar(conn grpc.ClientConnInterface, token string, heartbeat time.Duration, logger *slog.Logger) *Registrar {
 	return &Registrar{client: covenpb.NewCovenControlClient(conn), token: token, log: logger,
-		minBackoff: 200 * time.Millisecond, maxBackoff: 5 * time.Second}
+		minBackoff: 200 * time.Millisecond, maxBackoff: 5 * time.Second, heartbeat: heartbeat}
 }
 
 // Agent is what a link registers, and the session it drives.
@@ -204,6 +207,7 @@ func (l *Link) session() (welcomed bool, err error) {
 			l.endQuietly(cur)
 		}
 	}()
+	go l.heartbeat(sctx, st)
 	l.log.Info("runner: agent registered at the gateway", "server_id", w.GetServerId(), "connection", w.GetInstanceId())
 	l.agent.Note(fmt.Sprintf("registered at the gateway as coven agent %s (replica %s)", l.agent.ID, w.GetServerId()))
 	for {
@@ -228,6 +232,30 @@ func (l *Link) session() (welcomed bool, err error) {
 			l.sendMu.Lock()
 			_ = st.CloseSend()
 			l.sendMu.Unlock()
+		}
+	}
+}
+
+// heartbeat sends a Heartbeat on st every r.heartbeat until ctx ends:
+// coven makes heartbeats optional, but a gateway with an agent timeout
+// (CONCLAVE_GATEWAY_AGENT_TIMEOUT) drops an agent silent for that long.
+func (l *Link) heartbeat(ctx context.Context, st covenpb.CovenControl_AgentStreamClient) {
+	if l.r.heartbeat <= 0 {
+		return
+	}
+	t := time.NewTicker(l.r.heartbeat)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case now := <-t.C:
+			l.sendMu.Lock()
+			err := st.Send(&covenpb.AgentMessage{Payload: &covenpb.AgentMessage_Heartbeat{Heartbeat: &covenpb.Heartbeat{TimestampMs: now.UnixMilli()}}})
+			l.sendMu.Unlock()
+			if err != nil {
+				return
+			}
 		}
 	}
 }
