@@ -30,7 +30,7 @@ const (
 var devSecretSettings = map[string][]string{
 	"gateway": {"CONCLAVE_GATEWAY_CLIENT_TOKENS", "CONCLAVE_GATEWAY_AGENT_TOKENS"},
 	"bus":     {"CONCLAVE_BUS_GRANTS", "CONCLAVE_BUS_PEER_TOKEN"},
-	"runner":  {"CONCLAVE_RUNNER_CLIENT_TOKENS", "CONCLAVE_RUNNER_HOST_KEY"},
+	"runner":  {"CONCLAVE_RUNNER_CLIENT_TOKENS", "CONCLAVE_RUNNER_HOST_KEY", "CONCLAVE_RUNNER_GATEWAY_TOKEN"},
 	"console": {"CONCLAVE_CONSOLE_SESSION_KEY", "CONCLAVE_CONSOLE_EVENTS_BUS_TOKEN"},
 }
 
@@ -40,7 +40,7 @@ var devSecretKeys = []string{
 	"dev-token", "agent-token",
 	"gateway-client-tokens", "gateway-agent-tokens",
 	"bus-grants", "bus-peer-token", "bus-runner-token",
-	"runner-client-tokens", "runner-host-key",
+	"runner-client-tokens", "runner-host-key", "runner-gateway-token",
 	"console-session-key", "console-events-bus-token",
 }
 
@@ -142,11 +142,18 @@ func checkDevSecret(t *testing.T, r rendered, agentID string) map[string]string 
 	if !slices.Equal(runnerTokens, []string{dev, v["bus-runner-token"]}) {
 		t.Errorf("runner-client-tokens is not dev-token and bus-runner-token")
 	}
-	id, tok, ok := strings.Cut(v["gateway-agent-tokens"], "=")
+	// The dev agent's pair, and the pattern that opens every other id
+	// to the runner's agents.
+	agentPair, runnerPair, _ := strings.Cut(v["gateway-agent-tokens"], ",")
+	id, tok, ok := strings.Cut(agentPair, "=")
 	if !ok || id != agentID || tok != v["agent-token"] {
-		t.Errorf("gateway-agent-tokens is not %s=<agent-token> (agent %q)", agentID, id)
+		t.Errorf("gateway-agent-tokens does not begin %s=<agent-token> (agent %q)", agentID, id)
 	}
 	token("gateway-agent-tokens' token", tok)
+	if pattern, tok, _ := strings.Cut(runnerPair, "="); pattern != "*" || tok != v["runner-gateway-token"] {
+		t.Errorf("gateway-agent-tokens does not end *=<runner-gateway-token> (pattern %q)", pattern)
+	}
+	token("runner-gateway-token", v["runner-gateway-token"])
 	if n := len(v["runner-host-key"]); n < minHostKeyBytes {
 		t.Errorf("runner-host-key is %d bytes, want at least %d", n, minHostKeyBytes)
 	}

@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -257,7 +258,7 @@ func printAgents(w io.Writer, agents []*gatewayv1.Agent) error {
 		return err
 	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "ID\tNAME\tCAPABILITIES\tSERVER\tBUSY")
+	fmt.Fprintln(tw, "ID\tNAME\tCAPABILITIES\tRUNS ON\tSERVER\tBUSY")
 	for _, a := range agents {
 		busy := "no"
 		if a.GetBusy() {
@@ -266,10 +267,20 @@ func printAgents(w io.Writer, agents []*gatewayv1.Agent) error {
 		if q := a.GetQueuedRequests(); q > 0 {
 			busy += fmt.Sprintf(" (+%d queued)", q)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", a.GetAgentId(), orDash(a.GetName()),
-			orDash(strings.Join(a.GetCapabilities(), ",")), orDash(a.GetServerId()), busy)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", a.GetAgentId(), orDash(a.GetName()),
+			orDash(strings.Join(a.GetCapabilities(), ",")), runsOn(a.GetMetadata()), orDash(a.GetServerId()), busy)
 	}
 	return tw.Flush()
+}
+
+// runsOn says where an agent runs, from its metadata: its host, and for
+// an agent the runner started (tagged "runner"), that it is the runner's.
+func runsOn(md *covenpb.AgentMetadata) string {
+	host := orDash(md.GetHostname())
+	if slices.Contains(md.GetWorkspaces(), "runner") {
+		return "runner:" + host
+	}
+	return host
 }
 
 func orDash(s string) string {

@@ -265,13 +265,17 @@ func TestPrintAgents(t *testing.T) {
 	err := printAgents(&buf, []*gatewayv1.Agent{
 		{AgentId: "a1", Name: "demo", Capabilities: []string{"chat", "code"}, ServerId: "dev"},
 		{AgentId: "a2", ServerId: "gw-2", Busy: true, QueuedRequests: 2},
+		{AgentId: "inst-1", Name: "example", ServerId: "gw-1", Metadata: &covenpb.AgentMetadata{Hostname: "runner-0", Workspaces: []string{"runner", "instance:inst-1"}}},
+		{AgentId: "laptop", ServerId: "gw-1", Metadata: &covenpb.AgentMetadata{Hostname: "ada-laptop"}},
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	const want = `ID  NAME  CAPABILITIES  SERVER  BUSY
-a1  demo  chat,code     dev     no
-a2  -     -             gw-2    yes (+2 queued)
+	const want = `ID      NAME     CAPABILITIES  RUNS ON          SERVER  BUSY
+a1      demo     chat,code     -                dev     no
+a2      -        -             -                gw-2    yes (+2 queued)
+inst-1  example  -             runner:runner-0  gw-1    no
+laptop  -        -             ada-laptop       gw-1    no
 `
 	if buf.String() != want {
 		t.Errorf("table:\n%s\nwant:\n%s", buf.String(), want)

@@ -135,10 +135,27 @@ func runDev(ctx context.Context, args []string, lookup config.Lookup, stdout, st
 	if err != nil {
 		return err
 	}
+	// The runner registers the agents that ask for it at this gateway,
+	// dialled once it listens, unless CONCLAVE_RUNNER_GATEWAY_ADDR names
+	// another.
+	var dialGateway []grpc.DialOption
+	if cfg.Runner.GatewayAddr == "" {
+		cfg.Runner.GatewayAddr = "passthrough:///conclave-dev-gateway"
+		dialGateway = append(dialGateway, grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) {
+			select {
+			case <-gw.Ready():
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			}
+			var d net.Dialer
+			return d.DialContext(ctx, "tcp", gw.Endpoints()[0].Address) // its gRPC listener
+		}))
+	}
 	var b *bus.Bus
 	rn, err := runner.New(cfg.Runner, runner.Deps{Store: st, Queue: q, Logger: logger, Telemetry: tel,
-		ProcessDir:   filepath.Join(cfg.Storage.DataDir, runner.ProcessDirName),
-		LibrarianURL: func() string { return readyURL(lib, "http://", "HTTP") },
+		ProcessDir:         filepath.Join(cfg.Storage.DataDir, runner.ProcessDirName),
+		GatewayDialOptions: dialGateway,
+		LibrarianURL:       func() string { return readyURL(lib, "http://", "HTTP") },
 		BusURL: func() string {
 			if b == nil {
 				return ""

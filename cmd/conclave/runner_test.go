@@ -5,10 +5,12 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/conclave-ai/conclave/pkg/testenv"
 )
@@ -98,5 +100,68 @@ func TestDevServesRunner(t *testing.T) {
 	}
 	if out, err := run("list"); err != nil || strings.Contains(out, in.ID) {
 		t.Fatalf("list after delete: %s %v", out, err)
+	}
+}
+
+// TestDevRunnerAgentsOnTheGateway: in conclave dev, an agent type with
+// gateway: true is registered by the runner at dev's own gateway, and
+// `conclave agent list` and `conclave agent send` reach it as they reach
+// an agent that dials in itself.
+func TestDevRunnerAgentsOnTheGateway(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts the conclave binary and an agent")
+	}
+	t.Parallel()
+	dir := t.TempDir()
+	agent := filepath.Join(dir, "acp-agent")
+	if err := testenv.GoBuild(t.Context(), agent, "./examples/acp-agent"); err != nil {
+		t.Fatal(err)
+	}
+	types := filepath.Join(dir, "types.yaml")
+	if err := os.WriteFile(types, []byte(fmt.Sprintf("agent_types:\n  - id: example\n    name: the example agent\n    command: [%q]\n    permission: allow\n    gateway: true\n    capabilities: [chat, notes]\n    enabled: true\n", agent)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	ws := filepath.Join(dir, "ws")
+	if err := os.Mkdir(ws, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	_, addrs, stderr := devProcess(t, filepath.Join(dir, "data"), "--runner-agent-types="+types, "--runner-workspace-roots="+dir)
+	env := map[string]string{"CONCLAVE_RUNNER_URL": "http://" + addrs["runner HTTP"]}
+	lookup := func(k string) (string, bool) { v, ok := env[k]; return v, ok }
+	var out, errOut bytes.Buffer
+	if err := runRunner(context.Background(), []string{"launch", "--type", "example", "--workspace", ws, "--task", "gw-task"}, lookup, &out, &errOut); err != nil {
+		t.Fatalf("launch: %v %s", err, errOut.String())
+	}
+	var in struct{ ID string }
+	if err := json.Unmarshal(out.Bytes(), &in); err != nil {
+		t.Fatal(err)
+	}
+	gateway := addrs["gateway gRPC"]
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		var list bytes.Buffer
+		err := runAgent(context.Background(), []string{"list", "--addr", gateway}, &list, io.Discard)
+		if err == nil && strings.Contains(list.String(), in.ID) {
+			if !strings.Contains(list.String(), "the example agent") || !strings.Contains(list.String(), "chat,notes") || !strings.Contains(list.String(), "runner:dev") {
+				t.Errorf("list:\n%s", list.String())
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the runner's agent never appeared in 'conclave agent list': %v\n%s\n%s", err, list.String(), stderr)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	var reply, replyErr bytes.Buffer
+	if err := runAgent(context.Background(), []string{"send", "--agent", in.ID, "--addr", gateway, "write", "the", "notes"}, &reply, &replyErr); err != nil {
+		t.Fatalf("send: %v\n%s", err, replyErr.String())
+	}
+	for _, want := range []string{"Working on: write the notes", "[tool] write notes.txt"} {
+		if !strings.Contains(reply.String(), want) {
+			t.Errorf("the reply lacks %q:\n%s", want, reply.String())
+		}
+	}
+	if b, err := os.ReadFile(filepath.Join(ws, "notes.txt")); err != nil || !strings.Contains(string(b), "write the notes") {
+		t.Errorf("notes.txt: %q %v", b, err)
 	}
 }

@@ -2,6 +2,7 @@ package auth_test
 
 import (
 	"context"
+	"slices"
 	"strings"
 	"testing"
 
@@ -31,11 +32,23 @@ func TestAgentTokens(t *testing.T) {
 		{"unknown agent, optional", false, "gamma", "", codes.OK},
 		{"known agent, optional, no token", false, "alpha", "", codes.Unauthenticated},
 		{"known agent, optional, wrong token", false, "alpha", "Bearer b-secret-0123456789", codes.Unauthenticated},
+		{"pattern's token", true, "run-42", "Bearer r-secret-0123456789", codes.OK},
+		{"longest pattern wins", true, "run-x-1", "Bearer x-secret-0123456789", codes.OK},
+		{"shorter pattern's token for a longer one's id", true, "run-x-1", "Bearer r-secret-0123456789", codes.Unauthenticated},
+		{"catch-all", true, "anything", "Bearer any-secret-0123456789", codes.OK},
+		{"catch-all's token cannot open a listed agent", true, "alpha", "Bearer any-secret-0123456789", codes.Unauthenticated},
+		{"pattern's token cannot open a listed agent", true, "beta", "Bearer r-secret-0123456789", codes.Unauthenticated},
+		{"a pattern's own name is not an agent", true, "run-*", "Bearer r-secret-0123456789", codes.OK},
+		{"no token for a pattern's id", true, "run-42", "", codes.Unauthenticated},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			tokens, err := auth.ParseAgentTokens(pairs, tt.required)
+			all := pairs
+			if strings.HasPrefix(tt.name, "pattern") || strings.Contains(tt.name, "pattern") || strings.Contains(tt.name, "catch-all") {
+				all = append(slices.Clone(pairs), "run-*=r-secret-0123456789", "run-x-*=x-secret-0123456789", "*=any-secret-0123456789")
+			}
+			tokens, err := auth.ParseAgentTokens(all, tt.required)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -56,7 +69,7 @@ func TestAgentTokens(t *testing.T) {
 
 func TestParseAgentTokensRejects(t *testing.T) {
 	t.Parallel()
-	for _, pairs := range [][]string{{"alpha"}, {"=xxxxxxxxxxxxxxxxxxxxx"}, {"alpha="}, {"alpha=short-token"}, {"alpha=qqqqqqqqqqqqqqqqqq", "alpha=zzzzzzzzzzzzzzzzzz"}} {
+	for _, pairs := range [][]string{{"alpha"}, {"=xxxxxxxxxxxxxxxxxxxxx"}, {"alpha="}, {"alpha=short-token"}, {"alpha=qqqqqqqqqqqqqqqqqq", "alpha=zzzzzzzzzzzzzzzzzz"}, {"a*b*=qqqqqqqqqqqqqqqqqq"}} {
 		_, err := auth.ParseAgentTokens(pairs, true)
 		if err == nil {
 			t.Errorf("%q: accepted", pairs)

@@ -186,7 +186,7 @@ devSecrets.generate the generated Secret and its keys
 {{- $keys := dict
   "gateway" (dict "clientTokensKey" "gateway-client-tokens" "agentTokensKey" "gateway-agent-tokens")
   "bus" (dict "grantsKey" "bus-grants" "peerTokenKey" "bus-peer-token" "runnerTokenKey" "bus-runner-token")
-  "runner" (dict "clientTokensKey" "runner-client-tokens" "hostKeyKey" "runner-host-key")
+  "runner" (dict "clientTokensKey" "runner-client-tokens" "hostKeyKey" "runner-host-key" "gatewayTokenKey" "runner-gateway-token")
   "console" (dict "sessionKeyKey" "console-session-key" "eventsBusTokenKey" "console-events-bus-token") -}}
 {{- set (index $keys .name) "name" (include "conclave.devSecretName" .root) | toJson -}}
 {{- else -}}
@@ -293,6 +293,11 @@ devSecrets.generate the generated Secret and its keys
 {{- include "conclave.secretEnv" (dict "env" "CONCLAVE_RUNNER_CLIENT_TOKENS" "secret" $secret.name "key" $secret.clientTokensKey) }}
 {{- include "conclave.secretEnv" (dict "env" "CONCLAVE_RUNNER_LIBRARIAN_TOKENS" "secret" $secret.name "key" $secret.librarianTokensKey) }}
 {{- include "conclave.secretEnv" (dict "env" "CONCLAVE_RUNNER_BUS_TOKEN" "secret" $secret.name "key" $secret.busTokenKey) }}
+{{- if and $c.gatewayAgents.enabled (or $c.gatewayAgents.addr $root.Values.gateway.enabled) }}
+- name: CONCLAVE_RUNNER_GATEWAY_ADDR
+  value: {{ $c.gatewayAgents.addr | default (printf "%s:%v" (include "conclave.name" (dict "root" $root "name" "gateway")) $root.Values.gateway.service.grpcPort) | quote }}
+{{- include "conclave.secretEnv" (dict "env" "CONCLAVE_RUNNER_GATEWAY_TOKEN" "secret" $secret.name "key" $secret.gatewayTokenKey) }}
+{{- end }}
 - name: CONCLAVE_RUNNER_EXECUTOR
   value: {{ $c.executor | quote }}
 {{- if eq $c.executor "kubernetes" }}

@@ -50,6 +50,10 @@ func agentTypes(t *testing.T) string {
 		fmt.Fprintf(&b, "  - id: %s\n    image: %s\n    command: [%s, %s]\n    protocol: acp\n    permission: allow\n    launch_env: [OPENAI_API_KEY]\n    enabled: true\n    timeout: %s\n    memory_mb: 128\n    cpu_cores: 0.25\n",
 			tt.id, agentImage, agentBin, tt.args, tt.timeout)
 	}
+	// Registered at the gateway; no resources asked, so that a hundred
+	// fit on the node (TestHundredGatewayAgents).
+	fmt.Fprintf(&b, "  - id: on-gateway\n    image: %s\n    command: [%s, -mode, normal]\n    protocol: acp\n    permission: allow\n    gateway: true\n    capabilities: [chat]\n    enabled: true\n    timeout: 15m\n",
+		agentImage, agentBin)
 	path := filepath.Join(t.TempDir(), "agent-types.yaml")
 	if err := os.WriteFile(path, []byte(b.String()), 0o644); err != nil {
 		t.Fatal(err)

@@ -48,6 +48,10 @@ func TestBadLaunches(t *testing.T) {
 			"env": map[string]string{"AUGMENT_SESSION_AUTH": "x", "TASK_DESCRIPTION": "y"}}, 400, "validation_error", "no command, which the local executor runs"},
 		{"no task id", map[string]any{"agent_type": "acp-normal", "workspace_path": ws}, 400, "validation_error", "task_id"},
 		{"unknown field", map[string]any{"task_id": "t9", "agent_type": "acp-normal", "workspace_path": ws, "bogus": 1}, 400, "bad_request", ""},
+		{"gateway not a bool", map[string]any{"task_id": "t11", "agent_type": "acp-normal", "workspace_path": ws, "metadata": map[string]any{"gateway": "yes"}}, 400, "validation_error", "metadata.gateway must be true or false"},
+		{"gateway_agent_id not a string", map[string]any{"task_id": "t12", "agent_type": "acp-normal", "workspace_path": ws, "metadata": map[string]any{"gateway": true, "gateway_agent_id": 7}}, 400, "validation_error", "metadata.gateway_agent_id must be a string"},
+		{"gateway_agent_id with a space", map[string]any{"task_id": "t13", "agent_type": "acp-normal", "workspace_path": ws, "metadata": map[string]any{"gateway": true, "gateway_agent_id": "two words"}}, 400, "validation_error", "metadata.gateway_agent_id: agent_id"},
+		{"gateway_agent_id too long", map[string]any{"task_id": "t14", "agent_type": "acp-normal", "workspace_path": ws, "metadata": map[string]any{"gateway_agent_id": strings.Repeat("a", 129)}}, 400, "validation_error", "metadata.gateway_agent_id: agent_id"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			var e errorBody

@@ -29,6 +29,7 @@ import (
 	runnerv1 "github.com/conclave-ai/conclave/proto/conclave/runner/v1"
 	"github.com/conclave-ai/conclave/services/runner/internal/agenttype"
 	"github.com/conclave-ai/conclave/services/runner/internal/api"
+	"github.com/conclave-ai/conclave/services/runner/internal/covenlink"
 	"github.com/conclave-ai/conclave/services/runner/internal/executor"
 	"github.com/conclave-ai/conclave/services/runner/internal/hostlink"
 	"github.com/conclave-ai/conclave/services/runner/internal/metrics"
@@ -72,6 +73,13 @@ type Config struct {
 	LibrarianTokens []string `env:"CONCLAVE_RUNNER_LIBRARIAN_TOKENS" help:"comma-separated agent_type=token pairs: each librarian-governed agent type's Librarian agent token (its agent_id is the type's id); empty only for a Librarian that takes no tokens (development)"`
 	BusURL          string   `env:"CONCLAVE_RUNNER_BUS_URL" help:"the bus's WebSocket URL (ws:// or wss://), where the Librarian's decisions arrive on system:librarian.request.*; required with permission librarian"`
 	BusToken        string   `env:"CONCLAVE_RUNNER_BUS_TOKEN" help:"bearer token of a bus grant that may subscribe to system:librarian.request.*"`
+
+	// GatewayAddr is the coven gateway's AgentStream endpoint, its load
+	// balancer: agents whose type or launch asks for it register there.
+	GatewayAddr      string        `env:"CONCLAVE_RUNNER_GATEWAY_ADDR" help:"the coven gateway's AgentStream address (host:port of its load-balanced endpoint, or a gRPC target such as dns:///gateway:50051) agents with gateway: true register at; empty: none do"`
+	GatewayHeartbeat time.Duration `env:"CONCLAVE_RUNNER_GATEWAY_HEARTBEAT" default:"10s" help:"how often each agent registered at the gateway sends a Heartbeat (0: never); keep it under a third of the gateway's CONCLAVE_GATEWAY_AGENT_TIMEOUT when that is set"`
+	// GatewayToken authenticates those registrations: a secret.
+	GatewayToken string `env:"CONCLAVE_RUNNER_GATEWAY_TOKEN" help:"bearer token the runner's agents present to the gateway: the token of a pattern entry of the gateway's CONCLAVE_GATEWAY_AGENT_TOKENS (*=token, or prefix*=token)"`
 
 	Executor string `env:"CONCLAVE_RUNNER_EXECUTOR" default:"local" help:"where agents run: local (a process group on this host, spoken to over stdio) or kubernetes (a Job per launch, behind agent-host; docs/runner.md)"`
 	// HostKey signs the per-instance tokens agent-host presents: a secret.
@@ -154,6 +162,14 @@ func (c Config) Validate() error {
 	if err := c.validateGovernance(registry); err != nil {
 		return err
 	}
+	if c.GatewayHeartbeat < 0 {
+		return fmt.Errorf("CONCLAVE_RUNNER_GATEWAY_HEARTBEAT: must not be negative, got %s", c.GatewayHeartbeat)
+	}
+	if c.GatewayToken != "" {
+		if err := auth.CheckTokens("CONCLAVE_RUNNER_GATEWAY_TOKEN", c.GatewayToken); err != nil {
+			return err
+		}
+	}
 	switch c.Executor {
 	case ExecutorLocal:
 	case ExecutorKubernetes:
@@ -223,6 +239,9 @@ type Deps struct {
 	// bus's addresses in place of CONCLAVE_RUNNER_LIBRARIAN_URL and
 	// CONCLAVE_RUNNER_BUS_URL: conclave dev's, known once they listen.
 	LibrarianURL, BusURL func() string
+	// GatewayDialOptions are added to the dial of CONCLAVE_RUNNER_GATEWAY_ADDR
+	// (conclave dev: a dialer that waits for its gateway's listener).
+	GatewayDialOptions []grpc.DialOption
 }
 
 // Runner is a configured, not yet running, runner.
@@ -240,6 +259,8 @@ type Runner struct {
 	records *executor.ProcessRecords
 	// watcher hears the Librarian's decisions, when an agent type asks it.
 	watcher *govern.Watcher
+	// gateway is the connection to the coven gateway, if there is one.
+	gateway *grpc.ClientConn
 }
 
 // New builds the runner. The store's Tables and the Queues must exist.
@@ -309,6 +330,17 @@ func New(cfg Config, deps Deps, opts ...server.Option) (*Runner, error) {
 		return nil, err
 	} else if gov != nil {
 		supOpts.Governor, r.watcher = gov, watcher
+	}
+	if cfg.GatewayAddr != "" {
+		// One connection for every agent's stream; the gateway's load
+		// balancer spreads connections, not streams, so the runner's
+		// agents share a replica until it goes, then move together.
+		r.gateway, err = grpc.NewClient(cfg.GatewayAddr, append([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())},
+			deps.GatewayDialOptions...)...)
+		if err != nil {
+			return nil, fmt.Errorf("CONCLAVE_RUNNER_GATEWAY_ADDR: %w", err)
+		}
+		supOpts.Gateway, supOpts.GatewayHost = covenlink.NewRegistrar(r.gateway, cfg.GatewayToken, cfg.GatewayHeartbeat, logger), serverID
 	}
 	sup := supervisor.New(supOpts)
 
@@ -464,6 +496,10 @@ func (r *Runner) Run(ctx context.Context) error {
 	if r.records != nil {
 		// The supervisor has stopped its agents.
 		_ = r.records.Close()
+	}
+	if r.gateway != nil {
+		// Its agents have deregistered.
+		_ = r.gateway.Close()
 	}
 	return err
 }

@@ -239,6 +239,9 @@ func (s *Server) LaunchAgent(ctx context.Context, req *runnerv1.LaunchAgentReque
 	}
 	if md := req.GetMetadata(); md != nil {
 		in.Metadata = md.AsMap()
+		if err := checkGatewayMetadata(in.Metadata); err != nil {
+			return nil, err
+		}
 		// A launch may name a session to resume (seed 002 passes the id of
 		// a previous task's session).
 		if id, ok := in.Metadata["session_id"].(string); ok {
@@ -548,4 +551,25 @@ func (s *Server) ListAgents(ctx context.Context, req *runnerv1.ListAgentsRequest
 		out.NextPageToken = listToken{After: page.Next, Status: opts.Status, AgentType: opts.AgentType}.encode()
 	}
 	return out, nil
+}
+
+// checkGatewayMetadata checks what a launch's metadata says of the
+// gateway: gateway is a bool, gateway_agent_id an agent_id the gateway
+// accepts.
+func checkGatewayMetadata(md map[string]any) error {
+	if v, ok := md[supervisor.MetadataGateway]; ok {
+		if _, isBool := v.(bool); !isBool {
+			return validation("metadata.gateway must be true or false", "true registers the instance at the gateway as a coven agent")
+		}
+	}
+	if v, ok := md[supervisor.MetadataGatewayAgentID]; ok {
+		id, isString := v.(string)
+		if !isString {
+			return validation("metadata.gateway_agent_id must be a string", "the agent_id the instance registers under at the gateway")
+		}
+		if err := ids.AgentID.Check(id); err != nil {
+			return validation("metadata.gateway_agent_id: "+err.Error(), "the agent_id the instance registers under at the gateway")
+		}
+	}
+	return nil
 }

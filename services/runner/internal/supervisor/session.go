@@ -11,6 +11,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/conclave-ai/conclave/pkg/queue"
+	"github.com/conclave-ai/conclave/services/runner/internal/covenlink"
 	"github.com/conclave-ai/conclave/services/runner/internal/executor"
 	"github.com/conclave-ai/conclave/services/runner/internal/records"
 )
@@ -111,6 +112,9 @@ type session struct {
 	// asking counts the agent's permission requests being decided: an
 	// agent waiting on its answer is not silent.
 	asking atomic.Int32
+	// coven is the agent's registration at the gateway, if it has one;
+	// the updates of turn curTurn go there.
+	coven *covenlink.Link
 }
 
 func newSession(s *Supervisor, in *records.Instance, m queue.Message, seq int) *session {
@@ -123,6 +127,12 @@ var errClaimLost = errors.New("the launch was taken over by another delivery")
 
 // prompt stores a prompt for the live agent and hands it over.
 func (ss *session) prompt(ctx context.Context, message string) error {
+	return ss.promptAccepted(ctx, message, nil)
+}
+
+// promptAccepted is prompt, calling accepted, if set, with the turn's
+// number once it is stored, before the turn can begin.
+func (ss *session) promptAccepted(ctx context.Context, message string, accepted func(turn int)) error {
 	ss.mu.Lock()
 	client := ss.client
 	switch {
@@ -163,6 +173,9 @@ func (ss *session) prompt(ctx context.Context, message string) error {
 	}
 	// The prompt is stored: from here it is run, by this session or, if it
 	// is ending, by the launch handle resumes after it.
+	if accepted != nil {
+		accepted(in.Turn)
+	}
 	ss.prompts <- pendingPrompt{turn: in.Turn, message: message}
 	return nil
 }

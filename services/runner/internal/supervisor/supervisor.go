@@ -19,6 +19,7 @@ import (
 	"github.com/conclave-ai/conclave/pkg/queue"
 	eventsv1 "github.com/conclave-ai/conclave/proto/conclave/events/v1"
 	"github.com/conclave-ai/conclave/services/runner/internal/agenttype"
+	"github.com/conclave-ai/conclave/services/runner/internal/covenlink"
 	"github.com/conclave-ai/conclave/services/runner/internal/executor"
 	"github.com/conclave-ai/conclave/services/runner/internal/records"
 )
@@ -65,7 +66,12 @@ type Options struct {
 	// handshake (its pod being scheduled and its image started count);
 	// HostExitGrace is how long its Job may take to finish once agent-host
 	// is told to end before it is deleted.
-	Hosts            HostLinks
+	Hosts HostLinks
+	// Gateway, when set, registers the agents whose type or launch asks
+	// for it at the coven gateway; GatewayHost is where they run, as the
+	// gateway lists them (this replica's name).
+	Gateway          *covenlink.Registrar
+	GatewayHost      string
 	HostStartTimeout time.Duration
 	HostExitGrace    time.Duration
 	Source           string

@@ -83,6 +83,7 @@ func (ss *session) recordSession(ctx context.Context, sessionID string) (wait fu
 // write.
 func (ss *session) converse(ctx context.Context, client conversation, sessionUp func(in *records.Instance), legacy bool) (outcome, reason string) {
 	o := ss.s.o
+	defer func() { ss.closeGateway(outcome, reason) }()
 	launch := ss.launch
 	pending := launch.PendingTurn() || legacy
 	// Cancelled while its runner was gone.
@@ -101,6 +102,7 @@ func (ss *session) converse(ctx context.Context, client conversation, sessionUp 
 		ss.turnID = client.BeginTurn()
 	}
 	ss.mu.Unlock()
+	ss.openGateway()
 	if cancelledWhileGone {
 		ss.setStatus(ctx, func(in *records.Instance) {
 			sessionUp(in)
@@ -230,6 +232,7 @@ func (ss *session) turn(ctx context.Context, client conversation, p pendingPromp
 			in.CancelTurn = 0
 		}
 	})
+	ss.gatewayTurnEnded(p.turn, status, errText)
 	if kind == stopDead {
 		return "dead_protocol", errText
 	}
@@ -267,6 +270,7 @@ func (ss *session) onUpdate(ctx context.Context, u acp.Update) {
 		text += ": " + u.Text
 	}
 	ss.log.Add(StreamACP, text)
+	ss.gatewayUpdate(u)
 	ss.stMu.Lock()
 	progress := ss.in.Progress
 	ss.stMu.Unlock()

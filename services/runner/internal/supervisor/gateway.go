@@ -1,0 +1,116 @@
+package supervisor
+
+import (
+	"context"
+	"runtime"
+
+	covenpb "github.com/conclave-ai/conclave/proto/coven"
+	"github.com/conclave-ai/conclave/services/runner/internal/acp"
+	"github.com/conclave-ai/conclave/services/runner/internal/agenttype"
+	"github.com/conclave-ai/conclave/services/runner/internal/covenlink"
+)
+
+// Launch metadata that puts an instance on the gateway, whatever its
+// type says, and names it there.
+const (
+	MetadataGateway        = "gateway"
+	MetadataGatewayAgentID = "gateway_agent_id"
+)
+
+// GatewayAgentID is the coven agent_id an instance registers under, and
+// whether it registers at all: its type's gateway, or its launch's
+// metadata, asks for it.
+func GatewayAgentID(typ agenttype.Type, instanceID string, md map[string]any) (string, bool) {
+	on, _ := md[MetadataGateway].(bool)
+	if !typ.Gateway && !on {
+		return "", false
+	}
+	if id, _ := md[MetadataGatewayAgentID].(string); id != "" {
+		return id, true
+	}
+	return instanceID, true
+}
+
+// openGateway registers the session's agent at the gateway, when the
+// runner has one and the instance asks for it: once its session is up, so
+// that a message never waits on the agent's start.
+func (ss *session) openGateway() {
+	typ, _ := ss.s.o.Registry.Get(ss.launch.AgentType)
+	id, ok := GatewayAgentID(typ, ss.launch.ID, ss.launch.Metadata)
+	if !ok {
+		return
+	}
+	g := ss.s.o.Gateway
+	if g == nil {
+		ss.log.Add(StreamRunner, "not registered at the gateway: this runner has no CONCLAVE_RUNNER_GATEWAY_ADDR")
+		return
+	}
+	caps := typ.Capabilities
+	if len(caps) == 0 {
+		caps = []string{"chat"}
+	}
+	ss.mu.Lock()
+	where := ss.s.o.GatewayHost
+	if ss.link != nil && ss.proc != nil {
+		// A Job's agent: where it runs is its Job.
+		where = ss.proc.ID()
+	}
+	ss.mu.Unlock()
+	l := g.Open(covenlink.Agent{
+		ID: id, Name: firstNonEmpty(typ.Name, typ.ID), Capabilities: caps,
+		Metadata: &covenpb.AgentMetadata{
+			WorkingDirectory: ss.launch.Workspace, Hostname: where, Os: runtime.GOOS, Backend: "acp",
+			// Tags for filtering: that the runner runs it, which instance
+			// and type it is.
+			Workspaces: []string{"runner", "instance:" + ss.launch.ID, "agent_type:" + ss.launch.AgentType},
+		},
+		Prompt: func(ctx context.Context, message string, accepted func(int)) error {
+			return ss.promptAccepted(ctx, message, accepted)
+		},
+		Cancel: ss.cancel,
+		Note:   func(text string) { ss.log.Add(StreamRunner, text) },
+	})
+	ss.mu.Lock()
+	ss.coven = l
+	ss.mu.Unlock()
+}
+
+// closeGateway deregisters the session's agent as its process ends; a
+// message in flight ends with error, saying why.
+func (ss *session) closeGateway(outcome, reason string) {
+	ss.mu.Lock()
+	l := ss.coven
+	ss.coven = nil
+	ss.mu.Unlock()
+	if l == nil {
+		return
+	}
+	why := firstNonEmpty(reason, outcome, "the agent's process ended")
+	if kind, killed := ss.killedWhy(); kind != stopNone {
+		why = killed
+	}
+	l.Close(why)
+}
+
+func (ss *session) gateway() *covenlink.Link {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	return ss.coven
+}
+
+// gatewayUpdate hands an update of the turn in progress to the gateway.
+func (ss *session) gatewayUpdate(u acp.Update) {
+	if l := ss.gateway(); l != nil {
+		ss.mu.Lock()
+		turn := ss.curTurn
+		ss.mu.Unlock()
+		l.Update(turn, u)
+	}
+}
+
+// gatewayTurnEnded tells the gateway how turn ended, as recorded.
+func (ss *session) gatewayTurnEnded(turn int, status, errText string) {
+	if l := ss.gateway(); l != nil {
+		l.TurnEnded(turn, status, errText)
+	}
+}
