@@ -96,7 +96,8 @@ func serviceByProcess(names map[string]string) func(testenv.JaegerSpan) string {
 // (HTTP or gRPC) belongs to the service whose listener served it, which
 // its server.port tells (ports maps each listener's port to its service);
 // the services' own spans (the bus's publish, delivery and redrive, the
-// runner's agent start and ACP calls) and the queue consumers' spans
+// runner's agent start and ACP calls, the gateway's in-process client API
+// calls) and the queue consumers' spans
 // (named after the queue, which the service consuming it owns) by their
 // names. Client spans belong to no service here: a gRPC client span to the
 // runner may be the bus's.
@@ -108,6 +109,11 @@ func serviceInOneProcess(ports map[string]string) func(testenv.JaegerSpan) strin
 					return name
 				}
 			}
+		}
+		// The gateway's in-process client API calls (REST, A2A) are named
+		// after the gRPC method they call, under its tracer.
+		if s.Tags["otel.scope.name"] == "github.com/conclave-ai/conclave/services/gateway/internal/clientapi" {
+			return gateway
 		}
 		for _, r := range spanNames {
 			if s.OperationName == r.name || (r.prefix && strings.HasPrefix(s.OperationName, r.name)) {

@@ -70,7 +70,8 @@ type Interceptors struct {
 // Chain is the interceptors as one of each kind, run in order, for calls
 // made in process.
 func (ic Interceptors) Chain() (grpc.UnaryServerInterceptor, grpc.StreamServerInterceptor) {
-	return chainUnary(ic.Unary), chainStream(ic.Stream)
+	return chainUnary(append([]grpc.UnaryServerInterceptor{traceUnary}, ic.Unary...)),
+		chainStream(append([]grpc.StreamServerInterceptor{traceStream}, ic.Stream...))
 }
 
 // REST is the client API as REST, calling the service in this process:
@@ -90,7 +91,8 @@ var pathIDs = map[string]ids.Kind{"agent_id": ids.AgentID, "request_id": ids.Req
 // is a google.rpc.Status as JSON; the responses carry no gRPC metadata.
 func NewREST(api gatewayv1.GatewayServiceServer, ic Interceptors, logger *slog.Logger) (*REST, error) {
 	none := func(string) (string, bool) { return "", false }
-	h := &REST{api: api, stream: chainStream(ic.Stream), log: logger}
+	unary, stream := ic.Chain()
+	h := &REST{api: api, stream: stream, log: logger}
 	h.mux = runtime.NewServeMux(
 		runtime.WithMarshalerOption(runtime.MIMEWildcard, &compactJSON{runtime.JSONPb{
 			MarshalOptions:   marshal,
@@ -117,7 +119,7 @@ func NewREST(api gatewayv1.GatewayServiceServer, ic Interceptors, logger *slog.L
 			WriteHTTPError(w, code, strings.ToLower(http.StatusText(code)))
 		}),
 	)
-	if err := gatewayv1.RegisterGatewayServiceHandlerServer(context.Background(), h.mux, intercepted{api: api, unary: chainUnary(ic.Unary)}); err != nil {
+	if err := gatewayv1.RegisterGatewayServiceHandlerServer(context.Background(), h.mux, intercepted{api: api, unary: unary}); err != nil {
 		return nil, fmt.Errorf("registering REST routes: %w", err)
 	}
 	return h, nil
