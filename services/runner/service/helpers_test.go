@@ -299,6 +299,7 @@ type instance struct {
 	Progress    int    `json:"progress"`
 	StartedAt   string `json:"started_at"`
 	FinishedAt  string `json:"finished_at"`
+	Error       string `json:"error"`
 }
 
 type errorBody struct {

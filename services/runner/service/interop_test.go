@@ -88,11 +88,14 @@ func TestAgentErrorsAndAuthenticate(t *testing.T) {
 			}
 		})
 	}
-	t.Run("the status event carries the agent's error", func(t *testing.T) {
+	t.Run("the status and its event carry the agent's error", func(t *testing.T) {
 		// Alone on the events queue: every other instance has ended.
 		r := startRunner(t, nil)
 		in := r.launch(t, "acp-auth-none", r.workspace(t), map[string]string{"TASK_DESCRIPTION": "take notes"})
-		r.waitStatus(t, in.ID, "failed")
+		// The status says why, as the event does.
+		if st := r.waitStatus(t, in.ID, "failed"); !strings.Contains(st.Error, "Authentication required: no API key is configured") {
+			t.Errorf("the failed instance's status says %q, want the agent's error", st.Error)
+		}
 		for deadline := time.Now().Add(time.Minute); ; time.Sleep(50 * time.Millisecond) {
 			var failed *statusEvent
 			for _, e := range drainStatusEvents(t, r.q, r.cfg.EventsQueue, in.ID) {

@@ -155,7 +155,7 @@ func TestRESTShapes(t *testing.T) {
 	}
 
 	_, st := r.rawJSON(t, "GET", "/api/v1/agents/"+id+"/status", nil)
-	checkShape(t, "GET status (starting)", seedStatusResponse, st, []string{"agent_type", "container_id", "review_url", "task_id"}, "finished_at")
+	checkShape(t, "GET status (starting)", seedStatusResponse, st, []string{"agent_type", "container_id", "error", "review_url", "task_id"}, "finished_at")
 	if string(st["progress"]) != "0" || string(st["container_id"]) != `""` || string(st["status"]) != `"starting"` {
 		t.Errorf("a starting instance's status: %v", st)
 	}
@@ -188,7 +188,7 @@ func TestRESTShapes(t *testing.T) {
 	r.do(t, "POST", "/api/v1/agents/"+busy.ID+"/cancel", map[string]string{"reason": "done"}, nil)
 	done := r.waitStatus(t, id, "completed", "failed")
 	_, st = r.rawJSON(t, "GET", "/api/v1/agents/"+id+"/status", nil)
-	checkShape(t, "GET status (completed)", seedStatusResponse, st, []string{"agent_type", "container_id", "review_url", "task_id"})
+	checkShape(t, "GET status (completed)", seedStatusResponse, st, []string{"agent_type", "container_id", "error", "review_url", "task_id"})
 	if jsonKind(st["finished_at"]) != "string" || string(st["progress"]) != "100" {
 		t.Errorf("a completed instance's status: %v (%+v)", st, done)
 	}

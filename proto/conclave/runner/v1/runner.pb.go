@@ -46,7 +46,11 @@ type AgentInstance struct {
 	Progress int32 `protobuf:"varint,8,opt,name=progress,proto3" json:"progress,omitempty"`
 	// While awaiting_approval, the Librarian's review page of the request;
 	// empty otherwise.
-	ReviewUrl     string `protobuf:"bytes,9,opt,name=review_url,json=reviewUrl,proto3" json:"review_url,omitempty"`
+	ReviewUrl string `protobuf:"bytes,9,opt,name=review_url,json=reviewUrl,proto3" json:"review_url,omitempty"`
+	// When failed: why, in words (the agent's own error message, such as a
+	// missing API key, or what the runner saw: a dead protocol, an exit);
+	// empty otherwise.
+	Error         string `protobuf:"bytes,10,opt,name=error,proto3" json:"error,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -140,6 +144,13 @@ func (x *AgentInstance) GetProgress() int32 {
 func (x *AgentInstance) GetReviewUrl() string {
 	if x != nil {
 		return x.ReviewUrl
+	}
+	return ""
+}
+
+func (x *AgentInstance) GetError() string {
+	if x != nil {
+		return x.Error
 	}
 	return ""
 }
@@ -1618,7 +1629,7 @@ var File_conclave_runner_v1_runner_proto protoreflect.FileDescriptor
 
 const file_conclave_runner_v1_runner_proto_rawDesc = "" +
 	"\n" +
-	"\x1fconclave/runner/v1/runner.proto\x12\x12conclave.runner.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xc5\x02\n" +
+	"\x1fconclave/runner/v1/runner.proto\x12\x12conclave.runner.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xdb\x02\n" +
 	"\rAgentInstance\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x17\n" +
 	"\atask_id\x18\x02 \x01(\tR\x06taskId\x12\x1d\n" +
@@ -1632,7 +1643,9 @@ const file_conclave_runner_v1_runner_proto_rawDesc = "" +
 	"finishedAt\x12\x1a\n" +
 	"\bprogress\x18\b \x01(\x05R\bprogress\x12\x1d\n" +
 	"\n" +
-	"review_url\x18\t \x01(\tR\treviewUrl\"\xbf\x02\n" +
+	"review_url\x18\t \x01(\tR\treviewUrl\x12\x14\n" +
+	"\x05error\x18\n" +
+	" \x01(\tR\x05error\"\xbf\x02\n" +
 	"\x12LaunchAgentRequest\x12\x17\n" +
 	"\atask_id\x18\x01 \x01(\tR\x06taskId\x12\x1d\n" +
 	"\n" +

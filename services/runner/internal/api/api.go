@@ -295,6 +295,9 @@ func instanceProto(in *records.Instance) *runnerv1.AgentInstance {
 	if !in.FinishedAt.IsZero() {
 		out.FinishedAt = timestamppb.New(in.FinishedAt)
 	}
+	if in.Status == records.StatusFailed {
+		out.Error = in.Error
+	}
 	return out
 }
 
