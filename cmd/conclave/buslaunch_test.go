@@ -25,7 +25,7 @@ const (
 
 var busAgentVars = []string{"BUB_WORKSPACE", "BUB_DEFAULT_TOPIC", "BUB_AGENT_ID", "BUB_BUS_URL"}
 
-// runBusAgent is an agent as seed 004 describes one: it logs the four
+// runBusAgent is an agent as the bub protocol describes one: it logs the four
 // BUB_* variables (stderr is the runner's log store) and writes them into
 // its workspace, dials BUB_BUS_URL as BUB_AGENT_ID with BUB_TOKEN as its
 // bearer token (when set), subscribes to BUB_DEFAULT_TOPIC and answers

@@ -20,7 +20,7 @@ import (
 
 const bridgeToken = "bridge-client-0123456789abcdef"
 
-// markerAgent is a Python tool agent (seed 000's hybrid protocol) that
+// markerAgent is a Python tool agent (the ADK bridge's hybrid protocol) that
 // leaves a file named after its call in its workspace when it runs, so a
 // test can tell whether it ran.
 const markerAgent = `import json, os, sys

@@ -211,7 +211,7 @@ func checkTools(t *testing.T, cs *mcp.ClientSession) {
 	if d := resultJSON(t, res)["data"].(map[string]any); d["repo_from"] != "cli" || len(d["mentions"].(map[string]any)) != 2 {
 		t.Fatalf("watch_collect = %v", d)
 	}
-	// Validation failure: an error result in the seed's form.
+	// Validation failure: an error result in the ADK bridge's form.
 	res, err = cs.CallTool(ctx, &mcp.CallToolParams{Name: "label_github_issue", Arguments: map[string]any{"repo_name": "not a repo", "issue_number": 1}})
 	if err != nil || !res.IsError {
 		t.Fatalf("invalid repo_name: %+v %v", res, err)

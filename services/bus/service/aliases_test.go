@@ -7,7 +7,7 @@ import (
 )
 
 // Current bub clients name a topic address (subscribe, unsubscribe) or to
-// (sendMessage), and send from and messageId; the seed's clients send
+// (sendMessage), and send from and messageId; the protocol's clients send
 // topic. An old-form and a new-form client share one topic here, each
 // receiving what the other publishes, with the topic under both names and
 // the sender and message id that current clients read.

@@ -7,9 +7,9 @@ import (
 	"github.com/conclave-ai/conclave/services/bus/internal/broker"
 )
 
-// TestSeedConformance walks every example of seed 004, message by message,
+// TestSeedConformance walks every example of the bub protocol's text, message by message,
 // against the real bus over a real WebSocket, with frames written as the
-// seed writes them.
+// protocol's text writes them.
 func TestSeedConformance(t *testing.T) {
 	if testing.Short() {
 		t.Skip("integration test: starts a bus")
@@ -131,7 +131,7 @@ func TestSeedConformance(t *testing.T) {
 	t.Run("sendMessage fan-out", func(t *testing.T) {
 		t.Parallel()
 		// A bus of its own: "subscribe and unsubscribe", run beside it,
-		// holds the same seed pattern for a moment, and its subscriber
+		// holds the same example pattern for a moment, and its subscriber
 		// would get this message too.
 		bus := startBus(t, defaultConfig(t, nil), busOption{})
 		sub := bus.client(t, "bridge-fanout", "")
@@ -251,8 +251,8 @@ func TestSeedConformance(t *testing.T) {
 
 	t.Run("notification form", func(t *testing.T) {
 		t.Parallel()
-		// The seed's notification form: no id, so no answer, whatever the
-		// method. Every method of the seed is a request; the bus ignores
+		// The protocol's notification form: no id, so no answer, whatever the
+		// method. Every method of the protocol is a request; the bus ignores
 		// one sent as a notification (a subscribe would give no sign of
 		// its outcome, a sendMessage's acks nowhere to go).
 		sub := bus.client(t, "notified-subscriber", "")
@@ -289,9 +289,9 @@ func TestSeedConformance(t *testing.T) {
 
 	t.Run("processMessage to an agent on tg:123456789", func(t *testing.T) {
 		t.Parallel()
-		// The seed's processMessage example: a Telegram message published on
+		// The protocol's processMessage example: a Telegram message published on
 		// tg:123456789 reaches the agent subscribed there as processMessage,
-		// and the agent's answer is the seed's.
+		// and the agent's answer is the protocol's.
 		agent := bus.client(t, "agent-abc123", `,"capabilities":{"processMessage":true}`)
 		agent.subscribe(2, "tg:123456789", "")
 		bridge := bus.client(t, "tg-bridge", "")
@@ -341,7 +341,7 @@ func TestSeedConformance(t *testing.T) {
 
 	t.Run("subscription with policy", func(t *testing.T) {
 		t.Parallel()
-		// The seed's example subscription with a policy, on a bus of its
+		// The protocol's example subscription with a policy, on a bus of its
 		// own ("inbound:*" would catch the other subtests' messages).
 		bus := startBus(t, defaultConfig(t, nil), busOption{})
 		w := bus.client(t, "policy-suggester", "")
@@ -373,7 +373,7 @@ func TestSeedConformance(t *testing.T) {
 
 	t.Run("last match wins and stopPropagation", func(t *testing.T) {
 		t.Parallel()
-		// The seed's example: A "inbound:*", B "inbound:critical", C
+		// The protocol's example: A "inbound:*", B "inbound:critical", C
 		// "inbound:*". stopPropagationOnStop delivers one at a time, so the
 		// order is visible: C, then B, then A. A bus of its own, as
 		// "inbound:*" would catch the other subtests' messages.
@@ -402,7 +402,7 @@ func TestSeedConformance(t *testing.T) {
 			t.Errorf("delivery order %s", got)
 		}
 
-		// The seed's handler response with stopPropagation: B is never called.
+		// The protocol's handler response with stopPropagation: B is never called.
 		pub.publish(11, "inbound:critical", `{"text":"second"}`)
 		id, _ = c.expectRequest("sendMessage")
 		c.reply(id, `{"processed": true, "stopPropagation": true, "message": "Rate limit exceeded"}`)

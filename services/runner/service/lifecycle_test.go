@@ -425,8 +425,8 @@ func TestResumeDoesNotRepublishHistory(t *testing.T) {
 	}
 }
 
-// TestOneshot runs the bridge's example tool agents (seed 000's hybrid
-// protocol) as oneshot agent types: a process per prompt, the prompt's JSON
+// TestOneshot runs the bridge's example tool agents (the ADK bridge's
+// hybrid protocol) as oneshot agent types: a process per prompt, the prompt's JSON
 // as their parameters, their one JSON object as the turn's result.
 func TestOneshot(t *testing.T) {
 	if testing.Short() {
@@ -447,7 +447,7 @@ func TestOneshot(t *testing.T) {
 			t.Fatalf("second prompt: %+v", st)
 		}
 	})
-	t.Run("seed 000's validation before the run", func(t *testing.T) {
+	t.Run("hybrid protocol validation before the run", func(t *testing.T) {
 		t.Parallel()
 		// The agent would answer this repo_name with labels ("triage"); the
 		// runner refuses it first, as the bridge does, so the agent never runs.

@@ -12,7 +12,7 @@ import (
 	"time"
 )
 
-// The JSON examples of seed 002 (its "REST API Integration" and "HTTP API
+// The JSON examples of Kandev's protocol text (its "REST API Integration" and "HTTP API
 // Errors" sections), verbatim.
 const (
 	seedLaunchResponse = `{
@@ -96,7 +96,7 @@ func sortedKeys(m map[string]json.RawMessage) []string {
 	return keys
 }
 
-// checkShape compares a response's members with the seed's example: the
+// checkShape compares a response's members with Kandev's example: the
 // same keys (plus extra, documented ones, if any), each of the example's
 // JSON type; a member the example shows as null may be null or a string
 // (a time). nullable names members that must be null here.
@@ -109,7 +109,7 @@ func checkShape(t *testing.T, what, example string, got map[string]json.RawMessa
 	wantKeys := append(sortedKeys(want), extra...)
 	sort.Strings(wantKeys)
 	if gotKeys := sortedKeys(got); !slices.Equal(gotKeys, wantKeys) {
-		t.Errorf("%s: keys %v, want %v (the seed's %v plus %v)", what, gotKeys, wantKeys, sortedKeys(want), extra)
+		t.Errorf("%s: keys %v, want %v (Kandev's %v plus %v)", what, gotKeys, wantKeys, sortedKeys(want), extra)
 	}
 	for k, v := range want {
 		g, ok := got[k]
@@ -121,16 +121,16 @@ func checkShape(t *testing.T, what, example string, got map[string]json.RawMessa
 			t.Errorf("%s: %s is %s, want null", what, k, g)
 		case wk == "null" && (gk == "null" || gk == "string"):
 		case wk != gk:
-			t.Errorf("%s: %s is %s (%s), the seed's is %s (%s)", what, k, g, gk, v, wk)
+			t.Errorf("%s: %s is %s (%s), Kandev's is %s (%s)", what, k, g, gk, v, wk)
 		}
 	}
 }
 
-// TestRESTShapes checks the raw JSON of each REST response against seed
-// 002's examples: every member the seed shows is there, with its type, even
+// TestRESTShapes checks the raw JSON of each REST response against
+// Kandev's examples: every member they show is there, with its type, even
 // when it is empty (a starting instance's "progress": 0, "container_id": ""
 // and "finished_at": null; an error's "details": ""), and the launch
-// response has exactly the seed's members.
+// response has exactly Kandev's members.
 func TestRESTShapes(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs agent processes")

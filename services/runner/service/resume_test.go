@@ -9,7 +9,7 @@ import (
 // TestLaunchResumesStoredSession: a new instance launched with the session
 // id a finished task stored (GET /api/v1/tasks/{id}) resumes that session
 // in a real agent (examples/acp-agent) with session/load instead of
-// session/new: given as metadata.session_id (ACP), or seed 002's way, as
+// session/new: given as metadata.session_id (ACP), or Kandev's way, as
 // env AUGGIE_SESSION_ID from the task's metadata.auggie_session_id
 // (kandev).
 func TestLaunchResumesStoredSession(t *testing.T) {
