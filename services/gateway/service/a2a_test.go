@@ -302,7 +302,7 @@ func a2aSuite(t *testing.T, ctx context.Context, agent *a2aAgent, client, v0, su
 	heldID := await(t, agent.holding, "the held message at the agent")
 	// A client learns a task's id from its first event, sent once the task
 	// is stored; the agent may have the message before that.
-	waitFor(t, ctx, "the held task stored", func() bool {
+	testenv.Eventually(t, time.Minute, "the held task stored", func() bool {
 		_, err := subscriber.GetTask(ctx, &a2a.GetTaskRequest{ID: a2a.TaskID(heldID)})
 		return err == nil
 	})
@@ -351,7 +351,7 @@ func a2aSuite(t *testing.T, ctx context.Context, agent *a2aAgent, client, v0, su
 	heldID = await(t, agent.holding, "the second held message at the agent")
 	// A client learns a task's id from its first event, sent once the task
 	// is stored; the agent may have the message before that.
-	waitFor(t, ctx, "the held task stored", func() bool {
+	testenv.Eventually(t, time.Minute, "the held task stored", func() bool {
 		_, err := subscriber.GetTask(ctx, &a2a.GetTaskRequest{ID: a2a.TaskID(heldID)})
 		return err == nil
 	})
