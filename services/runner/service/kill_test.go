@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/conclave-ai/conclave/pkg/testenv"
 	"github.com/conclave-ai/conclave/services/runner/internal/records"
 )
 
@@ -50,14 +51,14 @@ func runnerProcessWith(t *testing.T, dataDir, root, types, port string, workers 
 	}
 	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
 	r := &testRunner{base: "http://127.0.0.1:" + port, root: root}
-	for {
+	testenv.EventuallyNoError(t, time.Minute, "the runner to listen on "+port, func() error {
 		c, err := net.Dial("tcp", "127.0.0.1:"+port)
 		if err == nil {
 			c.Close()
-			return cmd, r
 		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return err
+	})
+	return cmd, r
 }
 
 func freePort(t *testing.T) string {
@@ -110,9 +111,7 @@ func TestKilledRunner(t *testing.T) {
 	if done := r.waitStatus(t, queued.ID, "completed", "failed"); done.Status != "completed" {
 		t.Fatalf("the queued launch: %+v", done)
 	}
-	for countLogs(r.logs(t, running.ID), "tool_call file_edit") < 2 {
-		time.Sleep(50 * time.Millisecond)
-	}
+	r.waitLogCount(t, running.ID, "tool_call file_edit", 2)
 	if n := countLogs(r.logs(t, running.ID), "started kandev-slow-tool"); n != 2 {
 		t.Errorf("the crashed worker's launch started %d times, want 2", n)
 	}
@@ -149,9 +148,7 @@ func TestGracefulRestart(t *testing.T) {
 
 	second, _ := runOn(t, cfg, st, q, nil)
 	second.waitLog(t, in.ID, "the launch will be retried")
-	for countLogs(second.logs(t, in.ID), "tool_call write notes.txt") < 2 {
-		time.Sleep(50 * time.Millisecond)
-	}
+	second.waitLogCount(t, in.ID, "tool_call write notes.txt", 2)
 	if st := second.status(t, in.ID); st.Status != "running" {
 		t.Errorf("after the restart: %+v", st)
 	}
