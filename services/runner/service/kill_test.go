@@ -224,26 +224,25 @@ func exited(pid int) bool {
 	return i >= 0 && strings.HasPrefix(strings.TrimSpace(string(st[i+1:])), "Z")
 }
 
-// waitExited waits up to 10s for pid to exit.
+// waitExited waits for pid to exit.
 func waitExited(t *testing.T, pid int, what string) {
 	t.Helper()
-	for deadline := time.Now().Add(10 * time.Second); !exited(pid); time.Sleep(20 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s (pid %d) still runs 10s on", what, pid)
-		}
-	}
+	testenv.Eventually(t, time.Minute, fmt.Sprintf("%s (pid %d) to exit", what, pid), func() bool { return exited(pid) })
 }
 
-// readPIDFile waits up to 10s for a pid in path.
+// readPIDFile waits for a pid in path.
 func readPIDFile(t *testing.T, path string) int {
 	t.Helper()
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-		data, _ := os.ReadFile(path)
-		if pid, err := strconv.Atoi(strings.TrimSpace(string(data))); err == nil && pid > 0 {
-			return pid
+	var pid int
+	testenv.EventuallyNoError(t, time.Minute, "a pid in "+path, func() error {
+		data, err := os.ReadFile(path)
+		if err != nil {
+			return err
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no pid in %s within 10s", path)
+		if pid, err = strconv.Atoi(strings.TrimSpace(string(data))); err == nil && pid <= 0 {
+			err = fmt.Errorf("pid %d", pid)
 		}
-	}
+		return err
+	})
+	return pid
 }
