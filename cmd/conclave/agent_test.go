@@ -376,20 +376,20 @@ func TestAgentCommandsAgainstConclaveDev(t *testing.T) {
 		err := runAgent(ctx, append(args, "--addr", addr), stdout, &stderr)
 		return stderr.String(), err
 	}
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		var out bytes.Buffer
-		_, err := agentCmd(context.Background(), &out, "list")
-		if err == nil && strings.Contains(out.String(), id) {
-			if !strings.Contains(out.String(), "e2e") || !strings.Contains(out.String(), "chat,echo") {
-				t.Errorf("list:\n%s", out.String())
-			}
-			break
+	var list bytes.Buffer
+	testenv.EventuallyNoError(t, time.Minute, "the agent in 'conclave agent list'", func() error {
+		list.Reset()
+		_, err := agentCmd(context.Background(), &list, "list")
+		if err == nil && !strings.Contains(list.String(), id) {
+			err = fmt.Errorf("not listed")
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the agent never appeared in 'conclave agent list': %v\n%s\nagent log:\n%s", err, out.String(), agentLog.String())
+		if err != nil {
+			return fmt.Errorf("%w\n%s\nagent log:\n%s", err, list.String(), agentLog.String())
 		}
-		time.Sleep(50 * time.Millisecond)
+		return nil
+	})
+	if !strings.Contains(list.String(), "e2e") || !strings.Contains(list.String(), "chat,echo") {
+		t.Errorf("list:\n%s", list.String())
 	}
 
 	t.Run("send streams the reply", func(t *testing.T) {
