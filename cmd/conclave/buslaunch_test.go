@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/coder/websocket"
+
+	"github.com/conclave-ai/conclave/pkg/testenv"
 )
 
 // busAgentEnv makes this test binary a bus agent (runBusAgent) instead of
@@ -180,7 +182,7 @@ func TestDevDefaultHandlerLaunchesThroughRunner(t *testing.T) {
 		if len(acks) != 1 {
 			t.Fatalf("sendMessage %q: %v\n%s", text, res, stderr)
 		}
-		ack := acks[0].(map[string]any)
+		ack := testenv.At[map[string]any](t, acks, 0)
 		var got map[string]string
 		if ack["processed"] != true || json.Unmarshal([]byte(fmt.Sprint(ack["message"])), &got) != nil {
 			t.Fatalf("ack %v; the runner has: %s", ack, runnerTask(addrs["runner HTTP"], fmt.Sprint(ack["client_id"])))
@@ -331,7 +333,7 @@ func TestDevLaunchedAgentIsConfinedByItsToken(t *testing.T) {
 	if len(acks) != 1 {
 		t.Fatalf("sendMessage: %v\n%s", res, stderr)
 	}
-	ack := acks[0].(map[string]any)
+	ack := testenv.At[map[string]any](t, acks, 0)
 	var got map[string]string
 	if ack["processed"] != true || json.Unmarshal([]byte(fmt.Sprint(ack["message"])), &got) != nil {
 		t.Fatalf("ack %v; the runner has: %s", ack, runnerTask(addrs["runner HTTP"], fmt.Sprint(ack["client_id"])))

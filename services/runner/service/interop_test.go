@@ -4,6 +4,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/conclave-ai/conclave/pkg/testenv"
 )
 
 // TestPermissionsLoggedAndPublished: every session/request_permission an
@@ -96,22 +98,17 @@ func TestAgentErrorsAndAuthenticate(t *testing.T) {
 		if st := r.waitStatus(t, in.ID, "failed"); !strings.Contains(st.Error, "Authentication required: no API key is configured") {
 			t.Errorf("the failed instance's status says %q, want the agent's error", st.Error)
 		}
-		for deadline := time.Now().Add(time.Minute); ; time.Sleep(50 * time.Millisecond) {
-			var failed *statusEvent
+		var failed *statusEvent
+		testenv.Eventually(t, time.Minute, "the failed status event", func() bool {
 			for _, e := range drainStatusEvents(t, r.q, r.cfg.EventsQueue, in.ID) {
 				if e.Status == "failed" {
 					failed = &e
 				}
 			}
-			if failed != nil {
-				if !strings.Contains(failed.Error, "Authentication required: no API key is configured") {
-					t.Fatalf("the failed event's error is %q", failed.Error)
-				}
-				return
-			}
-			if time.Now().After(deadline) {
-				t.Fatal("no failed status event within a minute")
-			}
+			return failed != nil
+		})
+		if !strings.Contains(failed.Error, "Authentication required: no API key is configured") {
+			t.Fatalf("the failed event's error is %q", failed.Error)
 		}
 	})
 }

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/conclave-ai/conclave/pkg/queue"
+	"github.com/conclave-ai/conclave/pkg/testenv"
 	"github.com/conclave-ai/conclave/services/runner/internal/executor"
 	"github.com/conclave-ai/conclave/services/runner/internal/records"
 )
@@ -31,9 +32,12 @@ func (r *testRunner) prompt(t *testing.T, id, message string) {
 // waitLogCount polls the logs until want appears n times.
 func (r *testRunner) waitLogCount(t *testing.T, id, want string, n int) {
 	t.Helper()
-	for countLogs(r.logs(t, id), want) < n {
-		time.Sleep(50 * time.Millisecond)
-	}
+	testenv.EventuallyNoError(t, waitTimeout, fmt.Sprintf("%d log lines %q of %s", n, want, id), func() error {
+		if lines := r.logs(t, id); countLogs(lines, want) < n {
+			return fmt.Errorf("the log: %+v", lines)
+		}
+		return nil
+	})
 }
 
 // TestRunnerKilledMidConversation kills the runner (SIGKILL) with one

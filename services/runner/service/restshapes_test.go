@@ -3,6 +3,7 @@ package service_test
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"slices"
@@ -10,6 +11,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/conclave-ai/conclave/pkg/testenv"
 )
 
 // The JSON examples of Kandev's protocol text (its "REST API Integration" and "HTTP API
@@ -192,14 +195,11 @@ func TestRESTShapes(t *testing.T) {
 	if jsonKind(st["finished_at"]) != "string" || string(st["progress"]) != "100" {
 		t.Errorf("a completed instance's status: %v (%+v)", st, done)
 	}
-	for deadline := time.Now().Add(time.Minute); ; time.Sleep(50 * time.Millisecond) {
-		_, sess = r.rawJSON(t, "GET", "/api/v1/agents/"+id+"/session", nil)
-		if string(sess["session_id"]) != `""` || time.Now().After(deadline) {
-			break
+	testenv.EventuallyNoError(t, time.Minute, "a completed instance's session id", func() error {
+		if _, sess = r.rawJSON(t, "GET", "/api/v1/agents/"+id+"/session", nil); string(sess["session_id"]) == `""` {
+			return fmt.Errorf("no session id: %v", sess)
 		}
-	}
+		return nil
+	})
 	checkShape(t, "GET session (completed)", seedSessionResponse, sess, nil)
-	if string(sess["session_id"]) == `""` {
-		t.Errorf("no session id: %v", sess)
-	}
 }

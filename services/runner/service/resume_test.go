@@ -1,9 +1,12 @@
 package service_test
 
 import (
+	"fmt"
 	"net/http"
 	"testing"
 	"time"
+
+	"github.com/conclave-ai/conclave/pkg/testenv"
 )
 
 // TestLaunchResumesStoredSession: a new instance launched with the session
@@ -43,13 +46,13 @@ func TestLaunchResumesStoredSession(t *testing.T) {
 				Metadata map[string]any `json:"metadata"`
 			}
 			var sessionID string
-			for deadline := time.Now().Add(time.Minute); sessionID == ""; time.Sleep(50 * time.Millisecond) {
+			testenv.EventuallyNoError(t, time.Minute, "the task's "+tt.key, func() error {
 				r.do(t, "GET", "/api/v1/tasks/"+first.TaskID, nil, &task)
-				sessionID, _ = task.Metadata[tt.key].(string)
-				if time.Now().After(deadline) {
-					t.Fatalf("the task's metadata has no %s: %+v", tt.key, task.Metadata)
+				if sessionID, _ = task.Metadata[tt.key].(string); sessionID == "" {
+					return fmt.Errorf("its metadata %+v", task.Metadata)
 				}
-			}
+				return nil
+			})
 			if hasLog(r.logs(t, first.ID), "loaded session") {
 				t.Fatal("the first launch loaded a session")
 			}
