@@ -655,11 +655,19 @@ func allSettingsValues(t *testing.T) string {
 			"autoscaling": map[string]any{"enabled": true},
 		}
 	}
-	values["runner"].(map[string]any)["agentTypes"] = allSettingsAgentTypes
+	section := func(name string) map[string]any {
+		s, ok := values[name].(map[string]any)
+		if !ok {
+			t.Fatalf("values.%s is %T, not a section to set", name, values[name])
+		}
+		return s
+	}
+	runner, bus, console, gateway := section("runner"), section("bus"), section("console"), section("gateway")
+	runner["agentTypes"] = allSettingsAgentTypes
 	// Every part of the Kubernetes executor's block, in the release's
 	// namespace (TestKubernetesExecutor renders another).
-	values["runner"].(map[string]any)["executor"] = "kubernetes"
-	values["runner"].(map[string]any)["kubernetes"] = map[string]any{
+	runner["executor"] = "kubernetes"
+	runner["kubernetes"] = map[string]any{
 		"hostImage": "registry.example.com/agent-host:1", "imagePullPolicy": "Always",
 		"serviceAccount": map[string]any{"create": true, "name": "agents", "annotations": map[string]any{"example.com/role": "agents"}}, "runAsNonRoot": true, "workspaceClaim": "workspaces",
 		"workspaceRoot": "/claims", "workspaceMount": "/src", "ttlAfterFinished": "1h",
@@ -667,13 +675,13 @@ func allSettingsValues(t *testing.T) string {
 		"networkPolicy": map[string]any{"egress": []any{map[string]any{"ports": []any{map[string]any{"port": 443, "protocol": "TCP"}}}}},
 	}
 	// Governed agent types' tokens (docs/governance.md).
-	values["runner"].(map[string]any)["secret"] = map[string]any{"librarianTokensKey": "librarian-tokens", "busTokenKey": "bus-token"}
-	values["bus"].(map[string]any)["runnerAgentType"] = "my-agent"
-	values["bus"].(map[string]any)["runnerAddr"] = allSettingsRunnerAddr
-	values["bus"].(map[string]any)["publicUrl"] = allSettingsBusURL
-	values["console"].(map[string]any)["secret"] = map[string]any{"eventsBusTokenKey": "events-bus-token"}
-	values["gateway"].(map[string]any)["secret"] = map[string]any{"adminTokensKey": "admin-tokens"}
-	values["console"].(map[string]any)["urls"] = map[string]any{
+	runner["secret"] = map[string]any{"librarianTokensKey": "librarian-tokens", "busTokenKey": "bus-token"}
+	bus["runnerAgentType"] = "my-agent"
+	bus["runnerAddr"] = allSettingsRunnerAddr
+	bus["publicUrl"] = allSettingsBusURL
+	console["secret"] = map[string]any{"eventsBusTokenKey": "events-bus-token"}
+	gateway["secret"] = map[string]any{"adminTokensKey": "admin-tokens"}
+	console["urls"] = map[string]any{
 		"librarian": "https://librarian.example.com", "jaeger": "https://jaeger.example.com",
 	}
 	out, err := yaml.Marshal(values)

@@ -83,7 +83,7 @@ func BenchmarkToolCall(b *testing.B) {
 	})
 
 	// The whole path: an MCP client's tools/call over streamable HTTP on
-	// loopback, with authentication, schema and seed validation, logging and
+	// loopback, with authentication, schema and hybrid-protocol validation, logging and
 	// metrics.
 	b.Run("mcp_streamable_http", func(b *testing.B) {
 		cs := startBridge(b, py, script)

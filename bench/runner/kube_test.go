@@ -81,12 +81,10 @@ func BenchmarkKubeFirstUpdate(b *testing.B) {
 	if _, err := cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: kubeNamespace}}, metav1.CreateOptions{}); err != nil {
 		b.Fatal(err)
 	}
-	for {
-		if _, err := cs.CoreV1().ServiceAccounts(kubeNamespace).Get(ctx, "default", metav1.GetOptions{}); err == nil {
-			break
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	testenv.EventuallyNoError(b, 5*time.Minute, "the namespace's default service account", func() error {
+		_, err := cs.CoreV1().ServiceAccounts(kubeNamespace).Get(ctx, "default", metav1.GetOptions{})
+		return err
+	})
 
 	for _, floor := range []struct {
 		name string
@@ -234,19 +232,21 @@ func deleteJob(b *testing.B, cs kubernetes.Interface, name string) {
 	waitJobGone(b, cs, name)
 }
 
+// waitJobGone runs with the timer stopped: its polling is not measured.
 func waitJobGone(b *testing.B, cs kubernetes.Interface, name string) {
+	b.Helper()
 	ctx := context.Background()
-	for {
+	testenv.EventuallyNoError(b, 5*time.Minute, "Job "+name+" and its pods deleted", func() error {
 		_, err := cs.BatchV1().Jobs(kubeNamespace).Get(ctx, name, metav1.GetOptions{})
 		pods, perr := cs.CoreV1().Pods(kubeNamespace).List(ctx, metav1.ListOptions{LabelSelector: "job-name=" + name})
 		if perr != nil {
 			b.Fatal(perr)
 		}
-		if apierrors.IsNotFound(err) && len(pods.Items) == 0 {
-			return
+		if !apierrors.IsNotFound(err) || len(pods.Items) != 0 {
+			return fmt.Errorf("the Job: %v; %d pods", err, len(pods.Items))
 		}
-		time.Sleep(100 * time.Millisecond)
-	}
+		return nil
+	})
 }
 
 // startKubeRunner runs a runner with the Kubernetes executor on the node:

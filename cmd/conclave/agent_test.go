@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"flag"
+	"fmt"
 	"io"
 	"os"
 	"os/exec"
@@ -375,20 +376,20 @@ func TestAgentCommandsAgainstConclaveDev(t *testing.T) {
 		err := runAgent(ctx, append(args, "--addr", addr), stdout, &stderr)
 		return stderr.String(), err
 	}
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		var out bytes.Buffer
-		_, err := agentCmd(context.Background(), &out, "list")
-		if err == nil && strings.Contains(out.String(), id) {
-			if !strings.Contains(out.String(), "e2e") || !strings.Contains(out.String(), "chat,echo") {
-				t.Errorf("list:\n%s", out.String())
-			}
-			break
+	var list bytes.Buffer
+	testenv.EventuallyNoError(t, time.Minute, "the agent in 'conclave agent list'", func() error {
+		list.Reset()
+		_, err := agentCmd(context.Background(), &list, "list")
+		if err == nil && !strings.Contains(list.String(), id) {
+			err = fmt.Errorf("not listed")
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the agent never appeared in 'conclave agent list': %v\n%s\nagent log:\n%s", err, out.String(), agentLog.String())
+		if err != nil {
+			return fmt.Errorf("%w\n%s\nagent log:\n%s", err, list.String(), agentLog.String())
 		}
-		time.Sleep(50 * time.Millisecond)
+		return nil
+	})
+	if !strings.Contains(list.String(), "e2e") || !strings.Contains(list.String(), "chat,echo") {
+		t.Errorf("list:\n%s", list.String())
 	}
 
 	t.Run("send streams the reply", func(t *testing.T) {
@@ -468,13 +469,12 @@ func TestAgentCommandsAgainstConclaveDev(t *testing.T) {
 		if err == nil || !strings.HasPrefix(err.Error(), "interrupted") {
 			t.Fatalf("err = %v, want interrupted", err)
 		}
-		deadline := time.Now().Add(30 * time.Second)
-		for !strings.Contains(agentLog.String(), `msg=cancelling`) {
-			if time.Now().After(deadline) {
-				t.Fatalf("the agent was never told to cancel:\n%s", agentLog.String())
+		testenv.EventuallyNoError(t, time.Minute, "the agent to be told to cancel", func() error {
+			if log := agentLog.String(); !strings.Contains(log, `msg=cancelling`) {
+				return fmt.Errorf("agent log:\n%s", log)
 			}
-			time.Sleep(20 * time.Millisecond)
-		}
+			return nil
+		})
 		// The agent is free again for the next request.
 		var next bytes.Buffer
 		if stderr, err := agentCmd(context.Background(), &next, "send", "--agent", id, "again"); err != nil || !strings.Contains(next.String(), "You said: again") {

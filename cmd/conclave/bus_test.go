@@ -67,8 +67,7 @@ func TestBusCommands(t *testing.T) {
 	lines := bufio.NewScanner(stdout)
 
 	// send-message until the subscription is in place (its ack appears).
-	deadline := time.Now().Add(time.Minute)
-	for {
+	testenv.EventuallyNoError(t, time.Minute, "the subscriber's ack", func() error {
 		out, err := bus("send-message", "--topic", "cb:1", "--payload", `{"type":"plaintext_message","text":"hi"}`).Output()
 		if err != nil {
 			t.Fatalf("conclave bus send-message: %v: %s", err, out)
@@ -82,13 +81,11 @@ func TestBusCommands(t *testing.T) {
 		if err := json.Unmarshal(out, &res); err != nil {
 			t.Fatalf("conclave bus send-message printed %q: %v", out, err)
 		}
-		if len(res.Acks) == 1 && res.Acks[0].ClientID == "conclave-bus-subscriber" && res.Success {
-			break
+		if len(res.Acks) != 1 || res.Acks[0].ClientID != "conclave-bus-subscriber" || !res.Success {
+			return fmt.Errorf("send-message printed %s", out)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the subscriber never acknowledged: %s", out)
-		}
-	}
+		return nil
+	})
 	if !lines.Scan() || !strings.Contains(lines.Text(), `"topic":"cb:1"`) {
 		t.Fatalf("conclave bus subscribe printed %q (%v)", lines.Text(), lines.Err())
 	}
@@ -139,15 +136,12 @@ func TestBusCommands(t *testing.T) {
 		t.Fatalf("conclave bus send-message to the agent: %v", err)
 	}
 	var out []byte
-	for {
+	testenv.Eventually(t, time.Minute, "a dead letter in 'conclave bus dlq list'", func() bool {
 		if out, err = bus("dlq", "list").Output(); err != nil {
 			t.Fatalf("conclave bus dlq list: %v", err)
 		}
-		if len(out) > 0 || time.Now().After(deadline) {
-			break
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return len(out) > 0
+	})
 	var dl struct{ ID, Topic string }
 	if err := json.Unmarshal(out, &dl); err != nil || dl.Topic != "agent:cb" || strings.Count(string(out), "\n") != 1 {
 		t.Fatalf("conclave bus dlq list printed %q (%v)", out, err)

@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/coder/websocket"
+
+	"github.com/conclave-ai/conclave/pkg/testenv"
 )
 
 // busAgentEnv makes this test binary a bus agent (runBusAgent) instead of
@@ -25,7 +27,7 @@ const (
 
 var busAgentVars = []string{"BUB_WORKSPACE", "BUB_DEFAULT_TOPIC", "BUB_AGENT_ID", "BUB_BUS_URL"}
 
-// runBusAgent is an agent as seed 004 describes one: it logs the four
+// runBusAgent is an agent as the bub protocol describes one: it logs the four
 // BUB_* variables (stderr is the runner's log store) and writes them into
 // its workspace, dials BUB_BUS_URL as BUB_AGENT_ID with BUB_TOKEN as its
 // bearer token (when set), subscribes to BUB_DEFAULT_TOPIC and answers
@@ -180,7 +182,7 @@ func TestDevDefaultHandlerLaunchesThroughRunner(t *testing.T) {
 		if len(acks) != 1 {
 			t.Fatalf("sendMessage %q: %v\n%s", text, res, stderr)
 		}
-		ack := acks[0].(map[string]any)
+		ack := testenv.At[map[string]any](t, acks, 0)
 		var got map[string]string
 		if ack["processed"] != true || json.Unmarshal([]byte(fmt.Sprint(ack["message"])), &got) != nil {
 			t.Fatalf("ack %v; the runner has: %s", ack, runnerTask(addrs["runner HTTP"], fmt.Sprint(ack["client_id"])))
@@ -331,7 +333,7 @@ func TestDevLaunchedAgentIsConfinedByItsToken(t *testing.T) {
 	if len(acks) != 1 {
 		t.Fatalf("sendMessage: %v\n%s", res, stderr)
 	}
-	ack := acks[0].(map[string]any)
+	ack := testenv.At[map[string]any](t, acks, 0)
 	var got map[string]string
 	if ack["processed"] != true || json.Unmarshal([]byte(fmt.Sprint(ack["message"])), &got) != nil {
 		t.Fatalf("ack %v; the runner has: %s", ack, runnerTask(addrs["runner HTTP"], fmt.Sprint(ack["client_id"])))

@@ -15,12 +15,13 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/conclave-ai/conclave/pkg/telemetry"
+	"github.com/conclave-ai/conclave/pkg/testenv"
 	bridge "github.com/conclave-ai/conclave/services/bridge/service"
 )
 
 const bridgeToken = "bridge-client-0123456789abcdef"
 
-// markerAgent is a Python tool agent (seed 000's hybrid protocol) that
+// markerAgent is a Python tool agent (the ADK bridge's hybrid protocol) that
 // leaves a file named after its call in its workspace when it runs, so a
 // test can tell whether it ran.
 const markerAgent = `import json, os, sys
@@ -94,7 +95,8 @@ func (b bearerTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 // on the Librarian and returns its id.
 func (e *governedEnv) escalatedOf(t *testing.T, agent string) string {
 	t.Helper()
-	for deadline := time.Now().Add(2 * time.Minute); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+	var id string
+	testenv.Eventually(t, 2*time.Minute, "an escalated request of "+agent, func() bool {
 		var list struct {
 			Requests []struct {
 				RequestID string `json:"request_id"`
@@ -104,12 +106,13 @@ func (e *governedEnv) escalatedOf(t *testing.T, agent string) string {
 			} `json:"requests"`
 		}
 		call(t, "GET", e.librarianURL+"/reviews?status=escalated", reviewerLibToken, nil, &list)
-		for _, r := range list.Requests {
-			return r.RequestID
+		if len(list.Requests) == 0 {
+			return false
 		}
-	}
-	t.Fatalf("no request of %s escalated within 2m", agent)
-	return ""
+		id = list.Requests[0].RequestID
+		return true
+	})
+	return id
 }
 
 // TestGovernedBridgeTools: a governed tool's call first asks the

@@ -58,17 +58,18 @@ func (e *governedEnv) startRunnerProcess(t *testing.T, port string) *exec.Cmd {
 	}
 	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
 	e.runnerURL = "http://127.0.0.1:" + port
-	for deadline := time.Now().Add(time.Minute); ; time.Sleep(50 * time.Millisecond) {
-		if resp, err := http.Get(e.runnerURL + "/readyz"); err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return cmd
-			}
+	testenv.EventuallyNoError(t, time.Minute, "the runner to be ready", func() error {
+		resp, err := http.Get(e.runnerURL + "/readyz")
+		if err != nil {
+			return err
 		}
-		if time.Now().After(deadline) {
-			t.Fatal("the runner did not become ready within a minute")
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			return fmt.Errorf("/readyz: HTTP %d", resp.StatusCode)
 		}
-	}
+		return nil
+	})
+	return cmd
 }
 
 // kill9 kills the runner process with SIGKILL and waits for it.
@@ -112,16 +113,14 @@ func TestGovernedRunnerKilledMidWait(t *testing.T) {
 	// taken up with the same request.
 	second := e.startRunnerProcess(t, port)
 	e.waitLog(t, in.ID, "launch 1", time.Minute)
-	for deadline := time.Now().Add(3 * time.Minute); ; time.Sleep(100 * time.Millisecond) {
+	testenv.EventuallyNoError(t, 3*time.Minute, "the second runner to take the wait up", func() error {
 		// (What the killed runner had not yet flushed of its log is lost.)
 		log := e.logText(t, in.ID)
-		if i := strings.LastIndex(log, "started "+governedType); strings.Count(log, "started "+governedType) >= 2 && strings.Contains(log[i:], "escalated to a person") {
-			break
+		if i := strings.LastIndex(log, "started "+governedType); strings.Count(log, "started "+governedType) < 2 || !strings.Contains(log[i:], "escalated to a person") {
+			return fmt.Errorf("log:\n%s", log)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the second runner did not take the wait up; log:\n%s", e.logText(t, in.ID))
-		}
-	}
+		return nil
+	})
 	again := e.waitStatus(t, in.ID, time.Minute, "awaiting_approval")
 	if path.Base(again.ReviewURL) != requestID {
 		t.Fatalf("the wait was taken up with another request: %s, first %s", again.ReviewURL, waiting.ReviewURL)

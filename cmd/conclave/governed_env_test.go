@@ -361,19 +361,14 @@ func (e *governedEnv) status(t *testing.T, id string) governedInstance {
 // waitStatus waits, up to d, for the instance to reach one of want.
 func (e *governedEnv) waitStatus(t *testing.T, id string, d time.Duration, want ...string) governedInstance {
 	t.Helper()
-	deadline := time.Now().Add(d)
-	for {
-		in := e.status(t, id)
-		for _, w := range want {
-			if in.Status == w {
-				return in
-			}
+	var in governedInstance
+	testenv.EventuallyNoError(t, d, fmt.Sprintf("instance %s to be one of %v", id, want), func() error {
+		if in = e.status(t, id); !slices.Contains(want, in.Status) {
+			return fmt.Errorf("it is %s; its log:\n%s", in.Status, e.logText(t, id))
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("instance %s is %s after %s, not one of %v; its log:\n%s", id, in.Status, d, want, e.logText(t, id))
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return nil
+	})
+	return in
 }
 
 func (e *governedEnv) logText(t *testing.T, id string) string {
@@ -395,17 +390,12 @@ func (e *governedEnv) logText(t *testing.T, id string) string {
 // waitLog waits, up to d, for a line of the instance's log containing want.
 func (e *governedEnv) waitLog(t *testing.T, id, want string, d time.Duration) {
 	t.Helper()
-	deadline := time.Now().Add(d)
-	for {
-		text := e.logText(t, id)
-		if strings.Contains(text, want) {
-			return
+	testenv.EventuallyNoError(t, d, fmt.Sprintf("log line %q of %s", want, id), func() error {
+		if text := e.logText(t, id); !strings.Contains(text, want) {
+			return fmt.Errorf("the log:\n%s", text)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no log line %q within %s; the log:\n%s", want, d, text)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return nil
+	})
 }
 
 // decide decides an escalated request through the Librarian's API, as a

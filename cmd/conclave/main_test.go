@@ -137,7 +137,7 @@ func TestDevServesCovenAndHealth(t *testing.T) {
 	if resp.StatusCode != http.StatusOK || !strings.Contains(string(body), `"agent_type":"code-generator"`) {
 		t.Errorf("librarian capabilities: %d %s", resp.StatusCode, body)
 	}
-	// The bus answers a client written from seed 004, without a token.
+	// The bus answers a client written from the bub protocol, without a token.
 	checkBus(t, "ws://"+addrs["bus WebSocket"])
 
 	// Ctrl-C stops it cleanly.
@@ -266,7 +266,7 @@ func TestCommands(t *testing.T) {
 	}
 }
 
-// checkBus initializes on the bus at url as the seed's first example does
+// checkBus initializes on the bus at url as the bub protocol's first example does
 // and pings it.
 func checkBus(t *testing.T, url string) {
 	t.Helper()

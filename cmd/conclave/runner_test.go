@@ -137,20 +137,20 @@ func TestDevRunnerAgentsOnTheGateway(t *testing.T) {
 		t.Fatal(err)
 	}
 	gateway := addrs["gateway gRPC"]
-	deadline := time.Now().Add(60 * time.Second)
-	for {
-		var list bytes.Buffer
+	var list bytes.Buffer
+	testenv.EventuallyNoError(t, time.Minute, "the runner's agent in 'conclave agent list'", func() error {
+		list.Reset()
 		err := runAgent(context.Background(), []string{"list", "--addr", gateway}, &list, io.Discard)
-		if err == nil && strings.Contains(list.String(), in.ID) {
-			if !strings.Contains(list.String(), "the example agent") || !strings.Contains(list.String(), "chat,notes") || !strings.Contains(list.String(), "runner:dev") {
-				t.Errorf("list:\n%s", list.String())
-			}
-			break
+		if err == nil && !strings.Contains(list.String(), in.ID) {
+			err = fmt.Errorf("not listed")
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the runner's agent never appeared in 'conclave agent list': %v\n%s\n%s", err, list.String(), stderr)
+		if err != nil {
+			return fmt.Errorf("%w\n%s\n%s", err, list.String(), stderr)
 		}
-		time.Sleep(100 * time.Millisecond)
+		return nil
+	})
+	if !strings.Contains(list.String(), "the example agent") || !strings.Contains(list.String(), "chat,notes") || !strings.Contains(list.String(), "runner:dev") {
+		t.Errorf("list:\n%s", list.String())
 	}
 	var reply, replyErr bytes.Buffer
 	if err := runAgent(context.Background(), []string{"send", "--agent", in.ID, "--addr", gateway, "write", "the", "notes"}, &reply, &replyErr); err != nil {

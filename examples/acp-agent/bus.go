@@ -15,7 +15,7 @@ import (
 
 // busAgent is the agent's bus side (-bus), for an agent the bus's default
 // handler has the runner launch: the runner drives it over ACP on stdio as
-// any agent, and it also joins the bus as seed 004's agents do. It dials
+// any agent, and it also joins the bus as the bub protocol's agents do. It dials
 // BUB_BUS_URL with BUB_TOKEN as its bearer token, initializes as
 // BUB_AGENT_ID with the processMessage capability, subscribes to
 // BUB_DEFAULT_TOPIC, and answers each processMessage: it publishes a reply

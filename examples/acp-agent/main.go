@@ -1,6 +1,6 @@
 // Command acp-agent is Conclave's example agent on stdio. It speaks the
-// Agent Client Protocol of agentclientprotocol.com (-dialect acp), seed
-// 002's Kandev dialect (-dialect kandev) or seed 002's legacy line format
+// Agent Client Protocol of agentclientprotocol.com (-dialect acp), Kandev's
+// dialect (-dialect kandev) or Kandev's legacy line format
 // (-dialect legacy). A turn streams content, makes a tool call (writing
 // notes.txt in the session's directory through fs/write_text_file, after
 // asking permission), and ends. -mode makes it misbehave, for the runner's
@@ -48,7 +48,7 @@
 // -print-env makes it write its environment to stderr at start, one
 // "acp-agent: env NAME=VALUE" line each, for tests of what reaches it.
 //
-// -bus makes it also a bus agent (seed 004) when the runner launches it for
+// -bus makes it also a bus agent (the bub protocol) when the runner launches it for
 // the bus's default handler: it dials BUB_BUS_URL with BUB_TOKEN, subscribes
 // to BUB_DEFAULT_TOPIC, and answers each processMessage, publishing a reply
 // on agent:{BUB_AGENT_ID} first (bus.go).
@@ -302,7 +302,7 @@ func (a *agent) handle(m message) {
 			return
 		}
 		if a.dialect == "kandev" {
-			// Seed 002's agents clean up and exit on cancel.
+			// Kandev's agents clean up and exit on cancel.
 			os.Exit(0)
 		}
 		if a.cancel != nil {
@@ -448,7 +448,7 @@ func (a *agent) turn(m message) {
 	}
 }
 
-// legacy reports a whole run in seed 002's legacy line format and exits.
+// legacy reports a whole run in Kandev's legacy line format and exits.
 func (a *agent) legacy() {
 	now := func() string { return time.Now().UTC().Format(time.RFC3339) }
 	for _, l := range []map[string]any{

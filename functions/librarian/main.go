@@ -1,4 +1,4 @@
-// Command bootstrap is the Librarian governance API (seed 003) as an AWS
+// Command bootstrap is the Librarian governance API (docs/librarian.md) as an AWS
 // Lambda (provided.al2023, arm64) behind an API Gateway HTTP API; REST API
 // events are accepted too. It only wires: the cold start is
 // internal/lambdafn, the handler service.NewHandler, the same one

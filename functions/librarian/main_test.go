@@ -142,7 +142,7 @@ func TestBootstrapUnderTheRuntimeAPI(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	// Payload 2.0: the seed's approval.
+	// Payload 2.0: the protocol's approval.
 	res, err := rt.Invoke(ctx, fixture(t, "request-approval.json"), map[string]string{"Lambda-Runtime-Trace-Id": "Root=1-5759e988-bd862e3fe1be46a994272793;Sampled=1"})
 	if err != nil {
 		t.Fatal(err)

@@ -58,7 +58,7 @@ type Governor struct {
 	tracer  trace.Tracer
 	log     *slog.Logger
 	// DefaultWait bounds a wait for a person when neither the ask nor the
-	// Librarian's answer says how long (the seed's 24 hours).
+	// Librarian's answer says how long (the Librarian protocol's 24 hours).
 	DefaultWait time.Duration
 }
 

@@ -5,8 +5,8 @@ import (
 	"errors"
 )
 
-// Kind is a bridge-side failure class of seed 000. The set is fixed, so it is
-// safe as a metric label.
+// Kind is a bridge-side failure class of the hybrid protocol. The set is
+// fixed, so it is safe as a metric label.
 type Kind string
 
 // The bridge-side error kinds. Agent-side errors (an agent answering
@@ -51,7 +51,7 @@ var prefixes = map[Kind]string{
 	KindNotApproved:    "Not approved",
 }
 
-// Error is a bridge-side failure. Its message is the seed's error string,
+// Error is a bridge-side failure. Its message is the ADK bridge's error string,
 // e.g. "Validation error: Invalid repo_name format".
 type Error struct {
 	Kind Kind
@@ -74,7 +74,7 @@ type Error struct {
 
 func (e *Error) Error() string { return prefixes[e.Kind] + ": " + e.Message }
 
-// Response renders the error in the seed's response form:
+// Response renders the error in the ADK bridge's response form:
 // {"status":"error","error":"...","details":"..."}.
 func (e *Error) Response() json.RawMessage {
 	b, _ := json.Marshal(struct {

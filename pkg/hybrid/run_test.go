@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -12,6 +13,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/conclave-ai/conclave/pkg/testenv"
 )
 
 // systemPython is the real executable behind python3 on PATH: version
@@ -76,7 +79,7 @@ func TestRunHybridProtocol(t *testing.T) {
 	if got := strings.Join(data.Argv, " "); got != "--issue=123 --repo=owner/repo --dry-run" {
 		t.Errorf("argv = %q", got)
 	}
-	if data.Params["repo_name"] != "owner/repo" || data.Params["issue_number"] != float64(123) || data.Params["extra"].(map[string]any)["k"] != "v" {
+	if data.Params["repo_name"] != "owner/repo" || data.Params["issue_number"] != float64(123) || testenv.At[map[string]any](t, data.Params, "extra")["k"] != "v" {
 		t.Errorf("stdin params = %v", data.Params)
 	}
 	if data.Cwd != a.Dir {
@@ -243,35 +246,31 @@ func TestRunExactlyAtStdoutLimit(t *testing.T) {
 // pidOf waits for an agent to report a process id in file.
 func pidOf(t *testing.T, file string) int {
 	t.Helper()
-	for range 600 {
-		if b, err := os.ReadFile(file); err == nil && strings.HasSuffix(string(b), "\n") {
-			pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
-			if err != nil {
-				t.Fatal(err)
-			}
-			return pid
-		}
-		time.Sleep(50 * time.Millisecond)
+	var b []byte
+	testenv.Eventually(t, time.Minute, "a pid in "+file, func() bool {
+		var err error
+		b, err = os.ReadFile(file)
+		return err == nil && strings.HasSuffix(string(b), "\n")
+	})
+	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil {
+		t.Fatal(err)
 	}
-	t.Fatalf("%s never appeared", file)
-	return 0
+	return pid
 }
 
 // gone waits until pid no longer runs (it may linger as a zombie when no
 // init reaps it, which is not running).
 func gone(t *testing.T, pid int) {
 	t.Helper()
-	for range 600 {
+	testenv.Eventually(t, time.Minute, fmt.Sprintf("process %d to end", pid), func() bool {
 		b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
 		if err != nil {
-			return
+			return true
 		}
-		if f := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+1:])); len(f) > 0 && (f[0] == "Z" || f[0] == "X") {
-			return
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	t.Fatalf("process %d still runs", pid)
+		f := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+1:]))
+		return len(f) > 0 && (f[0] == "Z" || f[0] == "X")
+	})
 }
 
 const grandchildSource = `

@@ -10,7 +10,7 @@ import (
 	"unicode/utf8"
 )
 
-// The limits of seed 000's validation rules.
+// The limits of the hybrid protocol's validation rules.
 const (
 	MaxRepoNameLength = 200
 	MinIssueNumber    = 1
@@ -58,7 +58,7 @@ func DecodeParams(raw []byte) (map[string]any, error) {
 	return obj, nil
 }
 
-// Validate applies seed 000's rules to params: repo_name's format and length,
+// Validate applies the hybrid protocol's rules to params: repo_name's format and length,
 // issue_number's range, sources' allow-list, and every string's length
 // (nested ones included) against maxParamLength characters. Keys are checked
 // in sorted order so that the same input always reports the same error.

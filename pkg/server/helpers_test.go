@@ -15,6 +15,8 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"github.com/conclave-ai/conclave/pkg/testenv"
 )
 
 // testServer is a Server running in the background for one test.
@@ -93,14 +95,14 @@ func (ts *testServer) dial(t *testing.T) *grpc.ClientConn {
 // started closing its listeners. There is no event to wait on from outside.
 func waitClosed(t *testing.T, addr string) {
 	t.Helper()
-	for {
+	testenv.Eventually(t, time.Minute, addr+" to refuse connections", func() bool {
 		c, err := net.Dial("tcp", addr)
 		if err != nil {
-			return
+			return true
 		}
 		_ = c.Close()
-		time.Sleep(time.Millisecond)
-	}
+		return false
+	})
 }
 
 type httpResult struct {

@@ -3,6 +3,7 @@ package testenv_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -127,12 +128,12 @@ func TestDynaliteServesOnAfterAnAbort(t *testing.T) {
 	}
 	// Once dynalite has seen the abort (guarded or not, it says "aborted"),
 	// it must still answer.
-	for deadline := time.Now().Add(time.Minute); !strings.Contains(c.Output(), "aborted"); {
-		if time.Now().After(deadline) {
-			t.Fatalf("dynalite never noticed the aborted request:\n%s", c.Output())
+	testenv.EventuallyNoError(t, time.Minute, "dynalite to notice the aborted request", func() error {
+		if out := c.Output(); !strings.Contains(out, "aborted") {
+			return fmt.Errorf("its output:\n%s", out)
 		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return nil
+	})
 	resp, err := http.DefaultClient.Do(awsJSONRequest(c.Endpoint, "DynamoDB_20120810.ListTables"))
 	if err != nil {
 		t.Fatalf("after the abort: %v\n%s", err, c.Output())

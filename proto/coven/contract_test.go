@@ -11,9 +11,10 @@ import (
 	covenpb "github.com/conclave-ai/conclave/proto/coven"
 )
 
-// seedFields is seed 001's contract plus the extension numbers fixed in
-// DESIGN.md. A renumbered, renamed or retyped field fails here, because the
-// expectation is checked against the compiled descriptor, not the Go code.
+// seedFields is the coven protocol's contract plus its extensions (marked
+// "Extension:" in coven.proto) at the public coven protocol's field numbers.
+// A renumbered, renamed or retyped field fails here, because the expectation
+// is checked against the compiled descriptor, not the Go code.
 var seedFields = map[string][]struct {
 	name   string
 	number protowire.Number
@@ -158,7 +159,7 @@ func TestCovenDescriptorMatchesSeed(t *testing.T) {
 	}
 }
 
-// TestCovenWireRoundTrip encodes every seed message, checks the exact bytes of
+// TestCovenWireRoundTrip encodes every coven message, checks the exact bytes of
 // a hand-assembled encoding (so the Go types and the wire agree), and decodes
 // it back.
 func TestCovenWireRoundTrip(t *testing.T) {
@@ -231,7 +232,7 @@ func TestCovenWireRoundTrip(t *testing.T) {
 				t.Fatalf("marshal: %v", err)
 			}
 			if string(got) != string(tt.wire) {
-				t.Fatalf("encoding differs from the seed's field numbers:\n got  %x\n want %x", got, tt.wire)
+				t.Fatalf("encoding differs from coven's field numbers:\n got  %x\n want %x", got, tt.wire)
 			}
 			decoded := tt.msg.ProtoReflect().New().Interface()
 			if err := proto.Unmarshal(tt.wire, decoded); err != nil {
@@ -244,7 +245,8 @@ func TestCovenWireRoundTrip(t *testing.T) {
 	}
 }
 
-// TestCovenSeedJSONExample decodes the registration example printed in seed 001.
+// TestCovenSeedJSONExample decodes the registration example printed in the coven
+// protocol's text.
 func TestCovenSeedJSONExample(t *testing.T) {
 	t.Parallel()
 	const seedExample = `{
@@ -256,7 +258,7 @@ func TestCovenSeedJSONExample(t *testing.T) {
 }`
 	var m covenpb.AgentMessage
 	if err := protojson.Unmarshal([]byte(seedExample), &m); err != nil {
-		t.Fatalf("decode seed example: %v", err)
+		t.Fatalf("decode coven example: %v", err)
 	}
 	reg := m.GetRegister()
 	if reg.GetAgentId() != "550e8400-e29b-41d4-a716-446655440000" || reg.GetName() != "mux-agent-1" ||

@@ -80,7 +80,7 @@ func (c Config) withDefaults() Config {
 	return c
 }
 
-// NewID returns a random version-4 UUID, the form seed 001 recommends for
+// NewID returns a random version-4 UUID, the form the coven protocol recommends for
 // agent IDs.
 func NewID() string {
 	var b [16]byte

@@ -124,15 +124,14 @@ func (l *logs) String() string {
 	return l.buf.String()
 }
 
-// waitFor polls cond until it holds, failing the test at the deadline.
-func waitFor(t *testing.T, what string, cond func() bool, l *logs) {
-	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting until %s\nagent log:\n%s", what, l)
+// until makes cond a condition for testenv.EventuallyNoError whose
+// error, when the wait fails, is the agent's log so far.
+func (l *logs) until(cond func() bool) func() error {
+	return func() error {
+		if !cond() {
+			return fmt.Errorf("agent log:\n%s", l)
 		}
-		time.Sleep(20 * time.Millisecond)
+		return nil
 	}
 }
 
@@ -237,7 +236,7 @@ func TestAgentRegistersAndLeavesCleanly(t *testing.T) {
 	go func() {
 		done <- agent.Run(ctx, agent.Config{Addr: gw.addr, AgentID: id, Logger: slog.New(slog.NewTextHandler(l, nil))})
 	}()
-	waitFor(t, "the agent registers", func() bool { return l.count(registered) == 1 }, l)
+	testenv.EventuallyNoError(t, time.Minute, "the agent registers", l.until(func() bool { return l.count(registered) == 1 }))
 	assertHeld(t, gw.addr, id)
 
 	stop()
@@ -275,7 +274,7 @@ func TestAgentPresentsItsToken(t *testing.T) {
 			done <- agent.Run(ctx, agent.Config{Addr: gw.addr, AgentID: id, Token: tt.token, Logger: slog.New(slog.NewTextHandler(l, nil))})
 		}()
 		if tt.want == codes.OK {
-			waitFor(t, "the agent registers", func() bool { return l.count(registered) == 1 }, l)
+			testenv.EventuallyNoError(t, time.Minute, "the agent registers", l.until(func() bool { return l.count(registered) == 1 }))
 			stop()
 		}
 		// A refused token is not retried: Run returns the gateway's status.
@@ -299,10 +298,10 @@ func TestAgentRetriesWhileItsIDIsTaken(t *testing.T) {
 		t.Fatal(err)
 	}
 	l := startAgent(t, gw.addr, id)
-	waitFor(t, "the agent is refused", func() bool { return l.count("AlreadyExists") > 0 }, l)
+	testenv.EventuallyNoError(t, time.Minute, "the agent is refused", l.until(func() bool { return l.count("AlreadyExists") > 0 }))
 
 	squatter.leave(t)
-	waitFor(t, "the agent registers once the ID is free", func() bool { return l.count(registered) == 1 }, l)
+	testenv.EventuallyNoError(t, time.Minute, "the agent registers once the ID is free", l.until(func() bool { return l.count(registered) == 1 }))
 	assertHeld(t, gw.addr, id)
 }
 
@@ -314,7 +313,7 @@ func TestAgentHeartbeatsKeepItRegistered(t *testing.T) {
 	gw := startGateway(t, "127.0.0.1:0", "CONCLAVE_GATEWAY_AGENT_TIMEOUT=1s")
 	id := agent.NewID()
 	l := startAgent(t, gw.addr, id)
-	waitFor(t, "the agent registers", func() bool { return l.count(registered) == 1 }, l)
+	testenv.EventuallyNoError(t, time.Minute, "the agent registers", l.until(func() bool { return l.count(registered) == 1 }))
 
 	// A silent agent registered after ours is dropped once the agent timeout
 	// has passed; by then ours has lived longer than that on heartbeats.
@@ -340,16 +339,16 @@ func TestAgentReconnectsAfterTheGatewayDies(t *testing.T) {
 	first := startGateway(t, "127.0.0.1:0")
 	id := agent.NewID()
 	l := startAgent(t, first.addr, id)
-	waitFor(t, "the agent registers", func() bool { return l.count(registered) == 1 }, l)
+	testenv.EventuallyNoError(t, time.Minute, "the agent registers", l.until(func() bool { return l.count(registered) == 1 }))
 
 	if err := first.cmd.Process.Kill(); err != nil {
 		t.Fatal(err)
 	}
 	_ = first.cmd.Wait()
-	waitFor(t, "the agent notices", func() bool { return l.count("reconnecting") > 0 }, l)
+	testenv.EventuallyNoError(t, time.Minute, "the agent notices", l.until(func() bool { return l.count("reconnecting") > 0 }))
 
 	second := startGateway(t, first.addr)
-	waitFor(t, "the agent registers again", func() bool { return l.count(registered) == 2 }, l)
+	testenv.EventuallyNoError(t, time.Minute, "the agent registers again", l.until(func() bool { return l.count(registered) == 2 }))
 	assertHeld(t, second.addr, id)
 }
 
@@ -361,7 +360,7 @@ func TestAgentMovesOnWhenTheGatewayShutsDown(t *testing.T) {
 	first := startGateway(t, "127.0.0.1:0")
 	id := agent.NewID()
 	l := startAgent(t, first.addr, id)
-	waitFor(t, "the agent registers", func() bool { return l.count(registered) == 1 }, l)
+	testenv.EventuallyNoError(t, time.Minute, "the agent registers", l.until(func() bool { return l.count(registered) == 1 }))
 
 	// SIGTERM drains the gateway: it sends Shutdown and waits for its agents
 	// to leave. The agent closes its side, so the drain ends cleanly.
@@ -372,11 +371,11 @@ func TestAgentMovesOnWhenTheGatewayShutsDown(t *testing.T) {
 		t.Fatalf("gateway did not drain cleanly: %v\n%s", err, first.stderr)
 	}
 	const left = `error="gateway asked the agent to leave: gateway dev is shutting down"`
-	waitFor(t, "the agent leaves on Shutdown", func() bool { return l.count(left) == 1 }, l)
+	testenv.EventuallyNoError(t, time.Minute, "the agent leaves on Shutdown", l.until(func() bool { return l.count(left) == 1 }))
 
 	// Behind a load balancer the agent would now reach another replica; here
 	// another gateway takes the address.
 	second := startGateway(t, first.addr)
-	waitFor(t, "the agent registers with the new gateway", func() bool { return l.count(registered) == 2 }, l)
+	testenv.EventuallyNoError(t, time.Minute, "the agent registers with the new gateway", l.until(func() bool { return l.count(registered) == 2 }))
 	assertHeld(t, second.addr, id)
 }

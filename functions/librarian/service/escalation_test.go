@@ -61,7 +61,7 @@ func escalate(t *testing.T, e *env, path string) *librarianv1.LibrarianResponse 
 }
 
 // An escalated request no reviewer decides within timeouts.escalation (24
-// hours as the seed configures it) is rejected: on the agent's next status
+// hours as the protocol configures it) is rejected: on the agent's next status
 // poll, in the review list and on a late decision, which gets 409.
 func TestEscalationTimeout(t *testing.T) {
 	t.Parallel()
@@ -70,7 +70,7 @@ func TestEscalationTimeout(t *testing.T) {
 		mod      func(t *testing.T, c *service.Config)
 		deadline time.Duration
 	}{
-		{"seed default", nil, 24 * time.Hour},
+		{"protocol default", nil, 24 * time.Hour},
 		{"configured", func(t *testing.T, c *service.Config) {
 			c.ConfigDir = t.TempDir()
 			writeConfig(t, c.ConfigDir, "escalation: 86400000ms", "escalation: 60000ms")

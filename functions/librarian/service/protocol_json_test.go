@@ -10,9 +10,9 @@ import (
 )
 
 // The Librarian's answers as a client written from its protocol reads
-// them: LibrarianResponse as seed 003 writes it (a Python dataclass: int
+// them: LibrarianResponse as the Librarian protocol writes it (a Python dataclass: int
 // and float are JSON numbers, List a list, Optional may be null or absent),
-// and the types the seed names without spelling out as docs/librarian.md
+// and the types the protocol names without spelling out as docs/librarian.md
 // ("JSON types") does. None of these comes from our protos.
 type (
 	protoViolation struct {

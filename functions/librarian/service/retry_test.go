@@ -12,7 +12,7 @@ import (
 	librarianv1 "github.com/conclave-ai/conclave/proto/conclave/librarian/v1"
 )
 
-// A submission sent again with the same idempotency key (the seed's
+// A submission sent again with the same idempotency key (the protocol's
 // timestamp, or an Idempotency-Key header) gets the request its first
 // attempt stored: same id and decision, no second request, no second events.
 func TestRetriedSubmissionIsNotDoubled(t *testing.T) {

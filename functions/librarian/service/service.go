@@ -73,7 +73,7 @@ func New(cfg Config, d Deps, opts ...server.Option) (*Service, error) {
 	if err != nil {
 		return nil, err
 	}
-	// GET /metrics is Prometheus' for scrapers and the seed's protocol
+	// GET /metrics is Prometheus' for scrapers and the protocol's
 	// metrics for a client asking for JSON.
 	var prom http.Handler
 	if d.Telemetry != nil {

@@ -1,5 +1,5 @@
 // Package templates holds the content formats that APPROVAL and VALIDATE
-// requests for architecture, design and docs must follow (the seed's
+// requests for architecture, design and docs must follow (the protocol's
 // TEMPLATES.md, one file per target type). Code and tests have none.
 package templates
 

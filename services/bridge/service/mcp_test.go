@@ -6,6 +6,8 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
+	"github.com/conclave-ai/conclave/pkg/testenv"
 	"github.com/conclave-ai/conclave/services/bridge/service"
 	"io"
 	"net"
@@ -69,7 +71,7 @@ func TestStdio(t *testing.T) {
 	if err != nil || !res.IsError {
 		t.Fatalf("always_fails: %+v %v", res, err)
 	}
-	if got := resultJSON(t, res)["error"].(string); !strings.Contains(got, "Unexpected error: on purpose") {
+	if got := testenv.At[string](t, resultJSON(t, res), "error"); !strings.Contains(got, "Unexpected error: on purpose") {
 		t.Fatalf("always_fails error = %q", got)
 	}
 	// Closing the client's pipe ends the server cleanly.
@@ -122,13 +124,13 @@ func TestStdioBadJSONAndCleanStdout(t *testing.T) {
 		return m
 	}
 	send(`{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"raw","version":"1"}}}`)
-	if m := frame(); m["id"] != float64(1) || m["result"].(map[string]any)["protocolVersion"] != "2025-06-18" {
+	if m := frame(); m["id"] != float64(1) || testenv.At[map[string]any](t, m, "result")["protocolVersion"] != "2025-06-18" {
 		t.Fatalf("initialize answered %v", m)
 	}
 	send(`{"jsonrpc":"2.0","method":"notifications/initialized"}`)
 	// The failing agent writes to stderr; none of it may reach stdout.
 	send(`{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"always_fails","arguments":{}}}`)
-	if m := frame(); m["id"] != float64(2) || m["result"].(map[string]any)["isError"] != true {
+	if m := frame(); m["id"] != float64(2) || testenv.At[map[string]any](t, m, "result")["isError"] != true {
 		t.Fatalf("tools/call answered %v", m)
 	}
 	bad := []struct {
@@ -151,7 +153,7 @@ func TestStdioBadJSONAndCleanStdout(t *testing.T) {
 		// The session goes on: the next call is served.
 		id := float64(10 + i)
 		send(`{"jsonrpc":"2.0","id":` + strconv.Itoa(int(id)) + `,"method":"tools/call","params":{"name":"echo","arguments":{"query":"after"}}}`)
-		if m := frame(); m["id"] != id || m["result"] == nil || m["result"].(map[string]any)["isError"] == true {
+		if m := frame(); m["id"] != id || m["result"] == nil || testenv.At[map[string]any](t, m, "result")["isError"] == true {
 			t.Fatalf("call after %q answered %v", b.line, m)
 		}
 	}
@@ -191,7 +193,7 @@ func checkTools(t *testing.T, cs *mcp.ClientSession) {
 		t.Fatalf("label_github_issue: %+v %v", res, err)
 	}
 	got := resultJSON(t, res)
-	data := got["data"].(map[string]any)
+	data := testenv.At[map[string]any](t, got, "data")
 	if got["status"] != "success" || data["repo_name"] != "facebook/react" || data["issue_number"] != float64(42) {
 		t.Fatalf("label_github_issue = %v", got)
 	}
@@ -200,7 +202,7 @@ func checkTools(t *testing.T, cs *mcp.ClientSession) {
 	if err != nil || res.IsError {
 		t.Fatalf("triage_cli: %+v %v", res, err)
 	}
-	if r := resultJSON(t, res)["result"].(map[string]any); r["repo"] != "a/b" || r["issue"] != float64(7) || r["dry_run"] != true {
+	if r := testenv.At[map[string]any](t, resultJSON(t, res), "result"); r["repo"] != "a/b" || r["issue"] != float64(7) || r["dry_run"] != true {
 		t.Fatalf("triage_cli = %v", r)
 	}
 	// Hybrid agent: the CLI argument wins, and it came from the arguments.
@@ -208,15 +210,15 @@ func checkTools(t *testing.T, cs *mcp.ClientSession) {
 	if err != nil || res.IsError {
 		t.Fatalf("watch_collect: %+v %v", res, err)
 	}
-	if d := resultJSON(t, res)["data"].(map[string]any); d["repo_from"] != "cli" || len(d["mentions"].(map[string]any)) != 2 {
+	if d := testenv.At[map[string]any](t, resultJSON(t, res), "data"); d["repo_from"] != "cli" || len(testenv.At[map[string]any](t, d, "mentions")) != 2 {
 		t.Fatalf("watch_collect = %v", d)
 	}
-	// Validation failure: an error result in the seed's form.
+	// Validation failure: an error result in the ADK bridge's form.
 	res, err = cs.CallTool(ctx, &mcp.CallToolParams{Name: "label_github_issue", Arguments: map[string]any{"repo_name": "not a repo", "issue_number": 1}})
 	if err != nil || !res.IsError {
 		t.Fatalf("invalid repo_name: %+v %v", res, err)
 	}
-	if e := resultJSON(t, res)["error"].(string); !strings.HasPrefix(e, "Validation error: Invalid repo_name format") {
+	if e := testenv.At[string](t, resultJSON(t, res), "error"); !strings.HasPrefix(e, "Validation error: Invalid repo_name format") {
 		t.Fatalf("invalid repo_name error = %q", e)
 	}
 	// Unknown tool: a JSON-RPC error.
@@ -228,8 +230,8 @@ func checkTools(t *testing.T, cs *mcp.ClientSession) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	h := resultJSON(t, res)["data"].(map[string]any)["agents"].(map[string]any)
-	if h["label_github_issue"].(map[string]any)["healthy"] != true || h["missing"].(map[string]any)["healthy"] != false || !res.IsError {
+	h := testenv.At[map[string]any](t, resultJSON(t, res), "data", "agents")
+	if testenv.At[map[string]any](t, h, "label_github_issue")["healthy"] != true || testenv.At[map[string]any](t, h, "missing")["healthy"] != false || !res.IsError {
 		t.Fatalf("health_check = %v", h)
 	}
 }
@@ -415,7 +417,7 @@ func TestBadInput(t *testing.T) {
 				t.Fatal(err)
 			}
 			got := resultJSON(t, res)
-			if !res.IsError || got["status"] != "error" || !strings.HasPrefix(got["error"].(string), tt.want) {
+			if !res.IsError || got["status"] != "error" || !strings.HasPrefix(testenv.At[string](t, got, "error"), tt.want) {
 				t.Fatalf("%s: %v, want an error starting %q", tt.tool, got, tt.want)
 			}
 		})
@@ -434,11 +436,11 @@ func TestMetacharactersAreLiteral(t *testing.T) {
 	if err != nil || res.IsError {
 		t.Fatalf("echo: %+v %v", res, err)
 	}
-	data := resultJSON(t, res)["data"].(map[string]any)
-	if argv := data["argv"].([]any); len(argv) != 1 || argv[0] != "--query="+evil {
+	data := testenv.At[map[string]any](t, resultJSON(t, res), "data")
+	if argv := testenv.At[[]any](t, data, "argv"); len(argv) != 1 || argv[0] != "--query="+evil {
 		t.Fatalf("argv = %q", argv)
 	}
-	if data["params"].(map[string]any)["query"] != evil {
+	if testenv.At[map[string]any](t, data, "params")["query"] != evil {
 		t.Fatalf("stdin params = %v", data["params"])
 	}
 	if _, err := os.Stat(marker); !errors.Is(err, os.ErrNotExist) {
@@ -454,7 +456,7 @@ func TestGrandchildIsKilledWithTheGroup(t *testing.T) {
 	if err != nil || res.IsError {
 		t.Fatalf("grandchild: %+v %v", res, err)
 	}
-	waitGone(t, int(resultJSON(t, res)["data"].(float64)))
+	waitGone(t, int(testenv.At[float64](t, resultJSON(t, res), "data")))
 }
 
 // A client that gives up on a call (cancels it, or drops its connection)
@@ -470,14 +472,7 @@ func TestCancelledCallKillsAgent(t *testing.T) {
 		done <- err
 	}()
 	pidFile := filepath.Join(b.dir, "hang_child.pid")
-	var pid int
-	for range 1200 {
-		if raw, err := os.ReadFile(pidFile); err == nil {
-			pid, _ = strconv.Atoi(strings.TrimSpace(string(raw)))
-			break
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	pid := readPID(t, pidFile)
 	if pid == 0 {
 		t.Fatal("the agent never started its child")
 	}
@@ -491,16 +486,15 @@ func TestCancelledCallKillsAgent(t *testing.T) {
 // readPID waits for an agent to write its pid file.
 func readPID(t *testing.T, path string) int {
 	t.Helper()
-	for range 1200 {
-		if raw, err := os.ReadFile(path); err == nil {
-			if pid, err := strconv.Atoi(strings.TrimSpace(string(raw))); err == nil {
-				return pid
-			}
+	var pid int
+	testenv.EventuallyNoError(t, time.Minute, "a pid in "+path, func() error {
+		raw, err := os.ReadFile(path)
+		if err == nil {
+			pid, err = strconv.Atoi(strings.TrimSpace(string(raw)))
 		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	t.Fatalf("%s never appeared", path)
-	return 0
+		return err
+	})
+	return pid
 }
 
 // A bridge killed with SIGKILL takes its running agents with it.
@@ -573,17 +567,14 @@ func TestStdioSIGTERMCancelsCalls(t *testing.T) {
 // gone).
 func waitGone(t *testing.T, pid int) {
 	t.Helper()
-	for range 600 {
+	testenv.Eventually(t, time.Minute, fmt.Sprintf("process %d to end", pid), func() bool {
 		stat, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
 		if err != nil {
-			return
+			return true
 		}
-		if f := strings.Fields(string(stat[bytes.LastIndexByte(stat, ')')+1:])); len(f) > 0 && (f[0] == "Z" || f[0] == "X") {
-			return
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	t.Fatalf("process %d outlived the call", pid)
+		f := strings.Fields(string(stat[bytes.LastIndexByte(stat, ')')+1:]))
+		return len(f) > 0 && (f[0] == "Z" || f[0] == "X")
+	})
 }
 
 func TestProgressNotifications(t *testing.T) {
@@ -667,7 +658,7 @@ func TestBusy(t *testing.T) {
 		}
 	}
 	res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "echo", Arguments: map[string]any{}})
-	if err != nil || !res.IsError || !strings.HasPrefix(resultJSON(t, res)["error"].(string), "Busy: 1 agents are running already") {
+	if err != nil || !res.IsError || !strings.HasPrefix(testenv.At[string](t, resultJSON(t, res), "error"), "Busy: 1 agents are running already") {
 		t.Fatalf("second call while one runs: %+v %v", res, err)
 	}
 	<-done
@@ -750,26 +741,22 @@ func TestShutdownDeadlineKillsAgents(t *testing.T) {
 // waitFile waits for an agent to create path.
 func waitFile(t *testing.T, path string) {
 	t.Helper()
-	for range 1200 {
-		if _, err := os.Stat(path); err == nil {
-			return
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	t.Fatalf("%s never appeared", path)
+	testenv.EventuallyNoError(t, time.Minute, path+" to appear", func() error {
+		_, err := os.Stat(path)
+		return err
+	})
 }
 
 // waitRefused returns once addr refuses connections: the drain is under
 // way. There is no event to wait on from outside.
 func waitRefused(t *testing.T, addr string) {
 	t.Helper()
-	for range 10000 {
+	testenv.Eventually(t, time.Minute, addr+" to refuse connections", func() bool {
 		c, err := net.Dial("tcp", addr)
 		if err != nil {
-			return
+			return true
 		}
 		_ = c.Close()
-		time.Sleep(time.Millisecond)
-	}
-	t.Fatalf("%s still accepts connections", addr)
+		return false
+	})
 }

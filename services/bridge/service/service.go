@@ -1,4 +1,5 @@
-// Package service wires the tool bridge (seed 000) into a runnable server:
+// Package service wires the tool bridge (the ADK bridge's
+// hybrid protocol served over MCP) into a runnable server:
 // the configured agents as MCP tools over streamable HTTP, and the same
 // tools over stdio and from the command line for `conclave bridge`. It is
 // the one entry point shared by cmd/bridge and `conclave dev`.

@@ -4,6 +4,7 @@ import (
 	"net/http"
 	"testing"
 
+	"github.com/conclave-ai/conclave/pkg/testenv"
 	"github.com/conclave-ai/conclave/services/bus/internal/broker"
 )
 
@@ -83,7 +84,7 @@ func TestAccessControl(t *testing.T) {
 		narrow.subscribe(2, "tg:1*", "")
 		bridge := dial(t, bus.url, bearer("bridge-token-0123456789"))
 		bridge.initialize("tg-bridge", "")
-		if res := bridge.result(2, "sendMessage", `{"topic":"tg:1234","payload":{"text":"wide"}}`); len(res["acks"].([]any)) != 0 {
+		if res := bridge.result(2, "sendMessage", `{"topic":"tg:1234","payload":{"text":"wide"}}`); len(testenv.At[[]any](t, res, "acks")) != 0 {
 			t.Errorf("tg:1234 reached a client allowed only tg:1?: %v", res)
 		}
 		bridge.publish(3, "tg:12", `{"text":"narrow"}`)

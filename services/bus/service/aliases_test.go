@@ -4,10 +4,12 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+
+	"github.com/conclave-ai/conclave/pkg/testenv"
 )
 
 // Current bub clients name a topic address (subscribe, unsubscribe) or to
-// (sendMessage), and send from and messageId; the seed's clients send
+// (sendMessage), and send from and messageId; the protocol's clients send
 // topic. An old-form and a new-form client share one topic here, each
 // receiving what the other publishes, with the topic under both names and
 // the sender and message id that current clients read.
@@ -28,7 +30,7 @@ func TestTopicAliases(t *testing.T) {
 	delivered := func(w *wire, from, messageID string) {
 		t.Helper()
 		id, p := w.expectRequest("sendMessage")
-		if p["topic"] != "room:1" || p["to"] != "room:1" || p["from"] != from || p["payload"].(map[string]any)["type"] != "chat" {
+		if p["topic"] != "room:1" || p["to"] != "room:1" || p["from"] != from || testenv.At[map[string]any](t, p, "payload")["type"] != "chat" {
 			t.Errorf("delivery %v, want topic and to room:1, from %s", p, from)
 		}
 		if got, _ := p["messageId"].(string); got == "" || (messageID != "" && got != messageID) {
@@ -43,8 +45,8 @@ func TestTopicAliases(t *testing.T) {
 	cur.send(`{"jsonrpc":"2.0","id":3,"method":"sendMessage","params":{"from":"tg:42","to":"room:1","messageId":"msg_01J","payload":{"type":"chat","text":"hello"}}}`)
 	delivered(cur, "tg:42", "msg_01J")
 	delivered(old, "tg:42", "msg_01J")
-	res := cur.response(3)["result"].(map[string]any)
-	if res["success"] != true || len(res["acks"].([]any)) != 2 {
+	res := testenv.At[map[string]any](t, cur.response(3), "result")
+	if res["success"] != true || len(testenv.At[[]any](t, res, "acks")) != 2 {
 		t.Errorf("new-form publish result %v", res)
 	}
 
@@ -58,7 +60,7 @@ func TestTopicAliases(t *testing.T) {
 	}
 	cur.reply(id, `{"success":true}`)
 	delivered(old, "old-1", busID)
-	if res := old.response(3)["result"].(map[string]any); res["success"] != true || len(res["acks"].([]any)) != 2 {
+	if res := testenv.At[map[string]any](t, old.response(3), "result"); res["success"] != true || len(testenv.At[[]any](t, res, "acks")) != 2 {
 		t.Errorf("old-form publish result %v", res)
 	}
 

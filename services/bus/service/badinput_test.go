@@ -8,6 +8,7 @@ import (
 
 	"github.com/coder/websocket"
 
+	"github.com/conclave-ai/conclave/pkg/testenv"
 	"github.com/conclave-ai/conclave/services/bus/internal/broker"
 )
 
@@ -95,13 +96,13 @@ func TestBadInput(t *testing.T) {
 		pub := bus.client(t, "pub", "")
 		pub.publish(3, "mute:1", `{"text":"hello?"}`)
 		id, _ := mute.expectRequest("sendMessage") // and never answered
-		res := pub.response(3)["result"].(map[string]any)
-		acks := res["acks"].([]any)
+		res := testenv.At[map[string]any](t, pub.response(3), "result")
+		acks := testenv.At[[]any](t, res, "acks")
 		if len(acks) != 1 {
 			t.Fatalf("acks %v", acks)
 		}
-		ack := acks[0].(map[string]any)
-		if ack["processed"] != false || !contains(ack["message"].(string), "delivery timeout") {
+		ack := testenv.At[map[string]any](t, acks, 0)
+		if ack["processed"] != false || !contains(testenv.At[string](t, ack, "message"), "delivery timeout") {
 			t.Errorf("ack of a mute subscriber: %v", ack)
 		}
 		// The bus gave up on the delivery, and says so.
@@ -130,10 +131,10 @@ func TestBadInput(t *testing.T) {
 		// holding the publishers or the frames.
 		dropped := 0
 		for range n {
-			acks := pub.recv()["result"].(map[string]any)["acks"].([]any)
+			acks := testenv.At[[]any](t, pub.recv(), "result", "acks")
 			// Either the delivery failed as the subscriber was dropped,
 			// or it came after, and there was nobody left to deliver to.
-			if len(acks) == 0 || contains(fmt.Sprint(acks[0].(map[string]any)["message"]), "disconnected") {
+			if len(acks) == 0 || contains(fmt.Sprint(testenv.At[map[string]any](t, acks, 0)["message"]), "disconnected") {
 				dropped++
 			}
 		}

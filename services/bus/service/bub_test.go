@@ -52,13 +52,12 @@ func TestBubBinary(t *testing.T) {
 	// second) while the subscriber starts.
 	probe := dial(t, url, nil)
 	probe.initialize("probe", "")
-	for i := 2; ; i++ {
+	i := 1
+	testenv.Eventually(t, time.Minute, "a probe to reach the subscriber", func() bool {
+		i++
 		res := probe.result(i, "sendMessage", `{"topic":"bub:probe","payload":{"type":"probe"}}`)
-		if len(res["acks"].([]any)) > 0 {
-			break
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return len(testenv.At[[]any](t, res, "acks")) > 0
+	})
 	if !lines.Scan() || !strings.Contains(lines.Text(), `"topic":"bub:probe"`) {
 		t.Fatalf("bub subscribe printed %q (%v)", lines.Text(), lines.Err())
 	}

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/conclave-ai/conclave/pkg/testenv"
 	"github.com/conclave-ai/conclave/services/bus/service"
 )
 
@@ -56,13 +57,10 @@ func TestCLI(t *testing.T) {
 	// Wait for the subscription: a probe publish reaches it once it
 	// exists. Spaced out, to stay under the bus's rate limit (200 a
 	// second) while the subscriber starts.
-	for {
+	testenv.Eventually(t, time.Minute, "a probe to reach the subscriber", func() bool {
 		res := watcher.result(2, "sendMessage", `{"topic":"cli:probe","payload":{"type":"probe"}}`)
-		if len(res["acks"].([]any)) > 0 {
-			break
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return len(testenv.At[[]any](t, res, "acks")) > 0
+	})
 	if line := next(); !strings.Contains(line, `"topic":"cli:probe"`) {
 		t.Fatalf("subscribe printed %q", line)
 	}

@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/conclave-ai/conclave/pkg/store"
+	"github.com/conclave-ai/conclave/pkg/testenv"
 	"github.com/conclave-ai/conclave/services/bus/service"
 )
 
@@ -42,9 +43,9 @@ func TestTwoReplicas(t *testing.T) {
 		t.Errorf("delivered %v", params)
 	}
 	bridge.reply(id, `{"success":true,"processed":true,"message":"sent"}`)
-	res := pub.response(3)["result"].(map[string]any)
-	acks := res["acks"].([]any)
-	if res["success"] != true || len(acks) != 1 || acks[0].(map[string]any)["client_id"] != "bridge-on-a" {
+	res := testenv.At[map[string]any](t, pub.response(3), "result")
+	acks := testenv.At[[]any](t, res, "acks")
+	if res["success"] != true || len(acks) != 1 || testenv.At[map[string]any](t, acks, 0)["client_id"] != "bridge-on-a" {
 		t.Errorf("result across replicas %v", res)
 	}
 

@@ -4,12 +4,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/conclave-ai/conclave/pkg/testenv"
 	"github.com/conclave-ai/conclave/services/bus/internal/broker"
 )
 
-// TestSeedConformance walks every example of seed 004, message by message,
+// TestSeedConformance walks every example of the bub protocol's text, message by message,
 // against the real bus over a real WebSocket, with frames written as the
-// seed writes them.
+// protocol's text writes them.
 func TestSeedConformance(t *testing.T) {
 	if testing.Short() {
 		t.Skip("integration test: starts a bus")
@@ -36,15 +37,15 @@ func TestSeedConformance(t *testing.T) {
 		if m["id"] != float64(1) {
 			t.Fatalf("id %v, want 1", m["id"])
 		}
-		res := m["result"].(map[string]any)
+		res := testenv.At[map[string]any](t, m, "result")
 		if res["serverId"] != "bus-1" {
 			t.Errorf("serverId %v", res["serverId"])
 		}
-		info := res["serverInfo"].(map[string]any)
+		info := testenv.At[map[string]any](t, res, "serverInfo")
 		if info["name"] == "" || info["version"] == "" {
 			t.Errorf("serverInfo %v", info)
 		}
-		caps := res["capabilities"].(map[string]any)
+		caps := testenv.At[map[string]any](t, res, "capabilities")
 		if caps["subscribe"] != true || caps["publish"] != true {
 			t.Errorf("capabilities %v", caps)
 		}
@@ -97,7 +98,7 @@ func TestSeedConformance(t *testing.T) {
   },
   "id": 2
 }`)
-		if res := w.response(2)["result"].(map[string]any); res["success"] != true {
+		if res := testenv.At[map[string]any](t, w.response(2), "result"); res["success"] != true {
 			t.Fatalf("subscribe: %v", res)
 		}
 		if code, _ := w.callError(3, "subscribe", `{"topic":"inbound:chat-*"}`); code != broker.CodeAlreadySubscribed {
@@ -117,7 +118,7 @@ func TestSeedConformance(t *testing.T) {
   },
   "id": 3
 }`)
-		if res := w.response(3)["result"].(map[string]any); res["success"] != true {
+		if res := testenv.At[map[string]any](t, w.response(3), "result"); res["success"] != true {
 			t.Fatalf("unsubscribe: %v", res)
 		}
 		if code, _ := w.callError(6, "unsubscribe", `{"topic":"inbound:chat-*"}`); code != broker.CodeSubscriptionNotFound {
@@ -131,7 +132,7 @@ func TestSeedConformance(t *testing.T) {
 	t.Run("sendMessage fan-out", func(t *testing.T) {
 		t.Parallel()
 		// A bus of its own: "subscribe and unsubscribe", run beside it,
-		// holds the same seed pattern for a moment, and its subscriber
+		// holds the same example pattern for a moment, and its subscriber
 		// would get this message too.
 		bus := startBus(t, defaultConfig(t, nil), busOption{})
 		sub := bus.client(t, "bridge-fanout", "")
@@ -154,17 +155,17 @@ func TestSeedConformance(t *testing.T) {
 		if params["topic"] != "inbound:chat-1" {
 			t.Errorf("delivered topic %v", params["topic"])
 		}
-		payload := params["payload"].(map[string]any)
+		payload := testenv.At[map[string]any](t, params, "payload")
 		if payload["chat_id"] != "chat-1" || payload["text"] != "hello" || payload["from"] != "user-1" {
 			t.Errorf("delivered payload %v", payload)
 		}
 		sub.reply(id, `{"success": true, "stopPropagation": false}`)
-		res := pub.response(4)["result"].(map[string]any)
+		res := testenv.At[map[string]any](t, pub.response(4), "result")
 		if res["success"] != true {
 			t.Errorf("publisher's result %v", res)
 		}
-		acks := res["acks"].([]any)
-		if len(acks) != 1 || acks[0].(map[string]any)["client_id"] != "bridge-fanout" || acks[0].(map[string]any)["processed"] != true {
+		acks := testenv.At[[]any](t, res, "acks")
+		if len(acks) != 1 || testenv.At[map[string]any](t, acks, 0)["client_id"] != "bridge-fanout" || testenv.At[map[string]any](t, acks, 0)["processed"] != true {
 			t.Errorf("acks %v", acks)
 		}
 	})
@@ -178,8 +179,8 @@ func TestSeedConformance(t *testing.T) {
   "params": {},
   "id": 100
 }`)
-		res := w.response(100)["result"].(map[string]any)
-		if _, err := time.Parse(time.RFC3339, res["timestamp"].(string)); err != nil {
+		res := testenv.At[map[string]any](t, w.response(100), "result")
+		if _, err := time.Parse(time.RFC3339, testenv.At[string](t, res, "timestamp")); err != nil {
 			t.Errorf("timestamp %v: %v", res["timestamp"], err)
 		}
 	})
@@ -212,7 +213,7 @@ func TestSeedConformance(t *testing.T) {
 		t.Parallel()
 		w := bus.client(t, "lonely", "")
 		res := w.result(2, "sendMessage", `{"topic":"nobody:listens","payload":{"text":"hi"}}`)
-		if res["success"] != false || len(res["acks"].([]any)) != 0 {
+		if res["success"] != false || len(testenv.At[[]any](t, res, "acks")) != 0 {
 			t.Errorf("unrouted: %v", res)
 		}
 	})
@@ -238,11 +239,11 @@ func TestSeedConformance(t *testing.T) {
   "id": 7
 }`)
 		id, params := agent.expectRequest("processMessage")
-		if params["topic"] != "agent:other-agent-456" || params["payload"].(map[string]any)["type"] != "task_request" {
+		if params["topic"] != "agent:other-agent-456" || testenv.At[map[string]any](t, params, "payload")["type"] != "task_request" {
 			t.Errorf("processMessage params %v", params)
 		}
 		agent.reply(id, `{"processed": true, "should_retry": false, "retry_seconds": 0, "message": "Task accepted"}`)
-		res := pub.response(7)["result"].(map[string]any)
+		res := testenv.At[map[string]any](t, pub.response(7), "result")
 		want := `{"acks":[{"client_id":"agent-other-agent-456","message":"Task accepted","processed":true}],"stopPropagation":false,"success":true}`
 		if got := mustJSON(t, res); got != want {
 			t.Errorf("result %s, want %s", got, want)
@@ -251,8 +252,8 @@ func TestSeedConformance(t *testing.T) {
 
 	t.Run("notification form", func(t *testing.T) {
 		t.Parallel()
-		// The seed's notification form: no id, so no answer, whatever the
-		// method. Every method of the seed is a request; the bus ignores
+		// The protocol's notification form: no id, so no answer, whatever the
+		// method. Every method of the protocol is a request; the bus ignores
 		// one sent as a notification (a subscribe would give no sign of
 		// its outcome, a sendMessage's acks nowhere to go).
 		sub := bus.client(t, "notified-subscriber", "")
@@ -289,9 +290,9 @@ func TestSeedConformance(t *testing.T) {
 
 	t.Run("processMessage to an agent on tg:123456789", func(t *testing.T) {
 		t.Parallel()
-		// The seed's processMessage example: a Telegram message published on
+		// The protocol's processMessage example: a Telegram message published on
 		// tg:123456789 reaches the agent subscribed there as processMessage,
-		// and the agent's answer is the seed's.
+		// and the agent's answer is the protocol's.
 		agent := bus.client(t, "agent-abc123", `,"capabilities":{"processMessage":true}`)
 		agent.subscribe(2, "tg:123456789", "")
 		bridge := bus.client(t, "tg-bridge", "")
@@ -314,7 +315,7 @@ func TestSeedConformance(t *testing.T) {
 		if m["method"] != "processMessage" || m["id"] == nil {
 			t.Fatalf("the agent got %v, want a processMessage request", m)
 		}
-		params := m["params"].(map[string]any)
+		params := testenv.At[map[string]any](t, m, "params")
 		if params["topic"] != "tg:123456789" {
 			t.Errorf("processMessage topic %v", params["topic"])
 		}
@@ -332,7 +333,7 @@ func TestSeedConformance(t *testing.T) {
   },
   "id": ` + mustJSON(t, m["id"]) + `
 }`)
-		res := bridge.response(6)["result"].(map[string]any)
+		res := testenv.At[map[string]any](t, bridge.response(6), "result")
 		wantRes := `{"acks":[{"client_id":"agent-abc123","message":"Message handled successfully","processed":true}],"stopPropagation":false,"success":true}`
 		if got := mustJSON(t, res); got != wantRes {
 			t.Errorf("result %s, want %s", got, wantRes)
@@ -341,7 +342,7 @@ func TestSeedConformance(t *testing.T) {
 
 	t.Run("subscription with policy", func(t *testing.T) {
 		t.Parallel()
-		// The seed's example subscription with a policy, on a bus of its
+		// The protocol's example subscription with a policy, on a bus of its
 		// own ("inbound:*" would catch the other subtests' messages).
 		bus := startBus(t, defaultConfig(t, nil), busOption{})
 		w := bus.client(t, "policy-suggester", "")
@@ -354,7 +355,7 @@ func TestSeedConformance(t *testing.T) {
   },
   "id": 1
 }`)
-		res := w.response(1)["result"].(map[string]any)
+		res := testenv.At[map[string]any](t, w.response(1), "result")
 		if res["success"] != true || res["policy"] != "stopPropagationOnProcessed" {
 			t.Errorf("subscribe with policy: %v", res)
 		}
@@ -373,7 +374,7 @@ func TestSeedConformance(t *testing.T) {
 
 	t.Run("last match wins and stopPropagation", func(t *testing.T) {
 		t.Parallel()
-		// The seed's example: A "inbound:*", B "inbound:critical", C
+		// The protocol's example: A "inbound:*", B "inbound:critical", C
 		// "inbound:*". stopPropagationOnStop delivers one at a time, so the
 		// order is visible: C, then B, then A. A bus of its own, as
 		// "inbound:*" would catch the other subtests' messages.
@@ -393,21 +394,21 @@ func TestSeedConformance(t *testing.T) {
 		b.reply(id, `{"success":true,"stopPropagation":false}`)
 		id, _ = a.expectRequest("sendMessage")
 		a.reply(id, `{"success":true,"stopPropagation":false}`)
-		res := pub.response(10)["result"].(map[string]any)
+		res := testenv.At[map[string]any](t, pub.response(10), "result")
 		var order []string
-		for _, ack := range res["acks"].([]any) {
-			order = append(order, ack.(map[string]any)["client_id"].(string))
+		for _, ack := range testenv.At[[]any](t, res, "acks") {
+			order = append(order, testenv.At[string](t, ack, "client_id"))
 		}
 		if got := mustJSON(t, order); got != `["handler-c","handler-b","handler-a"]` {
 			t.Errorf("delivery order %s", got)
 		}
 
-		// The seed's handler response with stopPropagation: B is never called.
+		// The protocol's handler response with stopPropagation: B is never called.
 		pub.publish(11, "inbound:critical", `{"text":"second"}`)
 		id, _ = c.expectRequest("sendMessage")
 		c.reply(id, `{"processed": true, "stopPropagation": true, "message": "Rate limit exceeded"}`)
-		res = pub.response(11)["result"].(map[string]any)
-		if res["stopPropagation"] != true || len(res["acks"].([]any)) != 1 {
+		res = testenv.At[map[string]any](t, pub.response(11), "result")
+		if res["stopPropagation"] != true || len(testenv.At[[]any](t, res, "acks")) != 1 {
 			t.Errorf("after stopPropagation: %v", res)
 		}
 		pub.result(12, "ping", `{}`)
@@ -425,7 +426,7 @@ func TestSeedConformance(t *testing.T) {
 		pub.publish(3, "policy:default", `{"text":"x"}`)
 		id, _ := second.expectRequest("sendMessage")
 		second.reply(id, `{"processed":true}`)
-		if res := pub.response(3)["result"].(map[string]any); len(res["acks"].([]any)) != 1 || res["stopPropagation"] != true {
+		if res := testenv.At[map[string]any](t, pub.response(3), "result"); len(testenv.At[[]any](t, res, "acks")) != 1 || res["stopPropagation"] != true {
 			t.Errorf("stopPropagationOnProcessed: %v", res)
 		}
 		first.result(3, "ping", `{}`)
@@ -440,7 +441,7 @@ func TestSeedConformance(t *testing.T) {
 			id, _ := w.expectRequest("sendMessage")
 			w.reply(id, `{"processed":true,"stopPropagation":true}`)
 		}
-		if res := pub.response(4)["result"].(map[string]any); len(res["acks"].([]any)) != 2 {
+		if res := testenv.At[map[string]any](t, pub.response(4), "result"); len(testenv.At[[]any](t, res, "acks")) != 2 {
 			t.Errorf("continueAll: %v", res)
 		}
 	})

@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/conclave-ai/conclave/pkg/store"
+	"github.com/conclave-ai/conclave/pkg/testenv"
 	"github.com/conclave-ai/conclave/services/bus/service"
 )
 
@@ -87,12 +88,12 @@ func TestDefaultHandlerAcrossReplicas(t *testing.T) {
 			t.Errorf("delivered %v", params)
 		}
 		agent.w.reply(id, `{"processed":true,"message":"hi from b"}`)
-		res := pub.response(2)["result"].(map[string]any)
-		acks := res["acks"].([]any)
+		res := testenv.At[map[string]any](t, pub.response(2), "result")
+		acks := testenv.At[[]any](t, res, "acks")
 		if res["success"] != true || len(acks) != 1 {
 			t.Fatalf("result %v", res)
 		}
-		ack := acks[0].(map[string]any)
+		ack := testenv.At[map[string]any](t, acks, 0)
 		if ack["processed"] != true || ack["client_id"] != agent.req.AgentID || ack["message"] != "hi from b" {
 			t.Errorf("ack %v", ack)
 		}
@@ -109,7 +110,7 @@ func TestDefaultHandlerAcrossReplicas(t *testing.T) {
 		pub.publish(3, "tg:1001", `{"type":"telegram_message","text":"again"}`)
 		id, _ = agent.w.expectRequest("processMessage")
 		agent.w.reply(id, `{"processed":true}`)
-		if res := pub.response(3)["result"].(map[string]any); res["success"] != true {
+		if res := testenv.At[map[string]any](t, pub.response(3), "result"); res["success"] != true {
 			t.Errorf("second message %v", res)
 		}
 		if n := launches.Load(); n != 1 {
@@ -143,10 +144,10 @@ func TestDefaultHandlerAcrossReplicas(t *testing.T) {
 			agent.w.reply(id, `{"processed":true}`)
 		}
 		for _, p := range pubs {
-			res := p.response(2)["result"].(map[string]any)
-			acks := res["acks"].([]any)
-			if res["success"] != true || len(acks) != 1 || acks[0].(map[string]any)["client_id"] != agent.req.AgentID ||
-				acks[0].(map[string]any)["processed"] != true {
+			res := testenv.At[map[string]any](t, p.response(2), "result")
+			acks := testenv.At[[]any](t, res, "acks")
+			if res["success"] != true || len(acks) != 1 || testenv.At[map[string]any](t, acks, 0)["client_id"] != agent.req.AgentID ||
+				testenv.At[map[string]any](t, acks, 0)["processed"] != true {
 				t.Errorf("result %v", res)
 			}
 		}

@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 	"testing"
 
+	"github.com/conclave-ai/conclave/pkg/testenv"
 	"github.com/conclave-ai/conclave/services/bus/service"
 )
 
@@ -77,8 +78,8 @@ func TestDefaultHandler(t *testing.T) {
 			agent.reply(id, `{"processed":true,"message":"hi back"}`)
 		}
 		for _, p := range pubs {
-			res := p.response(2)["result"].(map[string]any)
-			ack := res["acks"].([]any)[0].(map[string]any)
+			res := testenv.At[map[string]any](t, p.response(2), "result")
+			ack := testenv.At[map[string]any](t, res, "acks", 0)
 			if res["success"] != true || ack["processed"] != true {
 				t.Errorf("result %v", res)
 			}
@@ -125,8 +126,8 @@ func TestDefaultHandler(t *testing.T) {
 			bus := startBus(t, cfg, busOption{launcher: tt.launcher})
 			p := bus.client(t, "bridge", "")
 			res := p.result(2, "sendMessage", `{"topic":"tg:42","payload":{"type":"telegram_message","text":"hi"}}`)
-			ack := res["acks"].([]any)[0].(map[string]any)
-			if ack["processed"] != false || !contains(ack["message"].(string), tt.reason) || !contains(ack["message"].(string), "dead-lettered") {
+			ack := testenv.At[map[string]any](t, res, "acks", 0)
+			if ack["processed"] != false || !contains(testenv.At[string](t, ack, "message"), tt.reason) || !contains(testenv.At[string](t, ack, "message"), "dead-lettered") {
 				t.Errorf("ack %v", ack)
 			}
 			var dl deadLetters

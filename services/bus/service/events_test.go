@@ -9,6 +9,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/conclave-ai/conclave/pkg/queue"
+	"github.com/conclave-ai/conclave/pkg/testenv"
 	eventsv1 "github.com/conclave-ai/conclave/proto/conclave/events/v1"
 	"github.com/conclave-ai/conclave/services/bus/internal/broker"
 )
@@ -45,7 +46,7 @@ func TestEventsArePublished(t *testing.T) {
 	send(&eventsv1.Envelope{Id: "ev-1", Type: "runner.task.status_changed", Source: "runner/runner-0",
 		Time: timestamppb.Now(), SubjectIds: map[string]string{"task_id": "task-789"}, Payload: data})
 	id, params := console.expectRequest("sendMessage")
-	payload := params["payload"].(map[string]any)
+	payload := testenv.At[map[string]any](t, params, "payload")
 	if params["topic"] != "task:task-789" || payload["type"] != "runner.task.status_changed" || payload["event_id"] != "ev-1" ||
 		!contains(mustJSON(t, payload["data"]), `"status":"running"`) {
 		t.Errorf("task event delivered as %v", params)
@@ -67,7 +68,7 @@ func TestEventsArePublished(t *testing.T) {
 		t.Fatal(err)
 	}
 	id, params = console.expectRequest("sendMessage")
-	if got := mustJSON(t, params["payload"].(map[string]any)["data"]); params["topic"] != "system:librarian.request.approved" || !contains(got, `"request_id":"r-3"`) {
+	if got := mustJSON(t, testenv.At[map[string]any](t, params, "payload")["data"]); params["topic"] != "system:librarian.request.approved" || !contains(got, `"request_id":"r-3"`) {
 		t.Errorf("an event of an unlinked type delivered as %v", params)
 	}
 	console.reply(id, `{"success":true}`)

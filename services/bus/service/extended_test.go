@@ -5,6 +5,8 @@ import (
 	"io"
 	"net/http"
 	"testing"
+
+	"github.com/conclave-ai/conclave/pkg/testenv"
 )
 
 const agentCaps = `,"capabilities":{"processMessage":true}`
@@ -63,7 +65,7 @@ func TestExtendedProtocol(t *testing.T) {
 			t.Errorf("default topic delivery went to %v", params["topic"])
 		}
 		bridge.reply(id, `{"success":true}`)
-		if res := agent.response(3)["result"].(map[string]any); res["success"] != true {
+		if res := testenv.At[map[string]any](t, agent.response(3), "result"); res["success"] != true {
 			t.Errorf("result %v", res)
 		}
 	})
@@ -82,13 +84,13 @@ func TestExtendedProtocol(t *testing.T) {
 			t.Errorf("first delivery params %v", params)
 		}
 		agent.reply(id, `{"processed":false,"should_retry":true,"retry_seconds":1,"message":"busy"}`)
-		ack := pub.response(3)["result"].(map[string]any)["acks"].([]any)[0].(map[string]any)
-		if ack["processed"] != false || !contains(ack["message"].(string), "attempt 2 of 2 scheduled") {
+		ack := testenv.At[map[string]any](t, pub.response(3), "result", "acks", 0)
+		if ack["processed"] != false || !contains(testenv.At[string](t, ack, "message"), "attempt 2 of 2 scheduled") {
 			t.Errorf("ack after should_retry: %v", ack)
 		}
 		// The retry comes from the queue.
 		id, params = agent.expectRequest("processMessage")
-		if params["attempt"] != float64(2) || params["payload"].(map[string]any)["task_id"] != "t-1" {
+		if params["attempt"] != float64(2) || testenv.At[map[string]any](t, params, "payload")["task_id"] != "t-1" {
 			t.Errorf("retry params %v", params)
 		}
 		agent.reply(id, `{"processed":false,"should_retry":true,"retry_seconds":1,"message":"still busy"}`)
@@ -136,14 +138,14 @@ func TestExtendedProtocol(t *testing.T) {
 		pub.publish(3, "agent:crashy", `{"type":"task_request","task_id":"t-2"}`)
 		agent.expectRequest("processMessage")
 		_ = agent.c.CloseNow() // the agent crashes holding the message
-		ack := pub.response(3)["result"].(map[string]any)["acks"].([]any)[0].(map[string]any)
-		if !contains(ack["message"].(string), "disconnected") || !contains(ack["message"].(string), "attempt 2 of 3 scheduled") {
+		ack := testenv.At[map[string]any](t, pub.response(3), "result", "acks", 0)
+		if !contains(testenv.At[string](t, ack, "message"), "disconnected") || !contains(testenv.At[string](t, ack, "message"), "attempt 2 of 3 scheduled") {
 			t.Errorf("ack after a crash: %v", ack)
 		}
 		again := bus.client(t, "agent-crashy", agentCaps)
 		again.subscribe(2, "agent:crashy", "")
 		id, params := again.expectRequest("processMessage")
-		if params["payload"].(map[string]any)["task_id"] != "t-2" || params["attempt"] != float64(2) {
+		if testenv.At[map[string]any](t, params, "payload")["task_id"] != "t-2" || params["attempt"] != float64(2) {
 			t.Errorf("redelivery after reconnecting: %v", params)
 		}
 		again.reply(id, `{"processed":true}`)
@@ -158,7 +160,7 @@ func TestExtendedProtocol(t *testing.T) {
 		pub.publish(3, "agent:picky", `{"type":"command","command":"x"}`)
 		id, _ := agent.expectRequest("processMessage")
 		agent.reply(id, `{"processed":false,"should_retry":false,"message":"not for me"}`)
-		ack := pub.response(3)["result"].(map[string]any)["acks"].([]any)[0].(map[string]any)
+		ack := testenv.At[map[string]any](t, pub.response(3), "result", "acks", 0)
 		if ack["processed"] != false || ack["message"] != "not for me" {
 			t.Errorf("ack %v", ack)
 		}

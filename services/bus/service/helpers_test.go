@@ -138,7 +138,7 @@ func startBus(t testing.TB, cfg service.Config, o busOption) *testBus {
 	return &testBus{Bus: b, url: "ws://" + addr, http: "http://" + addr, st: o.st, queue: o.q, stop: stop}
 }
 
-// wire is a client written from the seed alone: it sends the seed's JSON
+// wire is a client written from the protocol's text alone: it sends the protocol's JSON
 // text and reads raw frames, so the test checks the wire shapes and not
 // only what a Go client of ours would accept.
 type wire struct {
@@ -269,7 +269,7 @@ func (w *wire) expectRequest(method string) (id any, params map[string]any) {
 	}
 	id, ok := m["id"]
 	if !ok {
-		w.t.Fatalf("%s from the bus has no id (the seed makes it a request): %v", method, m)
+		w.t.Fatalf("%s from the bus has no id (the protocol makes it a request): %v", method, m)
 	}
 	params, _ = m["params"].(map[string]any)
 	return id, params
@@ -282,7 +282,7 @@ func (w *wire) reply(id any, result string) {
 	w.send(fmt.Sprintf(`{"jsonrpc":"2.0","result":%s,"id":%s}`, result, idJSON))
 }
 
-// initialize sends the seed's initialize as clientID, with extra members
+// initialize sends the protocol's initialize as clientID, with extra members
 // added to params.
 func (w *wire) initialize(clientID, extra string) map[string]any {
 	w.t.Helper()

@@ -13,6 +13,7 @@ import (
 
 	"github.com/conclave-ai/conclave/pkg/store"
 
+	"github.com/conclave-ai/conclave/pkg/testenv"
 	"github.com/conclave-ai/conclave/services/bus/internal/broker"
 )
 
@@ -48,7 +49,7 @@ func TestLaunchedAgentToken(t *testing.T) {
 		t.Errorf("delivered %v", params)
 	}
 	agent.reply(id, `{"processed":true}`)
-	if res := bridge.response(2)["result"].(map[string]any); res["success"] != true {
+	if res := testenv.At[map[string]any](t, bridge.response(2), "result"); res["success"] != true {
 		t.Fatalf("result %v", res)
 	}
 	req := l.got[0]
@@ -78,7 +79,7 @@ func TestLaunchedAgentToken(t *testing.T) {
 		t.Errorf("the bridge got %v", params)
 	}
 	bridge.reply(id, `{"processed":true}`)
-	if res := agent.response(30)["result"].(map[string]any); res["success"] != true {
+	if res := testenv.At[map[string]any](t, agent.response(30), "result"); res["success"] != true {
 		t.Fatalf("the agent's reply on outbound:5005: %v", res)
 	}
 

@@ -2,6 +2,8 @@ package service_test
 
 import (
 	"testing"
+
+	"github.com/conclave-ai/conclave/pkg/testenv"
 )
 
 // TestBusWidePolicy: CONCLAVE_BUS_POLICY applies to subscriptions that
@@ -42,11 +44,11 @@ func TestBusWidePolicy(t *testing.T) {
 			id, _ := subs[i].expectRequest("sendMessage")
 			subs[i].reply(id, `{"success":true,"processed":true,"stopPropagation":true}`)
 		}
-		res := pub.response(3)["result"].(map[string]any)
+		res := testenv.At[map[string]any](t, pub.response(3), "result")
 		for _, s := range subs {
 			s.result(9, "ping", `{}`) // no delivery is left waiting for it
 		}
-		return len(res["acks"].([]any))
+		return len(testenv.At[[]any](t, res, "acks"))
 	}
 
 	t.Run("bus-wide default", func(t *testing.T) {
@@ -93,14 +95,14 @@ func TestBusWidePolicy(t *testing.T) {
 		second.reply(id, `{"processed":true}`)
 		id, _ = first.expectRequest("sendMessage")
 		first.reply(id, `{"processed":true}`)
-		if res := pub.response(3)["result"].(map[string]any); len(res["acks"].([]any)) != 2 || res["stopPropagation"] != false {
+		if res := testenv.At[map[string]any](t, pub.response(3), "result"); len(testenv.At[[]any](t, res, "acks")) != 2 || res["stopPropagation"] != false {
 			t.Errorf("processed under stopPropagationOnStop: %v", res)
 		}
 		// ...stopPropagation does.
 		pub.publish(4, "policy:stop", `{"text":"y"}`)
 		id, _ = second.expectRequest("sendMessage")
 		second.reply(id, `{"processed":false,"stopPropagation":true}`)
-		if res := pub.response(4)["result"].(map[string]any); len(res["acks"].([]any)) != 1 || res["stopPropagation"] != true {
+		if res := testenv.At[map[string]any](t, pub.response(4), "result"); len(testenv.At[[]any](t, res, "acks")) != 1 || res["stopPropagation"] != true {
 			t.Errorf("stopPropagation under stopPropagationOnStop: %v", res)
 		}
 		first.result(9, "ping", `{}`)

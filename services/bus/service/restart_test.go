@@ -104,8 +104,8 @@ func TestRestartLosesNoRetry(t *testing.T) {
 	pub.publish(3, "agent:durable", `{"type":"task_request","task_id":"survives"}`)
 	id, _ := agent.expectRequest("processMessage")
 	agent.reply(id, `{"processed":false,"should_retry":true,"retry_seconds":2,"message":"later"}`)
-	ack := pub.response(3)["result"].(map[string]any)["acks"].([]any)[0].(map[string]any)
-	if !contains(ack["message"].(string), "scheduled") {
+	ack := testenv.At[map[string]any](t, pub.response(3), "result", "acks", 0)
+	if !contains(testenv.At[string](t, ack, "message"), "scheduled") {
 		t.Fatalf("ack %v", ack)
 	}
 
@@ -120,7 +120,7 @@ func TestRestartLosesNoRetry(t *testing.T) {
 	again.initialize("agent-durable", agentCaps)
 	again.subscribe(2, "agent:durable", "")
 	id, params := again.expectRequest("processMessage")
-	if params["payload"].(map[string]any)["task_id"] != "survives" || params["attempt"] != float64(2) {
+	if testenv.At[map[string]any](t, params, "payload")["task_id"] != "survives" || params["attempt"] != float64(2) {
 		t.Errorf("retry after the restart: %v", params)
 	}
 	again.reply(id, `{"processed":true}`)

@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/conclave-ai/conclave/pkg/telemetry"
+	"github.com/conclave-ai/conclave/pkg/testenv"
 	"github.com/conclave-ai/conclave/services/bus/service"
 )
 
@@ -38,7 +39,7 @@ func TestUnreachableRunner(t *testing.T) {
 	bus := startBus(t, cfg, busOption{launcher: launcher, tel: tel})
 	p := bus.client(t, "bridge", "")
 	res := p.result(2, "sendMessage", `{"topic":"tg:7","payload":{"type":"telegram_message","text":"hi"}}`)
-	ack := res["acks"].([]any)[0].(map[string]any)
+	ack := testenv.At[map[string]any](t, res, "acks", 0)
 	msg, _ := ack["message"].(string)
 	for _, want := range []string{"could not start an agent", "the runner at " + closed + " (CONCLAVE_BUS_RUNNER_ADDR) is unreachable", "dead-lettered"} {
 		if ack["processed"] != false || !contains(msg, want) {

@@ -283,7 +283,9 @@ func a2aSuite(t *testing.T, ctx context.Context, agent *a2aAgent, client, v0, su
 	first := textMessage("once")
 	res1, err1 := client.SendMessage(ctx, first)
 	res2, err2 := client.SendMessage(ctx, first)
-	if err1 != nil || err2 != nil || res1.(*a2a.Task).ID != res2.(*a2a.Task).ID || artifactText(res2.(*a2a.Task)) != "echo: once" {
+	task1, ok1 := res1.(*a2a.Task)
+	task2, ok2 := res2.(*a2a.Task)
+	if err1 != nil || err2 != nil || !ok1 || !ok2 || task1.ID != task2.ID || artifactText(task2) != "echo: once" {
 		t.Fatalf("a repeated messageId: %v %v / %v %v", res1, err1, res2, err2)
 	}
 
@@ -302,7 +304,7 @@ func a2aSuite(t *testing.T, ctx context.Context, agent *a2aAgent, client, v0, su
 	heldID := await(t, agent.holding, "the held message at the agent")
 	// A client learns a task's id from its first event, sent once the task
 	// is stored; the agent may have the message before that.
-	waitFor(t, ctx, "the held task stored", func() bool {
+	testenv.Eventually(t, time.Minute, "the held task stored", func() bool {
 		_, err := subscriber.GetTask(ctx, &a2a.GetTaskRequest{ID: a2a.TaskID(heldID)})
 		return err == nil
 	})
@@ -351,7 +353,7 @@ func a2aSuite(t *testing.T, ctx context.Context, agent *a2aAgent, client, v0, su
 	heldID = await(t, agent.holding, "the second held message at the agent")
 	// A client learns a task's id from its first event, sent once the task
 	// is stored; the agent may have the message before that.
-	waitFor(t, ctx, "the held task stored", func() bool {
+	testenv.Eventually(t, time.Minute, "the held task stored", func() bool {
 		_, err := subscriber.GetTask(ctx, &a2a.GetTaskRequest{ID: a2a.TaskID(heldID)})
 		return err == nil
 	})
@@ -439,19 +441,23 @@ func TestA2A(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		mine, ok := res.(*a2a.Task)
+		if !ok {
+			t.Fatalf("SendMessage answered %T %+v, want a task", res, res)
+		}
 		other := a2aClient(t, ctx, base, "a2a-1", otherToken, false)
-		if _, err := other.GetTask(ctx, &a2a.GetTaskRequest{ID: res.(*a2a.Task).ID}); err == nil || !strings.Contains(err.Error(), "not found") {
+		if _, err := other.GetTask(ctx, &a2a.GetTaskRequest{ID: mine.ID}); err == nil || !strings.Contains(err.Error(), "not found") {
 			t.Fatalf("another client's task: %v", err)
 		}
 		// A task is reached at its own agent's endpoint only.
 		code, body = rpc(t, base+"/a2a/someone-else", token, "application/json",
-			`{"jsonrpc":"2.0","id":1,"method":"GetTask","params":{"id":"`+string(res.(*a2a.Task).ID)+`"}}`)
+			`{"jsonrpc":"2.0","id":1,"method":"GetTask","params":{"id":"`+string(mine.ID)+`"}}`)
 		if code != http.StatusOK || rpcCode(t, body) != -32001 {
 			t.Fatalf("a task asked of another agent: %d %s", code, body)
 		}
 		// Nor may it write in the other's context.
 		intrude := textMessage("me too")
-		intrude.Message.ContextID = res.(*a2a.Task).ContextID
+		intrude.Message.ContextID = mine.ContextID
 		if _, err := other.SendMessage(ctx, intrude); err == nil || !strings.Contains(err.Error(), "belongs to another client") {
 			t.Fatalf("a message in another client's context: %v", err)
 		}

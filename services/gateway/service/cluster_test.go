@@ -297,7 +297,7 @@ func TestClusterBehindNginx(t *testing.T) {
 		agents[i] = &clusterAgent{id: fmt.Sprintf("agent-%d", i), changed: make(chan struct{}, 1)}
 		go agents[i].run(agentsCtx, dialLB(t, lb.Addr))
 	}
-	waitFor(t, ctx, "every agent registered", func() bool {
+	testenv.Eventually(t, time.Minute, "every agent registered", func() bool {
 		for _, a := range agents {
 			if s, _ := a.state(); s == "" {
 				return false
@@ -388,7 +388,7 @@ func TestClusterBehindNginx(t *testing.T) {
 	case <-ctx.Done():
 		t.Fatal("no first event from agent-0")
 	}
-	waitFor(t, ctx, "the part of the answer sent to be stored", func() bool {
+	testenv.Eventually(t, time.Minute, "the part of the answer sent to be stored", func() bool {
 		h, err := clients[2].History(authed(ctx), &gatewayv1.HistoryRequest{ThreadId: partial.GetThreadId()})
 		return err == nil && len(h.GetEntries()) == 2 && h.GetEntries()[1].GetEvent().GetText() == agents[0].id+":part"
 	})
@@ -420,7 +420,7 @@ func TestClusterBehindNginx(t *testing.T) {
 	// asking the agent again.
 	var replayed []*gatewayv1.SendMessageResponse
 	var replayErr error
-	waitFor(t, ctx, "the retry of the cut request to be replayed", func() bool {
+	testenv.Eventually(t, time.Minute, "the retry of the cut request to be replayed", func() bool {
 		replayed, replayErr = nil, nil
 		stream, err := clients[2].SendMessage(authed(ctx), cutReq)
 		for err == nil {
@@ -444,13 +444,13 @@ func TestClusterBehindNginx(t *testing.T) {
 
 	// Its agents come back through nginx on the surviving replicas, once
 	// their leases on the dead one have expired.
-	waitFor(t, ctx, "agent-0 re-registered elsewhere", func() bool {
+	testenv.Eventually(t, time.Minute, "agent-0 re-registered elsewhere", func() bool {
 		s, n := agents[0].state()
 		return n > before && s != victimID
 	})
 	for _, a := range agents {
 		a := a
-		waitFor(t, ctx, a.id+" on a live replica", func() bool {
+		testenv.Eventually(t, time.Minute, a.id+" on a live replica", func() bool {
 			s, _ := a.state()
 			return s != victimID && s != ""
 		})
@@ -462,25 +462,13 @@ func TestClusterBehindNginx(t *testing.T) {
 	for ci, c := range clients {
 		for _, a := range agents {
 			var got string
-			waitFor(t, ctx, fmt.Sprintf("client %d reaching %s", ci, a.id), func() bool {
+			testenv.EventuallyNoError(t, time.Minute, fmt.Sprintf("client %d reaching %s", ci, a.id), func() error {
 				got, err = ask(ctx, c, a.id, "again")
-				return err == nil
+				return err
 			})
 			if got != a.id+":again" {
 				t.Fatalf("client %d to %s after the kill: %q", ci, a.id, got)
 			}
-		}
-	}
-}
-
-// waitFor polls cond until it holds; the test's context bounds the wait.
-func waitFor(t *testing.T, ctx context.Context, what string, cond func() bool) {
-	t.Helper()
-	for !cond() {
-		select {
-		case <-ctx.Done():
-			t.Fatalf("timed out waiting for %s", what)
-		case <-time.After(50 * time.Millisecond):
 		}
 	}
 }

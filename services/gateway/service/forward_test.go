@@ -2,6 +2,7 @@ package service_test
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -13,6 +14,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/conclave-ai/conclave/pkg/telemetry"
+	"github.com/conclave-ai/conclave/pkg/testenv"
 	gatewayv1 "github.com/conclave-ai/conclave/proto/conclave/gateway/v1"
 )
 
@@ -66,10 +68,9 @@ func TestForwardingBetweenReplicas(t *testing.T) {
 	}
 	// A server span ends after its status is sent, so the client may see
 	// the end of the stream first: wait for both to be recorded.
-	deadline := time.Now().Add(30 * time.Second)
-	for len(serverSpans()) < 2 && time.Now().Before(deadline) {
-		time.Sleep(10 * time.Millisecond)
-	}
+	testenv.Eventually(t, time.Minute, "the SendMessage server spans of both replicas", func() bool {
+		return len(serverSpans()) >= 2
+	})
 	if got := serverSpans(); len(got) != 2 {
 		t.Fatalf("want the SendMessage server spans of both replicas in trace %s, got %v", traceID, got)
 	}
@@ -93,18 +94,14 @@ func TestForwardingBetweenReplicas(t *testing.T) {
 
 	// When the agent leaves A, B answers NOT_FOUND.
 	cancel()
-	deadline = time.Now().Add(30 * time.Second)
-	for {
+	testenv.EventuallyNoError(t, time.Minute, "NOT_FOUND from B after the agent left", func() error {
 		s, err := clientB.SendMessage(authed(context.Background()), &gatewayv1.SendMessageRequest{AgentId: "far-agent"})
 		if err == nil {
 			_, err = s.Recv()
 		}
 		if status.Code(err) == codes.NotFound {
-			break
+			return nil
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("after the agent left: %v", err)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return fmt.Errorf("SendMessage: %v", err)
+	})
 }

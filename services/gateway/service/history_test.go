@@ -354,7 +354,7 @@ func TestAbandonedRequestIsCancelled(t *testing.T) {
 		}
 		// The agent cannot cancel: the gateway ends the request itself
 		// once no client has followed it for the timeout.
-		eventually(t, "the abandoned request to be cancelled", func() bool {
+		testenv.Eventually(t, time.Minute, "the abandoned request to be cancelled", func() bool {
 			return strings.HasSuffix(describeEntries(readHistory(t, as(ctx, token), client, "th-detach", 0)), "cancelled|outcome:CANCELLED")
 		})
 	})
@@ -506,7 +506,7 @@ func TestHistoryLimits(t *testing.T) {
 		// The watch's place comes back when it ends; the gateway learns of
 		// it after the client does, hence the retries.
 		stopWatch()
-		eventually(t, "a stream after the watch ended", func() bool {
+		testenv.Eventually(t, time.Minute, "a stream after the watch ended", func() bool {
 			return sendCall(as(ctx, token), client, &gatewayv1.SendMessageRequest{AgentId: "quick", Content: "again"}, nil).err == nil
 		})
 		agent.done(t)

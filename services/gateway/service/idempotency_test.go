@@ -15,6 +15,7 @@ import (
 
 	"github.com/conclave-ai/conclave/pkg/auth"
 	"github.com/conclave-ai/conclave/pkg/store"
+	"github.com/conclave-ai/conclave/pkg/testenv"
 	gatewayv1 "github.com/conclave-ai/conclave/proto/conclave/gateway/v1"
 	"github.com/conclave-ai/conclave/services/gateway/internal/clientapi"
 )
@@ -148,7 +149,7 @@ func TestIdempotencyKey(t *testing.T) {
 		queued := make(chan reply, 1)
 		go func() { queued <- send(as(ctx, token), client, req) }()
 		// Once it waits in the queue, a repeat names it.
-		eventually(t, "the message is queued", func() bool {
+		testenv.Eventually(t, time.Minute, "the message is queued", func() bool {
 			a, err := client.GetAgent(as(ctx, token), &gatewayv1.GetAgentRequest{AgentId: "idem-queue"})
 			return err == nil && a.GetAgent().GetQueuedRequests() == 1
 		})
@@ -204,7 +205,7 @@ func TestIdempotencyKey(t *testing.T) {
 			}
 			return slices.ContainsFunc(page.Items, func(it store.Item) bool { return it.Attrs["agent_id"] == "idem-left" })
 		}
-		eventually(t, "the message is queued", func() bool {
+		testenv.Eventually(t, time.Minute, "the message is queued", func() bool {
 			a, err := client.GetAgent(as(ctx, token), &gatewayv1.GetAgentRequest{AgentId: "idem-left"})
 			return err == nil && a.GetAgent().GetQueuedRequests() == 1 && claimed()
 		})
@@ -214,7 +215,7 @@ func TestIdempotencyKey(t *testing.T) {
 		}
 		// The gateway gives the key back once it sees the client gone,
 		// which the client is not told of.
-		eventually(t, "the key is given back", func() bool { return !claimed() })
+		testenv.Eventually(t, time.Minute, "the key is given back", func() bool { return !claimed() })
 
 		agent.done(t) // "busy"; the abandoned message is skipped
 		if r := await(t, busy, "busy's reply"); r.err != nil {

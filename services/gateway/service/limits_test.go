@@ -175,19 +175,6 @@ func send(ctx context.Context, client gatewayv1.GatewayServiceClient, req *gatew
 	}
 }
 
-// eventually retries f until it reports true, failing the test after a
-// minute; it is for effects that follow a client's departure, which no
-// reply announces.
-func eventually(t *testing.T, what string, f func() bool) {
-	t.Helper()
-	for deadline := time.Now().Add(time.Minute); !f(); {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within a minute", what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
 // TestClientRateLimitOverGRPCAndREST spends a client's burst over gRPC and
 // REST alike (REST calls pass through the same gRPC interceptors), and
 // checks that each token has its own bucket.
@@ -357,7 +344,7 @@ func TestClientStreamCap(t *testing.T) {
 	// A stream that ends gives its place back; the gateway learns of the
 	// client's departure after the client does, hence the retries.
 	closeFirst()
-	eventually(t, "a stream after one ended", func() bool {
+	testenv.Eventually(t, time.Minute, "a stream after one ended", func() bool {
 		r := send(as(ctx, token), client, &gatewayv1.SendMessageRequest{AgentId: "quick", Content: "again"})
 		if r.err != nil && status.Code(r.err) != codes.ResourceExhausted {
 			t.Fatalf("a stream after one ended: %v", r.err)

@@ -18,6 +18,7 @@ import (
 
 	"github.com/conclave-ai/conclave/pkg/config"
 	"github.com/conclave-ai/conclave/pkg/telemetry"
+	"github.com/conclave-ai/conclave/pkg/testenv"
 	gatewayv1 "github.com/conclave-ai/conclave/proto/conclave/gateway/v1"
 	covenpb "github.com/conclave-ai/conclave/proto/coven"
 	"github.com/conclave-ai/conclave/services/gateway/service"
@@ -235,7 +236,7 @@ func TestHeartbeatsAreOptional(t *testing.T) {
 		t.Fatal(err)
 	}
 	hole.cutOff()
-	eventually(t, "the stopped and the cut-off agents are deregistered", func() bool {
+	testenv.Eventually(t, time.Minute, "the stopped and the cut-off agents are deregistered", func() bool {
 		got := registered()
 		return !got["stopped"] && !got["cut-off"]
 	})

@@ -18,6 +18,7 @@ import (
 
 	"github.com/conclave-ai/conclave/pkg/store"
 	"github.com/conclave-ai/conclave/pkg/telemetry/metricstest"
+	"github.com/conclave-ai/conclave/pkg/testenv"
 	gatewayv1 "github.com/conclave-ai/conclave/proto/conclave/gateway/v1"
 	covenpb "github.com/conclave-ai/conclave/proto/coven"
 	"github.com/conclave-ai/conclave/services/gateway/service"
@@ -65,7 +66,7 @@ func (s *scraper) value(name string, labels ...string) float64 {
 // moved waits until metric name (with labels) reaches at least want.
 func (s *scraper) moved(name string, want float64, labels ...string) {
 	s.t.Helper()
-	eventually(s.t, fmt.Sprintf("%s%v reaching %v", name, labels, want), func() bool { return s.value(name, labels...) >= want })
+	testenv.Eventually(s.t, time.Minute, fmt.Sprintf("%s%v reaching %v", name, labels, want), func() bool { return s.value(name, labels...) >= want })
 }
 
 // TestGatewayMetrics drives every event docs/metrics.md lists for the
@@ -208,7 +209,7 @@ func TestGatewayMetrics(t *testing.T) {
 	}()
 	cut.cut.Store(true)
 	a.moved("conclave_gateway_lease_writes_total", 1, "outcome", "failed")
-	eventually(t, "the other replica taking the agent", func() bool {
+	testenv.Eventually(t, time.Minute, "the other replica taking the agent", func() bool {
 		s, err := covenpb.NewCovenControlClient(connB).AgentStream(ctx)
 		if err != nil {
 			return false

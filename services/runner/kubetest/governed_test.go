@@ -177,14 +177,12 @@ func TestGovernedOnTheNode(t *testing.T) {
 	ws2 := workspace(t)
 	in2 := r1.launch(t, governedOutside, ws2, map[string]string{"TASK_DESCRIPTION": "escalated"})
 	var first governedStatus
-	for deadline := time.Now().Add(3 * time.Minute); ; time.Sleep(200 * time.Millisecond) {
-		if first = r1.governedStatus(t, in2.ID); first.Status == "awaiting_approval" {
-			break
+	testenv.EventuallyNoError(t, waitTimeout, in2.ID+" to await approval", func() error {
+		if first = r1.governedStatus(t, in2.ID); first.Status != "awaiting_approval" {
+			return fmt.Errorf("%+v; log %+v", first, r1.logs(t, in2.ID))
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("not awaiting approval within 3m: %+v; log %+v", first, r1.logs(t, in2.ID))
-		}
-	}
+		return nil
+	})
 	if !strings.HasPrefix(first.ReviewURL, libURL+"/review/") {
 		t.Fatalf("review_url %q", first.ReviewURL)
 	}
@@ -192,7 +190,7 @@ func TestGovernedOnTheNode(t *testing.T) {
 		t.Fatalf("stopping the first runner: %v", err)
 	}
 	r2 := state.run(t, nil)
-	for deadline := time.Now().Add(3 * time.Minute); ; time.Sleep(200 * time.Millisecond) {
+	testenv.EventuallyNoError(t, waitTimeout, "the second runner to take the wait up", func() error {
 		lines := r2.logs(t, in2.ID)
 		escalations := 0
 		for _, l := range lines {
@@ -200,13 +198,11 @@ func TestGovernedOnTheNode(t *testing.T) {
 				escalations++
 			}
 		}
-		if escalations >= 2 && r2.governedStatus(t, in2.ID).Status == "awaiting_approval" {
-			break
+		if escalations < 2 || r2.governedStatus(t, in2.ID).Status != "awaiting_approval" {
+			return fmt.Errorf("log %+v", lines)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the second runner did not take the wait up within 3m; log %+v", lines)
-		}
-	}
+		return nil
+	})
 	if again := r2.governedStatus(t, in2.ID); path.Base(again.ReviewURL) != path.Base(first.ReviewURL) {
 		t.Fatalf("the wait was taken up with another request: %s, first %s", again.ReviewURL, first.ReviewURL)
 	}

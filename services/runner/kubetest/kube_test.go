@@ -4,6 +4,7 @@ package kubetest_test
 
 import (
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -18,6 +19,7 @@ import (
 
 	"github.com/conclave-ai/conclave/pkg/queue"
 	"github.com/conclave-ai/conclave/pkg/telemetry/metricstest"
+	"github.com/conclave-ai/conclave/pkg/testenv"
 )
 
 func skipShort(t *testing.T) {
@@ -152,18 +154,18 @@ func (r *testRunner) delete(t *testing.T, id string) {
 func waitGone(t *testing.T, job string) {
 	t.Helper()
 	ctx := t.Context()
-	for {
+	testenv.EventuallyNoError(t, waitTimeout, "Job "+job+", its Secret and its pods deleted", func() error {
 		_, jobErr := env.admin.BatchV1().Jobs(namespace).Get(ctx, job, metav1.GetOptions{})
 		_, secretErr := env.admin.CoreV1().Secrets(namespace).Get(ctx, job, metav1.GetOptions{})
 		pods, err := env.admin.CoreV1().Pods(namespace).List(ctx, metav1.ListOptions{LabelSelector: "job-name=" + job})
 		if err != nil {
 			t.Fatal(err)
 		}
-		if apierrors.IsNotFound(jobErr) && apierrors.IsNotFound(secretErr) && len(pods.Items) == 0 {
-			return
+		if !apierrors.IsNotFound(jobErr) || !apierrors.IsNotFound(secretErr) || len(pods.Items) != 0 {
+			return fmt.Errorf("the Job: %v; the Secret: %v; %d pods", jobErr, secretErr, len(pods.Items))
 		}
-		time.Sleep(200 * time.Millisecond)
-	}
+		return nil
+	})
 }
 
 func keys[V any](m map[string]V) []string {
@@ -194,12 +196,10 @@ func TestRunnerRestartMidPrompt(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(ws, "release"), nil, 0o666); err != nil {
 		t.Fatal(err)
 	}
-	for {
-		if _, err := os.Stat(filepath.Join(ws, "streamed")); err == nil {
-			break
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	testenv.EventuallyNoError(t, waitTimeout, "the agent to stream its turn into agent-host", func() error {
+		_, err := os.Stat(filepath.Join(ws, "streamed"))
+		return err
+	})
 	r2 := state.run(t, nil)
 	r2.waitStatus(t, in.ID, "completed")
 	if st := r2.status(t, in.ID); st.ContainerID != in.ContainerID {

@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -24,6 +25,7 @@ import (
 	"github.com/conclave-ai/conclave/pkg/queue"
 	"github.com/conclave-ai/conclave/pkg/store"
 	"github.com/conclave-ai/conclave/pkg/telemetry"
+	"github.com/conclave-ai/conclave/pkg/testenv"
 	"github.com/conclave-ai/conclave/pkg/testenv/kubeenv"
 	"github.com/conclave-ai/conclave/services/runner/service"
 )
@@ -240,18 +242,18 @@ func (r *testRunner) prompt(t *testing.T, id, message string) {
 	var out struct {
 		Accepted bool `json:"accepted"`
 	}
-	for {
+	testenv.Eventually(t, waitTimeout, fmt.Sprintf("%s to take the prompt", id), func() bool {
 		code := r.do(t, t.Context(), "POST", "/api/v1/agents/"+id+"/prompt", map[string]any{"message": message}, &out)
 		if code == http.StatusOK && out.Accepted {
-			return
+			return true
 		}
 		// A prompt while a turn is still ending is refused (400, "cannot
 		// take this now"): try again.
 		if code != http.StatusBadRequest {
 			t.Fatalf("prompt: HTTP %d", code)
 		}
-		time.Sleep(100 * time.Millisecond)
-	}
+		return false
+	})
 }
 
 func (r *testRunner) status(t *testing.T, id string) instance {
@@ -263,17 +265,22 @@ func (r *testRunner) status(t *testing.T, id string) instance {
 	return in
 }
 
+// waitTimeout bounds the waits on a runner and its Jobs: far longer than
+// any of them takes, even with images to pull, it only keeps a hang from
+// running into the whole run's timeout.
+const waitTimeout = 5 * time.Minute
+
 func (r *testRunner) waitStatus(t *testing.T, id string, want ...string) instance {
 	t.Helper()
-	for {
-		in := r.status(t, id)
-		for _, w := range want {
-			if in.Status == w {
-				return in
-			}
+	var in instance
+	testenv.EventuallyNoError(t, waitTimeout, fmt.Sprintf("%s to be %v", id, want), func() error {
+		in = r.status(t, id)
+		if !slices.Contains(want, in.Status) {
+			return fmt.Errorf("status %s", in.Status)
 		}
-		time.Sleep(100 * time.Millisecond)
-	}
+		return nil
+	})
+	return in
 }
 
 type logLine struct {
@@ -295,16 +302,14 @@ func (r *testRunner) logs(t *testing.T, id string) []logLine {
 // waitLog polls the logs until a line contains want, and returns them.
 func (r *testRunner) waitLog(t *testing.T, id, want string) []logLine {
 	t.Helper()
-	for i := 1; ; i++ {
-		lines := r.logs(t, id)
-		if hasLog(lines, want) {
-			return lines
+	var lines []logLine
+	testenv.EventuallyNoError(t, waitTimeout, fmt.Sprintf("log line %q of %s", want, id), func() error {
+		if lines = r.logs(t, id); !hasLog(lines, want) {
+			return fmt.Errorf("the log: %+v", lines)
 		}
-		if i%300 == 0 {
-			t.Logf("still waiting for %q; the log so far: %+v", want, lines)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+		return nil
+	})
+	return lines
 }
 
 func hasLog(lines []logLine, want string) bool {

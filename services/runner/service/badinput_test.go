@@ -10,7 +10,8 @@ import (
 	"testing"
 )
 
-// TestBadLaunches: each gets 400 validation_error in seed 002's body, and
+// TestBadLaunches: each gets 400 validation_error in the REST error body,
+// and
 // creates nothing.
 func TestBadLaunches(t *testing.T) {
 	if testing.Short() {
@@ -161,8 +162,8 @@ func TestRateLimit(t *testing.T) {
 }
 
 // TestBadRequests: whatever is wrong with a REST request itself (its size,
-// its Content-Type, its JSON, its path or its method), the answer is seed
-// 002's error body with a fitting status.
+// its Content-Type, its JSON, its path or its method), the answer is
+// Kandev's error body with a fitting status.
 func TestBadRequests(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a runner")
@@ -221,7 +222,7 @@ func TestBadRequests(t *testing.T) {
 			dec.DisallowUnknownFields()
 			if err := dec.Decode(&e); err != nil || resp.StatusCode != tt.status || e.HTTPStatus != tt.status || e.Error != tt.code ||
 				!strings.Contains(e.Message+" "+e.Details, tt.message) || resp.Header.Get("Content-Type") != "application/json" {
-				t.Fatalf("got %d %s %.300s; want %d with seed 002's body, error %s, mentioning %q",
+				t.Fatalf("got %d %s %.300s; want %d with the REST error body, error %s, mentioning %q",
 					resp.StatusCode, resp.Header.Get("Content-Type"), data, tt.status, tt.code, tt.message)
 			}
 			if strings.Contains(string(data), "aaaaaaaa") || strings.Contains(string(data), "/nope") {

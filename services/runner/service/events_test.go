@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -20,6 +21,7 @@ import (
 
 	"github.com/conclave-ai/conclave/pkg/queue"
 	"github.com/conclave-ai/conclave/pkg/telemetry"
+	"github.com/conclave-ai/conclave/pkg/testenv"
 )
 
 // statusEvent is a runner.task.status_changed envelope as the bus reads it.
@@ -95,13 +97,13 @@ func TestStatusChangedEvents(t *testing.T) {
 	r.waitLog(t, in.ID, "launch 1 ended")
 	var evs []statusEvent
 	// The events are sent beside the writes: wait for the last one.
-	for deadline := time.Now().Add(time.Minute); len(evs) < 3 || evs[len(evs)-1].Status != "completed"; {
-		if time.Now().After(deadline) {
-			t.Fatalf("status events after a minute: %v", statuses(evs))
-		}
+	testenv.EventuallyNoError(t, time.Minute, "the completed status event", func() error {
 		evs = append(evs, drainStatusEvents(t, r.q, r.cfg.EventsQueue, in.ID)...)
-		time.Sleep(20 * time.Millisecond)
-	}
+		if len(evs) < 3 || evs[len(evs)-1].Status != "completed" {
+			return fmt.Errorf("status events %v", statuses(evs))
+		}
+		return nil
+	})
 	if got := strings.Join(statuses(evs), " → "); got != "starting → running → completed" {
 		t.Fatalf("status events: %s", got)
 	}
@@ -191,12 +193,7 @@ func TestEventsSurviveACrash(t *testing.T) {
 	second, r := runnerProcess(t, data, root, types, port, 1)
 	// The launch comes back after CONCLAVE_RUNNER_LAUNCH_RETRY (2s), and its
 	// delivery sends what the outbox holds.
-	for deadline := time.Now().Add(time.Minute); !hasLog(r.logs(t, in.ID), "status event(s) again"); {
-		if time.Now().After(deadline) {
-			t.Fatalf("the completed event was not sent again; the log: %+v", r.logs(t, in.ID))
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	r.waitLog(t, in.ID, "status event(s) again")
 	// The embedded queue is one process's at a time.
 	if err := second.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
@@ -251,15 +248,15 @@ func TestEventsOutageDoesNotStopLaunches(t *testing.T) {
 		}
 		return true
 	}
-	for deadline := time.Now().Add(time.Minute); !done(); {
-		if time.Now().After(deadline) {
-			t.Fatalf("status events a minute after the queue came back: %v", got)
-		}
+	testenv.EventuallyNoError(t, time.Minute, "the status events once the queue came back", func() error {
 		for _, e := range drainStatusEvents(t, embedded, cfg.EventsQueue, "") {
 			got[e.InstanceID] = append(got[e.InstanceID], e.Status)
 		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		if !done() {
+			return fmt.Errorf("status events %v", got)
+		}
+		return nil
+	})
 }
 
 // updateEvent is a runner.session.update envelope as the bus reads it.
@@ -309,15 +306,12 @@ func drainUpdateEvents(t *testing.T, q queue.Queue, eventsQueue, instanceID stri
 func waitUpdateEvents(t *testing.T, r *testRunner, instanceID, kind, text string) []updateEvent {
 	t.Helper()
 	var all []updateEvent
-	for deadline := time.Now().Add(time.Minute); ; time.Sleep(50 * time.Millisecond) {
+	testenv.EventuallyNoError(t, time.Minute, fmt.Sprintf("a %s event with %q on the events queue", kind, text), func() error {
 		all = append(all, drainUpdateEvents(t, r.q, r.cfg.EventsQueue, instanceID)...)
-		for _, e := range all {
-			if e.Kind == kind && strings.Contains(e.Text, text) {
-				return all
-			}
+		if !slices.ContainsFunc(all, func(e updateEvent) bool { return e.Kind == kind && strings.Contains(e.Text, text) }) {
+			return fmt.Errorf("got %+v", all)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no %s event with %q on the events queue within a minute; got %+v", kind, text, all)
-		}
-	}
+		return nil
+	})
+	return all
 }

@@ -10,8 +10,8 @@ import (
 )
 
 // FuzzRESTBodies: whatever body a client sends to the REST routes that
-// take one, the runner answers without a 5xx, and every error is seed
-// 002's body. One runner serves every input.
+// take one, the runner answers without a 5xx, and every error is
+// Kandev's body. One runner serves every input.
 func FuzzRESTBodies(f *testing.F) {
 	r := startRunner(f, nil)
 	routes := []string{"/api/v1/agents/launch", "/api/v1/agents/missing/prompt", "/api/v1/agents/missing/cancel"}
@@ -46,7 +46,7 @@ func FuzzRESTBodies(f *testing.F) {
 			dec.DisallowUnknownFields()
 			var e errorBody
 			if err := dec.Decode(&e); err != nil || e.Error == "" || e.HTTPStatus != resp.StatusCode {
-				t.Fatalf("POST %s %q: %d is not seed 002's error body: %s", path, body, resp.StatusCode, data)
+				t.Fatalf("POST %s %q: %d is not the REST error body: %s", path, body, resp.StatusCode, data)
 			}
 		}
 	})

@@ -149,25 +149,28 @@ func (r *testRunner) launchOnGateway(t *testing.T, agentType, agentID string) in
 // does, and returns its entry.
 func awaitAgent(t *testing.T, gw gatewayv1.GatewayServiceClient, agentID string, listed bool) *gatewayv1.Agent {
 	t.Helper()
-	deadline := time.Now().Add(60 * time.Second)
-	for {
+	what := "the gateway to list agent " + agentID
+	if !listed {
+		what = "the gateway to stop listing agent " + agentID
+	}
+	var agent *gatewayv1.Agent
+	testenv.EventuallyNoError(t, time.Minute, what, func() error {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		resp, err := gw.ListAgents(ctx, &gatewayv1.ListAgentsRequest{PageSize: 1000})
 		cancel()
-		if err == nil {
-			i := slices.IndexFunc(resp.GetAgents(), func(a *gatewayv1.Agent) bool { return a.GetAgentId() == agentID })
-			if listed && i >= 0 {
-				return resp.GetAgents()[i]
-			}
-			if !listed && i < 0 {
-				return nil
-			}
+		if err != nil {
+			return err
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("waiting for the gateway to list agent %s (listed=%v): %v", agentID, listed, err)
+		i := slices.IndexFunc(resp.GetAgents(), func(a *gatewayv1.Agent) bool { return a.GetAgentId() == agentID })
+		if listed != (i >= 0) {
+			return fmt.Errorf("listed %d agents", len(resp.GetAgents()))
 		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		if listed {
+			agent = resp.GetAgents()[i]
+		}
+		return nil
+	})
+	return agent
 }
 
 // send sends content to agentID and returns every event until the one

@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -299,6 +300,7 @@ type instance struct {
 	Progress    int    `json:"progress"`
 	StartedAt   string `json:"started_at"`
 	FinishedAt  string `json:"finished_at"`
+	Error       string `json:"error"`
 }
 
 type errorBody struct {
@@ -328,19 +330,23 @@ func (r *testRunner) status(t *testing.T, id string) instance {
 	return in
 }
 
-// waitStatus polls until the instance reaches one of want; the test's own
-// deadline bounds it.
+// waitTimeout bounds the waits for an instance's status and log lines: far
+// longer than any of them takes, it only keeps a hang from running into
+// the whole run's timeout.
+const waitTimeout = 2 * time.Minute
+
+// waitStatus polls until the instance reaches one of want.
 func (r *testRunner) waitStatus(t *testing.T, id string, want ...string) instance {
 	t.Helper()
-	for {
-		in := r.status(t, id)
-		for _, w := range want {
-			if in.Status == w {
-				return in
-			}
+	var in instance
+	testenv.EventuallyNoError(t, waitTimeout, fmt.Sprintf("%s to be %v", id, want), func() error {
+		in = r.status(t, id)
+		if !slices.Contains(want, in.Status) {
+			return fmt.Errorf("status %s", in.Status)
 		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return nil
+	})
+	return in
 }
 
 type logLine struct {
@@ -362,18 +368,7 @@ func (r *testRunner) logs(t *testing.T, id string) []logLine {
 // waitLog polls the logs until a line contains want.
 func (r *testRunner) waitLog(t *testing.T, id, want string) {
 	t.Helper()
-	for i := 1; ; i++ {
-		lines := r.logs(t, id)
-		for _, l := range lines {
-			if strings.Contains(l.Text, want) {
-				return
-			}
-		}
-		if i%100 == 0 {
-			t.Logf("still waiting for %q; the log so far: %+v", want, lines)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	r.waitLogWithin(t, id, want, waitTimeout)
 }
 
 func hasLog(lines []logLine, want string) bool {
@@ -389,14 +384,10 @@ func hasLog(lines []logLine, want string) bool {
 // log so far.
 func (r *testRunner) waitLogWithin(t *testing.T, id, want string, d time.Duration) {
 	t.Helper()
-	for deadline := time.Now().Add(d); ; {
-		lines := r.logs(t, id)
-		if hasLog(lines, want) {
-			return
+	testenv.EventuallyNoError(t, d, fmt.Sprintf("log line %q of %s", want, id), func() error {
+		if lines := r.logs(t, id); !hasLog(lines, want) {
+			return fmt.Errorf("the log: %+v", lines)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no log line %q within %s; the log: %+v", want, d, lines)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return nil
+	})
 }

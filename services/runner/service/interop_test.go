@@ -4,6 +4,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/conclave-ai/conclave/pkg/testenv"
 )
 
 // TestPermissionsLoggedAndPublished: every session/request_permission an
@@ -88,27 +90,25 @@ func TestAgentErrorsAndAuthenticate(t *testing.T) {
 			}
 		})
 	}
-	t.Run("the status event carries the agent's error", func(t *testing.T) {
+	t.Run("the status and its event carry the agent's error", func(t *testing.T) {
 		// Alone on the events queue: every other instance has ended.
 		r := startRunner(t, nil)
 		in := r.launch(t, "acp-auth-none", r.workspace(t), map[string]string{"TASK_DESCRIPTION": "take notes"})
-		r.waitStatus(t, in.ID, "failed")
-		for deadline := time.Now().Add(time.Minute); ; time.Sleep(50 * time.Millisecond) {
-			var failed *statusEvent
+		// The status says why, as the event does.
+		if st := r.waitStatus(t, in.ID, "failed"); !strings.Contains(st.Error, "Authentication required: no API key is configured") {
+			t.Errorf("the failed instance's status says %q, want the agent's error", st.Error)
+		}
+		var failed *statusEvent
+		testenv.Eventually(t, time.Minute, "the failed status event", func() bool {
 			for _, e := range drainStatusEvents(t, r.q, r.cfg.EventsQueue, in.ID) {
 				if e.Status == "failed" {
 					failed = &e
 				}
 			}
-			if failed != nil {
-				if !strings.Contains(failed.Error, "Authentication required: no API key is configured") {
-					t.Fatalf("the failed event's error is %q", failed.Error)
-				}
-				return
-			}
-			if time.Now().After(deadline) {
-				t.Fatal("no failed status event within a minute")
-			}
+			return failed != nil
+		})
+		if !strings.Contains(failed.Error, "Authentication required: no API key is configured") {
+			t.Fatalf("the failed event's error is %q", failed.Error)
 		}
 	})
 }

@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/conclave-ai/conclave/pkg/testenv"
 	"github.com/conclave-ai/conclave/services/runner/internal/records"
 )
 
@@ -50,14 +51,14 @@ func runnerProcessWith(t *testing.T, dataDir, root, types, port string, workers 
 	}
 	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
 	r := &testRunner{base: "http://127.0.0.1:" + port, root: root}
-	for {
+	testenv.EventuallyNoError(t, time.Minute, "the runner to listen on "+port, func() error {
 		c, err := net.Dial("tcp", "127.0.0.1:"+port)
 		if err == nil {
 			c.Close()
-			return cmd, r
 		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return err
+	})
+	return cmd, r
 }
 
 func freePort(t *testing.T) string {
@@ -110,9 +111,7 @@ func TestKilledRunner(t *testing.T) {
 	if done := r.waitStatus(t, queued.ID, "completed", "failed"); done.Status != "completed" {
 		t.Fatalf("the queued launch: %+v", done)
 	}
-	for countLogs(r.logs(t, running.ID), "tool_call file_edit") < 2 {
-		time.Sleep(50 * time.Millisecond)
-	}
+	r.waitLogCount(t, running.ID, "tool_call file_edit", 2)
 	if n := countLogs(r.logs(t, running.ID), "started kandev-slow-tool"); n != 2 {
 		t.Errorf("the crashed worker's launch started %d times, want 2", n)
 	}
@@ -149,9 +148,7 @@ func TestGracefulRestart(t *testing.T) {
 
 	second, _ := runOn(t, cfg, st, q, nil)
 	second.waitLog(t, in.ID, "the launch will be retried")
-	for countLogs(second.logs(t, in.ID), "tool_call write notes.txt") < 2 {
-		time.Sleep(50 * time.Millisecond)
-	}
+	second.waitLogCount(t, in.ID, "tool_call write notes.txt", 2)
 	if st := second.status(t, in.ID); st.Status != "running" {
 		t.Errorf("after the restart: %+v", st)
 	}
@@ -227,26 +224,25 @@ func exited(pid int) bool {
 	return i >= 0 && strings.HasPrefix(strings.TrimSpace(string(st[i+1:])), "Z")
 }
 
-// waitExited waits up to 10s for pid to exit.
+// waitExited waits for pid to exit.
 func waitExited(t *testing.T, pid int, what string) {
 	t.Helper()
-	for deadline := time.Now().Add(10 * time.Second); !exited(pid); time.Sleep(20 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s (pid %d) still runs 10s on", what, pid)
-		}
-	}
+	testenv.Eventually(t, time.Minute, fmt.Sprintf("%s (pid %d) to exit", what, pid), func() bool { return exited(pid) })
 }
 
-// readPIDFile waits up to 10s for a pid in path.
+// readPIDFile waits for a pid in path.
 func readPIDFile(t *testing.T, path string) int {
 	t.Helper()
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-		data, _ := os.ReadFile(path)
-		if pid, err := strconv.Atoi(strings.TrimSpace(string(data))); err == nil && pid > 0 {
-			return pid
+	var pid int
+	testenv.EventuallyNoError(t, time.Minute, "a pid in "+path, func() error {
+		data, err := os.ReadFile(path)
+		if err != nil {
+			return err
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no pid in %s within 10s", path)
+		if pid, err = strconv.Atoi(strings.TrimSpace(string(data))); err == nil && pid <= 0 {
+			err = fmt.Errorf("pid %d", pid)
 		}
-	}
+		return err
+	})
+	return pid
 }

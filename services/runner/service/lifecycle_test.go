@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/conclave-ai/conclave/pkg/queue"
+	"github.com/conclave-ai/conclave/pkg/testenv"
 	"github.com/conclave-ai/conclave/services/runner/internal/executor"
 	"github.com/conclave-ai/conclave/services/runner/internal/records"
 )
@@ -31,9 +32,12 @@ func (r *testRunner) prompt(t *testing.T, id, message string) {
 // waitLogCount polls the logs until want appears n times.
 func (r *testRunner) waitLogCount(t *testing.T, id, want string, n int) {
 	t.Helper()
-	for countLogs(r.logs(t, id), want) < n {
-		time.Sleep(50 * time.Millisecond)
-	}
+	testenv.EventuallyNoError(t, waitTimeout, fmt.Sprintf("%d log lines %q of %s", n, want, id), func() error {
+		if lines := r.logs(t, id); countLogs(lines, want) < n {
+			return fmt.Errorf("the log: %+v", lines)
+		}
+		return nil
+	})
 }
 
 // TestRunnerKilledMidConversation kills the runner (SIGKILL) with one
@@ -425,8 +429,8 @@ func TestResumeDoesNotRepublishHistory(t *testing.T) {
 	}
 }
 
-// TestOneshot runs the bridge's example tool agents (seed 000's hybrid
-// protocol) as oneshot agent types: a process per prompt, the prompt's JSON
+// TestOneshot runs the bridge's example tool agents (the ADK bridge's
+// hybrid protocol) as oneshot agent types: a process per prompt, the prompt's JSON
 // as their parameters, their one JSON object as the turn's result.
 func TestOneshot(t *testing.T) {
 	if testing.Short() {
@@ -447,7 +451,7 @@ func TestOneshot(t *testing.T) {
 			t.Fatalf("second prompt: %+v", st)
 		}
 	})
-	t.Run("seed 000's validation before the run", func(t *testing.T) {
+	t.Run("hybrid protocol validation before the run", func(t *testing.T) {
 		t.Parallel()
 		// The agent would answer this repo_name with labels ("triage"); the
 		// runner refuses it first, as the bridge does, so the agent never runs.

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
 	"strconv"
 	"strings"
@@ -20,6 +21,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/conclave-ai/conclave/pkg/telemetry/metricstest"
+	"github.com/conclave-ai/conclave/pkg/testenv"
 	runnerv1 "github.com/conclave-ai/conclave/proto/conclave/runner/v1"
 	"github.com/conclave-ai/conclave/services/runner/internal/api"
 	"github.com/conclave-ai/conclave/services/runner/internal/records"
@@ -274,19 +276,19 @@ func TestOwnerUnreachable(t *testing.T) {
 		t.Fatalf("delete y: HTTP %d", code)
 	}
 	owner := b.grpcAddr(t)
-	for {
+	testenv.EventuallyNoError(t, time.Minute, "B to take x over", func() error {
 		in, err := rec.Instance(ctx, x.ID)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if in.Owner == owner && !in.Launching() {
-			if in.Status != records.StatusStopped || in.CancelTurn != 0 || in.PendingTurn() {
-				t.Fatalf("x taken over: status %s, cancel_turn %d, turn %d done %d", in.Status, in.CancelTurn, in.Turn, in.TurnDone)
-			}
-			break
+		if in.Owner != owner || in.Launching() {
+			return fmt.Errorf("owner %s, launching %v", in.Owner, in.Launching())
 		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		if in.Status != records.StatusStopped || in.CancelTurn != 0 || in.PendingTurn() {
+			t.Fatalf("x taken over: status %s, cancel_turn %d, turn %d done %d", in.Status, in.CancelTurn, in.Turn, in.TurnDone)
+		}
+		return nil
+	})
 	// The launch B took over ended the cancelled turn without starting an
 	// agent for it.
 	b.waitLog(t, x.ID, "cancelled while no runner held it; nothing was started")

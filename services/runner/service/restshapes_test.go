@@ -3,6 +3,7 @@ package service_test
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"slices"
@@ -10,9 +11,11 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/conclave-ai/conclave/pkg/testenv"
 )
 
-// The JSON examples of seed 002 (its "REST API Integration" and "HTTP API
+// The JSON examples of Kandev's protocol text (its "REST API Integration" and "HTTP API
 // Errors" sections), verbatim.
 const (
 	seedLaunchResponse = `{
@@ -96,7 +99,7 @@ func sortedKeys(m map[string]json.RawMessage) []string {
 	return keys
 }
 
-// checkShape compares a response's members with the seed's example: the
+// checkShape compares a response's members with Kandev's example: the
 // same keys (plus extra, documented ones, if any), each of the example's
 // JSON type; a member the example shows as null may be null or a string
 // (a time). nullable names members that must be null here.
@@ -109,7 +112,7 @@ func checkShape(t *testing.T, what, example string, got map[string]json.RawMessa
 	wantKeys := append(sortedKeys(want), extra...)
 	sort.Strings(wantKeys)
 	if gotKeys := sortedKeys(got); !slices.Equal(gotKeys, wantKeys) {
-		t.Errorf("%s: keys %v, want %v (the seed's %v plus %v)", what, gotKeys, wantKeys, sortedKeys(want), extra)
+		t.Errorf("%s: keys %v, want %v (Kandev's %v plus %v)", what, gotKeys, wantKeys, sortedKeys(want), extra)
 	}
 	for k, v := range want {
 		g, ok := got[k]
@@ -121,16 +124,16 @@ func checkShape(t *testing.T, what, example string, got map[string]json.RawMessa
 			t.Errorf("%s: %s is %s, want null", what, k, g)
 		case wk == "null" && (gk == "null" || gk == "string"):
 		case wk != gk:
-			t.Errorf("%s: %s is %s (%s), the seed's is %s (%s)", what, k, g, gk, v, wk)
+			t.Errorf("%s: %s is %s (%s), Kandev's is %s (%s)", what, k, g, gk, v, wk)
 		}
 	}
 }
 
-// TestRESTShapes checks the raw JSON of each REST response against seed
-// 002's examples: every member the seed shows is there, with its type, even
+// TestRESTShapes checks the raw JSON of each REST response against
+// Kandev's examples: every member they show is there, with its type, even
 // when it is empty (a starting instance's "progress": 0, "container_id": ""
 // and "finished_at": null; an error's "details": ""), and the launch
-// response has exactly the seed's members.
+// response has exactly Kandev's members.
 func TestRESTShapes(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs agent processes")
@@ -155,7 +158,7 @@ func TestRESTShapes(t *testing.T) {
 	}
 
 	_, st := r.rawJSON(t, "GET", "/api/v1/agents/"+id+"/status", nil)
-	checkShape(t, "GET status (starting)", seedStatusResponse, st, []string{"agent_type", "container_id", "review_url", "task_id"}, "finished_at")
+	checkShape(t, "GET status (starting)", seedStatusResponse, st, []string{"agent_type", "container_id", "error", "review_url", "task_id"}, "finished_at")
 	if string(st["progress"]) != "0" || string(st["container_id"]) != `""` || string(st["status"]) != `"starting"` {
 		t.Errorf("a starting instance's status: %v", st)
 	}
@@ -188,18 +191,15 @@ func TestRESTShapes(t *testing.T) {
 	r.do(t, "POST", "/api/v1/agents/"+busy.ID+"/cancel", map[string]string{"reason": "done"}, nil)
 	done := r.waitStatus(t, id, "completed", "failed")
 	_, st = r.rawJSON(t, "GET", "/api/v1/agents/"+id+"/status", nil)
-	checkShape(t, "GET status (completed)", seedStatusResponse, st, []string{"agent_type", "container_id", "review_url", "task_id"})
+	checkShape(t, "GET status (completed)", seedStatusResponse, st, []string{"agent_type", "container_id", "error", "review_url", "task_id"})
 	if jsonKind(st["finished_at"]) != "string" || string(st["progress"]) != "100" {
 		t.Errorf("a completed instance's status: %v (%+v)", st, done)
 	}
-	for deadline := time.Now().Add(time.Minute); ; time.Sleep(50 * time.Millisecond) {
-		_, sess = r.rawJSON(t, "GET", "/api/v1/agents/"+id+"/session", nil)
-		if string(sess["session_id"]) != `""` || time.Now().After(deadline) {
-			break
+	testenv.EventuallyNoError(t, time.Minute, "a completed instance's session id", func() error {
+		if _, sess = r.rawJSON(t, "GET", "/api/v1/agents/"+id+"/session", nil); string(sess["session_id"]) == `""` {
+			return fmt.Errorf("no session id: %v", sess)
 		}
-	}
+		return nil
+	})
 	checkShape(t, "GET session (completed)", seedSessionResponse, sess, nil)
-	if string(sess["session_id"]) == `""` {
-		t.Errorf("no session id: %v", sess)
-	}
 }

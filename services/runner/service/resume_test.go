@@ -1,15 +1,18 @@
 package service_test
 
 import (
+	"fmt"
 	"net/http"
 	"testing"
 	"time"
+
+	"github.com/conclave-ai/conclave/pkg/testenv"
 )
 
 // TestLaunchResumesStoredSession: a new instance launched with the session
 // id a finished task stored (GET /api/v1/tasks/{id}) resumes that session
 // in a real agent (examples/acp-agent) with session/load instead of
-// session/new: given as metadata.session_id (ACP), or seed 002's way, as
+// session/new: given as metadata.session_id (ACP), or Kandev's way, as
 // env AUGGIE_SESSION_ID from the task's metadata.auggie_session_id
 // (kandev).
 func TestLaunchResumesStoredSession(t *testing.T) {
@@ -43,13 +46,13 @@ func TestLaunchResumesStoredSession(t *testing.T) {
 				Metadata map[string]any `json:"metadata"`
 			}
 			var sessionID string
-			for deadline := time.Now().Add(time.Minute); sessionID == ""; time.Sleep(50 * time.Millisecond) {
+			testenv.EventuallyNoError(t, time.Minute, "the task's "+tt.key, func() error {
 				r.do(t, "GET", "/api/v1/tasks/"+first.TaskID, nil, &task)
-				sessionID, _ = task.Metadata[tt.key].(string)
-				if time.Now().After(deadline) {
-					t.Fatalf("the task's metadata has no %s: %+v", tt.key, task.Metadata)
+				if sessionID, _ = task.Metadata[tt.key].(string); sessionID == "" {
+					return fmt.Errorf("its metadata %+v", task.Metadata)
 				}
-			}
+				return nil
+			})
 			if hasLog(r.logs(t, first.ID), "loaded session") {
 				t.Fatal("the first launch loaded a session")
 			}

@@ -1,4 +1,4 @@
-// Package service wires the ACP runner (seed 002) into a runnable server. It
+// Package service wires the ACP runner (docs/runner.md) into a runnable server. It
 // is the one entry point shared by cmd/runner and `conclave dev`.
 package service
 
@@ -367,7 +367,7 @@ func New(cfg Config, deps Deps, opts ...server.Option) (*Runner, error) {
 		server.WithGRPCOptions(grpcOpts...),
 		server.WithMetricsHandler(tel.MetricsHandler()),
 		server.WithHTTPMiddleware(func(h http.Handler) http.Handler { return tel.HTTPHandler(h, "runner") }),
-		// The server's own 413s and 500s in seed 002's body too.
+		// The server's own 413s and 500s in the REST error body too.
 		server.WithHTTPErrorWriter(api.WriteHTTPError),
 	}, opts...)
 	if cfg.AllowUnauthenticated {

@@ -127,7 +127,7 @@ func (h *Handler) recordStats(ctx context.Context, s governance.State, validatio
 
 // submissionID is the id of a new request: derived from its idempotency
 // key when it has one (the Idempotency-Key header, else the request itself
-// when the agent stamped it with the seed's timestamp), random otherwise.
+// when the agent stamped it with the protocol's timestamp), random otherwise.
 func submissionID(r *http.Request, agentID string, req *librarianv1.AgentRequest) string {
 	if key := r.Header.Get("Idempotency-Key"); key != "" {
 		return requests.RetryID(agentID, []byte("key:"+key))
@@ -167,7 +167,7 @@ func decisionEvent(s governance.State) string {
 	return ""
 }
 
-// response turns a decision into the seed's LibrarianResponse.
+// response turns a decision into the protocol's LibrarianResponse.
 func (h *Handler) response(r *http.Request, d governance.Decision, start time.Time, id string) *librarianv1.LibrarianResponse {
 	resp := &librarianv1.LibrarianResponse{
 		RequestId: id, Timestamp: timestamppb.New(h.o.Now()), Status: d.State.Status(),

@@ -1,6 +1,6 @@
 // Package api is the Librarian's HTTP surface, the same http.Handler behind
 // API Gateway (through the Lambda adapter) and on :8081 locally: the
-// seed's /agent/* endpoints, human review, /docs and /metrics. Every
+// protocol's /agent/* endpoints, human review, /docs and /metrics. Every
 // answer to bad input is a 4xx with a JSON error body; a failing
 // dependency is a 503, never a 500.
 package api
@@ -35,7 +35,7 @@ type Publisher interface {
 	Publish(ctx context.Context, envs ...*eventsv1.Envelope) error
 }
 
-// Stats records and reports the seed's protocol metrics.
+// Stats records and reports the protocol's metrics.
 type Stats interface {
 	Record(ctx context.Context, status string, validation time.Duration) error
 	Snapshot(ctx context.Context) (map[string]any, error)

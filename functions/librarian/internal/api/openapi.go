@@ -80,7 +80,7 @@ var openAPI = sync.OnceValue(func() map[string]any {
 	}
 	return map[string]any{
 		"openapi": "3.1.0",
-		"info":    map[string]any{"title": "Librarian governance API", "version": "1.0", "description": "Seed 003's Agent Communication Protocol."},
+		"info":    map[string]any{"title": "Librarian governance API", "version": "1.0", "description": "The Librarian's agent communication protocol."},
 		"paths":   paths,
 		"components": map[string]any{"schemas": schemas,
 			"securitySchemes": map[string]any{"bearer": map[string]any{"type": "http", "scheme": "bearer"}}},

@@ -275,7 +275,7 @@ func (h *Handler) overdue(rec requests.Record) bool {
 	return rec.State == governance.Escalated && !rec.ReviewBy.IsZero() && !h.o.Now().Before(rec.ReviewBy)
 }
 
-// expireOverdue rejects rec if it is overdue (seed 003's
+// expireOverdue rejects rec if it is overdue (the Librarian protocol's
 // timeouts.escalation: a human review may take that long) and returns the
 // request as it is now. Lambdas have no background work, so expiry happens
 // when a request is next read: its status, the review list or page, or a

@@ -1,6 +1,6 @@
 // Package events turns the Librarian's state changes into
 // conclave.events.v1 envelopes on its queue, for the bus to publish as
-// system:librarian.* (the seed's "future" WebSocket events). An event is
+// system:librarian.* (the protocol's "future" WebSocket events). An event is
 // built and stored with the state change it reports, in the same item, and
 // published after; Publish is retried until it succeeds, so delivery is at
 // least once and consumers deduplicate on the envelope id.

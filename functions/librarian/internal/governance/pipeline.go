@@ -137,12 +137,12 @@ type Decision struct {
 }
 
 // Pipeline runs rules in order and stops at the first that does not pass
-// or warn, as the seed's ProtocolValidator does.
+// or warn, as the protocol's ProtocolValidator does.
 type Pipeline struct {
 	rules []Rule
 }
 
-// Deps are what the seed's rules consult.
+// Deps are what the protocol's rules consult.
 type Deps struct {
 	Graph     Graph
 	Limiter   Limiter
@@ -150,7 +150,7 @@ type Deps struct {
 	Templates Templates
 }
 
-// NewPipeline returns the seed's rules in its order, then the Librarian's
+// NewPipeline returns the protocol's rules in its order, then the Librarian's
 // own: dependency cycles, then deviations and risk.
 func NewPipeline(d Deps) *Pipeline {
 	return &Pipeline{rules: []Rule{

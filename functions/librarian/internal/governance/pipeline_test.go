@@ -136,7 +136,7 @@ func TestPipelineDecisions(t *testing.T) {
 		wantLoc    string
 		confidence float64
 	}{
-		{name: "seed example approved", req: approval(nil), wantState: governance.Approved,
+		{name: "protocol example approved", req: approval(nil), wantState: governance.Approved,
 			wantSubj: governance.AssignID("design", "docs/design/new-feature.md"), wantLoc: "docs/design/new-feature.md", confidence: 1},
 		{name: "create without path goes to the default location", req: approval(func(r *librarianv1.AgentRequest) { r.TargetPath = nil }),
 			wantState: governance.Approved, wantLoc: "docs/design/login-flow.md", confidence: 1},
@@ -287,7 +287,7 @@ func TestPipelineStopsOnDependencyFailure(t *testing.T) {
 		t.Fatalf("err = %v", err)
 	}
 	if got := p.Rules(); len(got) != 8 || got[0] != "required_fields" || got[2] != "rate_limits" {
-		t.Fatalf("rules %v are not the seed's order", got)
+		t.Fatalf("rules %v are not the protocol's order", got)
 	}
 }
 

@@ -15,7 +15,7 @@ import (
 	librarianv1 "github.com/conclave-ai/conclave/proto/conclave/librarian/v1"
 )
 
-// The seed's request types and actions.
+// The protocol's request types and actions.
 const (
 	TypeApproval = "APPROVAL"
 	TypeQuery    = "QUERY"
@@ -63,7 +63,7 @@ func badInput(field, code, format string, args ...any) *InputError {
 
 // CheckShape refuses what no rule should see: unknown enum values, unsafe
 // paths, oversized content and over-long lists. Missing fields are left to
-// the required-fields rule, which answers them as the seed does, with a
+// the required-fields rule, which answers them as the protocol does, with a
 // rejection that lists them.
 func CheckShape(r *librarianv1.AgentRequest, limits policy.Limits) *InputError {
 	if r.GetRequestType() != "" && !slices.Contains(requestTypes, r.GetRequestType()) {

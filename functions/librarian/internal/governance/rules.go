@@ -14,7 +14,7 @@ import (
 	librarianv1 "github.com/conclave-ai/conclave/proto/conclave/librarian/v1"
 )
 
-// RequiredFields is the seed's REQUIRED_FIELDS per request type; rationale
+// RequiredFields is the protocol's REQUIRED_FIELDS per request type; rationale
 // is required for APPROVAL only while require_rationale is set.
 type RequiredFields struct{}
 

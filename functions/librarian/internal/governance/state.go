@@ -1,6 +1,6 @@
 // Package governance is the Librarian's domain: the states a request moves
-// through, and the validation pipeline of seed 003, one rule per unit, that
-// decides it.
+// through, and the validation pipeline of the Librarian protocol, one rule
+// per unit, that decides it.
 package governance
 
 import (
@@ -11,7 +11,7 @@ import (
 // State is where a request is in the governance workflow.
 type State string
 
-// The seed's states, plus CLARIFICATION_NEEDED: a request the pipeline
+// The protocol's states, plus CLARIFICATION_NEEDED: a request the pipeline
 // could not decide because a field was ambiguous. It ends there; the agent
 // resubmits a clearer request.
 const (
@@ -50,7 +50,7 @@ func Transition(from, to State) error {
 // Terminal reports whether nothing can happen to a request in s any more.
 func (s State) Terminal() bool { return len(transitions[s]) == 0 }
 
-// Status is the lower-case name the API shows: the seed's response statuses
+// Status is the lower-case name the API shows: the protocol's response statuses
 // (approved, rejected, escalated, clarification_needed) and the request
 // statuses around them.
 func (s State) Status() string {

@@ -1,6 +1,6 @@
-// Package policy loads and validates the Librarian's two configuration
-// files, agents.yaml (the agent registry) and protocol.yaml (timeouts,
-// limits and compliance switches), as seed 003 writes them. Both are read
+// Package policy loads and validates the Librarian's two configuration files,
+// agents.yaml (the agent registry) and protocol.yaml (timeouts, limits and
+// compliance switches), as the Librarian protocol writes them. Both are read
 // once, at cold start; every error names the file and the key to fix.
 package policy
 
@@ -26,10 +26,10 @@ const (
 	ProtocolFile = "protocol.yaml"
 )
 
-// TargetTypes are the seed's target types, in its order.
+// TargetTypes are the protocol's target types, in its order.
 var TargetTypes = []string{"architecture", "design", "code", "test", "docs"}
 
-// Capabilities an agent may be given. The seed's examples use all of them.
+// Capabilities an agent may be given. The protocol's examples use all of them.
 var Capabilities = []string{"read", "write", "analyze", "suggest", "validate"}
 
 // Rate is a request budget over a fixed window, e.g. 100/hour.
@@ -86,7 +86,7 @@ func ParseSize(s string) (int64, error) {
 	return n, nil
 }
 
-// ParseMillis reads the seed's durations, e.g. "5000ms"; Go durations
+// ParseMillis reads the protocol's durations, e.g. "5000ms"; Go durations
 // ("5s") are accepted too.
 func ParseMillis(s string) (time.Duration, error) {
 	d, err := time.ParseDuration(strings.TrimSpace(s))
@@ -154,12 +154,12 @@ type Compliance struct {
 	RequireRationale bool
 	// EnforceReferences rejects unknown references instead of warning.
 	EnforceReferences bool
-	// RequireKnownTargets (default true, as the seed's pipeline does)
+	// RequireKnownTargets (default true, as the protocol's pipeline does)
 	// makes a modify, delete or code/test create whose target the graph
 	// does not hold, or that names none, rejected or sent back for
 	// clarification. Off, such a change is judged by the later rules
 	// (deviations, risk) alone: for agents that edit files the graph does
-	// not track. It is not one of the seed's keys, so it may be left out.
+	// not track. It is not one of the protocol's keys, so it may be left out.
 	RequireKnownTargets bool
 }
 
@@ -269,7 +269,7 @@ type rawProtocol struct {
 			AllowDeviations   *bool `yaml:"allow_deviations"`
 			RequireRationale  *bool `yaml:"require_rationale"`
 			EnforceReferences *bool `yaml:"enforce_references"`
-			// Not the seed's: optional, default true.
+			// Not the protocol's: optional, default true.
 			RequireKnownTargets *bool `yaml:"require_known_targets"`
 		} `yaml:"compliance"`
 	} `yaml:"protocol"`

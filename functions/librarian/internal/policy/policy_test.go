@@ -89,7 +89,7 @@ func TestBadFilesNameFileAndKey(t *testing.T) {
 	}
 }
 
-// TestRequireKnownTargets: the one key that is not the seed's is optional,
+// TestRequireKnownTargets: the one key that is not the protocol's is optional,
 // on by default, and may be turned off.
 func TestRequireKnownTargets(t *testing.T) {
 	t.Parallel()

@@ -19,7 +19,7 @@ import (
 // Table holds the counters.
 var Table = store.Table{Name: "librarian-limits"}
 
-// APIRate is the seed's limit on /agent/request: 60 a minute per agent.
+// APIRate is the protocol's limit on /agent/request: 60 a minute per agent.
 var APIRate = policy.Rate{Count: 60, Window: time.Minute}
 
 // Limiter implements governance.Limiter over a store.

@@ -155,7 +155,7 @@ func NewID() string {
 
 // RetryID returns the request id of a submission that carries an
 // idempotency key (the Idempotency-Key header, or the request itself when
-// it is stamped with the seed's timestamp): the same agent sending the same
+// it is stamped with the protocol's timestamp): the same agent sending the same
 // key gets the same id, so a retry after a lost answer finds the request
 // stored by the first attempt instead of creating a second one.
 func RetryID(agentID string, key []byte) string {

@@ -1,4 +1,4 @@
-// Package stats keeps the seed's protocol metrics (average validation
+// Package stats keeps the protocol's metrics (average validation
 // time, approval and escalation rates) as atomic counters in the store, so
 // that GET /metrics answers for every Lambda instance, not just the one it
 // reaches. The counters share the rate limits' table, in their own
@@ -17,7 +17,7 @@ import (
 
 const partition = "stats"
 
-// Statuses counted, the seed's decision statuses.
+// Statuses counted, the protocol's decision statuses.
 var Statuses = []string{"approved", "rejected", "escalated", "clarification_needed"}
 
 // Stats counts decisions.

@@ -1,4 +1,4 @@
-// Command bridge runs the tool bridge (seed 000): `bridge` serves MCP over
+// Command bridge runs the tool bridge (docs/bridge.md): `bridge` serves MCP over
 // streamable HTTP; `bridge run|list|health|diagnose|mcp` are the same
 // commands as `conclave bridge`.
 package main

@@ -1,6 +1,6 @@
-// Package agentconfig loads the bridge's config.yaml (seed 000): the
-// workspace, the security settings and the tool agents, each resolved into a
-// hybrid.Agent ready to run.
+// Package agentconfig loads the bridge's config.yaml (as the ADK bridge has
+// it): the workspace, the security settings and the tool agents, each
+// resolved into a hybrid.Agent ready to run.
 package agentconfig
 
 import (

@@ -1,4 +1,4 @@
-// Package tools runs the configured tool agents: schema and seed validation,
+// Package tools runs the configured tool agents: schema and hybrid-protocol validation,
 // the hybrid protocol, logging and metrics. It knows nothing of MCP, so that
 // `conclave bridge run` and the MCP server call agents the same way.
 package tools
@@ -134,7 +134,7 @@ func (r *Runner) call(ctx context.Context, a *agentconfig.Agent, args json.RawMe
 		return nil, err
 	}
 	if r.cfg.ValidateInputs {
-		// The seed's rules first: they are the specific ones (a 1 MB string
+		// The hybrid protocol's rules first: they are the specific ones (a 1 MB string
 		// is "too long", not "does not match the schema").
 		if err := hybrid.Validate(params, r.cfg.MaxParamLength); err != nil {
 			return nil, err

@@ -1,4 +1,4 @@
-// Command bus runs the WebSocket JSON-RPC agent bus (seed 004).
+// Command bus runs the WebSocket JSON-RPC agent bus (the bub protocol).
 package main
 
 import (

@@ -20,7 +20,7 @@ import (
 )
 
 // LaunchRequest is what the default handler asks the runner for: an agent
-// with the seed's environment, and its bus token.
+// with the bub protocol's environment, and its bus token.
 type LaunchRequest struct {
 	AgentID      string // BUB_AGENT_ID
 	Workspace    string // BUB_WORKSPACE

@@ -1,4 +1,4 @@
-// Package broker is the bus itself: sessions speaking the seed-004 protocol
+// Package broker is the bus itself: sessions speaking the bub protocol
 // over JSON-RPC 2.0, the ordered subscription table, fan-out with the three
 // propagation policies, agent delivery with processMessage, durable retries
 // and dead letters.
@@ -11,7 +11,7 @@ import (
 	"github.com/conclave-ai/conclave/pkg/jsonrpc"
 )
 
-// Error codes. The first four after the standard ones are the seed's table;
+// Error codes. The first four after the standard ones are the protocol's table;
 // the rest are ours, in the range JSON-RPC reserves for server errors, and
 // documented in docs/bus.md.
 const (
@@ -38,7 +38,7 @@ const (
 // Policy decides when a message stops propagating to further subscribers.
 type Policy string
 
-// The seed's three policies.
+// The protocol's three policies.
 const (
 	StopOnProcessed Policy = "stopPropagationOnProcessed"
 	StopOnStop      Policy = "stopPropagationOnStop"
@@ -82,7 +82,7 @@ type ServerInfo struct {
 	Version string `json:"version"`
 }
 
-// InitializeResult is the seed's initialize result, with the extensions
+// InitializeResult is the protocol's initialize result, with the extensions
 // this bus adds (processMessage, defaultTopic).
 type InitializeResult struct {
 	ServerID     string       `json:"serverId"`
@@ -128,7 +128,7 @@ type subscriberAnswer struct {
 	Message         string  `json:"message"`
 }
 
-// deliveryParams encodes a delivery's params: the seed's {topic,
+// deliveryParams encodes a delivery's params: the protocol's {topic,
 // payload}, and the same topic as to, with from and messageId, as current
 // bub clients read a message. The payload is already JSON, so the object is
 // put together by hand.

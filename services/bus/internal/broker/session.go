@@ -350,7 +350,7 @@ func (s *Session) resolveGrant(ctx context.Context, token string) (Grant, *jsonr
 	return g, nil
 }
 
-// topicNames are the members a request may name its topic by: the seed's
+// topicNames are the members a request may name its topic by: the protocol's
 // topic, and the address (subscribe, unsubscribe) and to (sendMessage) of
 // current bub clients. Every method takes every name.
 var topicNames = []string{"topic", "address", "to"}

@@ -34,7 +34,7 @@ func New(conn grpc.ClientConnInterface, target, agentType, token string) *Launch
 	return &Launcher{client: runnerv1.NewRunnerServiceClient(conn), target: target, agentType: agentType, token: token}
 }
 
-// Launch asks for an agent with the seed's four variables and BUB_TOKEN,
+// Launch asks for an agent with the bub protocol's four variables and BUB_TOKEN,
 // its bus token (the runner's Kubernetes executor puts every *_TOKEN
 // variable in the launch's Secret, not the Job spec). The agent id is also
 // the task id, so that the runner's task names the agent the bus waits
@@ -71,7 +71,7 @@ func (l *Launcher) Launch(ctx context.Context, req broker.LaunchRequest) error {
 // look at; the publisher's ack and the dead letter carry it.
 type Error struct {
 	Code   codes.Code // the gRPC status code of the runner's answer
-	Reason string     // the runner's seed 002 error code (validation_error, ...), when it gave one
+	Reason string     // the runner's REST error code (validation_error, ...), when it gave one
 	msg    string
 	err    error
 }

@@ -39,7 +39,7 @@ func (c Config) Validate() error {
 	return nil
 }
 
-// Message is the telegram_message payload of the seed's type table.
+// Message is the telegram_message payload of the bub protocol's type table.
 type Message struct {
 	Type      string `json:"type"`
 	Text      string `json:"text"`

@@ -20,6 +20,7 @@ import (
 	"github.com/conclave-ai/conclave/pkg/queue"
 	"github.com/conclave-ai/conclave/pkg/store"
 	"github.com/conclave-ai/conclave/pkg/telemetry"
+	"github.com/conclave-ai/conclave/pkg/testenv"
 	"github.com/conclave-ai/conclave/services/bus/internal/telegram"
 	"github.com/conclave-ai/conclave/services/bus/service"
 )
@@ -93,7 +94,7 @@ func TestBridge(t *testing.T) {
 	}()
 
 	p := <-got
-	payload := p["payload"].(map[string]any)
+	payload := testenv.At[map[string]any](t, p, "payload")
 	if p["topic"] != "tg:123456789" || payload["type"] != "telegram_message" || payload["text"] != "Hello, what can you do?" ||
 		payload["from"] != "alice" || payload["chat_id"] != "123456789" || payload["message_id"] != "7" {
 		t.Errorf("published %v", p)

@@ -7,9 +7,10 @@
 // "[!seq]" one character not in seq.
 //
 // A '[' without a closing ']' is an ordinary character. A pattern without
-// wildcards matches only an equal topic: the seed's bare-prefix form (where
-// "agent:abc" would also receive "agent:abcd") is not supported, because it
-// breaks isolation between agents (see DESIGN.md).
+// wildcards matches only an equal topic: the bare-prefix form of the
+// protocol's text (where "agent:abc" would also receive "agent:abcd") is not
+// supported, because it breaks isolation between agents (docs/protocols.md,
+// "bub").
 package topic
 
 import (

@@ -15,7 +15,8 @@ func TestMatch(t *testing.T) {
 	}{
 		{"inbound:chat-1", "inbound:chat-1", true},
 		{"inbound:chat-1", "inbound:chat-10", false},
-		// The bare-prefix form of the seed is dropped (DESIGN.md).
+		// The bare-prefix form of the bub protocol's text is dropped
+		// (docs/protocols.md).
 		{"inbound:chat-", "inbound:chat-1", false},
 		{"agent:abc", "agent:abcd", false},
 		{"inbound:*", "inbound:chat-1", true},

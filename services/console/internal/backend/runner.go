@@ -11,7 +11,7 @@ import (
 	runnerv1 "github.com/conclave-ai/conclave/proto/conclave/runner/v1"
 )
 
-// Runner is the runner's REST API (seed 002's paths).
+// Runner is the runner's REST API (Kandev's paths, docs/runner.md).
 type Runner struct{ *Client }
 
 // AgentTypes lists the registry.

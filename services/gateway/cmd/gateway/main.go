@@ -1,4 +1,4 @@
-// Command gateway runs the coven agent gateway (seed 001).
+// Command gateway runs the coven agent gateway (the coven protocol).
 package main
 
 import (

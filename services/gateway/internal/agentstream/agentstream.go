@@ -1,5 +1,5 @@
 // Package agentstream serves coven.CovenControl/AgentStream: the long-lived
-// bidirectional stream each agent holds with the gateway (seed 001).
+// bidirectional stream each agent holds with the gateway (the coven protocol).
 //
 // It enforces the registration handshake, keeps agents' liveness, and tells
 // every agent to go elsewhere when the gateway drains.
@@ -298,7 +298,7 @@ func (s *Service) AgentStream(stream agentStream) error {
 	if !ok {
 		return errNoServerOption
 	}
-	// Seed 001: headers go out as soon as the stream opens, before the agent
+	// As the coven protocol asks, headers go out as soon as the stream opens, before the agent
 	// speaks, so clients that wait for them do not deadlock.
 	if err := stream.SendHeader(metadata.MD{}); err != nil {
 		return err

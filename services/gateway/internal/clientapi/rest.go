@@ -28,12 +28,12 @@ import (
 	gatewayv1 "github.com/conclave-ai/conclave/proto/conclave/gateway/v1"
 )
 
-// marshal is the REST JSON: the proto field names, snake_case as the seeds
-// write them, and every field present (an empty list as [], false and 0
-// as such, an absent object as null), so that a client reading a member
-// the API documents finds it. Only the members of a oneof that are not set
-// stay out. The API has no 64-bit integers, which protojson would write as
-// strings.
+// marshal is the REST JSON: the proto field names, snake_case as Kandev's and
+// the Librarian's APIs write them, and every field present (an empty list as
+// [], false and 0 as such, an absent object as null), so that a client
+// reading a member the API documents finds it. Only the members of a oneof
+// that are not set stay out. The API has no 64-bit integers, which protojson
+// would write as strings.
 var marshal = protojson.MarshalOptions{UseProtoNames: true, EmitUnpopulated: true}
 
 // jsonOf is m as the REST JSON, compact: protojson varies its spacing from

@@ -156,17 +156,16 @@ func replica(t *testing.T, id string, st store.Store, lease time.Duration) *gate
 // expire), within a minute.
 func registerEventually(t *testing.T, c covenpb.CovenControlClient, id string, retry ...codes.Code) agentStream {
 	t.Helper()
-	deadline := time.Now().Add(time.Minute)
-	for {
-		s, err := register(t, c, id)
-		if err == nil {
-			return s
-		}
-		if !slices.Contains(append(retry, codes.Unavailable), status.Code(err)) || time.Now().After(deadline) {
+	var s agentStream
+	testenv.EventuallyNoError(t, time.Minute, "registering "+id, func() error {
+		var err error
+		s, err = register(t, c, id)
+		if err != nil && !slices.Contains(append(retry, codes.Unavailable), status.Code(err)) {
 			t.Fatalf("register %s: %v", id, err)
 		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return err
+	})
+	return s
 }
 
 // listed returns the IDs the cluster view shows, and their replicas.
@@ -412,13 +411,9 @@ func TestStaleRecordsAreSwept(t *testing.T) {
 			registerEventually(t, dead.client, "gone")
 			registerEventually(t, live.client, "here")
 			dead.stop()
-			deadline := time.Now().Add(time.Minute)
-			for len(listed(t, reg)) != 1 {
-				if time.Now().After(deadline) {
-					t.Fatal("the dead replica's agent is still listed")
-				}
-				time.Sleep(50 * time.Millisecond)
-			}
+			testenv.Eventually(t, time.Minute, "the dead replica's agent unlisted", func() bool {
+				return len(listed(t, reg)) == 1
+			})
 			n, err := reg.Sweep(context.Background())
 			if err != nil || n != 1 {
 				t.Fatalf("Sweep = %d, %v; want 1 record swept", n, err)
@@ -480,9 +475,9 @@ func TestIdleAgentsCostNoWrites(t *testing.T) {
 		registerEventually(t, gw.client, fmt.Sprintf("idle-%d", i))
 	}
 	agentWrites, leaseWrites := gw.store.agentWrites.Load(), gw.store.replicaWrite.Load()
-	for gw.store.replicaWrite.Load() < leaseWrites+9 { // three lease periods of renewals
-		time.Sleep(50 * time.Millisecond)
-	}
+	testenv.Eventually(t, time.Minute, "three lease periods of renewals", func() bool {
+		return gw.store.replicaWrite.Load() >= leaseWrites+9
+	})
 	if n := gw.store.agentWrites.Load() - agentWrites; n != 0 {
 		t.Fatalf("%d agent writes while 50 agents sat idle for three leases; want none", n)
 	}
@@ -506,9 +501,9 @@ func TestSlowStoreEvictsNoAgent(t *testing.T) {
 	}
 	gw.store.delay.Store(int64(lease * 5 / 12))
 	before := gw.store.replicaWrite.Load()
-	for gw.store.replicaWrite.Load() < before+3 { // slow renewals spanning more than a lease
-		time.Sleep(50 * time.Millisecond)
-	}
+	testenv.Eventually(t, time.Minute, "slow renewals spanning more than a lease", func() bool {
+		return gw.store.replicaWrite.Load() >= before+3
+	})
 	gw.store.delay.Store(0)
 	if err := gw.replica.Healthy(); err != nil {
 		t.Fatalf("after a slow lease period: %v", err)
@@ -553,13 +548,9 @@ func TestStoreOutage(t *testing.T) {
 			taken := registerEventually(t, a.client, "taken")
 
 			a.store.down.Store(true)
-			deadline := time.Now().Add(time.Minute)
-			for a.replica.Healthy() == nil {
-				if time.Now().After(deadline) {
-					t.Fatal("the replica never noticed the outage")
-				}
-				time.Sleep(10 * time.Millisecond)
-			}
+			testenv.Eventually(t, time.Minute, "the replica to notice the outage", func() bool {
+				return a.replica.Healthy() != nil
+			})
 			_, err := register(t, a.client, "newcomer")
 			if status.Code(err) != codes.Unavailable || !strings.Contains(err.Error(), "gw-a") {
 				t.Fatalf("registration while cut off: %v, want UNAVAILABLE naming the replica", err)
@@ -575,16 +566,12 @@ func TestStoreOutage(t *testing.T) {
 			if err := drain(taken); status.Code(err) != codes.Canceled {
 				t.Fatalf("its stream ended with %v, want CANCELLED", err)
 			}
-			for {
-				got := listed(t, reg)
-				if got["kept"] == "gw-a" && got["taken"] == "gw-b" && len(got) == 2 {
-					break
+			testenv.EventuallyNoError(t, time.Minute, "kept on gw-a and taken on gw-b in the cluster view", func() error {
+				if got := listed(t, reg); got["kept"] != "gw-a" || got["taken"] != "gw-b" || len(got) != 2 {
+					return fmt.Errorf("cluster view %v", got)
 				}
-				if time.Now().After(deadline) {
-					t.Fatalf("cluster view after the outage: %v", got)
-				}
-				time.Sleep(20 * time.Millisecond)
-			}
+				return nil
+			})
 			registerEventually(t, a.client, "newcomer")
 			assertNothingReceived(t, []agentStream{kept})
 		})

@@ -1,4 +1,4 @@
-// Command runner runs the ACP agent runner (seed 002).
+// Command runner runs the ACP agent runner (Kandev's ACP and the Agent Client Protocol).
 package main
 
 import (

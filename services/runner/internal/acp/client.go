@@ -1,6 +1,6 @@
-// Package acp is the runner's client for agents on stdio: seed 002's Kandev
+// Package acp is the runner's client for agents on stdio: Kandev's
 // dialect and the Agent Client Protocol of agentclientprotocol.com, detected
-// from initialize or fixed per agent type, plus seed 002's legacy line
+// from initialize or fixed per agent type, plus Kandev's legacy line
 // format. It is built on pkg/jsonrpc; the ACP dialect's requests use the
 // types of github.com/coder/acp-go-sdk (see docs/runner.md for why not its
 // connection).
@@ -290,7 +290,7 @@ func (c *Client) call(ctx context.Context, method string, params, result any) er
 }
 
 // initializeParams is one initialize both dialects accept: ACP's integer
-// protocolVersion and clientCapabilities, and seed 002's clientInfo and
+// protocolVersion and clientCapabilities, and Kandev's clientInfo and
 // capabilities (a kandev agent reads only what it knows).
 type initializeParams struct {
 	ProtocolVersion    any               `json:"protocolVersion"`
@@ -568,7 +568,7 @@ func (c *Client) Prompt(ctx context.Context, message string, acceptTimeout time.
 			cancelled := c.cancelled
 			c.mu.Unlock()
 			if cancelled {
-				// Seed 002's agents exit on session/cancel.
+				// Kandev's agents exit on session/cancel.
 				return Turn{StopReason: StopCancelled}, nil
 			}
 			return Turn{StopReason: StopError, Message: "the agent exited mid-turn"}, fmt.Errorf("session/prompt: %w", ErrAgentGone)

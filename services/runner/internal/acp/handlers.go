@@ -278,7 +278,7 @@ func decodeKandev(params []byte) (Update, error) {
 	return u, nil
 }
 
-// legacyLine is seed 002's pre-JSON-RPC format.
+// legacyLine is Kandev's pre-JSON-RPC format.
 type legacyLine struct {
 	Type string          `json:"type"`
 	Data json.RawMessage `json:"data"`
@@ -295,7 +295,7 @@ type legacyData struct {
 	Error      string   `json:"error"`
 }
 
-// handleLegacy takes a seed 002 legacy line (progress, log, result, error,
+// handleLegacy takes a Kandev legacy line (progress, log, result, error,
 // status, heartbeat) as an update.
 func (c *Client) handleLegacy(line []byte) {
 	var l legacyLine

@@ -8,6 +8,8 @@ import (
 	"io"
 	"testing"
 	"time"
+
+	"github.com/conclave-ai/conclave/pkg/testenv"
 )
 
 // TestReplayAfterTheLoadAnswer: an agent that answers session/load first
@@ -70,17 +72,15 @@ func TestReplayAfterTheLoadAnswer(t *testing.T) {
 	// Still before the next prompt: the agent's commands, say.
 	write(`{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"s1","update":{"sessionUpdate":"available_commands_update","availableCommands":[{"name":"init"}]}}}`)
 	// Received before the prompt is written.
-	for deadline := time.Now().Add(time.Minute); ; time.Sleep(5 * time.Millisecond) {
+	testenv.EventuallyNoError(t, time.Minute, "the client to read the 3 updates before the prompt", func() error {
 		r.mu.Lock()
 		n := len(r.updates)
 		r.mu.Unlock()
-		if n == 3 {
-			break
+		if n != 3 {
+			return fmt.Errorf("%d read", n)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the client read %d of the 3 updates before the prompt within a minute", n)
-		}
-	}
+		return nil
+	})
 
 	turned := make(chan Turn, 1)
 	go func() {

@@ -34,7 +34,7 @@ const (
 // itself, rather than through jsonrpc.NewLineStream, because an agent's
 // stdout is not trusted to be only JSON-RPC: an oversized line is skipped
 // (the next newline is still a frame boundary on a pipe), and lines that are
-// not UTF-8, not JSON, or seed 002's legacy format are taken out before the
+// not UTF-8, not JSON, or Kandev's legacy format are taken out before the
 // connection sees them, in order with the JSON-RPC frames around them.
 type lineFilter struct {
 	r      *bufio.Reader
@@ -155,7 +155,7 @@ func readTopLevel(b []byte, untilMethod bool) (topLevel, error) {
 }
 
 // classify sorts a line by its top-level members: an object with a
-// "jsonrpc" member is JSON-RPC, any other JSON object seed 002's legacy
+// "jsonrpc" member is JSON-RPC, any other JSON object Kandev's legacy
 // format (whatever its data contains), a batch JSON-RPC. The JSON-RPC path
 // costs a UTF-8 scan and a walk over the first members; full validation is
 // the connection's, which answers malformed JSON with ParseError.

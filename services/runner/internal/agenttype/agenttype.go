@@ -1,4 +1,4 @@
-// Package agenttype is the registry of agent types (seed 002): built-in
+// Package agenttype is the registry of agent types (as in Kandev's protocol): built-in
 // defaults overlaid by a YAML file, each entry saying how to run an agent and
 // which protocol it speaks.
 package agenttype
@@ -26,12 +26,12 @@ const (
 	ProtocolDetect = ""
 	// ProtocolACP is the Agent Client Protocol of agentclientprotocol.com.
 	ProtocolACP = "acp"
-	// ProtocolKandev is seed 002's dialect.
+	// ProtocolKandev is Kandev's dialect of ACP.
 	ProtocolKandev = "kandev"
-	// ProtocolLegacy is seed 002's pre-JSON-RPC line format: the agent is
+	// ProtocolLegacy is Kandev's pre-JSON-RPC line format: the agent is
 	// given no requests and reports with {"type": ...} lines.
 	ProtocolLegacy = "legacy"
-	// ProtocolOneshot is seed 000's hybrid protocol (pkg/hybrid), as the
+	// ProtocolOneshot is the ADK bridge's hybrid protocol (pkg/hybrid), as the
 	// bridge runs it: a process per prompt, the prompt's parameters as
 	// command-line flags (Args) and JSON on stdin, one JSON object on
 	// stdout.
@@ -48,7 +48,7 @@ const (
 	PermissionLibrarian = "librarian"
 )
 
-// Type is one registry entry. The YAML keys are seed 002's field names.
+// Type is one registry entry. The YAML keys are Kandev's field names.
 type Type struct {
 	ID          string        `yaml:"id"`
 	Name        string        `yaml:"name"`
@@ -98,7 +98,7 @@ type Type struct {
 	Args map[string]string `yaml:"args"`
 	// MaxStdoutBytes bounds a oneshot agent's output (default 10 MiB).
 	MaxStdoutBytes int64 `yaml:"max_stdout_bytes"`
-	// ValidateInputs applies seed 000's input rules to a oneshot agent's
+	// ValidateInputs applies the hybrid protocol's input rules to a oneshot agent's
 	// parameters before it runs, as the bridge's security.validate_inputs
 	// does (default true); MaxParamLength is security.max_param_length
 	// (default 10,000).
@@ -208,7 +208,7 @@ func (t Type) EffectiveTimeout() time.Duration {
 	return t.Timeout
 }
 
-// Defaults are seed 002's augment-agent and the repository's example agent.
+// Defaults are Kandev's augment-agent and the repository's example agent.
 // augment-agent runs as an image (Kubernetes executor); on the local
 // executor it needs a command from the YAML file.
 func Defaults() []Type {

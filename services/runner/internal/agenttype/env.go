@@ -7,7 +7,7 @@ import (
 )
 
 // RunnerLaunchEnv are the variables every launch may set, whatever its
-// type: the runner reads them itself (seed 002's first prompt, and the
+// type: the runner reads them itself (Kandev's first prompt, and the
 // session a launch resumes).
 var RunnerLaunchEnv = []string{"TASK_DESCRIPTION", "AUGGIE_SESSION_ID"}
 

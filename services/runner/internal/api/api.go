@@ -1,5 +1,5 @@
 // Package api serves conclave.runner.v1.RunnerService, and its REST form
-// with seed 002's paths, JSON and error bodies.
+// with Kandev's paths, JSON and error bodies (docs/runner.md).
 package api
 
 import (
@@ -76,7 +76,7 @@ func New(rec *records.Records, registry *agenttype.Registry, sup *supervisor.Sup
 	return &Server{rec: rec, registry: registry, sup: sup, confine: confine, limits: limits, owners: owners}
 }
 
-// Seed 002's error codes, carried as the reason of an ErrorInfo detail so
+// Kandev's error codes, carried as the reason of an ErrorInfo detail so
 // that the REST error body can name them.
 const (
 	CodeBadRequest = "bad_request"
@@ -86,7 +86,7 @@ const (
 	// CodeUnavailable (503): the instance's runner cannot be reached now;
 	// the same request succeeds once its launch has moved on.
 	CodeUnavailable = "unavailable"
-	// The request itself, beyond the seed's common codes: a wrong method
+	// The request itself, beyond Kandev's common codes: a wrong method
 	// (405), a body over the limit (413) or not JSON (415), too many
 	// requests (429).
 	CodeMethodNotAllowed     = "method_not_allowed"
@@ -95,7 +95,7 @@ const (
 	CodeRateLimited          = "rate_limited"
 )
 
-// apiError is a gRPC status with seed 002's code and details.
+// apiError is a gRPC status with Kandev's code and details.
 func apiError(c codes.Code, code, message, details string) error {
 	st := status.New(c, message)
 	info := &errdetails.ErrorInfo{Reason: code, Domain: "runner.conclave"}
@@ -242,7 +242,7 @@ func (s *Server) LaunchAgent(ctx context.Context, req *runnerv1.LaunchAgentReque
 		if err := checkGatewayMetadata(in.Metadata); err != nil {
 			return nil, err
 		}
-		// A launch may name a session to resume (seed 002 passes the id of
+		// A launch may name a session to resume (Kandev's API passes the id of
 		// a previous task's session).
 		if id, ok := in.Metadata["session_id"].(string); ok {
 			in.SessionID = id
@@ -294,6 +294,9 @@ func instanceProto(in *records.Instance) *runnerv1.AgentInstance {
 	}
 	if !in.FinishedAt.IsZero() {
 		out.FinishedAt = timestamppb.New(in.FinishedAt)
+	}
+	if in.Status == records.StatusFailed {
+		out.Error = in.Error
 	}
 	return out
 }
@@ -426,7 +429,7 @@ func (s *Server) GetTask(ctx context.Context, req *runnerv1.GetTaskRequest) (*ru
 			out.Status = in.Status
 		}
 	}
-	// Always an object, as seed 002 reads it (metadata.auggie_session_id),
+	// Always an object, as Kandev's API reads it (metadata.auggie_session_id),
 	// even before anything is in it.
 	md, err := structpb.NewStruct(t.Metadata)
 	if err != nil {

@@ -23,7 +23,7 @@ func (brokenStore) Get(_ context.Context, _ string, key store.Key) (store.Item, 
 	return store.Item{}, errors.New("store: invalid request: key longer than DynamoDB allows: " + key.PK + " SECRET")
 }
 
-// TestStoreErrorsStayInside: a store error is seed 002's internal_error
+// TestStoreErrorsStayInside: a store error is Kandev's internal_error
 // without the store's words or the id; the cause is kept for the log.
 func TestStoreErrorsStayInside(t *testing.T) {
 	st, err := store.OpenBolt(filepath.Join(t.TempDir(), "s.db"), store.BoltOptions{})

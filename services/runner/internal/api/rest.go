@@ -24,13 +24,13 @@ import (
 	runnerv1 "github.com/conclave-ai/conclave/proto/conclave/runner/v1"
 )
 
-// marshal writes seed 002's JSON: snake_case names, and every field, so a
+// marshal writes Kandev's JSON: snake_case names, and every field, so a
 // starting instance has "progress": 0, "container_id": "" and
-// "finished_at": null, as the seed shows them.
+// "finished_at": null, as Kandev's examples show them.
 var marshal = protojson.MarshalOptions{UseProtoNames: true, EmitUnpopulated: true}
 
-// ErrorBody is seed 002's HTTP error body; details is always there ("" when
-// there are none), as the seed shows it.
+// ErrorBody is Kandev's HTTP error body; details is always there ("" when
+// there are none), as Kandev's examples show it.
 type ErrorBody struct {
 	Error      string `json:"error"`
 	Message    string `json:"message"`
@@ -38,7 +38,7 @@ type ErrorBody struct {
 	HTTPStatus int    `json:"http_status"`
 }
 
-// launchKeys are the members of seed 002's launch response: the instance
+// launchKeys are the members of Kandev's launch response: the instance
 // as launched, without the progress and finished_at its status has.
 var launchKeys = []string{"id", "task_id", "agent_type", "container_id", "status", "started_at"}
 
@@ -76,7 +76,7 @@ func (w *seedLaunchBody) finish() {
 	_, _ = w.ResponseWriter.Write(body)
 }
 
-// errorBody turns a gRPC error into seed 002's body.
+// errorBody turns a gRPC error into Kandev's error body.
 func errorBody(err error) ErrorBody {
 	st := status.Convert(err)
 	httpStatus := runtime.HTTPStatusFromCode(st.Code())
@@ -116,11 +116,11 @@ func writeBody(w http.ResponseWriter, body ErrorBody) {
 	_ = json.NewEncoder(w).Encode(body)
 }
 
-// WriteHTTPError answers, in seed 002's body, the errors pkg/server writes
+// WriteHTTPError answers, in Kandev's error body, the errors pkg/server writes
 // itself (server.WithHTTPErrorWriter) and the REST mux's own: 404 for a
 // path no route has, 405 (with Allow) for a wrong method, 413 for a body
 // over the limit, 415 for a body that is not JSON, 500 for a recovered
-// panic, 503 while draining. Each status has its own code; the seed lists
+// panic, 503 while draining. Each status has its own code; Kandev's API lists
 // its common ones and leaves room for more.
 func WriteHTTPError(w http.ResponseWriter, status int, message string) {
 	body := ErrorBody{Error: CodeBadRequest, Message: message, HTTPStatus: status}
@@ -196,7 +196,7 @@ func (a *RESTAuth) check(w http.ResponseWriter, r *http.Request) error {
 
 // REST is the API as REST, through grpc-gateway over a connection to the
 // runner's own gRPC listener, so that REST passes the same authentication
-// and tracing, with seed 002's error bodies for every error (a body over
+// and tracing, with Kandev's error bodies for every error (a body over
 // the server's limit, malformed JSON, a bad id in the path, an unknown
 // path, a wrong method; a Content-Type other than JSON is refused before,
 // by pkg/server's content-type rule, in WriteHTTPError's body), and
@@ -238,7 +238,7 @@ func NewREST(ctx context.Context, conn grpc.ClientConnInterface, check *RESTAuth
 	return &REST{mux: mux, client: client, auth: check}, nil
 }
 
-// Routes registers seed 002's paths on the server's mux: unary for the
+// Routes registers Kandev's paths on the server's mux: unary for the
 // bounded calls, stream for the logs (which may follow). The server's mux
 // routes them, so an unknown path or a wrong method is answered (404, 405
 // with Allow) through WriteHTTPError.

@@ -22,6 +22,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
+	"github.com/conclave-ai/conclave/pkg/testenv"
 	"github.com/conclave-ai/conclave/pkg/testenv/kubeenv"
 	"github.com/conclave-ai/conclave/services/runner/internal/agenttype"
 )
@@ -132,7 +133,7 @@ func (kt *kubeTest) runnerClient(t *testing.T) kubernetes.Interface {
 		t.Fatal(err)
 	}
 	// The authorizer learns of the binding through its own watch.
-	for {
+	testenv.Eventually(t, time.Minute, "the runner's role binding to reach the authorizer", func() bool {
 		review, err := runner.AuthorizationV1().SelfSubjectAccessReviews().Create(ctx, &authorizationv1.SelfSubjectAccessReview{
 			Spec: authorizationv1.SelfSubjectAccessReviewSpec{ResourceAttributes: &authorizationv1.ResourceAttributes{
 				Namespace: kt.ns, Verb: "delete", Group: "", Resource: "secrets",
@@ -141,11 +142,9 @@ func (kt *kubeTest) runnerClient(t *testing.T) kubernetes.Interface {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if review.Status.Allowed {
-			return runner
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return review.Status.Allowed
+	})
+	return runner
 }
 
 // runExecutor starts another executor on the test's namespace, as a
@@ -748,9 +747,9 @@ func TestKubeStatus(t *testing.T) {
 			}
 			if errors.Is(err, ErrCannotStart) {
 				// The pod would wait for ever: the executor deleted the Job.
-				for job := kt.job(t, p.ID()); job.DeletionTimestamp == nil; job = kt.job(t, p.ID()) {
-					time.Sleep(10 * time.Millisecond)
-				}
+				testenv.Eventually(t, time.Minute, "the executor to delete the Job", func() bool {
+					return kt.job(t, p.ID()).DeletionTimestamp != nil
+				})
 			}
 			if got := p.(PhasedProcess).Phase(); got != PhaseFinished {
 				t.Errorf("phase %s after Wait", got)

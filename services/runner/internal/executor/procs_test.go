@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/conclave-ai/conclave/pkg/testenv"
 	"github.com/conclave-ai/conclave/services/runner/internal/agenttype"
 )
 
@@ -27,32 +28,27 @@ func gone(pid int) bool {
 	return i >= 0 && strings.HasPrefix(strings.TrimSpace(string(st[i+1:])), "Z")
 }
 
-// waitGone waits (up to 10s) for pid to exit.
+// waitGone waits for pid to exit.
 func waitGone(t *testing.T, pid int, what string) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !gone(pid) {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s (pid %d) still runs after 10s", what, pid)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	testenv.Eventually(t, time.Minute, fmt.Sprintf("%s (pid %d) to exit", what, pid), func() bool { return gone(pid) })
 }
 
-// readPID waits (up to 10s) for a pid file.
+// readPID waits for a pid file.
 func readPID(t *testing.T, path string) int {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		data, _ := os.ReadFile(path)
-		if pid, err := strconv.Atoi(strings.TrimSpace(string(data))); err == nil && pid > 0 {
-			return pid
+	var pid int
+	testenv.EventuallyNoError(t, time.Minute, "a pid in "+path, func() error {
+		data, err := os.ReadFile(path)
+		if err != nil {
+			return err
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no pid in %s after 10s", path)
+		if pid, err = strconv.Atoi(strings.TrimSpace(string(data))); err == nil && pid <= 0 {
+			err = fmt.Errorf("pid %d", pid)
 		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return err
+	})
+	return pid
 }
 
 // startGroup starts sh -c script in a process group of its own, as the

@@ -16,6 +16,7 @@ import (
 	"sync"
 	"syscall"
 	"testing"
+	"time"
 
 	"google.golang.org/grpc"
 
@@ -121,10 +122,12 @@ func (r *recorder) signal() {
 	r.changed = make(chan struct{})
 }
 
-// waitFor waits until cond holds of what was recorded (the test's own
-// timeout bounds it).
+// waitFor waits until cond holds of what was recorded, woken by each
+// change rather than polling, and fails the test after a minute.
 func (r *recorder) waitFor(t *testing.T, what string, cond func(updates []acp.Update, logs []string) bool) {
 	t.Helper()
+	deadline := time.NewTimer(time.Minute)
+	defer deadline.Stop()
 	for {
 		r.mu.Lock()
 		ok, ch := cond(r.updates, r.logs), r.changed
@@ -134,8 +137,11 @@ func (r *recorder) waitFor(t *testing.T, what string, cond func(updates []acp.Up
 		}
 		select {
 		case <-ch:
-		case <-t.Context().Done():
-			t.Fatalf("waiting for %s: %v", what, t.Context().Err())
+		case <-deadline.C:
+			r.mu.Lock()
+			n, logs := len(r.updates), r.logs
+			r.mu.Unlock()
+			t.Fatalf("waiting for %s: still not after a minute; %d updates, the logs %q", what, n, logs)
 		}
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/conclave-ai/conclave/pkg/testenv"
 	"github.com/conclave-ai/conclave/services/runner/internal/acp"
 )
 
@@ -240,10 +241,15 @@ func TestDroppedConnection(t *testing.T) {
 		case "chunk 50", "chunk 120", "chunk 180":
 			// Held until agent-host has reconnected, so that each drop
 			// makes it re-send what follows.
+			// This runs on the link's goroutine, where the test cannot
+			// end: past the deadline it fails and lets the turn go on.
 			before := px.connections()
 			px.dropAll()
-			for px.connections() == before {
-				time.Sleep(10 * time.Millisecond)
+			for deadline := time.Now().Add(time.Minute); px.connections() == before; time.Sleep(10 * time.Millisecond) {
+				if time.Now().After(deadline) {
+					t.Errorf("agent-host did not reconnect within a minute after the drop at %q", u.Text)
+					return
+				}
 			}
 		}
 	}
@@ -295,9 +301,7 @@ func TestRunnerRestart(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(ws, "release"), nil, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	for !fileExists(ws, "streamed") {
-		time.Sleep(20 * time.Millisecond)
-	}
+	testenv.Eventually(t, time.Minute, "the agent to stream its turn into agent-host's buffer", func() bool { return fileExists(ws, "streamed") })
 
 	rig2 := startHub(t, rig1.addr)
 	rec2 := newRecorder()
@@ -360,15 +364,11 @@ func TestBackpressure(t *testing.T) {
 		tr, err := link.PromptTurn(t.Context(), 1, "flood", acceptTimeout)
 		res <- result{tr, err}
 	}()
-	for !fileExists(ws, "agent.pid") {
-		time.Sleep(20 * time.Millisecond)
-	}
+	testenv.Eventually(t, time.Minute, "the agent's pid file", func() bool { return fileExists(ws, "agent.pid") })
 	raw, _ := os.ReadFile(filepath.Join(ws, "agent.pid"))
 	pid, _ := strconv.Atoi(string(raw))
 	// The agent is blocked writing its stdout, which nobody reads.
-	for !blockedInPipeWrite(pid) {
-		time.Sleep(20 * time.Millisecond)
-	}
+	testenv.Eventually(t, time.Minute, "the agent to block writing its stdout", func() bool { return blockedInPipeWrite(pid) })
 	if fileExists(ws, "streamed") {
 		t.Fatal("the agent streamed everything while the runner took nothing")
 	}
@@ -417,9 +417,7 @@ func TestGiveUp(t *testing.T) {
 		env:   map[string]string{"CONCLAVE_AGENT_HOST_GIVE_UP": "1s"},
 		agent: []string{acpAgentBin, "-mode", "gated"}})
 	go func() { _, _ = link.PromptTurn(t.Context(), 1, "wait", acceptTimeout) }()
-	for !fileExists(ws, "agent.pid") {
-		time.Sleep(20 * time.Millisecond)
-	}
+	testenv.Eventually(t, time.Minute, "the agent's pid file", func() bool { return fileExists(ws, "agent.pid") })
 	raw, _ := os.ReadFile(filepath.Join(ws, "agent.pid"))
 	pid, _ := strconv.Atoi(string(raw))
 	rig.stop()
@@ -441,9 +439,7 @@ func TestConnectBeforeExpect(t *testing.T) {
 	t.Parallel()
 	rig := startHub(t, "")
 	p := startHost(t, hostSpec{addr: rig.addr, instance: "inst-early", workspace: t.TempDir(), launch: 2, agent: []string{acpAgentBin}})
-	for !strings.Contains(p.stderr.String(), "NotFound") {
-		time.Sleep(20 * time.Millisecond)
-	}
+	testenv.Eventually(t, time.Minute, "agent-host to be refused with NotFound", func() bool { return strings.Contains(p.stderr.String(), "NotFound") })
 	rig.hub.Expect("inst-early", 1, LinkOptions{}).Close() // an older launch: still not this one
 	link := rig.hub.Expect("inst-early", 2, newRecorder().options())
 	if _, err := link.Ready(t.Context()); err != nil {

@@ -19,7 +19,7 @@ import (
 // Table holds every record of the runner.
 var Table = store.Table{Name: "runner"}
 
-// Statuses of an instance (seed 002).
+// Statuses of an instance (as Kandev's REST API has them).
 const (
 	StatusStarting  = "starting"
 	StatusRunning   = "running"

@@ -42,7 +42,7 @@ var (
 	_ conversation = (*oneshot)(nil)
 )
 
-// oneshot runs a hybrid-protocol agent (seed 000, pkg/hybrid) once per
+// oneshot runs a hybrid-protocol agent (the ADK bridge's, pkg/hybrid) once per
 // turn: the prompt is its parameters as JSON, its one JSON object on stdout
 // becomes one update, and cancelling kills its process group.
 type oneshot struct {

@@ -11,6 +11,7 @@ import (
 
 	"github.com/conclave-ai/conclave/pkg/queue"
 	"github.com/conclave-ai/conclave/pkg/store"
+	"github.com/conclave-ai/conclave/pkg/testenv"
 	"github.com/conclave-ai/conclave/services/runner/internal/agenttype"
 	"github.com/conclave-ai/conclave/services/runner/internal/executor"
 	"github.com/conclave-ai/conclave/services/runner/internal/records"
@@ -131,17 +132,15 @@ func TestPromptAsSoonAsRunning(t *testing.T) {
 	if err := <-prompted; err != nil {
 		t.Fatalf("a prompt sent as the status turned running: %v", err)
 	}
-	for {
-		got, err := rec.Instance(ctx, id)
-		if err != nil {
+	var got *records.Instance
+	testenv.Eventually(t, time.Minute, "the prompt's turn to end", func() bool {
+		var err error
+		if got, err = rec.Instance(ctx, id); err != nil {
 			t.Fatal(err)
 		}
-		if got.TurnDone == 1 {
-			if got.Status != records.StatusCompleted || got.Turn != 1 {
-				t.Fatalf("after the prompt's turn: %+v", got)
-			}
-			return
-		}
-		time.Sleep(20 * time.Millisecond)
+		return got.TurnDone == 1
+	})
+	if got.Status != records.StatusCompleted || got.Turn != 1 {
+		t.Fatalf("after the prompt's turn: %+v", got)
 	}
 }

@@ -66,7 +66,7 @@ func (ss *session) recordSession(ctx context.Context, sessionID string) (wait fu
 				t.Metadata = map[string]any{}
 			}
 			t.Metadata["session_id"] = sessionID
-			// Seed 002's name for it: a launch with env AUGGIE_SESSION_ID
+			// Kandev's name for it: a launch with env AUGGIE_SESSION_ID
 			// set to it resumes the session.
 			t.Metadata["auggie_session_id"] = sessionID
 			t.Metadata["instance_id"] = ss.launch.ID
