@@ -65,7 +65,7 @@ func TestSplitProcesses(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	types := writeAgentTypes(t, t.TempDir())
+	types := writeAgentTypes(t, t.TempDir(), "", "")
 	rn := start("runner", bins[runnerCmd], "CONCLAVE_RUNNER_GRPC_ADDR=127.0.0.1:0", "CONCLAVE_RUNNER_HTTP_ADDR=127.0.0.1:0",
 		"CONCLAVE_RUNNER_SERVER_ID=runner-1", "CONCLAVE_RUNNER_CLIENT_TOKENS="+sh.runnerToken,
 		"CONCLAVE_RUNNER_AGENT_TYPES="+types, "CONCLAVE_RUNNER_WORKSPACE_ROOTS="+sh.workspace,
