@@ -32,6 +32,7 @@ var steps = []step{
 	{"6_dead_letter_and_redrive", stepDeadLetter},
 	{"7_governed_agent_asks_the_librarian", stepGoverned},
 	{"8_one_request_through_all_five", stepFrontDoor},
+	{"9_a2a_client_through_the_gateway", stepA2A},
 }
 
 // stepTimeout bounds one step, its waits for Jaeger included.
