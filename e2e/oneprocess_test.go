@@ -184,6 +184,7 @@ func TestOneProcess(t *testing.T) {
 		bridgeMCP:    "http://" + dev.Addr("bridge HTTP") + "/mcp",
 		librarianURL: "http://" + dev.Addr("librarian HTTP"),
 		frontDoor:    true,
+		a2a:          true,
 	}
 	ports := map[string]string{}
 	for row, addr := range dev.Addrs() {

@@ -52,6 +52,8 @@ type shape struct {
 	// frontDoor: the runner's front-door agent type (step 8) is set up, its
 	// instances registered at this shape's gateway.
 	frontDoor bool
+	// a2a: step 9 (an A2A client) runs on this shape.
+	a2a bool
 
 	// console is the console's base URL, pointed at the test's Jaeger, and
 	// consoleToken a token to sign in with ("" when the shape runs none).
