@@ -29,11 +29,24 @@ const (
 	// permission policy, asking to edit a file outside its workspace,
 	// which the Librarian (librarianConfig) escalates to a person (step 7).
 	governedAgentType = "e2e-governed"
+	// frontDoorAgentType is the example ACP agent registered at the
+	// gateway (gateway: true), under the librarian policy, calling the
+	// bridge's label tool over MCP once its permission request is allowed
+	// (step 8).
+	frontDoorAgentType = "e2e-front-door"
+)
+
+// frontDoorTool and frontDoorArgs are the bridge tool the front-door agent
+// calls, and its arguments.
+const (
+	frontDoorTool = "label_github_issue"
+	frontDoorArgs = `{"repo_name": "conclave-ai/conclave", "issue_number": 27}`
 )
 
 // writeAgentTypes writes the runner's agent types file into dir and
-// returns its path.
-func writeAgentTypes(t *testing.T, dir string) string {
+// returns its path. bridgeMCP and bridgeToken are the bridge's endpoint and
+// token, which the front-door agent calls.
+func writeAgentTypes(t *testing.T, dir, bridgeMCP, bridgeToken string) string {
 	t.Helper()
 	acp := binaries(t, "./examples/acp-agent")["./examples/acp-agent"]
 	label := filepath.Join(repoRoot, "examples", "tool-agents", "agents", "stdin_agent.py")
@@ -60,7 +73,15 @@ func writeAgentTypes(t *testing.T, dir string) string {
     protocol: acp
     permission: librarian
     enabled: true
-`, acpAgentType, busAgentType, toolAgentType, acp, label, governedAgentType)
+  - id: %[7]s
+    command: [%[4]q, -dialect, acp, -mcp-url, %[8]q, -mcp-tool, %[9]s, -mcp-args, %[10]q]
+    protocol: acp
+    permission: librarian
+    gateway: true
+    env: {ACP_AGENT_MCP_TOKEN: %[11]q}
+    enabled: true
+`, acpAgentType, busAgentType, toolAgentType, acp, label, governedAgentType,
+		frontDoorAgentType, bridgeMCP, frontDoorTool, frontDoorArgs, bridgeToken)
 	path := filepath.Join(dir, "agent-types.yaml")
 	if err := os.WriteFile(path, []byte(types), 0o644); err != nil {
 		t.Fatal(err)
@@ -84,7 +105,9 @@ func librarianConfig(t *testing.T, dir string) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	agents = append(agents, fmt.Appendf(nil, "\n  %s:\n    type: runner-agent\n    capabilities: [read, write, analyze]\n    rate_limit: 1000/hour\n    allowed_targets: [all]\n", governedAgentType)...)
+	for _, typ := range []string{governedAgentType, frontDoorAgentType} {
+		agents = append(agents, fmt.Appendf(nil, "\n  %s:\n    type: runner-agent\n    capabilities: [read, write, analyze]\n    rate_limit: 1000/hour\n    allowed_targets: [all]\n", typ)...)
+	}
 	protocol, err := os.ReadFile(filepath.Join(src, "protocol.yaml"))
 	if err != nil {
 		t.Fatal(err)
@@ -117,12 +140,19 @@ func TestOneProcess(t *testing.T) {
 	t.Parallel()
 	bins := binaries(t, "./cmd/conclave", "./examples/acp-agent", "./examples/coven-agent")
 	project := t.TempDir()
-	types := writeAgentTypes(t, project)
+	// The bridge's port is chosen first: the front-door agent's type names
+	// its endpoint.
+	bridgePort, err := testenv.FreePort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	bridgeAddr := fmt.Sprintf("127.0.0.1:%d", bridgePort)
+	types := writeAgentTypes(t, project, "http://"+bridgeAddr+"/mcp", "")
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	dev, err := testenv.StartDev(ctx, bins["./cmd/conclave"], project, []string{
 		"--runner-agent-types=" + types, "--bus-runner-agent-type=" + busAgentType, "--librarian-config-dir=" + librarianConfig(t, project),
-		"--bridge-config=" + filepath.Join(repoRoot, "examples", "tool-agents", "config.yaml"),
+		"--bridge-config=" + filepath.Join(repoRoot, "examples", "tool-agents", "config.yaml"), "--bridge-http-addr=" + bridgeAddr,
 	}, telemetryEnv())
 	if err != nil {
 		t.Fatal(err)
@@ -153,6 +183,8 @@ func TestOneProcess(t *testing.T) {
 		workspace:    project,
 		bridgeMCP:    "http://" + dev.Addr("bridge HTTP") + "/mcp",
 		librarianURL: "http://" + dev.Addr("librarian HTTP"),
+		frontDoor:    true,
+		a2a:          true,
 	}
 	ports := map[string]string{}
 	for row, addr := range dev.Addrs() {

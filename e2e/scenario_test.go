@@ -13,6 +13,7 @@ import (
 
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/conclave-ai/conclave/pkg/telemetry"
 	"github.com/conclave-ai/conclave/pkg/testenv"
 )
 
@@ -30,6 +31,8 @@ var steps = []step{
 	{"5_bridge_tool_over_mcp_and_as_a_oneshot_agent", stepBridgeTool},
 	{"6_dead_letter_and_redrive", stepDeadLetter},
 	{"7_governed_agent_asks_the_librarian", stepGoverned},
+	{"8_one_request_through_all_five", stepFrontDoor},
+	{"9_a2a_client_through_the_gateway", stepA2A},
 }
 
 // stepTimeout bounds one step, its waits for Jaeger included.
@@ -39,6 +42,7 @@ const stepTimeout = 3 * time.Minute
 // own telemetry, whose spans are the roots of the steps' traces.
 type scenario struct {
 	sh     *shape
+	tel    *telemetry.Provider
 	tracer trace.Tracer
 	// http is the client every step's HTTP calls go through: it sends the
 	// current span's context in traceparent.
@@ -52,7 +56,7 @@ type scenario struct {
 // fails does not stop the next: each sets up what it needs.
 func runScenario(t *testing.T, sh *shape) {
 	tel := jaeger.Provider(t, "e2e-"+sh.name)
-	sc := &scenario{sh: sh, tracer: tel.TracerProvider().Tracer("github.com/conclave-ai/conclave/e2e"),
+	sc := &scenario{sh: sh, tel: tel, tracer: tel.TracerProvider().Tracer("github.com/conclave-ai/conclave/e2e"),
 		http: &http.Client{Transport: tel.HTTPTransport(nil)}}
 	for _, st := range steps {
 		t.Run(st.name, func(t *testing.T) {

@@ -49,6 +49,12 @@ type shape struct {
 	// needed: conclave dev opens both the API and the review page).
 	librarianURL, librarianAgentToken, reviewerToken string
 
+	// frontDoor: the runner's front-door agent type (step 8) is set up, its
+	// instances registered at this shape's gateway.
+	frontDoor bool
+	// a2a: step 9 (an A2A client) runs on this shape.
+	a2a bool
+
 	// console is the console's base URL, pointed at the test's Jaeger, and
 	// consoleToken a token to sign in with ("" when the shape runs none).
 	console, consoleToken string
@@ -142,6 +148,7 @@ var spanNames = []struct {
 	// tools make them too).
 	{"librarian approval", false, runner},
 	{"librarian decision", false, runner},
+	{"gateway message turn", false, runner},
 }
 
 // services lists the services a trace has spans from, sorted.

@@ -53,24 +53,36 @@ func TestSplitProcesses(t *testing.T) {
 		return startProcess(t, ctx, sh, name, bin, slices.Concat(aws, env)...)
 	}
 
-	// The Librarian first: the runner's governed agent type asks it (step
-	// 7); then the runner: the bus's default handler launches through it.
-	// The bus's address is chosen now, for the runner to hear the
-	// Librarian's decisions there.
-	runnerLibToken, runnerBusToken := token("librarian-runner"), token("bus-runner")
+	// The Librarian first: the runner's governed agent types ask it (steps
+	// 7 and 8); the gateway and the bridge, where the runner registers its
+	// front-door agent and which that agent calls (step 8); then the
+	// runner: the bus's default handler launches through it. The bus's
+	// address is chosen now, for the runner to hear the Librarian's
+	// decisions there.
+	runnerLibToken, frontDoorLibToken, runnerBusToken, runnerGatewayToken := token("librarian-runner"), token("librarian-front-door"), token("bus-runner"), token("gateway-runner")
 	startLibrarian(t, ctx, sh, bins[librarianCmd], be.dynalite, prefix, aws,
 		"CONCLAVE_LIBRARIAN_CONFIG_DIR="+librarianConfig(t, t.TempDir()),
-		"CONCLAVE_LIBRARIAN_AGENT_TOKENS=claude-3="+sh.librarianAgentToken+","+governedAgentType+"="+runnerLibToken)
+		"CONCLAVE_LIBRARIAN_AGENT_TOKENS=claude-3="+sh.librarianAgentToken+","+governedAgentType+"="+runnerLibToken+","+frontDoorAgentType+"="+frontDoorLibToken)
+	// The runner registers its agents under their instance ids, which a
+	// pattern's token opens (docs/gateway.md).
+	gw := start("gateway", bins[gatewayCmd], "CONCLAVE_GATEWAY_GRPC_ADDR=127.0.0.1:0", "CONCLAVE_GATEWAY_HTTP_ADDR=127.0.0.1:0",
+		"CONCLAVE_GATEWAY_SERVER_ID=gateway-1", "CONCLAVE_GATEWAY_CLIENT_TOKENS="+sh.gatewayToken,
+		"CONCLAVE_GATEWAY_AGENT_TOKENS="+sh.covenAgentID+"="+sh.covenAgentToken+",*="+runnerGatewayToken)
+	sh.gatewayHTTP, sh.gatewayGRPC = "http://"+gw.HTTPAddr, gw.GRPCAddr
+	startBridge(t, ctx, sh, bins[bridgeCmd], aws)
 	busPort, err := testenv.FreePort()
 	if err != nil {
 		t.Fatal(err)
 	}
-	types := writeAgentTypes(t, t.TempDir())
+	types := writeAgentTypes(t, t.TempDir(), sh.bridgeMCP, sh.bridgeToken)
 	rn := start("runner", bins[runnerCmd], "CONCLAVE_RUNNER_GRPC_ADDR=127.0.0.1:0", "CONCLAVE_RUNNER_HTTP_ADDR=127.0.0.1:0",
 		"CONCLAVE_RUNNER_SERVER_ID=runner-1", "CONCLAVE_RUNNER_CLIENT_TOKENS="+sh.runnerToken,
 		"CONCLAVE_RUNNER_AGENT_TYPES="+types, "CONCLAVE_RUNNER_WORKSPACE_ROOTS="+sh.workspace,
-		"CONCLAVE_RUNNER_LIBRARIAN_URL="+sh.librarianURL, "CONCLAVE_RUNNER_LIBRARIAN_TOKENS="+governedAgentType+"="+runnerLibToken,
-		fmt.Sprintf("CONCLAVE_RUNNER_BUS_URL=ws://127.0.0.1:%d", busPort), "CONCLAVE_RUNNER_BUS_TOKEN="+runnerBusToken)
+		"CONCLAVE_RUNNER_LIBRARIAN_URL="+sh.librarianURL,
+		"CONCLAVE_RUNNER_LIBRARIAN_TOKENS="+governedAgentType+"="+runnerLibToken+","+frontDoorAgentType+"="+frontDoorLibToken,
+		fmt.Sprintf("CONCLAVE_RUNNER_BUS_URL=ws://127.0.0.1:%d", busPort), "CONCLAVE_RUNNER_BUS_TOKEN="+runnerBusToken,
+		"CONCLAVE_RUNNER_GATEWAY_ADDR="+sh.gatewayGRPC, "CONCLAVE_RUNNER_GATEWAY_TOKEN="+runnerGatewayToken)
+	sh.frontDoor, sh.a2a = true, true
 	sh.runnerHTTP = "http://" + rn.HTTPAddr
 	grants, _ := json.Marshal([]map[string]any{{"token": sh.busToken, "publish": []string{"*"}, "subscribe": []string{"*"}, "admin": true},
 		{"token": runnerBusToken, "subscribe": []string{"system:librarian.request.*"}}})
@@ -83,11 +95,6 @@ func TestSplitProcesses(t *testing.T) {
 		cmd.Env = append(os.Environ(), "BUB_BUS_URL="+sh.busURL, "BUB_TOKEN="+sh.busToken, "BUB_AGENT_ID=e2e-operator")
 		return cmd
 	}
-	gw := start("gateway", bins[gatewayCmd], "CONCLAVE_GATEWAY_GRPC_ADDR=127.0.0.1:0", "CONCLAVE_GATEWAY_HTTP_ADDR=127.0.0.1:0",
-		"CONCLAVE_GATEWAY_SERVER_ID=gateway-1", "CONCLAVE_GATEWAY_CLIENT_TOKENS="+sh.gatewayToken,
-		"CONCLAVE_GATEWAY_AGENT_TOKENS="+sh.covenAgentID+"="+sh.covenAgentToken)
-	sh.gatewayHTTP, sh.gatewayGRPC = "http://"+gw.HTTPAddr, gw.GRPCAddr
-	startBridge(t, ctx, sh, bins[bridgeCmd], aws)
 	// The console, to draw a step's trace from Jaeger (after the steps).
 	con := startProcess(t, ctx, sh, "console", bins[consoleCmd], slices.Concat(telemetryEnv(), []string{"CONCLAVE_CONSOLE_HTTP_ADDR=127.0.0.1:0",
 		"CONCLAVE_CONSOLE_GATEWAY_URL=" + sh.gatewayHTTP, "CONCLAVE_CONSOLE_BUS_URL=" + sh.busURL, "CONCLAVE_CONSOLE_RUNNER_URL=" + sh.runnerHTTP,

@@ -22,31 +22,11 @@ import (
 // stepCovenAgent: the example coven agent registers at the gateway; a
 // client sends it a message over the REST API and reads the streamed
 // answer as Server-Sent Events. One trace: the client's request and the
-// gateway's spans (the agent adds none: the coven protocol has no field to
-// carry trace context in).
+// gateway's spans (the example agent adds none: it does not read
+// SendMessage's trace_context).
 func stepCovenAgent(r *stepRun) {
 	sh := r.sh
-	bin := binaries(r.t, "./examples/coven-agent")["./examples/coven-agent"]
-	agentLog := &testenv.LockedBuffer{}
-	agent := exec.Command(bin, "--addr", sh.gatewayGRPC, "--agent-id", sh.covenAgentID, "--name", "e2e coven agent", "--step-delay", "0s")
-	agent.Env = append(agent.Environ(), "COVEN_AGENT_TOKEN="+sh.covenAgentToken)
-	agent.Stdout, agent.Stderr = agentLog, agentLog
-	agent.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := agent.Start(); err != nil {
-		r.t.Fatal(err)
-	}
-	// Its log is in this step's report only; the report runs before the
-	// cleanups.
-	r.t.Cleanup(r.sh.addLog("coven-agent", agentLog.String))
-	r.t.Cleanup(func() { _ = agent.Process.Signal(syscall.SIGTERM); _ = agent.Wait() })
-
-	agentURL := sh.gatewayHTTP + "/v1/agents/" + sh.covenAgentID
-	r.waitFor("the coven agent to register", func() string {
-		if status, body := r.do(r.ctx, http.MethodGet, agentURL, sh.gatewayToken, nil, nil); status != http.StatusOK {
-			return fmt.Sprintf("GET %s: %d %s", agentURL, status, body)
-		}
-		return ""
-	})
+	agentURL := r.startCovenAgent()
 
 	ctx, root := r.root("step 1: a client asks the coven agent")
 	const question = "hello from the end-to-end scenario"
@@ -96,7 +76,38 @@ func stepCovenAgent(r *stepRun) {
 	if !strings.HasPrefix(text.String(), "You said: "+question) || done == nil || *done != text.String() {
 		r.t.Fatalf("streamed text %q, done %v; events %+v", text.String(), done, events)
 	}
-	r.expectTrace(root, spanOf(gateway, "conclave.gateway.v1.GatewayService/SendMessage"))
+	// REST calls the client API in process: the gateway's span is its
+	// HTTP server span, with no gRPC hop under it.
+	r.expectTrace(root, spanOf(gateway, "POST /v1/agents/{agent_id}/messages"))
+}
+
+// startCovenAgent starts the example coven agent (examples/coven-agent),
+// which dials the gateway's agent port as covenAgentID, until the step
+// ends; it returns the agent's REST URL once the gateway lists it.
+func (r *stepRun) startCovenAgent() string {
+	sh := r.sh
+	bin := binaries(r.t, "./examples/coven-agent")["./examples/coven-agent"]
+	agentLog := &testenv.LockedBuffer{}
+	agent := exec.Command(bin, "--addr", sh.gatewayGRPC, "--agent-id", sh.covenAgentID, "--name", "e2e coven agent", "--step-delay", "0s")
+	agent.Env = append(agent.Environ(), "COVEN_AGENT_TOKEN="+sh.covenAgentToken)
+	agent.Stdout, agent.Stderr = agentLog, agentLog
+	agent.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := agent.Start(); err != nil {
+		r.t.Fatal(err)
+	}
+	// Its log is in this step's report only; the report runs before the
+	// cleanups.
+	r.t.Cleanup(r.sh.addLog("coven-agent", agentLog.String))
+	r.t.Cleanup(func() { _ = agent.Process.Signal(syscall.SIGTERM); _ = agent.Wait() })
+
+	agentURL := sh.gatewayHTTP + "/v1/agents/" + sh.covenAgentID
+	r.waitFor("the coven agent to register", func() string {
+		if status, body := r.do(r.ctx, http.MethodGet, agentURL, sh.gatewayToken, nil, nil); status != http.StatusOK {
+			return fmt.Sprintf("GET %s: %d %s", agentURL, status, body)
+		}
+		return ""
+	})
+	return agentURL
 }
 
 // stepDefaultHandler: a message on a topic nobody subscribes to makes the

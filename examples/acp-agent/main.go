@@ -45,6 +45,14 @@
 // directory, the file it then writes): a path outside its workspace lets
 // the runner's governance tests make the Librarian see a deviation.
 //
+// -mcp-url URL makes a turn call an MCP tool once its permission request
+// is allowed: -mcp-tool with the arguments -mcp-args (a JSON object), on the
+// server's streamable HTTP endpoint URL (the bridge's /mcp). It streams
+// the tool's answer, reports it as the tool call's output, and writes it
+// into notes.txt. The tool and its arguments are the operator's (the agent
+// type's command), never the prompt's; ACP_AGENT_MCP_TOKEN, when set, is
+// the server's bearer token.
+//
 // -print-env makes it write its environment to stderr at start, one
 // "acp-agent: env NAME=VALUE" line each, for tests of what reaches it.
 //
@@ -54,7 +62,10 @@
 // on agent:{BUB_AGENT_ID} first (bus.go).
 //
 // It logs to stderr, including the TRACEPARENT it was given, and puts a
-// child of that trace in params._meta.traceparent of its notifications.
+// child of that trace in params._meta.traceparent of its notifications. A
+// turn whose session/prompt carries params._meta.traceparent (a prompt the
+// runner took from a gateway client) continues that trace instead, in its
+// notifications, its requests and its MCP call.
 package main
 
 import (
@@ -101,6 +112,8 @@ type agent struct {
 	// authMethod is -auth; authenticated is set once authenticate named it.
 	authMethod    string
 	authenticated bool
+	// tool is -mcp-url's tool; its url is "" without one.
+	tool mcpTool
 }
 
 func main() {
@@ -112,9 +125,17 @@ func main() {
 	bus := flag.Bool("bus", false, "also join the bus at BUB_BUS_URL as BUB_AGENT_ID and answer processMessage on BUB_DEFAULT_TOPIC")
 	permissionPath := flag.String("permission-path", "", "the file its permission request names (default: notes.txt in the session's directory)")
 	auth := flag.String("auth", "", "offer this authMethods id, and open no session until authenticate names it")
+	mcpURL := flag.String("mcp-url", "", "after its permission request is allowed, a turn calls -mcp-tool on this MCP endpoint (streamable HTTP)")
+	mcpName := flag.String("mcp-tool", "", "the MCP tool a turn calls (with -mcp-url)")
+	mcpArgs := flag.String("mcp-args", "", "the MCP tool's arguments, a JSON object (with -mcp-url)")
 	flag.Parse()
+	toolArgs, err := parseArgs(*mcpArgs)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "acp-agent:", err)
+		os.Exit(2)
+	}
 	a := &agent{dialect: *dialect, mode: *mode, flood: *flood, chunks: *chunks, authMethod: *auth, out: bufio.NewWriterSize(os.Stdout, 64<<10), pending: map[string]chan message{},
-		permissionPath: *permissionPath}
+		permissionPath: *permissionPath, tool: mcpTool{url: *mcpURL, name: *mcpName, args: toolArgs, token: os.Getenv("ACP_AGENT_MCP_TOKEN")}}
 	if *printEnv {
 		for _, kv := range os.Environ() {
 			fmt.Fprintln(os.Stderr, "acp-agent: env", kv)
@@ -222,6 +243,9 @@ func (a *agent) call(method string, params any) message {
 	ch := make(chan message, 1)
 	a.pending[id] = ch
 	a.mu.Unlock()
+	if p, ok := params.(map[string]any); ok && a.traceparent != "" {
+		p["_meta"] = map[string]any{"traceparent": a.traceparent}
+	}
 	a.write(map[string]any{"jsonrpc": "2.0", "id": json.RawMessage(id), "method": method, "params": params})
 	return <-ch
 }
@@ -295,6 +319,17 @@ func (a *agent) handle(m message) {
 		a.respond(m.ID, map[string]any{"sessionId": a.sessionID})
 	case "session/prompt":
 		a.cancel, a.cancelOnce = make(chan struct{}), &sync.Once{}
+		var p struct {
+			Meta struct {
+				Traceparent string `json:"traceparent"`
+			} `json:"_meta"`
+		}
+		_ = json.Unmarshal(m.Params, &p)
+		// Set before the turn's goroutine starts, which reads it.
+		if tp := childTraceparent(p.Meta.Traceparent); tp != "" {
+			a.traceparent = tp
+			fmt.Fprintln(os.Stderr, "acp-agent: the turn continues trace", p.Meta.Traceparent)
+		}
 		go a.turn(m)
 	case "session/cancel":
 		fmt.Fprintln(os.Stderr, "acp-agent: session/cancel received")
@@ -428,7 +463,11 @@ func (a *agent) turn(m message) {
 		_ = json.Unmarshal(perm.Result, &outcome)
 		status := "failed"
 		if outcome.Outcome.OptionID == "allow" {
-			res := a.call("fs/write_text_file", map[string]any{"sessionId": a.sessionID, "path": filepath.Join(a.cwd, "notes.txt"), "content": "notes on: " + text + "\n"})
+			notes := "notes on: " + text + "\n"
+			if a.tool.url != "" {
+				notes += a.callTool() + "\n"
+			}
+			res := a.call("fs/write_text_file", map[string]any{"sessionId": a.sessionID, "path": filepath.Join(a.cwd, "notes.txt"), "content": notes})
 			if res.Error == nil {
 				status = "completed"
 			} else {
@@ -522,4 +561,22 @@ func (a *agent) gatedTurn(m message) {
 		return
 	}
 	a.respond(m.ID, map[string]any{"stopReason": "end_turn"})
+}
+
+// callTool calls -mcp-url's tool as a tool call of its own (call_2), and
+// streams and returns its answer (or the error, as the call's output).
+func (a *agent) callTool() string {
+	a.update(map[string]any{"sessionUpdate": "tool_call", "toolCallId": "call_2", "title": a.tool.name, "kind": "fetch", "status": "in_progress",
+		"rawInput": a.tool.args}, "", nil)
+	out, err := a.tool.call(context.Background(), a.traceparent)
+	status := "completed"
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "acp-agent: MCP:", err)
+		out, status = err.Error(), "failed"
+	}
+	a.update(map[string]any{"sessionUpdate": "tool_call_update", "toolCallId": "call_2", "status": status,
+		"content": []map[string]any{{"type": "content", "content": map[string]any{"type": "text", "text": out}}}}, "", nil)
+	a.update(map[string]any{"sessionUpdate": "agent_message_chunk", "content": map[string]any{"type": "text", "text": " " + a.tool.name + ": " + out}},
+		"content", map[string]any{"text": " " + a.tool.name + ": " + out})
+	return out
 }

@@ -69,6 +69,9 @@ var seedFields = map[string][]struct {
 		{"sender", 3, protoreflect.StringKind, false, ""},
 		{"content", 4, protoreflect.StringKind, false, ""},
 		{"attachments", 5, protoreflect.MessageKind, true, ""},
+		// Conclave's own, at a number far from the public protocol's: the
+		// client's trace context (docs/gateway.md).
+		{"trace_context", 1000, protoreflect.MessageKind, false, ""},
 	},
 	"FileAttachment": {
 		{"filename", 1, protoreflect.StringKind, false, ""},

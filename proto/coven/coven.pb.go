@@ -943,9 +943,14 @@ type SendMessage struct {
 	// Conversation thread ID.
 	ThreadId string `protobuf:"bytes,2,opt,name=thread_id,json=threadId,proto3" json:"thread_id,omitempty"`
 	// Who sent the message.
-	Sender        string            `protobuf:"bytes,3,opt,name=sender,proto3" json:"sender,omitempty"`
-	Content       string            `protobuf:"bytes,4,opt,name=content,proto3" json:"content,omitempty"`
-	Attachments   []*FileAttachment `protobuf:"bytes,5,rep,name=attachments,proto3" json:"attachments,omitempty"`
+	Sender      string            `protobuf:"bytes,3,opt,name=sender,proto3" json:"sender,omitempty"`
+	Content     string            `protobuf:"bytes,4,opt,name=content,proto3" json:"content,omitempty"`
+	Attachments []*FileAttachment `protobuf:"bytes,5,rep,name=attachments,proto3" json:"attachments,omitempty"`
+	// Conclave's extension, outside the public coven protocol's numbers: the
+	// W3C trace context of the client's request (keys traceparent and
+	// tracestate), so that an agent that traces can continue the client's
+	// trace. An agent that does not know the field skips it.
+	TraceContext  map[string]string `protobuf:"bytes,1000,rep,name=trace_context,json=traceContext,proto3" json:"trace_context,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1011,6 +1016,13 @@ func (x *SendMessage) GetContent() string {
 func (x *SendMessage) GetAttachments() []*FileAttachment {
 	if x != nil {
 		return x.Attachments
+	}
+	return nil
+}
+
+func (x *SendMessage) GetTraceContext() map[string]string {
+	if x != nil {
+		return x.TraceContext
 	}
 	return nil
 }
@@ -1756,14 +1768,18 @@ const file_coven_coven_proto_rawDesc = "" +
 	"\tserver_id\x18\x01 \x01(\tR\bserverId\x12\x19\n" +
 	"\bagent_id\x18\x02 \x01(\tR\aagentId\x12\x1f\n" +
 	"\vinstance_id\x18\x03 \x01(\tR\n" +
-	"instanceId\"\xb4\x01\n" +
+	"instanceId\"\xc1\x02\n" +
 	"\vSendMessage\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12\x1b\n" +
 	"\tthread_id\x18\x02 \x01(\tR\bthreadId\x12\x16\n" +
 	"\x06sender\x18\x03 \x01(\tR\x06sender\x12\x18\n" +
 	"\acontent\x18\x04 \x01(\tR\acontent\x127\n" +
-	"\vattachments\x18\x05 \x03(\v2\x15.coven.FileAttachmentR\vattachments\"]\n" +
+	"\vattachments\x18\x05 \x03(\v2\x15.coven.FileAttachmentR\vattachments\x12J\n" +
+	"\rtrace_context\x18\xe8\a \x03(\v2$.coven.SendMessage.TraceContextEntryR\ftraceContext\x1a?\n" +
+	"\x11TraceContextEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"]\n" +
 	"\x0eFileAttachment\x12\x1a\n" +
 	"\bfilename\x18\x01 \x01(\tR\bfilename\x12\x1b\n" +
 	"\tmime_type\x18\x02 \x01(\tR\bmimeType\x12\x12\n" +
@@ -1837,7 +1853,7 @@ func file_coven_coven_proto_rawDescGZIP() []byte {
 }
 
 var file_coven_coven_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_coven_coven_proto_msgTypes = make([]protoimpl.MessageInfo, 21)
+var file_coven_coven_proto_msgTypes = make([]protoimpl.MessageInfo, 22)
 var file_coven_coven_proto_goTypes = []any{
 	(ToolState)(0),            // 0: coven.ToolState
 	(*AgentMessage)(nil),      // 1: coven.AgentMessage
@@ -1861,6 +1877,7 @@ var file_coven_coven_proto_goTypes = []any{
 	(*TokenUsage)(nil),        // 19: coven.TokenUsage
 	(*ToolStateUpdate)(nil),   // 20: coven.ToolStateUpdate
 	(*Cancelled)(nil),         // 21: coven.Cancelled
+	nil,                       // 22: coven.SendMessage.TraceContextEntry
 }
 var file_coven_coven_proto_depIdxs = []int32{
 	2,  // 0: coven.AgentMessage.register:type_name -> coven.RegisterAgent
@@ -1882,14 +1899,15 @@ var file_coven_coven_proto_depIdxs = []int32{
 	12, // 16: coven.ServerMessage.registration_error:type_name -> coven.RegistrationError
 	13, // 17: coven.ServerMessage.cancel_request:type_name -> coven.CancelRequest
 	10, // 18: coven.SendMessage.attachments:type_name -> coven.FileAttachment
-	0,  // 19: coven.ToolStateUpdate.state:type_name -> coven.ToolState
-	1,  // 20: coven.CovenControl.AgentStream:input_type -> coven.AgentMessage
-	7,  // 21: coven.CovenControl.AgentStream:output_type -> coven.ServerMessage
-	21, // [21:22] is the sub-list for method output_type
-	20, // [20:21] is the sub-list for method input_type
-	20, // [20:20] is the sub-list for extension type_name
-	20, // [20:20] is the sub-list for extension extendee
-	0,  // [0:20] is the sub-list for field type_name
+	22, // 19: coven.SendMessage.trace_context:type_name -> coven.SendMessage.TraceContextEntry
+	0,  // 20: coven.ToolStateUpdate.state:type_name -> coven.ToolState
+	1,  // 21: coven.CovenControl.AgentStream:input_type -> coven.AgentMessage
+	7,  // 22: coven.CovenControl.AgentStream:output_type -> coven.ServerMessage
+	22, // [22:23] is the sub-list for method output_type
+	21, // [21:22] is the sub-list for method input_type
+	21, // [21:21] is the sub-list for extension type_name
+	21, // [21:21] is the sub-list for extension extendee
+	0,  // [0:21] is the sub-list for field type_name
 }
 
 func init() { file_coven_coven_proto_init() }
@@ -1930,7 +1948,7 @@ func file_coven_coven_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_coven_coven_proto_rawDesc), len(file_coven_coven_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   21,
+			NumMessages:   22,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"go.opentelemetry.io/otel/propagation"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -137,6 +138,15 @@ func NewRequestID(serverID string) string {
 func (s *Service) Send(ctx context.Context, agentID string, msg *covenpb.SendMessage) (*Request, error) {
 	if msg.RequestId == "" {
 		msg.RequestId = NewRequestID(s.opts.ServerID)
+	}
+	// The caller's trace goes with the message (Conclave's trace_context
+	// extension, in W3C Trace Context form whatever the deployment's
+	// propagator): an AgentStream's gRPC metadata is the agent's, set once
+	// for every message it will get.
+	tc := propagation.MapCarrier{}
+	propagation.TraceContext{}.Inject(ctx, tc)
+	if len(tc) > 0 {
+		msg.TraceContext = tc
 	}
 	r := newRequest(ctx, msg)
 	s.mu.Lock()

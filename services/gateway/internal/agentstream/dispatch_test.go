@@ -3,8 +3,10 @@ package agentstream_test
 import (
 	"context"
 	"fmt"
+	"maps"
 	"testing"
 
+	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -304,5 +306,41 @@ func TestEndedRequestIsNotCancelled(t *testing.T) {
 		if evs := collect(req); len(evs) != 1 || evs[0].Response.GetDone() == nil {
 			t.Fatalf("request %d: %v", i, evs)
 		}
+	}
+}
+
+// TestSendCarriesTraceContext: the caller's span reaches the agent in
+// SendMessage's trace_context (W3C form); a caller without one sends none.
+func TestSendCarriesTraceContext(t *testing.T) {
+	t.Parallel()
+	traceID, _ := trace.TraceIDFromHex("4bf92f3577b34da6a3ce929d0e0e4736")
+	spanID, _ := trace.SpanIDFromHex("00f067aa0ba902b7")
+	sampled := trace.ContextWithSpanContext(context.Background(), trace.NewSpanContext(trace.SpanContextConfig{
+		TraceID: traceID, SpanID: spanID, TraceFlags: trace.FlagsSampled, Remote: true}))
+	for _, tc := range []struct {
+		name string
+		ctx  context.Context
+		want map[string]string
+	}{
+		{"a caller's span", sampled, map[string]string{"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}},
+		{"no span", context.Background(), nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			svc, c := start(t, agentstream.Options{})
+			agent := connectWith(t, c, "traced")
+			req, err := svc.Send(tc.ctx, "traced", &covenpb.SendMessage{Content: "hi"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := nextRequest(t, agent)
+			if !maps.Equal(got.GetTraceContext(), tc.want) {
+				t.Fatalf("trace_context = %v, want %v", got.GetTraceContext(), tc.want)
+			}
+			respond(t, agent, done(req.ID))
+			collect(req)
+			_ = agent.CloseSend()
+			finalStatus(agent)
+		})
 	}
 }

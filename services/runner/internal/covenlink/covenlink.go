@@ -15,6 +15,7 @@ import (
 	"sync"
 	"time"
 
+	"go.opentelemetry.io/otel/propagation"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
@@ -23,6 +24,10 @@ import (
 	covenpb "github.com/conclave-ai/conclave/proto/coven"
 	"github.com/conclave-ai/conclave/services/runner/internal/acp"
 )
+
+// traceContext reads SendMessage's trace_context: fixed, as the gateway
+// writes it, rather than the deployment's global propagator.
+var traceContext propagation.TraceContext
 
 // Registrar opens the links of one runner replica, over one connection to
 // the gateway's load-balanced address.
@@ -296,7 +301,11 @@ func (l *Link) send(st covenpb.CovenControl_AgentStreamClient, m *covenpb.SendMe
 	// ACP has no threads: every thread_id is the instance's one session,
 	// whose history the agent keeps.
 	l.agent.Note(fmt.Sprintf("gateway request %s (thread %q, from %q): a prompt turn", req.id, req.thread, m.GetSender()))
-	err := l.agent.Prompt(l.ctx, m.GetContent(), func(turn int) {
+	// The client's trace, in Conclave's trace_context extension of
+	// SendMessage (docs/runner.md): the AgentStream's own gRPC metadata is
+	// the stream's, not the message's.
+	ctx := traceContext.Extract(l.ctx, propagation.MapCarrier(m.GetTraceContext()))
+	err := l.agent.Prompt(ctx, m.GetContent(), func(turn int) {
 		l.mu.Lock()
 		req.turn = turn
 		l.mu.Unlock()

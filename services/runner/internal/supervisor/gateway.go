@@ -4,6 +4,8 @@ import (
 	"context"
 	"runtime"
 
+	"go.opentelemetry.io/otel/trace"
+
 	covenpb "github.com/conclave-ai/conclave/proto/coven"
 	"github.com/conclave-ai/conclave/services/runner/internal/acp"
 	"github.com/conclave-ai/conclave/services/runner/internal/agenttype"
@@ -65,7 +67,9 @@ func (ss *session) openGateway() {
 			Workspaces: []string{"runner", "instance:" + ss.launch.ID, "agent_type:" + ss.launch.AgentType},
 		},
 		Prompt: func(ctx context.Context, message string, accepted func(int)) error {
-			return ss.promptAccepted(ctx, message, accepted)
+			// The turn continues the gateway client's trace, which ctx
+			// carries (SendMessage's trace_context).
+			return ss.promptAccepted(ctx, message, trace.SpanContextFromContext(ctx), accepted)
 		},
 		Cancel: ss.cancel,
 		Note:   func(text string) { ss.log.Add(StreamRunner, text) },

@@ -43,10 +43,12 @@ const (
 // quiet reports whether a session killed so records nothing more.
 func (k stopKind) quiet() bool { return k == stopShutdown || k == stopDeleted || k == stopSuperseded }
 
-// pendingPrompt is an accepted prompt: its turn number and message.
+// pendingPrompt is an accepted prompt: its turn number and message, and
+// the span its turn continues (a gateway client's; invalid: the launch's).
 type pendingPrompt struct {
 	turn    int
 	message string
+	parent  trace.SpanContext
 }
 
 // session is one launch of an instance: its process, client and turns.
@@ -127,12 +129,12 @@ var errClaimLost = errors.New("the launch was taken over by another delivery")
 
 // prompt stores a prompt for the live agent and hands it over.
 func (ss *session) prompt(ctx context.Context, message string) error {
-	return ss.promptAccepted(ctx, message, nil)
+	return ss.promptAccepted(ctx, message, trace.SpanContext{}, nil)
 }
 
 // promptAccepted is prompt, calling accepted, if set, with the turn's
 // number once it is stored, before the turn can begin.
-func (ss *session) promptAccepted(ctx context.Context, message string, accepted func(turn int)) error {
+func (ss *session) promptAccepted(ctx context.Context, message string, parent trace.SpanContext, accepted func(turn int)) error {
 	ss.mu.Lock()
 	client := ss.client
 	switch {
@@ -176,7 +178,7 @@ func (ss *session) promptAccepted(ctx context.Context, message string, accepted 
 	if accepted != nil {
 		accepted(in.Turn)
 	}
-	ss.prompts <- pendingPrompt{turn: in.Turn, message: message}
+	ss.prompts <- pendingPrompt{turn: in.Turn, message: message, parent: parent}
 	return nil
 }
 

@@ -179,6 +179,14 @@ func (ss *session) turn(ctx context.Context, client conversation, p pendingPromp
 		t   acp.Turn
 		err error
 	)
+	if p.parent.IsValid() {
+		// A gateway client's message: the turn, its prompt to the agent
+		// (params._meta.traceparent), its permission requests and its
+		// status events are in the client's trace.
+		var span trace.Span
+		ctx, span = ss.s.tracer.Start(trace.ContextWithRemoteSpanContext(ctx, p.parent), "gateway message turn", trace.WithSpanKind(trace.SpanKindInternal))
+		defer span.End()
+	}
 	turnCtx, endTurn := context.WithCancel(context.WithoutCancel(ctx))
 	defer endTurn()
 	ss.mu.Lock()
