@@ -7,7 +7,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -52,8 +51,6 @@ func fencedBlocks(text string) [][]string {
 	return blocks
 }
 
-var tableRow = regexp.MustCompile(`^(\w+)\s+(\S+)\s+([\w-]+)`)
-
 // TestReadmeQuickStart follows the README's quick start as a new user
 // would: conclave dev prints the endpoint table the README shows, and each
 // command of its "try each service" block succeeds against it, the
@@ -95,8 +92,8 @@ func TestReadmeQuickStart(t *testing.T) {
 	t.Cleanup(d.Kill)
 	var shown []string
 	for _, line := range blocks[1] {
-		if m := tableRow.FindStringSubmatch(line); m != nil && m[1] != "SERVICE" {
-			shown = append(shown, m[1]+" "+m[3])
+		if row, _, ok := testenv.DevTableRow(line); ok {
+			shown = append(shown, row)
 		}
 	}
 	var printed []string

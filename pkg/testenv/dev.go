@@ -34,6 +34,17 @@ var DevPortFlags = []string{
 // SERVICE, ADDRESS, SERVES.
 var devRow = regexp.MustCompile(`^(\w+)\s+(\S+)\s+([\w-]+)`)
 
+// DevTableRow reads a line of conclave dev's endpoint table (or of a copy
+// of it, such as the README's): its row's name as Addr takes it ("gateway
+// gRPC") and its address; ok is false for the header and other lines.
+func DevTableRow(line string) (row, addr string, ok bool) {
+	m := devRow.FindStringSubmatch(line)
+	if m == nil || m[1] == "SERVICE" {
+		return "", "", false
+	}
+	return m[1] + " " + m[3], m[2], true
+}
+
 // StartDev runs `bin dev` with DevPortFlags and args in dir (the process's
 // working directory, "" for this one's), with env added to this process's
 // environment, and returns once it has printed its endpoint table (the
@@ -61,8 +72,8 @@ func StartDev(ctx context.Context, bin, dir string, args, env []string) (*Dev, e
 				complete = true
 				break
 			}
-			if m := devRow.FindStringSubmatch(sc.Text()); m != nil && m[1] != "SERVICE" {
-				d.addrs[m[1]+" "+m[3]] = m[2]
+			if row, addr, ok := DevTableRow(sc.Text()); ok {
+				d.addrs[row] = addr
 			}
 		}
 		table <- complete
