@@ -19,7 +19,6 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
@@ -27,6 +26,7 @@ import (
 	natsserver "github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 
+	"github.com/conclave-ai/conclave/bench/internal/proc"
 	"github.com/conclave-ai/conclave/pkg/config"
 	"github.com/conclave-ai/conclave/pkg/jsonrpc"
 	"github.com/conclave-ai/conclave/pkg/queue"
@@ -124,7 +124,7 @@ func BenchmarkRoundTrip(b *testing.B) {
 		times := make([]time.Duration, 0, b.N)
 		b.ReportAllocs()
 		b.ResetTimer()
-		cpuStart := cpuTime()
+		cpuStart := proc.CPUTime()
 		for b.Loop() {
 			start := time.Now()
 			if err := pub.Write(context.Background(), websocket.MessageText, frame); err != nil {
@@ -176,7 +176,7 @@ func BenchmarkRoundTrip(b *testing.B) {
 		times := make([]time.Duration, 0, b.N)
 		b.ReportAllocs()
 		b.ResetTimer()
-		cpuStart := cpuTime()
+		cpuStart := proc.CPUTime()
 		for b.Loop() {
 			start := time.Now()
 			if err := pub.Write(context.Background(), websocket.MessageText, frame); err != nil {
@@ -219,7 +219,7 @@ func BenchmarkRoundTrip(b *testing.B) {
 		times := make([]time.Duration, 0, b.N)
 		b.ReportAllocs()
 		b.ResetTimer()
-		cpuStart := cpuTime()
+		cpuStart := proc.CPUTime()
 		for b.Loop() {
 			start := time.Now()
 			if _, err := pub.Request("agent.bench", payload, 10*time.Second); err != nil {
@@ -245,7 +245,7 @@ func roundTripJSONRPC(b *testing.B, h jsonrpc.Handler) {
 	times := make([]time.Duration, 0, b.N)
 	b.ReportAllocs()
 	b.ResetTimer()
-	cpuStart := cpuTime()
+	cpuStart := proc.CPUTime()
 	for b.Loop() {
 		start := time.Now()
 		var res json.RawMessage
@@ -395,7 +395,7 @@ func fanOut(b *testing.B, inflight int, publish func() error, delivered *atomic.
 	b.ReportAllocs()
 	b.ResetTimer()
 	delivered.Store(0)
-	start, cpuStart := time.Now(), cpuTime()
+	start, cpuStart := time.Now(), proc.CPUTime()
 	var (
 		next atomic.Int64
 		wg   sync.WaitGroup
@@ -414,23 +414,14 @@ func fanOut(b *testing.B, inflight int, publish func() error, delivered *atomic.
 	wg.Wait()
 	n := float64(delivered.Load())
 	b.ReportMetric(n/time.Since(start).Seconds(), "deliveries/s")
-	b.ReportMetric(float64((cpuTime()-cpuStart).Nanoseconds())/1e3/n, "cpu-µs/delivery")
+	b.ReportMetric(float64((proc.CPUTime()-cpuStart).Nanoseconds())/1e3/n, "cpu-µs/delivery")
 }
 
 // reportCPU reports the process's CPU time per operation since start.
 func reportCPU(b *testing.B, start time.Duration, ops int) {
 	if ops > 0 {
-		b.ReportMetric(float64((cpuTime()-start).Nanoseconds())/1e3/float64(ops), "cpu-µs/op")
+		b.ReportMetric(float64((proc.CPUTime()-start).Nanoseconds())/1e3/float64(ops), "cpu-µs/op")
 	}
-}
-
-// cpuTime is the CPU time the process has used, user and system: on a
-// shared machine it says what a delivery costs better than the wall
-// clock, which counts the time other processes held the cores.
-func cpuTime() time.Duration {
-	var ru syscall.Rusage
-	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 func startNATS(b *testing.B) *natsserver.Server {

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/conclave-ai/conclave/bench/internal/proc"
 	"github.com/conclave-ai/conclave/pkg/testenv"
 	gatewayv1 "github.com/conclave-ai/conclave/proto/conclave/gateway/v1"
 	"github.com/conclave-ai/conclave/services/gateway/service"
@@ -100,7 +101,7 @@ func historyLoad(b *testing.B, tg *target, pairs int, run string) {
 		}
 	}
 	b.ReportAllocs()
-	writes := tg.writes()
+	writes, cpuStart := tg.writes(), proc.CPUTime()
 	var (
 		mu     sync.Mutex
 		errs   int
@@ -133,11 +134,12 @@ func historyLoad(b *testing.B, tg *target, pairs int, run string) {
 	}
 	close(next)
 	wg.Wait()
-	took := time.Since(start)
+	took, cpu := time.Since(start), proc.CPUTime()-cpuStart
 	if errs > 0 {
 		b.Fatalf("%d of %d requests failed, the first: %v", errs, issued, first)
 	}
 	b.ReportMetric(float64(issued)/took.Seconds(), "msgs/s")
+	b.ReportMetric(float64(cpu.Microseconds())/float64(issued), "cpu-µs/msg")
 	b.ReportMetric(float64(tg.writes()-writes)/float64(issued), "writes/msg")
 	b.ReportMetric(0, "errors")
 }
