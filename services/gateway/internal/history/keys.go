@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -50,12 +51,44 @@ type entryKey struct {
 	seq       uint32
 }
 
+// String is the entry id. It is made for every event a gateway relays
+// with history on, so it is built in one allocation, without fmt.
 func (k entryKey) String() string {
-	return requestPrefix(k.ms, k.requestID) + fmt.Sprintf("%08x", k.seq)
+	b := make([]byte, 0, 13+1+len(k.requestID)+1+8)
+	b = appendRequestPrefix(b, k.ms, k.requestID)
+	return string(appendSeq(b, k.seq))
 }
 
 func requestPrefix(ms int64, requestID string) string {
-	return fmt.Sprintf("%013d.%s/", ms, requestID)
+	return string(appendRequestPrefix(make([]byte, 0, 13+1+len(requestID)+1), ms, requestID))
+}
+
+// appendRequestPrefix appends "<13-digit ms>.<request_id>/".
+func appendRequestPrefix(b []byte, ms int64, requestID string) []byte {
+	b = appendZeroPadded(b, ms, 13)
+	b = append(b, '.')
+	b = append(b, requestID...)
+	return append(b, '/')
+}
+
+// appendSeq appends seq as 8 lowercase hex digits.
+func appendSeq(b []byte, seq uint32) []byte {
+	const hex = "0123456789abcdef"
+	for shift := 28; shift >= 0; shift -= 4 {
+		b = append(b, hex[seq>>uint(shift)&0xf])
+	}
+	return b
+}
+
+// appendZeroPadded appends n (not negative) in decimal, padded with zeros
+// to width digits, as fmt's %0<width>d does.
+func appendZeroPadded(b []byte, n int64, width int) []byte {
+	var digits [20]byte
+	d := strconv.AppendInt(digits[:0], n, 10)
+	for i := len(d); i < width; i++ {
+		b = append(b, '0')
+	}
+	return append(b, d...)
 }
 
 // MaxEntryIDBytes bounds an entry id a client sends back.
@@ -113,7 +146,8 @@ const maxParts = 16
 
 // indexSK is an agent-index item's sort key.
 func indexSK(startMs int64, threadID string) string {
-	return fmt.Sprintf("%013d/%s", startMs, threadID)
+	b := appendZeroPadded(make([]byte, 0, 14+len(threadID)), startMs, 13)
+	return string(append(append(b, '/'), threadID...))
 }
 
 // parseIndexSK parses what indexSK writes, and only that: 13 digits, so
@@ -130,7 +164,8 @@ func parseIndexSK(sk string) (int64, string, bool) {
 }
 
 // appendEntry appends one stored entry: its length, then the ThreadEntry
-// with only what the key does not say (time, payload, file).
+// with only what the key does not say (time, payload, file). It sizes the
+// entry once and marshals it in place.
 func appendEntry(b []byte, e *gatewayv1.ThreadEntry) []byte {
 	stored := &gatewayv1.ThreadEntry{Time: e.GetTime(), File: e.GetFile()}
 	switch x := e.GetEntry().(type) {
@@ -141,9 +176,10 @@ func appendEntry(b []byte, e *gatewayv1.ThreadEntry) []byte {
 	case *gatewayv1.ThreadEntry_Outcome:
 		stored.Entry = x
 	}
-	data, _ := proto.Marshal(stored)
-	b = binary.AppendUvarint(b, uint64(len(data)))
-	return append(b, data...)
+	n := proto.Size(stored)
+	b = binary.AppendUvarint(slices.Grow(b, binary.MaxVarintLen32+n), uint64(n))
+	b, _ = proto.MarshalOptions{UseCachedSize: true}.MarshalAppend(b, stored)
+	return b
 }
 
 // decodeEntries parses an item's data, written by appendEntry, from a

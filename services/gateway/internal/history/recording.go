@@ -62,6 +62,7 @@ type Recording struct {
 	next        uint32 // seq of the next entry
 	flushedTo   uint32 // entries before it are stored
 	window      []*gatewayv1.ThreadEntry
+	windowSizes []int  // memSize of each entry of window
 	windowStart uint32 // seq of window[0]
 	windowBytes int
 	subs        map[*Subscription]struct{}
@@ -83,7 +84,8 @@ func (s *Store) Begin(ctx context.Context, ex Exchange) (*Recording, error) {
 	msg.Entry = &gatewayv1.ThreadEntry_Message{Message: &gatewayv1.ClientMessage{
 		Sender: ex.Sender, Content: ex.Content, Attachments: AttachmentRefs(ex.Attachments), ClientId: ex.ClientID,
 	}}
-	items, err := r.items(0, [][]byte{appendEntry(nil, msg)}, now)
+	enc := appendEntry(nil, msg)
+	items, err := r.items(0, [][]byte{enc}, now)
 	if err != nil {
 		return nil, err
 	}
@@ -91,7 +93,8 @@ func (s *Store) Begin(ctx context.Context, ex Exchange) (*Recording, error) {
 		return nil, err
 	}
 	r.next, r.flushedTo = 1, 1
-	r.window, r.windowBytes = []*gatewayv1.ThreadEntry{msg}, proto.Size(msg)
+	size := memSize(msg, enc)
+	r.window, r.windowSizes, r.windowBytes = []*gatewayv1.ThreadEntry{msg}, []int{size}, size
 	s.mu.Lock()
 	s.live[ex.RequestID] = r
 	s.mu.Unlock()
@@ -154,14 +157,15 @@ func withoutFileData(ev *covenpb.MessageResponse) *covenpb.MessageResponse {
 // Append records one event of the answer that does not end it. It is
 // written with the next batch: once FlushBytes wait, Append writes them.
 func (r *Recording) Append(ctx context.Context, ev *covenpb.MessageResponse) error {
-	r.mu.Lock()
+	// The recorder is the only writer of r.next: it may read it unlocked,
+	// and build and encode the entry before taking the lock.
 	e := r.eventEntry(r.next, ev, r.s.now())
+	enc := appendEntry(nil, e)
+	r.mu.Lock()
 	r.next++
-	r.window = append(r.window, e)
-	r.windowBytes += proto.Size(e)
+	r.push(e, memSize(e, enc))
 	r.signal()
 	r.mu.Unlock()
-	enc := appendEntry(nil, e)
 	r.pending = append(r.pending, enc)
 	r.pendingBytes += len(enc)
 	if r.pendingBytes >= r.s.opts.FlushBytes {
@@ -214,16 +218,19 @@ func (r *Recording) End(ctx context.Context, terminal *covenpb.MessageResponse, 
 	last = append(last, o)
 	r.next++
 	r.mu.Unlock()
-	for _, e := range last {
-		enc := appendEntry(nil, e)
-		r.pending = append(r.pending, enc)
-		r.pendingBytes += len(enc)
+	encs := make([][]byte, len(last))
+	for i, e := range last {
+		encs[i] = appendEntry(nil, e)
+		r.pending = append(r.pending, encs[i])
+		r.pendingBytes += len(encs[i])
 	}
 	err := r.flushRetrying(ctx)
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if err == nil {
-		r.window = append(r.window, last...)
+		for i, e := range last {
+			r.push(e, memSize(e, encs[i]))
+		}
 	} else {
 		r.endErr = err
 	}
@@ -345,11 +352,24 @@ func (r *Recording) trim() {
 		}
 	}
 	for r.windowStart < upTo && len(r.window) > 0 {
-		r.windowBytes -= proto.Size(r.window[0])
+		r.windowBytes -= r.windowSizes[0]
 		r.window[0] = nil
-		r.window = r.window[1:]
+		r.window, r.windowSizes = r.window[1:], r.windowSizes[1:]
 		r.windowStart++
 	}
+}
+
+// push adds an entry of size bytes to the window; r.mu is held.
+func (r *Recording) push(e *gatewayv1.ThreadEntry, size int) {
+	r.window = append(r.window, e)
+	r.windowSizes = append(r.windowSizes, size)
+	r.windowBytes += size
+}
+
+// memSize is about what e holds in memory: its encoding enc, and an
+// event's file data, which enc leaves out.
+func memSize(e *gatewayv1.ThreadEntry, enc []byte) int {
+	return len(enc) + len(e.GetEvent().GetFile().GetData())
 }
 
 // Subscription reads a recording's entries in order.
