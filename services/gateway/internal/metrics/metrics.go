@@ -5,6 +5,7 @@ package metrics
 
 import (
 	"context"
+	"sync"
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
@@ -119,8 +120,20 @@ func Discard() *Metrics { return New(noop.NewMeterProvider().Meter(""), "") }
 
 var ctx = context.Background()
 
+// outcomes holds each outcome's attribute option, made once: building an
+// attribute set sorts and hashes it, and the requests and history writes
+// counted here are per message.
+var outcomes sync.Map // string → metric.MeasurementOption
+
+// outcome is the option labelling a count with o, one of this package's
+// constants, so the map stays as small as that set.
 func outcome(o string) metric.AddOption {
-	return metric.WithAttributes(attribute.String("outcome", o))
+	if opt, ok := outcomes.Load(o); ok {
+		return opt.(metric.MeasurementOption)
+	}
+	opt := metric.WithAttributeSet(attribute.NewSet(attribute.String("outcome", o)))
+	outcomes.Store(o, opt)
+	return opt
 }
 
 // Registered counts a registration's outcome.
