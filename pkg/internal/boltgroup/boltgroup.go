@@ -8,6 +8,7 @@ package boltgroup
 import (
 	"context"
 	"errors"
+	"runtime"
 
 	bolt "go.etcd.io/bbolt"
 )
@@ -77,6 +78,11 @@ func (w *Writer) run() {
 		case <-w.closing:
 			return
 		}
+		// Let the goroutines that are about to write queue up first: under
+		// load a group grows several times larger (a sixth of the commits
+		// for the gateway's history, measured in bench/gateway), while a
+		// lone caller loses nothing, since nothing else is waiting to run.
+		runtime.Gosched()
 	more:
 		for len(group) < w.max {
 			select {
