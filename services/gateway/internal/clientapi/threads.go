@@ -224,7 +224,7 @@ func (s *Server) record(rec *history.Recording, r *agentstream.Request, start ti
 				end(ev.Response, &gatewayv1.Outcome{Ending: gatewayv1.Ending_ENDING_CANCELLED}, metrics.Cancelled)
 				return
 			}
-			if err := rec.Append(ctx, ev.Response); err != nil {
+			if err := rec.Append(ctx, ev.Response, len(r.Events) > 0); err != nil {
 				s.log.Warn("could not record events of a request; retrying with the next ones", "request_id", r.ID, "error", err)
 				if rec.Pending() > maxPendingBytes && !cancelled {
 					cancelled = true

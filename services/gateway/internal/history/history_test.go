@@ -105,7 +105,7 @@ func exchange(t *testing.T, h *history.Store, thread, requestID, content string,
 		t.Fatal(err)
 	}
 	for _, s := range texts {
-		if err := rec.Append(ctx, text(s)); err != nil {
+		if err := rec.Append(ctx, text(s), false); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -132,11 +132,11 @@ func TestExchangeIsStoredInTwoWrites(t *testing.T) {
 			t.Fatalf("the client's message took %d writes, want 1", n)
 		}
 		for i := range 100 {
-			if err := rec.Append(ctx, text(fmt.Sprint("t", i))); err != nil {
+			if err := rec.Append(ctx, text(fmt.Sprint("t", i)), false); err != nil {
 				t.Fatal(err)
 			}
 		}
-		if err := rec.Append(ctx, &covenpb.MessageResponse{Event: &covenpb.MessageResponse_File{File: &covenpb.FileData{Filename: "out.bin", MimeType: "application/octet-stream", Data: make([]byte, 1000)}}}); err != nil {
+		if err := rec.Append(ctx, &covenpb.MessageResponse{Event: &covenpb.MessageResponse_File{File: &covenpb.FileData{Filename: "out.bin", MimeType: "application/octet-stream", Data: make([]byte, 1000)}}}, false); err != nil {
 			t.Fatal(err)
 		}
 		if err := rec.End(ctx, done("hello"), doneOutcome); err != nil {
@@ -295,7 +295,7 @@ func TestSubscribersGetMissedEntriesThenLive(t *testing.T) {
 		}
 		first := rec.Subscribe(0)
 		for i := range 5 {
-			if err := rec.Append(ctx, text(fmt.Sprint("early", i))); err != nil {
+			if err := rec.Append(ctx, text(fmt.Sprint("early", i)), false); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -313,7 +313,7 @@ func TestSubscribersGetMissedEntriesThenLive(t *testing.T) {
 			t.Fatalf("late subscriber, missed part: %s %v", describeAll(got), err)
 		}
 		go func() {
-			_ = rec.Append(ctx, text("live"))
+			_ = rec.Append(ctx, text("live"), false)
 			_ = rec.End(ctx, done("q"), doneOutcome)
 		}()
 		var rest []*gatewayv1.ThreadEntry
@@ -359,7 +359,7 @@ func TestEndIsShownOnlyOnceStored(t *testing.T) {
 			t.Fatal(err)
 		}
 		sub := rec.Subscribe(1)
-		if err := rec.Append(ctx, text("a")); err != nil {
+		if err := rec.Append(ctx, text("a"), false); err != nil {
 			t.Fatal(err)
 		}
 		fs.failing.Store(true)

@@ -156,7 +156,9 @@ func withoutFileData(ev *covenpb.MessageResponse) *covenpb.MessageResponse {
 
 // Append records one event of the answer that does not end it. It is
 // written with the next batch: once FlushBytes wait, Append writes them.
-func (r *Recording) Append(ctx context.Context, ev *covenpb.MessageResponse) error {
+// more says that another event follows at once: subscribers are woken
+// with that one, so that a burst of events wakes them once, not per event.
+func (r *Recording) Append(ctx context.Context, ev *covenpb.MessageResponse, more bool) error {
 	// The recorder is the only writer of r.next: it may read it unlocked,
 	// and build and encode the entry before taking the lock.
 	e := r.eventEntry(r.next, ev, r.s.now())
@@ -164,7 +166,9 @@ func (r *Recording) Append(ctx context.Context, ev *covenpb.MessageResponse) err
 	r.mu.Lock()
 	r.next++
 	r.push(e, memSize(e, enc))
-	r.signal()
+	if !more {
+		r.signal()
+	}
 	r.mu.Unlock()
 	r.pending = append(r.pending, enc)
 	r.pendingBytes += len(enc)
