@@ -11,6 +11,7 @@ package gateway_test
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -24,6 +25,7 @@ import (
 	"runtime/pprof"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 
 	"testing"
@@ -184,8 +186,8 @@ func BenchmarkEvents(b *testing.B) {
 }
 
 type memSample struct {
-	heap, stack uint64
-	goroutines  int
+	heap, stack, rss uint64
+	goroutines       int
 }
 
 func sample() memSample {
@@ -194,11 +196,26 @@ func sample() memSample {
 	runtime.GC()
 	var ms runtime.MemStats
 	runtime.ReadMemStats(&ms)
-	return memSample{heap: ms.HeapInuse, stack: ms.StackInuse, goroutines: runtime.NumGoroutine()}
+	return memSample{heap: ms.HeapInuse, stack: ms.StackInuse, rss: residentBytes(), goroutines: runtime.NumGoroutine()}
+}
+
+// residentBytes is the process's resident set (VmRSS), 0 if unknown.
+func residentBytes() uint64 {
+	data, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		return 0
+	}
+	for line := range strings.Lines(string(data)) {
+		if rest, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+			kb, _ := strconv.ParseUint(strings.TrimSuffix(strings.TrimSpace(rest), " kB"), 10, 64)
+			return kb << 10
+		}
+	}
+	return 0
 }
 
 type idleResult struct {
-	heap, stack, goroutines float64 // per agent
+	heap, stack, rss, goroutines float64 // per agent
 	// writesPerSecond is the store's write rate while the agents sit idle
 	// (the gateway only).
 	writesPerSecond float64
@@ -206,9 +223,12 @@ type idleResult struct {
 
 // idleCost starts tg in this process and k idle agents in a child process
 // (this test binary, see TestMain), k/perConn agents per connection. Memory
-// is sampled after the child's connections are up and again once every
-// agent is registered, so the difference is the server's cost of k idle
-// agent streams and nothing of the agents' own.
+// is sampled before the agents register and again once every agent is
+// registered, so the difference is the server's cost of k idle agent
+// streams and nothing of the agents' own. With several agents per
+// connection the connections are up before the first sample, so only the
+// streams are counted; with one agent per connection (perConn 1), as when
+// every agent is a process of its own, each agent's connection is counted.
 func idleCost(b *testing.B, start func(*testing.B) *target, k, perConn int) idleResult {
 	tg := start(b)
 	defer tg.stop()
@@ -260,10 +280,11 @@ func idleCost(b *testing.B, start func(*testing.B) *target, k, perConn int) idle
 	r := idleResult{
 		heap:       (float64(after.heap) - float64(before.heap)) / float64(k),
 		stack:      (float64(after.stack) - float64(before.stack)) / float64(k),
+		rss:        (float64(after.rss) - float64(before.rss)) / float64(k),
 		goroutines: float64(after.goroutines-before.goroutines) / float64(k),
 	}
-	b.Logf("%s: %d idle agents over %d connections: heap %+.0f B/agent, stacks %+.0f B/agent, %+.2f goroutines/agent (HeapInuse %d -> %d, StackInuse %d -> %d)",
-		tg.name, k, (k+perConn-1)/perConn, r.heap, r.stack, r.goroutines, before.heap, after.heap, before.stack, after.stack)
+	b.Logf("%s: %d idle agents over %d connections: heap %+.0f B/agent, stacks %+.0f B/agent, RSS %+.0f B/agent, %+.2f goroutines/agent (HeapInuse %d -> %d, StackInuse %d -> %d)",
+		tg.name, k, (k+perConn-1)/perConn, r.heap, r.stack, r.rss, r.goroutines, before.heap, after.heap, before.stack, after.stack)
 	if tg.writes != nil {
 		// Two leases of idleness on default settings: the writes that
 		// keep k agents registered.
@@ -299,20 +320,37 @@ func TestMain(m *testing.M) {
 func idleAgents(addr string, k, perConn int) error {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	var conns []*grpc.ClientConn
-	for range (k + perConn - 1) / perConn {
+	conns := make([]*grpc.ClientConn, (k+perConn-1)/perConn)
+	connect := func(i int) error {
 		c, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 		if err != nil {
 			return err
 		}
-		defer c.Close()
+		conns[i] = c
 		c.Connect()
 		for s := c.GetState(); s != connectivity.Ready; s = c.GetState() {
 			if !c.WaitForStateChange(ctx, s) {
 				return ctx.Err()
 			}
 		}
-		conns = append(conns, c)
+		return nil
+	}
+	defer func() {
+		for _, c := range conns {
+			if c != nil {
+				_ = c.Close()
+			}
+		}
+	}()
+	// One agent per connection: the connection is the agent's, made when
+	// it registers (see idleCost).
+	connectEach := perConn == 1
+	if !connectEach {
+		for i := range conns {
+			if err := connect(i); err != nil {
+				return err
+			}
+		}
 	}
 	stdin := bufio.NewReader(os.Stdin)
 	fmt.Println("connected")
@@ -328,6 +366,14 @@ func idleAgents(addr string, k, perConn int) error {
 		sem <- struct{}{}
 		wg.Go(func() {
 			defer func() { <-sem }()
+			if connectEach {
+				if err := connect(i); err != nil {
+					mu.Lock()
+					firstErr = cmp.Or(firstErr, err)
+					mu.Unlock()
+					return
+				}
+			}
 			s, err := register(ctx, conns[i/perConn], fmt.Sprintf("idle-%d", i))
 			mu.Lock()
 			defer mu.Unlock()
@@ -394,6 +440,35 @@ func BenchmarkIdleAgentMemory(b *testing.B) {
 	b.ReportMetric(fl.heap+fl.stack, "floor-bytes/agent")
 	b.ReportMetric(float64(idleOnce.k), "agents")
 	b.ReportMetric(gw.writesPerSecond, "store-writes/s")
+}
+
+var connEachOnce struct {
+	sync.Once
+	gw, floor idleResult
+	k         int
+}
+
+// BenchmarkIdleAgentMemoryConnEach is BenchmarkIdleAgentMemory with one
+// connection per agent, as real agents have (each is a process of its
+// own): BENCH_IDLE_CONN_AGENTS agents (default 5,000), each dialling and
+// registering on its own connection, first to the floor (a bare grpc-go
+// server holding the same one-stream connections) and then to the
+// gateway. It reports the server's heap and stacks per agent, its
+// resident set per agent, and the gateway's ratio to the floor.
+func BenchmarkIdleAgentMemoryConnEach(b *testing.B) {
+	connEachOnce.Do(func() {
+		connEachOnce.k = envInt("BENCH_IDLE_CONN_AGENTS", 5000)
+		connEachOnce.floor = idleCost(b, startRelay, connEachOnce.k, 1)
+		connEachOnce.gw = idleCost(b, startGateway, connEachOnce.k, 1)
+	})
+	gw, fl := connEachOnce.gw, connEachOnce.floor
+	b.ReportMetric(gw.heap+gw.stack, "bytes/agent")
+	b.ReportMetric(gw.rss, "rss-bytes/agent")
+	b.ReportMetric(gw.goroutines, "goroutines/agent")
+	b.ReportMetric(fl.heap+fl.stack, "floor-bytes/agent")
+	b.ReportMetric(fl.rss, "floor-rss-bytes/agent")
+	b.ReportMetric((gw.heap+gw.stack)/(fl.heap+fl.stack), "ratio")
+	b.ReportMetric(float64(connEachOnce.k), "agents")
 }
 
 // BenchmarkReconnect holds BENCH_RECONNECT_AGENTS agents (default 10,000)
