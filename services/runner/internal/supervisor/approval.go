@@ -173,6 +173,8 @@ func (ss *session) askLibrarian(ctx context.Context, typ agenttype.Type, workspa
 			state = covenpb.ToolState_TOOL_STATE_RUNNING
 		case out.Decision == govern.Timeout:
 			state = covenpb.ToolState_TOOL_STATE_TIMEOUT
+		case out.Decision == govern.Cancelled:
+			state = covenpb.ToolState_TOOL_STATE_CANCELLED
 		}
 		ss.gatewayToolState(turn, string(p.ToolCall.ToolCallId), state, "permission "+out.Decision)
 	}
