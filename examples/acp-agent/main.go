@@ -3,8 +3,9 @@
 // dialect (-dialect kandev) or Kandev's legacy line format
 // (-dialect legacy). A turn streams content, makes a tool call (writing
 // notes.txt in the session's directory through fs/write_text_file, after
-// asking permission), and ends. -mode makes it misbehave, for the runner's
-// failure tests:
+// asking permission), and ends (stopReason cancelled when its permission
+// request is answered cancelled: the client cancelled the turn while it
+// waited). -mode makes it misbehave, for the runner's failure tests:
 //
 //	normal         as above
 //	slow-tool      the tool call waits until cancelled (or 60s)
@@ -461,6 +462,11 @@ func (a *agent) turn(m message) {
 			} `json:"outcome"`
 		}
 		_ = json.Unmarshal(perm.Result, &outcome)
+		if outcome.Outcome.Outcome == "cancelled" {
+			// The client answers so only once it cancelled the turn,
+			// which then ends cancelled, as the ACP asks.
+			stop = "cancelled"
+		}
 		status := "failed"
 		if outcome.Outcome.OptionID == "allow" {
 			notes := "notes on: " + text + "\n"

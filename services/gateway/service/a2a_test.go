@@ -547,7 +547,7 @@ func TestA2ABadInput(t *testing.T) {
 		{"oversized body", token, "application/json", msg(`[{"raw":"` + strings.Repeat("A", 6<<20) + `"}]`), 413, 0, "request body exceeds"},
 		{"no messageId", token, "application/json", `{"jsonrpc":"2.0","id":1,"method":"SendMessage","params":{"message":{"role":"ROLE_USER","parts":[{"text":"x"}]}}}`, 200, -32602, "messageId"},
 		{"bad contextId", token, "application/json", `{"jsonrpc":"2.0","id":1,"method":"SendMessage","params":{"message":{"messageId":"m","contextId":"a b","role":"ROLE_USER","parts":[{"text":"x"}]}}}`, 200, -32602, "thread_id"},
-		{"continuing a task", token, "application/json", `{"jsonrpc":"2.0","id":1,"method":"SendMessage","params":{"message":{"messageId":"m","taskId":"t","role":"ROLE_USER","parts":[{"text":"x"}]}}}`, 200, -32004, "cannot be continued"},
+		{"continuing a task", token, "application/json", `{"jsonrpc":"2.0","id":1,"method":"SendMessage","params":{"message":{"messageId":"m","taskId":"t","role":"ROLE_USER","parts":[{"text":"x"}]}}}`, 200, -32004, "takes no input from its client"},
 		{"unknown task", token, "application/json", `{"jsonrpc":"2.0","id":1,"method":"GetTask","params":{"id":"gw-a2a-bad.0011"}}`, 200, -32001, "not found"},
 		{"unknown task (0.3)", token, "application/json", `{"jsonrpc":"2.0","id":1,"method":"tasks/get","params":{"id":"gw-a2a-bad.0011"}}`, 200, -32001, "not found"},
 		{"bad task id", token, "application/json", `{"jsonrpc":"2.0","id":1,"method":"CancelTask","params":{"id":"a b"}}`, 200, -32602, "request_id"},

@@ -269,8 +269,8 @@ func TestGatewayMapping(t *testing.T) {
 		"tool_result call_1 error=false # My Project\n\nThis is a sample project...",
 		"text: " + text2,
 		`tool_use call_2 Modifying critical configuration file {"path":"/project/config.json","content":"{\"database\": {\"host\": \"new-host\"}}"}`,
-		// The permission request, answered by the type's policy (allow).
-		"tool_state call_2 TOOL_STATE_AWAITING_APPROVAL",
+		// The permission request, answered at once by the type's policy
+		// (allow), is no event: no person was waited for.
 		`tool_result call_2 error=false {"success":true,"message":"Configuration updated"}`,
 		"text: " + text3,
 		"done: " + text1 + text2 + text3,

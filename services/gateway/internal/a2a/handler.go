@@ -172,12 +172,14 @@ func taskStateName(s a2a.TaskState) string {
 }
 
 // SendMessage implements a2asrv.RequestHandler: it waits for the task's
-// end, unless configuration.returnImmediately (0.3: blocking false) asks
-// for the task as soon as it is submitted; it then goes on, for GetTask
-// and SubscribeToTask.
+// end, or, as A2A asks, for it to be interrupted (input-required), unless
+// configuration.returnImmediately (0.3: blocking false) asks for the task
+// as soon as it is submitted; it then goes on, for GetTask and
+// SubscribeToTask. Without history a request ends with its caller, so
+// SendMessage then waits through an interruption to the end.
 func (h *handler) SendMessage(ctx context.Context, req *a2a.SendMessageRequest) (a2a.SendMessageResult, error) {
 	immediate := req.Config != nil && req.Config.ReturnImmediately
-	tr, err := h.run(ctx, req.Message, func(a2a.Event) bool { return true }, immediate)
+	tr, err := h.run(ctx, req.Message, func(ev a2a.Event) bool { return h.s.hist == nil || !interrupted(ev) }, immediate)
 	if err != nil {
 		return nil, err
 	}
@@ -195,6 +197,12 @@ func (h *handler) SendStreamingMessage(ctx context.Context, req *a2a.SendMessage
 			yield(nil, err)
 		}
 	}
+}
+
+// interrupted reports whether ev moves the task to input-required.
+func interrupted(ev a2a.Event) bool {
+	u, ok := ev.(*a2a.TaskStatusUpdateEvent)
+	return ok && u.Status.State == a2a.TaskStateInputRequired
 }
 
 func trimHistory(t *a2a.Task, n *int) {

@@ -37,9 +37,12 @@ func toRequest(agentID string, m *a2a.Message) (*gatewayv1.SendMessageRequest, e
 		return nil, invalidParams("message.messageId is required")
 	}
 	if m.TaskID != "" {
-		// Every task of the gateway runs to its end without asking for
-		// input, so there is no task a message could continue.
-		return nil, a2a.NewError(a2a.ErrUnsupportedOperation, "message.taskId: a gateway task cannot be continued; send a new message in the same contextId")
+		// A gateway task asks its client for nothing: the one wait it
+		// shows (input-required) is a permission a person decides
+		// elsewhere, so no message can continue a task.
+		return nil, a2a.NewError(a2a.ErrUnsupportedOperation, "message.taskId: a gateway task takes no input from its client. "+
+			"A task input-required waits for a person's permission decision: "+decideElsewhere+
+			" To go on with the conversation, send a new message in the same contextId")
 	}
 	if len(m.Parts) == 0 {
 		return nil, invalidParams("message.parts is empty")
@@ -183,8 +186,13 @@ func (t *translator) event(ev *covenpb.MessageResponse, file *gatewayv1.Attachme
 		return nil
 	}
 	var out []a2a.Event
-	if !t.working {
+	switch {
+	case !t.working:
 		t.working = true
+		out = append(out, t.status(a2a.TaskStateWorking, nil))
+	case t.task.Status.State == a2a.TaskStateInputRequired && artifactEvent(ev):
+		// The wait is over: the agent goes on. (The other events are
+		// status updates of their own, working or the end.)
 		out = append(out, t.status(a2a.TaskStateWorking, nil))
 	}
 	data := func(kind string, v map[string]any) a2a.Event {
@@ -209,6 +217,11 @@ func (t *translator) event(ev *covenpb.MessageResponse, file *gatewayv1.Attachme
 		v := map[string]any{"id": x.ToolState.GetId(), "state": x.ToolState.GetState().String()}
 		if x.ToolState.Detail != nil {
 			v["detail"] = x.ToolState.GetDetail()
+		}
+		if x.ToolState.GetState() == covenpb.ToolState_TOOL_STATE_AWAITING_APPROVAL {
+			out = append(out, t.status(a2a.TaskStateInputRequired, map[string]any{"conclave_event": "tool_state"},
+				a2a.NewTextPart(awaitingText(x.ToolState)), a2a.NewDataPart(map[string]any{"tool_state": v})))
+			break
 		}
 		out = append(out, data("tool_state", v))
 	case *covenpb.MessageResponse_Usage:
@@ -247,6 +260,32 @@ func (t *translator) event(ev *covenpb.MessageResponse, file *gatewayv1.Attachme
 		out = append(out, t.status(a2a.TaskStateCanceled, nil, a2a.NewTextPart(reason)))
 	}
 	return out
+}
+
+// artifactEvent reports whether ev becomes an artifact update, which
+// does not change the task's state by itself.
+func artifactEvent(ev *covenpb.MessageResponse) bool {
+	switch ev.GetEvent().(type) {
+	case *covenpb.MessageResponse_Text, *covenpb.MessageResponse_File:
+		return true
+	}
+	return false
+}
+
+// decideElsewhere says where a permission wait is decided, and that an
+// A2A message does not decide it.
+const decideElsewhere = "It is decided where the agent's permission policy says (for a runner agent under the librarian policy: " +
+	"the Librarian's review, on its review page or in the console), not by an A2A message; the task goes on once it is decided."
+
+// awaitingText is the status text of a task whose tool call waits for a
+// person's permission: which call, the agent's word on it, and where it is
+// decided.
+func awaitingText(ts *covenpb.ToolStateUpdate) string {
+	text := fmt.Sprintf("The agent's tool call %q waits for a person's permission.", ts.GetId())
+	if d := ts.GetDetail(); d != "" {
+		text += " The agent says: " + strings.TrimRight(d, ". ") + "."
+	}
+	return text + " " + decideElsewhere
 }
 
 // ended is the task's end when its stream failed rather than the agent

@@ -3,6 +3,7 @@ package a2a
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -101,6 +102,11 @@ func TestTranslatorFromEntries(t *testing.T) {
 		{"cancelled by the gateway", []*gatewayv1.ThreadEntry{
 			outcome(&gatewayv1.Outcome{Ending: gatewayv1.Ending_ENDING_CANCELLED}),
 		}, a2a.TaskStateCanceled, ""},
+		{"waiting for a person", []*gatewayv1.ThreadEntry{
+			event(&covenpb.MessageResponse{Event: &covenpb.MessageResponse_Text{Text: "a"}}),
+			event(&covenpb.MessageResponse{Event: &covenpb.MessageResponse_ToolState{ToolState: &covenpb.ToolStateUpdate{
+				Id: "call_2", State: covenpb.ToolState_TOOL_STATE_AWAITING_APPROVAL}}}),
+		}, a2a.TaskStateInputRequired, "a"},
 		{"still running", []*gatewayv1.ThreadEntry{
 			event(&covenpb.MessageResponse{Event: &covenpb.MessageResponse_Thinking{Thinking: "hmm"}}),
 		}, a2a.TaskStateWorking, ""},
@@ -162,3 +168,146 @@ func FuzzToRequest(f *testing.F) {
 }
 
 func timestamp(t time.Time) *timestamppb.Timestamp { return timestamppb.New(t) }
+
+// TestTranslatorInputRequired: a tool call awaiting approval (a permission
+// a person decides) makes the task input-required, saying which call
+// waits and where it is decided; the agent's next event, whatever it is,
+// makes it working again, or ends it.
+func TestTranslatorInputRequired(t *testing.T) {
+	t.Parallel()
+	detail := "waiting for a person to decide this permission request in the Librarian's review"
+	awaiting := &covenpb.MessageResponse{Event: &covenpb.MessageResponse_ToolState{ToolState: &covenpb.ToolStateUpdate{
+		Id: "call_2", State: covenpb.ToolState_TOOL_STATE_AWAITING_APPROVAL, Detail: &detail}}}
+	toolState := func(s covenpb.ToolState) *covenpb.MessageResponse {
+		return &covenpb.MessageResponse{Event: &covenpb.MessageResponse_ToolState{ToolState: &covenpb.ToolStateUpdate{Id: "call_2", State: s}}}
+	}
+	text := &covenpb.MessageResponse{Event: &covenpb.MessageResponse_Text{Text: "done it"}}
+	file := &covenpb.MessageResponse{Event: &covenpb.MessageResponse_File{File: &covenpb.FileData{Filename: "a.txt", MimeType: "text/plain", Data: []byte("a")}}}
+	thinking := &covenpb.MessageResponse{Event: &covenpb.MessageResponse_Thinking{Thinking: "hmm"}}
+	result := &covenpb.MessageResponse{Event: &covenpb.MessageResponse_ToolResult{ToolResult: &covenpb.ToolResult{Id: "call_2", Output: "ok"}}}
+	done := &covenpb.MessageResponse{Event: &covenpb.MessageResponse_Done{Done: &covenpb.Done{}}}
+	failed := &covenpb.MessageResponse{Event: &covenpb.MessageResponse_Error{Error: "boom"}}
+	cancelled := &covenpb.MessageResponse{Event: &covenpb.MessageResponse_Cancelled{Cancelled: &covenpb.Cancelled{Reason: "canceled by its A2A client"}}}
+	cases := []struct {
+		name   string
+		events []*covenpb.MessageResponse
+		// want is the events of the last agent event: "status:<state>" or
+		// "artifact:<id>"; final the task's state after them.
+		want  []string
+		final a2a.TaskState
+	}{
+		{"the wait", []*covenpb.MessageResponse{thinking, awaiting}, []string{"status:TASK_STATE_INPUT_REQUIRED"}, a2a.TaskStateInputRequired},
+		{"the wait as the first event", []*covenpb.MessageResponse{awaiting},
+			[]string{"status:TASK_STATE_WORKING", "status:TASK_STATE_INPUT_REQUIRED"}, a2a.TaskStateInputRequired},
+		{"decided: the tool runs", []*covenpb.MessageResponse{thinking, awaiting, toolState(covenpb.ToolState_TOOL_STATE_RUNNING)},
+			[]string{"status:TASK_STATE_WORKING"}, a2a.TaskStateWorking},
+		{"decided: refused", []*covenpb.MessageResponse{thinking, awaiting, toolState(covenpb.ToolState_TOOL_STATE_DENIED)},
+			[]string{"status:TASK_STATE_WORKING"}, a2a.TaskStateWorking},
+		{"completed", []*covenpb.MessageResponse{thinking, awaiting, toolState(covenpb.ToolState_TOOL_STATE_COMPLETED)},
+			[]string{"status:TASK_STATE_WORKING"}, a2a.TaskStateWorking},
+		{"failed tool", []*covenpb.MessageResponse{thinking, awaiting, toolState(covenpb.ToolState_TOOL_STATE_FAILED)},
+			[]string{"status:TASK_STATE_WORKING"}, a2a.TaskStateWorking},
+		{"a tool result", []*covenpb.MessageResponse{thinking, awaiting, result}, []string{"status:TASK_STATE_WORKING"}, a2a.TaskStateWorking},
+		{"text", []*covenpb.MessageResponse{thinking, awaiting, text},
+			[]string{"status:TASK_STATE_WORKING", "artifact:response"}, a2a.TaskStateWorking},
+		{"a file", []*covenpb.MessageResponse{thinking, awaiting, file},
+			[]string{"status:TASK_STATE_WORKING", "artifact:file-1"}, a2a.TaskStateWorking},
+		{"text while working", []*covenpb.MessageResponse{thinking, text}, []string{"artifact:response"}, a2a.TaskStateWorking},
+		{"canceled during the wait", []*covenpb.MessageResponse{thinking, awaiting, cancelled}, []string{"status:TASK_STATE_CANCELED"}, a2a.TaskStateCanceled},
+		{"done during the wait", []*covenpb.MessageResponse{thinking, awaiting, done}, []string{"status:TASK_STATE_COMPLETED"}, a2a.TaskStateCompleted},
+		{"failed during the wait", []*covenpb.MessageResponse{thinking, awaiting, failed}, []string{"status:TASK_STATE_FAILED"}, a2a.TaskStateFailed},
+		{"waiting again", []*covenpb.MessageResponse{thinking, awaiting, toolState(covenpb.ToolState_TOOL_STATE_RUNNING), awaiting},
+			[]string{"status:TASK_STATE_INPUT_REQUIRED"}, a2a.TaskStateInputRequired},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			tr := newTranslator(a2a.TaskInfo{TaskID: "t", ContextID: "c"}, nil, time.Now)
+			var last []a2a.Event
+			for _, e := range c.events {
+				last = tr.event(e, nil)
+			}
+			var got []string
+			for _, e := range last {
+				switch x := e.(type) {
+				case *a2a.TaskStatusUpdateEvent:
+					got = append(got, "status:"+string(x.Status.State))
+				case *a2a.TaskArtifactUpdateEvent:
+					got = append(got, "artifact:"+string(x.Artifact.ID))
+				default:
+					got = append(got, fmt.Sprintf("%T", e))
+				}
+			}
+			if strings.Join(got, " ") != strings.Join(c.want, " ") {
+				t.Fatalf("events %v, want %v", got, c.want)
+			}
+			if st := tr.snapshot().Status.State; st != c.final {
+				t.Fatalf("the task is %s, want %s", st, c.final)
+			}
+		})
+	}
+}
+
+// TestInputRequiredStatus: the input-required status says which tool call
+// waits, the agent's word on it, and where it is decided, as text and as
+// the tool_state data part.
+func TestInputRequiredStatus(t *testing.T) {
+	t.Parallel()
+	detail := "waiting for a person to decide this permission request in the Librarian's review, until 2026-11-28T12:00:00Z"
+	cases := []struct {
+		name     string
+		detail   *string
+		wantText []string
+		wantData map[string]any
+	}{
+		{"with the runner's detail", &detail,
+			[]string{`tool call "call_2"`, "The agent says: " + detail + ".", "the Librarian's review", "not by an A2A message"},
+			map[string]any{"id": "call_2", "state": "TOOL_STATE_AWAITING_APPROVAL", "detail": detail}},
+		{"a coven agent's, without detail", nil,
+			[]string{`tool call "call_2"`, "permission policy", "not by an A2A message"},
+			map[string]any{"id": "call_2", "state": "TOOL_STATE_AWAITING_APPROVAL"}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			tr := newTranslator(a2a.TaskInfo{TaskID: "t", ContextID: "c"}, nil, time.Now)
+			evs := tr.event(&covenpb.MessageResponse{Event: &covenpb.MessageResponse_ToolState{ToolState: &covenpb.ToolStateUpdate{
+				Id: "call_2", State: covenpb.ToolState_TOOL_STATE_AWAITING_APPROVAL, Detail: c.detail}}}, nil)
+			u, ok := evs[len(evs)-1].(*a2a.TaskStatusUpdateEvent)
+			if !ok || u.Status.State != a2a.TaskStateInputRequired || u.Status.Message == nil || len(u.Status.Message.Parts) != 2 {
+				t.Fatalf("events %+v", evs)
+			}
+			msg := u.Status.Message
+			if msg.Role != a2a.MessageRoleAgent || msg.TaskID != "t" || msg.Metadata["conclave_event"] != "tool_state" {
+				t.Errorf("message %+v", msg)
+			}
+			for _, w := range c.wantText {
+				if !strings.Contains(msg.Parts[0].Text(), w) {
+					t.Errorf("the text %q lacks %q", msg.Parts[0].Text(), w)
+				}
+			}
+			data, _ := json.Marshal(msg.Parts[1].Data())
+			want, _ := json.Marshal(map[string]any{"tool_state": c.wantData})
+			if string(data) != string(want) {
+				t.Errorf("data %s, want %s", data, want)
+			}
+		})
+	}
+}
+
+// TestInterrupted: a blocking SendMessage stops at input-required only.
+func TestInterrupted(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		ev   a2a.Event
+		want bool
+	}{
+		{&a2a.TaskStatusUpdateEvent{Status: a2a.TaskStatus{State: a2a.TaskStateInputRequired}}, true},
+		{&a2a.TaskStatusUpdateEvent{Status: a2a.TaskStatus{State: a2a.TaskStateWorking}}, false},
+		{&a2a.TaskStatusUpdateEvent{Status: a2a.TaskStatus{State: a2a.TaskStateCompleted}}, false},
+		{&a2a.Task{Status: a2a.TaskStatus{State: a2a.TaskStateInputRequired}}, false},
+		{&a2a.TaskArtifactUpdateEvent{}, false},
+	} {
+		if got := interrupted(c.ev); got != c.want {
+			t.Errorf("interrupted(%T %+v) = %v", c.ev, c.ev, got)
+		}
+	}
+}

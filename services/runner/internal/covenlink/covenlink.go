@@ -355,6 +355,24 @@ func (l *Link) Update(turn int, u acp.Update) {
 	}
 }
 
+// ToolState sends the request whose turn it is a tool_state of the tool
+// call id: the runner's own word on a tool call, beyond what the agent
+// said (a permission wait escalated to a person, and its end).
+func (l *Link) ToolState(turn int, id string, state covenpb.ToolState, detail string) {
+	l.mu.Lock()
+	cur := l.cur
+	if cur == nil || cur.turn != turn || turn == 0 || id == "" {
+		l.mu.Unlock()
+		return
+	}
+	l.mu.Unlock()
+	ts := &covenpb.ToolStateUpdate{Id: utf8Only(id), State: state}
+	if detail != "" {
+		ts.Detail = &detail
+	}
+	l.sendEvent(&covenpb.MessageResponse{RequestId: cur.id, Event: &covenpb.MessageResponse_ToolState{ToolState: ts}})
+}
+
 // TurnEnded ends the request whose turn it was: end is how the runner
 // recorded the turn (EndCompleted, EndStopped, EndFailed), errText why.
 func (l *Link) TurnEnded(turn int, end, errText string) {

@@ -47,14 +47,11 @@ func mapUpdate(u acp.Update) []*covenpb.MessageResponse {
 			return []*covenpb.MessageResponse{{Event: &covenpb.MessageResponse_ToolState{ToolState: &covenpb.ToolStateUpdate{
 				Id: u.ToolCallID, State: st}}}}
 		}
-	case acp.KindPermissionRequest:
-		// The runner answers it by the type's policy; a client sees that
-		// the tool waits for it.
-		if id := permissionToolCall(u); id != "" {
-			return []*covenpb.MessageResponse{{Event: &covenpb.MessageResponse_ToolState{ToolState: &covenpb.ToolStateUpdate{
-				Id: utf8Only(id), State: covenpb.ToolState_TOOL_STATE_AWAITING_APPROVAL}}}}
-		}
 	}
+	// A permission request is no event of its own: the type's policy, or
+	// the Librarian, answers it. Only a wait for a person is the tool's
+	// AWAITING_APPROVAL, which the runner sends when the Librarian
+	// escalates the request (Link.ToolState).
 	return nil
 }
 
@@ -112,17 +109,6 @@ func (tc toolCall) output() (string, bool) {
 		return clip(string(tc.RawOutput)), true
 	}
 	return "", false
-}
-
-// permissionToolCall is the tool call a permission request names.
-func permissionToolCall(u acp.Update) string {
-	var p struct {
-		ToolCall struct {
-			ToolCallID string `json:"toolCallId"`
-		} `json:"toolCall"`
-	}
-	_ = json.Unmarshal(u.Raw, &p)
-	return p.ToolCall.ToolCallID
 }
 
 // clip cuts s to maxToolJSON bytes, dropping a rune cut in two.

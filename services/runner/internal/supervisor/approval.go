@@ -12,6 +12,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/conclave-ai/conclave/pkg/govern"
+	covenpb "github.com/conclave-ai/conclave/proto/coven"
 	"github.com/conclave-ai/conclave/services/runner/internal/acp"
 	"github.com/conclave-ai/conclave/services/runner/internal/agenttype"
 	"github.com/conclave-ai/conclave/services/runner/internal/approval"
@@ -151,12 +152,31 @@ func (ss *session) askLibrarian(ctx context.Context, typ agenttype.Type, workspa
 				in.Approval = &records.Approval{RequestID: pending.RequestID, ReviewURL: pending.ReviewURL, Key: key, Turn: turn,
 					ToolCallID: string(p.ToolCall.ToolCallId), Title: title, Since: time.Now().UTC(), Deadline: pending.Deadline.UTC()}
 			})
+			// A gateway client sees the tool wait for a person, and where
+			// that is decided; not the review's URL, which is the
+			// reviewers'.
+			ss.gatewayToolState(turn, string(p.ToolCall.ToolCallId), covenpb.ToolState_TOOL_STATE_AWAITING_APPROVAL,
+				fmt.Sprintf("waiting for a person to decide this permission request in the Librarian's review (its review page or the console), until %s",
+					pending.Deadline.UTC().Format(time.RFC3339)))
 		}})
 	if kind, _ := ss.killedWhy(); kind.quiet() {
 		// The runner is stopping (or the launch moved on): the wait is
 		// taken up by whoever runs the launch next; nothing is recorded.
 		ss.log.Add(StreamRunner, fmt.Sprintf("permission for %s: the wait ends here, the launch will go on elsewhere", toolTitle(p)))
 		return acp.PermissionAnswer{Meta: map[string]any{"decision": out.Decision}}
+	}
+	if out.Escalated {
+		// The person's wait is over: the tool goes on, or does not.
+		state := covenpb.ToolState_TOOL_STATE_DENIED
+		switch {
+		case out.Allowed:
+			state = covenpb.ToolState_TOOL_STATE_RUNNING
+		case out.Decision == govern.Timeout:
+			state = covenpb.ToolState_TOOL_STATE_TIMEOUT
+		case out.Decision == govern.Cancelled:
+			state = covenpb.ToolState_TOOL_STATE_CANCELLED
+		}
+		ss.gatewayToolState(turn, string(p.ToolCall.ToolCallId), state, "permission "+out.Decision)
 	}
 	// The wait is over, however it ended (an answer replayed after a
 	// restart ends one recorded by the runner before).

@@ -112,6 +112,14 @@ func (ss *session) gatewayUpdate(u acp.Update) {
 	}
 }
 
+// gatewayToolState tells the gateway, for turn's request, the state of a
+// tool call that the runner itself knows (a permission wait for a person).
+func (ss *session) gatewayToolState(turn int, id string, state covenpb.ToolState, detail string) {
+	if l := ss.gateway(); l != nil {
+		l.ToolState(turn, id, state, detail)
+	}
+}
+
 // gatewayTurnEnded tells the gateway how turn ended, as recorded.
 func (ss *session) gatewayTurnEnded(turn int, status, errText string) {
 	if l := ss.gateway(); l != nil {
