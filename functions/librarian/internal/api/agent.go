@@ -76,8 +76,8 @@ func (h *Handler) submit(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	h.o.Observer.Decided(r.Context(), req.GetRequestType(), d.State.Status(), validation)
-	h.recordStats(r.Context(), d.State, validation)
 	if req.GetRequestType() == governance.TypeReport && d.State == governance.Approved {
+		h.recordStats(r.Context(), d.State, validation)
 		return h.report(w, r, req, start)
 	}
 	resp := h.response(r, d, start, submissionID(r, agent.ID, req))
@@ -104,13 +104,19 @@ func (h *Handler) submit(w http.ResponseWriter, r *http.Request) error {
 			return err
 		}
 	}
-	created, err := h.o.Requests.Create(r.Context(), rec)
+	// The decision is counted in the protocol's statistics with the write
+	// that stores it: one commit, and a retried submission counts once.
+	var counted []store.Op
+	if h.o.Stats != nil {
+		counted = h.o.Stats.Ops(d.State.Status(), validation)
+	}
+	created, err := h.o.Requests.Create(r.Context(), rec, counted...)
 	if errors.Is(err, store.ErrConditionFailed) {
 		return h.replay(w, r, rec.ID)
 	} else if err != nil {
 		return err
 	}
-	h.publishStaged(r.Context(), created)
+	h.publishCreated(r.Context(), created)
 	resp.ProcessingTimeMs = time.Since(start).Milliseconds()
 	writeProto(w, http.StatusOK, resp)
 	return nil
@@ -280,12 +286,82 @@ func (h *Handler) flush(ctx context.Context, id string) {
 // outbox is known, and so is the version the clearing write starts from.
 // It returns the request as it leaves it.
 func (h *Handler) publishStaged(ctx context.Context, rec requests.Record) requests.Record {
-	if len(rec.Outbox) == 0 {
+	rec, sent, ok := h.publishOutbox(ctx, rec)
+	if !ok {
 		return rec
 	}
+	cleared, err := h.clearOutbox(ctx, rec, sent)
+	if err != nil {
+		return rec
+	}
+	return cleared
+}
+
+// publishCreated is publishStaged of a request just created, whose answer
+// need not wait for the outbox to be cleared: the events are sent before
+// the answer, and the clearing write goes on after it (unless
+// Options.AwaitOutboxClear). Until it lands, a flush of the request in this
+// process waits for it rather than send the events again; a crash before it
+// lands leaves them staged, to be sent again by the next flush (at least
+// once, as after a failed send).
+func (h *Handler) publishCreated(ctx context.Context, rec requests.Record) {
+	if h.o.AwaitOutboxClear {
+		h.publishStaged(ctx, rec)
+		return
+	}
+	rec, sent, ok := h.publishOutbox(ctx, rec)
+	if !ok {
+		return
+	}
+	c := &clearing{done: make(chan struct{}), sent: sent}
+	h.clearing.Store(rec.ID, c)
+	go func() {
+		defer func() {
+			close(c.done)
+			h.clearing.CompareAndDelete(rec.ID, c)
+		}()
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), h.o.Policy.Protocol.Timeouts.Response)
+		defer cancel()
+		_, err := h.clearOutbox(cctx, rec, sent)
+		c.cleared = err == nil
+	}()
+}
+
+// clearing is a clear of published events still in flight.
+type clearing struct {
+	done chan struct{}
+	sent map[string]bool
+	// cleared is set before done is closed.
+	cleared bool
+}
+
+// publishOutbox sends rec's staged events and returns what it sent (the
+// encoded envelopes), and whether there is anything to clear. Events whose
+// clear is in flight in this process are not sent again.
+func (h *Handler) publishOutbox(ctx context.Context, rec requests.Record) (requests.Record, map[string]bool, bool) {
+	if len(rec.Outbox) == 0 {
+		return rec, nil, false
+	}
 	id := rec.ID
-	envs := make([]*eventsv1.Envelope, 0, len(rec.Outbox))
-	for _, b := range rec.Outbox {
+	outbox := rec.Outbox
+	if v, ok := h.clearing.Load(id); ok {
+		c := v.(*clearing)
+		select {
+		case <-c.done:
+		case <-ctx.Done():
+			return rec, nil, false
+		}
+		if c.cleared {
+			outbox = slices.DeleteFunc(slices.Clone(outbox), func(b json.RawMessage) bool { return c.sent[string(b)] })
+			if len(outbox) == 0 {
+				return rec, nil, false
+			}
+		}
+	}
+	envs := make([]*eventsv1.Envelope, 0, len(outbox))
+	sent := make(map[string]bool, len(outbox))
+	for _, b := range outbox {
+		sent[string(b)] = true
 		env := &eventsv1.Envelope{}
 		if err := protojson.Unmarshal(b, env); err != nil {
 			h.o.Logger.ErrorContext(ctx, "a staged event is corrupt; dropped", "request_id", id, "error", err)
@@ -297,19 +373,23 @@ func (h *Handler) publishStaged(ctx context.Context, rec requests.Record) reques
 	h.o.Observer.Published(ctx, len(envs), err)
 	if err != nil {
 		h.o.Logger.WarnContext(ctx, "events not published yet; they stay staged", "request_id", id, "events", len(envs), "error", err)
-		return rec
+		return rec, nil, false
 	}
-	sent := len(rec.Outbox)
+	return rec, sent, true
+}
+
+// clearOutbox removes the sent events from the request's outbox: exactly
+// those (envelope ids are random, so the encoded envelope names one), since
+// a concurrent change may have staged more, or cleared them already.
+func (h *Handler) clearOutbox(ctx context.Context, rec requests.Record, sent map[string]bool) (requests.Record, error) {
 	cleared, err := h.o.Requests.UpdateFrom(ctx, rec, func(r *requests.Record) error {
-		// Only what was sent: a concurrent change may have staged more.
-		r.Outbox = r.Outbox[min(sent, len(r.Outbox)):]
+		r.Outbox = slices.DeleteFunc(r.Outbox, func(b json.RawMessage) bool { return sent[string(b)] })
 		return nil
 	})
 	if err != nil {
-		h.o.Logger.WarnContext(ctx, "published events stay staged and will be sent again", "request_id", id, "error", err)
-		return rec
+		h.o.Logger.WarnContext(ctx, "published events stay staged and will be sent again", "request_id", rec.ID, "error", err)
 	}
-	return cleared
+	return cleared, err
 }
 
 // publish sends envelopes, retrying a failed send max_retry_attempts times
