@@ -275,6 +275,7 @@ func (h *Handler) stage(ctx context.Context, rec *requests.Record, typ string) e
 // leaves them staged, to be published by the next flush of the request
 // (any later read or change of it); consumers deduplicate on the id.
 func (h *Handler) flush(ctx context.Context, id string) {
+	h.settle(ctx, id)
 	rec, err := h.o.Requests.Get(ctx, id)
 	if err != nil {
 		return
@@ -300,10 +301,10 @@ func (h *Handler) publishStaged(ctx context.Context, rec requests.Record) reques
 // publishCreated is publishStaged of a request just created, whose answer
 // need not wait for the outbox to be cleared: the events are sent before
 // the answer, and the clearing write goes on after it (unless
-// Options.AwaitOutboxClear). Until it lands, a flush of the request in this
-// process waits for it rather than send the events again; a crash before it
-// lands leaves them staged, to be sent again by the next flush (at least
-// once, as after a failed send).
+// Options.AwaitOutboxClear). Until it lands, every read or change of the
+// request in this process waits for it (settle) rather than send the
+// events again; a crash before it lands leaves them staged, to be sent
+// again by the next flush (at least once, as after a failed send).
 func (h *Handler) publishCreated(ctx context.Context, rec requests.Record) {
 	if h.o.AwaitOutboxClear {
 		h.publishStaged(ctx, rec)
@@ -313,54 +314,44 @@ func (h *Handler) publishCreated(ctx context.Context, rec requests.Record) {
 	if !ok {
 		return
 	}
-	c := &clearing{done: make(chan struct{}), sent: sent}
-	h.clearing.Store(rec.ID, c)
+	// The caller goes on to change its response (the processing time)
+	// while the clear writes the record.
+	rec.Response = proto.CloneOf(rec.Response)
+	done := make(chan struct{})
+	h.clearing.Store(rec.ID, done)
 	go func() {
 		defer func() {
-			close(c.done)
-			h.clearing.CompareAndDelete(rec.ID, c)
+			h.clearing.CompareAndDelete(rec.ID, done)
+			close(done)
 		}()
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), h.o.Policy.Protocol.Timeouts.Response)
 		defer cancel()
-		_, err := h.clearOutbox(cctx, rec, sent)
-		c.cleared = err == nil
+		_, _ = h.clearOutbox(cctx, rec, sent)
 	}()
 }
 
-// clearing is a clear of published events still in flight.
-type clearing struct {
-	done chan struct{}
-	sent map[string]bool
-	// cleared is set before done is closed.
-	cleared bool
+// settle waits for the clear of request id's outbox still in flight in
+// this process, if any, so that what is read next is not a record whose
+// events were sent and are being cleared.
+func (h *Handler) settle(ctx context.Context, id string) {
+	if v, ok := h.clearing.Load(id); ok {
+		select {
+		case <-v.(chan struct{}):
+		case <-ctx.Done():
+		}
+	}
 }
 
 // publishOutbox sends rec's staged events and returns what it sent (the
-// encoded envelopes), and whether there is anything to clear. Events whose
-// clear is in flight in this process are not sent again.
+// encoded envelopes), and whether there is anything to clear.
 func (h *Handler) publishOutbox(ctx context.Context, rec requests.Record) (requests.Record, map[string]bool, bool) {
 	if len(rec.Outbox) == 0 {
 		return rec, nil, false
 	}
 	id := rec.ID
-	outbox := rec.Outbox
-	if v, ok := h.clearing.Load(id); ok {
-		c := v.(*clearing)
-		select {
-		case <-c.done:
-		case <-ctx.Done():
-			return rec, nil, false
-		}
-		if c.cleared {
-			outbox = slices.DeleteFunc(slices.Clone(outbox), func(b json.RawMessage) bool { return c.sent[string(b)] })
-			if len(outbox) == 0 {
-				return rec, nil, false
-			}
-		}
-	}
-	envs := make([]*eventsv1.Envelope, 0, len(outbox))
-	sent := make(map[string]bool, len(outbox))
-	for _, b := range outbox {
+	envs := make([]*eventsv1.Envelope, 0, len(rec.Outbox))
+	sent := make(map[string]bool, len(rec.Outbox))
+	for _, b := range rec.Outbox {
 		sent[string(b)] = true
 		env := &eventsv1.Envelope{}
 		if err := protojson.Unmarshal(b, env); err != nil {
@@ -416,6 +407,7 @@ func (h *Handler) publish(ctx context.Context, envs []*eventsv1.Envelope) error 
 func (h *Handler) report(w http.ResponseWriter, r *http.Request, req *librarianv1.AgentRequest, start time.Time) error {
 	rep := requests.Report{Completed: req.GetCompleted(), ChangesMade: req.GetChangesMade(), Content: req.GetContent(), At: h.o.Now().UTC()}
 	retried := false
+	h.settle(r.Context(), req.GetRequestId())
 	rec, err := h.o.Requests.Update(r.Context(), req.GetRequestId(), func(rec *requests.Record) error {
 		retried = false // a retried update starts over
 		if rep.Completed && rec.State == governance.Completed && len(rec.Reports) > 0 && sameReport(rec.Reports[len(rec.Reports)-1], rep) {
@@ -512,6 +504,7 @@ func (h *Handler) status(w http.ResponseWriter, r *http.Request) error {
 	if err := CheckRequestID(id); err != nil {
 		return err
 	}
+	h.settle(r.Context(), id)
 	rec, err := h.o.Requests.Get(r.Context(), id)
 	if errors.Is(err, requests.ErrNotFound) {
 		return &apiError{Status: http.StatusNotFound, Code: "request_not_found", Message: fmt.Sprintf("request %q does not exist", clip(id))}

@@ -94,8 +94,8 @@ type Observer interface {
 type Handler struct {
 	o   Options
 	mux *http.ServeMux
-	// clearing holds the outbox clears still in flight, by request id
-	// (*clearing).
+	// clearing holds the outbox clears still in flight: request id → a
+	// channel closed when the clear is over.
 	clearing sync.Map
 }
 
