@@ -273,7 +273,13 @@ func index(from governance.State, r Record) []store.Op {
 		ops = append(ops, store.DeleteOp(Table.Name, indexKey(from, r.CreatedAt, r.ID)))
 	}
 	if indexed[r.State] {
-		ops = append(ops, store.PutOp(Table.Name, store.Item{Key: indexKey(r.State, r.CreatedAt, r.ID), Attrs: map[string]string{"id": r.ID}}))
+		var conds []store.Condition
+		if from == "" {
+			// A new entry (its key holds the creation time): on DynamoDB
+			// the condition spares the read an unconditional put makes.
+			conds = append(conds, store.IfNotExists())
+		}
+		ops = append(ops, store.PutOp(Table.Name, store.Item{Key: indexKey(r.State, r.CreatedAt, r.ID), Attrs: map[string]string{"id": r.ID}}, conds...))
 	}
 	return ops
 }
