@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -159,7 +161,13 @@ func (d *Dynamo) transact(ctx context.Context, w *txWrite) ([]Item, error) {
 	if !errors.As(err, &canceled) {
 		var rnf *types.ResourceNotFoundException
 		if errors.As(err, &rnf) {
-			return nil, fmt.Errorf("%w: at %s: %s", ErrTableNotFound, d.endpoint, rnf.ErrorMessage())
+			var tables []string
+			for _, o := range w.ops {
+				if t := d.table(o.table); !slices.Contains(tables, t) {
+					tables = append(tables, t)
+				}
+			}
+			return nil, fmt.Errorf("%w: one of %s at %s: %s", ErrTableNotFound, strings.Join(tables, ", "), d.endpoint, rnf.ErrorMessage())
 		}
 		return nil, fmt.Errorf("store: dynamodb TransactWriteItems at %s: %w", d.endpoint, err)
 	}
