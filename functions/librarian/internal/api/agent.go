@@ -287,7 +287,7 @@ func (h *Handler) flush(ctx context.Context, id string) {
 // outbox is known, and so is the version the clearing write starts from.
 // It returns the request as it leaves it.
 func (h *Handler) publishStaged(ctx context.Context, rec requests.Record) requests.Record {
-	rec, sent, ok := h.publishOutbox(ctx, rec)
+	sent, ok := h.publishOutbox(ctx, rec)
 	if !ok {
 		return rec
 	}
@@ -310,7 +310,7 @@ func (h *Handler) publishCreated(ctx context.Context, rec requests.Record) {
 		h.publishStaged(ctx, rec)
 		return
 	}
-	rec, sent, ok := h.publishOutbox(ctx, rec)
+	sent, ok := h.publishOutbox(ctx, rec)
 	if !ok {
 		return
 	}
@@ -344,9 +344,9 @@ func (h *Handler) settle(ctx context.Context, id string) {
 
 // publishOutbox sends rec's staged events and returns what it sent (the
 // encoded envelopes), and whether there is anything to clear.
-func (h *Handler) publishOutbox(ctx context.Context, rec requests.Record) (requests.Record, map[string]bool, bool) {
+func (h *Handler) publishOutbox(ctx context.Context, rec requests.Record) (map[string]bool, bool) {
 	if len(rec.Outbox) == 0 {
-		return rec, nil, false
+		return nil, false
 	}
 	id := rec.ID
 	envs := make([]*eventsv1.Envelope, 0, len(rec.Outbox))
@@ -364,9 +364,9 @@ func (h *Handler) publishOutbox(ctx context.Context, rec requests.Record) (reque
 	h.o.Observer.Published(ctx, len(envs), err)
 	if err != nil {
 		h.o.Logger.WarnContext(ctx, "events not published yet; they stay staged", "request_id", id, "events", len(envs), "error", err)
-		return rec, nil, false
+		return nil, false
 	}
-	return rec, sent, true
+	return sent, true
 }
 
 // clearOutbox removes the sent events from the request's outbox: exactly
@@ -374,7 +374,14 @@ func (h *Handler) publishOutbox(ctx context.Context, rec requests.Record) (reque
 // a concurrent change may have staged more, or cleared them already.
 func (h *Handler) clearOutbox(ctx context.Context, rec requests.Record, sent map[string]bool) (requests.Record, error) {
 	cleared, err := h.o.Requests.UpdateFrom(ctx, rec, func(r *requests.Record) error {
-		r.Outbox = slices.DeleteFunc(r.Outbox, func(b json.RawMessage) bool { return sent[string(b)] })
+		// A new slice: r's shares its array with the caller's record.
+		var kept []json.RawMessage
+		for _, b := range r.Outbox {
+			if !sent[string(b)] {
+				kept = append(kept, b)
+			}
+		}
+		r.Outbox = kept
 		return nil
 	})
 	if err != nil {
