@@ -241,12 +241,7 @@ func (b *Bolt) Add(ctx context.Context, table string, key Key, delta int64, expi
 	}
 	var value int64
 	err := b.update(ctx, table, key, func(bk *bolt.Bucket, cur *Item) error {
-		it := Item{Key: key, Counter: delta, Version: 1, ExpiresAt: expiresAt}
-		if cur != nil {
-			it = *cur
-			it.Counter += delta
-			it.Version++
-		}
+		it := addTo(cur, key, delta, expiresAt)
 		value = it.Counter
 		return bk.Put(boltKey(key.PK, key.SK), encodeRecord(it))
 	})
@@ -410,4 +405,124 @@ func (b *Bolt) Sweep() (int, error) {
 		return deleted, fmt.Errorf("store: sweep %s: %w", b.path, err)
 	}
 	return deleted, err
+}
+
+// Write implements Store: every op's table, current item and conditions
+// are checked before anything is written, so a failed op leaves the shared
+// commit untouched.
+func (b *Bolt) Write(ctx context.Context, ops ...Op) ([]Item, error) {
+	if err := validateWrite(ops); err != nil {
+		return nil, err
+	}
+	out := make([]Item, len(ops))
+	var result error
+	err := b.writes.Update(ctx, func(tx *bolt.Tx) error {
+		result = nil
+		now := b.now()
+		bks := make([]*bolt.Bucket, len(ops))
+		curs := make([]*Item, len(ops))
+		for i, o := range ops {
+			bk, err := b.bucket(tx, o.table)
+			if err != nil {
+				result = err
+				return nil
+			}
+			cur, err := b.current(bk, o.item.Key, now)
+			if err != nil {
+				return err
+			}
+			if err := checkConditions(o.conds, cur, o.item.Key); err != nil {
+				result = fmt.Errorf("%w (%s)", err, o)
+				return nil
+			}
+			bks[i], curs[i] = bk, cur
+		}
+		for i, o := range ops {
+			k := boltKey(o.item.PK, o.item.SK)
+			out[i] = Item{}
+			switch o.kind {
+			case opPut:
+				it := o.item
+				it.Version = 1
+				if curs[i] != nil {
+					it.Version = curs[i].Version + 1
+				}
+				if err := bks[i].Put(k, encodeRecord(it)); err != nil {
+					return err
+				}
+				out[i] = it
+			case opDelete:
+				if err := bks[i].Delete(k); err != nil {
+					return err
+				}
+			case opAdd:
+				if err := bks[i].Put(k, encodeRecord(addTo(curs[i], o.item.Key, o.delta, o.expiresAt))); err != nil {
+					return err
+				}
+			}
+		}
+		return nil
+	})
+	if errors.Is(err, boltgroup.ErrClosed) {
+		return nil, fmt.Errorf("store: %s is closed: %w", b.path, err)
+	}
+	if err != nil {
+		return nil, err
+	}
+	if result != nil {
+		return nil, result
+	}
+	return out, nil
+}
+
+// AddMany implements Store: the counters share one transaction.
+func (b *Bolt) AddMany(ctx context.Context, table string, counters []Counter) ([]int64, error) {
+	if err := validateCounters(table, counters); err != nil {
+		return nil, err
+	}
+	values := make([]int64, len(counters))
+	var result error
+	err := b.writes.Update(ctx, func(tx *bolt.Tx) error {
+		result = nil
+		bk, err := b.bucket(tx, table)
+		if err != nil {
+			result = err
+			return nil
+		}
+		now := b.now()
+		for i, c := range counters {
+			cur, err := b.current(bk, c.Key, now)
+			if err != nil {
+				return err
+			}
+			it := addTo(cur, c.Key, c.Delta, c.ExpiresAt)
+			values[i] = it.Counter
+			if err := bk.Put(boltKey(c.Key.PK, c.Key.SK), encodeRecord(it)); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if errors.Is(err, boltgroup.ErrClosed) {
+		return nil, fmt.Errorf("store: %s is closed: %w", b.path, err)
+	}
+	if err != nil {
+		return nil, err
+	}
+	if result != nil {
+		return nil, result
+	}
+	return values, nil
+}
+
+// addTo is cur (nil: absent or expired) after adding delta: a fresh counter
+// starts from zero with expiresAt, an existing one keeps its expiry.
+func addTo(cur *Item, key Key, delta int64, expiresAt time.Time) Item {
+	if cur == nil {
+		return Item{Key: key, Counter: delta, Version: 1, ExpiresAt: expiresAt}
+	}
+	it := *cur
+	it.Counter += delta
+	it.Version++
+	return it
 }

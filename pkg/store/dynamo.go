@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
@@ -40,6 +41,7 @@ type DynamoAPI interface {
 	DeleteItem(context.Context, *dynamodb.DeleteItemInput, ...func(*dynamodb.Options)) (*dynamodb.DeleteItemOutput, error)
 	Query(context.Context, *dynamodb.QueryInput, ...func(*dynamodb.Options)) (*dynamodb.QueryOutput, error)
 	BatchGetItem(context.Context, *dynamodb.BatchGetItemInput, ...func(*dynamodb.Options)) (*dynamodb.BatchGetItemOutput, error)
+	TransactWriteItems(context.Context, *dynamodb.TransactWriteItemsInput, ...func(*dynamodb.Options)) (*dynamodb.TransactWriteItemsOutput, error)
 }
 
 var _ DynamoAPI = (*dynamodb.Client)(nil)
@@ -50,6 +52,9 @@ type Dynamo struct {
 	prefix   string
 	endpoint string
 	now      func() time.Time
+	// noTransactions is set once the server answered that it has no
+	// TransactWriteItems (dynalite): Write then applies ops in order.
+	noTransactions atomic.Bool
 }
 
 var _ Store = (*Dynamo)(nil)

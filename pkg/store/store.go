@@ -2,10 +2,10 @@
 // backends, DynamoDB itself (aws-sdk-go-v2) and an embedded one-file bbolt
 // store for `conclave dev` and single-node use.
 //
-// The port is deliberately as narrow as DynamoDB without transactions or
-// streams (dynalite, the test server, has neither): items under a partition
-// and sort key, conditional writes, atomic counters, TTL, and ordered queries
-// within one partition. Services get their correctness from conditional
+// The port is deliberately narrow: items under a partition and sort key,
+// conditional writes, atomic counters, TTL, ordered queries within one
+// partition, and writes of several items in one transaction (Write), which
+// dynalite, the DynamoDB test server, applies one at a time instead. Services get their correctness from conditional
 // writes and version numbers, so both backends must agree exactly on those;
 // one contract test suite runs against both.
 package store
@@ -55,6 +55,22 @@ type Store interface {
 	// missing or expired item starts from zero, with expiresAt as its expiry
 	// (zero: never); an existing item keeps its expiry.
 	Add(ctx context.Context, table string, key Key, delta int64, expiresAt time.Time) (int64, error)
+	// AddMany adds to several counters of one table, each as Add does, and
+	// returns their new values in order. On the embedded backend they
+	// share one commit; on DynamoDB they are sent at once, each its own
+	// atomic update (not a transaction: a transaction returns no values).
+	AddMany(ctx context.Context, table string, counters []Counter) ([]int64, error)
+	// Write applies ops atomically: every op's conditions hold and all
+	// are written, or none is and the error says which failed (a failed
+	// condition wraps ErrConditionFailed). It returns, for each put, the
+	// item as stored with its new Version, and a zero Item for the
+	// others. The embedded backend writes them in one transaction (one
+	// commit, shared with concurrent writers); DynamoDB in one
+	// TransactWriteItems, or, on a server without transactions (dynalite),
+	// one op at a time in order, stopping at the first failure, so that
+	// callers order ops such that any prefix of them is a state they
+	// tolerate.
+	Write(ctx context.Context, ops ...Op) ([]Item, error)
 	// Query returns items of one partition in sort-key order.
 	Query(ctx context.Context, table string, q Query) (Page, error)
 	// BatchGet returns the items found at keys, in the order of keys;

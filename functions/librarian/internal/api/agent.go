@@ -76,8 +76,8 @@ func (h *Handler) submit(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	h.o.Observer.Decided(r.Context(), req.GetRequestType(), d.State.Status(), validation)
-	h.recordStats(r.Context(), d.State, validation)
 	if req.GetRequestType() == governance.TypeReport && d.State == governance.Approved {
+		h.recordStats(r.Context(), d.State, validation)
 		return h.report(w, r, req, start)
 	}
 	resp := h.response(r, d, start, submissionID(r, agent.ID, req))
@@ -104,13 +104,19 @@ func (h *Handler) submit(w http.ResponseWriter, r *http.Request) error {
 			return err
 		}
 	}
-	created, err := h.o.Requests.Create(r.Context(), rec)
+	// The decision is counted in the protocol's statistics with the write
+	// that stores it: one commit, and a retried submission counts once.
+	var counted []store.Op
+	if h.o.Stats != nil {
+		counted = h.o.Stats.Ops(d.State.Status(), validation)
+	}
+	created, err := h.o.Requests.Create(r.Context(), rec, counted...)
 	if errors.Is(err, store.ErrConditionFailed) {
 		return h.replay(w, r, rec.ID)
 	} else if err != nil {
 		return err
 	}
-	h.publishStaged(r.Context(), created)
+	h.publishCreated(r.Context(), created)
 	resp.ProcessingTimeMs = time.Since(start).Milliseconds()
 	writeProto(w, http.StatusOK, resp)
 	return nil
@@ -269,6 +275,7 @@ func (h *Handler) stage(ctx context.Context, rec *requests.Record, typ string) e
 // leaves them staged, to be published by the next flush of the request
 // (any later read or change of it); consumers deduplicate on the id.
 func (h *Handler) flush(ctx context.Context, id string) {
+	h.settle(ctx, id)
 	rec, err := h.o.Requests.Get(ctx, id)
 	if err != nil {
 		return
@@ -280,12 +287,72 @@ func (h *Handler) flush(ctx context.Context, id string) {
 // outbox is known, and so is the version the clearing write starts from.
 // It returns the request as it leaves it.
 func (h *Handler) publishStaged(ctx context.Context, rec requests.Record) requests.Record {
-	if len(rec.Outbox) == 0 {
+	sent, ok := h.publishOutbox(ctx, rec)
+	if !ok {
 		return rec
+	}
+	cleared, err := h.clearOutbox(ctx, rec, sent)
+	if err != nil {
+		return rec
+	}
+	return cleared
+}
+
+// publishCreated is publishStaged of a request just created, whose answer
+// need not wait for the outbox to be cleared: the events are sent before
+// the answer, and the clearing write goes on after it (unless
+// Options.AwaitOutboxClear). Until it lands, every read or change of the
+// request in this process waits for it (settle) rather than send the
+// events again; a crash before it lands leaves them staged, to be sent
+// again by the next flush (at least once, as after a failed send).
+func (h *Handler) publishCreated(ctx context.Context, rec requests.Record) {
+	if h.o.AwaitOutboxClear {
+		h.publishStaged(ctx, rec)
+		return
+	}
+	sent, ok := h.publishOutbox(ctx, rec)
+	if !ok {
+		return
+	}
+	// The caller goes on to change its response (the processing time)
+	// while the clear writes the record.
+	rec.Response = proto.CloneOf(rec.Response)
+	done := make(chan struct{})
+	h.clearing.Store(rec.ID, done)
+	go func() {
+		defer func() {
+			h.clearing.CompareAndDelete(rec.ID, done)
+			close(done)
+		}()
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), h.o.Policy.Protocol.Timeouts.Response)
+		defer cancel()
+		_, _ = h.clearOutbox(cctx, rec, sent)
+	}()
+}
+
+// settle waits for the clear of request id's outbox still in flight in
+// this process, if any, so that what is read next is not a record whose
+// events were sent and are being cleared.
+func (h *Handler) settle(ctx context.Context, id string) {
+	if v, ok := h.clearing.Load(id); ok {
+		select {
+		case <-v.(chan struct{}):
+		case <-ctx.Done():
+		}
+	}
+}
+
+// publishOutbox sends rec's staged events and returns what it sent (the
+// encoded envelopes), and whether there is anything to clear.
+func (h *Handler) publishOutbox(ctx context.Context, rec requests.Record) (map[string]bool, bool) {
+	if len(rec.Outbox) == 0 {
+		return nil, false
 	}
 	id := rec.ID
 	envs := make([]*eventsv1.Envelope, 0, len(rec.Outbox))
+	sent := make(map[string]bool, len(rec.Outbox))
 	for _, b := range rec.Outbox {
+		sent[string(b)] = true
 		env := &eventsv1.Envelope{}
 		if err := protojson.Unmarshal(b, env); err != nil {
 			h.o.Logger.ErrorContext(ctx, "a staged event is corrupt; dropped", "request_id", id, "error", err)
@@ -297,19 +364,30 @@ func (h *Handler) publishStaged(ctx context.Context, rec requests.Record) reques
 	h.o.Observer.Published(ctx, len(envs), err)
 	if err != nil {
 		h.o.Logger.WarnContext(ctx, "events not published yet; they stay staged", "request_id", id, "events", len(envs), "error", err)
-		return rec
+		return nil, false
 	}
-	sent := len(rec.Outbox)
+	return sent, true
+}
+
+// clearOutbox removes the sent events from the request's outbox: exactly
+// those (envelope ids are random, so the encoded envelope names one), since
+// a concurrent change may have staged more, or cleared them already.
+func (h *Handler) clearOutbox(ctx context.Context, rec requests.Record, sent map[string]bool) (requests.Record, error) {
 	cleared, err := h.o.Requests.UpdateFrom(ctx, rec, func(r *requests.Record) error {
-		// Only what was sent: a concurrent change may have staged more.
-		r.Outbox = r.Outbox[min(sent, len(r.Outbox)):]
+		// A new slice: r's shares its array with the caller's record.
+		var kept []json.RawMessage
+		for _, b := range r.Outbox {
+			if !sent[string(b)] {
+				kept = append(kept, b)
+			}
+		}
+		r.Outbox = kept
 		return nil
 	})
 	if err != nil {
-		h.o.Logger.WarnContext(ctx, "published events stay staged and will be sent again", "request_id", id, "error", err)
-		return rec
+		h.o.Logger.WarnContext(ctx, "published events stay staged and will be sent again", "request_id", rec.ID, "error", err)
 	}
-	return cleared
+	return cleared, err
 }
 
 // publish sends envelopes, retrying a failed send max_retry_attempts times
@@ -336,6 +414,7 @@ func (h *Handler) publish(ctx context.Context, envs []*eventsv1.Envelope) error 
 func (h *Handler) report(w http.ResponseWriter, r *http.Request, req *librarianv1.AgentRequest, start time.Time) error {
 	rep := requests.Report{Completed: req.GetCompleted(), ChangesMade: req.GetChangesMade(), Content: req.GetContent(), At: h.o.Now().UTC()}
 	retried := false
+	h.settle(r.Context(), req.GetRequestId())
 	rec, err := h.o.Requests.Update(r.Context(), req.GetRequestId(), func(rec *requests.Record) error {
 		retried = false // a retried update starts over
 		if rep.Completed && rec.State == governance.Completed && len(rec.Reports) > 0 && sameReport(rec.Reports[len(rec.Reports)-1], rep) {
@@ -432,6 +511,7 @@ func (h *Handler) status(w http.ResponseWriter, r *http.Request) error {
 	if err := CheckRequestID(id); err != nil {
 		return err
 	}
+	h.settle(r.Context(), id)
 	rec, err := h.o.Requests.Get(r.Context(), id)
 	if errors.Is(err, requests.ErrNotFound) {
 		return &apiError{Status: http.StatusNotFound, Code: "request_not_found", Message: fmt.Sprintf("request %q does not exist", clip(id))}

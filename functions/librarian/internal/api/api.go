@@ -15,6 +15,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"google.golang.org/protobuf/proto"
@@ -27,6 +28,7 @@ import (
 	"github.com/conclave-ai/conclave/pkg/auth"
 	"github.com/conclave-ai/conclave/pkg/httpguard"
 	"github.com/conclave-ai/conclave/pkg/ids"
+	"github.com/conclave-ai/conclave/pkg/store"
 	eventsv1 "github.com/conclave-ai/conclave/proto/conclave/events/v1"
 )
 
@@ -38,6 +40,8 @@ type Publisher interface {
 // Stats records and reports the protocol's metrics.
 type Stats interface {
 	Record(ctx context.Context, status string, validation time.Duration) error
+	// Ops are Record's writes, to make with the write of the decision.
+	Ops(status string, validation time.Duration) []store.Op
 	Snapshot(ctx context.Context) (map[string]any, error)
 }
 
@@ -67,6 +71,11 @@ type Options struct {
 	// instance keeps its own counts.
 	Throttle *auth.Throttle
 	Now      func() time.Time
+	// AwaitOutboxClear makes a submission's answer wait for the write that
+	// clears its published events (the Lambda: a frozen execution
+	// environment runs nothing after the answer). Otherwise that write
+	// goes on after the answer.
+	AwaitOutboxClear bool
 }
 
 // ReadLimiter counts reads.
@@ -85,6 +94,9 @@ type Observer interface {
 type Handler struct {
 	o   Options
 	mux *http.ServeMux
+	// clearing holds the outbox clears still in flight: request id → a
+	// channel closed when the clear is over.
+	clearing sync.Map
 }
 
 // envelopeOverhead is what JSON framing may add to content in a request

@@ -170,6 +170,7 @@ func (h *Handler) Decide(ctx context.Context, reviewer access.Principal, id stri
 		name = "developer"
 	}
 	expired := false
+	h.settle(ctx, id)
 	rec, err := h.o.Requests.Update(ctx, id, func(rec *requests.Record) error {
 		expired = false // a retried update starts over
 		if h.overdue(*rec) {
@@ -210,6 +211,7 @@ func (h *Handler) Decide(ctx context.Context, reviewer access.Principal, id stri
 
 // Request returns a stored request, for the review pages.
 func (h *Handler) Request(ctx context.Context, id string) (requests.Record, error) {
+	h.settle(ctx, id)
 	rec, err := h.o.Requests.Get(ctx, id)
 	if err != nil {
 		return rec, err
@@ -284,6 +286,7 @@ func (h *Handler) expireOverdue(ctx context.Context, rec requests.Record) (reque
 	if !h.overdue(rec) {
 		return rec, nil
 	}
+	h.settle(ctx, rec.ID)
 	next, err := h.o.Requests.Update(ctx, rec.ID, func(r *requests.Record) error {
 		if !h.overdue(*r) {
 			return errSettled

@@ -115,6 +115,11 @@ type Deps struct {
 	// may ask about every target type (policy.AddAgent): conclave dev's
 	// governed agent types.
 	Agents []string
+	// AwaitOutboxClear makes each submission's answer wait for the write
+	// that clears its published events: the Lambda sets it, since a frozen
+	// execution environment runs nothing after the answer. Elsewhere that
+	// write goes on after the answer.
+	AwaitOutboxClear bool
 }
 
 // Librarian is the handler and the parts other surfaces reach into.
@@ -193,7 +198,8 @@ func New(cfg Config, d Deps) (*Librarian, error) {
 		Limiter:  limiter, Reads: limiter, ReadRate: readRate, Requests: reqs, Graph: g, Tokens: tokens, Static: &static,
 		Events: events.NewPublisher(d.Queue), Stats: stats.New(d.Store), Observer: observer, Logger: logger,
 		BaseURL: cfg.BaseURL, AllowUnauthenticated: cfg.AllowUnauthenticated, Now: d.Now,
-		Throttle: auth.NewThrottle(cfg.AuthThrottle.Options(throttled)),
+		Throttle:         auth.NewThrottle(cfg.AuthThrottle.Options(throttled)),
+		AwaitOutboxClear: d.AwaitOutboxClear,
 	})
 	review.Register(h.Mux(), h, review.Options{Secure: strings.HasPrefix(cfg.BaseURL, "https://"), AllowUnauthenticated: cfg.AllowUnauthenticated})
 	var handler http.Handler = h

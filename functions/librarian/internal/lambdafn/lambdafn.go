@@ -101,7 +101,7 @@ func Init(ctx context.Context, lookup config.Lookup, stderr io.Writer) (lambdaHa
 		queueEndpoint = s.Storage.AWSEndpoint
 	}
 	q := queue.NewSQS(awsCfg, queueEndpoint)
-	lib, err := handler.New(s.Librarian, handler.Deps{Store: st, Queue: q, Logger: logger, Meters: tel.meterProvider,
+	lib, err := handler.New(s.Librarian, handler.Deps{Store: st, Queue: q, Logger: logger, Meters: tel.meterProvider, AwaitOutboxClear: true,
 		Instrument: func(h http.Handler) http.Handler {
 			opts := []otelhttp.Option{otelhttp.WithTracerProvider(tel.tracerProvider), otelhttp.WithPropagators(tel.propagator)}
 			if tel.meterProvider != nil {

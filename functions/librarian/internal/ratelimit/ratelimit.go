@@ -52,26 +52,32 @@ func (l *Limiter) TakeRead(ctx context.Context, subject string, rate policy.Rate
 	return governance.Allowance{Name: "read", Limit: rate.Count, Remaining: max(0, rate.Count-int(n)), Reset: reset, Allowed: n <= int64(rate.Count)}, nil
 }
 
-// Take counts one request of agent against both limits.
+// Take counts one request of agent against both limits, in one write.
 func (l *Limiter) Take(ctx context.Context, agent policy.Agent) ([]governance.Allowance, error) {
 	now := l.now()
-	out := make([]governance.Allowance, 0, 2)
-	for _, lim := range []struct {
+	limits := []struct {
 		name string
 		rate policy.Rate
-	}{{"api", l.api}, {"agent", agent.RateLimit}} {
+	}{{"api", l.api}, {"agent", agent.RateLimit}}
+	counters := make([]store.Counter, len(limits))
+	resets := make([]time.Time, len(limits))
+	for i, lim := range limits {
 		start := now.Truncate(lim.rate.Window)
-		reset := start.Add(lim.rate.Window)
-		k := store.Key{PK: "rate#" + agent.ID + "#" + lim.name, SK: strconv.FormatInt(start.Unix(), 10)}
+		resets[i] = start.Add(lim.rate.Window)
 		// The counter outlives its window a little, so clock skew between
 		// instances never restarts a window early.
-		n, err := l.st.Add(ctx, Table.Name, k, 1, reset.Add(time.Minute))
-		if err != nil {
-			return nil, fmt.Errorf("ratelimit: count %s: %w", agent.ID, err)
-		}
+		counters[i] = store.Counter{Key: store.Key{PK: "rate#" + agent.ID + "#" + lim.name, SK: strconv.FormatInt(start.Unix(), 10)},
+			Delta: 1, ExpiresAt: resets[i].Add(time.Minute)}
+	}
+	ns, err := l.st.AddMany(ctx, Table.Name, counters)
+	if err != nil {
+		return nil, fmt.Errorf("ratelimit: count %s: %w", agent.ID, err)
+	}
+	out := make([]governance.Allowance, 0, len(limits))
+	for i, lim := range limits {
 		out = append(out, governance.Allowance{
-			Name: lim.name, Limit: lim.rate.Count, Remaining: max(0, lim.rate.Count-int(n)), Reset: reset,
-			Allowed: n <= int64(lim.rate.Count),
+			Name: lim.name, Limit: lim.rate.Count, Remaining: max(0, lim.rate.Count-int(ns[i])), Reset: resets[i],
+			Allowed: ns[i] <= int64(lim.rate.Count),
 		})
 	}
 	return out, nil

@@ -204,26 +204,26 @@ func Decided(s governance.State) bool {
 
 // decide stamps r's decision time when it has just been decided (from is
 // its state before, "" for a new request; a completed request was decided
-// when it was approved), and writes its entry in the decided list. The
-// entry goes first: with no transactions, an entry whose write of the
-// request then fails (a concurrent update, a retried submission) is one
-// that ListDecided does not find matching its request, and skips.
-func (s *Store) decide(ctx context.Context, from governance.State, r *Record, now time.Time) error {
+// when it was approved), and returns the write of its entry in the decided
+// list, to go with the write of the request. The entry goes first: on a
+// store without transactions (dynalite) the ops are written in order, and
+// an entry whose request was then not written (a concurrent update, a
+// retried submission) is one that ListDecided does not find matching its
+// request, and skips.
+func decide(from governance.State, r *Record, now time.Time) []store.Op {
 	if !Decided(r.State) || Decided(from) || !r.DecidedAt.IsZero() {
 		return nil
 	}
 	r.DecidedAt = now
-	if _, err := s.st.Put(ctx, Table.Name, store.Item{Key: decidedKey(now, r.ID), Attrs: map[string]string{"id": r.ID}}); err != nil {
-		return fmt.Errorf("requests: list decision of %s: %w", r.ID, err)
-	}
-	return nil
+	return []store.Op{store.PutOp(Table.Name, store.Item{Key: decidedKey(now, r.ID), Attrs: map[string]string{"id": r.ID}}, store.IfNotExists())}
 }
 
-// undecide removes the decided entry that decide wrote for next when the
-// write of next was surely refused (its condition failed), so that retries
-// and duplicate creations leave no entries behind. After any other error
-// the write may have landed, and the entry stays (the listing passes over
-// an entry its request does not match).
+// undecide removes the decided entry that decide added for next when the
+// write of next was surely refused (its condition failed) on a store that
+// wrote the entry before it (no transactions), so that retries and
+// duplicate creations leave no entries behind. After any other error the
+// write may have landed, and the entry stays (the listing passes over an
+// entry its request does not match).
 func (s *Store) undecide(ctx context.Context, cur, next Record) {
 	if next.DecidedAt.IsZero() || next.DecidedAt.Equal(cur.DecidedAt) {
 		return
@@ -234,45 +234,54 @@ func (s *Store) undecide(ctx context.Context, cur, next Record) {
 // indexed are the states listed by List.
 var indexed = map[governance.State]bool{governance.Escalated: true}
 
-// Create stores a new request. A request with the same id already stored
-// is an error wrapping store.ErrConditionFailed.
-func (s *Store) Create(ctx context.Context, r Record) (Record, error) {
+// Create stores a new request, its decided-list and index entries, and
+// extra (such as statistics counters), in one write: one commit on the
+// embedded store, one transaction on DynamoDB. A request with the same id
+// already stored is an error wrapping store.ErrConditionFailed, and then
+// nothing of the write is kept.
+func (s *Store) Create(ctx context.Context, r Record, extra ...store.Op) (Record, error) {
 	now := s.now().UTC()
 	r.CreatedAt, r.UpdatedAt = now, now
-	if err := s.decide(ctx, "", &r, now); err != nil {
-		return r, err
-	}
+	ops := decide("", &r, now)
 	data, err := encode(r)
 	if err != nil {
 		return r, fmt.Errorf("requests: encode %s: %w", r.ID, err)
 	}
-	it, err := s.st.Put(ctx, Table.Name, store.Item{Key: key(r.ID), Data: data, Attrs: map[string]string{"agent": r.AgentID, "state": string(r.State)}}, store.IfNotExists())
+	at := len(ops)
+	ops = append(ops, store.PutOp(Table.Name, store.Item{Key: key(r.ID), Data: data, Attrs: map[string]string{"agent": r.AgentID, "state": string(r.State)}}, store.IfNotExists()))
+	ops = append(ops, index("", r)...)
+	ops = append(ops, extra...)
+	out, err := s.st.Write(ctx, ops...)
 	if err != nil {
 		if errors.Is(err, store.ErrConditionFailed) {
 			s.undecide(ctx, Record{}, r)
 		}
 		return r, fmt.Errorf("requests: create %s: %w", r.ID, err)
 	}
-	r.Version = it.Version
-	return r, s.index(ctx, "", r)
+	r.Version = out[at].Version
+	return r, nil
 }
 
-// index adds r to its state's index and removes it from the one it left.
-// Without transactions this is a second write; a crash between the two
-// leaves a stale entry that List skips, or a missing one that the next
-// update of the request repairs.
-func (s *Store) index(ctx context.Context, from governance.State, r Record) error {
+// index are the writes that add r to its state's index and remove it from
+// the one it left, written with the request itself. On a store without
+// transactions they come after it, and a crash between leaves a stale
+// entry that List skips, or a missing one that the next update of the
+// request repairs.
+func index(from governance.State, r Record) []store.Op {
+	var ops []store.Op
 	if from != r.State && indexed[from] {
-		if err := s.st.Delete(ctx, Table.Name, indexKey(from, r.CreatedAt, r.ID)); err != nil {
-			return fmt.Errorf("requests: unindex %s: %w", r.ID, err)
-		}
+		ops = append(ops, store.DeleteOp(Table.Name, indexKey(from, r.CreatedAt, r.ID)))
 	}
 	if indexed[r.State] {
-		if _, err := s.st.Put(ctx, Table.Name, store.Item{Key: indexKey(r.State, r.CreatedAt, r.ID), Attrs: map[string]string{"id": r.ID}}); err != nil {
-			return fmt.Errorf("requests: index %s: %w", r.ID, err)
+		var conds []store.Condition
+		if from == "" {
+			// A new entry (its key holds the creation time): on DynamoDB
+			// the condition spares the read an unconditional put makes.
+			conds = append(conds, store.IfNotExists())
 		}
+		ops = append(ops, store.PutOp(Table.Name, store.Item{Key: indexKey(r.State, r.CreatedAt, r.ID), Attrs: map[string]string{"id": r.ID}}, conds...))
 	}
-	return nil
+	return ops
 }
 
 // Get returns the request with id.
@@ -331,15 +340,16 @@ func (s *Store) update(ctx context.Context, id string, known *Record, change fun
 			return cur, err
 		}
 		next.UpdatedAt = s.now().UTC()
-		if err := s.decide(ctx, cur.State, &next, next.UpdatedAt); err != nil {
-			return cur, err
-		}
+		ops := decide(cur.State, &next, next.UpdatedAt)
 		data, err := encode(next)
 		if err != nil {
 			return cur, fmt.Errorf("requests: encode %s: %w", id, err)
 		}
-		it, err := s.st.Put(ctx, Table.Name, store.Item{Key: key(id), Data: data, Attrs: map[string]string{"agent": next.AgentID, "state": string(next.State)}},
-			store.IfVersion(cur.Version))
+		at := len(ops)
+		ops = append(ops, store.PutOp(Table.Name, store.Item{Key: key(id), Data: data, Attrs: map[string]string{"agent": next.AgentID, "state": string(next.State)}},
+			store.IfVersion(cur.Version)))
+		ops = append(ops, index(cur.State, next)...)
+		out, err := s.st.Write(ctx, ops...)
 		if errors.Is(err, store.ErrConditionFailed) {
 			s.undecide(ctx, cur, next)
 			continue
@@ -347,8 +357,8 @@ func (s *Store) update(ctx context.Context, id string, known *Record, change fun
 		if err != nil {
 			return cur, fmt.Errorf("requests: write %s: %w", id, err)
 		}
-		next.Version = it.Version
-		return next, s.index(ctx, cur.State, next)
+		next.Version = out[at].Version
+		return next, nil
 	}
 	return Record{}, fmt.Errorf("%w: %s", ErrConflict, id)
 }

@@ -30,13 +30,19 @@ func key(name string) store.Key { return store.Key{PK: partition, SK: name} }
 
 // Record counts one decision and its validation time.
 func (s *Stats) Record(ctx context.Context, status string, validation time.Duration) error {
-	if _, err := s.st.Add(ctx, ratelimit.Table.Name, key("decisions#"+status), 1, time.Time{}); err != nil {
-		return fmt.Errorf("stats: %w", err)
-	}
-	if _, err := s.st.Add(ctx, ratelimit.Table.Name, key("validation_us"), validation.Microseconds(), time.Time{}); err != nil {
+	if _, err := s.st.Write(ctx, s.Ops(status, validation)...); err != nil {
 		return fmt.Errorf("stats: %w", err)
 	}
 	return nil
+}
+
+// Ops are the writes that count one decision and its validation time, for
+// a caller to make with the write of the decision itself (requests.Create).
+func (s *Stats) Ops(status string, validation time.Duration) []store.Op {
+	return []store.Op{
+		store.AddOp(ratelimit.Table.Name, key("decisions#"+status), 1, time.Time{}),
+		store.AddOp(ratelimit.Table.Name, key("validation_us"), validation.Microseconds(), time.Time{}),
+	}
 }
 
 // Snapshot returns avg_validation_ms, approval_rate and escalation_rate
