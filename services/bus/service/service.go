@@ -26,6 +26,8 @@ import (
 	"github.com/conclave-ai/conclave/pkg/store"
 	"github.com/conclave-ai/conclave/pkg/telemetry"
 	"github.com/conclave-ai/conclave/services/bus/internal/broker"
+	"github.com/conclave-ai/conclave/services/bus/internal/cluster"
+	"github.com/conclave-ai/conclave/services/bus/internal/deadletters"
 	"github.com/conclave-ai/conclave/services/bus/internal/wsconn"
 )
 
@@ -158,6 +160,9 @@ func (c Config) Validate() error {
 // Tables lists the tables the bus keeps its state in.
 var Tables = []store.Table{broker.DeadLetterTable, ReplicaTable, broker.LaunchTable}
 
+// ReplicaTable lists the live replicas (internal/cluster).
+var ReplicaTable = cluster.Table
+
 // Queues lists the queues the bus owns.
 var Queues = []queue.Definition{broker.RetryQueue, broker.EventsQueue}
 
@@ -173,7 +178,7 @@ type Bus struct {
 	broker  *broker.Broker
 	retries *broker.Retries
 	events  *broker.Events
-	cluster *cluster
+	cluster *cluster.Cluster
 	access  *broker.Access
 	// throttle counts wrong tokens per address, the peers' included.
 	throttle *auth.Throttle
@@ -219,14 +224,15 @@ func New(cfg Config, logger *slog.Logger, tel *telemetry.Provider, st store.Stor
 		if b.tls {
 			scheme = "https"
 		}
-		b.cluster = &cluster{st: st, serverID: serverID, token: cfg.PeerToken, scheme: scheme, lease: cfg.Lease, log: logger, throttle: b.throttle,
-			client: &http.Client{Transport: tel.HTTPTransport(http.DefaultTransport), Timeout: cfg.DeliveryTimeout + 10*time.Second}}
-		b.cluster.addr = func() string {
-			if cfg.AdvertiseAddr != "" {
-				return cfg.AdvertiseAddr
-			}
-			return b.srv.HTTPAddr()
-		}
+		b.cluster = cluster.New(cluster.Options{Store: st, ServerID: serverID, Token: cfg.PeerToken, Scheme: scheme,
+			Lease: cfg.Lease, Logger: logger, Throttle: b.throttle,
+			Client: &http.Client{Transport: tel.HTTPTransport(http.DefaultTransport), Timeout: cfg.DeliveryTimeout + 10*time.Second},
+			Addr: func() string {
+				if cfg.AdvertiseAddr != "" {
+					return cfg.AdvertiseAddr
+				}
+				return b.srv.HTTPAddr()
+			}})
 		forwarder = b.cluster
 	}
 	var dh *broker.DefaultHandler
@@ -279,11 +285,10 @@ func New(cfg Config, logger *slog.Logger, tel *telemetry.Provider, st store.Stor
 	}
 	srv.HandleStream("GET /{$}", http.HandlerFunc(b.serveWebSocket))
 	srv.OnShutdown(b.closeConnections)
-	b.routeDeadLetters(srv)
+	deadletters.New(b.retries, logger).Routes(srv.Handle, b.admin)
 	if b.cluster != nil {
-		b.cluster.bus = b.broker
-		srv.HandleStream("POST /internal/v1/deliver", http.HandlerFunc(b.cluster.serveDeliver))
-		srv.Handle("POST /internal/v1/spawn-events", http.HandlerFunc(b.cluster.serveSpawnEvent))
+		b.cluster.Attach(b.broker)
+		b.cluster.Routes(srv.Handle, srv.HandleStream)
 	}
 	b.srv = srv
 	return b, nil
@@ -322,6 +327,28 @@ func (b *Bus) authenticate(w http.ResponseWriter, r *http.Request) (grant *broke
 		return nil, true, err
 	}
 	return &g, true, nil
+}
+
+// admin lets through only requests with an admin's token (any request,
+// without authentication).
+func (b *Bus) admin(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !b.cfg.AllowUnauthenticated {
+			grant, present, err := b.authenticate(w, r)
+			switch {
+			case !present:
+				server.WriteError(w, http.StatusUnauthorized, "bus: a bearer token is required")
+				return
+			case err != nil:
+				writeAuthError(w, err)
+				return
+			case !grant.Admin:
+				server.WriteError(w, http.StatusForbidden, "bus: this token is not an admin's")
+				return
+			}
+		}
+		h.ServeHTTP(w, r)
+	})
 }
 
 // errThrottled: the caller's address presented too many wrong tokens.
@@ -415,7 +442,7 @@ func (b *Bus) Run(ctx context.Context) error {
 		g.Go(func() error {
 			select {
 			case <-b.srv.Ready():
-				b.cluster.advertise(gctx)
+				b.cluster.Advertise(gctx)
 			case <-gctx.Done():
 			}
 			return nil
