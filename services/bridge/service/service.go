@@ -38,13 +38,13 @@ type Config struct {
 	Workspace       string            `env:"CONCLAVE_BRIDGE_WORKSPACE" help:"workspace root the agents run in, overriding config.yaml's workspace"`
 	HTTPAddr        config.ListenAddr `env:"CONCLAVE_BRIDGE_HTTP_ADDR" default:":8083" help:"HTTP listener: MCP streamable HTTP on /mcp, health and metrics"`
 	Tokens          []string          `env:"CONCLAVE_BRIDGE_TOKENS" help:"comma-separated bearer tokens accepted on /mcp"`
-	ShutdownTimeout time.Duration     `env:"CONCLAVE_BRIDGE_SHUTDOWN_TIMEOUT" default:"15s" help:"how long running tool calls may drain on shutdown"`
+	ShutdownTimeout time.Duration     `env:"CONCLAVE_BRIDGE_SHUTDOWN_TIMEOUT" default:"15s" validate:"positive" help:"how long running tool calls may drain on shutdown"`
 	// ProgressInterval paces the notifications of long calls.
-	ProgressInterval time.Duration `env:"CONCLAVE_BRIDGE_PROGRESS_INTERVAL" default:"5s" help:"how often a running tool call sends a progress notification to a client that asked for them"`
+	ProgressInterval time.Duration `env:"CONCLAVE_BRIDGE_PROGRESS_INTERVAL" default:"5s" validate:"positive" help:"how often a running tool call sends a progress notification to a client that asked for them"`
 	MaxRequestBytes  int64         `env:"CONCLAVE_BRIDGE_MAX_REQUEST_BYTES" default:"4194304" help:"largest MCP request body accepted over HTTP"`
 	Rate             float64       `env:"CONCLAVE_BRIDGE_RATE" default:"20" help:"MCP requests per second each client (bearer token, or address without tokens) may make"`
-	Burst            int           `env:"CONCLAVE_BRIDGE_BURST" default:"40" help:"MCP requests each client may make at once, above its rate"`
-	MaxRunning       int           `env:"CONCLAVE_BRIDGE_MAX_RUNNING" default:"16" help:"agents that may run at once; calls beyond are refused with a Busy error"`
+	Burst            int           `env:"CONCLAVE_BRIDGE_BURST" default:"40" validate:"positive" help:"MCP requests each client may make at once, above its rate"`
+	MaxRunning       int           `env:"CONCLAVE_BRIDGE_MAX_RUNNING" default:"16" validate:"positive" help:"agents that may run at once; calls beyond are refused with a Busy error"`
 	// Governed tools ask the Librarian (docs/governance.md).
 	LibrarianURL   string `env:"CONCLAVE_BRIDGE_LIBRARIAN_URL" help:"the Librarian's API (http(s)://host[:port][/stage]) governed tools ask before they run; required when config.yaml has one"`
 	LibrarianToken string `env:"CONCLAVE_BRIDGE_LIBRARIAN_TOKEN" help:"the bridge's Librarian agent token (empty only for a Librarian that takes none, in development)"`
@@ -70,6 +70,9 @@ type Config struct {
 
 // Validate implements config.Validator.
 func (c Config) Validate() error {
+	if err := config.Check(c); err != nil {
+		return err
+	}
 	if c.ConfigFile == "" {
 		return fmt.Errorf("CONCLAVE_BRIDGE_CONFIG: the bridge needs its config.yaml")
 	}
@@ -84,23 +87,11 @@ func (c Config) Validate() error {
 			return err
 		}
 	}
-	if c.ShutdownTimeout <= 0 {
-		return fmt.Errorf("CONCLAVE_BRIDGE_SHUTDOWN_TIMEOUT: must be positive, got %s", c.ShutdownTimeout)
-	}
-	if c.ProgressInterval <= 0 {
-		return fmt.Errorf("CONCLAVE_BRIDGE_PROGRESS_INTERVAL: must be positive, got %s", c.ProgressInterval)
-	}
 	if c.MaxRequestBytes < 1024 {
 		return fmt.Errorf("CONCLAVE_BRIDGE_MAX_REQUEST_BYTES: must be at least 1024, got %d", c.MaxRequestBytes)
 	}
 	if !(c.Rate > 0) {
 		return fmt.Errorf("CONCLAVE_BRIDGE_RATE: must be a positive number, got %g", c.Rate)
-	}
-	if c.Burst < 1 {
-		return fmt.Errorf("CONCLAVE_BRIDGE_BURST: must be positive, got %d", c.Burst)
-	}
-	if c.MaxRunning < 1 {
-		return fmt.Errorf("CONCLAVE_BRIDGE_MAX_RUNNING: must be positive, got %d", c.MaxRunning)
 	}
 	return c.validateGovernance()
 }

@@ -43,30 +43,30 @@ type Config struct {
 	AllowUnauthenticated bool          `env:"CONCLAVE_BUS_ALLOW_UNAUTHENTICATED" default:"false" help:"serve clients without bearer tokens, all allowed (development only)"`
 	Policy               string        `env:"CONCLAVE_BUS_POLICY" default:"stopPropagationOnProcessed" help:"bus-wide propagation policy: stopPropagationOnProcessed, stopPropagationOnStop or continueAll"`
 	ClientPolicies       bool          `env:"CONCLAVE_BUS_CLIENT_POLICIES" default:"true" help:"let a subscribe's suggested policy override the bus-wide one"`
-	DeliveryTimeout      time.Duration `env:"CONCLAVE_BUS_DELIVERY_TIMEOUT" default:"30s" help:"how long a subscriber may take to answer a delivery"`
-	MaxFrameBytes        int           `env:"CONCLAVE_BUS_MAX_FRAME_BYTES" default:"1048576" help:"largest WebSocket message accepted; a larger one closes the connection with 1009"`
-	OutboundBuffer       int           `env:"CONCLAVE_BUS_OUTBOUND_BUFFER" default:"256" help:"frames that may wait for a slow client before it is disconnected (1008)"`
-	WriteTimeout         time.Duration `env:"CONCLAVE_BUS_WRITE_TIMEOUT" default:"10s" help:"how long one frame may take to write before the client is disconnected as a slow reader"`
-	MaxSubscriptions     int           `env:"CONCLAVE_BUS_MAX_SUBSCRIPTIONS" default:"100" help:"subscriptions one client may hold"`
-	MaxInflight          int           `env:"CONCLAVE_BUS_MAX_INFLIGHT" default:"64" help:"requests of one client handled at once; past that its connection stops being read"`
-	Rate                 float64       `env:"CONCLAVE_BUS_RATE" default:"200" help:"requests per second one client may make"`
-	Burst                int           `env:"CONCLAVE_BUS_BURST" default:"400" help:"requests one client may make at once above its rate"`
-	RetryAttempts        int           `env:"CONCLAVE_BUS_RETRY_ATTEMPTS" default:"3" help:"deliveries of a message to an agent, the first included, before it is dead-lettered"`
-	RetryBaseDelay       time.Duration `env:"CONCLAVE_BUS_RETRY_BASE_DELAY" default:"1s" help:"first retry delay when the agent gives no retry_seconds; doubles per attempt"`
-	RetryMaxDelay        time.Duration `env:"CONCLAVE_BUS_RETRY_MAX_DELAY" default:"5m" help:"cap on every retry delay, retry_seconds included (at most 15m)"`
+	DeliveryTimeout      time.Duration `env:"CONCLAVE_BUS_DELIVERY_TIMEOUT" default:"30s" validate:"positive" help:"how long a subscriber may take to answer a delivery"`
+	MaxFrameBytes        int           `env:"CONCLAVE_BUS_MAX_FRAME_BYTES" default:"1048576" validate:"positive" help:"largest WebSocket message accepted; a larger one closes the connection with 1009"`
+	OutboundBuffer       int           `env:"CONCLAVE_BUS_OUTBOUND_BUFFER" default:"256" validate:"positive" help:"frames that may wait for a slow client before it is disconnected (1008)"`
+	WriteTimeout         time.Duration `env:"CONCLAVE_BUS_WRITE_TIMEOUT" default:"10s" validate:"positive" help:"how long one frame may take to write before the client is disconnected as a slow reader"`
+	MaxSubscriptions     int           `env:"CONCLAVE_BUS_MAX_SUBSCRIPTIONS" default:"100" validate:"positive" help:"subscriptions one client may hold"`
+	MaxInflight          int           `env:"CONCLAVE_BUS_MAX_INFLIGHT" default:"64" validate:"positive" help:"requests of one client handled at once; past that its connection stops being read"`
+	Rate                 float64       `env:"CONCLAVE_BUS_RATE" default:"200" validate:"positive" help:"requests per second one client may make"`
+	Burst                int           `env:"CONCLAVE_BUS_BURST" default:"400" validate:"positive" help:"requests one client may make at once above its rate"`
+	RetryAttempts        int           `env:"CONCLAVE_BUS_RETRY_ATTEMPTS" default:"3" validate:"positive" help:"deliveries of a message to an agent, the first included, before it is dead-lettered"`
+	RetryBaseDelay       time.Duration `env:"CONCLAVE_BUS_RETRY_BASE_DELAY" default:"1s" validate:"positive" help:"first retry delay when the agent gives no retry_seconds; doubles per attempt"`
+	RetryMaxDelay        time.Duration `env:"CONCLAVE_BUS_RETRY_MAX_DELAY" default:"5m" validate:"positive" help:"cap on every retry delay, retry_seconds included (at most 15m)"`
 	Workspace            string        `env:"CONCLAVE_BUS_WORKSPACE" help:"BUB_WORKSPACE of agents the default handler launches"`
 	PublicURL            string        `env:"CONCLAVE_BUS_PUBLIC_URL" help:"BUB_BUS_URL given to launched agents (default: ws:// or wss:// and the listener's address)"`
 	RunnerAddr           string        `env:"CONCLAVE_BUS_RUNNER_ADDR" help:"host:port of the runner's gRPC API (conclave.runner.v1) the default handler launches agents through; unset, a message no subscriber matches is answered with success false"`
 	RunnerToken          string        `env:"CONCLAVE_BUS_RUNNER_TOKEN" help:"bearer token the bus presents to the runner (one of its CONCLAVE_RUNNER_CLIENT_TOKENS)"`
 	RunnerAgentType      string        `env:"CONCLAVE_BUS_RUNNER_AGENT_TYPE" help:"agent_type the default handler launches (one of the runner's agent types); required with CONCLAVE_BUS_RUNNER_ADDR"`
 	RunnerTLS            bool          `env:"CONCLAVE_BUS_RUNNER_TLS" default:"false" help:"dial the runner with TLS (the system's roots)"`
-	SpawnTimeout         time.Duration `env:"CONCLAVE_BUS_SPAWN_TIMEOUT" default:"60s" help:"how long the default handler waits for a launched agent to subscribe"`
+	SpawnTimeout         time.Duration `env:"CONCLAVE_BUS_SPAWN_TIMEOUT" default:"60s" validate:"positive" help:"how long the default handler waits for a launched agent to subscribe"`
 	AgentReplyTopics     []string      `env:"CONCLAVE_BUS_AGENT_REPLY_TOPICS" help:"comma-separated LAUNCH_PATTERN=TEMPLATE rules: an agent the default handler launched for a topic the pattern matches may also publish on the template, {topic} being its topic and {topic_id} what follows its first ':' (tg:*=outbound:{topic_id} lets the agent of tg:42 reply on outbound:42)"`
-	AgentTokenTTL        time.Duration `env:"CONCLAVE_BUS_AGENT_TOKEN_TTL" default:"24h" help:"how long the token (BUB_TOKEN) of an agent the default handler launched stays valid, and the agent is known as the agent of its topic"`
+	AgentTokenTTL        time.Duration `env:"CONCLAVE_BUS_AGENT_TOKEN_TTL" default:"24h" validate:"positive" help:"how long the token (BUB_TOKEN) of an agent the default handler launched stays valid, and the agent is known as the agent of its topic"`
 	PeerToken            string        `env:"CONCLAVE_BUS_PEER_TOKEN" help:"shared secret of the replicas; when set, each replica forwards messages to the others (listed in the store) and accepts theirs on /internal/v1/deliver"`
 	AdvertiseAddr        string        `env:"CONCLAVE_BUS_ADVERTISE_ADDR" help:"host:port other replicas reach this one at (default: the listener's address)"`
-	Lease                time.Duration `env:"CONCLAVE_BUS_LEASE" default:"15s" help:"how long a replica stays listed after its last renewal"`
-	ShutdownTimeout      time.Duration `env:"CONCLAVE_BUS_SHUTDOWN_TIMEOUT" default:"15s" help:"how long in-flight work may drain on shutdown"`
+	Lease                time.Duration `env:"CONCLAVE_BUS_LEASE" default:"15s" validate:"positive" help:"how long a replica stays listed after its last renewal"`
+	ShutdownTimeout      time.Duration `env:"CONCLAVE_BUS_SHUTDOWN_TIMEOUT" default:"15s" validate:"positive" help:"how long in-flight work may drain on shutdown"`
 	// AllowedHosts are answered besides loopback names while the bus runs
 	// without authentication.
 	AllowedHosts []string `env:"CONCLAVE_BUS_ALLOWED_HOSTS" help:"comma-separated Host names the listener answers besides localhost, 127.0.0.1 and [::1] while it runs without authentication"`
@@ -76,6 +76,9 @@ type Config struct {
 
 // Validate implements config.Validator.
 func (c Config) Validate() error {
+	if err := config.Check(c); err != nil {
+		return err
+	}
 	if c.Addr == "" {
 		return errors.New("CONCLAVE_BUS_ADDR: the bus needs a listener")
 	}
@@ -99,35 +102,6 @@ func (c Config) Validate() error {
 	}
 	if _, err := broker.ParsePolicy(c.Policy); err != nil {
 		return fmt.Errorf("CONCLAVE_BUS_POLICY: %w", err)
-	}
-	for key, n := range map[string]int{
-		"CONCLAVE_BUS_MAX_FRAME_BYTES":   c.MaxFrameBytes,
-		"CONCLAVE_BUS_OUTBOUND_BUFFER":   c.OutboundBuffer,
-		"CONCLAVE_BUS_MAX_SUBSCRIPTIONS": c.MaxSubscriptions,
-		"CONCLAVE_BUS_MAX_INFLIGHT":      c.MaxInflight,
-		"CONCLAVE_BUS_BURST":             c.Burst,
-		"CONCLAVE_BUS_RETRY_ATTEMPTS":    c.RetryAttempts,
-	} {
-		if n < 1 {
-			return fmt.Errorf("%s: must be positive, got %d", key, n)
-		}
-	}
-	if !(c.Rate > 0) {
-		return fmt.Errorf("CONCLAVE_BUS_RATE: must be positive, got %g", c.Rate)
-	}
-	for key, d := range map[string]time.Duration{
-		"CONCLAVE_BUS_DELIVERY_TIMEOUT": c.DeliveryTimeout,
-		"CONCLAVE_BUS_WRITE_TIMEOUT":    c.WriteTimeout,
-		"CONCLAVE_BUS_RETRY_BASE_DELAY": c.RetryBaseDelay,
-		"CONCLAVE_BUS_RETRY_MAX_DELAY":  c.RetryMaxDelay,
-		"CONCLAVE_BUS_SPAWN_TIMEOUT":    c.SpawnTimeout,
-		"CONCLAVE_BUS_AGENT_TOKEN_TTL":  c.AgentTokenTTL,
-		"CONCLAVE_BUS_SHUTDOWN_TIMEOUT": c.ShutdownTimeout,
-		"CONCLAVE_BUS_LEASE":            c.Lease,
-	} {
-		if d <= 0 {
-			return fmt.Errorf("%s: must be positive, got %s", key, d)
-		}
 	}
 	if c.RunnerAddr != "" {
 		if _, _, err := net.SplitHostPort(c.RunnerAddr); err != nil {
