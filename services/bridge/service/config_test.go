@@ -66,3 +66,14 @@ func TestConfigFromEnvironment(t *testing.T) {
 		t.Fatalf("config = %+v", b)
 	}
 }
+
+// TestNewChecksConfig: New refuses a Config that Validate refuses, before
+// it reads config.yaml or uses its Deps, with the error naming the setting.
+func TestNewChecksConfig(t *testing.T) {
+	t.Parallel()
+	cfg := service.Config{ConfigFile: "missing.yaml", HTTPAddr: "127.0.0.1:0", Tokens: []string{"bridge-token-0123456789"}, ShutdownTimeout: time.Second,
+		ProgressInterval: time.Second, MaxRequestBytes: 4096, Rate: 1, Burst: 1}
+	if _, err := service.New(cfg, service.Deps{}); err == nil || !strings.HasPrefix(err.Error(), "CONCLAVE_BRIDGE_MAX_RUNNING: must be positive") {
+		t.Fatalf("New = %v, want CONCLAVE_BRIDGE_MAX_RUNNING: must be positive", err)
+	}
+}

@@ -143,9 +143,19 @@ type Bridge struct {
 	endCalls context.CancelFunc
 }
 
-// New loads config.yaml and builds the HTTP server: streamable HTTP MCP on
-// MCPPath behind bearer tokens and a per-client rate limit.
-func New(cfg Config, logger *slog.Logger, tel *telemetry.Provider, opts ...server.Option) (*Bridge, error) {
+// Deps are what the bridge runs on: it keeps no state.
+type Deps struct {
+	Logger    *slog.Logger
+	Telemetry *telemetry.Provider
+}
+
+// New checks cfg, loads config.yaml and builds the HTTP server: streamable
+// HTTP MCP on MCPPath behind bearer tokens and a per-client rate limit.
+func New(cfg Config, deps Deps, opts ...server.Option) (*Bridge, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	logger, tel := deps.Logger, deps.Telemetry
 	runner, watcher, err := toolset.Load(cfg.toolSettings(), logger, tel)
 	if err != nil {
 		return nil, err

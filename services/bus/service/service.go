@@ -167,13 +167,26 @@ type Bus struct {
 	draining bool
 }
 
-// New builds the bus. st holds dead letters and q the retry queue; Tables
-// and Queues must exist. launcher may be nil: then a message no subscriber
-// matches is answered with success false.
-func New(cfg Config, logger *slog.Logger, tel *telemetry.Provider, st store.Store, q queue.Queue, launcher Launcher, opts ...server.Option) (*Bus, error) {
+// Deps are what the bus runs on.
+type Deps struct {
+	// Store holds dead letters, launched agents' tokens and the replicas;
+	// Queue the retries and events. Tables and Queues must exist.
+	Store     store.Store
+	Queue     queue.Queue
+	Logger    *slog.Logger
+	Telemetry *telemetry.Provider
+	// Launcher, when set, is what the default handler launches agents
+	// through; without it a message no subscriber matches is answered
+	// with success false.
+	Launcher Launcher
+}
+
+// New checks cfg and builds the bus.
+func New(cfg Config, deps Deps, opts ...server.Option) (*Bus, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
+	logger, tel, st, q, launcher := deps.Logger, deps.Telemetry, deps.Store, deps.Queue, deps.Launcher
 	access, _ := broker.ParseGrants(cfg.Grants) // checked by Validate
 	policy, _ := broker.ParsePolicy(cfg.Policy)
 	serverID := cfg.ServerID

@@ -141,21 +141,14 @@ type Backends struct {
 	GatewayURL, BusURL, RunnerURL, LibrarianURL string
 }
 
-type options struct {
-	backends func() Backends
-	server   []server.Option
-}
-
-// Option customises a console beyond its Config.
-type Option func(*options)
-
-// WithBackends makes the console ask f for the services' addresses at each
-// call, instead of using the Config's.
-func WithBackends(f func() Backends) Option { return func(o *options) { o.backends = f } }
-
-// WithServerOptions passes options to the HTTP server (a listener, say).
-func WithServerOptions(opts ...server.Option) Option {
-	return func(o *options) { o.server = append(o.server, opts...) }
+// Deps are what the console runs on: it keeps no state.
+type Deps struct {
+	Logger    *slog.Logger
+	Telemetry *telemetry.Provider
+	// Backends, when set, is asked for the services' addresses at each
+	// call, instead of using the Config's (conclave dev: known once each
+	// listens).
+	Backends func() Backends
 }
 
 // Console is a configured, not yet running, console.
@@ -167,16 +160,16 @@ type Console struct {
 	stop context.CancelFunc
 }
 
-// New builds the console.
-func New(cfg Config, logger *slog.Logger, tel *telemetry.Provider, opts ...Option) (*Console, error) {
+// New checks cfg and builds the console.
+func New(cfg Config, deps Deps, opts ...server.Option) (*Console, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	o := options{backends: func() Backends {
-		return Backends{GatewayURL: cfg.GatewayURL, BusURL: cfg.BusURL, RunnerURL: cfg.RunnerURL, LibrarianURL: cfg.LibrarianURL}
-	}}
-	for _, opt := range opts {
-		opt(&o)
+	logger, tel, b := deps.Logger, deps.Telemetry, deps.Backends
+	if b == nil {
+		b = func() Backends {
+			return Backends{GatewayURL: cfg.GatewayURL, BusURL: cfg.BusURL, RunnerURL: cfg.RunnerURL, LibrarianURL: cfg.LibrarianURL}
+		}
 	}
 	key, err := cfg.sessionKey()
 	if err != nil {
@@ -201,7 +194,6 @@ func New(cfg Config, logger *slog.Logger, tel *telemetry.Provider, opts ...Optio
 	client := func(service string, base func() string) *backend.Client {
 		return &backend.Client{Service: service, Base: base, HTTP: httpClient, Timeout: cfg.BackendTimeout, Observe: m.Call}
 	}
-	b := o.backends
 	base, stop := context.WithCancel(context.Background())
 	h, err := web.New(base, web.Options{
 		Codec:            codec,
@@ -233,7 +225,7 @@ func New(cfg Config, logger *slog.Logger, tel *telemetry.Provider, opts ...Optio
 		server.WithHTTPErrorWriter(web.WriteHTTPError),
 		server.WithMetricsHandler(tel.MetricsHandler()),
 		server.WithHTTPMiddleware(func(h http.Handler) http.Handler { return tel.HTTPHandler(h, "console") }),
-	}, o.server...)
+	}, opts...)
 	if cfg.AllowUnauthenticated {
 		srvOpts = append(srvOpts, server.WithDevelopmentGuard(cfg.AllowedHosts))
 	}

@@ -161,9 +161,21 @@ type Gateway struct {
 // Tables lists the tables the gateway keeps its state in.
 var Tables = []store.Table{registry.Table, clientapi.IdempotencyTable, history.Table, a2a.TasksTable}
 
-// New builds the gateway's server and services. st holds the cluster-wide
-// agent registry; its Tables must exist.
-func New(cfg Config, logger *slog.Logger, tel *telemetry.Provider, st store.Store, opts ...server.Option) (*Gateway, error) {
+// Deps are what the gateway runs on.
+type Deps struct {
+	// Store holds the cluster-wide agent registry, idempotency keys and
+	// history; its Tables must exist.
+	Store     store.Store
+	Logger    *slog.Logger
+	Telemetry *telemetry.Provider
+}
+
+// New checks cfg and builds the gateway's server and services.
+func New(cfg Config, deps Deps, opts ...server.Option) (*Gateway, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	logger, tel, st := deps.Logger, deps.Telemetry, deps.Store
 	serverID := cfg.ServerID
 	if serverID == "" {
 		host, err := os.Hostname()
@@ -189,8 +201,7 @@ func New(cfg Config, logger *slog.Logger, tel *telemetry.Provider, st store.Stor
 		logger.Warn("the gateway's client API accepts requests without a bearer token")
 	}
 	// After authentication, so that only accepted callers spend tokens, each
-	// from its own bucket. Zero limits (a Config not loaded from the
-	// environment) take clientapi's defaults, the same as the settings'.
+	// from its own bucket.
 	limitUnary, limitStream := clientapi.NewLimiter(clientapi.RateLimits{
 		Rate: cfg.ClientRate, Burst: cfg.ClientBurst, Streams: cfg.ClientStreams,
 	}).Interceptors(m)
@@ -214,9 +225,7 @@ func New(cfg Config, logger *slog.Logger, tel *telemetry.Provider, st store.Stor
 		ShutdownTimeout: cfg.ShutdownTimeout,
 		// Attachments of up to 3 MiB arrive base64-encoded in REST bodies.
 		MaxRequestBodyBytes: 5 << 20,
-		// Zero (a Config not loaded from the environment) takes the
-		// server's defaults.
-		Keepalive: server.Keepalive{Time: cfg.KeepaliveTime, Timeout: cfg.KeepaliveTimeout},
+		Keepalive:           server.Keepalive{Time: cfg.KeepaliveTime, Timeout: cfg.KeepaliveTimeout},
 	}, logger, opts...)
 	if err != nil {
 		return nil, fmt.Errorf("gateway server: %w", err)

@@ -251,8 +251,12 @@ type Runner struct {
 	gateway *grpc.ClientConn
 }
 
-// New builds the runner. The store's Tables and the Queues must exist.
+// New checks cfg and builds the runner. The store's Tables and the Queues
+// must exist.
 func New(cfg Config, deps Deps, opts ...server.Option) (*Runner, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
 	logger, tel := deps.Logger, deps.Telemetry
 	registry, err := agenttype.Load(cfg.AgentTypesFile)
 	if err != nil {
