@@ -25,8 +25,8 @@ import (
 	"github.com/conclave-ai/conclave/services/bridge/internal/tools"
 )
 
-// defaultMaxRunning is CONCLAVE_BRIDGE_MAX_RUNNING's default, for Settings
-// not loaded from the environment.
+// defaultMaxRunning is CONCLAVE_BRIDGE_MAX_RUNNING's default, taken for a
+// MaxRunning below 1: the commands' settings are not validated.
 const defaultMaxRunning = 16
 
 // Settings are the bridge's settings that its agents run with (the
