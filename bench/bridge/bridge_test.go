@@ -177,7 +177,7 @@ func startBridge(b *testing.B, py, script string) *mcp.ClientSession {
 	}
 	br, err := service.New(service.Config{ConfigFile: cfg, HTTPAddr: "127.0.0.1:0", Tokens: []string{"bench-token-0123456789"},
 		ShutdownTimeout: 5 * time.Second, ProgressInterval: time.Minute, MaxRequestBytes: 4 << 20, Rate: 1e6, Burst: 1e6,
-		Env: os.LookupEnv}, slog.New(slog.NewTextHandler(io.Discard, nil)), tel, server.WithHTTPListener(l))
+		MaxRunning: 16, Env: os.LookupEnv}, service.Deps{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Telemetry: tel}, server.WithHTTPListener(l))
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -69,7 +69,7 @@ func startBus(b *testing.B) string {
 	if err != nil {
 		b.Fatal(err)
 	}
-	bus, err := service.New(cfg.Bus, slog.New(slog.DiscardHandler), tel, st, q, nil)
+	bus, err := service.New(cfg.Bus, service.Deps{Store: st, Queue: q, Logger: slog.New(slog.DiscardHandler), Telemetry: tel})
 	if err != nil {
 		b.Fatal(err)
 	}

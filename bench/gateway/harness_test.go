@@ -132,11 +132,15 @@ func startGatewayAt(b *testing.B, grpcAddr string, open storeOpener, tune ...fun
 		// Every bench client shares one token; the per-client limits are
 		// set out of reach so that the bench measures the gateway, not them.
 		ClientRate: 1e9, ClientBurst: 1 << 30, ClientStreams: 1 << 20,
+		// The rest at the defaults the gateway took for zero before New
+		// checked its Config.
+		KeepaliveTime: time.Minute, KeepaliveTimeout: 20 * time.Second, MaxHeartbeats: 50,
+		IdempotencyTTL: 24 * time.Hour, HistoryFlush: time.Second, DetachedTimeout: 10 * time.Minute,
 	}
 	for _, f := range tune {
 		f(&cfg)
 	}
-	gw, err := service.New(cfg, slog.New(slog.DiscardHandler), tel, st)
+	gw, err := service.New(cfg, service.Deps{Store: st, Logger: slog.New(slog.DiscardHandler), Telemetry: tel})
 	if err != nil {
 		b.Fatal(err)
 	}

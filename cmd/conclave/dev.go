@@ -120,7 +120,7 @@ func runDev(ctx context.Context, args []string, lookup config.Lookup, stdout, st
 	defer backends.Close()
 	logger, tel, st, q := backends.Logger, backends.Telemetry, backends.Store, backends.Queue
 
-	gw, err := gateway.New(cfg.Gateway, logger, tel, st)
+	gw, err := gateway.New(cfg.Gateway, gateway.Deps{Store: st, Logger: logger, Telemetry: tel})
 	if err != nil {
 		return err
 	}
@@ -187,19 +187,19 @@ func runDev(ctx context.Context, args []string, lookup config.Lookup, stdout, st
 		return err
 	}
 	defer runnerConn.Close()
-	if b, err = bus.New(cfg.Bus, logger, tel, st, q, launcher); err != nil {
+	if b, err = bus.New(cfg.Bus, bus.Deps{Store: st, Queue: q, Logger: logger, Telemetry: tel, Launcher: launcher}); err != nil {
 		return err
 	}
 	// The console reaches the others through their public APIs, at the
 	// addresses they bind (port 0 in tests), known once each is ready.
-	con, err := console.New(cfg.Console, logger, tel, console.WithBackends(func() console.Backends {
+	con, err := console.New(cfg.Console, console.Deps{Logger: logger, Telemetry: tel, Backends: func() console.Backends {
 		return console.Backends{
 			GatewayURL:   readyURL(gw, "http://", "HTTP"),
 			BusURL:       readyURL(b, "ws://", "WebSocket"),
 			RunnerURL:    readyURL(rn, "http://", "HTTP"),
 			LibrarianURL: readyURL(lib, "http://", "HTTP"),
 		}
-	}))
+	}})
 	if err != nil {
 		return err
 	}
@@ -210,7 +210,7 @@ func runDev(ctx context.Context, args []string, lookup config.Lookup, stdout, st
 		logger.WarnContext(ctx, "the bridge is not started: no tool agents configured; set CONCLAVE_BRIDGE_CONFIG to a config.yaml", "looked_for", exampleToolAgents)
 	} else {
 		cfg.Bridge.Env, cfg.Bridge.Version = lookup, versionString()
-		br, err := bridge.New(cfg.Bridge, logger, tel)
+		br, err := bridge.New(cfg.Bridge, bridge.Deps{Logger: logger, Telemetry: tel})
 		if err != nil {
 			return err
 		}

@@ -58,7 +58,7 @@ func startGovernedBridge(t *testing.T, e *governedEnv, librarianURL string) (*mc
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, err := bridge.New(cfg, testLogger(t, "bridge"), tel)
+	b, err := bridge.New(cfg, bridge.Deps{Logger: testLogger(t, "bridge"), Telemetry: tel})
 	if err != nil {
 		t.Fatal(err)
 	}

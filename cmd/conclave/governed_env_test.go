@@ -231,7 +231,7 @@ func startGoverned(t *testing.T, o governedOptions) *governedEnv {
 	busCfg := loadConfig[bus.Config](t, map[string]string{
 		"CONCLAVE_BUS_ADDR": "127.0.0.1:0", "CONCLAVE_BUS_SERVER_ID": "governed", "CONCLAVE_BUS_GRANTS": string(grants),
 	})
-	e.busSvc, err = bus.New(busCfg, testLogger(t, "bus"), telOf("bus"), st, q, nil)
+	e.busSvc, err = bus.New(busCfg, bus.Deps{Store: st, Queue: q, Logger: testLogger(t, "bus"), Telemetry: telOf("bus")})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -83,7 +83,7 @@ func TestLibrarianCommands(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	svc, err := librarian.New(librarian.Config{HTTPAddr: "127.0.0.1:0", APIRate: "60/minute", ShutdownTimeout: time.Second},
+	svc, err := librarian.New(librarian.Config{HTTPAddr: "127.0.0.1:0", APIRate: "60/minute", ReadRate: "600/minute", ShutdownTimeout: time.Second},
 		librarian.Deps{Store: st, Queue: q, Logger: discardLogger()})
 	if err != nil {
 		t.Fatal(err)
@@ -181,7 +181,7 @@ func TestLibrarianQueryAsAnAgent(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	svc, err := librarian.New(librarian.Config{HTTPAddr: "127.0.0.1:0", APIRate: "60/minute", ShutdownTimeout: time.Second, AllowUnauthenticated: true},
+	svc, err := librarian.New(librarian.Config{HTTPAddr: "127.0.0.1:0", APIRate: "60/minute", ReadRate: "600/minute", ShutdownTimeout: time.Second, AllowUnauthenticated: true},
 		librarian.Deps{Store: st, Queue: q, Logger: discardLogger()})
 	if err != nil {
 		t.Fatal(err)

@@ -5,6 +5,11 @@
 //
 //	GRPCAddr config.ListenAddr `env:"CONCLAVE_GATEWAY_GRPC_ADDR" default:":50051" help:"agent gRPC listener"`
 //
+// A numeric setting that must be above zero says so beside its key, and
+// Load (and Check) refuse zero or less with an error naming the key:
+//
+//	Lease time.Duration `env:"CONCLAVE_GATEWAY_LEASE" default:"15s" validate:"positive"`
+//
 // Load derives a flag from every key (--gateway-grpc-addr), so a setting can
 // come from either place; a flag wins over the environment, which wins over
 // the default. Every error names the setting's environment key, so a bad
@@ -47,7 +52,8 @@ type Validator interface {
 var ErrHelp = flag.ErrHelp
 
 // Load fills target (a pointer to a struct) from args and lookup, applies
-// defaults to the fields still zero, and runs the Validate methods of target and its nested structs.
+// defaults to the fields still zero, checks the validate tags (Check), and
+// runs the Validate methods of target and its nested structs.
 // Usage and flag errors go to usage.
 func Load(_ context.Context, target any, name string, args []string, lookup Lookup, usage io.Writer) error {
 	rv := reflect.ValueOf(target)
@@ -104,7 +110,56 @@ func Load(_ context.Context, target any, name string, args []string, lookup Look
 			return fmt.Errorf("invalid setting %s: %w", s.env, err)
 		}
 	}
+	if err := checkRules(settings); err != nil {
+		return fmt.Errorf("invalid setting %w", err)
+	}
 	return validate(rv)
+}
+
+// Check checks the validate tags of target's settings (a struct, or a
+// pointer to one, and the untagged structs in it), as Load does. A
+// Validate method calls it first, so that a configuration built in code,
+// not loaded, is held to the same rules. The error names the setting's
+// environment key:
+//
+//	CONCLAVE_GATEWAY_LEASE: must be positive, got 0s
+//
+// The one rule is "positive": above zero, for a whole number, a number or
+// a duration.
+func Check(target any) error {
+	rv := reflect.ValueOf(target)
+	if rv.Kind() == reflect.Pointer {
+		rv = rv.Elem()
+	}
+	if rv.Kind() != reflect.Struct {
+		return fmt.Errorf("config: Check needs a struct, got %T", target)
+	}
+	return checkRules(collect(rv))
+}
+
+// checkRules checks the validate tag of each setting.
+func checkRules(settings []setting) error {
+	for _, s := range settings {
+		if s.rule == "" {
+			continue
+		}
+		if s.rule != "positive" {
+			return fmt.Errorf("%s: unknown validate rule %q", s.env, s.rule)
+		}
+		var positive bool
+		switch s.field.Kind() {
+		case reflect.Int, reflect.Int32, reflect.Int64:
+			positive = s.field.Int() > 0
+		case reflect.Float64:
+			positive = s.field.Float() > 0 // false for NaN too
+		default:
+			return fmt.Errorf("%s: validate:\"positive\" on a %s, not a number", s.env, s.field.Type())
+		}
+		if !positive {
+			return fmt.Errorf("%s: must be positive, got %v", s.env, s.field.Interface())
+		}
+	}
+	return nil
 }
 
 // flagValue holds a flag's text until Load decodes it into its field, so
@@ -203,6 +258,7 @@ func FlagName(envKey string) string {
 
 type setting struct {
 	env, def, help string
+	rule           string // the validate tag
 	hasDef         bool
 	field          reflect.Value
 }
@@ -228,7 +284,7 @@ func collect(v reflect.Value) []setting {
 		if help == "" {
 			help = f.Name
 		}
-		out = append(out, setting{env: env, def: def, hasDef: hasDef, help: help, field: v.Field(i)})
+		out = append(out, setting{env: env, def: def, hasDef: hasDef, help: help, rule: f.Tag.Get("validate"), field: v.Field(i)})
 	}
 	return out
 }

@@ -186,7 +186,7 @@ func TestSweepLoop(t *testing.T) {
 	if err := q.Ensure(ctx, service.Queues[0]); err != nil {
 		t.Fatal(err)
 	}
-	svc, err := service.New(service.Config{HTTPAddr: "127.0.0.1:0", APIRate: "60/minute", ShutdownTimeout: time.Second,
+	svc, err := service.New(service.Config{HTTPAddr: "127.0.0.1:0", APIRate: "60/minute", ReadRate: "600/minute", ShutdownTimeout: time.Second,
 		SweepInterval: 10 * time.Millisecond, AgentTokens: []string{"claude-3=" + claudeToken}},
 		service.Deps{Store: st, Queue: q, Now: clock.now, Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {

@@ -72,7 +72,7 @@ func newEnvAt(t testing.TB, mod func(*service.Config), now func() time.Time) *en
 			t.Fatal(err)
 		}
 	}
-	cfg := service.Config{APIRate: "60/minute", ShutdownTimeout: time.Second,
+	cfg := service.Config{APIRate: "60/minute", ReadRate: "600/minute", ShutdownTimeout: time.Second,
 		AgentTokens:    []string{"claude-3=" + claudeToken, "copilot-2=" + copilotToken, "gemini-pro=" + geminiToken},
 		ReviewerTokens: []string{"alice=" + reviewerToken}}
 	if mod != nil {
@@ -520,7 +520,7 @@ func TestComplianceSwitchesFromConfigDir(t *testing.T) {
 	}
 	bad := t.TempDir()
 	writeConfig(t, bad, "max_references: 20", "max_references: lots")
-	_, err := service.NewHandler(service.Config{ConfigDir: bad, APIRate: "60/minute"}, service.Deps{})
+	_, err := service.NewHandler(service.Config{ConfigDir: bad, APIRate: "60/minute", ReadRate: "600/minute", ShutdownTimeout: time.Second}, service.Deps{})
 	if err == nil || !strings.Contains(err.Error(), bad+"/protocol.yaml") {
 		t.Fatalf("a bad protocol.yaml: %v", err)
 	}
@@ -542,5 +542,20 @@ func TestReadLimit(t *testing.T) {
 	}
 	if r := e.do(t, "GET", "/agent/capabilities", claudeToken, nil); r.status != 200 {
 		t.Fatalf("another agent's read: %d", r.status)
+	}
+}
+
+// TestNewChecksConfig: New and NewHandler refuse a Config that Validate
+// refuses, before they use any of its Deps, with the error naming the
+// setting.
+func TestNewChecksConfig(t *testing.T) {
+	t.Parallel()
+	cfg := service.Config{HTTPAddr: "127.0.0.1:0", APIRate: "60/minute", ReadRate: "600/minute"}
+	const want = "CONCLAVE_LIBRARIAN_SHUTDOWN_TIMEOUT: must be positive"
+	if _, err := service.New(cfg, service.Deps{}); err == nil || !strings.HasPrefix(err.Error(), want) {
+		t.Fatalf("New = %v, want %s", err, want)
+	}
+	if _, err := service.NewHandler(cfg, service.Deps{}); err == nil || !strings.HasPrefix(err.Error(), want) {
+		t.Fatalf("NewHandler = %v, want %s", err, want)
 	}
 }

@@ -46,7 +46,7 @@ func TestMetrics(t *testing.T) {
 	if err := q.Ensure(ctx, service.Queues[0]); err != nil {
 		t.Fatal(err)
 	}
-	lib, err := service.NewHandler(service.Config{APIRate: "100000/minute", AgentTokens: []string{"copilot-2=" + copilotToken},
+	lib, err := service.NewHandler(service.Config{APIRate: "100000/minute", ReadRate: "600/minute", ShutdownTimeout: time.Second, AgentTokens: []string{"copilot-2=" + copilotToken},
 		// No regrowth within the test, however loaded the machine.
 		AuthThrottle: auth.ThrottleSetting{Burst: auth.ThrottleBurst, Every: time.Hour}},
 		service.Deps{Store: st, Queue: q, Telemetry: tel})

@@ -55,7 +55,7 @@ func TestEventsSurviveAQueueOutage(t *testing.T) {
 		t.Fatal(err)
 	}
 	q := &flakyQueue{Queue: real}
-	lib, err := service.NewHandler(service.Config{APIRate: "60/minute", ShutdownTimeout: time.Second, AgentTokens: []string{"copilot-2=" + copilotToken}},
+	lib, err := service.NewHandler(service.Config{APIRate: "60/minute", ReadRate: "600/minute", ShutdownTimeout: time.Second, AgentTokens: []string{"copilot-2=" + copilotToken}},
 		service.Deps{Store: st, Queue: q})
 	if err != nil {
 		t.Fatal(err)

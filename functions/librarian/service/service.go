@@ -47,9 +47,13 @@ type Deps struct {
 	Agents []string
 }
 
-// NewHandler loads the configuration files and builds the handler, its
-// metrics and HTTP traces bound to d.Telemetry. It makes no network call.
+// NewHandler checks cfg, loads the configuration files and builds the
+// handler, its metrics and HTTP traces bound to d.Telemetry. It makes no
+// network call.
 func NewHandler(cfg Config, d Deps) (*Librarian, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
 	hd := handler.Deps{Store: d.Store, Queue: d.Queue, Logger: d.Logger, Now: d.Now, Agents: d.Agents}
 	if tel := d.Telemetry; tel != nil {
 		hd.Meters = tel.MeterProvider()
@@ -66,8 +70,8 @@ type Service struct {
 	logger *slog.Logger
 }
 
-// New serves the handler on cfg.HTTPAddr. The store's Tables and the
-// queue's Queues must exist.
+// New checks cfg and serves the handler on cfg.HTTPAddr. The store's
+// Tables and the queue's Queues must exist.
 func New(cfg Config, d Deps, opts ...server.Option) (*Service, error) {
 	lib, err := NewHandler(cfg, d)
 	if err != nil {

@@ -208,7 +208,7 @@ func startHTTP(t testing.TB, mutate func(*service.Config)) *httpBridge {
 		// arrived yet as busy for 5 s; a client transport may hold such a
 		// spare connection, so the drain gets longer than that.
 		ShutdownTimeout: 15 * time.Second, ProgressInterval: 100 * time.Millisecond,
-		MaxRequestBytes: 4 << 20, Rate: 1000, Burst: 1000, Env: os.LookupEnv, Version: "test",
+		MaxRequestBytes: 4 << 20, Rate: 1000, Burst: 1000, MaxRunning: 16, Env: os.LookupEnv, Version: "test",
 	}
 	if mutate != nil {
 		mutate(&cfg)
@@ -222,7 +222,7 @@ func startHTTP(t testing.TB, mutate func(*service.Config)) *httpBridge {
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, err := service.New(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)), tel, server.WithHTTPListener(l))
+	b, err := service.New(cfg, service.Deps{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Telemetry: tel}, server.WithHTTPListener(l))
 	if err != nil {
 		t.Fatal(err)
 	}

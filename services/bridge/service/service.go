@@ -7,33 +7,26 @@ package service
 
 import (
 	"context"
-	"encoding/json"
-	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net/http"
+	"net/url"
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
-	"go.opentelemetry.io/otel/metric"
 
 	"github.com/conclave-ai/conclave/pkg/auth"
 	"github.com/conclave-ai/conclave/pkg/config"
 	"github.com/conclave-ai/conclave/pkg/govern"
 	"github.com/conclave-ai/conclave/pkg/httpguard"
-	"github.com/conclave-ai/conclave/pkg/hybrid"
 	"github.com/conclave-ai/conclave/pkg/server"
 	"github.com/conclave-ai/conclave/pkg/telemetry"
-	"github.com/conclave-ai/conclave/services/bridge/internal/agentconfig"
+	"github.com/conclave-ai/conclave/services/bridge/internal/cli"
+	"github.com/conclave-ai/conclave/services/bridge/internal/mcphttp"
 	"github.com/conclave-ai/conclave/services/bridge/internal/mcpserver"
-	"github.com/conclave-ai/conclave/services/bridge/internal/mcpstdio"
 	"github.com/conclave-ai/conclave/services/bridge/internal/tools"
+	"github.com/conclave-ai/conclave/services/bridge/internal/toolset"
 )
-
-// defaultMaxRunning is CONCLAVE_BRIDGE_MAX_RUNNING's default, for a Config
-// not loaded from the environment.
-const defaultMaxRunning = 16
 
 // MCPPath is where the streamable HTTP endpoint is served.
 const MCPPath = "/mcp"
@@ -45,13 +38,13 @@ type Config struct {
 	Workspace       string            `env:"CONCLAVE_BRIDGE_WORKSPACE" help:"workspace root the agents run in, overriding config.yaml's workspace"`
 	HTTPAddr        config.ListenAddr `env:"CONCLAVE_BRIDGE_HTTP_ADDR" default:":8083" help:"HTTP listener: MCP streamable HTTP on /mcp, health and metrics"`
 	Tokens          []string          `env:"CONCLAVE_BRIDGE_TOKENS" help:"comma-separated bearer tokens accepted on /mcp"`
-	ShutdownTimeout time.Duration     `env:"CONCLAVE_BRIDGE_SHUTDOWN_TIMEOUT" default:"15s" help:"how long running tool calls may drain on shutdown"`
+	ShutdownTimeout time.Duration     `env:"CONCLAVE_BRIDGE_SHUTDOWN_TIMEOUT" default:"15s" validate:"positive" help:"how long running tool calls may drain on shutdown"`
 	// ProgressInterval paces the notifications of long calls.
-	ProgressInterval time.Duration `env:"CONCLAVE_BRIDGE_PROGRESS_INTERVAL" default:"5s" help:"how often a running tool call sends a progress notification to a client that asked for them"`
+	ProgressInterval time.Duration `env:"CONCLAVE_BRIDGE_PROGRESS_INTERVAL" default:"5s" validate:"positive" help:"how often a running tool call sends a progress notification to a client that asked for them"`
 	MaxRequestBytes  int64         `env:"CONCLAVE_BRIDGE_MAX_REQUEST_BYTES" default:"4194304" help:"largest MCP request body accepted over HTTP"`
 	Rate             float64       `env:"CONCLAVE_BRIDGE_RATE" default:"20" help:"MCP requests per second each client (bearer token, or address without tokens) may make"`
-	Burst            int           `env:"CONCLAVE_BRIDGE_BURST" default:"40" help:"MCP requests each client may make at once, above its rate"`
-	MaxRunning       int           `env:"CONCLAVE_BRIDGE_MAX_RUNNING" default:"16" help:"agents that may run at once; calls beyond are refused with a Busy error"`
+	Burst            int           `env:"CONCLAVE_BRIDGE_BURST" default:"40" validate:"positive" help:"MCP requests each client may make at once, above its rate"`
+	MaxRunning       int           `env:"CONCLAVE_BRIDGE_MAX_RUNNING" default:"16" validate:"positive" help:"agents that may run at once; calls beyond are refused with a Busy error"`
 	// Governed tools ask the Librarian (docs/governance.md).
 	LibrarianURL   string `env:"CONCLAVE_BRIDGE_LIBRARIAN_URL" help:"the Librarian's API (http(s)://host[:port][/stage]) governed tools ask before they run; required when config.yaml has one"`
 	LibrarianToken string `env:"CONCLAVE_BRIDGE_LIBRARIAN_TOKEN" help:"the bridge's Librarian agent token (empty only for a Librarian that takes none, in development)"`
@@ -77,6 +70,9 @@ type Config struct {
 
 // Validate implements config.Validator.
 func (c Config) Validate() error {
+	if err := config.Check(c); err != nil {
+		return err
+	}
 	if c.ConfigFile == "" {
 		return fmt.Errorf("CONCLAVE_BRIDGE_CONFIG: the bridge needs its config.yaml")
 	}
@@ -91,74 +87,48 @@ func (c Config) Validate() error {
 			return err
 		}
 	}
-	if c.ShutdownTimeout <= 0 {
-		return fmt.Errorf("CONCLAVE_BRIDGE_SHUTDOWN_TIMEOUT: must be positive, got %s", c.ShutdownTimeout)
-	}
-	if c.ProgressInterval <= 0 {
-		return fmt.Errorf("CONCLAVE_BRIDGE_PROGRESS_INTERVAL: must be positive, got %s", c.ProgressInterval)
-	}
 	if c.MaxRequestBytes < 1024 {
 		return fmt.Errorf("CONCLAVE_BRIDGE_MAX_REQUEST_BYTES: must be at least 1024, got %d", c.MaxRequestBytes)
 	}
 	if !(c.Rate > 0) {
 		return fmt.Errorf("CONCLAVE_BRIDGE_RATE: must be a positive number, got %g", c.Rate)
 	}
-	if c.Burst < 1 {
-		return fmt.Errorf("CONCLAVE_BRIDGE_BURST: must be positive, got %d", c.Burst)
-	}
-	if c.MaxRunning < 1 {
-		return fmt.Errorf("CONCLAVE_BRIDGE_MAX_RUNNING: must be positive, got %d", c.MaxRunning)
-	}
 	return c.validateGovernance()
 }
 
-func (c Config) lookup(key string) (string, bool) {
-	if c.Env == nil {
-		return "", false
-	}
-	return c.Env(key)
+// toolSettings are the settings the bridge's agents run with.
+func (c Config) toolSettings() toolset.Settings {
+	return toolset.Settings{ConfigFile: c.ConfigFile, Workspace: c.Workspace, ProgressInterval: c.ProgressInterval,
+		MaxRunning: c.MaxRunning, LibrarianURL: c.LibrarianURL, LibrarianToken: c.LibrarianToken,
+		LibrarianAgent: c.LibrarianAgent, BusURL: c.BusURL, BusToken: c.BusToken, Env: c.Env, Version: c.Version}
 }
 
-func (c Config) progressInterval() time.Duration {
-	if c.ProgressInterval <= 0 {
-		return 5 * time.Second
+// validateGovernance checks the Librarian's and the bus's settings.
+func (c Config) validateGovernance() error {
+	for _, u := range []struct{ key, url, scheme string }{
+		{"CONCLAVE_BRIDGE_LIBRARIAN_URL", c.LibrarianURL, "http"}, {"CONCLAVE_BRIDGE_BUS_URL", c.BusURL, "ws"},
+	} {
+		if u.url == "" {
+			continue
+		}
+		if p, err := url.Parse(u.url); err != nil || (p.Scheme != u.scheme && p.Scheme != u.scheme+"s") || p.Host == "" {
+			return fmt.Errorf("%s: %q is not a %s:// or %ss:// URL", u.key, u.url, u.scheme, u.scheme)
+		}
 	}
-	return c.ProgressInterval
+	if c.LibrarianToken != "" && len(c.LibrarianToken) < 16 {
+		return fmt.Errorf("CONCLAVE_BRIDGE_LIBRARIAN_TOKEN: a token of at least 16 characters")
+	}
+	return nil
 }
 
-// loadRunner loads config.yaml and the runner of its agents, with what its
-// governed tools ask the Librarian with: the watcher, when not nil, must
-// run (watch) while calls are made.
-func loadRunner(cfg Config, logger *slog.Logger, tel *telemetry.Provider) (*tools.Runner, *govern.Watcher, error) {
-	agents, err := agentconfig.Load(cfg.ConfigFile, cfg.Workspace, cfg.lookup)
-	if err != nil {
-		return nil, nil, err
-	}
-	maxRunning := cfg.MaxRunning
-	if maxRunning < 1 {
-		maxRunning = defaultMaxRunning
-	}
-	var meter metric.Meter
-	if tel != nil {
-		meter = tel.Meter("bridge")
-	}
-	r, err := tools.New(agents, logger, meter, maxRunning)
-	if err != nil {
-		return nil, nil, err
-	}
-	watcher, err := governance(cfg, agents, r, logger, tel)
-	return r, watcher, err
-}
+// IO is a command's standard streams.
+type IO = cli.IO
 
-// watch runs w (if any) until the func it returns is called.
-func watch(w *govern.Watcher) (stop func()) {
-	if w == nil {
-		return func() {}
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { defer close(done); _ = w.Run(ctx) }()
-	return func() { cancel(); <-done }
+// Main runs `name <command> ...` (`conclave bridge`, or the bridge binary's
+// commands): internal/cli. lookup is the environment, for settings and for
+// what agents may inherit.
+func Main(ctx context.Context, name string, args []string, lookup config.Lookup, std IO, version string) error {
+	return cli.Main(ctx, name, args, lookup, std, version)
 }
 
 // Bridge is a configured, not yet running, bridge HTTP server.
@@ -173,15 +143,25 @@ type Bridge struct {
 	endCalls context.CancelFunc
 }
 
-// New loads config.yaml and builds the HTTP server: streamable HTTP MCP on
-// MCPPath behind bearer tokens and a per-client rate limit.
-func New(cfg Config, logger *slog.Logger, tel *telemetry.Provider, opts ...server.Option) (*Bridge, error) {
-	runner, watcher, err := loadRunner(cfg, logger, tel)
+// Deps are what the bridge runs on: it keeps no state.
+type Deps struct {
+	Logger    *slog.Logger
+	Telemetry *telemetry.Provider
+}
+
+// New checks cfg, loads config.yaml and builds the HTTP server: streamable
+// HTTP MCP on MCPPath behind bearer tokens and a per-client rate limit.
+func New(cfg Config, deps Deps, opts ...server.Option) (*Bridge, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	logger, tel := deps.Logger, deps.Telemetry
+	runner, watcher, err := toolset.Load(cfg.toolSettings(), logger, tel)
 	if err != nil {
 		return nil, err
 	}
 	opts = append([]server.Option{
-		server.WithHTTPErrorWriter(WriteHTTPError),
+		server.WithHTTPErrorWriter(mcphttp.WriteHTTPError),
 		server.WithMetricsHandler(tel.MetricsHandler()),
 		server.WithHTTPMiddleware(func(h http.Handler) http.Handler { return tel.HTTPHandler(h, "bridge") }),
 	}, opts...)
@@ -198,7 +178,7 @@ func New(cfg Config, logger *slog.Logger, tel *telemetry.Provider, opts ...serve
 		return nil, fmt.Errorf("bridge server: %w", err)
 	}
 	calls, endCalls := context.WithCancel(context.Background())
-	mcpSrv := mcpserver.New(runner, mcpserver.Options{Version: cfg.Version, ProgressInterval: cfg.progressInterval(), Logger: logger, Calls: calls})
+	mcpSrv := mcpserver.New(runner, cfg.toolSettings().MCPOptions(logger, calls))
 	handler := mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return mcpSrv }, &mcp.StreamableHTTPOptions{
 		Logger: logger,
 		// Idle sessions are dropped, so abandoned clients free their state.
@@ -208,7 +188,8 @@ func New(cfg Config, logger *slog.Logger, tel *telemetry.Provider, opts ...serve
 		logger.Warn("the bridge's MCP endpoint accepts requests without a bearer token")
 	}
 	throttle := auth.NewThrottle(cfg.AuthThrottle.Options(telemetry.AuthThrottled(tel.Meter("bridge"), "bridge")))
-	protected := guard(cfg, throttle, jsonRPCErrors(handler))
+	protected := mcphttp.Guard(mcphttp.GuardSettings{Tokens: cfg.Tokens, Rate: cfg.Rate, Burst: cfg.Burst,
+		AllowUnauthenticated: cfg.AllowUnauthenticated}, throttle, mcphttp.JSONRPCErrors(handler))
 	// A tool call (a POST) lasts as long as its agent, up to its timeout:
 	// on SIGTERM it is drained, so that it finishes with its result, while
 	// new calls are refused. GET /mcp is the session's server-sent event
@@ -223,7 +204,7 @@ func New(cfg Config, logger *slog.Logger, tel *telemetry.Provider, opts ...serve
 // finish, within ShutdownTimeout, and those still running after it are
 // cancelled (their agents killed).
 func (b *Bridge) Run(ctx context.Context) error {
-	defer watch(b.watcher)()
+	defer toolset.Watch(b.watcher)()
 	defer b.endCalls()
 	return b.srv.Run(ctx)
 }
@@ -238,87 +219,4 @@ func (b *Bridge) Endpoints() []server.Endpoint {
 		return nil
 	}
 	return []server.Endpoint{{Service: "bridge", Protocol: fmt.Sprintf("HTTP: MCP streamable HTTP %s (%d tools), /healthz /readyz /metrics", MCPPath, len(b.runner.Names())+1), Address: addr}}
-}
-
-// ServeStdio serves MCP on in and out (a client's pipes) until the client
-// closes in or ctx ends. Nothing but protocol frames is written to out; logs
-// go to logger.
-func ServeStdio(ctx context.Context, cfg Config, logger *slog.Logger, tel *telemetry.Provider, in io.ReadCloser, out io.WriteCloser) error {
-	runner, watcher, err := loadRunner(cfg, logger, tel)
-	if err != nil {
-		return err
-	}
-	defer watch(watcher)()
-	// The end of ctx (SIGTERM, SIGINT) cancels the calls running: the SDK
-	// would otherwise wait for them before it ends the session. The end of
-	// stdin does not: every request read is answered first.
-	s := mcpserver.New(runner, mcpserver.Options{Version: cfg.Version, ProgressInterval: cfg.progressInterval(), Logger: logger, Calls: ctx})
-	// Lines that are not JSON-RPC messages are answered with -32700 or
-	// -32600 by the transport, and the session goes on.
-	err = s.Run(ctx, mcpstdio.NewTransport(in, out, logger))
-	if ctx.Err() != nil || isClosedPipe(err) {
-		return nil
-	}
-	return fmt.Errorf("mcp stdio: %w", err)
-}
-
-// Call runs tool name with args (a JSON object) once and returns the JSON
-// object to print: the agent's response, or the bridge's error in the same
-// form. err is non-nil for an unknown tool and a broken configuration, and
-// for every failed call, so that a command can exit non-zero.
-func Call(ctx context.Context, cfg Config, logger *slog.Logger, name string, args json.RawMessage) (json.RawMessage, error) {
-	runner, watcher, err := loadRunner(cfg, logger, nil)
-	if err != nil {
-		return nil, err
-	}
-	defer watch(watcher)()
-	resp, err := runner.Call(ctx, name, args)
-	if err != nil {
-		var he *hybrid.Error
-		if errors.As(err, &he) {
-			return he.Response(), err
-		}
-		return nil, fmt.Errorf("%w; configured tools: %v", err, runner.Names())
-	}
-	if resp.Status == hybrid.StatusError {
-		return resp.Object, fmt.Errorf("%s answered with an error: %s", name, resp.Error)
-	}
-	return resp.Object, nil
-}
-
-// Tool describes one configured tool.
-type Tool struct {
-	Name        string          `json:"name"`
-	Description string          `json:"description"`
-	Script      string          `json:"script"`
-	Interpreter string          `json:"interpreter"`
-	Timeout     string          `json:"timeout"`
-	InputSchema json.RawMessage `json:"inputSchema"`
-}
-
-// List returns the configured tools.
-func List(cfg Config) ([]Tool, error) {
-	agents, err := agentconfig.Load(cfg.ConfigFile, cfg.Workspace, cfg.lookup)
-	if err != nil {
-		return nil, err
-	}
-	out := make([]Tool, 0, len(agents.Agents))
-	for _, a := range agents.Agents {
-		out = append(out, Tool{Name: a.Name, Description: a.Description, Script: a.Run.Script,
-			Interpreter: a.Run.Interpreter, Timeout: a.Run.Timeout.String(), InputSchema: a.InputSchema})
-	}
-	return out, nil
-}
-
-// Health is the bridge's health report, as the health_check tool returns it.
-type Health = tools.Health
-
-// CheckHealth reports whether every agent's script and interpreter exist and
-// are usable.
-func CheckHealth(cfg Config, logger *slog.Logger) (Health, error) {
-	runner, _, err := loadRunner(cfg, logger, nil)
-	if err != nil {
-		return Health{}, err
-	}
-	return runner.Health(), nil
 }

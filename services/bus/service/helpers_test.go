@@ -112,7 +112,7 @@ func startBus(t testing.TB, cfg service.Config, o busOption) *testBus {
 	} else if testing.Verbose() {
 		logger = slog.New(slog.NewTextHandler(tWriter{t}, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	}
-	b, err := service.New(cfg, logger, o.tel, o.st, o.q, o.launcher)
+	b, err := service.New(cfg, service.Deps{Store: o.st, Queue: o.q, Logger: logger, Telemetry: o.tel, Launcher: o.launcher})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -33,7 +33,7 @@ func Serve(ctx context.Context, name string, args []string, lookup config.Lookup
 		return err
 	}
 	defer runnerConn.Close()
-	bus, err := New(cfg.Bus, b.Logger, b.Telemetry, b.Store, b.Queue, launcher)
+	bus, err := New(cfg.Bus, Deps{Store: b.Store, Queue: b.Queue, Logger: b.Logger, Telemetry: b.Telemetry, Launcher: launcher})
 	if err != nil {
 		return err
 	}

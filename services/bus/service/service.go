@@ -26,6 +26,8 @@ import (
 	"github.com/conclave-ai/conclave/pkg/store"
 	"github.com/conclave-ai/conclave/pkg/telemetry"
 	"github.com/conclave-ai/conclave/services/bus/internal/broker"
+	"github.com/conclave-ai/conclave/services/bus/internal/cluster"
+	"github.com/conclave-ai/conclave/services/bus/internal/deadletters"
 	"github.com/conclave-ai/conclave/services/bus/internal/wsconn"
 )
 
@@ -41,30 +43,30 @@ type Config struct {
 	AllowUnauthenticated bool          `env:"CONCLAVE_BUS_ALLOW_UNAUTHENTICATED" default:"false" help:"serve clients without bearer tokens, all allowed (development only)"`
 	Policy               string        `env:"CONCLAVE_BUS_POLICY" default:"stopPropagationOnProcessed" help:"bus-wide propagation policy: stopPropagationOnProcessed, stopPropagationOnStop or continueAll"`
 	ClientPolicies       bool          `env:"CONCLAVE_BUS_CLIENT_POLICIES" default:"true" help:"let a subscribe's suggested policy override the bus-wide one"`
-	DeliveryTimeout      time.Duration `env:"CONCLAVE_BUS_DELIVERY_TIMEOUT" default:"30s" help:"how long a subscriber may take to answer a delivery"`
-	MaxFrameBytes        int           `env:"CONCLAVE_BUS_MAX_FRAME_BYTES" default:"1048576" help:"largest WebSocket message accepted; a larger one closes the connection with 1009"`
-	OutboundBuffer       int           `env:"CONCLAVE_BUS_OUTBOUND_BUFFER" default:"256" help:"frames that may wait for a slow client before it is disconnected (1008)"`
-	WriteTimeout         time.Duration `env:"CONCLAVE_BUS_WRITE_TIMEOUT" default:"10s" help:"how long one frame may take to write before the client is disconnected as a slow reader"`
-	MaxSubscriptions     int           `env:"CONCLAVE_BUS_MAX_SUBSCRIPTIONS" default:"100" help:"subscriptions one client may hold"`
-	MaxInflight          int           `env:"CONCLAVE_BUS_MAX_INFLIGHT" default:"64" help:"requests of one client handled at once; past that its connection stops being read"`
-	Rate                 float64       `env:"CONCLAVE_BUS_RATE" default:"200" help:"requests per second one client may make"`
-	Burst                int           `env:"CONCLAVE_BUS_BURST" default:"400" help:"requests one client may make at once above its rate"`
-	RetryAttempts        int           `env:"CONCLAVE_BUS_RETRY_ATTEMPTS" default:"3" help:"deliveries of a message to an agent, the first included, before it is dead-lettered"`
-	RetryBaseDelay       time.Duration `env:"CONCLAVE_BUS_RETRY_BASE_DELAY" default:"1s" help:"first retry delay when the agent gives no retry_seconds; doubles per attempt"`
-	RetryMaxDelay        time.Duration `env:"CONCLAVE_BUS_RETRY_MAX_DELAY" default:"5m" help:"cap on every retry delay, retry_seconds included (at most 15m)"`
+	DeliveryTimeout      time.Duration `env:"CONCLAVE_BUS_DELIVERY_TIMEOUT" default:"30s" validate:"positive" help:"how long a subscriber may take to answer a delivery"`
+	MaxFrameBytes        int           `env:"CONCLAVE_BUS_MAX_FRAME_BYTES" default:"1048576" validate:"positive" help:"largest WebSocket message accepted; a larger one closes the connection with 1009"`
+	OutboundBuffer       int           `env:"CONCLAVE_BUS_OUTBOUND_BUFFER" default:"256" validate:"positive" help:"frames that may wait for a slow client before it is disconnected (1008)"`
+	WriteTimeout         time.Duration `env:"CONCLAVE_BUS_WRITE_TIMEOUT" default:"10s" validate:"positive" help:"how long one frame may take to write before the client is disconnected as a slow reader"`
+	MaxSubscriptions     int           `env:"CONCLAVE_BUS_MAX_SUBSCRIPTIONS" default:"100" validate:"positive" help:"subscriptions one client may hold"`
+	MaxInflight          int           `env:"CONCLAVE_BUS_MAX_INFLIGHT" default:"64" validate:"positive" help:"requests of one client handled at once; past that its connection stops being read"`
+	Rate                 float64       `env:"CONCLAVE_BUS_RATE" default:"200" validate:"positive" help:"requests per second one client may make"`
+	Burst                int           `env:"CONCLAVE_BUS_BURST" default:"400" validate:"positive" help:"requests one client may make at once above its rate"`
+	RetryAttempts        int           `env:"CONCLAVE_BUS_RETRY_ATTEMPTS" default:"3" validate:"positive" help:"deliveries of a message to an agent, the first included, before it is dead-lettered"`
+	RetryBaseDelay       time.Duration `env:"CONCLAVE_BUS_RETRY_BASE_DELAY" default:"1s" validate:"positive" help:"first retry delay when the agent gives no retry_seconds; doubles per attempt"`
+	RetryMaxDelay        time.Duration `env:"CONCLAVE_BUS_RETRY_MAX_DELAY" default:"5m" validate:"positive" help:"cap on every retry delay, retry_seconds included (at most 15m)"`
 	Workspace            string        `env:"CONCLAVE_BUS_WORKSPACE" help:"BUB_WORKSPACE of agents the default handler launches"`
 	PublicURL            string        `env:"CONCLAVE_BUS_PUBLIC_URL" help:"BUB_BUS_URL given to launched agents (default: ws:// or wss:// and the listener's address)"`
 	RunnerAddr           string        `env:"CONCLAVE_BUS_RUNNER_ADDR" help:"host:port of the runner's gRPC API (conclave.runner.v1) the default handler launches agents through; unset, a message no subscriber matches is answered with success false"`
 	RunnerToken          string        `env:"CONCLAVE_BUS_RUNNER_TOKEN" help:"bearer token the bus presents to the runner (one of its CONCLAVE_RUNNER_CLIENT_TOKENS)"`
 	RunnerAgentType      string        `env:"CONCLAVE_BUS_RUNNER_AGENT_TYPE" help:"agent_type the default handler launches (one of the runner's agent types); required with CONCLAVE_BUS_RUNNER_ADDR"`
 	RunnerTLS            bool          `env:"CONCLAVE_BUS_RUNNER_TLS" default:"false" help:"dial the runner with TLS (the system's roots)"`
-	SpawnTimeout         time.Duration `env:"CONCLAVE_BUS_SPAWN_TIMEOUT" default:"60s" help:"how long the default handler waits for a launched agent to subscribe"`
+	SpawnTimeout         time.Duration `env:"CONCLAVE_BUS_SPAWN_TIMEOUT" default:"60s" validate:"positive" help:"how long the default handler waits for a launched agent to subscribe"`
 	AgentReplyTopics     []string      `env:"CONCLAVE_BUS_AGENT_REPLY_TOPICS" help:"comma-separated LAUNCH_PATTERN=TEMPLATE rules: an agent the default handler launched for a topic the pattern matches may also publish on the template, {topic} being its topic and {topic_id} what follows its first ':' (tg:*=outbound:{topic_id} lets the agent of tg:42 reply on outbound:42)"`
-	AgentTokenTTL        time.Duration `env:"CONCLAVE_BUS_AGENT_TOKEN_TTL" default:"24h" help:"how long the token (BUB_TOKEN) of an agent the default handler launched stays valid, and the agent is known as the agent of its topic"`
+	AgentTokenTTL        time.Duration `env:"CONCLAVE_BUS_AGENT_TOKEN_TTL" default:"24h" validate:"positive" help:"how long the token (BUB_TOKEN) of an agent the default handler launched stays valid, and the agent is known as the agent of its topic"`
 	PeerToken            string        `env:"CONCLAVE_BUS_PEER_TOKEN" help:"shared secret of the replicas; when set, each replica forwards messages to the others (listed in the store) and accepts theirs on /internal/v1/deliver"`
 	AdvertiseAddr        string        `env:"CONCLAVE_BUS_ADVERTISE_ADDR" help:"host:port other replicas reach this one at (default: the listener's address)"`
-	Lease                time.Duration `env:"CONCLAVE_BUS_LEASE" default:"15s" help:"how long a replica stays listed after its last renewal"`
-	ShutdownTimeout      time.Duration `env:"CONCLAVE_BUS_SHUTDOWN_TIMEOUT" default:"15s" help:"how long in-flight work may drain on shutdown"`
+	Lease                time.Duration `env:"CONCLAVE_BUS_LEASE" default:"15s" validate:"positive" help:"how long a replica stays listed after its last renewal"`
+	ShutdownTimeout      time.Duration `env:"CONCLAVE_BUS_SHUTDOWN_TIMEOUT" default:"15s" validate:"positive" help:"how long in-flight work may drain on shutdown"`
 	// AllowedHosts are answered besides loopback names while the bus runs
 	// without authentication.
 	AllowedHosts []string `env:"CONCLAVE_BUS_ALLOWED_HOSTS" help:"comma-separated Host names the listener answers besides localhost, 127.0.0.1 and [::1] while it runs without authentication"`
@@ -74,6 +76,9 @@ type Config struct {
 
 // Validate implements config.Validator.
 func (c Config) Validate() error {
+	if err := config.Check(c); err != nil {
+		return err
+	}
 	if c.Addr == "" {
 		return errors.New("CONCLAVE_BUS_ADDR: the bus needs a listener")
 	}
@@ -97,35 +102,6 @@ func (c Config) Validate() error {
 	}
 	if _, err := broker.ParsePolicy(c.Policy); err != nil {
 		return fmt.Errorf("CONCLAVE_BUS_POLICY: %w", err)
-	}
-	for key, n := range map[string]int{
-		"CONCLAVE_BUS_MAX_FRAME_BYTES":   c.MaxFrameBytes,
-		"CONCLAVE_BUS_OUTBOUND_BUFFER":   c.OutboundBuffer,
-		"CONCLAVE_BUS_MAX_SUBSCRIPTIONS": c.MaxSubscriptions,
-		"CONCLAVE_BUS_MAX_INFLIGHT":      c.MaxInflight,
-		"CONCLAVE_BUS_BURST":             c.Burst,
-		"CONCLAVE_BUS_RETRY_ATTEMPTS":    c.RetryAttempts,
-	} {
-		if n < 1 {
-			return fmt.Errorf("%s: must be positive, got %d", key, n)
-		}
-	}
-	if !(c.Rate > 0) {
-		return fmt.Errorf("CONCLAVE_BUS_RATE: must be positive, got %g", c.Rate)
-	}
-	for key, d := range map[string]time.Duration{
-		"CONCLAVE_BUS_DELIVERY_TIMEOUT": c.DeliveryTimeout,
-		"CONCLAVE_BUS_WRITE_TIMEOUT":    c.WriteTimeout,
-		"CONCLAVE_BUS_RETRY_BASE_DELAY": c.RetryBaseDelay,
-		"CONCLAVE_BUS_RETRY_MAX_DELAY":  c.RetryMaxDelay,
-		"CONCLAVE_BUS_SPAWN_TIMEOUT":    c.SpawnTimeout,
-		"CONCLAVE_BUS_AGENT_TOKEN_TTL":  c.AgentTokenTTL,
-		"CONCLAVE_BUS_SHUTDOWN_TIMEOUT": c.ShutdownTimeout,
-		"CONCLAVE_BUS_LEASE":            c.Lease,
-	} {
-		if d <= 0 {
-			return fmt.Errorf("%s: must be positive, got %s", key, d)
-		}
 	}
 	if c.RunnerAddr != "" {
 		if _, _, err := net.SplitHostPort(c.RunnerAddr); err != nil {
@@ -158,6 +134,9 @@ func (c Config) Validate() error {
 // Tables lists the tables the bus keeps its state in.
 var Tables = []store.Table{broker.DeadLetterTable, ReplicaTable, broker.LaunchTable}
 
+// ReplicaTable lists the live replicas (internal/cluster).
+var ReplicaTable = cluster.Table
+
 // Queues lists the queues the bus owns.
 var Queues = []queue.Definition{broker.RetryQueue, broker.EventsQueue}
 
@@ -173,7 +152,7 @@ type Bus struct {
 	broker  *broker.Broker
 	retries *broker.Retries
 	events  *broker.Events
-	cluster *cluster
+	cluster *cluster.Cluster
 	access  *broker.Access
 	// throttle counts wrong tokens per address, the peers' included.
 	throttle *auth.Throttle
@@ -188,13 +167,26 @@ type Bus struct {
 	draining bool
 }
 
-// New builds the bus. st holds dead letters and q the retry queue; Tables
-// and Queues must exist. launcher may be nil: then a message no subscriber
-// matches is answered with success false.
-func New(cfg Config, logger *slog.Logger, tel *telemetry.Provider, st store.Store, q queue.Queue, launcher Launcher, opts ...server.Option) (*Bus, error) {
+// Deps are what the bus runs on.
+type Deps struct {
+	// Store holds dead letters, launched agents' tokens and the replicas;
+	// Queue the retries and events. Tables and Queues must exist.
+	Store     store.Store
+	Queue     queue.Queue
+	Logger    *slog.Logger
+	Telemetry *telemetry.Provider
+	// Launcher, when set, is what the default handler launches agents
+	// through; without it a message no subscriber matches is answered
+	// with success false.
+	Launcher Launcher
+}
+
+// New checks cfg and builds the bus.
+func New(cfg Config, deps Deps, opts ...server.Option) (*Bus, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
+	logger, tel, st, q, launcher := deps.Logger, deps.Telemetry, deps.Store, deps.Queue, deps.Launcher
 	access, _ := broker.ParseGrants(cfg.Grants) // checked by Validate
 	policy, _ := broker.ParsePolicy(cfg.Policy)
 	serverID := cfg.ServerID
@@ -219,14 +211,15 @@ func New(cfg Config, logger *slog.Logger, tel *telemetry.Provider, st store.Stor
 		if b.tls {
 			scheme = "https"
 		}
-		b.cluster = &cluster{st: st, serverID: serverID, token: cfg.PeerToken, scheme: scheme, lease: cfg.Lease, log: logger, throttle: b.throttle,
-			client: &http.Client{Transport: tel.HTTPTransport(http.DefaultTransport), Timeout: cfg.DeliveryTimeout + 10*time.Second}}
-		b.cluster.addr = func() string {
-			if cfg.AdvertiseAddr != "" {
-				return cfg.AdvertiseAddr
-			}
-			return b.srv.HTTPAddr()
-		}
+		b.cluster = cluster.New(cluster.Options{Store: st, ServerID: serverID, Token: cfg.PeerToken, Scheme: scheme,
+			Lease: cfg.Lease, Logger: logger, Throttle: b.throttle,
+			Client: &http.Client{Transport: tel.HTTPTransport(http.DefaultTransport), Timeout: cfg.DeliveryTimeout + 10*time.Second},
+			Addr: func() string {
+				if cfg.AdvertiseAddr != "" {
+					return cfg.AdvertiseAddr
+				}
+				return b.srv.HTTPAddr()
+			}})
 		forwarder = b.cluster
 	}
 	var dh *broker.DefaultHandler
@@ -279,11 +272,10 @@ func New(cfg Config, logger *slog.Logger, tel *telemetry.Provider, st store.Stor
 	}
 	srv.HandleStream("GET /{$}", http.HandlerFunc(b.serveWebSocket))
 	srv.OnShutdown(b.closeConnections)
-	b.routeDeadLetters(srv)
+	deadletters.New(b.retries, logger).Routes(srv.Handle, b.admin)
 	if b.cluster != nil {
-		b.cluster.bus = b.broker
-		srv.HandleStream("POST /internal/v1/deliver", http.HandlerFunc(b.cluster.serveDeliver))
-		srv.Handle("POST /internal/v1/spawn-events", http.HandlerFunc(b.cluster.serveSpawnEvent))
+		b.cluster.Attach(b.broker)
+		b.cluster.Routes(srv.Handle, srv.HandleStream)
 	}
 	b.srv = srv
 	return b, nil
@@ -322,6 +314,28 @@ func (b *Bus) authenticate(w http.ResponseWriter, r *http.Request) (grant *broke
 		return nil, true, err
 	}
 	return &g, true, nil
+}
+
+// admin lets through only requests with an admin's token (any request,
+// without authentication).
+func (b *Bus) admin(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !b.cfg.AllowUnauthenticated {
+			grant, present, err := b.authenticate(w, r)
+			switch {
+			case !present:
+				server.WriteError(w, http.StatusUnauthorized, "bus: a bearer token is required")
+				return
+			case err != nil:
+				writeAuthError(w, err)
+				return
+			case !grant.Admin:
+				server.WriteError(w, http.StatusForbidden, "bus: this token is not an admin's")
+				return
+			}
+		}
+		h.ServeHTTP(w, r)
+	})
 }
 
 // errThrottled: the caller's address presented too many wrong tokens.
@@ -415,7 +429,7 @@ func (b *Bus) Run(ctx context.Context) error {
 		g.Go(func() error {
 			select {
 			case <-b.srv.Ready():
-				b.cluster.advertise(gctx)
+				b.cluster.Advertise(gctx)
 			case <-gctx.Done():
 			}
 			return nil

@@ -693,7 +693,7 @@ func TestServiceDownShowsABanner(t *testing.T) {
 		RunnerURL: down, LibrarianURL: "http://" + dev.addrs["librarian HTTP"], SessionTTL: time.Hour, AllowUnauthenticated: true,
 		BackendTimeout: 5 * time.Second, ChatTimeout: time.Minute, RefreshInterval: time.Second, MaxStreams: 16, StreamMaxAge: time.Minute,
 		ShutdownTimeout: 5 * time.Second}
-	c, err := service.New(cfg, slog.New(slog.DiscardHandler), tel)
+	c, err := service.New(cfg, service.Deps{Logger: slog.New(slog.DiscardHandler), Telemetry: tel})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -57,7 +57,7 @@ func TestMetrics(t *testing.T) {
 		MaxStreams: 16, StreamMaxAge: time.Minute, ShutdownTimeout: 5 * time.Second,
 		// No regrowth within the test, however loaded the machine.
 		AuthThrottle: auth.ThrottleSetting{Burst: auth.ThrottleBurst, Every: time.Hour}}
-	c, err := service.New(cfg, slog.New(slog.DiscardHandler), tel)
+	c, err := service.New(cfg, service.Deps{Logger: slog.New(slog.DiscardHandler), Telemetry: tel})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -40,17 +40,17 @@ type Config struct {
 	// SessionKey seals session cookies; replicas behind one load balancer
 	// need the same one.
 	SessionKey           string        `env:"CONCLAVE_CONSOLE_SESSION_KEY" help:"base64 of 32 random bytes sealing the session cookies (default: generated at start, so sessions end with the process)"`
-	SessionTTL           time.Duration `env:"CONCLAVE_CONSOLE_SESSION_TTL" default:"8h" help:"how long a sign-in lasts"`
+	SessionTTL           time.Duration `env:"CONCLAVE_CONSOLE_SESSION_TTL" default:"8h" validate:"positive" help:"how long a sign-in lasts"`
 	SecureCookies        bool          `env:"CONCLAVE_CONSOLE_SECURE_COOKIES" default:"false" help:"mark the session cookie Secure (set it when the console is served over https)"`
 	AllowUnauthenticated bool          `env:"CONCLAVE_CONSOLE_ALLOW_UNAUTHENTICATED" default:"false" help:"open the console without sign-in, calling the services without tokens (development only)"`
 	EventsBusToken       string        `env:"CONCLAVE_CONSOLE_EVENTS_BUS_TOKEN" help:"the console's own bus token, allowed to subscribe to system:librarian.request.*, for the recent decisions (open buses need none)"`
 	LibrarianAgentID     string        `env:"CONCLAVE_CONSOLE_LIBRARIAN_AGENT_ID" help:"the Librarian agent the knowledge-graph search asks as (its token is given at sign-in)"`
-	BackendTimeout       time.Duration `env:"CONCLAVE_CONSOLE_BACKEND_TIMEOUT" default:"10s" help:"how long one call to a service may take"`
-	ChatTimeout          time.Duration `env:"CONCLAVE_CONSOLE_CHAT_TIMEOUT" default:"10m" help:"how long one chat with an agent may stream"`
-	RefreshInterval      time.Duration `env:"CONCLAVE_CONSOLE_REFRESH_INTERVAL" default:"2s" help:"how often live lists (agents, an instance's status) are read again"`
-	MaxStreams           int           `env:"CONCLAVE_CONSOLE_MAX_STREAMS" default:"256" help:"live streams (Server-Sent Events) open at once"`
-	StreamMaxAge         time.Duration `env:"CONCLAVE_CONSOLE_STREAM_MAX_AGE" default:"30m" help:"how long a live stream lasts before the browser reconnects it"`
-	ShutdownTimeout      time.Duration `env:"CONCLAVE_CONSOLE_SHUTDOWN_TIMEOUT" default:"15s" help:"how long in-flight requests may drain on shutdown"`
+	BackendTimeout       time.Duration `env:"CONCLAVE_CONSOLE_BACKEND_TIMEOUT" default:"10s" validate:"positive" help:"how long one call to a service may take"`
+	ChatTimeout          time.Duration `env:"CONCLAVE_CONSOLE_CHAT_TIMEOUT" default:"10m" validate:"positive" help:"how long one chat with an agent may stream"`
+	RefreshInterval      time.Duration `env:"CONCLAVE_CONSOLE_REFRESH_INTERVAL" default:"2s" validate:"positive" help:"how often live lists (agents, an instance's status) are read again"`
+	MaxStreams           int           `env:"CONCLAVE_CONSOLE_MAX_STREAMS" default:"256" validate:"positive" help:"live streams (Server-Sent Events) open at once"`
+	StreamMaxAge         time.Duration `env:"CONCLAVE_CONSOLE_STREAM_MAX_AGE" default:"30m" validate:"positive" help:"how long a live stream lasts before the browser reconnects it"`
+	ShutdownTimeout      time.Duration `env:"CONCLAVE_CONSOLE_SHUTDOWN_TIMEOUT" default:"15s" validate:"positive" help:"how long in-flight requests may drain on shutdown"`
 	// AllowedHosts are answered besides loopback names while the console
 	// is open without sign-in.
 	AllowedHosts []string `env:"CONCLAVE_CONSOLE_ALLOWED_HOSTS" help:"comma-separated Host names the console answers besides localhost, 127.0.0.1 and [::1] while it is open without sign-in"`
@@ -67,6 +67,9 @@ func (c Config) jaegerQueryURL() string {
 
 // Validate implements config.Validator.
 func (c Config) Validate() error {
+	if err := config.Check(c); err != nil {
+		return err
+	}
 	if _, err := c.sessionKey(); err != nil {
 		return err
 	}
@@ -93,21 +96,6 @@ func (c Config) Validate() error {
 	}
 	if err := checkURL(c.BusURL, "ws", "wss"); err != nil {
 		return fmt.Errorf("CONCLAVE_CONSOLE_BUS_URL: %w", err)
-	}
-	for key, d := range map[string]time.Duration{
-		"CONCLAVE_CONSOLE_SESSION_TTL":      c.SessionTTL,
-		"CONCLAVE_CONSOLE_BACKEND_TIMEOUT":  c.BackendTimeout,
-		"CONCLAVE_CONSOLE_CHAT_TIMEOUT":     c.ChatTimeout,
-		"CONCLAVE_CONSOLE_REFRESH_INTERVAL": c.RefreshInterval,
-		"CONCLAVE_CONSOLE_STREAM_MAX_AGE":   c.StreamMaxAge,
-		"CONCLAVE_CONSOLE_SHUTDOWN_TIMEOUT": c.ShutdownTimeout,
-	} {
-		if d <= 0 {
-			return fmt.Errorf("%s: must be positive, got %s", key, d)
-		}
-	}
-	if c.MaxStreams < 1 {
-		return fmt.Errorf("CONCLAVE_CONSOLE_MAX_STREAMS: must be positive, got %d", c.MaxStreams)
 	}
 	return nil
 }
@@ -153,21 +141,14 @@ type Backends struct {
 	GatewayURL, BusURL, RunnerURL, LibrarianURL string
 }
 
-type options struct {
-	backends func() Backends
-	server   []server.Option
-}
-
-// Option customises a console beyond its Config.
-type Option func(*options)
-
-// WithBackends makes the console ask f for the services' addresses at each
-// call, instead of using the Config's.
-func WithBackends(f func() Backends) Option { return func(o *options) { o.backends = f } }
-
-// WithServerOptions passes options to the HTTP server (a listener, say).
-func WithServerOptions(opts ...server.Option) Option {
-	return func(o *options) { o.server = append(o.server, opts...) }
+// Deps are what the console runs on: it keeps no state.
+type Deps struct {
+	Logger    *slog.Logger
+	Telemetry *telemetry.Provider
+	// Backends, when set, is asked for the services' addresses at each
+	// call, instead of using the Config's (conclave dev: known once each
+	// listens).
+	Backends func() Backends
 }
 
 // Console is a configured, not yet running, console.
@@ -179,16 +160,16 @@ type Console struct {
 	stop context.CancelFunc
 }
 
-// New builds the console.
-func New(cfg Config, logger *slog.Logger, tel *telemetry.Provider, opts ...Option) (*Console, error) {
+// New checks cfg and builds the console.
+func New(cfg Config, deps Deps, opts ...server.Option) (*Console, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	o := options{backends: func() Backends {
-		return Backends{GatewayURL: cfg.GatewayURL, BusURL: cfg.BusURL, RunnerURL: cfg.RunnerURL, LibrarianURL: cfg.LibrarianURL}
-	}}
-	for _, opt := range opts {
-		opt(&o)
+	logger, tel, b := deps.Logger, deps.Telemetry, deps.Backends
+	if b == nil {
+		b = func() Backends {
+			return Backends{GatewayURL: cfg.GatewayURL, BusURL: cfg.BusURL, RunnerURL: cfg.RunnerURL, LibrarianURL: cfg.LibrarianURL}
+		}
 	}
 	key, err := cfg.sessionKey()
 	if err != nil {
@@ -213,7 +194,6 @@ func New(cfg Config, logger *slog.Logger, tel *telemetry.Provider, opts ...Optio
 	client := func(service string, base func() string) *backend.Client {
 		return &backend.Client{Service: service, Base: base, HTTP: httpClient, Timeout: cfg.BackendTimeout, Observe: m.Call}
 	}
-	b := o.backends
 	base, stop := context.WithCancel(context.Background())
 	h, err := web.New(base, web.Options{
 		Codec:            codec,
@@ -245,7 +225,7 @@ func New(cfg Config, logger *slog.Logger, tel *telemetry.Provider, opts ...Optio
 		server.WithHTTPErrorWriter(web.WriteHTTPError),
 		server.WithMetricsHandler(tel.MetricsHandler()),
 		server.WithHTTPMiddleware(func(h http.Handler) http.Handler { return tel.HTTPHandler(h, "console") }),
-	}, o.server...)
+	}, opts...)
 	if cfg.AllowUnauthenticated {
 		srvOpts = append(srvOpts, server.WithDevelopmentGuard(cfg.AllowedHosts))
 	}

@@ -88,3 +88,14 @@ func TestClientLimitSettings(t *testing.T) {
 		})
 	}
 }
+
+// TestNewChecksConfig: New refuses a Config that Validate refuses, before
+// it uses any of its Deps, with the error naming the setting.
+func TestNewChecksConfig(t *testing.T) {
+	t.Parallel()
+	cfg := testConfig("gw-bad")
+	cfg.Lease = 0
+	if _, err := service.New(cfg, service.Deps{}); err == nil || !strings.HasPrefix(err.Error(), "CONCLAVE_GATEWAY_LEASE: must be positive") {
+		t.Fatalf("New = %v, want CONCLAVE_GATEWAY_LEASE: must be positive", err)
+	}
+}

@@ -219,7 +219,7 @@ func TestStoreErrorIsLoggedNotSent(t *testing.T) {
 		t.Fatal(err)
 	}
 	var logs lockedBuffer
-	gw, err := service.New(testConfig("gw-fail"), slog.New(slog.NewTextHandler(&logs, nil)), tel, failingStore{openStore(t)})
+	gw, err := service.New(testConfig("gw-fail"), service.Deps{Store: failingStore{openStore(t)}, Logger: slog.New(slog.NewTextHandler(&logs, nil)), Telemetry: tel})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -373,7 +373,7 @@ func startStoppable(t *testing.T, id string, st store.Store, tune func(*service.
 	cfg.ClientTokens = []string{token, otherToken}
 	cfg.ClientRate, cfg.ClientBurst, cfg.ClientStreams = 1e6, 1e6, 64
 	tune(&cfg)
-	gw, err := service.New(cfg, slog.New(slog.DiscardHandler), tel, st)
+	gw, err := service.New(cfg, service.Deps{Store: st, Logger: slog.New(slog.DiscardHandler), Telemetry: tel})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -36,33 +36,33 @@ type Config struct {
 	GRPCAddr        config.ListenAddr `env:"CONCLAVE_GATEWAY_GRPC_ADDR" default:":50051" help:"gRPC listener for agents (coven.CovenControl) and clients"`
 	HTTPAddr        config.ListenAddr `env:"CONCLAVE_GATEWAY_HTTP_ADDR" default:":8080" help:"HTTP listener: REST, health and metrics"`
 	ServerID        string            `env:"CONCLAVE_GATEWAY_SERVER_ID" help:"this replica's name in Welcome (default: the host name)"`
-	RegisterTimeout time.Duration     `env:"CONCLAVE_GATEWAY_REGISTER_TIMEOUT" default:"10s" help:"how long a new stream may wait before RegisterAgent"`
+	RegisterTimeout time.Duration     `env:"CONCLAVE_GATEWAY_REGISTER_TIMEOUT" default:"10s" validate:"positive" help:"how long a new stream may wait before RegisterAgent"`
 	AgentTimeout    time.Duration     `env:"CONCLAVE_GATEWAY_AGENT_TIMEOUT" default:"0s" help:"how long a registered agent may stay silent before it is deregistered; 0 (the default) keeps a silent agent while its connection lives, since coven heartbeats are optional"`
 	// KeepaliveTime and KeepaliveTimeout find dead agents through the
 	// transport: a connection silent for KeepaliveTime is pinged (HTTP/2
 	// PING, and TCP keepalive probes), and closed when no answer comes
 	// within KeepaliveTimeout; its agents are then deregistered.
-	KeepaliveTime    time.Duration `env:"CONCLAVE_GATEWAY_KEEPALIVE_TIME" default:"30s" help:"how long a connection may be silent before the gateway pings it (gRPC keepalive, TCP keepalive)"`
-	KeepaliveTimeout time.Duration `env:"CONCLAVE_GATEWAY_KEEPALIVE_TIMEOUT" default:"20s" help:"how long the gateway waits for a ping's answer before it closes the connection and deregisters its agents"`
-	ShutdownTimeout  time.Duration `env:"CONCLAVE_GATEWAY_SHUTDOWN_TIMEOUT" default:"15s" help:"how long in-flight work may drain on shutdown"`
+	KeepaliveTime    time.Duration `env:"CONCLAVE_GATEWAY_KEEPALIVE_TIME" default:"30s" validate:"positive" help:"how long a connection may be silent before the gateway pings it (gRPC keepalive, TCP keepalive)"`
+	KeepaliveTimeout time.Duration `env:"CONCLAVE_GATEWAY_KEEPALIVE_TIMEOUT" default:"20s" validate:"positive" help:"how long the gateway waits for a ping's answer before it closes the connection and deregisters its agents"`
+	ShutdownTimeout  time.Duration `env:"CONCLAVE_GATEWAY_SHUTDOWN_TIMEOUT" default:"15s" validate:"positive" help:"how long in-flight work may drain on shutdown"`
 	QueueDepth       int           `env:"CONCLAVE_GATEWAY_QUEUE_DEPTH" default:"32" help:"requests that may wait for a busy agent before callers get RESOURCE_EXHAUSTED"`
-	CancelGrace      time.Duration `env:"CONCLAVE_GATEWAY_CANCEL_GRACE" default:"30s" help:"how long an agent may take to end an abandoned request"`
-	Lease            time.Duration `env:"CONCLAVE_GATEWAY_LEASE" default:"15s" help:"how long a replica's lease (and so its agents' registrations) outlives its last renewal in the store"`
+	CancelGrace      time.Duration `env:"CONCLAVE_GATEWAY_CANCEL_GRACE" default:"30s" validate:"positive" help:"how long an agent may take to end an abandoned request"`
+	Lease            time.Duration `env:"CONCLAVE_GATEWAY_LEASE" default:"15s" validate:"positive" help:"how long a replica's lease (and so its agents' registrations) outlives its last renewal in the store"`
 	AdvertiseAddr    string        `env:"CONCLAVE_GATEWAY_ADVERTISE_ADDR" help:"host:port other replicas reach this one's gRPC listener at (default: the listener's address, or the host name and port)"`
 	ClientTokens     []string      `env:"CONCLAVE_GATEWAY_CLIENT_TOKENS" help:"comma-separated bearer tokens accepted on the client API"`
 	ClientRate       float64       `env:"CONCLAVE_GATEWAY_CLIENT_RATE" default:"50" help:"client API requests per second each client (bearer token) may make on one replica"`
-	ClientBurst      int           `env:"CONCLAVE_GATEWAY_CLIENT_BURST" default:"100" help:"client API requests each client may make at once, above its rate"`
-	ClientStreams    int           `env:"CONCLAVE_GATEWAY_CLIENT_STREAMS" default:"64" help:"streams (SendMessage, WatchThread) each client may hold open on one replica"`
-	IdempotencyTTL   time.Duration `env:"CONCLAVE_GATEWAY_IDEMPOTENCY_TTL" default:"24h" help:"how long a SendMessage idempotency_key is remembered"`
+	ClientBurst      int           `env:"CONCLAVE_GATEWAY_CLIENT_BURST" default:"100" validate:"positive" help:"client API requests each client may make at once, above its rate"`
+	ClientStreams    int           `env:"CONCLAVE_GATEWAY_CLIENT_STREAMS" default:"64" validate:"positive" help:"streams (SendMessage, WatchThread) each client may hold open on one replica"`
+	IdempotencyTTL   time.Duration `env:"CONCLAVE_GATEWAY_IDEMPOTENCY_TTL" default:"24h" validate:"positive" help:"how long a SendMessage idempotency_key is remembered"`
 	// History keeps every conversation per thread_id (docs/gateway.md,
 	// "Threads and history"); its privacy consequences are there too.
 	History      bool          `env:"CONCLAVE_GATEWAY_HISTORY" default:"true" help:"keep every conversation per thread_id in the store; false keeps none (and a repeated idempotency_key is refused rather than replayed)"`
 	HistoryTTL   time.Duration `env:"CONCLAVE_GATEWAY_HISTORY_TTL" default:"720h" help:"how long each stored message and event is kept after it was written (DynamoDB TTL; swept on the embedded store); 0 keeps them until deleted by hand"`
-	HistoryFlush time.Duration `env:"CONCLAVE_GATEWAY_HISTORY_FLUSH" default:"1s" help:"how long an answer's events may wait in memory before they are written (they are also written every 64 KiB, and at the answer's end before the client is told it ended)"`
+	HistoryFlush time.Duration `env:"CONCLAVE_GATEWAY_HISTORY_FLUSH" default:"1s" validate:"positive" help:"how long an answer's events may wait in memory before they are written (they are also written every 64 KiB, and at the answer's end before the client is told it ended)"`
 	// DetachedTimeout bounds a request no client follows any more: with
 	// history, a client that leaves does not cancel its request, so that
 	// it can come back for the rest.
-	DetachedTimeout time.Duration `env:"CONCLAVE_GATEWAY_DETACHED_TIMEOUT" default:"10m" help:"with history, how long a request goes on after its last client left before it is cancelled"`
+	DetachedTimeout time.Duration `env:"CONCLAVE_GATEWAY_DETACHED_TIMEOUT" default:"10m" validate:"positive" help:"with history, how long a request goes on after its last client left before it is cancelled"`
 	AdminTokens     []string      `env:"CONCLAVE_GATEWAY_ADMIN_TOKENS" help:"comma-separated bearer tokens accepted on the client API that may also read every client's threads"`
 	// AllowUnauthenticated opens the client API without tokens; conclave dev
 	// sets it, on loopback only.
@@ -71,7 +71,7 @@ type Config struct {
 	// AllowAgentsWithoutTokens lets agents without a configured token
 	// register; agents listed in AgentTokens must still present theirs.
 	AllowAgentsWithoutTokens bool `env:"CONCLAVE_GATEWAY_ALLOW_AGENTS_WITHOUT_TOKENS" default:"false" help:"let agents with no token in CONCLAVE_GATEWAY_AGENT_TOKENS register (development only)"`
-	MaxHeartbeats            int  `env:"CONCLAVE_GATEWAY_MAX_HEARTBEATS" default:"50" help:"heartbeats an agent may send in one second before its stream is closed"`
+	MaxHeartbeats            int  `env:"CONCLAVE_GATEWAY_MAX_HEARTBEATS" default:"50" validate:"positive" help:"heartbeats an agent may send in one second before its stream is closed"`
 	// AllowedHosts are answered besides loopback names while the gateway
 	// runs without authentication.
 	AllowedHosts []string `env:"CONCLAVE_GATEWAY_ALLOWED_HOSTS" help:"comma-separated Host names the HTTP listener answers besides localhost, 127.0.0.1 and [::1] while it runs without authentication"`
@@ -88,6 +88,9 @@ func (c Config) unauthenticated() bool { return c.AllowUnauthenticated || c.Allo
 
 // Validate implements config.Validator.
 func (c Config) Validate() error {
+	if err := config.Check(c); err != nil {
+		return err
+	}
 	if c.GRPCAddr == "" {
 		return fmt.Errorf("CONCLAVE_GATEWAY_GRPC_ADDR: the gateway needs a gRPC listener")
 	}
@@ -133,38 +136,14 @@ func (c Config) Validate() error {
 	if len(c.AgentTokens) == 0 && !c.AllowAgentsWithoutTokens {
 		return fmt.Errorf("CONCLAVE_GATEWAY_AGENT_TOKENS: set a token for each agent, or CONCLAVE_GATEWAY_ALLOW_AGENTS_WITHOUT_TOKENS=true for development")
 	}
-	if c.MaxHeartbeats < 1 {
-		return fmt.Errorf("CONCLAVE_GATEWAY_MAX_HEARTBEATS: must be positive, got %d", c.MaxHeartbeats)
-	}
 	if !(c.ClientRate > 0) || math.IsInf(c.ClientRate, 0) {
 		return fmt.Errorf("CONCLAVE_GATEWAY_CLIENT_RATE: must be a positive number, got %g", c.ClientRate)
-	}
-	if c.ClientBurst < 1 {
-		return fmt.Errorf("CONCLAVE_GATEWAY_CLIENT_BURST: must be positive, got %d", c.ClientBurst)
-	}
-	if c.ClientStreams < 1 {
-		return fmt.Errorf("CONCLAVE_GATEWAY_CLIENT_STREAMS: must be positive, got %d", c.ClientStreams)
 	}
 	if c.QueueDepth < 1 || c.QueueDepth > 10000 {
 		return fmt.Errorf("CONCLAVE_GATEWAY_QUEUE_DEPTH: must be 1..10000, got %d", c.QueueDepth)
 	}
 	if c.AgentTimeout < 0 {
 		return fmt.Errorf("CONCLAVE_GATEWAY_AGENT_TIMEOUT: must be 0 (off) or positive, got %s", c.AgentTimeout)
-	}
-	for key, d := range map[string]time.Duration{
-		"CONCLAVE_GATEWAY_REGISTER_TIMEOUT":  c.RegisterTimeout,
-		"CONCLAVE_GATEWAY_KEEPALIVE_TIME":    c.KeepaliveTime,
-		"CONCLAVE_GATEWAY_KEEPALIVE_TIMEOUT": c.KeepaliveTimeout,
-		"CONCLAVE_GATEWAY_SHUTDOWN_TIMEOUT":  c.ShutdownTimeout,
-		"CONCLAVE_GATEWAY_CANCEL_GRACE":      c.CancelGrace,
-		"CONCLAVE_GATEWAY_LEASE":             c.Lease,
-		"CONCLAVE_GATEWAY_IDEMPOTENCY_TTL":   c.IdempotencyTTL,
-		"CONCLAVE_GATEWAY_HISTORY_FLUSH":     c.HistoryFlush,
-		"CONCLAVE_GATEWAY_DETACHED_TIMEOUT":  c.DetachedTimeout,
-	} {
-		if d <= 0 {
-			return fmt.Errorf("%s: must be positive, got %s", key, d)
-		}
 	}
 	return nil
 }
@@ -182,9 +161,21 @@ type Gateway struct {
 // Tables lists the tables the gateway keeps its state in.
 var Tables = []store.Table{registry.Table, clientapi.IdempotencyTable, history.Table, a2a.TasksTable}
 
-// New builds the gateway's server and services. st holds the cluster-wide
-// agent registry; its Tables must exist.
-func New(cfg Config, logger *slog.Logger, tel *telemetry.Provider, st store.Store, opts ...server.Option) (*Gateway, error) {
+// Deps are what the gateway runs on.
+type Deps struct {
+	// Store holds the cluster-wide agent registry, idempotency keys and
+	// history; its Tables must exist.
+	Store     store.Store
+	Logger    *slog.Logger
+	Telemetry *telemetry.Provider
+}
+
+// New checks cfg and builds the gateway's server and services.
+func New(cfg Config, deps Deps, opts ...server.Option) (*Gateway, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	logger, tel, st := deps.Logger, deps.Telemetry, deps.Store
 	serverID := cfg.ServerID
 	if serverID == "" {
 		host, err := os.Hostname()
@@ -210,8 +201,7 @@ func New(cfg Config, logger *slog.Logger, tel *telemetry.Provider, st store.Stor
 		logger.Warn("the gateway's client API accepts requests without a bearer token")
 	}
 	// After authentication, so that only accepted callers spend tokens, each
-	// from its own bucket. Zero limits (a Config not loaded from the
-	// environment) take clientapi's defaults, the same as the settings'.
+	// from its own bucket.
 	limitUnary, limitStream := clientapi.NewLimiter(clientapi.RateLimits{
 		Rate: cfg.ClientRate, Burst: cfg.ClientBurst, Streams: cfg.ClientStreams,
 	}).Interceptors(m)
@@ -235,9 +225,7 @@ func New(cfg Config, logger *slog.Logger, tel *telemetry.Provider, st store.Stor
 		ShutdownTimeout: cfg.ShutdownTimeout,
 		// Attachments of up to 3 MiB arrive base64-encoded in REST bodies.
 		MaxRequestBodyBytes: 5 << 20,
-		// Zero (a Config not loaded from the environment) takes the
-		// server's defaults.
-		Keepalive: server.Keepalive{Time: cfg.KeepaliveTime, Timeout: cfg.KeepaliveTimeout},
+		Keepalive:           server.Keepalive{Time: cfg.KeepaliveTime, Timeout: cfg.KeepaliveTimeout},
 	}, logger, opts...)
 	if err != nil {
 		return nil, fmt.Errorf("gateway server: %w", err)

@@ -51,13 +51,17 @@ func openStore(t testing.TB) store.Store {
 	return st
 }
 
-// testConfig is the replicas' configuration in these tests.
+// testConfig is the replicas' configuration in these tests: without
+// history, with every limit at its default but a short queue.
 func testConfig(id string) service.Config {
 	return service.Config{
 		GRPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", ServerID: id,
 		RegisterTimeout: 10 * time.Second, AgentTimeout: time.Minute, ShutdownTimeout: 5 * time.Second,
-		QueueDepth: 4, CancelGrace: 5 * time.Second, Lease: 15 * time.Second, ClientTokens: []string{token},
-		AllowAgentsWithoutTokens: true,
+		QueueDepth: 4, CancelGrace: 5 * time.Second, Lease: 15 * time.Second,
+		ClientTokens: []string{token}, AllowAgentsWithoutTokens: true,
+		KeepaliveTime: time.Minute, KeepaliveTimeout: 20 * time.Second, MaxHeartbeats: 50,
+		ClientRate: 50, ClientBurst: 100, ClientStreams: 64,
+		IdempotencyTTL: 24 * time.Hour, HistoryFlush: time.Second, DetachedTimeout: 10 * time.Minute,
 	}
 }
 
@@ -72,7 +76,7 @@ func startReplica(t testing.TB, id string, st store.Store, tel *telemetry.Provid
 // connection and HTTP base URL.
 func startWith(t testing.TB, cfg service.Config, st store.Store, tel *telemetry.Provider) (*grpc.ClientConn, string) {
 	t.Helper()
-	gw, err := service.New(cfg, slog.New(slog.DiscardHandler), tel, st)
+	gw, err := service.New(cfg, service.Deps{Store: st, Logger: slog.New(slog.DiscardHandler), Telemetry: tel})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -178,3 +178,14 @@ func TestStartupLogListsAgentTypes(t *testing.T) {
 		}
 	}
 }
+
+// TestNewChecksConfig: New refuses a Config that Validate refuses, before
+// it uses any of its Deps, with the error naming the setting.
+func TestNewChecksConfig(t *testing.T) {
+	t.Parallel()
+	cfg := testConfig(t, t.TempDir(), nil)
+	cfg.ClientBurst = 0
+	if _, err := service.New(cfg, service.Deps{}); err == nil || !strings.HasPrefix(err.Error(), "CONCLAVE_RUNNER_CLIENT_BURST: must be positive") {
+		t.Fatalf("New = %v, want CONCLAVE_RUNNER_CLIENT_BURST: must be positive", err)
+	}
+}

@@ -43,22 +43,22 @@ type Config struct {
 	HTTPAddr        config.ListenAddr `env:"CONCLAVE_RUNNER_HTTP_ADDR" default:":8082" help:"HTTP listener: REST /api/v1, health and metrics"`
 	ServerID        string            `env:"CONCLAVE_RUNNER_SERVER_ID" help:"this replica's name in event sources (default: the host name)"`
 	AdvertiseAddr   string            `env:"CONCLAVE_RUNNER_ADVERTISE_ADDR" help:"host:port other replicas reach this one's gRPC listener at, to forward requests for the agents it runs (default: the listener's address, or the host name and port)"`
-	ForwardTimeout  time.Duration     `env:"CONCLAVE_RUNNER_FORWARD_TIMEOUT" default:"10s" help:"how long a prompt, cancel or delete forwarded to the replica running the instance's agent may take before that replica is taken as unreachable"`
+	ForwardTimeout  time.Duration     `env:"CONCLAVE_RUNNER_FORWARD_TIMEOUT" default:"10s" validate:"positive" help:"how long a prompt, cancel or delete forwarded to the replica running the instance's agent may take before that replica is taken as unreachable"`
 	AgentTypesFile  string            `env:"CONCLAVE_RUNNER_AGENT_TYPES" help:"YAML file of agent types, overlaid on the defaults"`
 	WorkspaceRoots  []string          `env:"CONCLAVE_RUNNER_WORKSPACE_ROOTS" help:"comma-separated directories a launch's workspace_path must lie within"`
 	Workers         int               `env:"CONCLAVE_RUNNER_WORKERS" default:"8" help:"agents this replica runs at once (launch workers)"`
 	LaunchQueue     string            `env:"CONCLAVE_RUNNER_LAUNCH_QUEUE" default:"runner-launches" help:"queue of launches"`
 	EventsQueue     string            `env:"CONCLAVE_RUNNER_EVENTS_QUEUE" default:"bus-events" help:"queue the bus publishes task events from"`
 	LaunchRetry     time.Duration     `env:"CONCLAVE_RUNNER_LAUNCH_RETRY" default:"30s" help:"how soon a launch whose runner died is retried by another"`
-	ProtocolTimeout time.Duration     `env:"CONCLAVE_RUNNER_PROTOCOL_TIMEOUT" default:"30s" help:"how long an agent may take to answer initialize, session/new, session/load or to accept a prompt before its protocol is declared dead"`
-	SilenceTimeout  time.Duration     `env:"CONCLAVE_RUNNER_SILENCE_TIMEOUT" default:"10m" help:"how long an agent may send nothing on stdout in the middle of a turn before its protocol is declared dead (an agent type's silence_timeout overrides it)"`
-	CancelGrace     time.Duration     `env:"CONCLAVE_RUNNER_CANCEL_GRACE" default:"10s" help:"how long an agent may take to end a cancelled turn before it is killed"`
-	IdleTimeout     time.Duration     `env:"CONCLAVE_RUNNER_IDLE_TIMEOUT" default:"10m" help:"how long an idle agent is kept for more prompts; later prompts resume its session in a new process"`
+	ProtocolTimeout time.Duration     `env:"CONCLAVE_RUNNER_PROTOCOL_TIMEOUT" default:"30s" validate:"positive" help:"how long an agent may take to answer initialize, session/new, session/load or to accept a prompt before its protocol is declared dead"`
+	SilenceTimeout  time.Duration     `env:"CONCLAVE_RUNNER_SILENCE_TIMEOUT" default:"10m" validate:"positive" help:"how long an agent may send nothing on stdout in the middle of a turn before its protocol is declared dead (an agent type's silence_timeout overrides it)"`
+	CancelGrace     time.Duration     `env:"CONCLAVE_RUNNER_CANCEL_GRACE" default:"10s" validate:"positive" help:"how long an agent may take to end a cancelled turn before it is killed"`
+	IdleTimeout     time.Duration     `env:"CONCLAVE_RUNNER_IDLE_TIMEOUT" default:"10m" validate:"positive" help:"how long an idle agent is kept for more prompts; later prompts resume its session in a new process"`
 	MaxLineBytes    int               `env:"CONCLAVE_RUNNER_MAX_LINE_BYTES" default:"4194304" help:"longest line accepted from an agent; longer ones are dropped"`
-	ShutdownTimeout time.Duration     `env:"CONCLAVE_RUNNER_SHUTDOWN_TIMEOUT" default:"15s" help:"how long in-flight requests may drain on shutdown"`
+	ShutdownTimeout time.Duration     `env:"CONCLAVE_RUNNER_SHUTDOWN_TIMEOUT" default:"15s" validate:"positive" help:"how long in-flight requests may drain on shutdown"`
 	ClientTokens    []string          `env:"CONCLAVE_RUNNER_CLIENT_TOKENS" help:"comma-separated bearer tokens accepted on the API"`
 	ClientRate      float64           `env:"CONCLAVE_RUNNER_CLIENT_RATE" default:"50" help:"API requests per second each client (bearer token) may make on one replica"`
-	ClientBurst     int               `env:"CONCLAVE_RUNNER_CLIENT_BURST" default:"100" help:"API requests each client may make at once, above its rate"`
+	ClientBurst     int               `env:"CONCLAVE_RUNNER_CLIENT_BURST" default:"100" validate:"positive" help:"API requests each client may make at once, above its rate"`
 	// AllowUnauthenticated opens the API without tokens; conclave dev sets
 	// it, on loopback only.
 	AllowUnauthenticated bool `env:"CONCLAVE_RUNNER_ALLOW_UNAUTHENTICATED" default:"false" help:"serve the API without bearer tokens (development only)"`
@@ -103,6 +103,9 @@ const minHostKeyBytes = 32
 
 // Validate implements config.Validator.
 func (c Config) Validate() error {
+	if err := config.Check(c); err != nil {
+		return err
+	}
 	if c.GRPCAddr == "" {
 		return fmt.Errorf("CONCLAVE_RUNNER_GRPC_ADDR: the runner needs a gRPC listener")
 	}
@@ -131,9 +134,6 @@ func (c Config) Validate() error {
 	if !(c.ClientRate > 0) || c.ClientRate > 1e9 {
 		return fmt.Errorf("CONCLAVE_RUNNER_CLIENT_RATE: must be a positive number, got %g", c.ClientRate)
 	}
-	if c.ClientBurst < 1 {
-		return fmt.Errorf("CONCLAVE_RUNNER_CLIENT_BURST: must be positive, got %d", c.ClientBurst)
-	}
 	if c.Workers < 1 || c.Workers > 10000 {
 		return fmt.Errorf("CONCLAVE_RUNNER_WORKERS: must be 1..10000, got %d", c.Workers)
 	}
@@ -142,18 +142,6 @@ func (c Config) Validate() error {
 	}
 	if c.LaunchRetry < time.Second || c.LaunchRetry > queue.MaxVisibility {
 		return fmt.Errorf("CONCLAVE_RUNNER_LAUNCH_RETRY: must be 1s..%s, got %s", queue.MaxVisibility, c.LaunchRetry)
-	}
-	for key, d := range map[string]time.Duration{
-		"CONCLAVE_RUNNER_PROTOCOL_TIMEOUT": c.ProtocolTimeout,
-		"CONCLAVE_RUNNER_CANCEL_GRACE":     c.CancelGrace,
-		"CONCLAVE_RUNNER_SILENCE_TIMEOUT":  c.SilenceTimeout,
-		"CONCLAVE_RUNNER_IDLE_TIMEOUT":     c.IdleTimeout,
-		"CONCLAVE_RUNNER_SHUTDOWN_TIMEOUT": c.ShutdownTimeout,
-		"CONCLAVE_RUNNER_FORWARD_TIMEOUT":  c.ForwardTimeout,
-	} {
-		if d <= 0 {
-			return fmt.Errorf("%s: must be positive, got %s", key, d)
-		}
 	}
 	registry, err := agenttype.Load(c.AgentTypesFile)
 	if err != nil {
@@ -263,8 +251,12 @@ type Runner struct {
 	gateway *grpc.ClientConn
 }
 
-// New builds the runner. The store's Tables and the Queues must exist.
+// New checks cfg and builds the runner. The store's Tables and the Queues
+// must exist.
 func New(cfg Config, deps Deps, opts ...server.Option) (*Runner, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
 	logger, tel := deps.Logger, deps.Telemetry
 	registry, err := agenttype.Load(cfg.AgentTypesFile)
 	if err != nil {

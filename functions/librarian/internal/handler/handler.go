@@ -46,7 +46,7 @@ type Config struct {
 	ReadRate        string               `env:"CONCLAVE_LIBRARIAN_READ_RATE" default:"600/minute" help:"reads (status, capabilities, reviews, metrics) each caller may make"`
 	AgentTokens     []string             `env:"CONCLAVE_LIBRARIAN_AGENT_TOKENS" help:"comma-separated agent_id=token pairs accepted beside the tokens in the store"`
 	ReviewerTokens  []string             `env:"CONCLAVE_LIBRARIAN_REVIEWER_TOKENS" help:"comma-separated name=token pairs of reviewers, beside the tokens in the store"`
-	ShutdownTimeout time.Duration        `env:"CONCLAVE_LIBRARIAN_SHUTDOWN_TIMEOUT" default:"10s" help:"how long in-flight requests may drain on shutdown"`
+	ShutdownTimeout time.Duration        `env:"CONCLAVE_LIBRARIAN_SHUTDOWN_TIMEOUT" default:"10s" validate:"positive" help:"how long in-flight requests may drain on shutdown"`
 	SweepInterval   time.Duration        `env:"CONCLAVE_LIBRARIAN_SWEEP_INTERVAL" default:"1m" help:"how often the local server rejects escalations past timeouts.escalation that nobody reads ; 0 turns it off (the Lambda runs on its EventBridge schedule instead)"`
 	// AllowUnauthenticated lets callers without a token act as the agent
 	// they name, and review; conclave dev sets it, on loopback only.
@@ -60,6 +60,9 @@ type Config struct {
 
 // Validate implements config.Validator.
 func (c Config) Validate() error {
+	if err := pkgconfig.Check(c); err != nil {
+		return err
+	}
 	if _, err := policy.ParseRate(c.APIRate); err != nil {
 		return fmt.Errorf("CONCLAVE_LIBRARIAN_API_RATE: %w", err)
 	}
@@ -82,9 +85,6 @@ func (c Config) Validate() error {
 	}
 	if c.BaseURL != "" && !strings.HasPrefix(c.BaseURL, "https://") && !strings.HasPrefix(c.BaseURL, "http://") {
 		return fmt.Errorf("CONCLAVE_LIBRARIAN_BASE_URL: %q is not an http(s) URL", c.BaseURL)
-	}
-	if c.ShutdownTimeout <= 0 {
-		return fmt.Errorf("CONCLAVE_LIBRARIAN_SHUTDOWN_TIMEOUT: must be positive, got %s", c.ShutdownTimeout)
 	}
 	if c.SweepInterval < 0 {
 		return fmt.Errorf("CONCLAVE_LIBRARIAN_SWEEP_INTERVAL: must not be negative, got %s", c.SweepInterval)

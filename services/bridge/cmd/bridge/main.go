@@ -34,7 +34,7 @@ func run(ctx context.Context, args []string) error {
 		return err
 	}
 	defer stopTelemetry()
-	b, err := service.New(cfg.Bridge, logger, tel)
+	b, err := service.New(cfg.Bridge, service.Deps{Logger: logger, Telemetry: tel})
 	if err != nil {
 		return err
 	}

@@ -159,7 +159,7 @@ func startBus(t *testing.T, ctx context.Context) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, err := service.New(cfg.Bus, slog.New(slog.DiscardHandler), tel, st, q, nil)
+	b, err := service.New(cfg.Bus, service.Deps{Store: st, Queue: q, Logger: slog.New(slog.DiscardHandler), Telemetry: tel})
 	if err != nil {
 		t.Fatal(err)
 	}

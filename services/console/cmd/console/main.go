@@ -29,7 +29,7 @@ func run(ctx context.Context, args []string) error {
 		return err
 	}
 	defer stopTelemetry()
-	c, err := service.New(cfg.Console, logger, tel)
+	c, err := service.New(cfg.Console, service.Deps{Logger: logger, Telemetry: tel})
 	if err != nil {
 		return err
 	}

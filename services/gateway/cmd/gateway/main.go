@@ -29,7 +29,7 @@ func run(ctx context.Context, args []string) error {
 		return err
 	}
 	defer b.Close()
-	gw, err := service.New(cfg.Gateway, b.Logger, b.Telemetry, b.Store)
+	gw, err := service.New(cfg.Gateway, service.Deps{Store: b.Store, Logger: b.Logger, Telemetry: b.Telemetry})
 	if err != nil {
 		return err
 	}

@@ -1,4 +1,7 @@
-package service
+// Package mcphttp is the HTTP layer in front of the bridge's MCP endpoint:
+// bearer-token authentication, the throttle of wrong tokens, a rate limit
+// per client, and the bridge's one HTTP error shape, MCP's own.
+package mcphttp
 
 import (
 	"bytes"
@@ -52,12 +55,12 @@ type rpcErrorDetail struct {
 // form.
 const maxErrorText = 4 << 10
 
-// jsonRPCErrors answers h's plain-text errors (the MCP SDK's transport
+// JSONRPCErrors answers h's plain-text errors (the MCP SDK's transport
 // writes them with http.Error: a wrong method, Content-Type or Accept, an
 // unknown session, a body it cannot parse) as JSON-RPC errors in
 // WriteHTTPError's shape; everything else, its SSE streams and JSON-RPC
 // answers included, passes through untouched.
-func jsonRPCErrors(h http.Handler) http.Handler {
+func JSONRPCErrors(h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		pw := &plainErrors{ResponseWriter: w}
 		h.ServeHTTP(pw, r)
@@ -70,7 +73,7 @@ func jsonRPCErrors(h http.Handler) http.Handler {
 	})
 }
 
-// plainErrors holds back a plain-text error response for jsonRPCErrors.
+// plainErrors holds back a plain-text error response for JSONRPCErrors.
 type plainErrors struct {
 	http.ResponseWriter
 	status  int  // the held-back error's status, 0 when none
@@ -116,10 +119,19 @@ func (w *plainErrors) Flush() {
 
 func (w *plainErrors) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
-// guard puts bearer-token authentication (unless cfg allows none), the
+// GuardSettings are Guard's: CONCLAVE_BRIDGE_TOKENS, _RATE, _BURST and
+// _ALLOW_UNAUTHENTICATED.
+type GuardSettings struct {
+	Tokens               []string
+	Rate                 float64
+	Burst                int
+	AllowUnauthenticated bool
+}
+
+// Guard puts bearer-token authentication (unless cfg allows none), the
 // throttle of wrong tokens per address and a per-client rate limit in
 // front of h. Failures answer in the bridge's error shape, WriteHTTPError.
-func guard(cfg Config, throttle *auth.Throttle, h http.Handler) http.Handler {
+func Guard(cfg GuardSettings, throttle *auth.Throttle, h http.Handler) http.Handler {
 	tokens := auth.NewTokens(cfg.Tokens...)
 	limits := &clientLimits{rate: rate.Limit(cfg.Rate), burst: cfg.Burst, clients: map[string]*clientLimit{}}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

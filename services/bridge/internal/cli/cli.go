@@ -1,4 +1,6 @@
-package service
+// Package cli is the bridge's command line: `bridge run|list|health|
+// diagnose|mcp`, the same commands as `conclave bridge`.
+package cli
 
 import (
 	"context"
@@ -12,10 +14,11 @@ import (
 
 	"github.com/conclave-ai/conclave/pkg/config"
 	"github.com/conclave-ai/conclave/pkg/telemetry"
+	"github.com/conclave-ai/conclave/services/bridge/internal/toolset"
 )
 
-// CLIUsage describes the bridge's commands.
-const CLIUsage = `Usage: %[1]s <command> [arguments] [flags]
+// Usage describes the bridge's commands.
+const Usage = `Usage: %[1]s <command> [arguments] [flags]
 
 Commands:
   run TOOL '{json}'  run one tool directly and print its JSON response
@@ -48,7 +51,7 @@ type IO struct {
 // may inherit.
 func Main(ctx context.Context, name string, args []string, lookup config.Lookup, std IO, version string) error {
 	if len(args) == 0 {
-		fmt.Fprintf(std.Stderr, CLIUsage, name)
+		fmt.Fprintf(std.Stderr, Usage, name)
 		return errors.New("no command given")
 	}
 	cmd, rest := args[0], args[1:]
@@ -60,10 +63,10 @@ func Main(ctx context.Context, name string, args []string, lookup config.Lookup,
 	n, ok := want[cmd]
 	switch {
 	case cmd == "help" || cmd == "-h" || cmd == "--help":
-		fmt.Fprintf(std.Stdout, CLIUsage, name)
+		fmt.Fprintf(std.Stdout, Usage, name)
 		return nil
 	case !ok:
-		fmt.Fprintf(std.Stderr, CLIUsage, name)
+		fmt.Fprintf(std.Stderr, Usage, name)
 		return fmt.Errorf("unknown command %q", cmd)
 	case cmd == "run" && (len(positional) < 1 || len(positional) > 2):
 		return fmt.Errorf("usage: %s run TOOL '{\"param\": \"value\"}' [flags]", name)
@@ -75,7 +78,7 @@ func Main(ctx context.Context, name string, args []string, lookup config.Lookup,
 	if err := config.Load(ctx, &cc, name+" "+cmd, rest, lookup, std.Stderr); err != nil {
 		return err
 	}
-	cfg := Config{ConfigFile: cc.ConfigFile, Workspace: cc.Workspace, ProgressInterval: cc.ProgressInterval, MaxRunning: cc.MaxRunning, Env: lookup, Version: version}
+	cfg := toolset.Settings{ConfigFile: cc.ConfigFile, Workspace: cc.Workspace, ProgressInterval: cc.ProgressInterval, MaxRunning: cc.MaxRunning, Env: lookup, Version: version}
 	logger := cc.Logger(std.Stderr, "bridge")
 	switch cmd {
 	case "run":
@@ -83,13 +86,13 @@ func Main(ctx context.Context, name string, args []string, lookup config.Lookup,
 		if len(positional) == 2 {
 			params = positional[1]
 		}
-		out, err := Call(ctx, cfg, logger, positional[0], json.RawMessage(params))
+		out, err := toolset.Call(ctx, cfg, logger, positional[0], json.RawMessage(params))
 		if out != nil {
 			fmt.Fprintln(std.Stdout, string(out))
 		}
 		return err
 	case "list":
-		tools, err := List(cfg)
+		tools, err := toolset.List(cfg)
 		if err != nil {
 			return err
 		}
@@ -100,7 +103,7 @@ func Main(ctx context.Context, name string, args []string, lookup config.Lookup,
 		}
 		return tw.Flush()
 	case "health":
-		h, err := CheckHealth(cfg, logger)
+		h, err := toolset.CheckHealth(cfg, logger)
 		if err != nil {
 			return err
 		}
@@ -111,7 +114,7 @@ func Main(ctx context.Context, name string, args []string, lookup config.Lookup,
 		}
 		return nil
 	case "diagnose":
-		findings := Diagnose(cfg)
+		findings := toolset.Diagnose(cfg)
 		problems := 0
 		for _, f := range findings {
 			if f.OK {
@@ -136,6 +139,6 @@ func Main(ctx context.Context, name string, args []string, lookup config.Lookup,
 			return err
 		}
 		defer func() { _ = tel.Shutdown(context.WithoutCancel(ctx)) }()
-		return ServeStdio(ctx, cfg, logger, tel, std.Stdin, std.Stdout)
+		return toolset.ServeStdio(ctx, cfg, logger, tel, std.Stdin, std.Stdout)
 	}
 }

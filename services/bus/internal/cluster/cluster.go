@@ -1,4 +1,7 @@
-package service
+// Package cluster connects the bus's replicas: each advertises its address
+// in the store under a lease, forwards every message it routes to the
+// others, and tells them of the agents its default handler launched.
+package cluster
 
 import (
 	"bytes"
@@ -19,18 +22,36 @@ import (
 	"github.com/conclave-ai/conclave/services/bus/internal/broker"
 )
 
-// ReplicaTable lists the live replicas: each advertises its internal
-// address under a lease it renews.
-var ReplicaTable = store.Table{Name: "bus_replicas"}
+// Table lists the live replicas: each advertises its internal address
+// under a lease it renews.
+var Table = store.Table{Name: "bus_replicas"}
 
 const replicaPK = "replica"
 
-// cluster connects replicas. Every replica routes a message among its own
+// Options configure a Cluster.
+type Options struct {
+	Store    store.Store
+	ServerID string
+	// Addr is where the other replicas reach this one, once it listens.
+	Addr func() string
+	// Token is the replicas' shared peer token.
+	Token string
+	// Scheme is "http", or "https" when the listener serves TLS.
+	Scheme string
+	// Lease is how long this replica stays listed after its last renewal.
+	Lease  time.Duration
+	Client *http.Client
+	Logger *slog.Logger
+	// Throttle counts the wrong peer tokens per address, with the clients'.
+	Throttle *auth.Throttle
+}
+
+// Cluster connects replicas. Every replica routes a message among its own
 // subscribers, then forwards it to every other live replica over HTTP,
 // which routes it among theirs: subscriptions stay in memory where their
 // connections are, and no per-subscription state has to be kept in the
 // store in step with connections coming and going.
-type cluster struct {
+type Cluster struct {
 	st       store.Store
 	serverID string
 	addr     func() string
@@ -43,20 +64,39 @@ type cluster struct {
 	throttle *auth.Throttle
 }
 
-// advertise keeps this replica in ReplicaTable until ctx ends, then
-// withdraws it.
-func (c *cluster) advertise(ctx context.Context) {
+// New builds a Cluster. It delivers what it receives once Attach gave it
+// this replica's broker, which is built with the Cluster as its Forwarder.
+func New(o Options) *Cluster {
+	return &Cluster{st: o.Store, serverID: o.ServerID, addr: o.Addr, token: o.Token, scheme: o.Scheme,
+		lease: o.Lease, client: o.Client, log: o.Logger, throttle: o.Throttle}
+}
+
+// Attach gives c the broker that delivers the messages and spawn events
+// other replicas send.
+func (c *Cluster) Attach(b *broker.Broker) { c.bus = b }
+
+// Routes registers the receiving ends of Forward and NotifySpawn:
+//
+//	POST /internal/v1/deliver       a forwarded message (a streamed route: it waits for acks)
+//	POST /internal/v1/spawn-events  a launched agent's event
+func (c *Cluster) Routes(handle, handleStream func(pattern string, h http.Handler)) {
+	handleStream("POST /internal/v1/deliver", http.HandlerFunc(c.serveDeliver))
+	handle("POST /internal/v1/spawn-events", http.HandlerFunc(c.serveSpawnEvent))
+}
+
+// Advertise keeps this replica in Table until ctx ends, then withdraws it.
+func (c *Cluster) Advertise(ctx context.Context) {
 	t := time.NewTicker(c.lease / 3)
 	defer t.Stop()
 	for {
-		_, err := c.st.Put(ctx, ReplicaTable.Name, store.Item{Key: store.Key{PK: replicaPK, SK: c.serverID},
+		_, err := c.st.Put(ctx, Table.Name, store.Item{Key: store.Key{PK: replicaPK, SK: c.serverID},
 			Data: []byte(c.addr()), ExpiresAt: time.Now().Add(c.lease)})
 		if err != nil && ctx.Err() == nil {
 			c.log.WarnContext(ctx, "bus: could not advertise this replica; others will not forward to it", "error", err)
 		}
 		select {
 		case <-ctx.Done():
-			_ = c.st.Delete(context.WithoutCancel(ctx), ReplicaTable.Name, store.Key{PK: replicaPK, SK: c.serverID})
+			_ = c.st.Delete(context.WithoutCancel(ctx), Table.Name, store.Key{PK: replicaPK, SK: c.serverID})
 			return
 		case <-t.C:
 		}
@@ -64,8 +104,8 @@ func (c *cluster) advertise(ctx context.Context) {
 }
 
 // peers returns the other live replicas' addresses.
-func (c *cluster) peers(ctx context.Context) ([]string, error) {
-	page, err := c.st.Query(ctx, ReplicaTable.Name, store.Query{PK: replicaPK, Limit: 1000})
+func (c *Cluster) peers(ctx context.Context) ([]string, error) {
+	page, err := c.st.Query(ctx, Table.Name, store.Query{PK: replicaPK, Limit: 1000})
 	if err != nil {
 		return nil, err
 	}
@@ -81,7 +121,7 @@ func (c *cluster) peers(ctx context.Context) ([]string, error) {
 // NotifySpawn implements broker.SpawnNotifier: every other replica at
 // once, as Forward. A replica that cannot be reached misses the event; one
 // waiting for that agent then gives up at the claim's expiry.
-func (c *cluster) NotifySpawn(ctx context.Context, e broker.SpawnEvent) {
+func (c *Cluster) NotifySpawn(ctx context.Context, e broker.SpawnEvent) {
 	peers, err := c.peers(ctx)
 	if err != nil {
 		c.log.WarnContext(ctx, "bus: could not list the other replicas", "error", err)
@@ -103,7 +143,7 @@ func (c *cluster) NotifySpawn(ctx context.Context, e broker.SpawnEvent) {
 }
 
 // serveSpawnEvent is the receiving end of NotifySpawn.
-func (c *cluster) serveSpawnEvent(w http.ResponseWriter, r *http.Request) {
+func (c *Cluster) serveSpawnEvent(w http.ResponseWriter, r *http.Request) {
 	if !c.authorized(w, r) {
 		return
 	}
@@ -118,7 +158,7 @@ func (c *cluster) serveSpawnEvent(w http.ResponseWriter, r *http.Request) {
 
 // authorized checks the peer token of an internal request, answering 401
 // when it is wrong, 429 when its address presented too many wrong ones.
-func (c *cluster) authorized(w http.ResponseWriter, r *http.Request) bool {
+func (c *Cluster) authorized(w http.ResponseWriter, r *http.Request) bool {
 	if !c.throttle.HTTP(w, r) {
 		server.WriteError(w, http.StatusTooManyRequests, "bus: "+auth.ThrottledMessage)
 		return false
@@ -137,7 +177,7 @@ func (c *cluster) authorized(w http.ResponseWriter, r *http.Request) bool {
 // Forward implements broker.Forwarder: every other replica at once. A
 // replica that cannot be reached costs its subscribers this message (they
 // get no ack), which the log records; it does not fail the publish.
-func (c *cluster) Forward(ctx context.Context, f broker.Forwarded) broker.ForwardResult {
+func (c *Cluster) Forward(ctx context.Context, f broker.Forwarded) broker.ForwardResult {
 	peers, err := c.peers(ctx)
 	if err != nil {
 		c.log.WarnContext(ctx, "bus: could not list the other replicas", "error", err)
@@ -170,14 +210,14 @@ func (c *cluster) Forward(ctx context.Context, f broker.Forwarded) broker.Forwar
 	return res
 }
 
-func (c *cluster) forwardTo(ctx context.Context, addr string, body []byte) (broker.ForwardResult, error) {
+func (c *Cluster) forwardTo(ctx context.Context, addr string, body []byte) (broker.ForwardResult, error) {
 	var r broker.ForwardResult
 	return r, c.post(ctx, addr, "/internal/v1/deliver", body, &r)
 }
 
 // post sends body to another replica's internal path, and decodes its
 // answer into out (when not nil).
-func (c *cluster) post(ctx context.Context, addr, path string, body []byte, out any) error {
+func (c *Cluster) post(ctx context.Context, addr, path string, body []byte, out any) error {
 	req, err := http.NewRequestWithContext(ctx, "POST", c.scheme+"://"+addr+path, bytes.NewReader(body))
 	if err != nil {
 		return err
@@ -203,7 +243,7 @@ func (c *cluster) post(ctx context.Context, addr, path string, body []byte, out 
 }
 
 // serveDeliver is the receiving end of Forward.
-func (c *cluster) serveDeliver(w http.ResponseWriter, r *http.Request) {
+func (c *Cluster) serveDeliver(w http.ResponseWriter, r *http.Request) {
 	if !c.authorized(w, r) {
 		return
 	}
@@ -226,5 +266,6 @@ func (c *cluster) serveDeliver(w http.ResponseWriter, r *http.Request) {
 	if res.Acks == nil {
 		res.Acks = []broker.Ack{}
 	}
-	writeJSON(w, res)
+	w.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(w).Encode(res)
 }

@@ -1,4 +1,4 @@
-package service
+package toolset
 
 import (
 	"fmt"
@@ -22,7 +22,7 @@ type Finding struct {
 // Diagnose checks the configuration, the workspace, and each agent's
 // script, interpreter and permissions, and the variables it expects, and
 // suggests a fix for every problem.
-func Diagnose(cfg Config) []Finding {
+func Diagnose(cfg Settings) []Finding {
 	agents, err := agentconfig.Load(cfg.ConfigFile, cfg.Workspace, cfg.lookup)
 	if err != nil {
 		fix := "correct the key named in the message in config.yaml (docs/bridge.md describes every key)"
@@ -78,7 +78,7 @@ func fixFor(a *agentconfig.Agent, p *hybrid.Error) string {
 
 // missingEnv lists the variables agent a asks for that the bridge does not
 // have.
-func missingEnv(a *agentconfig.Agent, cfg Config) []string {
+func missingEnv(a *agentconfig.Agent, cfg Settings) []string {
 	var missing []string
 	for _, n := range a.EnvNames {
 		if _, ok := cfg.lookup(n); !ok {

@@ -1,8 +1,12 @@
-package service
+// Package deadletters serves the bus's dead letters over HTTP: the
+// messages its retries gave up on, for an admin to read and put back on
+// the retry queue.
+package deadletters
 
 import (
 	"encoding/json"
 	"errors"
+	"log/slog"
 	"net/http"
 	"strconv"
 
@@ -12,37 +16,30 @@ import (
 	"github.com/conclave-ai/conclave/services/bus/internal/broker"
 )
 
-// routeDeadLetters serves the dead-letter table to admins:
+// Handlers serve the dead-letter table: list, read and redrive.
+type Handlers struct {
+	retries *broker.Retries
+	log     *slog.Logger
+}
+
+// New serves the dead letters of retries; logger records the store's and
+// queue's errors, which callers are not shown.
+func New(retries *broker.Retries, logger *slog.Logger) *Handlers {
+	return &Handlers{retries: retries, log: logger}
+}
+
+// Routes registers the handlers, each behind admin, which lets only
+// admins through:
 //
 //	GET  /v1/dead-letters?limit=N&cursor=C   {"dead_letters":[...],"cursor":"..."}
 //	GET  /v1/dead-letters/{id}               one dead letter
 //	POST /v1/dead-letters/{id}/redrive       back on the retry queue, fresh attempts
 //	POST /v1/dead-letters/redrive            every dead letter
-func (b *Bus) routeDeadLetters(srv *server.Server) {
-	srv.Handle("GET /v1/dead-letters", b.admin(b.listDeadLetters))
-	srv.Handle("GET /v1/dead-letters/{id}", b.admin(b.showDeadLetter))
-	srv.Handle("POST /v1/dead-letters/{id}/redrive", b.admin(b.redriveDeadLetter))
-	srv.Handle("POST /v1/dead-letters/redrive", b.admin(b.redriveAll))
-}
-
-func (b *Bus) admin(h http.HandlerFunc) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if !b.cfg.AllowUnauthenticated {
-			grant, present, err := b.authenticate(w, r)
-			switch {
-			case !present:
-				server.WriteError(w, http.StatusUnauthorized, "bus: a bearer token is required")
-				return
-			case err != nil:
-				writeAuthError(w, err)
-				return
-			case !grant.Admin:
-				server.WriteError(w, http.StatusForbidden, "bus: this token is not an admin's")
-				return
-			}
-		}
-		h(w, r)
-	})
+func (h *Handlers) Routes(handle func(pattern string, handler http.Handler), admin func(http.Handler) http.Handler) {
+	handle("GET /v1/dead-letters", admin(http.HandlerFunc(h.list)))
+	handle("GET /v1/dead-letters/{id}", admin(http.HandlerFunc(h.show)))
+	handle("POST /v1/dead-letters/{id}/redrive", admin(http.HandlerFunc(h.redrive)))
+	handle("POST /v1/dead-letters/redrive", admin(http.HandlerFunc(h.redriveAll)))
 }
 
 func writeJSON(w http.ResponseWriter, v any) {
@@ -50,7 +47,7 @@ func writeJSON(w http.ResponseWriter, v any) {
 	_ = json.NewEncoder(w).Encode(v)
 }
 
-func (b *Bus) listDeadLetters(w http.ResponseWriter, r *http.Request) {
+func (h *Handlers) list(w http.ResponseWriter, r *http.Request) {
 	limit := 100
 	if s := r.URL.Query().Get("limit"); s != "" {
 		n, err := strconv.Atoi(s)
@@ -60,13 +57,13 @@ func (b *Bus) listDeadLetters(w http.ResponseWriter, r *http.Request) {
 		}
 		limit = n
 	}
-	dls, cursor, err := b.retries.ListDeadLetters(r.Context(), limit, r.URL.Query().Get("cursor"))
+	dls, cursor, err := h.retries.ListDeadLetters(r.Context(), limit, r.URL.Query().Get("cursor"))
 	if errors.Is(err, store.ErrInvalid) {
 		server.WriteError(w, http.StatusBadRequest, "bus: cursor is not one this bus issued")
 		return
 	}
 	if err != nil {
-		b.unavailable(w, r, "listing dead letters", err)
+		h.unavailable(w, r, "listing dead letters", err)
 		return
 	}
 	writeJSON(w, map[string]any{"dead_letters": dls, "cursor": cursor})
@@ -83,34 +80,34 @@ func deadLetterID(w http.ResponseWriter, r *http.Request) string {
 	return id
 }
 
-func (b *Bus) showDeadLetter(w http.ResponseWriter, r *http.Request) {
+func (h *Handlers) show(w http.ResponseWriter, r *http.Request) {
 	id := deadLetterID(w, r)
 	if id == "" {
 		return
 	}
-	dl, err := b.retries.DeadLetter(r.Context(), id)
+	dl, err := h.retries.DeadLetter(r.Context(), id)
 	if errors.Is(err, broker.ErrDeadLetterNotFound) {
 		server.WriteError(w, http.StatusNotFound, "bus: "+err.Error())
 		return
 	}
 	if err != nil {
-		b.unavailable(w, r, "reading a dead letter", err)
+		h.unavailable(w, r, "reading a dead letter", err)
 		return
 	}
 	writeJSON(w, dl)
 }
 
-func (b *Bus) redriveDeadLetter(w http.ResponseWriter, r *http.Request) {
+func (h *Handlers) redrive(w http.ResponseWriter, r *http.Request) {
 	id := deadLetterID(w, r)
 	if id == "" {
 		return
 	}
-	err := b.retries.Redrive(r.Context(), id)
+	err := h.retries.Redrive(r.Context(), id)
 	switch {
 	case errors.Is(err, broker.ErrDeadLetterNotFound):
 		server.WriteError(w, http.StatusNotFound, "bus: "+err.Error())
 	case err != nil:
-		b.unavailable(w, r, "redriving a dead letter", err)
+		h.unavailable(w, r, "redriving a dead letter", err)
 	default:
 		writeJSON(w, map[string]any{"redriven": []string{id}})
 	}
@@ -119,24 +116,24 @@ func (b *Bus) redriveDeadLetter(w http.ResponseWriter, r *http.Request) {
 // unavailable answers a failed store or queue call with 503 and logs its
 // error, which may name keys or the caller's input, with the request's
 // trace id: the client is told only to retry.
-func (b *Bus) unavailable(w http.ResponseWriter, r *http.Request, what string, err error) {
-	b.log.ErrorContext(r.Context(), "bus: "+what+" failed", "error", err)
+func (h *Handlers) unavailable(w http.ResponseWriter, r *http.Request, what string, err error) {
+	h.log.ErrorContext(r.Context(), "bus: "+what+" failed", "error", err)
 	w.Header().Set("Retry-After", "1")
 	server.WriteError(w, http.StatusServiceUnavailable, "bus: the dead-letter store or the retry queue is unavailable; retry")
 }
 
-func (b *Bus) redriveAll(w http.ResponseWriter, r *http.Request) {
+func (h *Handlers) redriveAll(w http.ResponseWriter, r *http.Request) {
 	redriven := []string{}
 	cursor := ""
 	for {
-		dls, next, err := b.retries.ListDeadLetters(r.Context(), 100, cursor)
+		dls, next, err := h.retries.ListDeadLetters(r.Context(), 100, cursor)
 		if err != nil {
-			b.unavailable(w, r, "listing dead letters to redrive (after "+strconv.Itoa(len(redriven))+" redriven)", err)
+			h.unavailable(w, r, "listing dead letters to redrive (after "+strconv.Itoa(len(redriven))+" redriven)", err)
 			return
 		}
 		for _, dl := range dls {
-			if err := b.retries.Redrive(r.Context(), dl.ID); err != nil {
-				b.unavailable(w, r, "redriving "+dl.ID+" (after "+strconv.Itoa(len(redriven))+" redriven)", err)
+			if err := h.retries.Redrive(r.Context(), dl.ID); err != nil {
+				h.unavailable(w, r, "redriving "+dl.ID+" (after "+strconv.Itoa(len(redriven))+" redriven)", err)
 				return
 			}
 			redriven = append(redriven, dl.ID)

@@ -1,4 +1,4 @@
-package service
+package toolset
 
 import (
 	"crypto/rand"
@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
-	"net/url"
 	"time"
 
 	"go.opentelemetry.io/otel/trace"
@@ -17,28 +16,10 @@ import (
 	"github.com/conclave-ai/conclave/services/bridge/internal/tools"
 )
 
-// validateGovernance checks the Librarian's and the bus's settings.
-func (c Config) validateGovernance() error {
-	for _, u := range []struct{ key, url, scheme string }{
-		{"CONCLAVE_BRIDGE_LIBRARIAN_URL", c.LibrarianURL, "http"}, {"CONCLAVE_BRIDGE_BUS_URL", c.BusURL, "ws"},
-	} {
-		if u.url == "" {
-			continue
-		}
-		if p, err := url.Parse(u.url); err != nil || (p.Scheme != u.scheme && p.Scheme != u.scheme+"s") || p.Host == "" {
-			return fmt.Errorf("%s: %q is not a %s:// or %ss:// URL", u.key, u.url, u.scheme, u.scheme)
-		}
-	}
-	if c.LibrarianToken != "" && len(c.LibrarianToken) < 16 {
-		return fmt.Errorf("CONCLAVE_BRIDGE_LIBRARIAN_TOKEN: a token of at least 16 characters")
-	}
-	return nil
-}
-
 // governance gives r's governed tools what they ask the Librarian with,
 // and returns the watcher of its decisions (nil without a bus). A
 // config.yaml with governed tools needs CONCLAVE_BRIDGE_LIBRARIAN_URL.
-func governance(cfg Config, agents *agentconfig.Config, r *tools.Runner, logger *slog.Logger, tel *telemetry.Provider) (*govern.Watcher, error) {
+func governance(cfg Settings, agents *agentconfig.Config, r *tools.Runner, logger *slog.Logger, tel *telemetry.Provider) (*govern.Watcher, error) {
 	var (
 		metrics govern.Metrics
 		tp      trace.TracerProvider
