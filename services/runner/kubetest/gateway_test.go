@@ -110,7 +110,7 @@ func TestHundredGatewayAgents(t *testing.T) {
 	for i := range n {
 		wg.Go(func() {
 			var in instance
-			if code := r.do(t, t.Context(), "POST", "/api/v1/agents/launch", map[string]any{
+			if code := r.Do(t, "POST", "/api/v1/agents/launch", map[string]any{
 				"task_id": fmt.Sprintf("hundred-%d", i), "agent_type": "on-gateway", "workspace_path": workspace(t),
 			}, &in); code != http.StatusOK {
 				t.Errorf("launch %d: HTTP %d", i, code)
@@ -125,7 +125,7 @@ func TestHundredGatewayAgents(t *testing.T) {
 	t.Cleanup(func() {
 		// t.Context() has ended by now.
 		for _, id := range ids {
-			if code := r.do(t, context.Background(), "DELETE", "/api/v1/agents/"+id, nil, nil); code != http.StatusOK {
+			if code := r.Do(t, "DELETE", "/api/v1/agents/"+id, nil, nil); code != http.StatusOK {
 				t.Errorf("delete %s: HTTP %d", id, code)
 			}
 		}

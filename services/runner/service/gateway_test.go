@@ -136,12 +136,12 @@ func (r *testRunner) launchOnGateway(t *testing.T, agentType, agentID string) in
 	if agentID != "" {
 		md["gateway_agent_id"] = agentID
 	}
-	if code := r.do(t, "POST", "/api/v1/agents/launch", map[string]any{
+	if code := r.Do(t, "POST", "/api/v1/agents/launch", map[string]any{
 		"task_id": "task-" + strings.ReplaceAll(t.Name(), "/", "-"), "agent_type": agentType, "workspace_path": r.workspace(t), "metadata": md,
 	}, &in); code != http.StatusOK {
 		t.Fatalf("launch %s: HTTP %d %+v", agentType, code, in)
 	}
-	r.waitStatus(t, in.ID, "running")
+	r.WaitStatus(t, in.ID, "running")
 	return in
 }
 
@@ -278,10 +278,10 @@ func TestGatewayMapping(t *testing.T) {
 	if !slices.Equal(events, want) {
 		t.Errorf("events:\n%s\nwant:\n%s", strings.Join(events, "\n"), strings.Join(want, "\n"))
 	}
-	if st := r.waitStatus(t, in.ID, "completed", "failed", "stopped"); st.Status != "completed" {
+	if st := r.WaitStatus(t, in.ID, "completed", "failed", "stopped"); st.Status != "completed" {
 		t.Errorf("the turn ended %+v", st)
 	}
-	r.waitLogWithin(t, in.ID, `gateway request`, time.Minute)
+	r.WaitLogWithin(t, in.ID, `gateway request`, time.Minute)
 
 	// REST with Server-Sent Events reaches the same agent.
 	req, _ := http.NewRequest("POST", "http://"+g.httpAddr+"/v1/agents/npm-example-on-gateway/messages",
@@ -300,7 +300,7 @@ func TestGatewayMapping(t *testing.T) {
 	}
 
 	// Deleted, the instance's agent leaves the gateway.
-	if code := r.do(t, "DELETE", "/api/v1/agents/"+in.ID, nil, nil); code != http.StatusOK && code != http.StatusNoContent {
+	if code := r.Do(t, "DELETE", "/api/v1/agents/"+in.ID, nil, nil); code != http.StatusOK && code != http.StatusNoContent {
 		t.Fatalf("delete: HTTP %d", code)
 	}
 	awaitAgent(t, gw, "npm-example-on-gateway", false)
@@ -338,15 +338,15 @@ func TestGatewayCancelAndKill(t *testing.T) {
 	if last := describe(events[len(events)-1]); last != "cancelled: changed my mind" {
 		t.Fatalf("a cancelled request ended %q; events %q", last, describeAll(events))
 	}
-	r.waitLogWithin(t, in.ID, "cancel requested: changed my mind", time.Minute)
-	if st := r.waitStatus(t, in.ID, "stopped", "failed", "completed"); st.Status != "stopped" {
+	r.WaitLogWithin(t, in.ID, "cancel requested: changed my mind", time.Minute)
+	if st := r.WaitStatus(t, in.ID, "stopped", "failed", "completed"); st.Status != "stopped" {
 		t.Fatalf("after the cancel %+v", st)
 	}
 	if last := describe(lastOf(send(t, gw, in.ID, "", "once more", nil))); !strings.HasPrefix(last, "done: ") {
 		t.Fatalf("the message after the cancel ended %q", last)
 	}
 
-	st := r.status(t, in.ID)
+	st := r.Status(t, in.ID)
 	pid, err := strconv.Atoi(st.ContainerID)
 	if err != nil {
 		t.Fatalf("container_id %q is not a process id", st.ContainerID)
@@ -365,10 +365,10 @@ func TestGatewayCancelAndKill(t *testing.T) {
 	// A prompt resumes the instance in a new process, registered again
 	// under the same id.
 	var ok struct{ Accepted bool }
-	if code := r.do(t, "POST", "/api/v1/agents/"+in.ID+"/prompt", map[string]string{"message": "back"}, &ok); code != http.StatusOK {
+	if code := r.Do(t, "POST", "/api/v1/agents/"+in.ID+"/prompt", map[string]string{"message": "back"}, &ok); code != http.StatusOK {
 		t.Fatalf("prompt: HTTP %d", code)
 	}
-	r.waitStatus(t, in.ID, "completed")
+	r.WaitStatus(t, in.ID, "completed")
 	awaitAgent(t, gw, in.ID, true)
 	if last := describe(lastOf(send(t, gw, in.ID, "", "are you back?", nil))); !strings.HasPrefix(last, "done: ") {
 		t.Fatalf("the resumed agent's message ended %q", last)
@@ -470,7 +470,7 @@ func TestGatewayReplicas(t *testing.T) {
 				}
 			}
 			// The turn itself went on in the runner.
-			if st := r.waitStatus(t, in.ID, "completed", "failed", "stopped"); st.Status != "completed" {
+			if st := r.WaitStatus(t, in.ID, "completed", "failed", "stopped"); st.Status != "completed" {
 				t.Fatalf("the turn ended %+v", st)
 			}
 			<-replicas[holder].done
@@ -481,7 +481,7 @@ func TestGatewayReplicas(t *testing.T) {
 			if last := describe(lastOf(send(t, gatewayClient(t, lb.Addr), id, "", "still there?", nil))); !strings.HasPrefix(last, "done: ") {
 				t.Fatalf("after the move, a message ended %q", last)
 			}
-			r.waitLogWithin(t, in.ID, "registered at the gateway as coven agent moving-agent (replica "+survivor.id+")", time.Minute)
+			r.WaitLogWithin(t, in.ID, "registered at the gateway as coven agent moving-agent (replica "+survivor.id+")", time.Minute)
 		})
 	}
 }
@@ -507,18 +507,18 @@ func TestGatewayResumedWithSessionLoad(t *testing.T) {
 	var sess struct {
 		SessionID string `json:"session_id"`
 	}
-	r.do(t, "GET", "/api/v1/agents/"+in.ID+"/session", nil, &sess)
+	r.Do(t, "GET", "/api/v1/agents/"+in.ID+"/session", nil, &sess)
 	// Idle for 2s: the process ends, and the agent leaves the gateway.
-	r.waitLogWithin(t, in.ID, "idle for 2s", time.Minute)
+	r.WaitLogWithin(t, in.ID, "idle for 2s", time.Minute)
 	awaitAgent(t, gw, "resumable", false)
 
 	var ok struct{ Accepted bool }
-	if code := r.do(t, "POST", "/api/v1/agents/"+in.ID+"/prompt", map[string]string{"message": "resume"}, &ok); code != http.StatusOK {
+	if code := r.Do(t, "POST", "/api/v1/agents/"+in.ID+"/prompt", map[string]string{"message": "resume"}, &ok); code != http.StatusOK {
 		t.Fatalf("prompt: HTTP %d", code)
 	}
-	r.waitLogWithin(t, in.ID, "acp-agent: loaded session "+sess.SessionID, time.Minute)
+	r.WaitLogWithin(t, in.ID, "acp-agent: loaded session "+sess.SessionID, time.Minute)
 	awaitAgent(t, gw, "resumable", true)
-	r.waitStatus(t, in.ID, "completed")
+	r.WaitStatus(t, in.ID, "completed")
 	if last := describe(lastOf(send(t, gw, "resumable", "", "second", nil))); !strings.HasPrefix(last, "done: Working on: second") {
 		t.Fatalf("the resumed agent's message ended %q", last)
 	}
@@ -544,12 +544,12 @@ func TestGatewayRefusal(t *testing.T) {
 			t.Parallel()
 			r := startRunner(t, map[string]string{"CONCLAVE_RUNNER_GATEWAY_ADDR": g.grpcAddr, "CONCLAVE_RUNNER_GATEWAY_TOKEN": tt.token})
 			in := r.launchOnGateway(t, "acp-normal", tt.agentID)
-			r.waitLogWithin(t, in.ID, tt.want, time.Minute)
+			r.WaitLogWithin(t, in.ID, tt.want, time.Minute)
 			var ok struct{ Accepted bool }
-			if code := r.do(t, "POST", "/api/v1/agents/"+in.ID+"/prompt", map[string]string{"message": "still here"}, &ok); code != http.StatusOK {
+			if code := r.Do(t, "POST", "/api/v1/agents/"+in.ID+"/prompt", map[string]string{"message": "still here"}, &ok); code != http.StatusOK {
 				t.Fatalf("prompt: HTTP %d", code)
 			}
-			r.waitLogWithin(t, in.ID, "Working on: still here", time.Minute)
+			r.WaitLogWithin(t, in.ID, "Working on: still here", time.Minute)
 		})
 	}
 }
@@ -574,12 +574,12 @@ func TestGatewayHeartbeat(t *testing.T) {
 		t.Fatalf("the agent's connection changed from %s to %s: the gateway dropped it as silent", first, now)
 	}
 	registrations := 0
-	for _, l := range r.logs(t, in.ID) {
+	for _, l := range r.Logs(t, in.ID) {
 		if strings.Contains(l.Text, "registered at the gateway as coven agent") {
 			registrations++
 		}
 	}
 	if registrations != 1 {
-		t.Fatalf("the agent registered %d times, want once: %+v", registrations, r.logs(t, in.ID))
+		t.Fatalf("the agent registered %d times, want once: %+v", registrations, r.Logs(t, in.ID))
 	}
 }

@@ -16,6 +16,7 @@ import (
 
 	"github.com/conclave-ai/conclave/pkg/testenv"
 	"github.com/conclave-ai/conclave/services/runner/internal/records"
+	"github.com/conclave-ai/conclave/services/runner/runnertest"
 )
 
 // runnerProcess starts cmd/runner on dataDir and returns a client of it.
@@ -40,17 +41,17 @@ func runnerProcessWith(t *testing.T, dataDir, root, types, port string, workers 
 	cmd.Env = append(cmd.Env, env...)
 	switch {
 	case stderr != nil && testing.Verbose():
-		cmd.Stderr = io.MultiWriter(stderr, tWriter{t})
+		cmd.Stderr = io.MultiWriter(stderr, runnertest.TWriter{T: t})
 	case stderr != nil:
 		cmd.Stderr = stderr
 	case testing.Verbose():
-		cmd.Stderr = tWriter{t}
+		cmd.Stderr = runnertest.TWriter{T: t}
 	}
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
-	r := &testRunner{base: "http://127.0.0.1:" + port, root: root}
+	r := &testRunner{API: &runnertest.API{Base: "http://127.0.0.1:" + port}, root: root}
 	testenv.EventuallyNoError(t, time.Minute, "the runner to listen on "+port, func() error {
 		c, err := net.Dial("tcp", "127.0.0.1:"+port)
 		if err == nil {
@@ -96,10 +97,10 @@ func TestKilledRunner(t *testing.T) {
 	types := agentTypes(t)
 	port := freePort(t)
 	first, r := runnerProcess(t, filepath.Join(dir, "data"), root, types, port, 1)
-	running := r.launch(t, "kandev-slow-tool", r.workspace(t), map[string]string{"TASK_DESCRIPTION": "long"})
-	r.waitLog(t, running.ID, "tool_call file_edit")
-	queued := r.launch(t, "acp-normal", r.workspace(t), map[string]string{"TASK_DESCRIPTION": "queued"})
-	if st := r.status(t, queued.ID); st.Status != "starting" {
+	running := r.Launch(t, "kandev-slow-tool", r.workspace(t), map[string]string{"TASK_DESCRIPTION": "long"})
+	r.WaitLog(t, running.ID, "tool_call file_edit")
+	queued := r.Launch(t, "acp-normal", r.workspace(t), map[string]string{"TASK_DESCRIPTION": "queued"})
+	if st := r.Status(t, queued.ID); st.Status != "starting" {
 		t.Fatalf("the second launch should wait for the only worker: %+v", st)
 	}
 	if err := first.Process.Signal(syscall.SIGKILL); err != nil {
@@ -108,15 +109,15 @@ func TestKilledRunner(t *testing.T) {
 	_ = first.Wait()
 
 	_, r = runnerProcess(t, filepath.Join(dir, "data"), root, types, port, 2)
-	if done := r.waitStatus(t, queued.ID, "completed", "failed"); done.Status != "completed" {
+	if done := r.WaitStatus(t, queued.ID, "completed", "failed"); done.Status != "completed" {
 		t.Fatalf("the queued launch: %+v", done)
 	}
 	r.waitLogCount(t, running.ID, "tool_call file_edit", 2)
-	if n := countLogs(r.logs(t, running.ID), "started kandev-slow-tool"); n != 2 {
+	if n := countLogs(r.Logs(t, running.ID), "started kandev-slow-tool"); n != 2 {
 		t.Errorf("the crashed worker's launch started %d times, want 2", n)
 	}
-	r.do(t, "POST", "/api/v1/agents/"+running.ID+"/cancel", map[string]string{"reason": "done"}, nil)
-	if st := r.waitStatus(t, running.ID, "stopped", "failed", "completed"); st.Status != "stopped" {
+	r.Do(t, "POST", "/api/v1/agents/"+running.ID+"/cancel", map[string]string{"reason": "done"}, nil)
+	if st := r.WaitStatus(t, running.ID, "stopped", "failed", "completed"); st.Status != "stopped" {
 		t.Errorf("after cancel: %+v", st)
 	}
 }
@@ -132,8 +133,8 @@ func TestGracefulRestart(t *testing.T) {
 	cfg, st, q := sharedState(t, nil)
 
 	first, stop := runOn(t, cfg, st, q, nil)
-	in := first.launch(t, "acp-slow-tool", first.workspace(t), map[string]string{"TASK_DESCRIPTION": "long"})
-	first.waitLog(t, in.ID, "tool_call write notes.txt")
+	in := first.Launch(t, "acp-slow-tool", first.workspace(t), map[string]string{"TASK_DESCRIPTION": "long"})
+	first.WaitLog(t, in.ID, "tool_call write notes.txt")
 	if err := stop(); err != nil {
 		t.Fatalf("the first runner's Run: %v", err)
 	}
@@ -147,9 +148,9 @@ func TestGracefulRestart(t *testing.T) {
 	}
 
 	second, _ := runOn(t, cfg, st, q, nil)
-	second.waitLog(t, in.ID, "the launch will be retried")
+	second.WaitLog(t, in.ID, "the launch will be retried")
 	second.waitLogCount(t, in.ID, "tool_call write notes.txt", 2)
-	if st := second.status(t, in.ID); st.Status != "running" {
+	if st := second.Status(t, in.ID); st.Status != "running" {
 		t.Errorf("after the restart: %+v", st)
 	}
 }
@@ -175,11 +176,11 @@ func TestAgentsDieWithTheRunner(t *testing.T) {
 	port := freePort(t)
 	first, r := runnerProcess(t, filepath.Join(dir, "data"), root, types, port, 1)
 	ws := r.workspace(t)
-	in := r.launch(t, "acp-lingering-group", ws, map[string]string{"TASK_DESCRIPTION": "first"})
-	if st := r.waitStatus(t, in.ID, "completed", "failed", "stopped"); st.Status != "completed" {
+	in := r.Launch(t, "acp-lingering-group", ws, map[string]string{"TASK_DESCRIPTION": "first"})
+	if st := r.WaitStatus(t, in.ID, "completed", "failed", "stopped"); st.Status != "completed" {
 		t.Fatalf("the first turn: %+v", st)
 	}
-	agent, err := strconv.Atoi(r.status(t, in.ID).ContainerID)
+	agent, err := strconv.Atoi(r.Status(t, in.ID).ContainerID)
 	if err != nil {
 		t.Fatalf("the agent's pid: %v", err)
 	}
@@ -202,7 +203,7 @@ func TestAgentsDieWithTheRunner(t *testing.T) {
 	waitExited(t, child, "the child the killed runner's agent left")
 	// The launch is taken over (nothing to run: its turn had ended), and
 	// the next prompt resumes the session in a new process.
-	r.waitLog(t, in.ID, "delivered again with no prompt pending")
+	r.WaitLog(t, in.ID, "delivered again with no prompt pending")
 	r.prompt(t, in.ID, "again")
 	r.waitLogCount(t, in.ID, "started acp-lingering-group", 2)
 	child = readPIDFile(t, filepath.Join(ws, "child.pid"))

@@ -56,7 +56,7 @@ func (r *testRunner) rawJSON(t *testing.T, method, path string, body any) (int, 
 		data, _ := json.Marshal(body)
 		rd = bytes.NewReader(data)
 	}
-	req, _ := http.NewRequest(method, r.base+path, rd)
+	req, _ := http.NewRequest(method, r.Base+path, rd)
 	req.Header.Set("Content-Type", "application/json")
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
@@ -141,8 +141,8 @@ func TestRESTShapes(t *testing.T) {
 	t.Parallel()
 	// One worker, held by a slow agent: the second launch stays starting.
 	r := startRunner(t, map[string]string{"CONCLAVE_RUNNER_WORKERS": "1"})
-	busy := r.launch(t, "acp-slow-tool", r.workspace(t), map[string]string{"TASK_DESCRIPTION": "hold the worker"})
-	r.waitLogWithin(t, busy.ID, "tool_call write notes.txt", time.Minute)
+	busy := r.Launch(t, "acp-slow-tool", r.workspace(t), map[string]string{"TASK_DESCRIPTION": "hold the worker"})
+	r.WaitLogWithin(t, busy.ID, "tool_call write notes.txt", time.Minute)
 
 	launch := map[string]any{"task_id": "task-shapes", "agent_type": "acp-normal", "workspace_path": r.workspace(t),
 		"env": map[string]string{"TASK_DESCRIPTION": "shapes"}, "priority": 1, "metadata": map[string]any{}}
@@ -188,8 +188,8 @@ func TestRESTShapes(t *testing.T) {
 	}
 
 	// Free the worker: the queued launch runs and completes.
-	r.do(t, "POST", "/api/v1/agents/"+busy.ID+"/cancel", map[string]string{"reason": "done"}, nil)
-	done := r.waitStatus(t, id, "completed", "failed")
+	r.Do(t, "POST", "/api/v1/agents/"+busy.ID+"/cancel", map[string]string{"reason": "done"}, nil)
+	done := r.WaitStatus(t, id, "completed", "failed")
 	_, st = r.rawJSON(t, "GET", "/api/v1/agents/"+id+"/status", nil)
 	checkShape(t, "GET status (completed)", seedStatusResponse, st, []string{"agent_type", "container_id", "error", "review_url", "task_id"})
 	if jsonKind(st["finished_at"]) != "string" || string(st["progress"]) != "100" {
