@@ -68,7 +68,7 @@ func freePort(t *testing.T) string {
 		t.Fatal(err)
 	}
 	defer l.Close()
-	return fmt.Sprint(l.Addr().(*net.TCPAddr).Port)
+	return fmt.Sprint(testenv.As[*net.TCPAddr](t, l.Addr(), "the listener's address").Port)
 }
 
 func countLogs(lines []logLine, want string) int {
