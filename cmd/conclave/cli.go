@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"flag"
 	"io"
 
 	"github.com/conclave-ai/conclave/pkg/config"
@@ -27,4 +28,24 @@ func printJSON(w io.Writer, answer []byte) error {
 	out.WriteByte('\n')
 	_, err := w.Write(out.Bytes())
 	return err
+}
+
+// parseInterleaved parses flags wherever they stand among the arguments, as
+// people type them ("send hello --agent a1"), and returns the other
+// arguments in order. Everything after "--" is an argument.
+func parseInterleaved(fs *flag.FlagSet, args []string) ([]string, error) {
+	var rest []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			return nil, err
+		}
+		left := fs.Args()
+		if len(left) == 0 {
+			return rest, nil
+		}
+		if used := len(args) - len(left); used > 0 && args[used-1] == "--" {
+			return append(rest, left...), nil
+		}
+		rest, args = append(rest, left[0]), left[1:]
+	}
 }

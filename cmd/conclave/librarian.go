@@ -79,20 +79,12 @@ func runLibrarian(ctx context.Context, args []string, lookup config.Lookup, stdo
 		agent = fs.String("agent", envOr(lookup, "CONCLAVE_LIBRARIAN_AGENT_ID", ""),
 			"the agent to ask as, one of config/agents.yaml (CONCLAVE_LIBRARIAN_AGENT_ID); needed without a token, as in conclave dev; a token names its own")
 	}
-	// Flags may follow the positional arguments.
-	var positional []string
-	for {
-		if err := fs.Parse(rest); err != nil {
-			if errors.Is(err, flag.ErrHelp) {
-				return nil
-			}
-			return err
-		}
-		if fs.NArg() == 0 {
-			break
-		}
-		positional = append(positional, fs.Arg(0))
-		rest = fs.Args()[1:]
+	positional, err := parseInterleaved(fs, rest)
+	if errors.Is(err, flag.ErrHelp) {
+		return nil
+	}
+	if err != nil {
+		return err
 	}
 	c := httpclient.New(*baseURL, *token)
 	call := func(method, path string, body any) error {

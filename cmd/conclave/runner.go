@@ -67,16 +67,9 @@ func runRunner(ctx context.Context, args []string, lookup config.Lookup, stdout,
 	status := fs.String("status", "", "only instances in this status (list)")
 	pageSize := fs.Int("page-size", 0, "instances per page, 0 for the runner's default (list)")
 	pageToken := fs.String("page-token", "", "a previous list's next_page_token (list)")
-	var positional []string
-	for {
-		if err := fs.Parse(rest); err != nil {
-			return err
-		}
-		if fs.NArg() == 0 {
-			break
-		}
-		positional = append(positional, fs.Arg(0))
-		rest = fs.Args()[1:]
+	positional, err := parseInterleaved(fs, rest)
+	if err != nil {
+		return err
 	}
 	c := &runnerClient{httpclient.New(*baseURL, *token)}
 	need := func(n int, what string) error {
