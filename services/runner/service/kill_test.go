@@ -184,7 +184,7 @@ func TestAgentsDieWithTheRunner(t *testing.T) {
 	if err != nil {
 		t.Fatalf("the agent's pid: %v", err)
 	}
-	child := readPIDFile(t, filepath.Join(ws, "child.pid"))
+	child := testenv.ReadPIDFile(t, filepath.Join(ws, "child.pid"))
 	t.Cleanup(func() { _ = syscall.Kill(child, syscall.SIGKILL) })
 	os.Remove(filepath.Join(ws, "child.pid"))
 
@@ -192,58 +192,25 @@ func TestAgentsDieWithTheRunner(t *testing.T) {
 		t.Fatal(err)
 	}
 	_ = first.Wait()
-	waitExited(t, agent, "the agent of the killed runner")
-	if exited(child) {
+	testenv.WaitExited(t, agent, "the agent of the killed runner")
+	if testenv.Exited(child) {
 		t.Fatal("the agent's child died with the runner: this test no longer shows the restart's cleanup")
 	}
 
 	second, r := runnerProcess(t, filepath.Join(dir, "data"), root, types, port, 1)
 	// Ended before the runner listened; SIGKILL's exit may still be under
 	// way.
-	waitExited(t, child, "the child the killed runner's agent left")
+	testenv.WaitExited(t, child, "the child the killed runner's agent left")
 	// The launch is taken over (nothing to run: its turn had ended), and
 	// the next prompt resumes the session in a new process.
 	r.WaitLog(t, in.ID, "delivered again with no prompt pending")
 	r.prompt(t, in.ID, "again")
 	r.waitLogCount(t, in.ID, "started acp-lingering-group", 2)
-	child = readPIDFile(t, filepath.Join(ws, "child.pid"))
+	child = testenv.ReadPIDFile(t, filepath.Join(ws, "child.pid"))
 	t.Cleanup(func() { _ = syscall.Kill(child, syscall.SIGKILL) })
 	if err := second.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
 	_ = second.Wait()
-	waitExited(t, child, "the child of a gracefully stopped runner's agent")
-}
-
-// exited reports whether pid has exited (a zombie not yet reaped counts).
-func exited(pid int) bool {
-	st, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if err != nil {
-		return true
-	}
-	i := strings.LastIndexByte(string(st), ')')
-	return i >= 0 && strings.HasPrefix(strings.TrimSpace(string(st[i+1:])), "Z")
-}
-
-// waitExited waits for pid to exit.
-func waitExited(t *testing.T, pid int, what string) {
-	t.Helper()
-	testenv.Eventually(t, time.Minute, fmt.Sprintf("%s (pid %d) to exit", what, pid), func() bool { return exited(pid) })
-}
-
-// readPIDFile waits for a pid in path.
-func readPIDFile(t *testing.T, path string) int {
-	t.Helper()
-	var pid int
-	testenv.EventuallyNoError(t, time.Minute, "a pid in "+path, func() error {
-		data, err := os.ReadFile(path)
-		if err != nil {
-			return err
-		}
-		if pid, err = strconv.Atoi(strings.TrimSpace(string(data))); err == nil && pid <= 0 {
-			err = fmt.Errorf("pid %d", pid)
-		}
-		return err
-	})
-	return pid
+	testenv.WaitExited(t, child, "the child of a gracefully stopped runner's agent")
 }
