@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -166,16 +165,9 @@ func TestEventsSurviveACrash(t *testing.T) {
 		t.Skip("runs the runner as a process")
 	}
 	t.Parallel()
-	dir := t.TempDir()
-	root := filepath.Join(dir, "workspaces")
-	if err := os.MkdirAll(root, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	types := agentTypes(t)
-	port := freePort(t)
-	data := filepath.Join(dir, "data")
+	ps := newProcessState(t)
 	crash := &signalWriter{want: "crashpoint before-terminal-event reached", reached: make(chan struct{})}
-	first, r := runnerProcessWith(t, data, root, types, port, 1, []string{"CONCLAVE_RUNNER_TEST_CRASHPOINT=before-terminal-event"}, crash)
+	first, r := ps.startWith(t, 1, []string{"CONCLAVE_RUNNER_TEST_CRASHPOINT=before-terminal-event"}, crash)
 	in := r.Launch(t, "acp-normal", r.workspace(t), map[string]string{"TASK_DESCRIPTION": "the last event"})
 	select {
 	case <-crash.reached:
@@ -190,7 +182,7 @@ func TestEventsSurviveACrash(t *testing.T) {
 	}
 	_ = first.Wait()
 
-	second, r := runnerProcess(t, data, root, types, port, 1)
+	second, r := ps.start(t, 1)
 	// The launch comes back after CONCLAVE_RUNNER_LAUNCH_RETRY (2s), and its
 	// delivery sends what the outbox holds.
 	r.WaitLog(t, in.ID, "status event(s) again")
@@ -199,7 +191,7 @@ func TestEventsSurviveACrash(t *testing.T) {
 		t.Fatal(err)
 	}
 	_ = second.Wait()
-	q, err := queue.OpenEmbedded(filepath.Join(data, "queues.db"))
+	q, err := queue.OpenEmbedded(filepath.Join(ps.data, "queues.db"))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -19,16 +19,32 @@ import (
 	"github.com/conclave-ai/conclave/services/runner/runnertest"
 )
 
-// runnerProcess starts cmd/runner on dataDir and returns a client of it.
-func runnerProcess(t *testing.T, dataDir, root, types, port string, workers int) (*exec.Cmd, *testRunner) {
+// processState is what a runner process runs on, and the next process
+// started on it takes over: a data directory, a workspace root, the agent
+// types and the HTTP port.
+type processState struct{ data, root, types, port string }
+
+func newProcessState(t *testing.T) processState {
 	t.Helper()
-	return runnerProcessWith(t, dataDir, root, types, port, workers, nil, nil)
+	dir := t.TempDir()
+	root := filepath.Join(dir, "workspaces")
+	if err := os.MkdirAll(root, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return processState{data: filepath.Join(dir, "data"), root: root, types: agentTypes(t), port: freePort(t)}
 }
 
-// runnerProcessWith is runnerProcess with more environment, and stderr
-// copied to stderr too (when not nil).
-func runnerProcessWith(t *testing.T, dataDir, root, types, port string, workers int, env []string, stderr io.Writer) (*exec.Cmd, *testRunner) {
+// start starts cmd/runner on s and returns a client of it.
+func (s processState) start(t *testing.T, workers int) (*exec.Cmd, *testRunner) {
 	t.Helper()
+	return s.startWith(t, workers, nil, nil)
+}
+
+// startWith is start with more environment, and stderr copied to stderr
+// too (when not nil).
+func (s processState) startWith(t *testing.T, workers int, env []string, stderr io.Writer) (*exec.Cmd, *testRunner) {
+	t.Helper()
+	dataDir, root, types, port := s.data, s.root, s.types, s.port
 	cmd := exec.Command(runnerBin)
 	cmd.Env = append(os.Environ(),
 		"CONCLAVE_DATA_DIR="+dataDir, "CONCLAVE_BACKEND=embedded",
@@ -89,14 +105,8 @@ func TestKilledRunner(t *testing.T) {
 		t.Skip("runs the runner as a process")
 	}
 	t.Parallel()
-	dir := t.TempDir()
-	root := filepath.Join(dir, "workspaces")
-	if err := os.MkdirAll(root, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	types := agentTypes(t)
-	port := freePort(t)
-	first, r := runnerProcess(t, filepath.Join(dir, "data"), root, types, port, 1)
+	ps := newProcessState(t)
+	first, r := ps.start(t, 1)
 	running := r.Launch(t, "kandev-slow-tool", r.workspace(t), map[string]string{"TASK_DESCRIPTION": "long"})
 	r.WaitLog(t, running.ID, "tool_call file_edit")
 	queued := r.Launch(t, "acp-normal", r.workspace(t), map[string]string{"TASK_DESCRIPTION": "queued"})
@@ -108,7 +118,7 @@ func TestKilledRunner(t *testing.T) {
 	}
 	_ = first.Wait()
 
-	_, r = runnerProcess(t, filepath.Join(dir, "data"), root, types, port, 2)
+	_, r = ps.start(t, 2)
 	if done := r.WaitStatus(t, queued.ID, "completed", "failed"); done.Status != "completed" {
 		t.Fatalf("the queued launch: %+v", done)
 	}
@@ -167,14 +177,8 @@ func TestAgentsDieWithTheRunner(t *testing.T) {
 		t.Skip("runs the runner as a process")
 	}
 	t.Parallel()
-	dir := t.TempDir()
-	root := filepath.Join(dir, "workspaces")
-	if err := os.MkdirAll(root, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	types := agentTypes(t)
-	port := freePort(t)
-	first, r := runnerProcess(t, filepath.Join(dir, "data"), root, types, port, 1)
+	ps := newProcessState(t)
+	first, r := ps.start(t, 1)
 	ws := r.workspace(t)
 	in := r.Launch(t, "acp-lingering-group", ws, map[string]string{"TASK_DESCRIPTION": "first"})
 	if st := r.WaitStatus(t, in.ID, "completed", "failed", "stopped"); st.Status != "completed" {
@@ -197,7 +201,7 @@ func TestAgentsDieWithTheRunner(t *testing.T) {
 		t.Fatal("the agent's child died with the runner: this test no longer shows the restart's cleanup")
 	}
 
-	second, r := runnerProcess(t, filepath.Join(dir, "data"), root, types, port, 1)
+	second, r := ps.start(t, 1)
 	// Ended before the runner listened; SIGKILL's exit may still be under
 	// way.
 	testenv.WaitExited(t, child, "the child the killed runner's agent left")

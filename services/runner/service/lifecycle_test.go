@@ -6,8 +6,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"os"
-	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -50,14 +48,8 @@ func TestRunnerKilledMidConversation(t *testing.T) {
 		t.Skip("runs the runner as a process")
 	}
 	t.Parallel()
-	dir := t.TempDir()
-	root := filepath.Join(dir, "workspaces")
-	if err := os.MkdirAll(root, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	types := agentTypes(t)
-	port := freePort(t)
-	first, r := runnerProcess(t, filepath.Join(dir, "data"), root, types, port, 2)
+	ps := newProcessState(t)
+	first, r := ps.start(t, 2)
 
 	idle := r.Launch(t, "acp-normal", r.workspace(t), map[string]string{"TASK_DESCRIPTION": "only once"})
 	if st := r.WaitStatus(t, idle.ID, "completed", "failed", "stopped"); st.Status != "completed" {
@@ -76,7 +68,7 @@ func TestRunnerKilledMidConversation(t *testing.T) {
 	}
 	_ = first.Wait()
 
-	_, r = runnerProcess(t, filepath.Join(dir, "data"), root, types, port, 2)
+	_, r = ps.start(t, 2)
 	r.WaitLog(t, idle.ID, "launch 1 ended: delivered again with no prompt pending")
 	if n := countLogs(r.Logs(t, idle.ID), "started acp-normal"); n != 1 {
 		t.Errorf("the idle instance's agent started %d times, want 1", n)
