@@ -24,11 +24,7 @@ func TestLaunchIsOneTrace(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	j, err := testenv.StartJaeger(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(j.Stop)
+	j := testenv.JaegerFor(t)
 	provider := func(service string) *telemetry.Provider { return j.Provider(t, service) }
 	r := startRunnerWith(t, map[string]string{"CONCLAVE_RUNNER_EVENTS_QUEUE": "traced-events",
 		// The worker's span ends with its launch: at once after the turn.
