@@ -13,7 +13,6 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
-	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -48,19 +47,7 @@ func Config(t testing.TB, vars map[string]string) service.Config {
 // one another.
 func State(t testing.TB, cfg service.Config) (store.Store, queue.Queue) {
 	t.Helper()
-	dir := t.TempDir()
-	st, err := store.OpenBolt(filepath.Join(dir, "state.db"), store.BoltOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = st.Close() })
-	q, err := queue.OpenEmbedded(filepath.Join(dir, "queues.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = q.Close() })
-	Prepare(t, cfg, st, q)
-	return st, q
+	return testenv.EmbeddedStore(t, service.Tables...), testenv.EmbeddedQueue(t, service.Queues(cfg)...)
 }
 
 // Prepare creates the runner's tables on st and its queues on q, as its
