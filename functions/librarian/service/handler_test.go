@@ -8,7 +8,6 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -23,6 +22,7 @@ import (
 	"github.com/conclave-ai/conclave/functions/librarian/service"
 	"github.com/conclave-ai/conclave/pkg/queue"
 	"github.com/conclave-ai/conclave/pkg/store"
+	"github.com/conclave-ai/conclave/pkg/testenv"
 	eventsv1 "github.com/conclave-ai/conclave/proto/conclave/events/v1"
 	librarianv1 "github.com/conclave-ai/conclave/proto/conclave/librarian/v1"
 )
@@ -52,26 +52,9 @@ func newEnv(t testing.TB, mod func(*service.Config)) *env {
 // newEnvAt is newEnv with the handler's clock (nil: time.Now).
 func newEnvAt(t testing.TB, mod func(*service.Config), now func() time.Time) *env {
 	t.Helper()
-	dir := t.TempDir()
-	st, err := store.OpenBolt(filepath.Join(dir, "state.db"), store.BoltOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = st.Close() })
-	q, err := queue.OpenEmbedded(filepath.Join(dir, "queue.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = q.Close() })
+	st := testenv.EmbeddedStore(t, service.Tables...)
+	q := testenv.EmbeddedQueue(t, service.Queues...)
 	ctx := context.Background()
-	if err := store.EnsureTables(ctx, st, service.Tables...); err != nil {
-		t.Fatal(err)
-	}
-	for _, d := range service.Queues {
-		if err := q.Ensure(ctx, d); err != nil {
-			t.Fatal(err)
-		}
-	}
 	cfg := service.Config{APIRate: "60/minute", ShutdownTimeout: time.Second,
 		AgentTokens:    []string{"claude-3=" + claudeToken, "copilot-2=" + copilotToken, "gemini-pro=" + geminiToken},
 		ReviewerTokens: []string{"alice=" + reviewerToken}}
