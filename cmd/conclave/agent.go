@@ -163,26 +163,6 @@ func parseListArgs(args []string, lookup func(string) (string, bool), stderr io.
 	return o, nil
 }
 
-// parseInterleaved parses flags wherever they stand among the arguments, as
-// people type them ("send hello --agent a1"), and returns the other
-// arguments in order. Everything after "--" is an argument.
-func parseInterleaved(fs *flag.FlagSet, args []string) ([]string, error) {
-	var rest []string
-	for {
-		if err := fs.Parse(args); err != nil {
-			return nil, err
-		}
-		left := fs.Args()
-		if len(left) == 0 {
-			return rest, nil
-		}
-		if used := len(args) - len(left); used > 0 && args[used-1] == "--" {
-			return append(rest, left...), nil
-		}
-		rest, args = append(rest, left[0]), left[1:]
-	}
-}
-
 func agentSend(ctx context.Context, o sendOptions, stdout, stderr io.Writer) error {
 	callCtx, client, conn, err := o.dial(ctx)
 	if err != nil {

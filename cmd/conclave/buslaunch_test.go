@@ -158,22 +158,7 @@ func TestDevDefaultHandlerLaunchesThroughRunner(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.CloseNow()
-	call := func(id int, method, params string) map[string]any {
-		t.Helper()
-		frame := fmt.Sprintf(`{"jsonrpc":"2.0","method":%q,"params":%s,"id":%d}`, method, params, id)
-		if err := c.Write(ctx, websocket.MessageText, []byte(frame)); err != nil {
-			t.Fatal(err)
-		}
-		_, answer, err := c.Read(ctx)
-		if err != nil {
-			t.Fatalf("%s: %v\n%s", method, err, stderr)
-		}
-		var res struct{ Result map[string]any }
-		if err := json.Unmarshal(answer, &res); err != nil || res.Result == nil {
-			t.Fatalf("%s answered %s", method, answer)
-		}
-		return res.Result
-	}
+	call := busCaller(t, ctx, c, stderr)
 	call(1, "initialize", `{"clientId":"bridge","clientInfo":{"name":"telegram-bridge","version":"0.1.0"}}`)
 	var agentID string
 	for i, text := range []string{"hello", "again"} {
@@ -311,22 +296,7 @@ func TestDevLaunchedAgentIsConfinedByItsToken(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.CloseNow()
-	call := func(id int, method, params string) map[string]any {
-		t.Helper()
-		frame := fmt.Sprintf(`{"jsonrpc":"2.0","method":%q,"params":%s,"id":%d}`, method, params, id)
-		if err := c.Write(ctx, websocket.MessageText, []byte(frame)); err != nil {
-			t.Fatal(err)
-		}
-		_, answer, err := c.Read(ctx)
-		if err != nil {
-			t.Fatalf("%s: %v\n%s", method, err, stderr)
-		}
-		var res struct{ Result map[string]any }
-		if err := json.Unmarshal(answer, &res); err != nil || res.Result == nil {
-			t.Fatalf("%s answered %s", method, answer)
-		}
-		return res.Result
-	}
+	call := busCaller(t, ctx, c, stderr)
 	call(1, "initialize", `{"clientId":"bridge"}`)
 	res := call(2, "sendMessage", `{"topic":"tg:888","payload":{"type":"telegram_message","text":"hello"}}`)
 	acks, _ := res["acks"].([]any)
@@ -344,5 +314,27 @@ func TestDevLaunchedAgentIsConfinedByItsToken(t *testing.T) {
 		if got[k] != v {
 			t.Errorf("the launched agent reports %s=%q, want %q (all: %v)", k, got[k], v, got)
 		}
+	}
+}
+
+// busCaller returns a call of a bub method on c: it sends a request with
+// id and params (JSON) and returns the answer's result, failing the test,
+// with the dev process's stderr, on anything else.
+func busCaller(t *testing.T, ctx context.Context, c *websocket.Conn, stderr fmt.Stringer) func(id int, method, params string) map[string]any {
+	return func(id int, method, params string) map[string]any {
+		t.Helper()
+		frame := fmt.Sprintf(`{"jsonrpc":"2.0","method":%q,"params":%s,"id":%d}`, method, params, id)
+		if err := c.Write(ctx, websocket.MessageText, []byte(frame)); err != nil {
+			t.Fatal(err)
+		}
+		_, answer, err := c.Read(ctx)
+		if err != nil {
+			t.Fatalf("%s: %v\n%s", method, err, stderr)
+		}
+		var res struct{ Result map[string]any }
+		if err := json.Unmarshal(answer, &res); err != nil || res.Result == nil {
+			t.Fatalf("%s answered %s", method, answer)
+		}
+		return res.Result
 	}
 }

@@ -97,7 +97,7 @@ func TestGovernedRunnerKilledMidWait(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	port := fmt.Sprint(l.Addr().(*net.TCPAddr).Port)
+	port := fmt.Sprint(testenv.As[*net.TCPAddr](t, l.Addr(), "the listener's address").Port)
 	l.Close()
 
 	first := e.startRunnerProcess(t, port)

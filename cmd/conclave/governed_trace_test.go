@@ -27,11 +27,7 @@ func TestGovernedTurnIsOneTrace(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	j, err := testenv.StartJaeger(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(j.Stop)
+	j := testenv.JaegerFor(t)
 	e := startGoverned(t, governedOptions{protocol: escalateDeviation, telemetry: func(s string) *telemetry.Provider { return j.Provider(t, s) }})
 	client := j.Provider(t, "client")
 	callCtx, span := client.TracerProvider().Tracer("client").Start(ctx, "launch a governed agent")

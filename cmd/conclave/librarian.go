@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -12,10 +11,10 @@ import (
 	"net/url"
 	"os"
 	"strings"
-	"time"
 
 	librarian "github.com/conclave-ai/conclave/functions/librarian/service"
 	"github.com/conclave-ai/conclave/pkg/config"
+	"github.com/conclave-ai/conclave/pkg/httpclient"
 	"github.com/conclave-ai/conclave/pkg/store"
 )
 
@@ -80,22 +79,21 @@ func runLibrarian(ctx context.Context, args []string, lookup config.Lookup, stdo
 		agent = fs.String("agent", envOr(lookup, "CONCLAVE_LIBRARIAN_AGENT_ID", ""),
 			"the agent to ask as, one of config/agents.yaml (CONCLAVE_LIBRARIAN_AGENT_ID); needed without a token, as in conclave dev; a token names its own")
 	}
-	// Flags may follow the positional arguments.
-	var positional []string
-	for {
-		if err := fs.Parse(rest); err != nil {
-			if errors.Is(err, flag.ErrHelp) {
-				return nil
-			}
-			return err
-		}
-		if fs.NArg() == 0 {
-			break
-		}
-		positional = append(positional, fs.Arg(0))
-		rest = fs.Args()[1:]
+	positional, err := parseInterleaved(fs, rest)
+	if errors.Is(err, flag.ErrHelp) {
+		return nil
 	}
-	c := &libClient{base: strings.TrimSuffix(*baseURL, "/"), token: *token, http: &http.Client{Timeout: 30 * time.Second}}
+	if err != nil {
+		return err
+	}
+	c := httpclient.New(*baseURL, *token)
+	call := func(method, path string, body any) error {
+		answer, err := c.Do(ctx, method, path, body)
+		if err != nil {
+			return fmt.Errorf("librarian: %w", err)
+		}
+		return printJSON(stdout, answer)
+	}
 	need := func(n int, what string) error {
 		if len(positional) != n {
 			return fmt.Errorf("librarian %s: expected %s", cmd, what)
@@ -117,12 +115,12 @@ func runLibrarian(ctx context.Context, args []string, lookup config.Lookup, stdo
 		if err != nil {
 			return err
 		}
-		return c.do(ctx, http.MethodPost, "/agent/request", body, stdout)
+		return call(http.MethodPost, "/agent/request", json.RawMessage(body))
 	case "status":
 		if err := need(1, "a request id"); err != nil {
 			return err
 		}
-		return c.do(ctx, http.MethodGet, "/agent/status/"+url.PathEscape(positional[0]), nil, stdout)
+		return call(http.MethodGet, "/agent/status/"+url.PathEscape(positional[0]), nil)
 	case "query":
 		if len(positional) == 0 {
 			return errors.New("librarian query: expected the query text")
@@ -134,72 +132,17 @@ func runLibrarian(ctx context.Context, args []string, lookup config.Lookup, stdo
 		if *agent != "" {
 			q["agent_id"] = *agent
 		}
-		body, _ := json.Marshal(q)
-		return c.do(ctx, http.MethodPost, "/agent/context", body, stdout)
+		return call(http.MethodPost, "/agent/context", q)
 	default: // review
 		if len(positional) == 1 && positional[0] == "list" {
-			return c.do(ctx, http.MethodGet, "/reviews?status=escalated", nil, stdout)
+			return call(http.MethodGet, "/reviews?status=escalated", nil)
 		}
 		if len(positional) != 2 || (positional[0] != "approve" && positional[0] != "reject") {
 			return errors.New("librarian review: expected list, or approve|reject REQUEST_ID -m COMMENT")
 		}
-		body, _ := json.Marshal(map[string]string{"decision": positional[0], "comment": *comment})
-		return c.do(ctx, http.MethodPost, "/reviews/"+url.PathEscape(positional[1])+"/decision", body, stdout)
+		return call(http.MethodPost, "/reviews/"+url.PathEscape(positional[1])+"/decision",
+			map[string]string{"decision": positional[0], "comment": *comment})
 	}
-}
-
-func envOr(lookup config.Lookup, key, def string) string {
-	if v, ok := lookup(key); ok && v != "" {
-		return v
-	}
-	return def
-}
-
-type libClient struct {
-	base, token string
-	http        *http.Client
-}
-
-// do sends one request and prints the JSON answer; a 4xx or 5xx is an
-// error carrying the Librarian's message.
-func (c *libClient) do(ctx context.Context, method, path string, body []byte, stdout io.Writer) error {
-	req, err := http.NewRequestWithContext(ctx, method, c.base+path, bytes.NewReader(body))
-	if err != nil {
-		return err
-	}
-	req.Header.Set("Content-Type", "application/json")
-	if c.token != "" {
-		req.Header.Set("Authorization", "Bearer "+c.token)
-	}
-	resp, err := c.http.Do(req)
-	if err != nil {
-		return fmt.Errorf("librarian: %w", err)
-	}
-	defer resp.Body.Close()
-	raw, err := io.ReadAll(io.LimitReader(resp.Body, 16<<20))
-	if err != nil {
-		return fmt.Errorf("librarian: reading the answer: %w", err)
-	}
-	if resp.StatusCode >= 400 {
-		var e struct {
-			Error struct {
-				Status  string `json:"status"`
-				Message string `json:"message"`
-			} `json:"error"`
-		}
-		if json.Unmarshal(raw, &e) == nil && e.Error.Message != "" {
-			return fmt.Errorf("librarian: %d %s: %s", resp.StatusCode, e.Error.Status, e.Error.Message)
-		}
-		return fmt.Errorf("librarian: %s", resp.Status)
-	}
-	var pretty bytes.Buffer
-	if json.Indent(&pretty, raw, "", "  ") != nil {
-		pretty.Reset()
-		pretty.Write(raw)
-	}
-	pretty.WriteByte('\n')
-	_, err = stdout.Write(pretty.Bytes())
-	return err
 }
 
 type adminConfig struct {

@@ -68,32 +68,7 @@ func TestLibrarianCommands(t *testing.T) {
 	}
 
 	// The Librarian, on the same store file.
-	st, err := store.OpenBolt(filepath.Join(dir, "data", "state.db"), store.BoltOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
-	q, err := queue.OpenEmbedded(filepath.Join(dir, "queue.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer q.Close()
-	for _, d := range librarian.Queues {
-		if err := q.Ensure(ctx, d); err != nil {
-			t.Fatal(err)
-		}
-	}
-	svc, err := librarian.New(librarian.Config{HTTPAddr: "127.0.0.1:0", APIRate: "60/minute", ReadRate: "600/minute", ShutdownTimeout: time.Second},
-		librarian.Deps{Store: st, Queue: q, Logger: discardLogger()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	sctx, stop := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- svc.Run(sctx) }()
-	defer func() { stop(); <-done }()
-	<-svc.Ready()
-	env["CONCLAVE_LIBRARIAN_URL"] = "http://" + svc.Endpoints()[0].Address
+	env["CONCLAVE_LIBRARIAN_URL"] = startLibrarian(t, filepath.Join(dir, "data"), false)
 
 	req := filepath.Join(dir, "req.json")
 	body, _ := json.Marshal(map[string]any{"agent_id": "claude-3", "request_type": "APPROVAL", "action": "create", "target_type": "architecture",
@@ -155,6 +130,55 @@ func TestLibrarianCommands(t *testing.T) {
 
 func discardLogger() *slog.Logger { return slog.New(slog.DiscardHandler) }
 
+// startLibrarian runs the Librarian on loopback over the embedded store in
+// dataDir (state.db, as the operator commands open it) until the test
+// ends, and returns its URL.
+func startLibrarian(t *testing.T, dataDir string, allowUnauthenticated bool) string {
+	t.Helper()
+	if err := os.MkdirAll(dataDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	st, err := store.OpenBolt(filepath.Join(dataDir, "state.db"), store.BoltOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = st.Close() })
+	if err := store.EnsureTables(t.Context(), st, librarian.Tables...); err != nil {
+		t.Fatal(err)
+	}
+	q, err := queue.OpenEmbedded(filepath.Join(t.TempDir(), "queue.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = q.Close() })
+	for _, d := range librarian.Queues {
+		if err := q.Ensure(t.Context(), d); err != nil {
+			t.Fatal(err)
+		}
+	}
+	svc, err := librarian.New(librarian.Config{HTTPAddr: "127.0.0.1:0", APIRate: "60/minute", ReadRate: "600/minute", ShutdownTimeout: time.Second, AllowUnauthenticated: allowUnauthenticated},
+		librarian.Deps{Store: st, Queue: q, Logger: discardLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, stop := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- svc.Run(ctx) }()
+	// Registered after the store's and queue's, so it runs before them.
+	t.Cleanup(func() {
+		stop()
+		if err := <-done; err != nil {
+			t.Errorf("the Librarian's Run: %v", err)
+		}
+	})
+	select {
+	case <-svc.Ready():
+	case err := <-done:
+		t.Fatalf("the Librarian stopped before it was ready: %v", err)
+	}
+	return "http://" + svc.Endpoints()[0].Address
+}
+
 // TestLibrarianQueryAsAnAgent: without a token, as in conclave dev, the
 // query names the agent it asks as; each command's help lists its own
 // flags only.
@@ -162,36 +186,7 @@ func TestLibrarianQueryAsAnAgent(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	dir := t.TempDir()
-	st, err := store.OpenBolt(filepath.Join(dir, "state.db"), store.BoltOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
-	if err := store.EnsureTables(ctx, st, librarian.Tables...); err != nil {
-		t.Fatal(err)
-	}
-	q, err := queue.OpenEmbedded(filepath.Join(dir, "queue.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer q.Close()
-	for _, d := range librarian.Queues {
-		if err := q.Ensure(ctx, d); err != nil {
-			t.Fatal(err)
-		}
-	}
-	svc, err := librarian.New(librarian.Config{HTTPAddr: "127.0.0.1:0", APIRate: "60/minute", ReadRate: "600/minute", ShutdownTimeout: time.Second, AllowUnauthenticated: true},
-		librarian.Deps{Store: st, Queue: q, Logger: discardLogger()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	sctx, stop := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- svc.Run(sctx) }()
-	defer func() { stop(); <-done }()
-	<-svc.Ready()
-	base := "http://" + svc.Endpoints()[0].Address
+	base := startLibrarian(t, t.TempDir(), true)
 
 	tests := []struct {
 		name    string

@@ -2,7 +2,6 @@ package main
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -15,6 +14,7 @@ import (
 	"time"
 
 	"github.com/conclave-ai/conclave/pkg/config"
+	"github.com/conclave-ai/conclave/pkg/httpclient"
 )
 
 const runnerUsage = `Usage: conclave runner <command> [flags]
@@ -67,18 +67,11 @@ func runRunner(ctx context.Context, args []string, lookup config.Lookup, stdout,
 	status := fs.String("status", "", "only instances in this status (list)")
 	pageSize := fs.Int("page-size", 0, "instances per page, 0 for the runner's default (list)")
 	pageToken := fs.String("page-token", "", "a previous list's next_page_token (list)")
-	var positional []string
-	for {
-		if err := fs.Parse(rest); err != nil {
-			return err
-		}
-		if fs.NArg() == 0 {
-			break
-		}
-		positional = append(positional, fs.Arg(0))
-		rest = fs.Args()[1:]
+	positional, err := parseInterleaved(fs, rest)
+	if err != nil {
+		return err
 	}
-	c := &runnerClient{base: strings.TrimSuffix(*baseURL, "/"), token: *token}
+	c := &runnerClient{httpclient.New(*baseURL, *token)}
 	need := func(n int, what string) error {
 		if len(positional) != n {
 			return fmt.Errorf("runner %s: expected %s", cmd, what)
@@ -156,65 +149,16 @@ func runRunner(ctx context.Context, args []string, lookup config.Lookup, stdout,
 	return fmt.Errorf("runner: unknown command %q", cmd)
 }
 
-type runnerClient struct{ base, token string }
-
-func (c *runnerClient) do(ctx context.Context, method, path string, body any) (*http.Response, error) {
-	var rd io.Reader
-	if body != nil {
-		data, err := json.Marshal(body)
-		if err != nil {
-			return nil, err
-		}
-		rd = bytes.NewReader(data)
-	}
-	req, err := http.NewRequestWithContext(ctx, method, c.base+path, rd)
-	if err != nil {
-		return nil, err
-	}
-	req.Header.Set("Content-Type", "application/json")
-	if c.token != "" {
-		req.Header.Set("Authorization", "Bearer "+c.token)
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return nil, err
-	}
-	if resp.StatusCode != http.StatusOK {
-		defer resp.Body.Close()
-		data, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
-		var e struct{ Error, Message, Details string }
-		if json.Unmarshal(data, &e) == nil && e.Message != "" {
-			msg := fmt.Sprintf("%s %s: %d %s: %s", method, path, resp.StatusCode, e.Error, e.Message)
-			if e.Details != "" {
-				msg += " (" + e.Details + ")"
-			}
-			return nil, errors.New(msg)
-		}
-		return nil, fmt.Errorf("%s %s: %d %s", method, path, resp.StatusCode, bytes.TrimSpace(data))
-	}
-	return resp, nil
-}
+// runnerClient is the runner's REST API.
+type runnerClient struct{ *httpclient.Client }
 
 // print sends a request and prints its JSON answer, indented.
 func (c *runnerClient) print(ctx context.Context, w io.Writer, method, path string, body any) error {
-	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	resp, err := c.do(ctx, method, path, body)
+	answer, err := c.Do(ctx, method, path, body)
 	if err != nil {
-		return err
+		return fmt.Errorf("runner: %w", err)
 	}
-	defer resp.Body.Close()
-	data, err := io.ReadAll(resp.Body)
-	if err != nil {
-		return err
-	}
-	var out bytes.Buffer
-	if err := json.Indent(&out, data, "", "  "); err != nil {
-		return fmt.Errorf("%s %s: not JSON: %w", method, path, err)
-	}
-	out.WriteByte('\n')
-	_, err = w.Write(out.Bytes())
-	return err
+	return printJSON(w, answer)
 }
 
 type cliLogLine struct {
@@ -230,28 +174,21 @@ func (l cliLogLine) String() string { return fmt.Sprintf("%s %-6s %s", l.Time, l
 func (c *runnerClient) logs(ctx context.Context, w io.Writer, id string, tail int, follow bool) error {
 	path := fmt.Sprintf("/api/v1/agents/%s/logs?tail=%d", url.PathEscape(id), tail)
 	if !follow {
-		ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-		defer cancel()
-		resp, err := c.do(ctx, http.MethodGet, path, nil)
-		if err != nil {
-			return err
-		}
-		defer resp.Body.Close()
 		var out struct{ Lines []cliLogLine }
-		if err := json.NewDecoder(resp.Body).Decode(&out); err != nil {
-			return err
+		if err := c.JSON(ctx, http.MethodGet, path, nil, &out); err != nil {
+			return fmt.Errorf("runner: %w", err)
 		}
 		for _, l := range out.Lines {
 			fmt.Fprintln(w, l)
 		}
 		return nil
 	}
-	resp, err := c.do(ctx, http.MethodGet, path+"&follow=true", nil)
+	body, err := c.Stream(ctx, http.MethodGet, path+"&follow=true", nil)
 	if err != nil {
-		return err
+		return fmt.Errorf("runner: %w", err)
 	}
-	defer resp.Body.Close()
-	sc := bufio.NewScanner(resp.Body)
+	defer body.Close()
+	sc := bufio.NewScanner(body)
 	sc.Buffer(make([]byte, 64<<10), 1<<20)
 	for sc.Scan() {
 		var l struct {

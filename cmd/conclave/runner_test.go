@@ -24,18 +24,7 @@ func TestDevServesRunner(t *testing.T) {
 	}
 	t.Parallel()
 	dir := t.TempDir()
-	agent := filepath.Join(dir, "acp-agent")
-	if err := testenv.GoBuild(t.Context(), agent, "./examples/acp-agent"); err != nil {
-		t.Fatal(err)
-	}
-	types := filepath.Join(dir, "types.yaml")
-	if err := os.WriteFile(types, []byte(fmt.Sprintf("agent_types:\n  - id: example\n    command: [%q]\n    permission: allow\n    enabled: true\n", agent)), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	ws := filepath.Join(dir, "ws")
-	if err := os.Mkdir(ws, 0o755); err != nil {
-		t.Fatal(err)
-	}
+	types, ws := exampleAgentType(t, dir, "")
 	_, addrs, stderr := devProcess(t, filepath.Join(dir, "data"), "--runner-agent-types="+types, "--runner-workspace-roots="+dir,
 		"--runner-idle-timeout=1ms")
 	addr := addrs["runner HTTP"]
@@ -113,18 +102,7 @@ func TestDevRunnerAgentsOnTheGateway(t *testing.T) {
 	}
 	t.Parallel()
 	dir := t.TempDir()
-	agent := filepath.Join(dir, "acp-agent")
-	if err := testenv.GoBuild(t.Context(), agent, "./examples/acp-agent"); err != nil {
-		t.Fatal(err)
-	}
-	types := filepath.Join(dir, "types.yaml")
-	if err := os.WriteFile(types, []byte(fmt.Sprintf("agent_types:\n  - id: example\n    name: the example agent\n    command: [%q]\n    permission: allow\n    gateway: true\n    capabilities: [chat, notes]\n    enabled: true\n", agent)), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	ws := filepath.Join(dir, "ws")
-	if err := os.Mkdir(ws, 0o755); err != nil {
-		t.Fatal(err)
-	}
+	types, ws := exampleAgentType(t, dir, "    name: the example agent\n    gateway: true\n    capabilities: [chat, notes]\n")
 	_, addrs, stderr := devProcess(t, filepath.Join(dir, "data"), "--runner-agent-types="+types, "--runner-workspace-roots="+dir)
 	env := map[string]string{"CONCLAVE_RUNNER_URL": "http://" + addrs["runner HTTP"]}
 	lookup := func(k string) (string, bool) { v, ok := env[k]; return v, ok }
@@ -164,4 +142,22 @@ func TestDevRunnerAgentsOnTheGateway(t *testing.T) {
 	if b, err := os.ReadFile(filepath.Join(ws, "notes.txt")); err != nil || !strings.Contains(string(b), "write the notes") {
 		t.Errorf("notes.txt: %q %v", b, err)
 	}
+}
+
+// exampleAgentType registers examples/acp-agent (built by TestMain beside
+// conclave) as the agent type "example" in dir/types.yaml, with extra
+// (YAML members of the type) added; it returns that file and a workspace
+// under dir.
+func exampleAgentType(t *testing.T, dir, extra string) (types, ws string) {
+	t.Helper()
+	agent := filepath.Join(filepath.Dir(conclaveBin), exampleAgentBinary)
+	types = filepath.Join(dir, "types.yaml")
+	if err := os.WriteFile(types, fmt.Appendf(nil, "agent_types:\n  - id: example\n    command: [%q]\n    permission: allow\n    enabled: true\n%s", agent, extra), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	ws = filepath.Join(dir, "ws")
+	if err := os.Mkdir(ws, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return types, ws
 }

@@ -91,7 +91,7 @@ func TestDecodeParams(t *testing.T) {
 		t.Fatalf("blank parameters: %v %v", p, err)
 	}
 	p, err = DecodeParams([]byte(`{"n":12345678901234567890}`))
-	if err != nil || p["n"].(json.Number).String() != "12345678901234567890" {
+	if n, ok := p["n"].(json.Number); err != nil || !ok || n.String() != "12345678901234567890" {
 		t.Fatalf("numbers must stay exact: %v %v", p, err)
 	}
 }

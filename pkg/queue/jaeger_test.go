@@ -40,11 +40,7 @@ func TestQueueHopIsOneTraceInJaeger(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	j, err := testenv.StartJaeger(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer j.Stop()
+	j := testenv.JaegerFor(t)
 
 	producer, consumer := tracerFor(t, j, "queue-producer"), tracerFor(t, j, "queue-consumer")
 	defer producer.Shutdown(context.Background())

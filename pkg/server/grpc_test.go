@@ -17,7 +17,7 @@ func TestGRPCPanicBecomesInternal(t *testing.T) {
 	// A panicking user interceptor must be recovered as well: caller
 	// interceptors chain inside the built-in recovery.
 	panicky := grpc.ChainUnaryInterceptor(func(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
-		if req.(*wrapperspb.StringValue).GetValue() == "interceptor" {
+		if in, ok := req.(*wrapperspb.StringValue); ok && in.GetValue() == "interceptor" {
 			panic("interceptor boom")
 		}
 		return h(ctx, req)

@@ -13,7 +13,9 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/conclave-ai/conclave/pkg/testenv"
@@ -169,7 +171,15 @@ var testServiceDesc = grpc.ServiceDesc{
 				return nil, err
 			}
 			h := func(ctx context.Context, req any) (any, error) {
-				return srv.(*testService).unary(ctx, req.(*wrapperspb.StringValue))
+				svc, ok := srv.(*testService)
+				if !ok {
+					return nil, status.Errorf(codes.Internal, "the service is a %T, want a *testService", srv)
+				}
+				in, ok := req.(*wrapperspb.StringValue)
+				if !ok {
+					return nil, status.Errorf(codes.Internal, "the request is a %T, want a *wrapperspb.StringValue", req)
+				}
+				return svc.unary(ctx, in)
 			}
 			if ic == nil {
 				return h(ctx, in)
@@ -182,7 +192,11 @@ var testServiceDesc = grpc.ServiceDesc{
 		ServerStreams: true,
 		ClientStreams: true,
 		Handler: func(srv any, ss grpc.ServerStream) error {
-			return srv.(*testService).stream(ss)
+			svc, ok := srv.(*testService)
+			if !ok {
+				return status.Errorf(codes.Internal, "the service is a %T, want a *testService", srv)
+			}
+			return svc.stream(ss)
 		},
 	}},
 }

@@ -32,7 +32,9 @@ func TestHTTPPanicRecovery(t *testing.T) {
 		}))
 		s.Handle("GET /panic-after-write", http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 			_, _ = io.WriteString(w, "partial")
-			w.(http.Flusher).Flush()
+			if err := http.NewResponseController(w).Flush(); err != nil {
+				t.Errorf("flush: %v", err)
+			}
 			panic("late boom")
 		}))
 		s.HandleStream("GET /stream-panic", http.HandlerFunc(func(http.ResponseWriter, *http.Request) {
@@ -204,10 +206,14 @@ func TestStreamingRouteOutlivesWriteTimeout(t *testing.T) {
 	events := http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "text/event-stream")
 		_, _ = io.WriteString(w, "data: first\n\n")
-		w.(http.Flusher).Flush()
+		if err := http.NewResponseController(w).Flush(); err != nil {
+			t.Errorf("flush: %v", err)
+		}
 		time.Sleep(3 * writeTimeout)
 		_, _ = io.WriteString(w, "data: second\n\n")
-		w.(http.Flusher).Flush()
+		if err := http.NewResponseController(w).Flush(); err != nil {
+			t.Errorf("flush: %v", err)
+		}
 	})
 	ts := startServer(t, Config{HTTPAddr: "127.0.0.1:0", WriteTimeout: writeTimeout}, func(s *Server) {
 		s.HandleStream("GET /stream", events)

@@ -41,7 +41,11 @@ func checkKeepalive(t *testing.T, l net.Listener) {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	raw, err := c.(*net.TCPConn).SyscallConn()
+	tc, ok := c.(*net.TCPConn)
+	if !ok {
+		t.Fatalf("the accepted connection is a %T, want a *net.TCPConn", c)
+	}
+	raw, err := tc.SyscallConn()
 	if err != nil {
 		t.Fatal(err)
 	}

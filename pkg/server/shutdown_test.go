@@ -187,7 +187,9 @@ func TestShutdownEndsHTTPStreams(t *testing.T) {
 	ts := startServer(t, Config{HTTPAddr: "127.0.0.1:0"}, func(s *Server) {
 		s.HandleStream("GET /events", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			_, _ = io.WriteString(w, "data: hello\n\n")
-			w.(http.Flusher).Flush()
+			if err := http.NewResponseController(w).Flush(); err != nil {
+				t.Errorf("flush: %v", err)
+			}
 			<-r.Context().Done()
 			causes <- context.Cause(r.Context())
 			_, _ = io.WriteString(w, "event: bye\n\n")
@@ -301,7 +303,9 @@ func TestShutdownDrainsDrainedRoutes(t *testing.T) {
 		s.HandleStream("GET /events", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			streamOpen <- r.Context()
 			_, _ = io.WriteString(w, "data: hello\n\n")
-			w.(http.Flusher).Flush()
+			if err := http.NewResponseController(w).Flush(); err != nil {
+				t.Errorf("flush: %v", err)
+			}
 			<-r.Context().Done()
 			streamCause <- context.Cause(r.Context())
 		}))

@@ -2,6 +2,7 @@ package testenv
 
 import (
 	"fmt"
+	"reflect"
 	"strings"
 	"testing"
 )
@@ -78,4 +79,16 @@ func clip(v any) string {
 		s = s[:300] + "…"
 	}
 	return s
+}
+
+// As returns x as a T, or fails the test saying what was expected and
+// what came, where an unchecked x.(T) would panic and end the whole test
+// binary. what names x in the failure. Call it from the test's goroutine.
+func As[T any](t testing.TB, x any, what string) T {
+	t.Helper()
+	v, ok := x.(T)
+	if !ok {
+		t.Fatalf("%s: got %T (%s), want a %v", what, x, clip(x), reflect.TypeFor[T]())
+	}
+	return v
 }

@@ -83,6 +83,20 @@ var jaegerPorts = []struct {
 	{"--processor.zipkin-compact.server-host-port", true},
 }
 
+// JaegerFor is StartJaeger for one test: it fails the test when Jaeger
+// cannot start, and stops it when the test ends. Call it before starting
+// what exports to it, so that it stops after them (cleanups run last
+// first) and receives the spans they export while they shut down.
+func JaegerFor(t testing.TB) *Jaeger {
+	t.Helper()
+	j, err := StartJaeger(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(j.Stop)
+	return j
+}
+
 // StartJaeger starts the pinned Jaeger all-in-one from .cache/bin, building
 // it first with scripts/build-test-tools.sh when it is missing or
 // tools/jaeger changed (see Kube about that build and ctx), and waits until

@@ -87,7 +87,7 @@ func TestStartOnATakenPort(t *testing.T) {
 			conn.Close()
 		}
 	}()
-	port := stranger.Addr().(*net.TCPAddr).Port
+	port := testenv.As[*net.TCPAddr](t, stranger.Addr(), "the stranger's address").Port
 	node, script, err := testenv.NodeScript("dynalite", "cli.js")
 	if err != nil {
 		t.Fatal(err)

@@ -11,11 +11,11 @@ import (
 	covenpb "github.com/conclave-ai/conclave/proto/coven"
 )
 
-// seedFields is the coven protocol's contract plus its extensions (marked
+// covenFields is the coven protocol's contract plus its extensions (marked
 // "Extension:" in coven.proto) at the public coven protocol's field numbers.
 // A renumbered, renamed or retyped field fails here, because the expectation
 // is checked against the compiled descriptor, not the Go code.
-var seedFields = map[string][]struct {
+var covenFields = map[string][]struct {
 	name   string
 	number protowire.Number
 	kind   protoreflect.Kind
@@ -101,7 +101,7 @@ var seedFields = map[string][]struct {
 	},
 }
 
-func TestCovenDescriptorMatchesSeed(t *testing.T) {
+func TestCovenDescriptorMatchesProtocol(t *testing.T) {
 	t.Parallel()
 	file := covenpb.File_coven_coven_proto
 	if got := file.Package(); got != "coven" {
@@ -125,7 +125,7 @@ func TestCovenDescriptorMatchesSeed(t *testing.T) {
 		t.Errorf("AgentStream output = %s", got)
 	}
 
-	for msgName, fields := range seedFields {
+	for msgName, fields := range covenFields {
 		t.Run(msgName, func(t *testing.T) {
 			t.Parallel()
 			md := file.Messages().ByName(protoreflect.Name(msgName))
@@ -248,11 +248,11 @@ func TestCovenWireRoundTrip(t *testing.T) {
 	}
 }
 
-// TestCovenSeedJSONExample decodes the registration example printed in the coven
+// TestCovenProtocolJSONExample decodes the registration example printed in the coven
 // protocol's text.
-func TestCovenSeedJSONExample(t *testing.T) {
+func TestCovenProtocolJSONExample(t *testing.T) {
 	t.Parallel()
-	const seedExample = `{
+	const protocolExample = `{
   "register": {
     "agent_id": "550e8400-e29b-41d4-a716-446655440000",
     "name": "mux-agent-1",
@@ -260,7 +260,7 @@ func TestCovenSeedJSONExample(t *testing.T) {
   }
 }`
 	var m covenpb.AgentMessage
-	if err := protojson.Unmarshal([]byte(seedExample), &m); err != nil {
+	if err := protojson.Unmarshal([]byte(protocolExample), &m); err != nil {
 		t.Fatalf("decode coven example: %v", err)
 	}
 	reg := m.GetRegister()

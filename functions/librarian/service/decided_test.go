@@ -28,7 +28,7 @@ func TestListDecided(t *testing.T) {
 	if r := e.do(t, "GET", "/reviews?status=decided", reviewerToken, nil); r.status != 200 || json.Unmarshal(r.body, &empty) != nil || empty.Requests == nil || len(empty.Requests) != 0 || empty.NextPageToken != "" {
 		t.Fatalf("nothing decided: %d %s", r.status, r.body)
 	}
-	approved := e.do(t, "POST", "/agent/request", claudeToken, seedApproval()).response(t)
+	approved := e.do(t, "POST", "/agent/request", claudeToken, librarianApproval()).response(t)
 	rejected := e.do(t, "POST", "/agent/request", claudeToken, map[string]any{"request_type": "APPROVAL", "action": "create", "target_type": "design", "content": "# x"}).response(t)
 	escalated := escalate(t, e, "docs/design/auth-flow.md")
 	if approved.Status != "approved" || rejected.Status != "rejected" {

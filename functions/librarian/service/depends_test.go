@@ -18,7 +18,7 @@ func TestDependsOnEdges(t *testing.T) {
 	// create approves and completes a design at path with the given edges.
 	create := func(path string, dependsOn []string) string {
 		t.Helper()
-		req := seedApproval()
+		req := librarianApproval()
 		req["target_path"], req["depends_on"] = path, dependsOn
 		resp := e.do(t, "POST", "/agent/request", claudeToken, req).response(t)
 		if resp.Status != "approved" {
@@ -35,7 +35,7 @@ func TestDependsOnEdges(t *testing.T) {
 	}
 	cache := create("docs/design/cache.md", []string{storage})
 
-	unknown := seedApproval()
+	unknown := librarianApproval()
 	unknown["target_path"], unknown["depends_on"] = "docs/design/other.md", []string{"design-nowhere"}
 	if resp := e.do(t, "POST", "/agent/request", claudeToken, unknown).response(t); resp.Status != "rejected" ||
 		!slices.ContainsFunc(resp.Violations, func(v *librarianv1.ViolationDetail) bool { return v.GetRule() == "invalid_dependency" }) {
@@ -43,7 +43,7 @@ func TestDependsOnEdges(t *testing.T) {
 	}
 
 	// storage → cache would close storage → cache → storage.
-	cycle := seedApproval()
+	cycle := librarianApproval()
 	delete(cycle, "target_path")
 	cycle["action"], cycle["target_id"], cycle["references"], cycle["depends_on"] = "modify", storage, []string{}, []string{cache}
 	resp := e.do(t, "POST", "/agent/request", claudeToken, cycle).response(t)
@@ -51,7 +51,7 @@ func TestDependsOnEdges(t *testing.T) {
 		t.Fatalf("a cycle through depends_on: %v", resp)
 	}
 
-	tooMany := seedApproval()
+	tooMany := librarianApproval()
 	deps := make([]string, 21)
 	for i := range deps {
 		deps[i] = "arch-001"

@@ -50,7 +50,7 @@ func (e *env) requestStatus(t *testing.T, id string) *librarianv1.RequestStatus 
 
 func escalate(t *testing.T, e *env, path string) *librarianv1.LibrarianResponse {
 	t.Helper()
-	req := seedApproval()
+	req := librarianApproval()
 	req["target_path"] = path
 	req["risk_assessment"] = "high: changes the authentication flow"
 	resp := e.do(t, "POST", "/agent/request", claudeToken, req).response(t)
@@ -254,7 +254,7 @@ func TestDecisionEventInTheRequestsTrace(t *testing.T) {
 		return reply{status: resp.StatusCode, body: b}
 	}
 	const agentTrace, reviewerTrace = "0af7651916cd43dd8448eb211c80319c", "4bf92f3577b34da6a3ce929d0e0e4736"
-	req := seedApproval()
+	req := librarianApproval()
 	req["risk_assessment"] = "high: changes the authentication flow"
 	resp := send("/agent/request", claudeToken, "00-"+agentTrace+"-b7ad6b7169203331-01", req).response(t)
 	if resp.Status != "escalated" {

@@ -8,7 +8,6 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -23,6 +22,7 @@ import (
 	"github.com/conclave-ai/conclave/functions/librarian/service"
 	"github.com/conclave-ai/conclave/pkg/queue"
 	"github.com/conclave-ai/conclave/pkg/store"
+	"github.com/conclave-ai/conclave/pkg/testenv"
 	eventsv1 "github.com/conclave-ai/conclave/proto/conclave/events/v1"
 	librarianv1 "github.com/conclave-ai/conclave/proto/conclave/librarian/v1"
 )
@@ -52,26 +52,9 @@ func newEnv(t testing.TB, mod func(*service.Config)) *env {
 // newEnvAt is newEnv with the handler's clock (nil: time.Now).
 func newEnvAt(t testing.TB, mod func(*service.Config), now func() time.Time) *env {
 	t.Helper()
-	dir := t.TempDir()
-	st, err := store.OpenBolt(filepath.Join(dir, "state.db"), store.BoltOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = st.Close() })
-	q, err := queue.OpenEmbedded(filepath.Join(dir, "queue.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = q.Close() })
+	st := testenv.EmbeddedStore(t, service.Tables...)
+	q := testenv.EmbeddedQueue(t, service.Queues...)
 	ctx := context.Background()
-	if err := store.EnsureTables(ctx, st, service.Tables...); err != nil {
-		t.Fatal(err)
-	}
-	for _, d := range service.Queues {
-		if err := q.Ensure(ctx, d); err != nil {
-			t.Fatal(err)
-		}
-	}
 	cfg := service.Config{APIRate: "60/minute", ReadRate: "600/minute", ShutdownTimeout: time.Second,
 		AgentTokens:    []string{"claude-3=" + claudeToken, "copilot-2=" + copilotToken, "gemini-pro=" + geminiToken},
 		ReviewerTokens: []string{"alice=" + reviewerToken}}
@@ -168,7 +151,7 @@ func (r reply) errorCode(t *testing.T) string {
 
 const design = "# New Feature Design\n\n## Overview\nWhat.\n\n## Design\nHow.\n\n## Alternatives\nNone.\n"
 
-func seedApproval() map[string]any {
+func librarianApproval() map[string]any {
 	return map[string]any{
 		"agent_id": "claude-3", "session_id": "sess-123", "request_type": "APPROVAL", "action": "create",
 		"target_type": "design", "target_path": "docs/design/new-feature.md", "content": design,
@@ -210,10 +193,10 @@ func types(envs []*eventsv1.Envelope) []string {
 	return out
 }
 
-func TestSeedApprovalToCompletion(t *testing.T) {
+func TestLibrarianApprovalToCompletion(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, nil)
-	resp := e.do(t, "POST", "/agent/request", claudeToken, seedApproval()).response(t)
+	resp := e.do(t, "POST", "/agent/request", claudeToken, librarianApproval()).response(t)
 	if resp.Status != "approved" || resp.GetApprovedLocation() != "docs/design/new-feature.md" || resp.GetAssignedId() == "" || resp.Confidence != 1 || resp.RequestId == "" {
 		t.Fatalf("response %v", resp)
 	}
@@ -251,7 +234,7 @@ func TestSeedApprovalToCompletion(t *testing.T) {
 		t.Fatalf("events %v, want %v", got, want)
 	}
 	// Creating the same location again is rejected: it exists now.
-	again := e.do(t, "POST", "/agent/request", claudeToken, seedApproval()).response(t)
+	again := e.do(t, "POST", "/agent/request", claudeToken, librarianApproval()).response(t)
 	if again.Status != "rejected" || len(again.Violations) == 0 || len(again.Suggestions) == 0 {
 		t.Fatalf("recreate %v", again)
 	}
@@ -260,7 +243,7 @@ func TestSeedApprovalToCompletion(t *testing.T) {
 func TestEscalationAndReview(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, nil)
-	req := seedApproval()
+	req := librarianApproval()
 	req["risk_assessment"] = "high: changes the authentication flow"
 	resp := e.do(t, "POST", "/agent/request", claudeToken, req).response(t)
 	if resp.Status != "escalated" || resp.GetEscalationReason() == "" || resp.GetEstimatedReviewTime() != 1440 ||
@@ -359,9 +342,9 @@ func TestQueryContextCapabilitiesDocsMetrics(t *testing.T) {
 func TestBadInput(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, nil)
-	approved := e.do(t, "POST", "/agent/request", claudeToken, seedApproval()).response(t)
+	approved := e.do(t, "POST", "/agent/request", claudeToken, librarianApproval()).response(t)
 	with := func(k string, v any) map[string]any {
-		r := seedApproval()
+		r := librarianApproval()
 		if v == nil {
 			delete(r, k)
 		} else {
@@ -391,11 +374,11 @@ func TestBadInput(t *testing.T) {
 		{"over the agent's max_request_size", "POST", "/agent/request", claudeToken, with("content", design+strings.Repeat("x", 60<<10)), 413, "request_too_large"},
 		{"too many references", "POST", "/agent/request", claudeToken, with("references", make21()), 400, "too_many_references"},
 		{"too many deviations", "POST", "/agent/request", claudeToken, with("deviations", []any{dev(), dev(), dev(), dev(), dev(), dev()}), 400, "too_many_deviations"},
-		{"no token", "POST", "/agent/request", "", seedApproval(), 401, "unauthenticated"},
-		{"unknown token", "POST", "/agent/request", "lib_0123456789abcdef_" + strings.Repeat("A", 43), seedApproval(), 401, "unauthenticated"},
-		{"garbage token", "POST", "/agent/request", "nope", seedApproval(), 401, "unauthenticated"},
-		{"token for another agent", "POST", "/agent/request", copilotToken, seedApproval(), 403, "token_for_another_agent"},
-		{"reviewer token as an agent", "POST", "/agent/request", reviewerToken, seedApproval(), 403, "agents_only"},
+		{"no token", "POST", "/agent/request", "", librarianApproval(), 401, "unauthenticated"},
+		{"unknown token", "POST", "/agent/request", "lib_0123456789abcdef_" + strings.Repeat("A", 43), librarianApproval(), 401, "unauthenticated"},
+		{"garbage token", "POST", "/agent/request", "nope", librarianApproval(), 401, "unauthenticated"},
+		{"token for another agent", "POST", "/agent/request", copilotToken, librarianApproval(), 403, "token_for_another_agent"},
+		{"reviewer token as an agent", "POST", "/agent/request", reviewerToken, librarianApproval(), 403, "agents_only"},
 		{"capability missing", "POST", "/agent/request", geminiToken, with("agent_id", "gemini-pro"), 403, "capability_missing"},
 		{"target not allowed", "POST", "/agent/request", claudeToken, with("target_type", "docs"), 403, "target_not_allowed"},
 		{"REPORT for someone else's request", "POST", "/agent/request", copilotToken, map[string]any{"agent_id": "copilot-2", "request_type": "REPORT",
@@ -513,7 +496,7 @@ func TestComplianceSwitchesFromConfigDir(t *testing.T) {
 	dir := t.TempDir()
 	writeConfig(t, dir, "strict_mode: true", "strict_mode: false")
 	e := newEnv(t, func(c *service.Config) { c.ConfigDir = dir })
-	req := seedApproval()
+	req := librarianApproval()
 	req["deviations"] = []any{map[string]any{"standard": "naming", "reason": "legacy"}}
 	if resp := e.do(t, "POST", "/agent/request", claudeToken, req).response(t); resp.Status != "escalated" {
 		t.Fatalf("a deviation outside strict mode: %v", resp)

@@ -102,7 +102,7 @@ func TestJSONTypesAsTheProtocolStates(t *testing.T) {
 
 	// Approved, with nothing to report: the empty lists are there.
 	var approved protoResponse
-	raw := get("POST", "/agent/request", claudeToken, seedApproval(), &approved)
+	raw := get("POST", "/agent/request", claudeToken, librarianApproval(), &approved)
 	var members map[string]any
 	if err := json.Unmarshal(raw, &members); err != nil {
 		t.Fatal(err)
@@ -125,7 +125,7 @@ func TestJSONTypesAsTheProtocolStates(t *testing.T) {
 	if rejected.Status != "rejected" || len(rejected.Violations) == 0 || rejected.AssignedID != nil {
 		t.Errorf("rejection %+v", rejected)
 	}
-	req := seedApproval()
+	req := librarianApproval()
 	req["target_path"] = "docs/design/risky.md"
 	req["risk_assessment"] = "high: changes the authentication flow"
 	var escalated protoResponse

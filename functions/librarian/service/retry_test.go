@@ -29,7 +29,7 @@ func TestRetriedSubmissionIsNotDoubled(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
 			e := newEnv(t, nil)
-			req := seedApproval()
+			req := librarianApproval()
 			tt.mod(req)
 			send := func() *librarianv1.LibrarianResponse {
 				t.Helper()
@@ -61,7 +61,7 @@ func TestRetriedSubmissionIsNotDoubled(t *testing.T) {
 				t.Fatalf("events %v", got)
 			}
 			// Without a key, a resubmission is a new request.
-			plain := seedApproval()
+			plain := librarianApproval()
 			a := e.do(t, "POST", "/agent/request", claudeToken, plain).response(t)
 			b := e.do(t, "POST", "/agent/request", claudeToken, plain).response(t)
 			if a.RequestId == b.RequestId {

@@ -16,7 +16,7 @@ import (
 func TestReviewPageGuards(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, nil)
-	req := seedApproval()
+	req := librarianApproval()
 	req["risk_assessment"] = "critical"
 	id := e.do(t, "POST", "/agent/request", claudeToken, req).response(t).RequestId
 

@@ -48,7 +48,7 @@ func TestReviewPageInChromium(t *testing.T) {
 	}
 	t.Parallel()
 	e := newEnv(t, nil)
-	req := seedApproval()
+	req := librarianApproval()
 	req["risk_assessment"] = "high: changes the authentication flow"
 	resp := e.do(t, "POST", "/agent/request", claudeToken, req).response(t)
 	if resp.Status != "escalated" {

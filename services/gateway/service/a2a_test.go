@@ -378,10 +378,11 @@ func a2aSuite(t *testing.T, ctx context.Context, agent *a2aAgent, client, v0, su
 
 	// The 0.3 method names.
 	res, err = v0.SendMessage(ctx, textMessage("old"))
-	if task, ok := res.(*a2a.Task); err != nil || !ok || task.Status.State != a2a.TaskStateCompleted || artifactText(task) != "echo: old" {
+	oldTask, ok := res.(*a2a.Task)
+	if err != nil || !ok || oldTask.Status.State != a2a.TaskStateCompleted || artifactText(oldTask) != "echo: old" {
 		t.Fatalf("message/send: %+v, %v", res, err)
 	}
-	if got, err := v0.GetTask(ctx, &a2a.GetTaskRequest{ID: res.(*a2a.Task).ID}); err != nil || artifactText(got) != "echo: old" {
+	if got, err := v0.GetTask(ctx, &a2a.GetTaskRequest{ID: oldTask.ID}); err != nil || artifactText(got) != "echo: old" {
 		t.Fatalf("tasks/get: %+v, %v", got, err)
 	}
 	events, _, err = collect(v0.SendStreamingMessage(ctx, textMessage("old stream")))

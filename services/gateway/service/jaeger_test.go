@@ -22,13 +22,9 @@ func TestForwardedRequestIsOneTraceInJaeger(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	j, err := testenv.StartJaeger(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	// Registered first, so it stops last: the replicas export spans while
+	// Started first, so it stops last: the replicas export spans while
 	// they shut down.
-	t.Cleanup(j.Stop)
+	j := testenv.JaegerFor(t)
 	provider := func(service string) *telemetry.Provider { return j.Provider(t, service) }
 	st := openStore(t)
 	connA, _ := startReplica(t, "gw-a", st, provider("gateway-a"))

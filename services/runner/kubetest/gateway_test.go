@@ -3,12 +3,9 @@
 package kubetest_test
 
 import (
-	"bufio"
 	"context"
 	"fmt"
 	"net/http"
-	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -22,11 +19,12 @@ import (
 	"github.com/conclave-ai/conclave/pkg/testenv"
 	gatewayv1 "github.com/conclave-ai/conclave/proto/conclave/gateway/v1"
 	covenpb "github.com/conclave-ai/conclave/proto/coven"
+	"github.com/conclave-ai/conclave/services/runner/runnertest"
 )
 
 const (
-	gwAgentToken  = "kubetest-runner-agents-0123456789"
-	gwClientToken = "kubetest-gateway-client-0123456789"
+	gwAgentToken  = runnertest.GatewayAgentToken
+	gwClientToken = runnertest.GatewayClientToken
 )
 
 // startGateway runs the gateway binary on loopback over an embedded store
@@ -34,51 +32,13 @@ const (
 // its gRPC address.
 func startGateway(t *testing.T) string {
 	t.Helper()
-	dir := t.TempDir()
-	bin := filepath.Join(dir, "gateway")
+	bin := filepath.Join(t.TempDir(), "gateway")
 	if err := testenv.GoBuild(t.Context(), bin, "./services/gateway/cmd/gateway"); err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(bin)
-	cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "HOME=" + dir, "CONCLAVE_DATA_DIR=" + filepath.Join(dir, "data"),
-		"CONCLAVE_GATEWAY_GRPC_ADDR=127.0.0.1:0", "CONCLAVE_GATEWAY_HTTP_ADDR=127.0.0.1:0", "CONCLAVE_GATEWAY_SERVER_ID=kubetest-gw",
-		"CONCLAVE_GATEWAY_CLIENT_TOKENS=" + gwClientToken, "CONCLAVE_GATEWAY_AGENT_TOKENS=*=" + gwAgentToken,
-		// One client sends the 100 messages at once.
-		"CONCLAVE_GATEWAY_CLIENT_STREAMS=1000", "CONCLAVE_GATEWAY_CLIENT_RATE=10000", "CONCLAVE_GATEWAY_CLIENT_BURST=10000"}
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd.Stderr = cmd.Stdout
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	var log testenv.LockedBuffer
-	serving, done := make(chan string, 1), make(chan struct{})
-	go func() {
-		lines := bufio.NewScanner(out)
-		for lines.Scan() {
-			if addr := testenv.ServingGRPCAddr(lines.Bytes()); addr != "" {
-				select {
-				case serving <- addr:
-				default:
-				}
-			}
-			_, _ = log.Write(append(lines.Bytes(), '\n'))
-		}
-		_ = cmd.Wait()
-		close(done)
-	}()
-	t.Cleanup(func() { _ = cmd.Process.Kill(); <-done })
-	select {
-	case addr := <-serving:
-		return addr
-	case <-done:
-		t.Fatalf("the gateway exited:\n%s", log.String())
-	case <-time.After(time.Minute):
-		t.Fatalf("the gateway never served:\n%s", log.String())
-	}
-	return ""
+	// One client sends the 100 messages at once.
+	return runnertest.StartGateway(t, bin, "kubetest-gw",
+		"CONCLAVE_GATEWAY_CLIENT_STREAMS=1000", "CONCLAVE_GATEWAY_CLIENT_RATE=10000", "CONCLAVE_GATEWAY_CLIENT_BURST=10000").GRPCAddr
 }
 
 // TestHundredGatewayAgents launches 100 agents at once, each in its own
@@ -110,7 +70,7 @@ func TestHundredGatewayAgents(t *testing.T) {
 	for i := range n {
 		wg.Go(func() {
 			var in instance
-			if code := r.do(t, t.Context(), "POST", "/api/v1/agents/launch", map[string]any{
+			if code := r.Do(t, "POST", "/api/v1/agents/launch", map[string]any{
 				"task_id": fmt.Sprintf("hundred-%d", i), "agent_type": "on-gateway", "workspace_path": workspace(t),
 			}, &in); code != http.StatusOK {
 				t.Errorf("launch %d: HTTP %d", i, code)
@@ -125,7 +85,7 @@ func TestHundredGatewayAgents(t *testing.T) {
 	t.Cleanup(func() {
 		// t.Context() has ended by now.
 		for _, id := range ids {
-			if code := r.do(t, context.Background(), "DELETE", "/api/v1/agents/"+id, nil, nil); code != http.StatusOK {
+			if code := r.Do(t, "DELETE", "/api/v1/agents/"+id, nil, nil); code != http.StatusOK {
 				t.Errorf("delete %s: HTTP %d", id, code)
 			}
 		}

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/conclave-ai/conclave/pkg/testenv"
+	"github.com/conclave-ai/conclave/services/runner/runnertest"
 )
 
 // The governed tests run the Librarian (its local server) and the bus as
@@ -146,7 +147,7 @@ type governedStatus struct {
 func (r *testRunner) governedStatus(t *testing.T, id string) governedStatus {
 	t.Helper()
 	var st governedStatus
-	r.do(t, t.Context(), "GET", "/api/v1/agents/"+id+"/status", nil, &st)
+	r.Do(t, "GET", "/api/v1/agents/"+id+"/status", nil, &st)
 	return st
 }
 
@@ -164,10 +165,10 @@ func TestGovernedOnTheNode(t *testing.T) {
 	r1 := state.run(t, nil)
 
 	ws := workspace(t)
-	in := r1.launch(t, governedAgentType, ws, map[string]string{"TASK_DESCRIPTION": "approved at once"})
-	r1.waitStatus(t, in.ID, "completed", "failed")
-	lines := r1.logs(t, in.ID)
-	if !hasLog(lines, `permission for "write notes.txt": approved`) {
+	in := r1.Launch(t, governedAgentType, ws, map[string]string{"TASK_DESCRIPTION": "approved at once"})
+	r1.WaitStatus(t, in.ID, "completed", "failed")
+	lines := r1.Logs(t, in.ID)
+	if !runnertest.HasLog(lines, `permission for "write notes.txt": approved`) {
 		t.Fatalf("no approval in the log: %+v", lines)
 	}
 	if _, err := os.Stat(filepath.Join(ws, "notes.txt")); err != nil {
@@ -175,11 +176,11 @@ func TestGovernedOnTheNode(t *testing.T) {
 	}
 
 	ws2 := workspace(t)
-	in2 := r1.launch(t, governedOutside, ws2, map[string]string{"TASK_DESCRIPTION": "escalated"})
+	in2 := r1.Launch(t, governedOutside, ws2, map[string]string{"TASK_DESCRIPTION": "escalated"})
 	var first governedStatus
 	testenv.EventuallyNoError(t, waitTimeout, in2.ID+" to await approval", func() error {
 		if first = r1.governedStatus(t, in2.ID); first.Status != "awaiting_approval" {
-			return fmt.Errorf("%+v; log %+v", first, r1.logs(t, in2.ID))
+			return fmt.Errorf("%+v; log %+v", first, r1.Logs(t, in2.ID))
 		}
 		return nil
 	})
@@ -191,7 +192,7 @@ func TestGovernedOnTheNode(t *testing.T) {
 	}
 	r2 := state.run(t, nil)
 	testenv.EventuallyNoError(t, waitTimeout, "the second runner to take the wait up", func() error {
-		lines := r2.logs(t, in2.ID)
+		lines := r2.Logs(t, in2.ID)
 		escalations := 0
 		for _, l := range lines {
 			if strings.Contains(l.Text, "escalated to a person") {
@@ -221,9 +222,9 @@ func TestGovernedOnTheNode(t *testing.T) {
 	if resp.StatusCode != http.StatusOK {
 		t.Fatalf("decision: HTTP %d", resp.StatusCode)
 	}
-	r2.waitStatus(t, in2.ID, "completed", "failed")
-	lines = r2.logs(t, in2.ID)
-	if !hasLog(lines, "the decision came by the bus") {
+	r2.WaitStatus(t, in2.ID, "completed", "failed")
+	lines = r2.Logs(t, in2.ID)
+	if !runnertest.HasLog(lines, "the decision came by the bus") {
 		t.Errorf("the decision did not come by the bus: %+v", lines)
 	}
 	if _, err := os.Stat(filepath.Join(ws2, "notes.txt")); err != nil {

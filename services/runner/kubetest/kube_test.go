@@ -20,6 +20,7 @@ import (
 	"github.com/conclave-ai/conclave/pkg/queue"
 	"github.com/conclave-ai/conclave/pkg/telemetry/metricstest"
 	"github.com/conclave-ai/conclave/pkg/testenv"
+	"github.com/conclave-ai/conclave/services/runner/runnertest"
 )
 
 func skipShort(t *testing.T) {
@@ -39,28 +40,28 @@ func TestKubernetesExecutor(t *testing.T) {
 		t.Parallel()
 		const secret = "sk-kubetest-secret-value"
 		ws := workspace(t)
-		in := r.launch(t, "normal", ws, map[string]string{"TASK_DESCRIPTION": "first", "OPENAI_API_KEY": secret})
-		lines := r.follow(t, in.ID)
+		in := r.Launch(t, "normal", ws, map[string]string{"TASK_DESCRIPTION": "first", "OPENAI_API_KEY": secret})
+		lines := r.Follow(t, in.ID, 1000)
 		// The first turn's updates stream to the API client as the agent
 		// in its pod makes them.
-		await(t, lines, "content: Working on: first")
-		await(t, lines, "tool_call write notes.txt")
-		in = r.waitStatus(t, in.ID, "completed")
+		runnertest.AwaitLine(t, lines, "content: Working on: first")
+		runnertest.AwaitLine(t, lines, "tool_call write notes.txt")
+		in = r.WaitStatus(t, in.ID, "completed")
 		if _, err := os.Stat(filepath.Join(ws, "notes.txt")); err != nil {
 			t.Errorf("the agent's tool call wrote no notes.txt in the workspace claim: %v", err)
 		}
 		r.prompt(t, in.ID, "second")
-		await(t, lines, "content: Working on: second")
-		r.waitStatus(t, in.ID, "completed")
+		runnertest.AwaitLine(t, lines, "content: Working on: second")
+		r.WaitStatus(t, in.ID, "completed")
 
 		// The pod's phase reaches the log as the kubelet reports it, which
 		// may be after the agent has already answered: the kubelet notices
 		// a started container on its next relist.
-		got := r.waitLog(t, in.ID, "pod "+in.ContainerID+": running")
-		if !hasLog(got, "acp-agent: env OPENAI_API_KEY="+secret) {
+		got := r.WaitLog(t, in.ID, "pod "+in.ContainerID+": running")
+		if !runnertest.HasLog(got, "acp-agent: env OPENAI_API_KEY="+secret) {
 			t.Errorf("the agent did not see the secret env: %+v", got)
 		}
-		if hasLog(got, "CONCLAVE_AGENT_HOST_TOKEN=") {
+		if runnertest.HasLog(got, "CONCLAVE_AGENT_HOST_TOKEN=") {
 			t.Errorf("the agent saw agent-host's token")
 		}
 
@@ -93,7 +94,7 @@ func TestKubernetesExecutor(t *testing.T) {
 		}
 
 		// The replica counts agent-host's stream.
-		f := metricstest.Scrape(t, r.base+"/metrics")
+		f := metricstest.Scrape(t, r.Base+"/metrics")
 		if f.Value("conclave_runner_host_connects_total", "outcome", "accepted") < 1 || !f.Has("conclave_runner_host_streams") {
 			t.Errorf("host metrics: connects accepted %v, streams series %v", f.Value("conclave_runner_host_connects_total", "outcome", "accepted"), f.Has("conclave_runner_host_streams"))
 		}
@@ -104,18 +105,18 @@ func TestKubernetesExecutor(t *testing.T) {
 
 	t.Run("CancelThenPromptAgain", func(t *testing.T) {
 		t.Parallel()
-		in := r.launch(t, "slow-tool", workspace(t), map[string]string{"TASK_DESCRIPTION": "long work"})
-		lines := r.follow(t, in.ID)
-		await(t, lines, "tool_call write notes.txt")
-		in = r.status(t, in.ID)
-		if code := r.do(t, t.Context(), "POST", "/api/v1/agents/"+in.ID+"/cancel", map[string]any{"reason": "changed my mind"}, nil); code != http.StatusOK {
+		in := r.Launch(t, "slow-tool", workspace(t), map[string]string{"TASK_DESCRIPTION": "long work"})
+		lines := r.Follow(t, in.ID, 1000)
+		runnertest.AwaitLine(t, lines, "tool_call write notes.txt")
+		in = r.Status(t, in.ID)
+		if code := r.Do(t, "POST", "/api/v1/agents/"+in.ID+"/cancel", map[string]any{"reason": "changed my mind"}, nil); code != http.StatusOK {
 			t.Fatalf("cancel: HTTP %d", code)
 		}
-		r.waitStatus(t, in.ID, "stopped")
+		r.WaitStatus(t, in.ID, "stopped")
 		// The same pod takes the next prompt.
 		r.prompt(t, in.ID, "more work")
-		await(t, lines, "content: Working on: more work")
-		if st := r.status(t, in.ID); st.ContainerID != in.ContainerID || st.Status != "running" {
+		runnertest.AwaitLine(t, lines, "content: Working on: more work")
+		if st := r.Status(t, in.ID); st.ContainerID != in.ContainerID || st.Status != "running" {
 			t.Errorf("after the second prompt: %+v, want running in %s", st, in.ContainerID)
 		}
 		r.delete(t, in.ID)
@@ -124,20 +125,20 @@ func TestKubernetesExecutor(t *testing.T) {
 
 	t.Run("CrashIsFailedWithExitCode", func(t *testing.T) {
 		t.Parallel()
-		in := r.launch(t, "crash", workspace(t), map[string]string{"TASK_DESCRIPTION": "crash"})
-		r.waitStatus(t, in.ID, "failed")
-		lines := r.waitLog(t, in.ID, "launch 1 ended")
-		if !hasLog(lines, "exit code 3") {
+		in := r.Launch(t, "crash", workspace(t), map[string]string{"TASK_DESCRIPTION": "crash"})
+		r.WaitStatus(t, in.ID, "failed")
+		lines := r.WaitLog(t, in.ID, "launch 1 ended")
+		if !runnertest.HasLog(lines, "exit code 3") {
 			t.Errorf("the failure does not give the agent's exit code: %+v", lines)
 		}
 	})
 
 	t.Run("TimeoutIsDeadlineExceeded", func(t *testing.T) {
 		t.Parallel()
-		in := r.launch(t, "hang", workspace(t), map[string]string{"TASK_DESCRIPTION": "never ends"})
-		r.waitStatus(t, in.ID, "failed")
-		lines := r.waitLog(t, in.ID, "launch 1 ended")
-		if !hasLog(lines, "deadline exceeded") {
+		in := r.Launch(t, "hang", workspace(t), map[string]string{"TASK_DESCRIPTION": "never ends"})
+		r.WaitStatus(t, in.ID, "failed")
+		lines := r.WaitLog(t, in.ID, "launch 1 ended")
+		if !runnertest.HasLog(lines, "deadline exceeded") {
 			t.Errorf("the failure does not say the Job's deadline passed: %+v", lines)
 		}
 	})
@@ -145,7 +146,7 @@ func TestKubernetesExecutor(t *testing.T) {
 
 func (r *testRunner) delete(t *testing.T, id string) {
 	t.Helper()
-	if code := r.do(t, t.Context(), "DELETE", "/api/v1/agents/"+id, nil, nil); code != http.StatusOK {
+	if code := r.Do(t, "DELETE", "/api/v1/agents/"+id, nil, nil); code != http.StatusOK {
 		t.Fatalf("delete: HTTP %d", code)
 	}
 }
@@ -186,9 +187,9 @@ func TestRunnerRestartMidPrompt(t *testing.T) {
 	state := newRunnerState(t, freeLoopbackAddr(t), nil)
 	r1 := state.run(t, nil)
 	ws := workspace(t)
-	in := r1.launch(t, "gated", ws, map[string]string{"TASK_DESCRIPTION": "go"})
-	r1.waitLog(t, in.ID, "content: Working on: go")
-	in = r1.status(t, in.ID)
+	in := r1.Launch(t, "gated", ws, map[string]string{"TASK_DESCRIPTION": "go"})
+	r1.WaitLog(t, in.ID, "content: Working on: go")
+	in = r1.Status(t, in.ID)
 	if err := r1.stop(); err != nil {
 		t.Fatalf("stopping the first runner: %v", err)
 	}
@@ -201,11 +202,11 @@ func TestRunnerRestartMidPrompt(t *testing.T) {
 		return err
 	})
 	r2 := state.run(t, nil)
-	r2.waitStatus(t, in.ID, "completed")
-	if st := r2.status(t, in.ID); st.ContainerID != in.ContainerID {
+	r2.WaitStatus(t, in.ID, "completed")
+	if st := r2.Status(t, in.ID); st.ContainerID != in.ContainerID {
 		t.Errorf("the second runner's container is %s, want the first's Job %s adopted", st.ContainerID, in.ContainerID)
 	}
-	lines := r2.logs(t, in.ID)
+	lines := r2.Logs(t, in.ID)
 	var chunks []string
 	for _, l := range lines {
 		if strings.HasPrefix(l.Text, "content: chunk ") {
@@ -280,7 +281,7 @@ func TestOneTrace(t *testing.T) {
 	client := env.jaeger.Provider(t, "client")
 	ctx, span := client.TracerProvider().Tracer("client").Start(t.Context(), "launch an agent")
 	traceID := span.SpanContext().TraceID().String()
-	req, _ := http.NewRequestWithContext(ctx, "POST", r.base+"/api/v1/agents/launch", strings.NewReader(
+	req, _ := http.NewRequestWithContext(ctx, "POST", r.Base+"/api/v1/agents/launch", strings.NewReader(
 		`{"task_id":"traced","agent_type":"normal","workspace_path":"`+workspace(t)+`","env":{"TASK_DESCRIPTION":"trace me"}}`))
 	req.Header.Set("Content-Type", "application/json")
 	propagation.TraceContext{}.Inject(ctx, propagation.HeaderCarrier(req.Header))
@@ -315,7 +316,7 @@ func TestOneTrace(t *testing.T) {
 			}
 		}
 	}
-	r.waitLog(t, in.ID, "launch 1 ended")
+	r.WaitLog(t, in.ID, "launch 1 ended")
 
 	want := map[string][]string{
 		"client":              {"launch an agent"},
@@ -342,7 +343,7 @@ func TestOneTrace(t *testing.T) {
 		}
 		if !missing {
 			start, host := tr.Span("start agent"), tr.Span("agent-host")
-			if start.Tags["conclave.executor"] != "kubernetes" || start.Tags["conclave.container_id"] != r.status(t, in.ID).ContainerID {
+			if start.Tags["conclave.executor"] != "kubernetes" || start.Tags["conclave.container_id"] != r.Status(t, in.ID).ContainerID {
 				t.Errorf("the runner's start agent span: %+v", start)
 			}
 			// agent-host, in the Job's pod, continues the span that

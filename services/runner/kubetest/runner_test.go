@@ -3,30 +3,25 @@
 package kubetest_test
 
 import (
-	"bufio"
-	"bytes"
 	"context"
-	"encoding/json"
 	"fmt"
-	"io"
+	"log/slog"
 	"net/http"
 	"os"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	authorizationv1 "k8s.io/api/authorization/v1"
 
-	"github.com/conclave-ai/conclave/pkg/config"
 	"github.com/conclave-ai/conclave/pkg/queue"
 	"github.com/conclave-ai/conclave/pkg/store"
 	"github.com/conclave-ai/conclave/pkg/telemetry"
 	"github.com/conclave-ai/conclave/pkg/testenv"
 	"github.com/conclave-ai/conclave/pkg/testenv/kubeenv"
+	"github.com/conclave-ai/conclave/services/runner/runnertest"
 	"github.com/conclave-ai/conclave/services/runner/service"
 )
 
@@ -105,83 +100,40 @@ func newRunnerState(t *testing.T, grpcAddr string, overrides map[string]string) 
 	for k, v := range overrides {
 		vars[k] = v
 	}
-	var cfg struct{ Runner service.Config }
-	lookup := func(k string) (string, bool) { v, ok := vars[k]; return v, ok }
-	if err := config.Load(context.Background(), &cfg, "runner", nil, lookup, io.Discard); err != nil {
-		t.Fatal(err)
-	}
-	dir := t.TempDir()
-	st, err := store.OpenBolt(filepath.Join(dir, "state.db"), store.BoltOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = st.Close() })
-	q, err := queue.OpenEmbedded(filepath.Join(dir, "queues.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = q.Close() })
-	ctx := context.Background()
-	if err := store.EnsureTables(ctx, st, service.Tables...); err != nil {
-		t.Fatal(err)
-	}
-	for _, d := range service.Queues(cfg.Runner) {
-		if err := q.Ensure(ctx, d); err != nil {
-			t.Fatal(err)
-		}
-	}
-	return &runnerState{cfg: cfg.Runner, st: st, q: q}
+	cfg := runnertest.Config(t, vars)
+	st, q := runnertest.State(t, cfg)
+	return &runnerState{cfg: cfg, st: st, q: q}
 }
 
 type testRunner struct {
-	base string
+	*runnertest.API
 	st   *runnerState
 	stop func() error
 }
+
+type (
+	instance = runnertest.Instance
+	logLine  = runnertest.LogLine
+)
+
+// waitTimeout bounds the waits on a runner and its Jobs: far longer than
+// any of them takes, even with images to pull, it only keeps a hang from
+// running into the whole run's timeout.
+const waitTimeout = 5 * time.Minute
 
 // run starts a runner on s, as the runner's ServiceAccount, until the test
 // ends or stop is called.
 func (s *runnerState) run(t *testing.T, tel *telemetry.Provider) *testRunner {
 	t.Helper()
-	ctx := context.Background()
 	if tel == nil {
 		var err error
-		if tel, err = telemetry.New(ctx, telemetry.Config{ServiceName: "runner"}); err != nil {
+		if tel, err = telemetry.New(context.Background(), telemetry.Config{ServiceName: "runner"}); err != nil {
 			t.Fatal(err)
 		}
 	}
-	r, err := service.New(s.cfg, service.Deps{Store: s.st, Queue: s.q, Logger: testLogger(t), Telemetry: tel, Kube: env.runnerConfig})
-	if err != nil {
-		t.Fatal(err)
-	}
-	runCtx, cancel := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- r.Run(runCtx) }()
-	var (
-		once   sync.Once
-		runErr error
-	)
-	stop := func() error {
-		once.Do(func() { cancel(); runErr = <-done })
-		return runErr
-	}
-	t.Cleanup(func() {
-		if err := stop(); err != nil {
-			t.Errorf("runner.Run: %v", err)
-		}
-	})
-	select {
-	case <-r.Ready():
-	case err := <-done:
-		t.Fatalf("runner stopped: %v", err)
-	}
-	tr := &testRunner{st: s, stop: stop}
-	for _, e := range r.Endpoints() {
-		if strings.HasPrefix(e.Protocol, "HTTP") {
-			tr.base = "http://" + e.Address
-		}
-	}
-	return tr
+	_, api, stop := runnertest.Start(t, s.cfg, service.Deps{Store: s.st, Queue: s.q, Logger: runnertest.Logger(t, slog.LevelInfo), Telemetry: tel, Kube: env.runnerConfig})
+	api.WaitTimeout = waitTimeout
+	return &testRunner{API: api, st: s, stop: stop}
 }
 
 // workspace makes a workspace directory the agents' pods can write.
@@ -197,53 +149,13 @@ func workspace(t *testing.T) string {
 	return dir
 }
 
-func (r *testRunner) do(t *testing.T, ctx context.Context, method, path string, body any, out any) int {
-	t.Helper()
-	var rd io.Reader
-	if body != nil {
-		data, _ := json.Marshal(body)
-		rd = bytes.NewReader(data)
-	}
-	req, _ := http.NewRequestWithContext(ctx, method, r.base+path, rd)
-	req.Header.Set("Content-Type", "application/json")
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	data, _ := io.ReadAll(resp.Body)
-	if out != nil {
-		if err := json.Unmarshal(data, out); err != nil {
-			t.Fatalf("%s %s: %d %s: %v", method, path, resp.StatusCode, data, err)
-		}
-	}
-	return resp.StatusCode
-}
-
-type instance struct {
-	ID          string `json:"id"`
-	ContainerID string `json:"container_id"`
-	Status      string `json:"status"`
-}
-
-func (r *testRunner) launch(t *testing.T, agentType, ws string, vars map[string]string) instance {
-	t.Helper()
-	var in instance
-	if code := r.do(t, t.Context(), "POST", "/api/v1/agents/launch", map[string]any{
-		"task_id": "task-" + strings.ReplaceAll(t.Name(), "/", "-"), "agent_type": agentType, "workspace_path": ws, "env": vars,
-	}, &in); code != http.StatusOK {
-		t.Fatalf("launch %s: HTTP %d %+v", agentType, code, in)
-	}
-	return in
-}
-
 func (r *testRunner) prompt(t *testing.T, id, message string) {
 	t.Helper()
 	var out struct {
 		Accepted bool `json:"accepted"`
 	}
 	testenv.Eventually(t, waitTimeout, fmt.Sprintf("%s to take the prompt", id), func() bool {
-		code := r.do(t, t.Context(), "POST", "/api/v1/agents/"+id+"/prompt", map[string]any{"message": message}, &out)
+		code := r.Do(t, "POST", "/api/v1/agents/"+id+"/prompt", map[string]any{"message": message}, &out)
 		if code == http.StatusOK && out.Accepted {
 			return true
 		}
@@ -254,113 +166,6 @@ func (r *testRunner) prompt(t *testing.T, id, message string) {
 		}
 		return false
 	})
-}
-
-func (r *testRunner) status(t *testing.T, id string) instance {
-	t.Helper()
-	var in instance
-	if code := r.do(t, t.Context(), "GET", "/api/v1/agents/"+id+"/status", nil, &in); code != http.StatusOK {
-		t.Fatalf("status: HTTP %d", code)
-	}
-	return in
-}
-
-// waitTimeout bounds the waits on a runner and its Jobs: far longer than
-// any of them takes, even with images to pull, it only keeps a hang from
-// running into the whole run's timeout.
-const waitTimeout = 5 * time.Minute
-
-func (r *testRunner) waitStatus(t *testing.T, id string, want ...string) instance {
-	t.Helper()
-	var in instance
-	testenv.EventuallyNoError(t, waitTimeout, fmt.Sprintf("%s to be %v", id, want), func() error {
-		in = r.status(t, id)
-		if !slices.Contains(want, in.Status) {
-			return fmt.Errorf("status %s", in.Status)
-		}
-		return nil
-	})
-	return in
-}
-
-type logLine struct {
-	Stream string `json:"stream"`
-	Text   string `json:"text"`
-}
-
-func (r *testRunner) logs(t *testing.T, id string) []logLine {
-	t.Helper()
-	var out struct {
-		Lines []logLine `json:"lines"`
-	}
-	if code := r.do(t, t.Context(), "GET", "/api/v1/agents/"+id+"/logs?tail=1000", nil, &out); code != http.StatusOK {
-		t.Fatalf("logs: HTTP %d", code)
-	}
-	return out.Lines
-}
-
-// waitLog polls the logs until a line contains want, and returns them.
-func (r *testRunner) waitLog(t *testing.T, id, want string) []logLine {
-	t.Helper()
-	var lines []logLine
-	testenv.EventuallyNoError(t, waitTimeout, fmt.Sprintf("log line %q of %s", want, id), func() error {
-		if lines = r.logs(t, id); !hasLog(lines, want) {
-			return fmt.Errorf("the log: %+v", lines)
-		}
-		return nil
-	})
-	return lines
-}
-
-func hasLog(lines []logLine, want string) bool {
-	for _, l := range lines {
-		if strings.Contains(l.Text, want) {
-			return true
-		}
-	}
-	return false
-}
-
-// follow streams GET .../logs?follow=true, as an API client watches an
-// agent; the channel closes when the stream ends.
-func (r *testRunner) follow(t *testing.T, id string) <-chan logLine {
-	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	t.Cleanup(cancel)
-	req, _ := http.NewRequestWithContext(ctx, "GET", r.base+"/api/v1/agents/"+id+"/logs?follow=true&tail=1000", nil)
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if resp.StatusCode != http.StatusOK {
-		resp.Body.Close()
-		t.Fatalf("follow: HTTP %d", resp.StatusCode)
-	}
-	out := make(chan logLine, 4096)
-	go func() {
-		defer close(out)
-		defer resp.Body.Close()
-		sc := bufio.NewScanner(resp.Body)
-		sc.Buffer(nil, 1<<20)
-		for sc.Scan() {
-			var l logLine
-			if json.Unmarshal(sc.Bytes(), &l) == nil && l.Text != "" {
-				out <- l
-			}
-		}
-	}()
-	return out
-}
-
-// await reads lines until one contains want.
-func await(t *testing.T, lines <-chan logLine, want string) {
-	t.Helper()
-	for l := range lines {
-		if strings.Contains(l.Text, want) {
-			return
-		}
-	}
-	t.Fatalf("the log stream ended before %q", want)
 }
 
 // canI asks the API server whether the ServiceAccount (of the test's

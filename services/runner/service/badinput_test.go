@@ -56,13 +56,13 @@ func TestBadLaunches(t *testing.T) {
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			var e errorBody
-			code := r.do(t, "POST", "/api/v1/agents/launch", tt.body, &e)
+			code := r.Do(t, "POST", "/api/v1/agents/launch", tt.body, &e)
 			if code != tt.status || e.Error != tt.code || e.HTTPStatus != tt.status || !strings.Contains(e.Message+" "+e.Details, tt.message) {
 				t.Fatalf("got %d %+v, want %d %s mentioning %q", code, e, tt.status, tt.code, tt.message)
 			}
 			if id, _ := tt.body["task_id"].(string); id != "" {
 				var nf errorBody
-				if code := r.do(t, "GET", "/api/v1/tasks/"+id, nil, &nf); code != http.StatusNotFound || nf.Error != "not_found" {
+				if code := r.Do(t, "GET", "/api/v1/tasks/"+id, nil, &nf); code != http.StatusNotFound || nf.Error != "not_found" {
 					t.Errorf("a refused launch created task %s: %d %+v", id, code, nf)
 				}
 			}
@@ -71,25 +71,25 @@ func TestBadLaunches(t *testing.T) {
 	t.Run("unknown instance", func(t *testing.T) {
 		for _, p := range []string{"/status", "/logs", "/session"} {
 			var e errorBody
-			if code := r.do(t, "GET", "/api/v1/agents/missing"+p, nil, &e); code != 404 || e.Error != "not_found" || e.HTTPStatus != 404 {
+			if code := r.Do(t, "GET", "/api/v1/agents/missing"+p, nil, &e); code != 404 || e.Error != "not_found" || e.HTTPStatus != 404 {
 				t.Errorf("%s: %d %+v", p, code, e)
 			}
 		}
 		var e errorBody
-		if code := r.do(t, "POST", "/api/v1/agents/missing/prompt", map[string]string{"message": "hi"}, &e); code != 404 {
+		if code := r.Do(t, "POST", "/api/v1/agents/missing/prompt", map[string]string{"message": "hi"}, &e); code != 404 {
 			t.Errorf("prompt: %d %+v", code, e)
 		}
 		// HEAD reaches the GET route, not a 405.
-		if code := r.do(t, "HEAD", "/api/v1/agents/missing/status", nil, nil); code != 404 {
+		if code := r.Do(t, "HEAD", "/api/v1/agents/missing/status", nil, nil); code != 404 {
 			t.Errorf("HEAD status: %d", code)
 		}
 	})
 	t.Run("empty prompt and bad tail", func(t *testing.T) {
 		var e errorBody
-		if code := r.do(t, "POST", "/api/v1/agents/x/prompt", map[string]string{"message": " "}, &e); code != 400 || e.Error != "validation_error" {
+		if code := r.Do(t, "POST", "/api/v1/agents/x/prompt", map[string]string{"message": " "}, &e); code != 400 || e.Error != "validation_error" {
 			t.Errorf("empty prompt: %d %+v", code, e)
 		}
-		if code := r.do(t, "GET", "/api/v1/agents/x/logs?tail=-1", nil, &e); code != 400 || e.Error != "validation_error" {
+		if code := r.Do(t, "GET", "/api/v1/agents/x/logs?tail=-1", nil, &e); code != 400 || e.Error != "validation_error" {
 			t.Errorf("tail=-1: %d %+v", code, e)
 		}
 	})
@@ -101,7 +101,7 @@ func TestBadLaunches(t *testing.T) {
 				Protocol    string   `json:"protocol"`
 			} `json:"agent_types"`
 		}
-		if code := r.do(t, "GET", "/api/v1/agent-types", nil, &out); code != 200 {
+		if code := r.Do(t, "GET", "/api/v1/agent-types", nil, &out); code != 200 {
 			t.Fatalf("HTTP %d", code)
 		}
 		found := map[string]bool{}
@@ -121,15 +121,15 @@ func TestAuthentication(t *testing.T) {
 	t.Parallel()
 	r := startRunner(t, map[string]string{"CONCLAVE_RUNNER_ALLOW_UNAUTHENTICATED": "false", "CONCLAVE_RUNNER_CLIENT_TOKENS": "s3cret-0123456789abc"})
 	var e errorBody
-	if code := r.do(t, "POST", "/api/v1/agents/launch", map[string]any{"task_id": "t", "agent_type": "acp-normal", "workspace_path": r.workspace(t)}, &e); code != http.StatusUnauthorized || e.HTTPStatus != 401 {
+	if code := r.Do(t, "POST", "/api/v1/agents/launch", map[string]any{"task_id": "t", "agent_type": "acp-normal", "workspace_path": r.workspace(t)}, &e); code != http.StatusUnauthorized || e.HTTPStatus != 401 {
 		t.Fatalf("without a token: %d %+v", code, e)
 	}
-	r.token = "wrong"
-	if code := r.do(t, "GET", "/api/v1/agent-types", nil, &e); code != http.StatusUnauthorized {
+	r.Token = "wrong"
+	if code := r.Do(t, "GET", "/api/v1/agent-types", nil, &e); code != http.StatusUnauthorized {
 		t.Fatalf("with a wrong token: %d %+v", code, e)
 	}
-	r.token = "s3cret-0123456789abc"
-	if code := r.do(t, "GET", "/api/v1/agent-types", nil, nil); code != http.StatusOK {
+	r.Token = "s3cret-0123456789abc"
+	if code := r.Do(t, "GET", "/api/v1/agent-types", nil, nil); code != http.StatusOK {
 		t.Fatalf("with the token: %d", code)
 	}
 }
@@ -142,16 +142,16 @@ func TestRateLimit(t *testing.T) {
 	t.Parallel()
 	r := startRunner(t, map[string]string{"CONCLAVE_RUNNER_CLIENT_RATE": "0.001", "CONCLAVE_RUNNER_CLIENT_BURST": "3"})
 	for range 3 {
-		if code := r.do(t, "GET", "/api/v1/agent-types", nil, nil); code != http.StatusOK {
+		if code := r.Do(t, "GET", "/api/v1/agent-types", nil, nil); code != http.StatusOK {
 			t.Fatalf("within the burst: HTTP %d", code)
 		}
 	}
 	var e errorBody
-	if code := r.do(t, "GET", "/api/v1/agent-types", nil, &e); code != http.StatusTooManyRequests || e.Error != "rate_limited" || e.HTTPStatus != 429 {
+	if code := r.Do(t, "GET", "/api/v1/agent-types", nil, &e); code != http.StatusTooManyRequests || e.Error != "rate_limited" || e.HTTPStatus != 429 {
 		t.Fatalf("past the burst: %d %+v", code, e)
 	}
 	// Every 429 says when to come back.
-	resp, err := http.Get(r.base + "/api/v1/agent-types")
+	resp, err := http.Get(r.Base + "/api/v1/agent-types")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -204,7 +204,7 @@ func TestBadRequests(t *testing.T) {
 		{"an instance id with a NUL", "GET", "/api/v1/agents/a%00b/session", "", nil, 400, "validation_error", "instance_id"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			req, err := http.NewRequest(tt.method, r.base+tt.path, tt.body)
+			req, err := http.NewRequest(tt.method, r.Base+tt.path, tt.body)
 			if err != nil {
 				t.Fatal(err)
 			}

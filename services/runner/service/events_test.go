@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -93,8 +92,8 @@ func TestStatusChangedEvents(t *testing.T) {
 		t.Fatal(err)
 	}
 	r := startRunnerWith(t, map[string]string{"CONCLAVE_RUNNER_IDLE_TIMEOUT": "300ms"}, tel)
-	in := r.launch(t, "acp-normal", r.workspace(t), map[string]string{"TASK_DESCRIPTION": "status events"})
-	r.waitLog(t, in.ID, "launch 1 ended")
+	in := r.Launch(t, "acp-normal", r.workspace(t), map[string]string{"TASK_DESCRIPTION": "status events"})
+	r.WaitLog(t, in.ID, "launch 1 ended")
 	var evs []statusEvent
 	// The events are sent beside the writes: wait for the last one.
 	testenv.EventuallyNoError(t, time.Minute, "the completed status event", func() error {
@@ -166,23 +165,16 @@ func TestEventsSurviveACrash(t *testing.T) {
 		t.Skip("runs the runner as a process")
 	}
 	t.Parallel()
-	dir := t.TempDir()
-	root := filepath.Join(dir, "workspaces")
-	if err := os.MkdirAll(root, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	types := agentTypes(t)
-	port := freePort(t)
-	data := filepath.Join(dir, "data")
+	ps := newProcessState(t)
 	crash := &signalWriter{want: "crashpoint before-terminal-event reached", reached: make(chan struct{})}
-	first, r := runnerProcessWith(t, data, root, types, port, 1, []string{"CONCLAVE_RUNNER_TEST_CRASHPOINT=before-terminal-event"}, crash)
-	in := r.launch(t, "acp-normal", r.workspace(t), map[string]string{"TASK_DESCRIPTION": "the last event"})
+	first, r := ps.startWith(t, 1, []string{"CONCLAVE_RUNNER_TEST_CRASHPOINT=before-terminal-event"}, crash)
+	in := r.Launch(t, "acp-normal", r.workspace(t), map[string]string{"TASK_DESCRIPTION": "the last event"})
 	select {
 	case <-crash.reached:
 	case <-time.After(2 * time.Minute):
 		t.Fatal("the runner never reached the crash point")
 	}
-	if st := r.status(t, in.ID); st.Status != "completed" {
+	if st := r.Status(t, in.ID); st.Status != "completed" {
 		t.Fatalf("at the crash point: %+v", st)
 	}
 	if err := first.Process.Signal(syscall.SIGKILL); err != nil {
@@ -190,16 +182,16 @@ func TestEventsSurviveACrash(t *testing.T) {
 	}
 	_ = first.Wait()
 
-	second, r := runnerProcess(t, data, root, types, port, 1)
+	second, r := ps.start(t, 1)
 	// The launch comes back after CONCLAVE_RUNNER_LAUNCH_RETRY (2s), and its
 	// delivery sends what the outbox holds.
-	r.waitLog(t, in.ID, "status event(s) again")
+	r.WaitLog(t, in.ID, "status event(s) again")
 	// The embedded queue is one process's at a time.
 	if err := second.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
 	_ = second.Wait()
-	q, err := queue.OpenEmbedded(filepath.Join(data, "queues.db"))
+	q, err := queue.OpenEmbedded(filepath.Join(ps.data, "queues.db"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -232,8 +224,8 @@ func TestEventsOutageDoesNotStopLaunches(t *testing.T) {
 	r, _ := runOn(t, cfg, st, q, nil)
 	var ids []string
 	for i := range 3 {
-		in := r.launch(t, "acp-normal", r.workspace(t), map[string]string{"TASK_DESCRIPTION": fmt.Sprintf("outage %d", i)})
-		r.waitLog(t, in.ID, "launch 1 ended")
+		in := r.Launch(t, "acp-normal", r.workspace(t), map[string]string{"TASK_DESCRIPTION": fmt.Sprintf("outage %d", i)})
+		r.WaitLog(t, in.ID, "launch 1 ended")
 		ids = append(ids, in.ID)
 	}
 	q.fail.Store(false)

@@ -27,7 +27,7 @@ func FuzzRESTBodies(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, route uint8, body string) {
 		path := routes[int(route)%len(routes)]
-		req, err := http.NewRequest("POST", r.base+path, strings.NewReader(body))
+		req, err := http.NewRequest("POST", r.Base+path, strings.NewReader(body))
 		if err != nil {
 			t.Fatal(err)
 		}

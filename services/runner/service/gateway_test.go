@@ -1,13 +1,10 @@
 package service_test
 
 import (
-	"bufio"
 	"context"
 	"fmt"
 	"io"
 	"net/http"
-	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -24,13 +21,12 @@ import (
 	"github.com/conclave-ai/conclave/pkg/testenv"
 	gatewayv1 "github.com/conclave-ai/conclave/proto/conclave/gateway/v1"
 	covenpb "github.com/conclave-ai/conclave/proto/coven"
+	"github.com/conclave-ai/conclave/services/runner/runnertest"
 )
 
-// The tokens of the gateways these tests start: the runner's agents hold
-// the pattern token that opens every agent_id, clients the client token.
 const (
-	gwAgentToken  = "runner-agents-secret-0123456789"
-	gwClientToken = "gateway-client-secret-0123456789"
+	gwAgentToken  = runnertest.GatewayAgentToken
+	gwClientToken = runnertest.GatewayClientToken
 )
 
 var gatewayBuild struct {
@@ -52,62 +48,13 @@ func gatewayBinary(t *testing.T) string {
 	return gatewayBuild.bin
 }
 
-// gatewayProc is a gateway process a test started.
-type gatewayProc struct {
-	id, grpcAddr, httpAddr string
-	cmd                    *exec.Cmd
-	out                    testenv.LockedBuffer
-	done                   chan struct{}
-}
+type gatewayProc = runnertest.Gateway
 
-// startGateway runs the gateway binary as replica id with env added (by
-// default an embedded store of its own), on ports of its choosing read
-// from its "serving" line.
+// startGateway runs cmd/gateway as replica id with env added (by default
+// an embedded store of its own).
 func startGateway(t *testing.T, id string, env ...string) *gatewayProc {
 	t.Helper()
-	cmd := exec.Command(gatewayBinary(t))
-	cmd.Env = append([]string{"PATH=" + os.Getenv("PATH"), "HOME=" + t.TempDir(),
-		"CONCLAVE_DATA_DIR=" + t.TempDir(),
-		"CONCLAVE_GATEWAY_GRPC_ADDR=127.0.0.1:0", "CONCLAVE_GATEWAY_HTTP_ADDR=127.0.0.1:0",
-		"CONCLAVE_GATEWAY_SERVER_ID=" + id, "CONCLAVE_GATEWAY_CLIENT_TOKENS=" + gwClientToken,
-		"CONCLAVE_GATEWAY_AGENT_TOKENS=*=" + gwAgentToken, "CONCLAVE_GATEWAY_SHUTDOWN_TIMEOUT=10s",
-	}, env...)
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd.Stderr = cmd.Stdout
-	g := &gatewayProc{id: id, cmd: cmd, done: make(chan struct{})}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	type addrs struct{ grpc, http string }
-	serving := make(chan addrs, 1)
-	go func() {
-		lines := bufio.NewScanner(out)
-		lines.Buffer(make([]byte, 0, 64<<10), 1<<20)
-		for lines.Scan() {
-			if ga, ha, ok := testenv.ServingAddrs(lines.Bytes()); ok {
-				select {
-				case serving <- addrs{ga, ha}:
-				default:
-				}
-			}
-			_, _ = g.out.Write(append(lines.Bytes(), '\n'))
-		}
-		_ = cmd.Wait()
-		close(g.done)
-	}()
-	t.Cleanup(func() { _ = cmd.Process.Kill(); <-g.done })
-	select {
-	case a := <-serving:
-		g.grpcAddr, g.httpAddr = a.grpc, a.http
-	case <-g.done:
-		t.Fatalf("gateway %s exited:\n%s", id, g.out.String())
-	case <-time.After(time.Minute):
-		t.Fatalf("gateway %s never served:\n%s", id, g.out.String())
-	}
-	return g
+	return runnertest.StartGateway(t, gatewayBinary(t), id, env...)
 }
 
 // gatewayClient is the gateway's client API at addr, with the client token.
@@ -136,12 +83,12 @@ func (r *testRunner) launchOnGateway(t *testing.T, agentType, agentID string) in
 	if agentID != "" {
 		md["gateway_agent_id"] = agentID
 	}
-	if code := r.do(t, "POST", "/api/v1/agents/launch", map[string]any{
+	if code := r.Do(t, "POST", "/api/v1/agents/launch", map[string]any{
 		"task_id": "task-" + strings.ReplaceAll(t.Name(), "/", "-"), "agent_type": agentType, "workspace_path": r.workspace(t), "metadata": md,
 	}, &in); code != http.StatusOK {
 		t.Fatalf("launch %s: HTTP %d %+v", agentType, code, in)
 	}
-	r.waitStatus(t, in.ID, "running")
+	r.WaitStatus(t, in.ID, "running")
 	return in
 }
 
@@ -246,8 +193,8 @@ func TestGatewayMapping(t *testing.T) {
 	}
 	t.Parallel()
 	g := startGateway(t, "gw-1")
-	r := startRunner(t, map[string]string{"CONCLAVE_RUNNER_GATEWAY_ADDR": g.grpcAddr, "CONCLAVE_RUNNER_GATEWAY_TOKEN": gwAgentToken})
-	gw := gatewayClient(t, g.grpcAddr)
+	r := startRunner(t, map[string]string{"CONCLAVE_RUNNER_GATEWAY_ADDR": g.GRPCAddr, "CONCLAVE_RUNNER_GATEWAY_TOKEN": gwAgentToken})
+	gw := gatewayClient(t, g.GRPCAddr)
 	in := r.launchOnGateway(t, "npm-example", "npm-example-on-gateway")
 
 	a := awaitAgent(t, gw, "npm-example-on-gateway", true)
@@ -278,13 +225,13 @@ func TestGatewayMapping(t *testing.T) {
 	if !slices.Equal(events, want) {
 		t.Errorf("events:\n%s\nwant:\n%s", strings.Join(events, "\n"), strings.Join(want, "\n"))
 	}
-	if st := r.waitStatus(t, in.ID, "completed", "failed", "stopped"); st.Status != "completed" {
+	if st := r.WaitStatus(t, in.ID, "completed", "failed", "stopped"); st.Status != "completed" {
 		t.Errorf("the turn ended %+v", st)
 	}
-	r.waitLogWithin(t, in.ID, `gateway request`, time.Minute)
+	r.WaitLogWithin(t, in.ID, `gateway request`, time.Minute)
 
 	// REST with Server-Sent Events reaches the same agent.
-	req, _ := http.NewRequest("POST", "http://"+g.httpAddr+"/v1/agents/npm-example-on-gateway/messages",
+	req, _ := http.NewRequest("POST", "http://"+g.HTTPAddr+"/v1/agents/npm-example-on-gateway/messages",
 		strings.NewReader(`{"thread_id": "thread-1", "content": "and again"}`))
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("Accept", "text/event-stream")
@@ -300,7 +247,7 @@ func TestGatewayMapping(t *testing.T) {
 	}
 
 	// Deleted, the instance's agent leaves the gateway.
-	if code := r.do(t, "DELETE", "/api/v1/agents/"+in.ID, nil, nil); code != http.StatusOK && code != http.StatusNoContent {
+	if code := r.Do(t, "DELETE", "/api/v1/agents/"+in.ID, nil, nil); code != http.StatusOK && code != http.StatusNoContent {
 		t.Fatalf("delete: HTTP %d", code)
 	}
 	awaitAgent(t, gw, "npm-example-on-gateway", false)
@@ -317,8 +264,8 @@ func TestGatewayCancelAndKill(t *testing.T) {
 	}
 	t.Parallel()
 	g := startGateway(t, "gw-1")
-	r := startRunner(t, map[string]string{"CONCLAVE_RUNNER_GATEWAY_ADDR": g.grpcAddr, "CONCLAVE_RUNNER_GATEWAY_TOKEN": gwAgentToken})
-	gw := gatewayClient(t, g.grpcAddr)
+	r := startRunner(t, map[string]string{"CONCLAVE_RUNNER_GATEWAY_ADDR": g.GRPCAddr, "CONCLAVE_RUNNER_GATEWAY_TOKEN": gwAgentToken})
+	gw := gatewayClient(t, g.GRPCAddr)
 	in := r.launchOnGateway(t, "npm-example", "")
 	// Without a name at launch, the agent_id is the instance's.
 	awaitAgent(t, gw, in.ID, true)
@@ -338,15 +285,15 @@ func TestGatewayCancelAndKill(t *testing.T) {
 	if last := describe(events[len(events)-1]); last != "cancelled: changed my mind" {
 		t.Fatalf("a cancelled request ended %q; events %q", last, describeAll(events))
 	}
-	r.waitLogWithin(t, in.ID, "cancel requested: changed my mind", time.Minute)
-	if st := r.waitStatus(t, in.ID, "stopped", "failed", "completed"); st.Status != "stopped" {
+	r.WaitLogWithin(t, in.ID, "cancel requested: changed my mind", time.Minute)
+	if st := r.WaitStatus(t, in.ID, "stopped", "failed", "completed"); st.Status != "stopped" {
 		t.Fatalf("after the cancel %+v", st)
 	}
 	if last := describe(lastOf(send(t, gw, in.ID, "", "once more", nil))); !strings.HasPrefix(last, "done: ") {
 		t.Fatalf("the message after the cancel ended %q", last)
 	}
 
-	st := r.status(t, in.ID)
+	st := r.Status(t, in.ID)
 	pid, err := strconv.Atoi(st.ContainerID)
 	if err != nil {
 		t.Fatalf("container_id %q is not a process id", st.ContainerID)
@@ -365,10 +312,10 @@ func TestGatewayCancelAndKill(t *testing.T) {
 	// A prompt resumes the instance in a new process, registered again
 	// under the same id.
 	var ok struct{ Accepted bool }
-	if code := r.do(t, "POST", "/api/v1/agents/"+in.ID+"/prompt", map[string]string{"message": "back"}, &ok); code != http.StatusOK {
+	if code := r.Do(t, "POST", "/api/v1/agents/"+in.ID+"/prompt", map[string]string{"message": "back"}, &ok); code != http.StatusOK {
 		t.Fatalf("prompt: HTTP %d", code)
 	}
-	r.waitStatus(t, in.ID, "completed")
+	r.WaitStatus(t, in.ID, "completed")
 	awaitAgent(t, gw, in.ID, true)
 	if last := describe(lastOf(send(t, gw, in.ID, "", "are you back?", nil))); !strings.HasPrefix(last, "done: ") {
 		t.Fatalf("the resumed agent's message ended %q", last)
@@ -409,7 +356,7 @@ func TestGatewayReplicas(t *testing.T) {
 			env := []string{"CONCLAVE_BACKEND=aws", "CONCLAVE_AWS_ENDPOINT=" + dyn.Endpoint, "CONCLAVE_TABLE_PREFIX=" + tt.name + "-",
 				"AWS_ACCESS_KEY_ID=test", "AWS_SECRET_ACCESS_KEY=test", "AWS_REGION=us-east-1", "CONCLAVE_GATEWAY_LEASE=2s"}
 			replicas := map[string]*gatewayProc{"gw-a": startGateway(t, "gw-a", env...), "gw-b": startGateway(t, "gw-b", env...)}
-			lb, err := testenv.NginxGRPC(ctx, t.TempDir(), []string{replicas["gw-a"].grpcAddr, replicas["gw-b"].grpcAddr}, "2s")
+			lb, err := testenv.NginxGRPC(ctx, t.TempDir(), []string{replicas["gw-a"].GRPCAddr, replicas["gw-b"].GRPCAddr}, "2s")
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -430,7 +377,7 @@ func TestGatewayReplicas(t *testing.T) {
 
 			// The message goes straight to the holder, so that the one
 			// replica stopped is the one the request is on.
-			holderGW := gatewayClient(t, replicas[holder].grpcAddr)
+			holderGW := gatewayClient(t, replicas[holder].GRPCAddr)
 			sctx, cancel := context.WithTimeout(ctx, 90*time.Second)
 			defer cancel()
 			st, err := holderGW.SendMessage(sctx, &gatewayv1.SendMessageRequest{AgentId: id, Content: "improve the config"})
@@ -452,7 +399,7 @@ func TestGatewayReplicas(t *testing.T) {
 					events = append(events, describe(e))
 					if !stopped {
 						stopped = true
-						_ = replicas[holder].cmd.Process.Signal(tt.signal)
+						_ = replicas[holder].Cmd.Process.Signal(tt.signal)
 					}
 					if _, done := e.GetEvent().(*covenpb.MessageResponse_Done); done {
 						break
@@ -462,7 +409,7 @@ func TestGatewayReplicas(t *testing.T) {
 			switch tt.signal {
 			case syscall.SIGTERM:
 				if endErr != nil || len(events) == 0 || !strings.HasPrefix(events[len(events)-1], "done: ") {
-					t.Fatalf("a request on a replica shutting down ended %v; events %q\n%s", endErr, events, replicas[holder].out.String())
+					t.Fatalf("a request on a replica shutting down ended %v; events %q\n%s", endErr, events, replicas[holder].Out.String())
 				}
 			case syscall.SIGKILL:
 				if endErr == nil {
@@ -470,18 +417,18 @@ func TestGatewayReplicas(t *testing.T) {
 				}
 			}
 			// The turn itself went on in the runner.
-			if st := r.waitStatus(t, in.ID, "completed", "failed", "stopped"); st.Status != "completed" {
+			if st := r.WaitStatus(t, in.ID, "completed", "failed", "stopped"); st.Status != "completed" {
 				t.Fatalf("the turn ended %+v", st)
 			}
-			<-replicas[holder].done
-			a := awaitAgent(t, gatewayClient(t, survivor.grpcAddr), id, true)
-			if a.GetServerId() != survivor.id {
-				t.Fatalf("registered again on %q, want %q", a.GetServerId(), survivor.id)
+			<-replicas[holder].Done
+			a := awaitAgent(t, gatewayClient(t, survivor.GRPCAddr), id, true)
+			if a.GetServerId() != survivor.ID {
+				t.Fatalf("registered again on %q, want %q", a.GetServerId(), survivor.ID)
 			}
 			if last := describe(lastOf(send(t, gatewayClient(t, lb.Addr), id, "", "still there?", nil))); !strings.HasPrefix(last, "done: ") {
 				t.Fatalf("after the move, a message ended %q", last)
 			}
-			r.waitLogWithin(t, in.ID, "registered at the gateway as coven agent moving-agent (replica "+survivor.id+")", time.Minute)
+			r.WaitLogWithin(t, in.ID, "registered at the gateway as coven agent moving-agent (replica "+survivor.ID+")", time.Minute)
 		})
 	}
 }
@@ -496,9 +443,9 @@ func TestGatewayResumedWithSessionLoad(t *testing.T) {
 	}
 	t.Parallel()
 	g := startGateway(t, "gw-1")
-	r := startRunner(t, map[string]string{"CONCLAVE_RUNNER_GATEWAY_ADDR": g.grpcAddr, "CONCLAVE_RUNNER_GATEWAY_TOKEN": gwAgentToken,
+	r := startRunner(t, map[string]string{"CONCLAVE_RUNNER_GATEWAY_ADDR": g.GRPCAddr, "CONCLAVE_RUNNER_GATEWAY_TOKEN": gwAgentToken,
 		"CONCLAVE_RUNNER_IDLE_TIMEOUT": "2s"})
-	gw := gatewayClient(t, g.grpcAddr)
+	gw := gatewayClient(t, g.GRPCAddr)
 	in := r.launchOnGateway(t, "acp-normal", "resumable")
 	awaitAgent(t, gw, "resumable", true)
 	if last := describe(lastOf(send(t, gw, "resumable", "", "first", nil))); !strings.HasPrefix(last, "done: Working on: first") {
@@ -507,18 +454,18 @@ func TestGatewayResumedWithSessionLoad(t *testing.T) {
 	var sess struct {
 		SessionID string `json:"session_id"`
 	}
-	r.do(t, "GET", "/api/v1/agents/"+in.ID+"/session", nil, &sess)
+	r.Do(t, "GET", "/api/v1/agents/"+in.ID+"/session", nil, &sess)
 	// Idle for 2s: the process ends, and the agent leaves the gateway.
-	r.waitLogWithin(t, in.ID, "idle for 2s", time.Minute)
+	r.WaitLogWithin(t, in.ID, "idle for 2s", time.Minute)
 	awaitAgent(t, gw, "resumable", false)
 
 	var ok struct{ Accepted bool }
-	if code := r.do(t, "POST", "/api/v1/agents/"+in.ID+"/prompt", map[string]string{"message": "resume"}, &ok); code != http.StatusOK {
+	if code := r.Do(t, "POST", "/api/v1/agents/"+in.ID+"/prompt", map[string]string{"message": "resume"}, &ok); code != http.StatusOK {
 		t.Fatalf("prompt: HTTP %d", code)
 	}
-	r.waitLogWithin(t, in.ID, "acp-agent: loaded session "+sess.SessionID, time.Minute)
+	r.WaitLogWithin(t, in.ID, "acp-agent: loaded session "+sess.SessionID, time.Minute)
 	awaitAgent(t, gw, "resumable", true)
-	r.waitStatus(t, in.ID, "completed")
+	r.WaitStatus(t, in.ID, "completed")
 	if last := describe(lastOf(send(t, gw, "resumable", "", "second", nil))); !strings.HasPrefix(last, "done: Working on: second") {
 		t.Fatalf("the resumed agent's message ended %q", last)
 	}
@@ -542,14 +489,14 @@ func TestGatewayRefusal(t *testing.T) {
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			r := startRunner(t, map[string]string{"CONCLAVE_RUNNER_GATEWAY_ADDR": g.grpcAddr, "CONCLAVE_RUNNER_GATEWAY_TOKEN": tt.token})
+			r := startRunner(t, map[string]string{"CONCLAVE_RUNNER_GATEWAY_ADDR": g.GRPCAddr, "CONCLAVE_RUNNER_GATEWAY_TOKEN": tt.token})
 			in := r.launchOnGateway(t, "acp-normal", tt.agentID)
-			r.waitLogWithin(t, in.ID, tt.want, time.Minute)
+			r.WaitLogWithin(t, in.ID, tt.want, time.Minute)
 			var ok struct{ Accepted bool }
-			if code := r.do(t, "POST", "/api/v1/agents/"+in.ID+"/prompt", map[string]string{"message": "still here"}, &ok); code != http.StatusOK {
+			if code := r.Do(t, "POST", "/api/v1/agents/"+in.ID+"/prompt", map[string]string{"message": "still here"}, &ok); code != http.StatusOK {
 				t.Fatalf("prompt: HTTP %d", code)
 			}
-			r.waitLogWithin(t, in.ID, "Working on: still here", time.Minute)
+			r.WaitLogWithin(t, in.ID, "Working on: still here", time.Minute)
 		})
 	}
 }
@@ -563,9 +510,9 @@ func TestGatewayHeartbeat(t *testing.T) {
 	}
 	t.Parallel()
 	g := startGateway(t, "gw-1", "CONCLAVE_GATEWAY_AGENT_TIMEOUT=3s")
-	r := startRunner(t, map[string]string{"CONCLAVE_RUNNER_GATEWAY_ADDR": g.grpcAddr, "CONCLAVE_RUNNER_GATEWAY_TOKEN": gwAgentToken,
+	r := startRunner(t, map[string]string{"CONCLAVE_RUNNER_GATEWAY_ADDR": g.GRPCAddr, "CONCLAVE_RUNNER_GATEWAY_TOKEN": gwAgentToken,
 		"CONCLAVE_RUNNER_GATEWAY_HEARTBEAT": "1s"})
-	gw := gatewayClient(t, g.grpcAddr)
+	gw := gatewayClient(t, g.GRPCAddr)
 	in := r.launchOnGateway(t, "npm-example", "")
 	first := awaitAgent(t, gw, in.ID, true).GetInstanceId()
 	// Two agent timeouts, idle.
@@ -574,12 +521,12 @@ func TestGatewayHeartbeat(t *testing.T) {
 		t.Fatalf("the agent's connection changed from %s to %s: the gateway dropped it as silent", first, now)
 	}
 	registrations := 0
-	for _, l := range r.logs(t, in.ID) {
+	for _, l := range r.Logs(t, in.ID) {
 		if strings.Contains(l.Text, "registered at the gateway as coven agent") {
 			registrations++
 		}
 	}
 	if registrations != 1 {
-		t.Fatalf("the agent registered %d times, want once: %+v", registrations, r.logs(t, in.ID))
+		t.Fatalf("the agent registered %d times, want once: %+v", registrations, r.Logs(t, in.ID))
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/conclave-ai/conclave/pkg/testenv"
+	"github.com/conclave-ai/conclave/services/runner/runnertest"
 )
 
 // geminiReply is the fake model of TestGeminiCLI: asked to write
@@ -124,9 +125,9 @@ func TestGeminiCLI(t *testing.T) {
 		t.Parallel()
 		r := startRunner(t, overrides)
 		ws := workspace(t, r)
-		in := r.launch(t, "gemini", ws, map[string]string{"TASK_DESCRIPTION": "write notes.txt"})
-		if st := r.waitStatus(t, in.ID, "completed", "failed", "stopped"); st.Status != "completed" {
-			t.Fatalf("status %+v; logs %+v", st, r.logs(t, in.ID))
+		in := r.Launch(t, "gemini", ws, map[string]string{"TASK_DESCRIPTION": "write notes.txt"})
+		if st := r.WaitStatus(t, in.ID, "completed", "failed", "stopped"); st.Status != "completed" {
+			t.Fatalf("status %+v; logs %+v", st, r.Logs(t, in.ID))
 		}
 		// The model's answer streams in two chunks, "I" and " wrote
 		// notes.txt.": a replay of it, later, would be one.
@@ -137,7 +138,7 @@ func TestGeminiCLI(t *testing.T) {
 			"tool_call_update Writing to notes.txt [completed]",
 			"content:  wrote notes.txt.",
 		} {
-			r.waitLogWithin(t, in.ID, want, 2*time.Minute)
+			r.WaitLogWithin(t, in.ID, want, 2*time.Minute)
 		}
 		if data, err := os.ReadFile(filepath.Join(ws, "notes.txt")); err != nil || string(data) != "notes from gemini\n" {
 			t.Errorf("notes.txt holds %q (%v), want what the model wrote", data, err)
@@ -164,25 +165,25 @@ func TestGeminiCLI(t *testing.T) {
 		// session in a new process. Gemini CLI answers session/load, then
 		// replays the history (the earlier prompt, tool call and answer):
 		// none of it is the new turn's.
-		r.waitLogWithin(t, in.ID, "launch 1 ended", 2*time.Minute)
+		r.WaitLogWithin(t, in.ID, "launch 1 ended", 2*time.Minute)
 		var sess struct {
 			SessionID string `json:"session_id"`
 		}
-		r.do(t, "GET", "/api/v1/agents/"+in.ID+"/session", nil, &sess)
+		r.Do(t, "GET", "/api/v1/agents/"+in.ID+"/session", nil, &sess)
 		backdateGeminiSession(t, homes["gemini"], sess.SessionID)
 		r.prompt(t, in.ID, "what did you do?")
-		r.waitLogWithin(t, in.ID, "launch 2 ended", 2*time.Minute)
-		if st := r.status(t, in.ID); st.Status != "completed" {
-			t.Fatalf("the resumed turn: %+v; logs %+v", st, r.logs(t, in.ID))
+		r.WaitLogWithin(t, in.ID, "launch 2 ended", 2*time.Minute)
+		if st := r.Status(t, in.ID); st.Status != "completed" {
+			t.Fatalf("the resumed turn: %+v; logs %+v", st, r.Logs(t, in.ID))
 		}
-		lines := r.logs(t, in.ID)
-		if !hasLog(lines, "content:  I wrote notes.txt (") {
+		lines := r.Logs(t, in.ID)
+		if !runnertest.HasLog(lines, "content:  I wrote notes.txt (") {
 			t.Errorf("the resumed turn's answer is not in the log: %+v", lines)
 		}
-		if hasLog(lines, "content: I wrote notes.txt.") {
+		if runnertest.HasLog(lines, "content: I wrote notes.txt.") {
 			t.Errorf("the first turn's answer was replayed into the log as the resumed turn's: %+v", lines)
 		}
-		if hasLog(lines, "user_message_chunk") {
+		if runnertest.HasLog(lines, "user_message_chunk") {
 			t.Errorf("the replayed history was logged: %+v", lines)
 		}
 		for _, e := range waitUpdateEvents(t, r, in.ID, "content", " I wrote notes.txt (") {
@@ -196,12 +197,12 @@ func TestGeminiCLI(t *testing.T) {
 		t.Parallel()
 		r := startRunner(t, overrides)
 		ws := workspace(t, r)
-		in := r.launch(t, "gemini-deny", ws, map[string]string{"TASK_DESCRIPTION": "write notes.txt"})
-		if st := r.waitStatus(t, in.ID, "completed", "failed", "stopped"); st.Status != "completed" {
-			t.Fatalf("status %+v; logs %+v", st, r.logs(t, in.ID))
+		in := r.Launch(t, "gemini-deny", ws, map[string]string{"TASK_DESCRIPTION": "write notes.txt"})
+		if st := r.WaitStatus(t, in.ID, "completed", "failed", "stopped"); st.Status != "completed" {
+			t.Fatalf("status %+v; logs %+v", st, r.Logs(t, in.ID))
 		}
-		r.waitLogWithin(t, in.ID, "permission_outcome Writing to notes.txt [selected]: selected cancel [reject_once] (policy deny)", 2*time.Minute)
-		r.waitLogWithin(t, in.ID, "content:  write was refused: Tool \"write_file\" was canceled by the user", 2*time.Minute)
+		r.WaitLogWithin(t, in.ID, "permission_outcome Writing to notes.txt [selected]: selected cancel [reject_once] (policy deny)", 2*time.Minute)
+		r.WaitLogWithin(t, in.ID, "content:  write was refused: Tool \"write_file\" was canceled by the user", 2*time.Minute)
 		if data, err := os.ReadFile(filepath.Join(ws, "notes.txt")); err != nil || string(data) != "old notes\n" {
 			t.Errorf("notes.txt holds %q (%v), want it untouched", data, err)
 		}
@@ -210,12 +211,12 @@ func TestGeminiCLI(t *testing.T) {
 	t.Run("no API key", func(t *testing.T) {
 		t.Parallel()
 		r := startRunner(t, overrides)
-		in := r.launch(t, "gemini-no-key", workspace(t, r), map[string]string{"TASK_DESCRIPTION": "write notes.txt"})
-		if st := r.waitStatus(t, in.ID, "completed", "failed", "stopped"); st.Status != "failed" {
-			t.Fatalf("status %+v; logs %+v", st, r.logs(t, in.ID))
+		in := r.Launch(t, "gemini-no-key", workspace(t, r), map[string]string{"TASK_DESCRIPTION": "write notes.txt"})
+		if st := r.WaitStatus(t, in.ID, "completed", "failed", "stopped"); st.Status != "failed" {
+			t.Fatalf("status %+v; logs %+v", st, r.Logs(t, in.ID))
 		}
-		r.waitLogWithin(t, in.ID, "launch 1 ended (agent_error: session/new: the agent answered with an error: Gemini API key is missing or not configured.", 2*time.Minute)
-		r.waitLogWithin(t, in.ID, "the agent offers authMethods oauth-personal (Log in with Google), gemini-api-key (Gemini API key)", 2*time.Minute)
+		r.WaitLogWithin(t, in.ID, "launch 1 ended (agent_error: session/new: the agent answered with an error: Gemini API key is missing or not configured.", 2*time.Minute)
+		r.WaitLogWithin(t, in.ID, "the agent offers authMethods oauth-personal (Log in with Google), gemini-api-key (Gemini API key)", 2*time.Minute)
 	})
 }
 

@@ -1,27 +1,20 @@
 package service_test
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"fmt"
-	"io"
 	"log/slog"
-	"net/http"
 	"os"
 	"path/filepath"
-	"slices"
 	"strings"
-	"sync"
 	"testing"
-	"time"
 
-	"github.com/conclave-ai/conclave/pkg/config"
 	"github.com/conclave-ai/conclave/pkg/queue"
 	"github.com/conclave-ai/conclave/pkg/store"
 	"github.com/conclave-ai/conclave/pkg/telemetry"
 	"github.com/conclave-ai/conclave/pkg/testenv"
 	"github.com/conclave-ai/conclave/services/runner/internal/executor"
+	"github.com/conclave-ai/conclave/services/runner/runnertest"
 	"github.com/conclave-ai/conclave/services/runner/service"
 )
 
@@ -127,29 +120,21 @@ func testConfig(t testing.TB, root string, overrides map[string]string) service.
 	for k, v := range overrides {
 		env[k] = v
 	}
-	var cfg struct{ Runner service.Config }
-	lookup := func(k string) (string, bool) { v, ok := env[k]; return v, ok }
-	if err := config.Load(context.Background(), &cfg, "runner", nil, lookup, io.Discard); err != nil {
-		t.Fatal(err)
-	}
-	return cfg.Runner
+	return runnertest.Config(t, env)
 }
 
 type testRunner struct {
 	*service.Runner
-	base  string
-	q     queue.Queue
-	root  string
-	cfg   service.Config
-	token string
+	*runnertest.API
+	q    queue.Queue
+	root string
+	cfg  service.Config
 }
 
-type tWriter struct{ t testing.TB }
-
-func (w tWriter) Write(p []byte) (int, error) {
-	w.t.Log(strings.TrimRight(string(p), "\n"))
-	return len(p), nil
-}
+type (
+	instance = runnertest.Instance
+	logLine  = runnertest.LogLine
+)
 
 // sharedState is the configuration, store and queue of runners that are
 // replicas of one another: each run on them with runOn has listeners of
@@ -162,16 +147,7 @@ func sharedState(t testing.TB, overrides map[string]string) (service.Config, sto
 		t.Fatal(err)
 	}
 	cfg := testConfig(t, root, overrides)
-	st, err := store.OpenBolt(filepath.Join(dir, "state.db"), store.BoltOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = st.Close() })
-	q, err := queue.OpenEmbedded(filepath.Join(dir, "queues.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = q.Close() })
+	st, q := runnertest.State(t, cfg)
 	return cfg, st, q
 }
 
@@ -200,58 +176,15 @@ func runOn(t testing.TB, cfg service.Config, st store.Store, q queue.Queue, tel 
 // runOnWith is runOn with an executor (nil: the local one).
 func runOnWith(t testing.TB, cfg service.Config, st store.Store, q queue.Queue, tel *telemetry.Provider, exec executor.Executor) (*testRunner, func() error) {
 	t.Helper()
-	var err error
-	root := cfg.WorkspaceRoots[0]
-	ctx := context.Background()
-	if err := store.EnsureTables(ctx, st, service.Tables...); err != nil {
-		t.Fatal(err)
-	}
-	for _, d := range service.Queues(cfg) {
-		if err := q.Ensure(ctx, d); err != nil {
-			t.Fatal(err)
-		}
-	}
+	runnertest.Prepare(t, cfg, st, q)
 	if tel == nil {
-		if tel, err = telemetry.New(ctx, telemetry.Config{ServiceName: "runner-test"}); err != nil {
+		var err error
+		if tel, err = telemetry.New(context.Background(), telemetry.Config{ServiceName: "runner-test"}); err != nil {
 			t.Fatal(err)
 		}
 	}
-	logger := slog.New(slog.DiscardHandler)
-	if testing.Verbose() {
-		logger = slog.New(slog.NewTextHandler(tWriter{t}, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	}
-	r, err := service.New(cfg, service.Deps{Store: st, Queue: q, Logger: logger, Telemetry: tel, Executor: exec})
-	if err != nil {
-		t.Fatal(err)
-	}
-	runCtx, cancel := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- r.Run(runCtx) }()
-	var (
-		once   sync.Once
-		runErr error
-	)
-	stop := func() error {
-		once.Do(func() { cancel(); runErr = <-done })
-		return runErr
-	}
-	t.Cleanup(func() {
-		if err := stop(); err != nil {
-			t.Errorf("runner.Run: %v", err)
-		}
-	})
-	select {
-	case <-r.Ready():
-	case err := <-done:
-		t.Fatalf("runner stopped: %v", err)
-	}
-	var base string
-	for _, e := range r.Endpoints() {
-		if strings.HasPrefix(e.Protocol, "HTTP") {
-			base = "http://" + e.Address
-		}
-	}
-	return &testRunner{Runner: r, base: base, q: q, root: root, cfg: cfg}, stop
+	r, api, stop := runnertest.Start(t, cfg, service.Deps{Store: st, Queue: q, Logger: runnertest.Logger(t, slog.LevelDebug), Telemetry: tel, Executor: exec})
+	return &testRunner{Runner: r, API: api, q: q, root: cfg.WorkspaceRoots[0], cfg: cfg}, stop
 }
 
 // workspace makes a directory under the runner's allowed root.
@@ -264,130 +197,9 @@ func (r *testRunner) workspace(t *testing.T) string {
 	return dir
 }
 
-// do sends a REST request and decodes the JSON answer into out.
-func (r *testRunner) do(t *testing.T, method, path string, body any, out any) int {
-	t.Helper()
-	var rd io.Reader
-	if body != nil {
-		data, _ := json.Marshal(body)
-		rd = bytes.NewReader(data)
-	}
-	req, _ := http.NewRequest(method, r.base+path, rd)
-	req.Header.Set("Content-Type", "application/json")
-	if r.token != "" {
-		req.Header.Set("Authorization", "Bearer "+r.token)
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	data, _ := io.ReadAll(resp.Body)
-	if out != nil {
-		if err := json.Unmarshal(data, out); err != nil {
-			t.Fatalf("%s %s: %d %s: %v", method, path, resp.StatusCode, data, err)
-		}
-	}
-	return resp.StatusCode
-}
-
-type instance struct {
-	ID          string `json:"id"`
-	TaskID      string `json:"task_id"`
-	AgentType   string `json:"agent_type"`
-	ContainerID string `json:"container_id"`
-	Status      string `json:"status"`
-	Progress    int    `json:"progress"`
-	StartedAt   string `json:"started_at"`
-	FinishedAt  string `json:"finished_at"`
-	Error       string `json:"error"`
-}
-
 type errorBody struct {
 	Error      string `json:"error"`
 	Message    string `json:"message"`
 	Details    string `json:"details"`
 	HTTPStatus int    `json:"http_status"`
-}
-
-func (r *testRunner) launch(t *testing.T, agentType, workspace string, env map[string]string) instance {
-	t.Helper()
-	var in instance
-	if code := r.do(t, "POST", "/api/v1/agents/launch", map[string]any{
-		"task_id": "task-" + strings.ReplaceAll(t.Name(), "/", "-"), "agent_type": agentType, "workspace_path": workspace, "env": env, "priority": 1, "metadata": map[string]any{"origin": "test"},
-	}, &in); code != http.StatusOK {
-		t.Fatalf("launch %s: HTTP %d %+v", agentType, code, in)
-	}
-	return in
-}
-
-func (r *testRunner) status(t *testing.T, id string) instance {
-	t.Helper()
-	var in instance
-	if code := r.do(t, "GET", "/api/v1/agents/"+id+"/status", nil, &in); code != http.StatusOK {
-		t.Fatalf("status: HTTP %d", code)
-	}
-	return in
-}
-
-// waitTimeout bounds the waits for an instance's status and log lines: far
-// longer than any of them takes, it only keeps a hang from running into
-// the whole run's timeout.
-const waitTimeout = 2 * time.Minute
-
-// waitStatus polls until the instance reaches one of want.
-func (r *testRunner) waitStatus(t *testing.T, id string, want ...string) instance {
-	t.Helper()
-	var in instance
-	testenv.EventuallyNoError(t, waitTimeout, fmt.Sprintf("%s to be %v", id, want), func() error {
-		in = r.status(t, id)
-		if !slices.Contains(want, in.Status) {
-			return fmt.Errorf("status %s", in.Status)
-		}
-		return nil
-	})
-	return in
-}
-
-type logLine struct {
-	Stream string `json:"stream"`
-	Text   string `json:"text"`
-}
-
-func (r *testRunner) logs(t *testing.T, id string) []logLine {
-	t.Helper()
-	var out struct {
-		Lines []logLine `json:"lines"`
-	}
-	if code := r.do(t, "GET", "/api/v1/agents/"+id+"/logs?tail=1000", nil, &out); code != http.StatusOK {
-		t.Fatalf("logs: HTTP %d", code)
-	}
-	return out.Lines
-}
-
-// waitLog polls the logs until a line contains want.
-func (r *testRunner) waitLog(t *testing.T, id, want string) {
-	t.Helper()
-	r.waitLogWithin(t, id, want, waitTimeout)
-}
-
-func hasLog(lines []logLine, want string) bool {
-	for _, l := range lines {
-		if strings.Contains(l.Text, want) {
-			return true
-		}
-	}
-	return false
-}
-
-// waitLogWithin is waitLog bounded by d: past it the test fails, with the
-// log so far.
-func (r *testRunner) waitLogWithin(t *testing.T, id, want string, d time.Duration) {
-	t.Helper()
-	testenv.EventuallyNoError(t, d, fmt.Sprintf("log line %q of %s", want, id), func() error {
-		if lines := r.logs(t, id); !hasLog(lines, want) {
-			return fmt.Errorf("the log: %+v", lines)
-		}
-		return nil
-	})
 }

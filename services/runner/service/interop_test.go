@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/conclave-ai/conclave/pkg/testenv"
+	"github.com/conclave-ai/conclave/services/runner/runnertest"
 )
 
 // TestPermissionsLoggedAndPublished: every session/request_permission an
@@ -26,13 +27,13 @@ func TestPermissionsLoggedAndPublished(t *testing.T) {
 		t.Run(tt.agentType, func(t *testing.T) {
 			t.Parallel()
 			r := startRunner(t, nil)
-			in := r.launch(t, tt.agentType, r.workspace(t), map[string]string{"TASK_DESCRIPTION": "take notes"})
-			if st := r.waitStatus(t, in.ID, "completed", "failed", "stopped"); st.Status != "completed" {
-				t.Fatalf("status %+v; logs %+v", st, r.logs(t, in.ID))
+			in := r.Launch(t, tt.agentType, r.workspace(t), map[string]string{"TASK_DESCRIPTION": "take notes"})
+			if st := r.WaitStatus(t, in.ID, "completed", "failed", "stopped"); st.Status != "completed" {
+				t.Fatalf("status %+v; logs %+v", st, r.Logs(t, in.ID))
 			}
-			r.waitLogWithin(t, in.ID, "permission_request write notes.txt: options allow [allow_once], reject [reject_once]", time.Minute)
-			r.waitLogWithin(t, in.ID, "permission_outcome write notes.txt [selected]: "+tt.answer, time.Minute)
-			r.waitLogWithin(t, in.ID, "tool_call_update call_1 ["+tt.toolStatus+"]", time.Minute)
+			r.WaitLogWithin(t, in.ID, "permission_request write notes.txt: options allow [allow_once], reject [reject_once]", time.Minute)
+			r.WaitLogWithin(t, in.ID, "permission_outcome write notes.txt [selected]: "+tt.answer, time.Minute)
+			r.WaitLogWithin(t, in.ID, "tool_call_update call_1 ["+tt.toolStatus+"]", time.Minute)
 			events := waitUpdateEvents(t, r, in.ID, "permission_outcome", tt.answer)
 			var asked bool
 			for _, e := range events {
@@ -78,14 +79,14 @@ func TestAgentErrorsAndAuthenticate(t *testing.T) {
 	} {
 		t.Run(tt.agentType, func(t *testing.T) {
 			t.Parallel()
-			in := r.launch(t, tt.agentType, r.workspace(t), map[string]string{"TASK_DESCRIPTION": "take notes"})
-			if st := r.waitStatus(t, in.ID, "completed", "failed", "stopped"); st.Status != tt.status {
-				t.Fatalf("status %+v, want %s; logs %+v", st, tt.status, r.logs(t, in.ID))
+			in := r.Launch(t, tt.agentType, r.workspace(t), map[string]string{"TASK_DESCRIPTION": "take notes"})
+			if st := r.WaitStatus(t, in.ID, "completed", "failed", "stopped"); st.Status != tt.status {
+				t.Fatalf("status %+v, want %s; logs %+v", st, tt.status, r.Logs(t, in.ID))
 			}
 			for _, want := range tt.logs {
-				r.waitLogWithin(t, in.ID, want, time.Minute)
+				r.WaitLogWithin(t, in.ID, want, time.Minute)
 			}
-			if lines := r.logs(t, in.ID); hasLog(lines, "dead protocol") || hasLog(lines, "dead_protocol") {
+			if lines := r.Logs(t, in.ID); runnertest.HasLog(lines, "dead protocol") || runnertest.HasLog(lines, "dead_protocol") {
 				t.Errorf("labelled a dead protocol: %+v", lines)
 			}
 		})
@@ -93,9 +94,9 @@ func TestAgentErrorsAndAuthenticate(t *testing.T) {
 	t.Run("the status and its event carry the agent's error", func(t *testing.T) {
 		// Alone on the events queue: every other instance has ended.
 		r := startRunner(t, nil)
-		in := r.launch(t, "acp-auth-none", r.workspace(t), map[string]string{"TASK_DESCRIPTION": "take notes"})
+		in := r.Launch(t, "acp-auth-none", r.workspace(t), map[string]string{"TASK_DESCRIPTION": "take notes"})
 		// The status says why, as the event does.
-		if st := r.waitStatus(t, in.ID, "failed"); !strings.Contains(st.Error, "Authentication required: no API key is configured") {
+		if st := r.WaitStatus(t, in.ID, "failed"); !strings.Contains(st.Error, "Authentication required: no API key is configured") {
 			t.Errorf("the failed instance's status says %q, want the agent's error", st.Error)
 		}
 		var failed *statusEvent

@@ -24,11 +24,7 @@ func TestLaunchIsOneTrace(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	j, err := testenv.StartJaeger(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(j.Stop)
+	j := testenv.JaegerFor(t)
 	provider := func(service string) *telemetry.Provider { return j.Provider(t, service) }
 	r := startRunnerWith(t, map[string]string{"CONCLAVE_RUNNER_EVENTS_QUEUE": "traced-events",
 		// The worker's span ends with its launch: at once after the turn.
@@ -38,7 +34,7 @@ func TestLaunchIsOneTrace(t *testing.T) {
 	traceID := span.SpanContext().TraceID().String()
 
 	body := `{"task_id":"traced","agent_type":"acp-normal","workspace_path":"` + r.workspace(t) + `","env":{"TASK_DESCRIPTION":"trace me"}}`
-	req, _ := http.NewRequestWithContext(callCtx, "POST", r.base+"/api/v1/agents/launch", strings.NewReader(body))
+	req, _ := http.NewRequestWithContext(callCtx, "POST", r.Base+"/api/v1/agents/launch", strings.NewReader(body))
 	req.Header.Set("Content-Type", "application/json")
 	propagation.TraceContext{}.Inject(callCtx, propagation.HeaderCarrier(req.Header))
 	resp, err := http.DefaultClient.Do(req)
@@ -56,21 +52,21 @@ func TestLaunchIsOneTrace(t *testing.T) {
 		var task struct {
 			InstanceIDs []string `json:"instance_ids"`
 		}
-		r.do(t, "GET", "/api/v1/tasks/traced", nil, &task)
+		r.Do(t, "GET", "/api/v1/tasks/traced", nil, &task)
 		if len(task.InstanceIDs) > 0 {
 			instanceID = task.InstanceIDs[0]
 		}
 	}
-	r.waitLog(t, instanceID, "acp-agent: TRACEPARENT 00-"+traceID+"-")
+	r.WaitLog(t, instanceID, "acp-agent: TRACEPARENT 00-"+traceID+"-")
 	// The span the agent's TRACEPARENT names: its parent.
 	var agentParent string
-	for _, l := range r.logs(t, instanceID) {
+	for _, l := range r.Logs(t, instanceID) {
 		if rest, ok := strings.CutPrefix(l.Text, "acp-agent: TRACEPARENT 00-"+traceID+"-"); ok {
 			agentParent, _, _ = strings.Cut(rest, "-")
 		}
 	}
 	if len(agentParent) != 16 {
-		t.Fatalf("no parent span id in the agent's TRACEPARENT: %+v", r.logs(t, instanceID))
+		t.Fatalf("no parent span id in the agent's TRACEPARENT: %+v", r.Logs(t, instanceID))
 	}
 
 	// Its session/update came out as an event of the same trace.

@@ -16,18 +16,35 @@ import (
 
 	"github.com/conclave-ai/conclave/pkg/testenv"
 	"github.com/conclave-ai/conclave/services/runner/internal/records"
+	"github.com/conclave-ai/conclave/services/runner/runnertest"
 )
 
-// runnerProcess starts cmd/runner on dataDir and returns a client of it.
-func runnerProcess(t *testing.T, dataDir, root, types, port string, workers int) (*exec.Cmd, *testRunner) {
+// processState is what a runner process runs on, and the next process
+// started on it takes over: a data directory, a workspace root, the agent
+// types and the HTTP port.
+type processState struct{ data, root, types, port string }
+
+func newProcessState(t *testing.T) processState {
 	t.Helper()
-	return runnerProcessWith(t, dataDir, root, types, port, workers, nil, nil)
+	dir := t.TempDir()
+	root := filepath.Join(dir, "workspaces")
+	if err := os.MkdirAll(root, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return processState{data: filepath.Join(dir, "data"), root: root, types: agentTypes(t), port: freePort(t)}
 }
 
-// runnerProcessWith is runnerProcess with more environment, and stderr
-// copied to stderr too (when not nil).
-func runnerProcessWith(t *testing.T, dataDir, root, types, port string, workers int, env []string, stderr io.Writer) (*exec.Cmd, *testRunner) {
+// start starts cmd/runner on s and returns a client of it.
+func (s processState) start(t *testing.T, workers int) (*exec.Cmd, *testRunner) {
 	t.Helper()
+	return s.startWith(t, workers, nil, nil)
+}
+
+// startWith is start with more environment, and stderr copied to stderr
+// too (when not nil).
+func (s processState) startWith(t *testing.T, workers int, env []string, stderr io.Writer) (*exec.Cmd, *testRunner) {
+	t.Helper()
+	dataDir, root, types, port := s.data, s.root, s.types, s.port
 	cmd := exec.Command(runnerBin)
 	cmd.Env = append(os.Environ(),
 		"CONCLAVE_DATA_DIR="+dataDir, "CONCLAVE_BACKEND=embedded",
@@ -40,17 +57,17 @@ func runnerProcessWith(t *testing.T, dataDir, root, types, port string, workers 
 	cmd.Env = append(cmd.Env, env...)
 	switch {
 	case stderr != nil && testing.Verbose():
-		cmd.Stderr = io.MultiWriter(stderr, tWriter{t})
+		cmd.Stderr = io.MultiWriter(stderr, runnertest.TWriter{T: t})
 	case stderr != nil:
 		cmd.Stderr = stderr
 	case testing.Verbose():
-		cmd.Stderr = tWriter{t}
+		cmd.Stderr = runnertest.TWriter{T: t}
 	}
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
-	r := &testRunner{base: "http://127.0.0.1:" + port, root: root}
+	r := &testRunner{API: &runnertest.API{Base: "http://127.0.0.1:" + port}, root: root}
 	testenv.EventuallyNoError(t, time.Minute, "the runner to listen on "+port, func() error {
 		c, err := net.Dial("tcp", "127.0.0.1:"+port)
 		if err == nil {
@@ -67,7 +84,7 @@ func freePort(t *testing.T) string {
 		t.Fatal(err)
 	}
 	defer l.Close()
-	return fmt.Sprint(l.Addr().(*net.TCPAddr).Port)
+	return fmt.Sprint(testenv.As[*net.TCPAddr](t, l.Addr(), "the listener's address").Port)
 }
 
 func countLogs(lines []logLine, want string) int {
@@ -88,18 +105,12 @@ func TestKilledRunner(t *testing.T) {
 		t.Skip("runs the runner as a process")
 	}
 	t.Parallel()
-	dir := t.TempDir()
-	root := filepath.Join(dir, "workspaces")
-	if err := os.MkdirAll(root, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	types := agentTypes(t)
-	port := freePort(t)
-	first, r := runnerProcess(t, filepath.Join(dir, "data"), root, types, port, 1)
-	running := r.launch(t, "kandev-slow-tool", r.workspace(t), map[string]string{"TASK_DESCRIPTION": "long"})
-	r.waitLog(t, running.ID, "tool_call file_edit")
-	queued := r.launch(t, "acp-normal", r.workspace(t), map[string]string{"TASK_DESCRIPTION": "queued"})
-	if st := r.status(t, queued.ID); st.Status != "starting" {
+	ps := newProcessState(t)
+	first, r := ps.start(t, 1)
+	running := r.Launch(t, "kandev-slow-tool", r.workspace(t), map[string]string{"TASK_DESCRIPTION": "long"})
+	r.WaitLog(t, running.ID, "tool_call file_edit")
+	queued := r.Launch(t, "acp-normal", r.workspace(t), map[string]string{"TASK_DESCRIPTION": "queued"})
+	if st := r.Status(t, queued.ID); st.Status != "starting" {
 		t.Fatalf("the second launch should wait for the only worker: %+v", st)
 	}
 	if err := first.Process.Signal(syscall.SIGKILL); err != nil {
@@ -107,16 +118,16 @@ func TestKilledRunner(t *testing.T) {
 	}
 	_ = first.Wait()
 
-	_, r = runnerProcess(t, filepath.Join(dir, "data"), root, types, port, 2)
-	if done := r.waitStatus(t, queued.ID, "completed", "failed"); done.Status != "completed" {
+	_, r = ps.start(t, 2)
+	if done := r.WaitStatus(t, queued.ID, "completed", "failed"); done.Status != "completed" {
 		t.Fatalf("the queued launch: %+v", done)
 	}
 	r.waitLogCount(t, running.ID, "tool_call file_edit", 2)
-	if n := countLogs(r.logs(t, running.ID), "started kandev-slow-tool"); n != 2 {
+	if n := countLogs(r.Logs(t, running.ID), "started kandev-slow-tool"); n != 2 {
 		t.Errorf("the crashed worker's launch started %d times, want 2", n)
 	}
-	r.do(t, "POST", "/api/v1/agents/"+running.ID+"/cancel", map[string]string{"reason": "done"}, nil)
-	if st := r.waitStatus(t, running.ID, "stopped", "failed", "completed"); st.Status != "stopped" {
+	r.Do(t, "POST", "/api/v1/agents/"+running.ID+"/cancel", map[string]string{"reason": "done"}, nil)
+	if st := r.WaitStatus(t, running.ID, "stopped", "failed", "completed"); st.Status != "stopped" {
 		t.Errorf("after cancel: %+v", st)
 	}
 }
@@ -132,8 +143,8 @@ func TestGracefulRestart(t *testing.T) {
 	cfg, st, q := sharedState(t, nil)
 
 	first, stop := runOn(t, cfg, st, q, nil)
-	in := first.launch(t, "acp-slow-tool", first.workspace(t), map[string]string{"TASK_DESCRIPTION": "long"})
-	first.waitLog(t, in.ID, "tool_call write notes.txt")
+	in := first.Launch(t, "acp-slow-tool", first.workspace(t), map[string]string{"TASK_DESCRIPTION": "long"})
+	first.WaitLog(t, in.ID, "tool_call write notes.txt")
 	if err := stop(); err != nil {
 		t.Fatalf("the first runner's Run: %v", err)
 	}
@@ -147,9 +158,9 @@ func TestGracefulRestart(t *testing.T) {
 	}
 
 	second, _ := runOn(t, cfg, st, q, nil)
-	second.waitLog(t, in.ID, "the launch will be retried")
+	second.WaitLog(t, in.ID, "the launch will be retried")
 	second.waitLogCount(t, in.ID, "tool_call write notes.txt", 2)
-	if st := second.status(t, in.ID); st.Status != "running" {
+	if st := second.Status(t, in.ID); st.Status != "running" {
 		t.Errorf("after the restart: %+v", st)
 	}
 }
@@ -166,24 +177,18 @@ func TestAgentsDieWithTheRunner(t *testing.T) {
 		t.Skip("runs the runner as a process")
 	}
 	t.Parallel()
-	dir := t.TempDir()
-	root := filepath.Join(dir, "workspaces")
-	if err := os.MkdirAll(root, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	types := agentTypes(t)
-	port := freePort(t)
-	first, r := runnerProcess(t, filepath.Join(dir, "data"), root, types, port, 1)
+	ps := newProcessState(t)
+	first, r := ps.start(t, 1)
 	ws := r.workspace(t)
-	in := r.launch(t, "acp-lingering-group", ws, map[string]string{"TASK_DESCRIPTION": "first"})
-	if st := r.waitStatus(t, in.ID, "completed", "failed", "stopped"); st.Status != "completed" {
+	in := r.Launch(t, "acp-lingering-group", ws, map[string]string{"TASK_DESCRIPTION": "first"})
+	if st := r.WaitStatus(t, in.ID, "completed", "failed", "stopped"); st.Status != "completed" {
 		t.Fatalf("the first turn: %+v", st)
 	}
-	agent, err := strconv.Atoi(r.status(t, in.ID).ContainerID)
+	agent, err := strconv.Atoi(r.Status(t, in.ID).ContainerID)
 	if err != nil {
 		t.Fatalf("the agent's pid: %v", err)
 	}
-	child := readPIDFile(t, filepath.Join(ws, "child.pid"))
+	child := testenv.ReadPIDFile(t, filepath.Join(ws, "child.pid"))
 	t.Cleanup(func() { _ = syscall.Kill(child, syscall.SIGKILL) })
 	os.Remove(filepath.Join(ws, "child.pid"))
 
@@ -191,58 +196,25 @@ func TestAgentsDieWithTheRunner(t *testing.T) {
 		t.Fatal(err)
 	}
 	_ = first.Wait()
-	waitExited(t, agent, "the agent of the killed runner")
-	if exited(child) {
+	testenv.WaitExited(t, agent, "the agent of the killed runner")
+	if testenv.Exited(child) {
 		t.Fatal("the agent's child died with the runner: this test no longer shows the restart's cleanup")
 	}
 
-	second, r := runnerProcess(t, filepath.Join(dir, "data"), root, types, port, 1)
+	second, r := ps.start(t, 1)
 	// Ended before the runner listened; SIGKILL's exit may still be under
 	// way.
-	waitExited(t, child, "the child the killed runner's agent left")
+	testenv.WaitExited(t, child, "the child the killed runner's agent left")
 	// The launch is taken over (nothing to run: its turn had ended), and
 	// the next prompt resumes the session in a new process.
-	r.waitLog(t, in.ID, "delivered again with no prompt pending")
+	r.WaitLog(t, in.ID, "delivered again with no prompt pending")
 	r.prompt(t, in.ID, "again")
 	r.waitLogCount(t, in.ID, "started acp-lingering-group", 2)
-	child = readPIDFile(t, filepath.Join(ws, "child.pid"))
+	child = testenv.ReadPIDFile(t, filepath.Join(ws, "child.pid"))
 	t.Cleanup(func() { _ = syscall.Kill(child, syscall.SIGKILL) })
 	if err := second.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
 	_ = second.Wait()
-	waitExited(t, child, "the child of a gracefully stopped runner's agent")
-}
-
-// exited reports whether pid has exited (a zombie not yet reaped counts).
-func exited(pid int) bool {
-	st, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if err != nil {
-		return true
-	}
-	i := strings.LastIndexByte(string(st), ')')
-	return i >= 0 && strings.HasPrefix(strings.TrimSpace(string(st[i+1:])), "Z")
-}
-
-// waitExited waits for pid to exit.
-func waitExited(t *testing.T, pid int, what string) {
-	t.Helper()
-	testenv.Eventually(t, time.Minute, fmt.Sprintf("%s (pid %d) to exit", what, pid), func() bool { return exited(pid) })
-}
-
-// readPIDFile waits for a pid in path.
-func readPIDFile(t *testing.T, path string) int {
-	t.Helper()
-	var pid int
-	testenv.EventuallyNoError(t, time.Minute, "a pid in "+path, func() error {
-		data, err := os.ReadFile(path)
-		if err != nil {
-			return err
-		}
-		if pid, err = strconv.Atoi(strings.TrimSpace(string(data))); err == nil && pid <= 0 {
-			err = fmt.Errorf("pid %d", pid)
-		}
-		return err
-	})
-	return pid
+	testenv.WaitExited(t, child, "the child of a gracefully stopped runner's agent")
 }

@@ -118,12 +118,12 @@ func TestLaunchEnvHooks(t *testing.T) {
 				errorBody
 				ID string `json:"id"`
 			}
-			code := r.do(t, "POST", "/api/v1/agents/launch", map[string]any{
+			code := r.Do(t, "POST", "/api/v1/agents/launch", map[string]any{
 				"task_id": task, "agent_type": tt.agentType, "workspace_path": r.workspace(t), "env": env}, &out)
 			if code == http.StatusOK {
 				// Let the agent run, to say whether the hook did.
 				deadline := time.Now().Add(time.Minute)
-				for st := r.status(t, out.ID); st.Status == "starting" || st.Status == "running"; st = r.status(t, out.ID) {
+				for st := r.Status(t, out.ID); st.Status == "starting" || st.Status == "running"; st = r.Status(t, out.ID) {
 					if _, err := os.Stat(marker); err == nil || time.Now().After(deadline) {
 						break
 					}
@@ -136,7 +136,7 @@ func TestLaunchEnvHooks(t *testing.T) {
 				t.Fatalf("got %d %+v, want 400 validation_error naming %s", code, out.errorBody, tt.named)
 			}
 			var nf errorBody
-			if code := r.do(t, "GET", "/api/v1/tasks/"+task, nil, &nf); code != http.StatusNotFound {
+			if code := r.Do(t, "GET", "/api/v1/tasks/"+task, nil, &nf); code != http.StatusNotFound {
 				t.Errorf("a refused launch created task %s: %d %+v", task, code, nf)
 			}
 			if _, err := os.Stat(marker); err == nil {
@@ -151,7 +151,7 @@ func TestLaunchEnvHooks(t *testing.T) {
 				LaunchEnv []string `json:"launch_env"`
 			} `json:"agent_types"`
 		}
-		if code := r.do(t, "GET", "/api/v1/agent-types", nil, &out); code != http.StatusOK {
+		if code := r.Do(t, "GET", "/api/v1/agent-types", nil, &out); code != http.StatusOK {
 			t.Fatalf("HTTP %d", code)
 		}
 		for _, a := range out.AgentTypes {
@@ -165,9 +165,9 @@ func TestLaunchEnvHooks(t *testing.T) {
 		t.Errorf("no hook-acp in %+v", out.AgentTypes)
 	})
 	t.Run("allowed", func(t *testing.T) {
-		in := r.launch(t, "hook-acp", r.workspace(t), map[string]string{"CALLER_GREETING": "hello", "TASK_DESCRIPTION": "go"})
-		r.waitLogWithin(t, in.ID, "acp-agent: env CALLER_GREETING=hello", time.Minute)
-		if st := r.waitStatus(t, in.ID, "completed", "failed", "stopped"); st.Status != "completed" {
+		in := r.Launch(t, "hook-acp", r.workspace(t), map[string]string{"CALLER_GREETING": "hello", "TASK_DESCRIPTION": "go"})
+		r.WaitLogWithin(t, in.ID, "acp-agent: env CALLER_GREETING=hello", time.Minute)
+		if st := r.WaitStatus(t, in.ID, "completed", "failed", "stopped"); st.Status != "completed" {
 			t.Errorf("the allowed launch: %+v", st)
 		}
 	})

@@ -93,7 +93,7 @@ func TestLaunchReceivedBeforeItsInstance(t *testing.T) {
 		for range q.received {
 		}
 	}()
-	if done := r.waitStatus(t, id, "completed", "failed", "stopped"); done.Status != "completed" {
-		t.Fatalf("status %+v; logs %+v", done, r.logs(t, id))
+	if done := r.WaitStatus(t, id, "completed", "failed", "stopped"); done.Status != "completed" {
+		t.Fatalf("status %+v; logs %+v", done, r.Logs(t, id))
 	}
 }

@@ -6,8 +6,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"os"
-	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -18,13 +16,14 @@ import (
 	"github.com/conclave-ai/conclave/pkg/testenv"
 	"github.com/conclave-ai/conclave/services/runner/internal/executor"
 	"github.com/conclave-ai/conclave/services/runner/internal/records"
+	"github.com/conclave-ai/conclave/services/runner/runnertest"
 )
 
 // prompt sends a prompt and fails the test unless it is accepted.
 func (r *testRunner) prompt(t *testing.T, id, message string) {
 	t.Helper()
 	var ok struct{ Accepted bool }
-	if code := r.do(t, "POST", "/api/v1/agents/"+id+"/prompt", map[string]string{"message": message}, &ok); code != http.StatusOK || !ok.Accepted {
+	if code := r.Do(t, "POST", "/api/v1/agents/"+id+"/prompt", map[string]string{"message": message}, &ok); code != http.StatusOK || !ok.Accepted {
 		t.Fatalf("prompt %q: HTTP %d %+v", message, code, ok)
 	}
 }
@@ -32,8 +31,8 @@ func (r *testRunner) prompt(t *testing.T, id, message string) {
 // waitLogCount polls the logs until want appears n times.
 func (r *testRunner) waitLogCount(t *testing.T, id, want string, n int) {
 	t.Helper()
-	testenv.EventuallyNoError(t, waitTimeout, fmt.Sprintf("%d log lines %q of %s", n, want, id), func() error {
-		if lines := r.logs(t, id); countLogs(lines, want) < n {
+	testenv.EventuallyNoError(t, runnertest.DefaultWaitTimeout, fmt.Sprintf("%d log lines %q of %s", n, want, id), func() error {
+		if lines := r.Logs(t, id); countLogs(lines, want) < n {
 			return fmt.Errorf("the log: %+v", lines)
 		}
 		return nil
@@ -49,23 +48,17 @@ func TestRunnerKilledMidConversation(t *testing.T) {
 		t.Skip("runs the runner as a process")
 	}
 	t.Parallel()
-	dir := t.TempDir()
-	root := filepath.Join(dir, "workspaces")
-	if err := os.MkdirAll(root, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	types := agentTypes(t)
-	port := freePort(t)
-	first, r := runnerProcess(t, filepath.Join(dir, "data"), root, types, port, 2)
+	ps := newProcessState(t)
+	first, r := ps.start(t, 2)
 
-	idle := r.launch(t, "acp-normal", r.workspace(t), map[string]string{"TASK_DESCRIPTION": "only once"})
-	if st := r.waitStatus(t, idle.ID, "completed", "failed", "stopped"); st.Status != "completed" {
+	idle := r.Launch(t, "acp-normal", r.workspace(t), map[string]string{"TASK_DESCRIPTION": "only once"})
+	if st := r.WaitStatus(t, idle.ID, "completed", "failed", "stopped"); st.Status != "completed" {
 		t.Fatalf("the idle instance's turn: %+v", st)
 	}
-	talking := r.launch(t, "acp-slow-tool", r.workspace(t), map[string]string{"TASK_DESCRIPTION": "turn one"})
-	r.waitLog(t, talking.ID, "tool_call write notes.txt")
-	r.do(t, "POST", "/api/v1/agents/"+talking.ID+"/cancel", map[string]string{"reason": "next"}, nil)
-	if st := r.waitStatus(t, talking.ID, "stopped", "failed", "completed"); st.Status != "stopped" {
+	talking := r.Launch(t, "acp-slow-tool", r.workspace(t), map[string]string{"TASK_DESCRIPTION": "turn one"})
+	r.WaitLog(t, talking.ID, "tool_call write notes.txt")
+	r.Do(t, "POST", "/api/v1/agents/"+talking.ID+"/cancel", map[string]string{"reason": "next"}, nil)
+	if st := r.WaitStatus(t, talking.ID, "stopped", "failed", "completed"); st.Status != "stopped" {
 		t.Fatalf("turn one after cancel: %+v", st)
 	}
 	r.prompt(t, talking.ID, "turn two")
@@ -75,20 +68,20 @@ func TestRunnerKilledMidConversation(t *testing.T) {
 	}
 	_ = first.Wait()
 
-	_, r = runnerProcess(t, filepath.Join(dir, "data"), root, types, port, 2)
-	r.waitLog(t, idle.ID, "launch 1 ended: delivered again with no prompt pending")
-	if n := countLogs(r.logs(t, idle.ID), "started acp-normal"); n != 1 {
+	_, r = ps.start(t, 2)
+	r.WaitLog(t, idle.ID, "launch 1 ended: delivered again with no prompt pending")
+	if n := countLogs(r.Logs(t, idle.ID), "started acp-normal"); n != 1 {
 		t.Errorf("the idle instance's agent started %d times, want 1", n)
 	}
-	if st := r.status(t, idle.ID); st.Status != "completed" {
+	if st := r.Status(t, idle.ID); st.Status != "completed" {
 		t.Errorf("the idle instance after the restart: %+v", st)
 	}
 	r.waitLogCount(t, talking.ID, "Working on: turn two", 2)
-	if n := countLogs(r.logs(t, talking.ID), "Working on: turn one"); n != 1 {
+	if n := countLogs(r.Logs(t, talking.ID), "Working on: turn one"); n != 1 {
 		t.Errorf("the finished first turn ran %d times, want 1", n)
 	}
-	r.do(t, "POST", "/api/v1/agents/"+talking.ID+"/cancel", map[string]string{"reason": "done"}, nil)
-	if st := r.waitStatus(t, talking.ID, "stopped", "failed", "completed"); st.Status != "stopped" {
+	r.Do(t, "POST", "/api/v1/agents/"+talking.ID+"/cancel", map[string]string{"reason": "done"}, nil)
+	if st := r.WaitStatus(t, talking.ID, "stopped", "failed", "completed"); st.Status != "stopped" {
 		t.Errorf("turn two after cancel: %+v", st)
 	}
 }
@@ -131,23 +124,23 @@ func TestStopWhileStarting(t *testing.T) {
 			cfg, st, q := sharedState(t, nil)
 			gate := &gatedExecutor{Executor: &executor.Local{Roots: cfg.WorkspaceRoots}, starting: make(chan struct{}, 1), release: make(chan struct{})}
 			r, _ := runOnWith(t, cfg, st, q, nil, gate)
-			in := r.launch(t, "acp-normal", r.workspace(t), map[string]string{"TASK_DESCRIPTION": "never"})
+			in := r.Launch(t, "acp-normal", r.workspace(t), map[string]string{"TASK_DESCRIPTION": "never"})
 			<-gate.starting
-			if code := r.do(t, tt.method, "/api/v1/agents/"+in.ID+tt.path, map[string]string{"reason": "changed my mind"}, nil); code != http.StatusOK {
+			if code := r.Do(t, tt.method, "/api/v1/agents/"+in.ID+tt.path, map[string]string{"reason": "changed my mind"}, nil); code != http.StatusOK {
 				t.Fatalf("%s: HTTP %d", tt.name, code)
 			}
 			close(gate.release)
 			if tt.want == http.StatusNotFound {
-				if code := r.do(t, "GET", "/api/v1/agents/"+in.ID+"/status", nil, nil); code != http.StatusNotFound {
+				if code := r.Do(t, "GET", "/api/v1/agents/"+in.ID+"/status", nil, nil); code != http.StatusNotFound {
 					t.Fatalf("status after delete: HTTP %d", code)
 				}
 				return
 			}
-			if st := r.waitStatus(t, in.ID, "stopped", "failed", "completed"); st.Status != "stopped" {
+			if st := r.WaitStatus(t, in.ID, "stopped", "failed", "completed"); st.Status != "stopped" {
 				t.Fatalf("status %+v", st)
 			}
-			r.waitLog(t, in.ID, "launch 1 ended (cancelled")
-			if lines := r.logs(t, in.ID); hasLog(lines, "started acp-normal") || hasLog(lines, "Working on") {
+			r.WaitLog(t, in.ID, "launch 1 ended (cancelled")
+			if lines := r.Logs(t, in.ID); runnertest.HasLog(lines, "started acp-normal") || runnertest.HasLog(lines, "Working on") {
 				t.Errorf("an agent ran: %+v", lines)
 			}
 		})
@@ -163,20 +156,20 @@ func TestCancelOfAnAgentNotReadingStdin(t *testing.T) {
 	}
 	t.Parallel()
 	r := startRunner(t, nil)
-	in := r.launch(t, "kandev-deaf", r.workspace(t), map[string]string{"TASK_DESCRIPTION": "one"})
-	if st := r.waitStatus(t, in.ID, "completed", "failed", "stopped"); st.Status != "completed" {
+	in := r.Launch(t, "kandev-deaf", r.workspace(t), map[string]string{"TASK_DESCRIPTION": "one"})
+	if st := r.WaitStatus(t, in.ID, "completed", "failed", "stopped"); st.Status != "completed" {
 		t.Fatalf("first turn: %+v", st)
 	}
 	// Far more than a pipe holds.
 	r.prompt(t, in.ID, strings.Repeat("x", 200<<10))
 	var c struct{ Status string }
-	if code := r.do(t, "POST", "/api/v1/agents/"+in.ID+"/cancel", map[string]string{"reason": "stuck"}, &c); code != http.StatusOK {
+	if code := r.Do(t, "POST", "/api/v1/agents/"+in.ID+"/cancel", map[string]string{"reason": "stuck"}, &c); code != http.StatusOK {
 		t.Fatalf("cancel: HTTP %d", code)
 	}
-	if st := r.waitStatus(t, in.ID, "stopped", "failed", "completed"); st.Status != "stopped" {
-		t.Fatalf("after cancel: %+v; logs %+v", st, r.logs(t, in.ID))
+	if st := r.WaitStatus(t, in.ID, "stopped", "failed", "completed"); st.Status != "stopped" {
+		t.Fatalf("after cancel: %+v; logs %+v", st, r.Logs(t, in.ID))
 	}
-	r.waitLog(t, in.ID, "ignored session/cancel")
+	r.WaitLog(t, in.ID, "ignored session/cancel")
 }
 
 // TestCancelRightAfterPrompt cancels each prompt as soon as it is accepted,
@@ -188,18 +181,18 @@ func TestCancelRightAfterPrompt(t *testing.T) {
 	}
 	t.Parallel()
 	r := startRunner(t, nil)
-	in := r.launch(t, "acp-slow-tool", r.workspace(t), nil)
-	r.waitStatus(t, in.ID, "running")
+	in := r.Launch(t, "acp-slow-tool", r.workspace(t), nil)
+	r.WaitStatus(t, in.ID, "running")
 	for i := range 10 {
 		r.prompt(t, in.ID, "prompt")
-		r.do(t, "POST", "/api/v1/agents/"+in.ID+"/cancel", map[string]string{"reason": "at once"}, nil)
-		st := r.waitStatus(t, in.ID, "stopped", "failed", "completed")
+		r.Do(t, "POST", "/api/v1/agents/"+in.ID+"/cancel", map[string]string{"reason": "at once"}, nil)
+		st := r.WaitStatus(t, in.ID, "stopped", "failed", "completed")
 		if st.Status != "stopped" {
 			t.Fatalf("round %d: %+v", i, st)
 		}
 	}
-	lines := r.logs(t, in.ID)
-	if hasLog(lines, "ignored session/cancel") || countLogs(lines, "started acp-slow-tool") != 1 {
+	lines := r.Logs(t, in.ID)
+	if runnertest.HasLog(lines, "ignored session/cancel") || countLogs(lines, "started acp-slow-tool") != 1 {
 		t.Fatalf("the agent was killed or restarted: %+v", lines)
 	}
 }
@@ -212,10 +205,10 @@ func TestIdleAgentThatWillNotExit(t *testing.T) {
 	}
 	t.Parallel()
 	r := startRunner(t, map[string]string{"CONCLAVE_RUNNER_IDLE_TIMEOUT": "500ms", "CONCLAVE_RUNNER_CANCEL_GRACE": "500ms"})
-	in := r.launch(t, "acp-linger", r.workspace(t), map[string]string{"TASK_DESCRIPTION": "short"})
-	r.waitLog(t, in.ID, "launch 1 ended")
-	lines := r.logs(t, in.ID)
-	if st := r.status(t, in.ID); st.Status != "completed" || !hasLog(lines, "launch 1 ended (killed: did not exit after its stdin closed)") {
+	in := r.Launch(t, "acp-linger", r.workspace(t), map[string]string{"TASK_DESCRIPTION": "short"})
+	r.WaitLog(t, in.ID, "launch 1 ended")
+	lines := r.Logs(t, in.ID)
+	if st := r.Status(t, in.ID); st.Status != "completed" || !runnertest.HasLog(lines, "launch 1 ended (killed: did not exit after its stdin closed)") {
 		t.Fatalf("status %+v; logs %+v", st, lines)
 	}
 }
@@ -231,15 +224,15 @@ func TestPromptAsTheAgentStops(t *testing.T) {
 	}
 	t.Parallel()
 	r := startRunner(t, map[string]string{"CONCLAVE_RUNNER_IDLE_TIMEOUT": "300ms", "CONCLAVE_RUNNER_CANCEL_GRACE": "2s"})
-	in := r.launch(t, "acp-linger", r.workspace(t), map[string]string{"TASK_DESCRIPTION": "first"})
-	r.waitLog(t, in.ID, "lingering on purpose")
+	in := r.Launch(t, "acp-linger", r.workspace(t), map[string]string{"TASK_DESCRIPTION": "first"})
+	r.WaitLog(t, in.ID, "lingering on purpose")
 	r.prompt(t, in.ID, "second")
-	r.waitLog(t, in.ID, "launch 2 ended")
-	lines := r.logs(t, in.ID)
-	if !hasLog(lines, "launch 1 ended (killed: did not exit after its stdin closed)") || !hasLog(lines, "acp-agent: loaded session") {
+	r.WaitLog(t, in.ID, "launch 2 ended")
+	lines := r.Logs(t, in.ID)
+	if !runnertest.HasLog(lines, "launch 1 ended (killed: did not exit after its stdin closed)") || !runnertest.HasLog(lines, "acp-agent: loaded session") {
 		t.Fatalf("logs %+v", lines)
 	}
-	if st := r.status(t, in.ID); st.Status != "completed" {
+	if st := r.Status(t, in.ID); st.Status != "completed" {
 		t.Fatalf("status %+v; logs %+v", st, lines)
 	}
 }
@@ -253,11 +246,11 @@ func TestOrphanHoldingStdout(t *testing.T) {
 	}
 	t.Parallel()
 	r := startRunner(t, nil)
-	in := r.launch(t, "acp-orphan", r.workspace(t), map[string]string{"TASK_DESCRIPTION": "leave"})
-	r.waitLog(t, in.ID, "left orphan")
-	st := r.waitStatus(t, in.ID, "failed", "completed", "stopped")
-	lines := r.logs(t, in.ID)
-	if st.Status != "failed" || hasLog(lines, "timed out") {
+	in := r.Launch(t, "acp-orphan", r.workspace(t), map[string]string{"TASK_DESCRIPTION": "leave"})
+	r.WaitLog(t, in.ID, "left orphan")
+	st := r.WaitStatus(t, in.ID, "failed", "completed", "stopped")
+	lines := r.Logs(t, in.ID)
+	if st.Status != "failed" || runnertest.HasLog(lines, "timed out") {
 		t.Fatalf("status %+v; logs %+v", st, lines)
 	}
 	// The orphan is not ours to kill (it left the group); end it here.
@@ -321,12 +314,12 @@ func TestDuplicateLaunchRunsOnce(t *testing.T) {
 	<-q.receipts
 	// The copy that lost the claim is deleted while the other still runs.
 	<-q.deletes
-	one.waitLog(t, id, "tool_call write notes.txt")
-	if n := countLogs(one.logs(t, id), "started acp-slow-tool"); n != 1 {
+	one.WaitLog(t, id, "tool_call write notes.txt")
+	if n := countLogs(one.Logs(t, id), "started acp-slow-tool"); n != 1 {
 		t.Fatalf("the launch started %d times, want 1", n)
 	}
-	one.do(t, "POST", "/api/v1/agents/"+id+"/cancel", map[string]string{"reason": "done"}, nil)
-	if st := one.waitStatus(t, id, "stopped", "failed", "completed"); st.Status != "stopped" {
+	one.Do(t, "POST", "/api/v1/agents/"+id+"/cancel", map[string]string{"reason": "done"}, nil)
+	if st := one.WaitStatus(t, id, "stopped", "failed", "completed"); st.Status != "stopped" {
 		t.Fatalf("after cancel: %+v", st)
 	}
 }
@@ -360,30 +353,30 @@ func TestQueueOutageLeavesNothingHalfDone(t *testing.T) {
 
 	q.fail.Store(true)
 	var e errorBody
-	if code := r.do(t, "POST", "/api/v1/agents/launch", map[string]any{"task_id": "task-outage", "agent_type": "acp-normal", "workspace_path": r.workspace(t)}, &e); code != http.StatusInternalServerError || e.Error != "internal_error" {
+	if code := r.Do(t, "POST", "/api/v1/agents/launch", map[string]any{"task_id": "task-outage", "agent_type": "acp-normal", "workspace_path": r.workspace(t)}, &e); code != http.StatusInternalServerError || e.Error != "internal_error" {
 		t.Fatalf("launch with the queue down: HTTP %d %+v", code, e)
 	}
-	if code := r.do(t, "GET", "/api/v1/tasks/task-outage", nil, nil); code != http.StatusNotFound {
+	if code := r.Do(t, "GET", "/api/v1/tasks/task-outage", nil, nil); code != http.StatusNotFound {
 		t.Fatalf("a launch that failed left its task: HTTP %d", code)
 	}
 
 	q.fail.Store(false)
-	in := r.launch(t, "acp-normal", r.workspace(t), map[string]string{"TASK_DESCRIPTION": "first"})
-	r.waitLog(t, in.ID, "launch 1 ended")
+	in := r.Launch(t, "acp-normal", r.workspace(t), map[string]string{"TASK_DESCRIPTION": "first"})
+	r.WaitLog(t, in.ID, "launch 1 ended")
 	q.fail.Store(true)
-	if code := r.do(t, "POST", "/api/v1/agents/"+in.ID+"/prompt", map[string]string{"message": "lost"}, &e); code != http.StatusInternalServerError {
+	if code := r.Do(t, "POST", "/api/v1/agents/"+in.ID+"/prompt", map[string]string{"message": "lost"}, &e); code != http.StatusInternalServerError {
 		t.Fatalf("prompt with the queue down: HTTP %d %+v", code, e)
 	}
-	if st := r.status(t, in.ID); st.Status != "completed" {
+	if st := r.Status(t, in.ID); st.Status != "completed" {
 		t.Fatalf("after the failed resumption: %+v", st)
 	}
 	q.fail.Store(false)
 	r.prompt(t, in.ID, "second")
-	r.waitLog(t, in.ID, "Working on: second")
-	if st := r.waitStatus(t, in.ID, "completed", "failed", "stopped"); st.Status != "completed" {
+	r.WaitLog(t, in.ID, "Working on: second")
+	if st := r.WaitStatus(t, in.ID, "completed", "failed", "stopped"); st.Status != "completed" {
 		t.Fatalf("after the resumption: %+v", st)
 	}
-	if hasLog(r.logs(t, in.ID), "Working on: lost") {
+	if runnertest.HasLog(r.Logs(t, in.ID), "Working on: lost") {
 		t.Error("the prompt that failed was run")
 	}
 }
@@ -402,20 +395,20 @@ func TestResumeDoesNotRepublishHistory(t *testing.T) {
 		t.Run(agentType, func(t *testing.T) {
 			t.Parallel()
 			r := startRunner(t, map[string]string{"CONCLAVE_RUNNER_IDLE_TIMEOUT": "300ms"})
-			in := r.launch(t, agentType, r.workspace(t), map[string]string{"TASK_DESCRIPTION": "first"})
-			r.waitLog(t, in.ID, "launch 1 ended")
+			in := r.Launch(t, agentType, r.workspace(t), map[string]string{"TASK_DESCRIPTION": "first"})
+			r.WaitLog(t, in.ID, "launch 1 ended")
 			r.prompt(t, in.ID, "second")
-			r.waitLog(t, in.ID, "launch 2 ended")
-			lines := r.logs(t, in.ID)
-			if !hasLog(lines, "acp-agent: loaded session") || !hasLog(lines, "Working on: second") {
+			r.WaitLog(t, in.ID, "launch 2 ended")
+			lines := r.Logs(t, in.ID)
+			if !runnertest.HasLog(lines, "acp-agent: loaded session") || !runnertest.HasLog(lines, "Working on: second") {
 				t.Fatalf("the second turn did not run on a loaded session: %+v", lines)
 			}
 			for _, replayed := range []string{"replayed history", "an earlier prompt"} {
-				if hasLog(lines, replayed) {
+				if runnertest.HasLog(lines, replayed) {
 					t.Errorf("a replayed update (%q) was logged: %+v", replayed, lines)
 				}
 			}
-			if st := r.status(t, in.ID); st.Status != "completed" {
+			if st := r.Status(t, in.ID); st.Status != "completed" {
 				t.Errorf("status %+v", st)
 			}
 			// Events go out in order: a replayed one would come before the
@@ -440,14 +433,14 @@ func TestOneshot(t *testing.T) {
 	r := startRunner(t, nil)
 	t.Run("answers", func(t *testing.T) {
 		t.Parallel()
-		in := r.launch(t, "oneshot-labels", r.workspace(t), map[string]string{"TASK_DESCRIPTION": `{"repo_name": "acme/docs", "issue_number": 4}`})
-		if st := r.waitStatus(t, in.ID, "completed", "failed", "stopped"); st.Status != "completed" || st.ContainerID != "oneshot" {
-			t.Fatalf("first prompt: %+v; logs %+v", st, r.logs(t, in.ID))
+		in := r.Launch(t, "oneshot-labels", r.workspace(t), map[string]string{"TASK_DESCRIPTION": `{"repo_name": "acme/docs", "issue_number": 4}`})
+		if st := r.WaitStatus(t, in.ID, "completed", "failed", "stopped"); st.Status != "completed" || st.ContainerID != "oneshot" {
+			t.Fatalf("first prompt: %+v; logs %+v", st, r.Logs(t, in.ID))
 		}
-		r.waitLog(t, in.ID, `"documentation"`)
+		r.WaitLog(t, in.ID, `"documentation"`)
 		r.prompt(t, in.ID, `{"repo_name": "acme/tools", "issue_number": 3}`)
-		r.waitLog(t, in.ID, `"enhancement"`)
-		if st := r.waitStatus(t, in.ID, "completed", "failed", "stopped"); st.Status != "completed" {
+		r.WaitLog(t, in.ID, `"enhancement"`)
+		if st := r.WaitStatus(t, in.ID, "completed", "failed", "stopped"); st.Status != "completed" {
 			t.Fatalf("second prompt: %+v", st)
 		}
 	})
@@ -455,31 +448,31 @@ func TestOneshot(t *testing.T) {
 		t.Parallel()
 		// The agent would answer this repo_name with labels ("triage"); the
 		// runner refuses it first, as the bridge does, so the agent never runs.
-		in := r.launch(t, "oneshot-labels", r.workspace(t), map[string]string{"TASK_DESCRIPTION": `{"repo_name": "acme/docs; rm -rf ~", "issue_number": 4}`})
-		if st := r.waitStatus(t, in.ID, "completed", "failed", "stopped"); st.Status != "failed" {
-			t.Fatalf("status %+v; logs %+v", st, r.logs(t, in.ID))
+		in := r.Launch(t, "oneshot-labels", r.workspace(t), map[string]string{"TASK_DESCRIPTION": `{"repo_name": "acme/docs; rm -rf ~", "issue_number": 4}`})
+		if st := r.WaitStatus(t, in.ID, "completed", "failed", "stopped"); st.Status != "failed" {
+			t.Fatalf("status %+v; logs %+v", st, r.Logs(t, in.ID))
 		}
-		r.waitLog(t, in.ID, "Validation error: Invalid repo_name format")
-		if hasLog(r.logs(t, in.ID), "triage") {
+		r.WaitLog(t, in.ID, "Validation error: Invalid repo_name format")
+		if runnertest.HasLog(r.Logs(t, in.ID), "triage") {
 			t.Error("the agent ran on parameters that fail validation")
 		}
 	})
 	t.Run("agent-side error", func(t *testing.T) {
 		t.Parallel()
-		in := r.launch(t, "oneshot-fails", r.workspace(t), map[string]string{"TASK_DESCRIPTION": `{"reason": "boom"}`})
-		if st := r.waitStatus(t, in.ID, "completed", "failed", "stopped"); st.Status != "failed" {
+		in := r.Launch(t, "oneshot-fails", r.workspace(t), map[string]string{"TASK_DESCRIPTION": `{"reason": "boom"}`})
+		if st := r.WaitStatus(t, in.ID, "completed", "failed", "stopped"); st.Status != "failed" {
 			t.Fatalf("status %+v", st)
 		}
-		r.waitLog(t, in.ID, "giving up: boom")
-		r.waitLog(t, in.ID, "Unexpected error: boom")
+		r.WaitLog(t, in.ID, "giving up: boom")
+		r.WaitLog(t, in.ID, "Unexpected error: boom")
 	})
 	t.Run("cancel kills the run", func(t *testing.T) {
 		t.Parallel()
-		in := r.launch(t, "oneshot-slow", r.workspace(t), map[string]string{"TASK_DESCRIPTION": "wait"})
-		r.waitLog(t, in.ID, "sleeping")
-		r.do(t, "POST", "/api/v1/agents/"+in.ID+"/cancel", map[string]string{"reason": "enough"}, nil)
-		if st := r.waitStatus(t, in.ID, "stopped", "failed", "completed"); st.Status != "stopped" {
-			t.Fatalf("after cancel: %+v; logs %+v", st, r.logs(t, in.ID))
+		in := r.Launch(t, "oneshot-slow", r.workspace(t), map[string]string{"TASK_DESCRIPTION": "wait"})
+		r.WaitLog(t, in.ID, "sleeping")
+		r.Do(t, "POST", "/api/v1/agents/"+in.ID+"/cancel", map[string]string{"reason": "enough"}, nil)
+		if st := r.WaitStatus(t, in.ID, "stopped", "failed", "completed"); st.Status != "stopped" {
+			t.Fatalf("after cancel: %+v; logs %+v", st, r.Logs(t, in.ID))
 		}
 	})
 }
@@ -504,17 +497,17 @@ func TestStrandedPrompt(t *testing.T) {
 	}
 	stranded("stranded-resumed", "left behind")
 	var e errorBody
-	if code := r.do(t, "POST", "/api/v1/agents/stranded-resumed/prompt", map[string]string{"message": "newer"}, &e); code != http.StatusBadRequest {
+	if code := r.Do(t, "POST", "/api/v1/agents/stranded-resumed/prompt", map[string]string{"message": "newer"}, &e); code != http.StatusBadRequest {
 		t.Fatalf("a prompt while one is stranded: HTTP %d %+v", code, e)
 	}
-	r.waitLog(t, "stranded-resumed", "Working on: left behind")
-	if st := r.waitStatus(t, "stranded-resumed", "completed", "failed", "stopped"); st.Status != "completed" {
+	r.WaitLog(t, "stranded-resumed", "Working on: left behind")
+	if st := r.WaitStatus(t, "stranded-resumed", "completed", "failed", "stopped"); st.Status != "completed" {
 		t.Fatalf("the stranded prompt's turn: %+v", st)
 	}
 
 	stranded("stranded-cancelled", "never")
 	var c struct{ Status string }
-	if code := r.do(t, "POST", "/api/v1/agents/stranded-cancelled/cancel", map[string]string{"reason": "no"}, &c); code != http.StatusOK || c.Status != "stopped" {
+	if code := r.Do(t, "POST", "/api/v1/agents/stranded-cancelled/cancel", map[string]string{"reason": "no"}, &c); code != http.StatusOK || c.Status != "stopped" {
 		t.Fatalf("cancel of a stranded prompt: HTTP %d %+v", code, c)
 	}
 	stored, err := records.New(st).Instance(ctx, "stranded-cancelled")
@@ -525,8 +518,8 @@ func TestStrandedPrompt(t *testing.T) {
 		t.Fatalf("after the cancel: turn %d done %d, launch %d done %d", stored.Turn, stored.TurnDone, stored.LaunchSeq, stored.DoneSeq)
 	}
 	r.prompt(t, "stranded-cancelled", "after")
-	r.waitLog(t, "stranded-cancelled", "Working on: after")
-	if hasLog(r.logs(t, "stranded-cancelled"), "Working on: never") {
+	r.WaitLog(t, "stranded-cancelled", "Working on: after")
+	if runnertest.HasLog(r.Logs(t, "stranded-cancelled"), "Working on: never") {
 		t.Error("the cancelled prompt ran")
 	}
 }

@@ -22,27 +22,27 @@ func TestListAgents(t *testing.T) {
 	t.Parallel()
 	r := startRunner(t, map[string]string{"CONCLAVE_RUNNER_ALLOW_UNAUTHENTICATED": "false", "CONCLAVE_RUNNER_CLIENT_TOKENS": "s3cret-0123456789abc"})
 	var e errorBody
-	if code := r.do(t, "GET", "/api/v1/agents", nil, &e); code != http.StatusUnauthorized {
+	if code := r.Do(t, "GET", "/api/v1/agents", nil, &e); code != http.StatusUnauthorized {
 		t.Fatalf("without a token: %d %+v", code, e)
 	}
-	r.token = "s3cret-0123456789abc"
+	r.Token = "s3cret-0123456789abc"
 	var empty listResponse
-	if code := r.do(t, "GET", "/api/v1/agents", nil, &empty); code != http.StatusOK || empty.Instances == nil || len(empty.Instances) != 0 || empty.NextPageToken != "" {
+	if code := r.Do(t, "GET", "/api/v1/agents", nil, &empty); code != http.StatusOK || empty.Instances == nil || len(empty.Instances) != 0 || empty.NextPageToken != "" {
 		t.Fatalf("nothing launched: %d %+v", code, empty)
 	}
 	ws := r.workspace(t)
 	var launched []string // newest first
 	for _, typ := range []string{"acp-normal", "acp-hang", "acp-normal"} {
-		in := r.launch(t, typ, ws, nil)
+		in := r.Launch(t, typ, ws, nil)
 		launched = append([]string{in.ID}, launched...)
 	}
-	r.waitStatus(t, launched[0], "running", "completed")
+	r.WaitStatus(t, launched[0], "running", "completed")
 
 	var ids []string
 	path := "/api/v1/agents?page_size=2"
 	for pages := 0; ; pages++ {
 		var page listResponse
-		if code := r.do(t, "GET", path, nil, &page); code != http.StatusOK {
+		if code := r.Do(t, "GET", path, nil, &page); code != http.StatusOK {
 			t.Fatalf("GET %s: %d", path, code)
 		}
 		if len(page.Instances) > 2 || pages > 3 {
@@ -64,22 +64,22 @@ func TestListAgents(t *testing.T) {
 	}
 
 	var hang listResponse
-	if code := r.do(t, "GET", "/api/v1/agents?agent_type=acp-hang", nil, &hang); code != http.StatusOK || len(hang.Instances) != 1 || hang.Instances[0].ID != launched[1] {
+	if code := r.Do(t, "GET", "/api/v1/agents?agent_type=acp-hang", nil, &hang); code != http.StatusOK || len(hang.Instances) != 1 || hang.Instances[0].ID != launched[1] {
 		t.Fatalf("agent_type=acp-hang: %d %+v", code, hang)
 	}
 
 	for _, bad := range []string{"page_token=garbage", "page_size=1000", "status=sleeping", "page_size=x"} {
 		var e errorBody
-		if code := r.do(t, "GET", "/api/v1/agents?"+bad, nil, &e); code != http.StatusBadRequest || e.HTTPStatus != 400 || e.Error == "" || e.Message == "" {
+		if code := r.Do(t, "GET", "/api/v1/agents?"+bad, nil, &e); code != http.StatusBadRequest || e.HTTPStatus != 400 || e.Error == "" || e.Message == "" {
 			t.Errorf("?%s: %d %+v", bad, code, e)
 		}
 	}
 
-	if code := r.do(t, "DELETE", "/api/v1/agents/"+launched[1], nil, nil); code != http.StatusOK {
+	if code := r.Do(t, "DELETE", "/api/v1/agents/"+launched[1], nil, nil); code != http.StatusOK {
 		t.Fatalf("delete: %d", code)
 	}
 	var after listResponse
-	if code := r.do(t, "GET", "/api/v1/agents", nil, &after); code != http.StatusOK {
+	if code := r.Do(t, "GET", "/api/v1/agents", nil, &after); code != http.StatusOK {
 		t.Fatalf("list after delete: %d", code)
 	}
 	ids = nil

@@ -19,11 +19,11 @@ func TestMetrics(t *testing.T) {
 	t.Parallel()
 	cfg, st, q := sharedState(t, nil)
 	r, _ := runOn(t, cfg, st, q, nil)
-	scrape := func() metricstest.Families { return metricstest.Scrape(t, r.base+"/metrics") }
+	scrape := func() metricstest.Families { return metricstest.Scrape(t, r.Base+"/metrics") }
 	tested := map[string]bool{}
 
-	slow := r.launch(t, "acp-slow-tool", r.workspace(t), map[string]string{"TASK_DESCRIPTION": "x"})
-	r.waitLog(t, slow.ID, "tool_call")
+	slow := r.Launch(t, "acp-slow-tool", r.workspace(t), map[string]string{"TASK_DESCRIPTION": "x"})
+	r.WaitLog(t, slow.ID, "tool_call")
 	if v := scrape().Value("conclave_runner_running_agents"); v != 1 {
 		t.Errorf("running_agents = %v with one agent running", v)
 	}
@@ -32,10 +32,10 @@ func TestMetrics(t *testing.T) {
 	// requests for it to r; it is stopped before anything else is
 	// launched, so that r claims every later launch.
 	other, stopOther := runOn(t, cfg, st, q, nil)
-	if code := other.do(t, "POST", "/api/v1/agents/"+slow.ID+"/cancel", map[string]string{"reason": "forwarded"}, nil); code != 200 {
+	if code := other.Do(t, "POST", "/api/v1/agents/"+slow.ID+"/cancel", map[string]string{"reason": "forwarded"}, nil); code != 200 {
 		t.Fatalf("cancel through another replica: HTTP %d", code)
 	}
-	if v := metricstest.Scrape(t, other.base+"/metrics").Value("conclave_runner_forwarded_requests_total", "method", "cancel", "outcome", "ok"); v != 1 {
+	if v := metricstest.Scrape(t, other.Base+"/metrics").Value("conclave_runner_forwarded_requests_total", "method", "cancel", "outcome", "ok"); v != 1 {
 		t.Errorf("forwarded_requests_total{method=cancel,outcome=ok} = %v after one forwarded cancel", v)
 	}
 	tested["conclave_runner_forwarded_requests_total"] = true
@@ -53,12 +53,12 @@ func TestMetrics(t *testing.T) {
 	if err := stopOther(); err != nil {
 		t.Fatal(err)
 	}
-	r.do(t, "DELETE", "/api/v1/agents/"+slow.ID, nil, nil)
+	r.Do(t, "DELETE", "/api/v1/agents/"+slow.ID, nil, nil)
 
-	junk := r.launch(t, "acp-junk", r.workspace(t), map[string]string{"TASK_DESCRIPTION": "x"})
-	r.waitStatus(t, junk.ID, "completed")
-	crash := r.launch(t, "acp-crash", r.workspace(t), map[string]string{"TASK_DESCRIPTION": "x"})
-	r.waitStatus(t, crash.ID, "failed")
+	junk := r.Launch(t, "acp-junk", r.workspace(t), map[string]string{"TASK_DESCRIPTION": "x"})
+	r.WaitStatus(t, junk.ID, "completed")
+	crash := r.Launch(t, "acp-crash", r.workspace(t), map[string]string{"TASK_DESCRIPTION": "x"})
+	r.WaitStatus(t, crash.ID, "failed")
 
 	// Events are sent asynchronously; wait until they are counted.
 	for scrape().Value("conclave_runner_events_published_total") == 0 {
@@ -88,7 +88,7 @@ func TestMetrics(t *testing.T) {
 	// Instance and task ids are never labels: 10,000 distinct ones add no
 	// series. Nothing may be running meanwhile: the idle junk agent would
 	// reach its type's timeout and add launches_total{outcome="killed"}.
-	r.do(t, "DELETE", "/api/v1/agents/"+junk.ID, nil, nil)
+	r.Do(t, "DELETE", "/api/v1/agents/"+junk.ID, nil, nil)
 	series := func() map[string]bool {
 		out := map[string]bool{}
 		for name, fam := range scrape() {
@@ -104,7 +104,7 @@ func TestMetrics(t *testing.T) {
 	for w := range 8 {
 		wg.Go(func() {
 			for i := w; i < 10_000; i += 8 {
-				r.do(t, "GET", fmt.Sprintf("/api/v1/agents/unknown-%d/status", i), nil, nil)
+				r.Do(t, "GET", fmt.Sprintf("/api/v1/agents/unknown-%d/status", i), nil, nil)
 			}
 		})
 	}

@@ -16,10 +16,10 @@ func TestNPMExampleAgent(t *testing.T) {
 	}
 	t.Parallel()
 	r := startRunner(t, nil)
-	in := r.launch(t, "npm-example", r.workspace(t), map[string]string{"TASK_DESCRIPTION": "improve the config"})
-	done := r.waitStatus(t, in.ID, "completed", "failed", "stopped")
+	in := r.Launch(t, "npm-example", r.workspace(t), map[string]string{"TASK_DESCRIPTION": "improve the config"})
+	done := r.WaitStatus(t, in.ID, "completed", "failed", "stopped")
 	if done.Status != "completed" {
-		t.Fatalf("status %+v; logs %+v", done, r.logs(t, in.ID))
+		t.Fatalf("status %+v; logs %+v", done, r.Logs(t, in.ID))
 	}
 	for _, want := range []string{
 		"content: I'll help you with that",
@@ -28,33 +28,33 @@ func TestNPMExampleAgent(t *testing.T) {
 		// Our permission policy (allow) picked "allow": the agent says so.
 		"I've successfully updated the configuration",
 	} {
-		r.waitLog(t, in.ID, want)
+		r.WaitLog(t, in.ID, want)
 	}
 	var sess struct {
 		SessionID string `json:"session_id"`
 	}
-	r.do(t, "GET", "/api/v1/agents/"+in.ID+"/session", nil, &sess)
+	r.Do(t, "GET", "/api/v1/agents/"+in.ID+"/session", nil, &sess)
 	if len(sess.SessionID) != 32 {
 		t.Errorf("session id %q", sess.SessionID)
 	}
 
 	// Cancel: the turn ends with stopReason cancelled, the process lives.
 	var ok struct{ Accepted bool }
-	if code := r.do(t, "POST", "/api/v1/agents/"+in.ID+"/prompt", map[string]string{"message": "again"}, &ok); code != http.StatusOK {
+	if code := r.Do(t, "POST", "/api/v1/agents/"+in.ID+"/prompt", map[string]string{"message": "again"}, &ok); code != http.StatusOK {
 		t.Fatalf("prompt: HTTP %d", code)
 	}
-	r.waitStatus(t, in.ID, "running")
-	if code := r.do(t, "POST", "/api/v1/agents/"+in.ID+"/cancel", map[string]string{"reason": "changed my mind"}, nil); code != http.StatusOK {
+	r.WaitStatus(t, in.ID, "running")
+	if code := r.Do(t, "POST", "/api/v1/agents/"+in.ID+"/cancel", map[string]string{"reason": "changed my mind"}, nil); code != http.StatusOK {
 		t.Fatalf("cancel: HTTP %d", code)
 	}
-	stopped := r.waitStatus(t, in.ID, "stopped", "failed", "completed")
+	stopped := r.WaitStatus(t, in.ID, "stopped", "failed", "completed")
 	if stopped.Status != "stopped" || stopped.ContainerID != done.ContainerID {
 		t.Fatalf("after cancel %+v (process was %s)", stopped, done.ContainerID)
 	}
 	for code := 0; code != http.StatusOK; {
-		code = r.do(t, "POST", "/api/v1/agents/"+in.ID+"/prompt", map[string]string{"message": "third"}, &ok)
+		code = r.Do(t, "POST", "/api/v1/agents/"+in.ID+"/prompt", map[string]string{"message": "third"}, &ok)
 	}
-	if final := r.waitStatus(t, in.ID, "completed", "failed"); final.Status != "completed" || final.ContainerID != done.ContainerID {
+	if final := r.WaitStatus(t, in.ID, "completed", "failed"); final.Status != "completed" || final.ContainerID != done.ContainerID {
 		t.Fatalf("third turn %+v", final)
 	}
 }

@@ -38,8 +38,8 @@ func TestPriority(t *testing.T) {
 				launches = queue.NewSQS(testenv.AWSConfig(), fauxqs.Endpoint)
 			}
 			r, _ := runOn(t, cfg, st, launches, nil)
-			busy := r.launch(t, "acp-slow-tool", r.workspace(t), map[string]string{"TASK_DESCRIPTION": "hold the only worker"})
-			r.waitLogWithin(t, busy.ID, "tool_call write notes.txt", time.Minute)
+			busy := r.Launch(t, "acp-slow-tool", r.workspace(t), map[string]string{"TASK_DESCRIPTION": "hold the only worker"})
+			r.WaitLogWithin(t, busy.ID, "tool_call write notes.txt", time.Minute)
 
 			byID := map[string]string{}
 			for _, l := range []struct {
@@ -47,7 +47,7 @@ func TestPriority(t *testing.T) {
 				priority int
 			}{{"a0", 0}, {"b2", 2}, {"c1", 1}, {"d3", 3}, {"e0", 0}} {
 				var in instance
-				if code := r.do(t, "POST", "/api/v1/agents/launch", map[string]any{
+				if code := r.Do(t, "POST", "/api/v1/agents/launch", map[string]any{
 					"task_id": "priority-" + backend + "-" + l.name, "agent_type": "acp-normal", "workspace_path": r.workspace(t),
 					"env": map[string]string{"TASK_DESCRIPTION": l.name}, "priority": l.priority,
 				}, &in); code != http.StatusOK {
@@ -56,11 +56,11 @@ func TestPriority(t *testing.T) {
 				byID[in.ID] = l.name
 			}
 			for id, name := range byID {
-				if st := r.status(t, id); st.Status != "starting" {
+				if st := r.Status(t, id); st.Status != "starting" {
 					t.Fatalf("%s should wait for the busy worker: %+v", name, st)
 				}
 			}
-			r.do(t, "POST", "/api/v1/agents/"+busy.ID+"/cancel", map[string]string{"reason": "free the worker"}, nil)
+			r.Do(t, "POST", "/api/v1/agents/"+busy.ID+"/cancel", map[string]string{"reason": "free the worker"}, nil)
 
 			type start struct {
 				name string
@@ -68,17 +68,17 @@ func TestPriority(t *testing.T) {
 			}
 			var starts []start
 			for id, name := range byID {
-				if done := r.waitStatus(t, id, "completed", "failed"); done.Status != "completed" {
+				if done := r.WaitStatus(t, id, "completed", "failed"); done.Status != "completed" {
 					t.Fatalf("%s: %+v", name, done)
 				}
-				r.waitLogWithin(t, id, "started acp-normal", time.Minute)
+				r.WaitLogWithin(t, id, "started acp-normal", time.Minute)
 				var out struct {
 					Lines []struct {
 						Time time.Time `json:"time"`
 						Text string    `json:"text"`
 					} `json:"lines"`
 				}
-				r.do(t, "GET", "/api/v1/agents/"+id+"/logs?tail=1000", nil, &out)
+				r.Do(t, "GET", "/api/v1/agents/"+id+"/logs?tail=1000", nil, &out)
 				for _, l := range out.Lines {
 					if strings.HasPrefix(l.Text, "started acp-normal") {
 						starts = append(starts, start{name, l.Time})
@@ -103,7 +103,7 @@ func TestPriorityRange(t *testing.T) {
 	r := startRunner(t, nil)
 	for _, p := range []int{-1, 4} {
 		var e errorBody
-		code := r.do(t, "POST", "/api/v1/agents/launch", map[string]any{
+		code := r.Do(t, "POST", "/api/v1/agents/launch", map[string]any{
 			"task_id": "priority-range", "agent_type": "acp-normal", "workspace_path": r.workspace(t), "priority": p,
 		}, &e)
 		if code != http.StatusBadRequest || e.Error != "validation_error" || !strings.Contains(e.Message, "priority") {

@@ -1,9 +1,7 @@
 package service_test
 
 import (
-	"bufio"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -25,6 +23,7 @@ import (
 	runnerv1 "github.com/conclave-ai/conclave/proto/conclave/runner/v1"
 	"github.com/conclave-ai/conclave/services/runner/internal/api"
 	"github.com/conclave-ai/conclave/services/runner/internal/records"
+	"github.com/conclave-ai/conclave/services/runner/runnertest"
 )
 
 // grpcAddr is the runner's gRPC listener.
@@ -37,51 +36,6 @@ func (r *testRunner) grpcAddr(t *testing.T) string {
 	}
 	t.Fatal("the runner has no gRPC endpoint")
 	return ""
-}
-
-// follow streams GET .../logs?follow=true; the channel closes when the
-// stream ends.
-func (r *testRunner) follow(t *testing.T, id string, tail int) <-chan logLine {
-	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	t.Cleanup(cancel)
-	req, _ := http.NewRequestWithContext(ctx, "GET", r.base+"/api/v1/agents/"+id+"/logs?follow=true&tail="+strconv.Itoa(tail), nil)
-	if r.token != "" {
-		req.Header.Set("Authorization", "Bearer "+r.token)
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if resp.StatusCode != http.StatusOK {
-		resp.Body.Close()
-		t.Fatalf("follow: HTTP %d", resp.StatusCode)
-	}
-	out := make(chan logLine, 4096)
-	go func() {
-		defer close(out)
-		defer resp.Body.Close()
-		sc := bufio.NewScanner(resp.Body)
-		sc.Buffer(nil, 1<<20)
-		for sc.Scan() {
-			var l logLine
-			if json.Unmarshal(sc.Bytes(), &l) == nil && l.Text != "" {
-				out <- l
-			}
-		}
-	}()
-	return out
-}
-
-// awaitLine reads the followed lines until one contains want.
-func awaitLine(t *testing.T, lines <-chan logLine, want string) {
-	t.Helper()
-	for l := range lines {
-		if strings.Contains(l.Text, want) {
-			return
-		}
-	}
-	t.Fatalf("the followed log ended without a line containing %q", want)
 }
 
 // processGone reports whether the agent process of a local container id
@@ -110,30 +64,30 @@ func TestReplicasForward(t *testing.T) {
 	const token = "replica-test-token"
 	cfg, st, q := sharedState(t, map[string]string{"CONCLAVE_RUNNER_CLIENT_TOKENS": token, "CONCLAVE_RUNNER_ALLOW_UNAUTHENTICATED": "false"})
 	a, _ := runOn(t, cfg, st, q, nil)
-	a.token = token
-	idle := a.launch(t, "acp-normal", a.workspace(t), map[string]string{"TASK_DESCRIPTION": "first"})
-	firstTurn := a.waitStatus(t, idle.ID, "completed", "failed", "stopped")
+	a.Token = token
+	idle := a.Launch(t, "acp-normal", a.workspace(t), map[string]string{"TASK_DESCRIPTION": "first"})
+	firstTurn := a.WaitStatus(t, idle.ID, "completed", "failed", "stopped")
 	if firstTurn.Status != "completed" {
 		t.Fatalf("the first turn: %+v", firstTurn)
 	}
-	slow := a.launch(t, "acp-slow-tool", a.workspace(t), map[string]string{"TASK_DESCRIPTION": "long"})
-	a.waitLog(t, slow.ID, "tool_call write notes.txt")
-	slowOnA := a.status(t, slow.ID)
+	slow := a.Launch(t, "acp-slow-tool", a.workspace(t), map[string]string{"TASK_DESCRIPTION": "long"})
+	a.WaitLog(t, slow.ID, "tool_call write notes.txt")
+	slowOnA := a.Status(t, slow.ID)
 	// Started once both launches are claimed by A: B's workers find the
 	// queue empty.
 	b, _ := runOn(t, cfg, st, q, nil)
-	b.token = token
+	b.Token = token
 	forwardedCancels := func() float64 {
-		return metricstest.Scrape(t, b.base+"/metrics").Value("conclave_runner_forwarded_requests_total", "method", "cancel", "outcome", "ok")
+		return metricstest.Scrape(t, b.Base+"/metrics").Value("conclave_runner_forwarded_requests_total", "method", "cancel", "outcome", "ok")
 	}
 
 	t.Run("prompt", func(t *testing.T) {
 		b.prompt(t, idle.ID, "second")
-		a.waitLog(t, idle.ID, "Working on: second")
-		if st := b.waitStatus(t, idle.ID, "completed", "failed", "stopped"); st.Status != "completed" || st.ContainerID != firstTurn.ContainerID {
+		a.WaitLog(t, idle.ID, "Working on: second")
+		if st := b.WaitStatus(t, idle.ID, "completed", "failed", "stopped"); st.Status != "completed" || st.ContainerID != firstTurn.ContainerID {
 			t.Fatalf("the second turn: %+v, want completed in container %s", st, firstTurn.ContainerID)
 		}
-		if n := countLogs(b.logs(t, idle.ID), "started acp-normal"); n != 1 {
+		if n := countLogs(b.Logs(t, idle.ID), "started acp-normal"); n != 1 {
 			t.Errorf("the agent started %d times, want 1", n)
 		}
 	})
@@ -161,51 +115,51 @@ func TestReplicasForward(t *testing.T) {
 		if after := forwardedCancels(); after != before {
 			t.Errorf("the forwarded cancel was forwarded again: forwarded cancels %v → %v", before, after)
 		}
-		if hasLog(a.logs(t, slow.ID), "looped") {
+		if runnertest.HasLog(a.Logs(t, slow.ID), "looped") {
 			t.Error("the forwarded cancel reached the agent")
 		}
-		if st := b.status(t, slow.ID); st.Status != "running" {
+		if st := b.Status(t, slow.ID); st.Status != "running" {
 			t.Errorf("after the forwarded cancel: %+v", st)
 		}
 	})
 
-	lines := b.follow(t, slow.ID, 5)
+	lines := b.Follow(t, slow.ID, 5)
 	t.Run("follow and cancel", func(t *testing.T) {
-		awaitLine(t, lines, "tool_call write notes.txt")
+		runnertest.AwaitLine(t, lines, "tool_call write notes.txt")
 		before := forwardedCancels()
 		var out struct{ ID, Status string }
-		if code := b.do(t, "POST", "/api/v1/agents/"+slow.ID+"/cancel", map[string]string{"reason": "asked of b"}, &out); code != http.StatusOK || out.ID != slow.ID {
+		if code := b.Do(t, "POST", "/api/v1/agents/"+slow.ID+"/cancel", map[string]string{"reason": "asked of b"}, &out); code != http.StatusOK || out.ID != slow.ID {
 			t.Fatalf("cancel via b: HTTP %d %+v", code, out)
 		}
 		if after := forwardedCancels(); after != before+1 {
 			t.Errorf("forwarded cancels %v → %v, want one more", before, after)
 		}
-		awaitLine(t, lines, "cancel requested: asked of b")
-		awaitLine(t, lines, "status: stopped")
-		if st := b.waitStatus(t, slow.ID, "stopped", "failed", "completed"); st.Status != "stopped" || st.ContainerID != slowOnA.ContainerID {
+		runnertest.AwaitLine(t, lines, "cancel requested: asked of b")
+		runnertest.AwaitLine(t, lines, "status: stopped")
+		if st := b.WaitStatus(t, slow.ID, "stopped", "failed", "completed"); st.Status != "stopped" || st.ContainerID != slowOnA.ContainerID {
 			t.Fatalf("after the cancel: %+v, want stopped in container %s", st, slowOnA.ContainerID)
 		}
 		// The agent goes on taking prompts, and the follower sees the new
 		// turn as the agent works on it.
 		b.prompt(t, slow.ID, "again")
-		awaitLine(t, lines, "Working on: again")
-		awaitLine(t, lines, "tool_call write notes.txt")
-		if n := countLogs(b.logs(t, slow.ID), "started acp-slow-tool"); n != 1 {
+		runnertest.AwaitLine(t, lines, "Working on: again")
+		runnertest.AwaitLine(t, lines, "tool_call write notes.txt")
+		if n := countLogs(b.Logs(t, slow.ID), "started acp-slow-tool"); n != 1 {
 			t.Errorf("the agent started %d times, want 1", n)
 		}
 	})
 
 	t.Run("delete", func(t *testing.T) {
 		for _, in := range []instance{idle, slow} {
-			container := b.status(t, in.ID).ContainerID
-			if code := b.do(t, "DELETE", "/api/v1/agents/"+in.ID, nil, nil); code != http.StatusOK {
+			container := b.Status(t, in.ID).ContainerID
+			if code := b.Do(t, "DELETE", "/api/v1/agents/"+in.ID, nil, nil); code != http.StatusOK {
 				t.Fatalf("delete via b: HTTP %d", code)
 			}
 			if !processGone(t, container) {
 				t.Errorf("the agent of %s (pid %s) still runs after its delete", in.ID, container)
 			}
 			for _, r := range []*testRunner{a, b} {
-				if code := r.do(t, "GET", "/api/v1/agents/"+in.ID+"/status", nil, nil); code != http.StatusNotFound {
+				if code := r.Do(t, "GET", "/api/v1/agents/"+in.ID+"/status", nil, nil); code != http.StatusNotFound {
 					t.Errorf("status after delete: HTTP %d", code)
 				}
 			}
@@ -233,35 +187,35 @@ func TestOwnerUnreachable(t *testing.T) {
 	rec := records.New(st)
 	ctx := context.Background()
 	a, stopA := runOn(t, cfg, st, q, nil)
-	x := a.launch(t, "acp-slow-tool", a.workspace(t), map[string]string{"TASK_DESCRIPTION": "long"})
-	z := a.launch(t, "acp-slow-tool", a.workspace(t), map[string]string{"TASK_DESCRIPTION": "doomed"})
-	a.waitLog(t, x.ID, "tool_call write notes.txt")
-	a.waitLog(t, z.ID, "tool_call write notes.txt")
+	x := a.Launch(t, "acp-slow-tool", a.workspace(t), map[string]string{"TASK_DESCRIPTION": "long"})
+	z := a.Launch(t, "acp-slow-tool", a.workspace(t), map[string]string{"TASK_DESCRIPTION": "doomed"})
+	a.WaitLog(t, x.ID, "tool_call write notes.txt")
+	a.WaitLog(t, z.ID, "tool_call write notes.txt")
 	// B's one worker is kept busy by an agent of its own (A's are both
 	// busy, so B claims it), so that A's launches wait in the queue.
 	cfgB := cfg
 	cfgB.Workers = 1
 	b, _ := runOn(t, cfgB, st, q, nil)
-	y := b.launch(t, "acp-slow-tool", b.workspace(t), map[string]string{"TASK_DESCRIPTION": "keeps b busy"})
-	b.waitLog(t, y.ID, "tool_call write notes.txt")
+	y := b.Launch(t, "acp-slow-tool", b.workspace(t), map[string]string{"TASK_DESCRIPTION": "keeps b busy"})
+	b.WaitLog(t, y.ID, "tool_call write notes.txt")
 	if err := stopA(); err != nil {
 		t.Fatalf("runner A: %v", err)
 	}
-	scrape := func() metricstest.Families { return metricstest.Scrape(t, b.base+"/metrics") }
+	scrape := func() metricstest.Families { return metricstest.Scrape(t, b.Base+"/metrics") }
 
 	var e errorBody
-	if code := b.do(t, "POST", "/api/v1/agents/"+x.ID+"/prompt", map[string]string{"message": "lost?"}, &e); code != http.StatusServiceUnavailable ||
+	if code := b.Do(t, "POST", "/api/v1/agents/"+x.ID+"/prompt", map[string]string{"message": "lost?"}, &e); code != http.StatusServiceUnavailable ||
 		e.Error != api.CodeUnavailable || e.HTTPStatus != http.StatusServiceUnavailable || !strings.Contains(e.Message, "unreachable") {
 		t.Fatalf("prompt with its runner gone: HTTP %d %+v", code, e)
 	}
 	var out struct{ ID, Status string }
-	if code := b.do(t, "POST", "/api/v1/agents/"+x.ID+"/cancel", map[string]string{"reason": "runner gone"}, &out); code != http.StatusOK || out.Status != "stopped" {
+	if code := b.Do(t, "POST", "/api/v1/agents/"+x.ID+"/cancel", map[string]string{"reason": "runner gone"}, &out); code != http.StatusOK || out.Status != "stopped" {
 		t.Fatalf("cancel with its runner gone: HTTP %d %+v", code, out)
 	}
-	if code := b.do(t, "DELETE", "/api/v1/agents/"+z.ID, nil, nil); code != http.StatusOK {
+	if code := b.Do(t, "DELETE", "/api/v1/agents/"+z.ID, nil, nil); code != http.StatusOK {
 		t.Fatalf("delete with its runner gone: HTTP %d", code)
 	}
-	if code := b.do(t, "GET", "/api/v1/agents/"+z.ID+"/status", nil, nil); code != http.StatusNotFound {
+	if code := b.Do(t, "GET", "/api/v1/agents/"+z.ID+"/status", nil, nil); code != http.StatusNotFound {
 		t.Errorf("status after the delete: HTTP %d", code)
 	}
 	f := scrape()
@@ -272,7 +226,7 @@ func TestOwnerUnreachable(t *testing.T) {
 	}
 
 	// B's worker is freed; it takes x's launch over.
-	if code := b.do(t, "DELETE", "/api/v1/agents/"+y.ID, nil, nil); code != http.StatusOK {
+	if code := b.Do(t, "DELETE", "/api/v1/agents/"+y.ID, nil, nil); code != http.StatusOK {
 		t.Fatalf("delete y: HTTP %d", code)
 	}
 	owner := b.grpcAddr(t)
@@ -291,12 +245,12 @@ func TestOwnerUnreachable(t *testing.T) {
 	})
 	// The launch B took over ended the cancelled turn without starting an
 	// agent for it.
-	b.waitLog(t, x.ID, "cancelled while no runner held it; nothing was started")
+	b.WaitLog(t, x.ID, "cancelled while no runner held it; nothing was started")
 	// A later prompt runs on B; had the cancelled turn run, it would have
 	// come first.
 	b.prompt(t, x.ID, "after")
-	b.waitLog(t, x.ID, "Working on: after")
-	if n := countLogs(b.logs(t, x.ID), "Working on: long"); n != 1 {
+	b.WaitLog(t, x.ID, "Working on: after")
+	if n := countLogs(b.Logs(t, x.ID), "Working on: long"); n != 1 {
 		t.Errorf("the cancelled turn ran %d times, want 1 (before its runner stopped)", n)
 	}
 }

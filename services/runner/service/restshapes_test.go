@@ -18,7 +18,7 @@ import (
 // The JSON examples of Kandev's protocol text (its "REST API Integration" and "HTTP API
 // Errors" sections), verbatim.
 const (
-	seedLaunchResponse = `{
+	kandevLaunchResponse = `{
   "id": "instance-uuid",
   "task_id": "uuid",
   "agent_type": "augment-agent",
@@ -26,20 +26,20 @@ const (
   "status": "starting",
   "started_at": "2026-01-10T12:00:00Z"
 }`
-	seedStatusResponse = `{
+	kandevStatusResponse = `{
   "id": "instance-uuid",
   "status": "running",
   "progress": 50,
   "started_at": "2026-01-10T12:00:00Z",
   "finished_at": null
 }`
-	seedSessionResponse = `{
+	kandevSessionResponse = `{
   "instance_id": "instance-uuid",
   "task_id": "task-uuid",
   "session_id": "abc123",
   "status": "running"
 }`
-	seedErrorResponse = `{
+	kandevErrorResponse = `{
   "error": "error_code",
   "message": "Human readable message",
   "details": "Additional context",
@@ -56,7 +56,7 @@ func (r *testRunner) rawJSON(t *testing.T, method, path string, body any) (int, 
 		data, _ := json.Marshal(body)
 		rd = bytes.NewReader(data)
 	}
-	req, _ := http.NewRequest(method, r.base+path, rd)
+	req, _ := http.NewRequest(method, r.Base+path, rd)
 	req.Header.Set("Content-Type", "application/json")
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
@@ -141,8 +141,8 @@ func TestRESTShapes(t *testing.T) {
 	t.Parallel()
 	// One worker, held by a slow agent: the second launch stays starting.
 	r := startRunner(t, map[string]string{"CONCLAVE_RUNNER_WORKERS": "1"})
-	busy := r.launch(t, "acp-slow-tool", r.workspace(t), map[string]string{"TASK_DESCRIPTION": "hold the worker"})
-	r.waitLogWithin(t, busy.ID, "tool_call write notes.txt", time.Minute)
+	busy := r.Launch(t, "acp-slow-tool", r.workspace(t), map[string]string{"TASK_DESCRIPTION": "hold the worker"})
+	r.WaitLogWithin(t, busy.ID, "tool_call write notes.txt", time.Minute)
 
 	launch := map[string]any{"task_id": "task-shapes", "agent_type": "acp-normal", "workspace_path": r.workspace(t),
 		"env": map[string]string{"TASK_DESCRIPTION": "shapes"}, "priority": 1, "metadata": map[string]any{}}
@@ -150,7 +150,7 @@ func TestRESTShapes(t *testing.T) {
 	if code != http.StatusOK {
 		t.Fatalf("launch: %d %v", code, launched)
 	}
-	checkShape(t, "POST /api/v1/agents/launch", seedLaunchResponse, launched, nil)
+	checkShape(t, "POST /api/v1/agents/launch", kandevLaunchResponse, launched, nil)
 	var id string
 	_ = json.Unmarshal(launched["id"], &id)
 	if s := string(launched["status"]); s != `"starting"` {
@@ -158,13 +158,13 @@ func TestRESTShapes(t *testing.T) {
 	}
 
 	_, st := r.rawJSON(t, "GET", "/api/v1/agents/"+id+"/status", nil)
-	checkShape(t, "GET status (starting)", seedStatusResponse, st, []string{"agent_type", "container_id", "error", "review_url", "task_id"}, "finished_at")
+	checkShape(t, "GET status (starting)", kandevStatusResponse, st, []string{"agent_type", "container_id", "error", "review_url", "task_id"}, "finished_at")
 	if string(st["progress"]) != "0" || string(st["container_id"]) != `""` || string(st["status"]) != `"starting"` {
 		t.Errorf("a starting instance's status: %v", st)
 	}
 
 	_, sess := r.rawJSON(t, "GET", "/api/v1/agents/"+id+"/session", nil)
-	checkShape(t, "GET session (starting)", seedSessionResponse, sess, nil)
+	checkShape(t, "GET session (starting)", kandevSessionResponse, sess, nil)
 
 	_, task := r.rawJSON(t, "GET", "/api/v1/tasks/task-shapes", nil)
 	if jsonKind(task["metadata"]) != "object" {
@@ -184,14 +184,14 @@ func TestRESTShapes(t *testing.T) {
 		if code != tt.status {
 			t.Errorf("%s %s: HTTP %d, want %d", tt.method, tt.path, code, tt.status)
 		}
-		checkShape(t, tt.method+" "+tt.path, seedErrorResponse, body, nil)
+		checkShape(t, tt.method+" "+tt.path, kandevErrorResponse, body, nil)
 	}
 
 	// Free the worker: the queued launch runs and completes.
-	r.do(t, "POST", "/api/v1/agents/"+busy.ID+"/cancel", map[string]string{"reason": "done"}, nil)
-	done := r.waitStatus(t, id, "completed", "failed")
+	r.Do(t, "POST", "/api/v1/agents/"+busy.ID+"/cancel", map[string]string{"reason": "done"}, nil)
+	done := r.WaitStatus(t, id, "completed", "failed")
 	_, st = r.rawJSON(t, "GET", "/api/v1/agents/"+id+"/status", nil)
-	checkShape(t, "GET status (completed)", seedStatusResponse, st, []string{"agent_type", "container_id", "error", "review_url", "task_id"})
+	checkShape(t, "GET status (completed)", kandevStatusResponse, st, []string{"agent_type", "container_id", "error", "review_url", "task_id"})
 	if jsonKind(st["finished_at"]) != "string" || string(st["progress"]) != "100" {
 		t.Errorf("a completed instance's status: %v (%+v)", st, done)
 	}
@@ -201,5 +201,5 @@ func TestRESTShapes(t *testing.T) {
 		}
 		return nil
 	})
-	checkShape(t, "GET session (completed)", seedSessionResponse, sess, nil)
+	checkShape(t, "GET session (completed)", kandevSessionResponse, sess, nil)
 }

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/conclave-ai/conclave/pkg/testenv"
+	"github.com/conclave-ai/conclave/services/runner/runnertest"
 )
 
 // TestLaunchResumesStoredSession: a new instance launched with the session
@@ -38,8 +39,8 @@ func TestLaunchResumesStoredSession(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
 			ws := r.workspace(t)
-			first := r.launch(t, tt.agentType, ws, map[string]string{"TASK_DESCRIPTION": "first task"})
-			if done := r.waitStatus(t, first.ID, "completed", "failed"); done.Status != "completed" {
+			first := r.Launch(t, tt.agentType, ws, map[string]string{"TASK_DESCRIPTION": "first task"})
+			if done := r.WaitStatus(t, first.ID, "completed", "failed"); done.Status != "completed" {
 				t.Fatalf("the first task: %+v", done)
 			}
 			var task struct {
@@ -47,32 +48,32 @@ func TestLaunchResumesStoredSession(t *testing.T) {
 			}
 			var sessionID string
 			testenv.EventuallyNoError(t, time.Minute, "the task's "+tt.key, func() error {
-				r.do(t, "GET", "/api/v1/tasks/"+first.TaskID, nil, &task)
+				r.Do(t, "GET", "/api/v1/tasks/"+first.TaskID, nil, &task)
 				if sessionID, _ = task.Metadata[tt.key].(string); sessionID == "" {
 					return fmt.Errorf("its metadata %+v", task.Metadata)
 				}
 				return nil
 			})
-			if hasLog(r.logs(t, first.ID), "loaded session") {
+			if runnertest.HasLog(r.Logs(t, first.ID), "loaded session") {
 				t.Fatal("the first launch loaded a session")
 			}
 
 			metadata, env := tt.resume(sessionID)
 			var second instance
-			if code := r.do(t, "POST", "/api/v1/agents/launch", map[string]any{
+			if code := r.Do(t, "POST", "/api/v1/agents/launch", map[string]any{
 				"task_id": first.TaskID + "-followup", "agent_type": tt.agentType, "workspace_path": ws, "env": env, "metadata": metadata,
 			}, &second); code != http.StatusOK {
 				t.Fatalf("the follow-up launch: HTTP %d", code)
 			}
-			if done := r.waitStatus(t, second.ID, "completed", "failed"); done.Status != "completed" {
-				t.Fatalf("the follow-up task: %+v; logs %+v", done, r.logs(t, second.ID))
+			if done := r.WaitStatus(t, second.ID, "completed", "failed"); done.Status != "completed" {
+				t.Fatalf("the follow-up task: %+v; logs %+v", done, r.Logs(t, second.ID))
 			}
-			r.waitLogWithin(t, second.ID, "acp-agent: loaded session "+sessionID, time.Minute)
-			r.waitLogWithin(t, second.ID, "Working on: what did you do?", time.Minute)
+			r.WaitLogWithin(t, second.ID, "acp-agent: loaded session "+sessionID, time.Minute)
+			r.WaitLogWithin(t, second.ID, "Working on: what did you do?", time.Minute)
 			var sess struct {
 				SessionID string `json:"session_id"`
 			}
-			r.do(t, "GET", "/api/v1/agents/"+second.ID+"/session", nil, &sess)
+			r.Do(t, "GET", "/api/v1/agents/"+second.ID+"/session", nil, &sess)
 			if sess.SessionID != sessionID {
 				t.Errorf("the follow-up's session is %q, want the stored %q", sess.SessionID, sessionID)
 			}

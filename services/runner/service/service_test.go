@@ -6,6 +6,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/conclave-ai/conclave/services/runner/runnertest"
 )
 
 func TestDialects(t *testing.T) {
@@ -27,17 +29,17 @@ func TestDialects(t *testing.T) {
 		t.Run(tt.agentType, func(t *testing.T) {
 			t.Parallel()
 			ws := r.workspace(t)
-			in := r.launch(t, tt.agentType, ws, map[string]string{"TASK_DESCRIPTION": "fix the bug"})
+			in := r.Launch(t, tt.agentType, ws, map[string]string{"TASK_DESCRIPTION": "fix the bug"})
 			if in.Status != "starting" || in.ID == "" || in.StartedAt == "" || in.AgentType != tt.agentType {
 				t.Fatalf("launch returned %+v", in)
 			}
-			done := r.waitStatus(t, in.ID, "completed", "failed", "stopped")
+			done := r.WaitStatus(t, in.ID, "completed", "failed", "stopped")
 			if done.Status != "completed" || done.Progress != 100 || done.FinishedAt == "" || done.ContainerID == "" {
-				t.Fatalf("final status %+v; logs %+v", done, r.logs(t, in.ID))
+				t.Fatalf("final status %+v; logs %+v", done, r.Logs(t, in.ID))
 			}
 			// Logs are stored in batches, shortly after.
-			r.waitLog(t, in.ID, tt.wantLog)
-			r.waitLog(t, in.ID, "acp-agent: dialect")
+			r.WaitLog(t, in.ID, tt.wantLog)
+			r.WaitLog(t, in.ID, "acp-agent: dialect")
 			if tt.writesNotes {
 				data, err := os.ReadFile(filepath.Join(ws, "notes.txt"))
 				if err != nil || !strings.Contains(string(data), "fix the bug") {
@@ -49,7 +51,7 @@ func TestDialects(t *testing.T) {
 					SessionID string `json:"session_id"`
 					TaskID    string `json:"task_id"`
 				}
-				r.do(t, "GET", "/api/v1/agents/"+in.ID+"/session", nil, &sess)
+				r.Do(t, "GET", "/api/v1/agents/"+in.ID+"/session", nil, &sess)
 				if sess.SessionID == "" || sess.TaskID != in.TaskID {
 					t.Errorf("session %+v", sess)
 				}
@@ -57,7 +59,7 @@ func TestDialects(t *testing.T) {
 					ID       string         `json:"id"`
 					Metadata map[string]any `json:"metadata"`
 				}
-				r.do(t, "GET", "/api/v1/tasks/"+in.TaskID, nil, &task)
+				r.Do(t, "GET", "/api/v1/tasks/"+in.TaskID, nil, &task)
 				if task.Metadata["session_id"] != sess.SessionID || task.Metadata["origin"] != "test" {
 					t.Errorf("task metadata %+v, want session_id %s", task.Metadata, sess.SessionID)
 				}
@@ -74,20 +76,20 @@ func TestPromptResumesSession(t *testing.T) {
 	// With no idle time, the agent stops after each turn, so a prompt
 	// resumes the session in a new process through session/load.
 	r := startRunner(t, map[string]string{"CONCLAVE_RUNNER_IDLE_TIMEOUT": "1ms"})
-	in := r.launch(t, "acp-normal", r.workspace(t), map[string]string{"TASK_DESCRIPTION": "first"})
-	r.waitStatus(t, in.ID, "completed")
-	r.waitLog(t, in.ID, "idle for")
+	in := r.Launch(t, "acp-normal", r.workspace(t), map[string]string{"TASK_DESCRIPTION": "first"})
+	r.WaitStatus(t, in.ID, "completed")
+	r.WaitLog(t, in.ID, "idle for")
 	var ok struct {
 		Accepted bool `json:"accepted"`
 	}
 	// The launch may still be winding down; a prompt is refused until then.
 	for code := 0; code != http.StatusOK; {
-		code = r.do(t, "POST", "/api/v1/agents/"+in.ID+"/prompt", map[string]string{"message": "second"}, &ok)
+		code = r.Do(t, "POST", "/api/v1/agents/"+in.ID+"/prompt", map[string]string{"message": "second"}, &ok)
 	}
-	r.waitLog(t, in.ID, "Working on: second")
-	r.waitStatus(t, in.ID, "completed")
-	if !hasLog(r.logs(t, in.ID), "acp-agent: loaded session") {
-		t.Errorf("the session was not resumed with session/load: %+v", r.logs(t, in.ID))
+	r.WaitLog(t, in.ID, "Working on: second")
+	r.WaitStatus(t, in.ID, "completed")
+	if !runnertest.HasLog(r.Logs(t, in.ID), "acp-agent: loaded session") {
+		t.Errorf("the session was not resumed with session/load: %+v", r.Logs(t, in.ID))
 	}
 }
 
@@ -108,13 +110,13 @@ func TestFailures(t *testing.T) {
 	} {
 		t.Run(tt.agentType, func(t *testing.T) {
 			t.Parallel()
-			in := r.launch(t, tt.agentType, r.workspace(t), map[string]string{"TASK_DESCRIPTION": "x"})
-			done := r.waitStatus(t, in.ID, "completed", "failed", "stopped")
+			in := r.Launch(t, tt.agentType, r.workspace(t), map[string]string{"TASK_DESCRIPTION": "x"})
+			done := r.WaitStatus(t, in.ID, "completed", "failed", "stopped")
 			if done.Status != tt.want {
-				t.Fatalf("status %s, want %s; logs %+v", done.Status, tt.want, r.logs(t, in.ID))
+				t.Fatalf("status %s, want %s; logs %+v", done.Status, tt.want, r.Logs(t, in.ID))
 			}
 			if tt.errPart != "" {
-				r.waitLog(t, in.ID, tt.errPart)
+				r.WaitLog(t, in.ID, tt.errPart)
 			}
 		})
 	}
@@ -128,52 +130,52 @@ func TestCancel(t *testing.T) {
 	r := startRunner(t, nil)
 	t.Run("during a tool call, the agent goes on", func(t *testing.T) {
 		t.Parallel()
-		in := r.launch(t, "acp-slow-tool", r.workspace(t), map[string]string{"TASK_DESCRIPTION": "slow"})
-		r.waitLog(t, in.ID, "tool_call write notes.txt")
+		in := r.Launch(t, "acp-slow-tool", r.workspace(t), map[string]string{"TASK_DESCRIPTION": "slow"})
+		r.WaitLog(t, in.ID, "tool_call write notes.txt")
 		var c struct {
 			ID, Status string
 		}
-		if code := r.do(t, "POST", "/api/v1/agents/"+in.ID+"/cancel", map[string]string{"reason": "user asked"}, &c); code != http.StatusOK {
+		if code := r.Do(t, "POST", "/api/v1/agents/"+in.ID+"/cancel", map[string]string{"reason": "user asked"}, &c); code != http.StatusOK {
 			t.Fatalf("cancel: HTTP %d", code)
 		}
-		done := r.waitStatus(t, in.ID, "stopped", "failed", "completed")
+		done := r.WaitStatus(t, in.ID, "stopped", "failed", "completed")
 		if done.Status != "stopped" {
 			t.Fatalf("status %+v", done)
 		}
 		// Not killed: the same process takes the next prompt.
 		var ok struct{ Accepted bool }
-		if code := r.do(t, "POST", "/api/v1/agents/"+in.ID+"/prompt", map[string]string{"message": "again"}, &ok); code != http.StatusOK || !ok.Accepted {
+		if code := r.Do(t, "POST", "/api/v1/agents/"+in.ID+"/prompt", map[string]string{"message": "again"}, &ok); code != http.StatusOK || !ok.Accepted {
 			t.Fatalf("prompt after cancel: HTTP %d %+v", code, ok)
 		}
-		r.waitLog(t, in.ID, "Working on: again")
-		if after := r.status(t, in.ID); after.ContainerID != done.ContainerID {
+		r.WaitLog(t, in.ID, "Working on: again")
+		if after := r.Status(t, in.ID); after.ContainerID != done.ContainerID {
 			t.Errorf("the process changed: %s then %s", done.ContainerID, after.ContainerID)
 		}
-		if code := r.do(t, "DELETE", "/api/v1/agents/"+in.ID, nil, nil); code != http.StatusOK {
+		if code := r.Do(t, "DELETE", "/api/v1/agents/"+in.ID, nil, nil); code != http.StatusOK {
 			t.Fatalf("delete: HTTP %d", code)
 		}
 		var e errorBody
-		if code := r.do(t, "GET", "/api/v1/agents/"+in.ID+"/status", nil, &e); code != http.StatusNotFound || e.Error != "not_found" {
+		if code := r.Do(t, "GET", "/api/v1/agents/"+in.ID+"/status", nil, &e); code != http.StatusNotFound || e.Error != "not_found" {
 			t.Errorf("status after delete: %d %+v", code, e)
 		}
 	})
 	t.Run("ignored, the agent is killed after the grace", func(t *testing.T) {
 		t.Parallel()
-		in := r.launch(t, "acp-ignore-cancel", r.workspace(t), map[string]string{"TASK_DESCRIPTION": "slow"})
-		r.waitLog(t, in.ID, "tool_call write notes.txt")
-		r.do(t, "POST", "/api/v1/agents/"+in.ID+"/cancel", map[string]string{"reason": "user asked"}, nil)
-		done := r.waitStatus(t, in.ID, "stopped", "failed", "completed")
+		in := r.Launch(t, "acp-ignore-cancel", r.workspace(t), map[string]string{"TASK_DESCRIPTION": "slow"})
+		r.WaitLog(t, in.ID, "tool_call write notes.txt")
+		r.Do(t, "POST", "/api/v1/agents/"+in.ID+"/cancel", map[string]string{"reason": "user asked"}, nil)
+		done := r.WaitStatus(t, in.ID, "stopped", "failed", "completed")
 		if done.Status != "stopped" {
 			t.Fatalf("status %+v", done)
 		}
-		r.waitLog(t, in.ID, "ignored session/cancel")
+		r.WaitLog(t, in.ID, "ignored session/cancel")
 	})
 	t.Run("kandev agents exit on cancel", func(t *testing.T) {
 		t.Parallel()
-		in := r.launch(t, "kandev-slow-tool", r.workspace(t), map[string]string{"TASK_DESCRIPTION": "slow"})
-		r.waitLog(t, in.ID, "tool_call file_edit")
-		r.do(t, "POST", "/api/v1/agents/"+in.ID+"/cancel", map[string]string{"reason": "user asked"}, nil)
-		if done := r.waitStatus(t, in.ID, "stopped", "failed", "completed"); done.Status != "stopped" {
+		in := r.Launch(t, "kandev-slow-tool", r.workspace(t), map[string]string{"TASK_DESCRIPTION": "slow"})
+		r.WaitLog(t, in.ID, "tool_call file_edit")
+		r.Do(t, "POST", "/api/v1/agents/"+in.ID+"/cancel", map[string]string{"reason": "user asked"}, nil)
+		if done := r.WaitStatus(t, in.ID, "stopped", "failed", "completed"); done.Status != "stopped" {
 			t.Fatalf("status %+v", done)
 		}
 	})
@@ -188,22 +190,22 @@ func TestDeadProtocolReplacedOnResume(t *testing.T) {
 	}
 	t.Parallel()
 	r := startRunner(t, map[string]string{"CONCLAVE_RUNNER_PROTOCOL_TIMEOUT": "2s"})
-	in := r.launch(t, "acp-hang-init-once", r.workspace(t), map[string]string{"TASK_DESCRIPTION": "first"})
-	failed := r.waitStatus(t, in.ID, "failed", "completed")
+	in := r.Launch(t, "acp-hang-init-once", r.workspace(t), map[string]string{"TASK_DESCRIPTION": "first"})
+	failed := r.WaitStatus(t, in.ID, "failed", "completed")
 	if failed.Status != "failed" {
 		t.Fatalf("status %+v", failed)
 	}
-	r.waitLog(t, in.ID, "dead protocol: no answer to initialize within 2s")
+	r.WaitLog(t, in.ID, "dead protocol: no answer to initialize within 2s")
 	// The launch is over once its process is: the instance names it.
 	for failed.ContainerID == "" {
-		failed = r.status(t, in.ID)
+		failed = r.Status(t, in.ID)
 	}
 	var ok struct{ Accepted bool }
 	for code := 0; code != http.StatusOK; {
-		code = r.do(t, "POST", "/api/v1/agents/"+in.ID+"/prompt", map[string]string{"message": "second"}, &ok)
+		code = r.Do(t, "POST", "/api/v1/agents/"+in.ID+"/prompt", map[string]string{"message": "second"}, &ok)
 	}
-	r.waitLog(t, in.ID, "Working on: second")
-	done := r.waitStatus(t, in.ID, "completed", "failed")
+	r.WaitLog(t, in.ID, "Working on: second")
+	done := r.WaitStatus(t, in.ID, "completed", "failed")
 	if done.Status != "completed" || done.ContainerID == failed.ContainerID {
 		t.Fatalf("after the prompt: %+v (the dead process was %s)", done, failed.ContainerID)
 	}

@@ -17,7 +17,7 @@ const throttleToken = "runner-token-0123456789"
 // Retry-After.
 func (r *testRunner) getAs(t *testing.T, client *http.Client, path, tok string) (int, string) {
 	t.Helper()
-	req, _ := http.NewRequest("GET", r.base+path, nil)
+	req, _ := http.NewRequest("GET", r.Base+path, nil)
 	req.Header.Set("Authorization", "Bearer "+tok)
 	resp, err := client.Do(req)
 	if err != nil {
@@ -56,7 +56,7 @@ func TestThrottlesWrongTokens(t *testing.T) {
 		// No regrowth within the test, however loaded the machine.
 		"CONCLAVE_RUNNER_AUTH_THROTTLE": strconv.Itoa(auth.ThrottleBurst) + "/1h"})
 	checkThrottle(t, r)
-	if v := metricstest.Scrape(t, r.base+"/metrics").Value("conclave_runner_auth_throttled_total"); v != 2 {
+	if v := metricstest.Scrape(t, r.Base+"/metrics").Value("conclave_runner_auth_throttled_total"); v != 2 {
 		t.Errorf("conclave_runner_auth_throttled_total = %v, want 2", v)
 	}
 }

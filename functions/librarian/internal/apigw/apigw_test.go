@@ -13,6 +13,7 @@ import (
 	"github.com/aws/aws-lambda-go/events"
 
 	"github.com/conclave-ai/conclave/functions/librarian/internal/apigw"
+	"github.com/conclave-ai/conclave/pkg/testenv"
 )
 
 // echo answers with what it saw of the request.
@@ -33,7 +34,7 @@ var echo = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 	})
 })
 
-func invoke(t *testing.T, event any) any {
+func invoke[T any](t *testing.T, event any) T {
 	t.Helper()
 	raw, err := json.Marshal(event)
 	if err != nil {
@@ -43,7 +44,7 @@ func invoke(t *testing.T, event any) any {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return out
+	return testenv.As[T](t, out, "the handler's answer")
 }
 
 func TestPayloadV2(t *testing.T) {
@@ -53,7 +54,7 @@ func TestPayloadV2(t *testing.T) {
 		Body: base64.StdEncoding.EncodeToString([]byte(`{"k":"v"}`)), IsBase64Encoded: true}
 	ev.RequestContext.HTTP.Method = "POST"
 	ev.RequestContext.HTTP.SourceIP = "203.0.113.7"
-	res := invoke(t, ev).(events.APIGatewayV2HTTPResponse)
+	res := invoke[events.APIGatewayV2HTTPResponse](t, ev)
 	var seen map[string]any
 	if err := json.Unmarshal([]byte(res.Body), &seen); err != nil || res.StatusCode != 201 || res.IsBase64Encoded {
 		t.Fatalf("%+v %v", res, err)
@@ -76,7 +77,7 @@ func TestPayloadV1(t *testing.T) {
 		MultiValueQueryStringParameters: map[string][]string{"s": {"1", "2"}},
 		MultiValueHeaders:               map[string][]string{"Authorization": {"Bearer t"}}, Body: ""}
 	ev.RequestContext.DomainName = "api.example.com"
-	res := invoke(t, ev).(events.APIGatewayProxyResponse)
+	res := invoke[events.APIGatewayProxyResponse](t, ev)
 	var seen map[string]any
 	if err := json.Unmarshal([]byte(res.Body), &seen); err != nil || res.StatusCode != 201 {
 		t.Fatalf("%+v %v", res, err)
@@ -90,13 +91,13 @@ func TestBinaryBodiesAndBadEvents(t *testing.T) {
 	t.Parallel()
 	ev := events.APIGatewayV2HTTPRequest{Version: "2.0", RawPath: "/png"}
 	ev.RequestContext.HTTP.Method = "GET"
-	res := invoke(t, ev).(events.APIGatewayV2HTTPResponse)
+	res := invoke[events.APIGatewayV2HTTPResponse](t, ev)
 	if b, err := base64.StdEncoding.DecodeString(res.Body); !res.IsBase64Encoded || err != nil || string(b) != "\x89PNG\x00" {
 		t.Fatalf("binary body %+v", res)
 	}
 	bad := events.APIGatewayV2HTTPRequest{Version: "2.0", RawPath: "/", Body: "%%%", IsBase64Encoded: true}
 	bad.RequestContext.HTTP.Method = "POST"
-	if res := invoke(t, bad).(events.APIGatewayV2HTTPResponse); res.StatusCode != 400 || !strings.Contains(res.Body, "malformed_event") {
+	if res := invoke[events.APIGatewayV2HTTPResponse](t, bad); res.StatusCode != 400 || !strings.Contains(res.Body, "malformed_event") {
 		t.Fatalf("bad base64: %+v", res)
 	}
 	if _, err := apigw.Handler(echo)(context.Background(), []byte(`{"source":"aws.events"}`)); !errors.Is(err, apigw.ErrUnsupportedEvent) {

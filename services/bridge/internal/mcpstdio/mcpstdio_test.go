@@ -15,6 +15,8 @@ import (
 	"github.com/google/jsonschema-go/jsonschema"
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/conclave-ai/conclave/pkg/testenv"
 )
 
 type wireReply struct {
@@ -78,7 +80,7 @@ func TestFilter(t *testing.T) {
 	input := good1 + "\r\n\n   \nnot json\n" + `{"long":"` + strings.Repeat("x", 200) + `"}` + "\n" + good2 + "\n{}\n" + good3
 	var out bytes.Buffer
 	tr := NewTransport(io.NopCloser(strings.NewReader(input)), nopWriteCloser{&out}, slog.New(slog.DiscardHandler))
-	tr.Reader.(*filter).maxLine = 100
+	testenv.As[*filter](t, tr.Reader, "the transport's reader").maxLine = 100
 	got, err := io.ReadAll(tr.Reader)
 	if err != nil {
 		t.Fatal(err)

@@ -18,6 +18,7 @@ import (
 
 	"github.com/coder/websocket"
 
+	"github.com/conclave-ai/conclave/pkg/httpclient"
 	"github.com/conclave-ai/conclave/pkg/jsonrpc"
 )
 
@@ -291,31 +292,10 @@ func dlqRequest(ctx context.Context, t *target, method, path string, out any) er
 	if err != nil {
 		return err
 	}
-	req, err := http.NewRequestWithContext(ctx, method, base+path, nil)
-	if err != nil {
-		return err
-	}
-	if method != http.MethodGet {
-		// A redrive has no body, but an open bus still wants it declared
-		// JSON: a web page cannot send that without asking first.
-		req.Header.Set("Content-Type", "application/json")
-	}
-	if t.token != "" {
-		req.Header.Set("Authorization", "Bearer "+t.token)
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return err
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
-	if err != nil {
-		return err
-	}
-	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("%s %s: %s: %s", method, path, resp.Status, strings.TrimSpace(string(body)))
-	}
-	return json.Unmarshal(body, out)
+	c := httpclient.New(base, t.token)
+	// A page of dead letters holds whole messages.
+	c.MaxResponse = 64 << 20
+	return c.JSON(ctx, method, path, nil, out)
 }
 
 func dlq(ctx context.Context, args []string, env Env) error {

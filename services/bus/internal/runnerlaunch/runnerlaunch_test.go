@@ -57,7 +57,7 @@ func serve(t *testing.T, r *runner) *Launcher {
 
 var req = broker.LaunchRequest{AgentID: "agent-1", Workspace: "/ws", DefaultTopic: "tg:1", BusURL: "ws://127.0.0.1:7892", Token: "bub_agent-token"}
 
-func TestLaunchSendsTheSeedsEnvironment(t *testing.T) {
+func TestLaunchSendsTheBubEnvironment(t *testing.T) {
 	t.Parallel()
 	r := &runner{}
 	if err := serve(t, r).Launch(context.Background(), req); err != nil {

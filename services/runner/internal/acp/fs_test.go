@@ -16,6 +16,7 @@ import (
 	sdk "github.com/coder/acp-go-sdk"
 
 	"github.com/conclave-ai/conclave/pkg/jsonrpc"
+	"github.com/conclave-ai/conclave/pkg/testenv"
 )
 
 // fsClient is a client whose fs handlers are confined to workspace; the
@@ -198,7 +199,7 @@ func TestFSReadWrite(t *testing.T) {
 		if err != nil {
 			t.Fatalf("read %+v: %v", p, err)
 		}
-		return res.(sdk.ReadTextFileResponse).Content
+		return testenv.As[sdk.ReadTextFileResponse](t, res, "the read's answer").Content
 	}
 	one, two := 1, 2
 	write(filepath.Join(ws, "a.txt"), "first line that is long\nsecond\nthird\nfourth\n")
@@ -254,8 +255,12 @@ func TestFSLinkSwap(t *testing.T) {
 	c := fsClient(t, ws, 1024)
 	path := filepath.Join(dir, "f")
 	for range 2000 {
-		if res, err := callFS(t, c.handleReadFile, sdk.ReadTextFileRequest{Path: path}); err == nil && res.(sdk.ReadTextFileResponse).Content != "inside" {
-			t.Errorf("read %q from outside the workspace", res.(sdk.ReadTextFileResponse).Content)
+		res, err := callFS(t, c.handleReadFile, sdk.ReadTextFileRequest{Path: path})
+		if err != nil {
+			continue
+		}
+		if got := testenv.As[sdk.ReadTextFileResponse](t, res, "the read's answer").Content; got != "inside" {
+			t.Errorf("read %q from outside the workspace", got)
 			break
 		}
 		_, _ = callFS(t, c.handleWriteFile, sdk.WriteTextFileRequest{Path: path, Content: "inside"})
@@ -295,7 +300,7 @@ func FuzzWorkspacePath(f *testing.F) {
 		}
 		raw, _ := json.Marshal(sdk.ReadTextFileRequest{Path: path})
 		res, err := c.handleReadFile(context.Background(), &jsonrpc.Request{ID: jsonrpc.Int64ID(1), Method: "fs/read_text_file", Params: raw})
-		if err == nil && strings.Contains(res.(sdk.ReadTextFileResponse).Content, "secret") {
+		if err == nil && strings.Contains(testenv.As[sdk.ReadTextFileResponse](t, res, "the read's answer").Content, "secret") {
 			t.Fatalf("read %q outside the workspace", path)
 		}
 	})

@@ -3,25 +3,16 @@ package api
 import (
 	"context"
 	"fmt"
-	"path/filepath"
 	"testing"
 	"time"
 
-	"github.com/conclave-ai/conclave/pkg/store"
+	"github.com/conclave-ai/conclave/pkg/testenv"
 	"github.com/conclave-ai/conclave/services/runner/internal/records"
 )
 
 func followRecords(t *testing.T) *records.Records {
 	t.Helper()
-	st, err := store.OpenBolt(filepath.Join(t.TempDir(), "state.db"), store.BoltOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = st.Close() })
-	if err := store.EnsureTables(context.Background(), st, records.Table); err != nil {
-		t.Fatal(err)
-	}
-	return records.New(st)
+	return records.New(testenv.EmbeddedStore(t, records.Table))
 }
 
 // followStored, taking over from a live follower, skips what the live

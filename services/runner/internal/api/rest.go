@@ -42,22 +42,22 @@ type ErrorBody struct {
 // as launched, without the progress and finished_at its status has.
 var launchKeys = []string{"id", "task_id", "agent_type", "container_id", "status", "started_at"}
 
-// seedLaunchBody cuts a launch's 200 response down to launchKeys.
-type seedLaunchBody struct {
+// kandevLaunchBody cuts a launch's 200 response down to launchKeys.
+type kandevLaunchBody struct {
 	http.ResponseWriter
 	status int
 	body   []byte
 }
 
-func (w *seedLaunchBody) WriteHeader(code int) { w.status = code }
+func (w *kandevLaunchBody) WriteHeader(code int) { w.status = code }
 
-func (w *seedLaunchBody) Write(p []byte) (int, error) {
+func (w *kandevLaunchBody) Write(p []byte) (int, error) {
 	w.body = append(w.body, p...)
 	return len(p), nil
 }
 
 // finish writes the response, cut when it is a launched instance.
-func (w *seedLaunchBody) finish() {
+func (w *kandevLaunchBody) finish() {
 	status, body := cmp.Or(w.status, http.StatusOK), w.body
 	var all map[string]json.RawMessage
 	if status == http.StatusOK && json.Unmarshal(body, &all) == nil {
@@ -287,7 +287,7 @@ func (h *REST) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		r.Body = &watchedBody{ReadCloser: r.Body}
 	}
 	if r.Method == http.MethodPost && r.URL.Path == "/api/v1/agents/launch" {
-		cut := &seedLaunchBody{ResponseWriter: w}
+		cut := &kandevLaunchBody{ResponseWriter: w}
 		h.mux.ServeHTTP(cut, r)
 		cut.finish()
 		return

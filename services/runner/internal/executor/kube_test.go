@@ -509,7 +509,7 @@ func TestKubeKill(t *testing.T) {
 		t.Fatalf("job after Kill: deletion %v, finalizers %v; want a foreground deletion", job.DeletionTimestamp, job.Finalizers)
 	}
 	select {
-	case <-p.(*kubeProcess).done:
+	case <-testenv.As[*kubeProcess](t, p, "the process").done:
 		t.Fatal("Wait returned before the Job was gone")
 	default:
 	}
@@ -751,11 +751,12 @@ func TestKubeStatus(t *testing.T) {
 					return kt.job(t, p.ID()).DeletionTimestamp != nil
 				})
 			}
-			if got := p.(PhasedProcess).Phase(); got != PhaseFinished {
+			phased := testenv.As[PhasedProcess](t, p, "the process")
+			if got := phased.Phase(); got != PhaseFinished {
 				t.Errorf("phase %s after Wait", got)
 			}
 			var last Phase
-			for ph := range p.(PhasedProcess).PhaseChanges() {
+			for ph := range phased.PhaseChanges() {
 				last = ph
 			}
 			if last != PhaseFinished {
@@ -774,7 +775,7 @@ func TestKubePhase(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	phased := p.(PhasedProcess)
+	phased := testenv.As[PhasedProcess](t, p, "the process")
 	if got := phased.Phase(); got != PhasePending {
 		t.Errorf("phase %s before any pod", got)
 	}
@@ -794,7 +795,7 @@ func TestKubePhase(t *testing.T) {
 	}
 	awaitPhase(t, phased, PhaseRunning)
 	select {
-	case <-p.(*kubeProcess).done:
+	case <-testenv.As[*kubeProcess](t, p, "the process").done:
 		t.Fatalf("Wait returned while running: %v", p.Wait())
 	default:
 	}

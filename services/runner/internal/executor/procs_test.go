@@ -12,44 +12,10 @@ import (
 	"strings"
 	"syscall"
 	"testing"
-	"time"
 
 	"github.com/conclave-ai/conclave/pkg/testenv"
 	"github.com/conclave-ai/conclave/services/runner/internal/agenttype"
 )
-
-// gone reports whether pid has exited (a zombie not yet reaped counts).
-func gone(pid int) bool {
-	st, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if err != nil {
-		return true
-	}
-	i := strings.LastIndexByte(string(st), ')')
-	return i >= 0 && strings.HasPrefix(strings.TrimSpace(string(st[i+1:])), "Z")
-}
-
-// waitGone waits for pid to exit.
-func waitGone(t *testing.T, pid int, what string) {
-	t.Helper()
-	testenv.Eventually(t, time.Minute, fmt.Sprintf("%s (pid %d) to exit", what, pid), func() bool { return gone(pid) })
-}
-
-// readPID waits for a pid file.
-func readPID(t *testing.T, path string) int {
-	t.Helper()
-	var pid int
-	testenv.EventuallyNoError(t, time.Minute, "a pid in "+path, func() error {
-		data, err := os.ReadFile(path)
-		if err != nil {
-			return err
-		}
-		if pid, err = strconv.Atoi(strings.TrimSpace(string(data))); err == nil && pid <= 0 {
-			err = fmt.Errorf("pid %d", pid)
-		}
-		return err
-	})
-	return pid
-}
 
 // startGroup starts sh -c script in a process group of its own, as the
 // local executor starts an agent, and returns it, with its start time.
@@ -95,13 +61,13 @@ func TestEndLeftovers(t *testing.T) {
 	work := t.TempDir()
 
 	leader, leaderStart := startGroup(t, work, "sleep 300 & echo $! > leader-child.pid; wait")
-	leaderChild := readPID(t, filepath.Join(work, "leader-child.pid"))
+	leaderChild := testenv.ReadPIDFile(t, filepath.Join(work, "leader-child.pid"))
 
 	// A group whose leader is gone (killed by its death signal) and whose
 	// child lives on.
 	orphaned, orphanedStart := startGroup(t, work, "sleep 300 </dev/null >/dev/null 2>&1 & echo $! > orphan.pid")
 	_ = orphaned.Wait()
-	orphan := readPID(t, filepath.Join(work, "orphan.pid"))
+	orphan := testenv.ReadPIDFile(t, filepath.Join(work, "orphan.pid"))
 
 	reused, reusedStart := startGroup(t, work, "exec sleep 300")
 	held, heldStart := startGroup(t, work, "exec sleep 300")
@@ -128,17 +94,17 @@ func TestEndLeftovers(t *testing.T) {
 	defer recs.Close()
 	// Ended before OpenProcessRecords returned: no waiting on a kill.
 	for what, pid := range map[string]int{"the recorded leader's child": leaderChild, "the orphaned child": orphan} {
-		if !gone(pid) {
+		if !testenv.Exited(pid) {
 			// SIGKILL is delivered at once, but the exit may still be
 			// under way on a busy machine.
-			waitGone(t, pid, what)
+			testenv.WaitExited(t, pid, what)
 		}
 	}
 	_ = leader.Wait()
-	if gone(reused.Process.Pid) {
+	if testenv.Exited(reused.Process.Pid) {
 		t.Error("a process whose pid matched but whose start time did not was killed")
 	}
-	if gone(held.Process.Pid) {
+	if testenv.Exited(held.Process.Pid) {
 		t.Error("a live runner's agent was killed")
 	}
 	if _, err := os.Stat(filepath.Join(dir, "runner-dead"+recordSuffix)); !os.IsNotExist(err) {

@@ -19,11 +19,7 @@ import (
 func TestTrace(t *testing.T) {
 	skipShort(t)
 	t.Parallel()
-	j, err := testenv.StartJaeger(t.Context())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(j.Stop)
+	j := testenv.JaegerFor(t)
 	rig := startHub(t, "")
 	const traceID = "4bf92f3577b34da6a3ce929d0e0e4736"
 	var (

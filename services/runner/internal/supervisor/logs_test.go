@@ -4,26 +4,11 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"path/filepath"
 	"sync"
 	"testing"
 
-	"github.com/conclave-ai/conclave/pkg/store"
 	"github.com/conclave-ai/conclave/services/runner/internal/records"
 )
-
-func logRecords(t *testing.T) *records.Records {
-	t.Helper()
-	st, err := store.OpenBolt(filepath.Join(t.TempDir(), "state.db"), store.BoltOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = st.Close() })
-	if err := store.EnsureTables(context.Background(), st, records.Table); err != nil {
-		t.Fatal(err)
-	}
-	return records.New(st)
-}
 
 // TestFollowMissesNoLine: a follower that subscribes and then reads the
 // store has every line added before it subscribed, from the store or among
@@ -34,7 +19,7 @@ func logRecords(t *testing.T) *records.Records {
 func TestFollowMissesNoLine(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	rec := logRecords(t)
+	rec := openRecords(t)
 	book := newLogBook(rec, slog.New(slog.DiscardHandler))
 	l := book.open(ctx, "instance")
 	const before, writers, each = 50, 4, 50
@@ -106,7 +91,7 @@ func TestFollowMissesNoLine(t *testing.T) {
 func TestSyncStoresWhatWasAdded(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	rec := logRecords(t)
+	rec := openRecords(t)
 	book := newLogBook(rec, slog.New(slog.DiscardHandler))
 	l := book.open(ctx, "instance")
 	defer l.Close()

@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/conclave-ai/conclave/pkg/queue"
-	"github.com/conclave-ai/conclave/pkg/store"
 	"github.com/conclave-ai/conclave/pkg/testenv"
 	"github.com/conclave-ai/conclave/services/runner/internal/agenttype"
 	"github.com/conclave-ai/conclave/services/runner/internal/executor"
@@ -34,15 +33,7 @@ func (h *statusHook) Running(int)     {}
 // own.
 func openRecords(t *testing.T) *records.Records {
 	t.Helper()
-	st, err := store.OpenBolt(filepath.Join(t.TempDir(), "state.db"), store.BoltOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = st.Close() })
-	if err := store.EnsureTables(context.Background(), st, records.Table); err != nil {
-		t.Fatal(err)
-	}
-	return records.New(st)
+	return records.New(testenv.EmbeddedStore(t, records.Table))
 }
 
 // openQueues is an embedded queue of the test's own with the named queues.
