@@ -132,7 +132,7 @@ func TestEventsOnceWhileTheClearIsInFlight(t *testing.T) {
 		t.Fatal(err)
 	}
 	st := &heldClearStore{Store: bolt, release: make(chan struct{}), read: make(chan struct{})}
-	lib, err := service.NewHandler(service.Config{APIRate: "60/minute", ShutdownTimeout: time.Second, AgentTokens: []string{"copilot-2=" + copilotToken}},
+	lib, err := service.NewHandler(service.Config{APIRate: "60/minute", ReadRate: "600/minute", ShutdownTimeout: time.Second, AgentTokens: []string{"copilot-2=" + copilotToken}},
 		service.Deps{Store: st, Queue: q})
 	if err != nil {
 		t.Fatal(err)
