@@ -86,7 +86,7 @@ func BenchmarkWarm(b *testing.B) {
 		if err := q.Ensure(ctx, service.Queues[0]); err != nil {
 			b.Fatal(err)
 		}
-		lib, err := service.NewHandler(service.Config{ConfigDir: benchConfig(b), APIRate: "100000000/minute", ReadRate: "100000000/minute", AgentTokens: []string{"claude-3=" + token}},
+		lib, err := service.NewHandler(service.Config{ConfigDir: benchConfig(b), APIRate: "100000000/minute", ReadRate: "100000000/minute", ShutdownTimeout: time.Second, AgentTokens: []string{"claude-3=" + token}},
 			service.Deps{Store: st, Queue: q})
 		if err != nil {
 			b.Fatal(err)
