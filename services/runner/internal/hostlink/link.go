@@ -539,6 +539,12 @@ func (l *Link) event(ctx context.Context, e *runnerv1.HostEvent) {
 		l.mu.Unlock()
 	case *runnerv1.HostEvent_PermissionRequest:
 		l.permission(ctx, k.PermissionRequest)
+	case *runnerv1.HostEvent_GatewayMessage:
+		l.gatewayMessage(ctx, k.GatewayMessage)
+	case *runnerv1.HostEvent_GatewayCancel:
+		if l.opts.OnGatewayCancel != nil {
+			l.opts.OnGatewayCancel(k.GatewayCancel.GetReason())
+		}
 	case *runnerv1.HostEvent_Exited:
 		x := k.Exited
 		l.mu.Lock()
