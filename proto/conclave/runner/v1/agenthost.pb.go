@@ -1342,6 +1342,11 @@ type Prompt struct {
 	Message string `protobuf:"bytes,2,opt,name=message,proto3" json:"message,omitempty"`
 	// Bounds a kandev agent's {accepted: true}.
 	AcceptTimeout *durationpb.Duration `protobuf:"bytes,3,opt,name=accept_timeout,json=acceptTimeout,proto3" json:"accept_timeout,omitempty"`
+	// The turn's trace context (W3C traceparent) in the runner, such as a
+	// gateway client's: agent-host's span of the turn, and so the agent's
+	// prompt, its updates and permission requests, continue it. Empty: the
+	// turn is in agent-host's own trace.
+	Traceparent   string `protobuf:"bytes,4,opt,name=traceparent,proto3" json:"traceparent,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1395,6 +1400,13 @@ func (x *Prompt) GetAcceptTimeout() *durationpb.Duration {
 		return x.AcceptTimeout
 	}
 	return nil
+}
+
+func (x *Prompt) GetTraceparent() string {
+	if x != nil {
+		return x.Traceparent
+	}
+	return ""
 }
 
 // Cancel ends a turn, if it is still queued or running.
@@ -1984,11 +1996,12 @@ const file_conclave_runner_v1_agenthost_proto_rawDesc = "" +
 	"\x11permission_answer\x18\x05 \x01(\v2$.conclave.runner.v1.PermissionAnswerH\x00R\x10permissionAnswer\x12P\n" +
 	"\x10gateway_accepted\x18\x06 \x01(\v2#.conclave.runner.v1.GatewayAcceptedH\x00R\x0fgatewayAccepted\x12T\n" +
 	"\x12gateway_turn_ended\x18\a \x01(\v2$.conclave.runner.v1.GatewayTurnEndedH\x00R\x10gatewayTurnEndedB\x06\n" +
-	"\x04kind\"x\n" +
+	"\x04kind\"\x9a\x01\n" +
 	"\x06Prompt\x12\x12\n" +
 	"\x04turn\x18\x01 \x01(\x03R\x04turn\x12\x18\n" +
 	"\amessage\x18\x02 \x01(\tR\amessage\x12@\n" +
-	"\x0eaccept_timeout\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\racceptTimeout\"4\n" +
+	"\x0eaccept_timeout\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\racceptTimeout\x12 \n" +
+	"\vtraceparent\x18\x04 \x01(\tR\vtraceparent\"4\n" +
 	"\x06Cancel\x12\x12\n" +
 	"\x04turn\x18\x01 \x01(\x03R\x04turn\x12\x16\n" +
 	"\x06reason\x18\x02 \x01(\tR\x06reason\"\a\n" +

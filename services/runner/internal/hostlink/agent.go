@@ -508,6 +508,9 @@ func (a *agentRun) runTurns(ctx context.Context, client *acp.Client) {
 
 // runTurn sends one prompt and waits for its turn to end.
 func (a *agentRun) runTurn(ctx context.Context, client *acp.Client, t *hostTurn) *runnerv1.TurnEnded {
+	// The runner's turn's trace (a gateway client's), when it sent one:
+	// the agent's prompt, updates and permission requests follow it.
+	ctx = traceContext(ctx, t.p.GetTraceparent())
 	ctx, span := a.h.tracer.Start(ctx, "acp session/prompt", trace.WithSpanKind(trace.SpanKindClient),
 		trace.WithAttributes(attribute.Int64("conclave.turn", t.p.GetTurn())))
 	defer span.End()

@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/protobuf/types/known/durationpb"
 
@@ -225,7 +226,8 @@ func (l *Link) PromptTurn(ctx context.Context, turn int64, message string, accep
 	if !l.prompted[turn] {
 		l.prompted[turn] = true
 		seq = l.queue(&runnerv1.HostCommand{Kind: &runnerv1.HostCommand_Prompt{Prompt: &runnerv1.Prompt{
-			Turn: turn, Message: message, AcceptTimeout: durationpb.New(acceptTimeout)}}})
+			Turn: turn, Message: message, AcceptTimeout: durationpb.New(acceptTimeout),
+			Traceparent: traceparent(trace.SpanContextFromContext(ctx))}}})
 	}
 	l.mu.Unlock()
 	defer func() {
