@@ -125,7 +125,12 @@ func TestAgentHostOnGateway(t *testing.T) {
 	r := newRunnerState(t, freeLoopbackAddr(t), gatewayForPods(t, gwAddr)).run(t, nil)
 	gw := gatewayClient(t, gwAddr)
 	in := r.launch(t, "on-gateway", workspace(t), nil)
-	t.Cleanup(func() { r.delete(t, in.ID) })
+	t.Cleanup(func() {
+		// t.Context() has ended by now.
+		if code := r.do(t, context.Background(), "DELETE", "/api/v1/agents/"+in.ID, nil, nil); code != http.StatusOK {
+			t.Errorf("delete %s: HTTP %d", in.ID, code)
+		}
+	})
 
 	var agent *gatewayv1.Agent
 	testenv.EventuallyNoError(t, waitTimeout, "the Job's agent on the gateway", func() error {
