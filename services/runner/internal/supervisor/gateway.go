@@ -68,7 +68,11 @@ func (ss *session) openGateway() {
 	ss.mu.Lock()
 	hosted := ss.link != nil
 	ss.mu.Unlock()
-	if hosted && ss.s.o.HostGateway {
+	if hosted {
+		// Its agent-host registers it, from where it runs.
+		if !ss.s.o.HostGateway {
+			ss.log.Add(StreamRunner, "not registered at the gateway: this runner has no CONCLAVE_RUNNER_HOST_GATEWAY_ADDR or CONCLAVE_RUNNER_GATEWAY_ADDR")
+		}
 		return
 	}
 	g := ss.s.o.Gateway
@@ -77,13 +81,7 @@ func (ss *session) openGateway() {
 		return
 	}
 	caps := gatewayCaps(typ)
-	ss.mu.Lock()
 	where := ss.s.o.GatewayHost
-	if ss.link != nil && ss.proc != nil {
-		// A Job's agent: where it runs is its Job.
-		where = ss.proc.ID()
-	}
-	ss.mu.Unlock()
 	l := g.Open(covenlink.Agent{
 		ID: id, Name: firstNonEmpty(typ.Name, typ.ID), Capabilities: caps,
 		Metadata: &covenpb.AgentMetadata{

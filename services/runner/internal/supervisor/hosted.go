@@ -17,11 +17,8 @@ import (
 // agent-host speaks ACP to the agent where it runs and dials back to the
 // runner, which converses with it over that link instead of over stdio.
 type HostLinks interface {
-	// Expect registers a launch whose agent-host will dial in. Updates and
-	// log lines reach onUpdate and onLog in order, once each.
-	// onPermission, when not nil, decides the agent's permission requests
-	// (the librarian policy): their params as the agent sent them, its
-	// workspace in the pod, and the durable turn that asks.
+	// Expect registers a launch whose agent-host will dial in; h takes
+	// what it relays.
 	Expect(instanceID string, launch int64, h HostHandlers) HostLink
 	// Spec is agent-host's settings and token for a launch; sessionID is
 	// a session to load, or empty; gw, when its AgentID is set, has
