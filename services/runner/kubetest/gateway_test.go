@@ -151,8 +151,13 @@ func TestAgentHostOnGateway(t *testing.T) {
 	if tags := agent.GetMetadata().GetWorkspaces(); !slices.Equal(tags, []string{"runner", "instance:" + in.ID, "agent_type:on-gateway"}) {
 		t.Errorf("tags %v", tags)
 	}
-	// agent-host registered it, and said so in the instance's log.
-	r.waitLog(t, in.ID, "agent-host: registered at the gateway as coven agent "+in.ID)
+	// agent-host registered it, and said so in the instance's log; the
+	// runner did not register it too.
+	for _, l := range r.waitLog(t, in.ID, "agent-host: registered at the gateway as coven agent "+in.ID) {
+		if strings.HasPrefix(l.Text, "registered at the gateway") {
+			t.Errorf("the runner registered the Job's agent itself: %q", l.Text)
+		}
+	}
 
 	ctx, cancel := context.WithTimeout(gwAuthed(t.Context()), waitTimeout)
 	defer cancel()
