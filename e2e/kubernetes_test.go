@@ -108,14 +108,27 @@ func TestKubernetes(t *testing.T) {
 	// (step 7), through a relay on the node's address; people review on
 	// this host.
 	aws := be.env(kubePrefix)
-	runnerLibToken, runnerBusToken := token("librarian-runner"), token("bus-runner")
+	runnerLibToken, frontDoorLibToken, runnerBusToken := token("librarian-runner"), token("librarian-front-door"), token("bus-runner")
 	startLibrarian(t, ctx, sh, bins[librarianCmd], be.dynalite, kubePrefix, aws,
 		"CONCLAVE_LIBRARIAN_CONFIG_DIR="+librarianConfig(t, t.TempDir()),
-		"CONCLAVE_LIBRARIAN_AGENT_TOKENS=claude-3="+sh.librarianAgentToken+","+governedAgentType+"="+runnerLibToken)
+		"CONCLAVE_LIBRARIAN_AGENT_TOKENS=claude-3="+sh.librarianAgentToken+","+governedAgentType+"="+runnerLibToken+","+frontDoorAgentType+"="+frontDoorLibToken)
 	librarianInNode, err := node.Forward(kubeenv.KubeNodeIP+":0", strings.TrimPrefix(sh.librarianURL, "http://"))
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The bridge, as an MCP client's machine runs it; the front-door
+	// agent (step 8), in its Job's pod, calls it through a relay on the
+	// node's address.
+	startBridge(t, ctx, sh, bins[bridgeCmd], aws)
+	bridgeInNode, err := node.Forward(kubeenv.KubeNodeIP+":0", strings.TrimSuffix(strings.TrimPrefix(sh.bridgeMCP, "http://"), "/mcp"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The front-door agent's agent-host registers it at the gateway's
+	// Service with the runner's Secret's gateway token, which a pattern
+	// entry of the gateway's agent tokens opens (docs/runner.md).
+	runnerGatewayToken := token("gateway-runner")
+	sh.frontDoor, sh.agentsRemote = true, true
 
 	rel, err := kubeenv.NewRelease(ctx, node, kubeRelease, kubeNamespace, dir)
 	if err != nil {
@@ -124,10 +137,11 @@ func TestKubernetes(t *testing.T) {
 	grants, _ := json.Marshal([]map[string]any{{"token": sh.busToken, "publish": []string{"*"}, "subscribe": []string{"*"}, "admin": true},
 		{"token": runnerBusToken, "subscribe": []string{"system:librarian.request.*"}}})
 	if err := rel.CreateSecrets(ctx, map[string]map[string]string{
-		"conclave-gateway-tokens": {"client-tokens": sh.gatewayToken, "agent-tokens": sh.covenAgentID + "=" + sh.covenAgentToken},
+		"conclave-gateway-tokens": {"client-tokens": sh.gatewayToken, "agent-tokens": sh.covenAgentID + "=" + sh.covenAgentToken + ",*=" + runnerGatewayToken},
 		"conclave-bus-secrets":    {"grants": string(grants), "peer-token": token("bus-peer"), "runner-token": sh.runnerToken},
 		"conclave-runner-tokens": {"client-tokens": sh.runnerToken, "host-key": token("runner-host-key"),
-			"librarian-tokens": governedAgentType + "=" + runnerLibToken, "bus-token": runnerBusToken},
+			"librarian-tokens": governedAgentType + "=" + runnerLibToken + "," + frontDoorAgentType + "=" + frontDoorLibToken, "bus-token": runnerBusToken,
+			"gateway-token": runnerGatewayToken},
 		"conclave-aws": {"AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test"},
 	}); err != nil {
 		t.Fatal(err)
@@ -137,7 +151,8 @@ func TestKubernetes(t *testing.T) {
 		t.Fatal(err)
 	}
 	values := filepath.Join(dir, "values.yaml")
-	if err := os.WriteFile(values, []byte(kubeValues(awsInNode, otlp.Addr().String(), version, "http://"+librarianInNode.Addr().String())), 0o600); err != nil {
+	if err := os.WriteFile(values, []byte(kubeValues(awsInNode, otlp.Addr().String(), version, "http://"+librarianInNode.Addr().String(),
+		"http://"+bridgeInNode.Addr().String()+"/mcp", sh.bridgeToken)), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	deployables := []string{"gateway", "bus", "runner"}
@@ -186,9 +201,6 @@ func TestKubernetes(t *testing.T) {
 		return cmd
 	}
 
-	// The bridge, as an MCP client's machine runs it.
-	startBridge(t, ctx, sh, bins[bridgeCmd], aws)
-
 	runScenario(t, sh)
 	if t.Failed() {
 		t.Logf("the node:\n%s", rel.Diagnose())
@@ -201,11 +213,14 @@ func TestKubernetes(t *testing.T) {
 // the Kubernetes executor with the scenario's agent types, the bus's
 // default handler launching the bus agent through it; the governed agent
 // type asking librarianURL, its decisions heard on the release's bus, the
-// tokens for both in the runner's Secret. The node has no cluster DNS, so
+// tokens for both in the runner's Secret; the front-door agent type
+// (step 8) calling the bridge at bridgeMCP, registered at the gateway by
+// its agent-host with the runner's Secret's gateway token. The node has
+// no cluster DNS, so
 // the bus reaches the runner, and its launched agents and the runner the
 // bus, by the addresses the kubelet gives every pod of the namespace
 // (their Services exist before the Deployments: helm creates them first).
-func kubeValues(awsEndpoint, otlpEndpoint, version, librarianURL string) string {
+func kubeValues(awsEndpoint, otlpEndpoint, version, librarianURL, bridgeMCP, bridgeToken string) string {
 	return fmt.Sprintf(`backend: aws
 tablePrefix: %[1]s
 aws:
@@ -233,6 +248,10 @@ runner:
   secret:
     librarianTokensKey: librarian-tokens
     busTokenKey: bus-token
+    gatewayTokenKey: gateway-token
+  gatewayAgents:
+    enabled: true
+    addr: "$(CONCLAVE_GATEWAY_SERVICE_HOST):$(CONCLAVE_GATEWAY_SERVICE_PORT_GRPC)"
   settings:
     hostOtlpEndpoint: %[3]q
     librarianUrl: %[12]q
@@ -270,10 +289,21 @@ runner:
         memory_mb: 128
         cpu_cores: 0.25
         enabled: true
+      - id: %[13]s
+        image: conclave/acp-agent:%[9]s
+        command: [/usr/local/bin/acp-agent, -dialect, acp, -mcp-url, %[14]q, -mcp-tool, %[15]s, -mcp-args, %[16]q]
+        protocol: acp
+        permission: librarian
+        gateway: true
+        env: {ACP_AGENT_MCP_TOKEN: %[17]q}
+        memory_mb: 128
+        cpu_cores: 0.25
+        enabled: true
 console:
   enabled: false
 `, kubePrefix, awsEndpoint, otlpEndpoint, acpAgentType, busAgentType, toolAgentType,
-		runnerPythonImage, runnerPythonTag, version, toolAgentsDir, governedAgentType, librarianURL)
+		runnerPythonImage, runnerPythonTag, version, toolAgentsDir, governedAgentType, librarianURL,
+		frontDoorAgentType, bridgeMCP, frontDoorTool, frontDoorArgs, bridgeToken)
 }
 
 // runnerPython writes the runner's image with Python: the runner (bin) as

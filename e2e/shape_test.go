@@ -52,6 +52,9 @@ type shape struct {
 	// frontDoor: the runner's front-door agent type (step 8) is set up, its
 	// instances registered at this shape's gateway.
 	frontDoor bool
+	// agentsRemote: the runner's ACP agents run elsewhere (Jobs' pods),
+	// their workspaces out of this host's reach.
+	agentsRemote bool
 	// a2a: step 9 (an A2A client) runs on this shape.
 	a2a bool
 

@@ -62,6 +62,7 @@ func TestKubernetesExecutor(t *testing.T) {
 				"CONCLAVE_RUNNER_EXECUTOR":                "kubernetes",
 				"CONCLAVE_RUNNER_HOST_KEY":                "",
 				"CONCLAVE_RUNNER_HOST_ADDR":               "$(POD_IP):50052",
+				"CONCLAVE_RUNNER_HOST_GATEWAY_ADDR":       "conclave-gateway.conclave.svc:50051",
 				"CONCLAVE_RUNNER_KUBE_NAMESPACE":          "conclave",
 				"CONCLAVE_RUNNER_KUBE_HOST_IMAGE":         "registry.example.com/conclave/agent-host:v7",
 				"CONCLAVE_RUNNER_KUBE_SERVICE_ACCOUNT":    "conclave-agents",
@@ -95,6 +96,7 @@ func TestKubernetesExecutor(t *testing.T) {
 				"CONCLAVE_RUNNER_EXECUTOR":                "kubernetes",
 				"CONCLAVE_RUNNER_HOST_KEY":                "",
 				"CONCLAVE_RUNNER_HOST_ADDR":               "$(POD_IP):6000",
+				"CONCLAVE_RUNNER_HOST_GATEWAY_ADDR":       "conclave-gateway.conclave.svc:50051",
 				"CONCLAVE_RUNNER_HOST_START_TIMEOUT":      "10m",
 				"CONCLAVE_RUNNER_HOST_EXIT_GRACE":         "1m",
 				"CONCLAVE_RUNNER_KUBE_NAMESPACE":          "agents",
@@ -128,6 +130,7 @@ func TestKubernetesExecutor(t *testing.T) {
 				"CONCLAVE_RUNNER_EXECUTOR":                "kubernetes",
 				"CONCLAVE_RUNNER_HOST_KEY":                "",
 				"CONCLAVE_RUNNER_HOST_ADDR":               "$(POD_IP):50052",
+				"CONCLAVE_RUNNER_HOST_GATEWAY_ADDR":       "conclave-gateway.conclave.svc:50051",
 				"CONCLAVE_RUNNER_HOST_OTLP_ENDPOINT":      "conclave-jaeger.conclave.svc:4317",
 				"CONCLAVE_RUNNER_KUBE_NAMESPACE":          "agents",
 				"CONCLAVE_RUNNER_KUBE_HOST_IMAGE":         "conclave/agent-host:" + chartAppVersion(t),
@@ -312,6 +315,7 @@ func checkAgentNetworkPolicies(t *testing.T, r rendered, agentNamespace string, 
 	runnerPolicy := r.netpols[release+"-runner"]
 	runnerLabels := r.deployments[release+"-runner"].Spec.Template.Labels
 	busLabels := r.deployments[release+"-bus"].Spec.Template.Labels
+	gatewayLabels := r.deployments[release+"-gateway"].Spec.Template.Labels
 	grpcPort := r.deployments[release+"-runner"].Spec.Template.Spec.Containers[0].Ports[0]
 	if grpcPort.Name != "grpc" {
 		t.Fatalf("the runner's first port is %s, not grpc", grpcPort.Name)
@@ -348,6 +352,9 @@ func checkAgentNetworkPolicies(t *testing.T, r rendered, agentNamespace string, 
 	if !ingressAllows(r.netpols[release+"-bus"], agentPodLabels, agentNamespace, "http", 7892) {
 		t.Errorf("agent pods may not reach the bus")
 	}
+	if !ingressAllows(r.netpols[release+"-gateway"], agentPodLabels, agentNamespace, "grpc", 50051) {
+		t.Errorf("agent pods may not reach the gateway's AgentStream")
+	}
 	jaegerLabels := map[string]string{}
 	if jaeger {
 		jaegerLabels = r.deployments[release+"-jaeger"].Spec.Template.Labels
@@ -367,6 +374,9 @@ func checkAgentNetworkPolicies(t *testing.T, r rendered, agentNamespace string, 
 		{"the runner's gRPC port", runnerLabels, "conclave", grpcPort.ContainerPort, corev1.ProtocolTCP, true},
 		{"the runner's HTTP port", runnerLabels, "conclave", 8082, corev1.ProtocolTCP, false},
 		{"the bus", busLabels, "conclave", 7892, corev1.ProtocolTCP, true},
+		// agent-host registers its agent at the gateway.
+		{"the gateway's gRPC port", gatewayLabels, "conclave", 50051, corev1.ProtocolTCP, true},
+		{"the gateway's HTTP port", gatewayLabels, "conclave", 8080, corev1.ProtocolTCP, false},
 		{"DNS over UDP", map[string]string{"k8s-app": "kube-dns"}, "kube-system", 53, corev1.ProtocolUDP, true},
 		{"DNS over TCP", map[string]string{"k8s-app": "kube-dns"}, "kube-system", 53, corev1.ProtocolTCP, true},
 		{"another pod's gRPC port", map[string]string{"app": "database"}, "conclave", grpcPort.ContainerPort, corev1.ProtocolTCP, false},

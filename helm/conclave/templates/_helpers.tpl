@@ -297,6 +297,23 @@ devSecrets.generate the generated Secret and its keys
 - name: CONCLAVE_RUNNER_GATEWAY_ADDR
   value: {{ $c.gatewayAgents.addr | default (printf "%s:%v" (include "conclave.name" (dict "root" $root "name" "gateway")) $root.Values.gateway.service.grpcPort) | quote }}
 {{- include "conclave.secretEnv" (dict "env" "CONCLAVE_RUNNER_GATEWAY_TOKEN" "secret" $secret.name "key" $secret.gatewayTokenKey) }}
+{{- if eq $c.executor "kubernetes" }}
+# agent-host registers each Job's agent at the gateway, from its pod.
+- name: CONCLAVE_RUNNER_HOST_GATEWAY_ADDR
+  value: {{ $c.gatewayAgents.hostAddr | default $c.gatewayAgents.addr | default (printf "%s.%s.svc:%v" (include "conclave.name" (dict "root" $root "name" "gateway")) $root.Release.Namespace $root.Values.gateway.service.grpcPort) | quote }}
+{{- $ts := $c.gatewayAgents.tokenSecret }}
+{{- if $ts.name }}
+- name: CONCLAVE_RUNNER_KUBE_GATEWAY_TOKEN_SECRET
+  value: {{ $ts.name | quote }}
+- name: CONCLAVE_RUNNER_KUBE_GATEWAY_TOKEN_KEY
+  value: {{ $ts.key | default "gateway-token" | quote }}
+{{- else if and $secret.gatewayTokenKey (eq (include "conclave.agentNamespace" $root) $root.Release.Namespace) }}
+- name: CONCLAVE_RUNNER_KUBE_GATEWAY_TOKEN_SECRET
+  value: {{ $secret.name | quote }}
+- name: CONCLAVE_RUNNER_KUBE_GATEWAY_TOKEN_KEY
+  value: {{ $secret.gatewayTokenKey | quote }}
+{{- end }}
+{{- end }}
 {{- end }}
 - name: CONCLAVE_RUNNER_EXECUTOR
   value: {{ $c.executor | quote }}

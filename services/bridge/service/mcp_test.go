@@ -248,14 +248,24 @@ func TestHTTPAuthentication(t *testing.T) {
 	init := `{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"raw","version":"1"}}}`
 	for _, tt := range []struct {
 		name, auth string
-		want       int
+		// host is the request's Host, as a relay to the loopback
+		// listener leaves it ("" for the listener's own).
+		host string
+		want int
 	}{
-		{"no token", "", http.StatusUnauthorized},
-		{"wrong token", "Bearer nope", http.StatusUnauthorized},
-		{"not bearer", "Basic " + testToken, http.StatusUnauthorized},
-		{"valid", "Bearer " + testToken, http.StatusOK},
+		{"no token", "", "", http.StatusUnauthorized},
+		{"wrong token", "Bearer nope", "", http.StatusUnauthorized},
+		{"not bearer", "Basic " + testToken, "", http.StatusUnauthorized},
+		{"valid", "Bearer " + testToken, "", http.StatusOK},
+		// With tokens, a client through a relay (an agent in a pod) is
+		// answered under the relay's name: a rebound page has no token.
+		{"valid, through a relay", "Bearer " + testToken, "10.250.0.1:44295", http.StatusOK},
+		{"no token, through a relay", "", "10.250.0.1:44295", http.StatusUnauthorized},
 	} {
 		req, _ := http.NewRequest(http.MethodPost, b.url, strings.NewReader(init))
+		if tt.host != "" {
+			req.Host = tt.host
+		}
 		req.Header.Set("Content-Type", "application/json")
 		req.Header.Set("Accept", "application/json, text/event-stream")
 		if tt.auth != "" {

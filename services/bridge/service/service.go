@@ -183,6 +183,13 @@ func New(cfg Config, deps Deps, opts ...server.Option) (*Bridge, error) {
 		Logger: logger,
 		// Idle sessions are dropped, so abandoned clients free their state.
 		SessionTimeout: 30 * time.Minute,
+		// The SDK's DNS rebinding protection refuses a request that
+		// reaches a loopback listener with another Host: right without
+		// tokens (the development guard checks the same), but a bridge
+		// that requires a bearer token, which a rebound page cannot
+		// present, is also reached through loopback relays and proxies
+		// under their own names (an agent in a pod, through a forward).
+		DisableLocalhostProtection: !cfg.AllowUnauthenticated,
 	})
 	if cfg.AllowUnauthenticated {
 		logger.Warn("the bridge's MCP endpoint accepts requests without a bearer token")

@@ -2,7 +2,7 @@ package service
 
 import (
 	"context"
-	"encoding/json"
+	"time"
 
 	"github.com/conclave-ai/conclave/services/runner/internal/acp"
 	"github.com/conclave-ai/conclave/services/runner/internal/agenttype"
@@ -24,6 +24,10 @@ type hostLinks struct {
 	settings hostlink.Settings
 	// otlp is where agent-host exports its spans, if anywhere.
 	otlp string
+	// gatewayAddr is where agent-host dials the gateway to register an
+	// agent on it; empty: agents behind agent-host are not registered.
+	gatewayAddr      string
+	gatewayHeartbeat time.Duration
 }
 
 var (
@@ -31,31 +35,38 @@ var (
 	_ hostlink.HubMetrics  = (*metrics.Metrics)(nil)
 )
 
-func (h *hostLinks) Expect(instanceID string, launch int64, onUpdate func(context.Context, acp.Update), onLog func(stream, text string),
-	onPermission func(context.Context, json.RawMessage, string, int) acp.PermissionAnswer) supervisor.HostLink {
+func (h *hostLinks) Expect(instanceID string, launch int64, hh supervisor.HostHandlers) supervisor.HostLink {
 	var decide func(context.Context, hostlink.PermissionRequest) acp.PermissionAnswer
-	if onPermission != nil {
+	if hh.OnPermission != nil {
 		decide = func(ctx context.Context, p hostlink.PermissionRequest) acp.PermissionAnswer {
-			return onPermission(ctx, p.Params, p.Workspace, int(p.Turn))
+			return hh.OnPermission(ctx, p.Params, p.Workspace, int(p.Turn))
 		}
 	}
 	return hostLink{h.hub.Expect(instanceID, launch, hostlink.LinkOptions{
-		OnUpdate:     onUpdate,
+		OnUpdate:     hh.OnUpdate,
 		OnPermission: decide,
 		OnLog: func(stream, text string) {
 			if stream == "stderr" {
-				onLog(supervisor.StreamStderr, text)
+				hh.OnLog(supervisor.StreamStderr, text)
 				return
 			}
-			onLog(supervisor.StreamRunner, "agent-host: "+text)
+			hh.OnLog(supervisor.StreamRunner, "agent-host: "+text)
 		},
+		OnGatewayMessage: hh.OnGatewayMessage,
+		OnGatewayCancel:  hh.OnGatewayCancel,
 	})}
 }
 
-func (h *hostLinks) Spec(instanceID string, launch int64, typ agenttype.Type, sessionID string) executor.HostSpec {
+func (h *hostLinks) Spec(instanceID string, launch int64, typ agenttype.Type, sessionID string, gw supervisor.GatewayAgent) executor.HostSpec {
 	s := h.settings
 	s.RunnerAddr, s.InstanceID, s.Launch = h.runnerAddr(), instanceID, launch
 	s.Protocol, s.Permission, s.AuthMethod, s.SessionID = typ.Protocol, typ.Permission, typ.AuthMethod, sessionID
+	if gw.AgentID != "" && h.gatewayAddr != "" {
+		// The token is not here: the executor references the operator's
+		// Secret for it (CONCLAVE_RUNNER_KUBE_GATEWAY_TOKEN_SECRET).
+		s.GatewayAddr, s.GatewayAgentID, s.GatewayName, s.GatewayCapabilities = h.gatewayAddr, gw.AgentID, gw.Name, gw.Capabilities
+		s.GatewayHeartbeat, s.AgentType = h.gatewayHeartbeat, gw.AgentType
+	}
 	env := s.Env()
 	if h.otlp != "" {
 		env["OTEL_EXPORTER_OTLP_ENDPOINT"] = h.otlp

@@ -3,6 +3,7 @@
 package service
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -87,7 +88,10 @@ type Config struct {
 	HostAddr         string        `env:"CONCLAVE_RUNNER_HOST_ADDR" help:"host:port agents' pods dial this replica's gRPC listener at (default: CONCLAVE_RUNNER_ADVERTISE_ADDR)"`
 	HostStartTimeout time.Duration `env:"CONCLAVE_RUNNER_HOST_START_TIMEOUT" default:"5m" help:"how long a Kubernetes launch may take from its Job's creation to agent-host reporting the agent's session up (scheduling, image pulls, the agent's start)"`
 	HostOTLPEndpoint string        `env:"CONCLAVE_RUNNER_HOST_OTLP_ENDPOINT" help:"OTLP gRPC endpoint (host:port, reachable from agents' pods) agent-host exports its spans to; empty: they are not exported (the launch's trace still continues in the agent's updates)"`
-	HostExitGrace    time.Duration `env:"CONCLAVE_RUNNER_HOST_EXIT_GRACE" default:"30s" help:"how long an agent's Job may take to finish once agent-host was told to end it, before it is deleted"`
+	// HostGatewayAddr is where agent-host, in an agent's pod, dials the
+	// gateway to register the agent there itself.
+	HostGatewayAddr string        `env:"CONCLAVE_RUNNER_HOST_GATEWAY_ADDR" help:"the coven gateway's AgentStream address as agents' pods reach it (its Service, the load-balanced endpoint), where agent-host registers agents on the gateway with the token of CONCLAVE_RUNNER_KUBE_GATEWAY_TOKEN_SECRET (default: CONCLAVE_RUNNER_GATEWAY_ADDR)"`
+	HostExitGrace   time.Duration `env:"CONCLAVE_RUNNER_HOST_EXIT_GRACE" default:"30s" help:"how long an agent's Job may take to finish once agent-host was told to end it, before it is deleted"`
 	executor.KubeConfig
 }
 
@@ -289,7 +293,8 @@ func New(cfg Config, deps Deps, opts ...server.Option) (*Runner, error) {
 		}
 		r.hub = hostlink.NewHub([]byte(cfg.HostKey), logger)
 		hosts = &hostLinks{hub: r.hub, key: []byte(cfg.HostKey), runnerAddr: r.hostAddr(cfg.HostAddr),
-			settings: hostlink.Settings{ProtocolTimeout: cfg.ProtocolTimeout, MaxLine: cfg.MaxLineBytes}, otlp: cfg.HostOTLPEndpoint}
+			settings: hostlink.Settings{ProtocolTimeout: cfg.ProtocolTimeout, MaxLine: cfg.MaxLineBytes}, otlp: cfg.HostOTLPEndpoint,
+			gatewayAddr: cmp.Or(cfg.HostGatewayAddr, cfg.GatewayAddr), gatewayHeartbeat: cfg.GatewayHeartbeat}
 	default:
 		local := &executor.Local{Roots: cfg.WorkspaceRoots}
 		if deps.ProcessDir != "" {
@@ -317,6 +322,9 @@ func New(cfg Config, deps Deps, opts ...server.Option) (*Runner, error) {
 	}
 	if hosts != nil {
 		supOpts.Hosts, supOpts.HostStartTimeout, supOpts.HostExitGrace = hosts, cfg.HostStartTimeout, cfg.HostExitGrace
+		// Agents in Jobs are registered at the gateway by their agent-host,
+		// from where they run.
+		supOpts.HostGateway = hosts.gatewayAddr != ""
 	}
 	if gov, watcher, err := newGovernance(cfg, deps, registry, serverID, runnerMetrics); err != nil {
 		return nil, err

@@ -604,6 +604,8 @@ type HostEvent struct {
 	//	*HostEvent_TurnEnded
 	//	*HostEvent_Exited
 	//	*HostEvent_PermissionRequest
+	//	*HostEvent_GatewayMessage
+	//	*HostEvent_GatewayCancel
 	Kind          isHostEvent_Kind `protobuf_oneof:"kind"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -707,6 +709,24 @@ func (x *HostEvent) GetPermissionRequest() *PermissionRequest {
 	return nil
 }
 
+func (x *HostEvent) GetGatewayMessage() *GatewayMessage {
+	if x != nil {
+		if x, ok := x.Kind.(*HostEvent_GatewayMessage); ok {
+			return x.GatewayMessage
+		}
+	}
+	return nil
+}
+
+func (x *HostEvent) GetGatewayCancel() *GatewayCancel {
+	if x != nil {
+		if x, ok := x.Kind.(*HostEvent_GatewayCancel); ok {
+			return x.GatewayCancel
+		}
+	}
+	return nil
+}
+
 type isHostEvent_Kind interface {
 	isHostEvent_Kind()
 }
@@ -735,6 +755,14 @@ type HostEvent_PermissionRequest struct {
 	PermissionRequest *PermissionRequest `protobuf:"bytes,7,opt,name=permission_request,json=permissionRequest,proto3,oneof"`
 }
 
+type HostEvent_GatewayMessage struct {
+	GatewayMessage *GatewayMessage `protobuf:"bytes,8,opt,name=gateway_message,json=gatewayMessage,proto3,oneof"`
+}
+
+type HostEvent_GatewayCancel struct {
+	GatewayCancel *GatewayCancel `protobuf:"bytes,9,opt,name=gateway_cancel,json=gatewayCancel,proto3,oneof"`
+}
+
 func (*HostEvent_Ready) isHostEvent_Kind() {}
 
 func (*HostEvent_Update) isHostEvent_Kind() {}
@@ -746,6 +774,10 @@ func (*HostEvent_TurnEnded) isHostEvent_Kind() {}
 func (*HostEvent_Exited) isHostEvent_Kind() {}
 
 func (*HostEvent_PermissionRequest) isHostEvent_Kind() {}
+
+func (*HostEvent_GatewayMessage) isHostEvent_Kind() {}
+
+func (*HostEvent_GatewayCancel) isHostEvent_Kind() {}
 
 // Ready: the agent is initialized and its session is up.
 type Ready struct {
@@ -1157,6 +1189,8 @@ type HostCommand struct {
 	//	*HostCommand_Cancel
 	//	*HostCommand_Close
 	//	*HostCommand_PermissionAnswer
+	//	*HostCommand_GatewayAccepted
+	//	*HostCommand_GatewayTurnEnded
 	Kind          isHostCommand_Kind `protobuf_oneof:"kind"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -1242,6 +1276,24 @@ func (x *HostCommand) GetPermissionAnswer() *PermissionAnswer {
 	return nil
 }
 
+func (x *HostCommand) GetGatewayAccepted() *GatewayAccepted {
+	if x != nil {
+		if x, ok := x.Kind.(*HostCommand_GatewayAccepted); ok {
+			return x.GatewayAccepted
+		}
+	}
+	return nil
+}
+
+func (x *HostCommand) GetGatewayTurnEnded() *GatewayTurnEnded {
+	if x != nil {
+		if x, ok := x.Kind.(*HostCommand_GatewayTurnEnded); ok {
+			return x.GatewayTurnEnded
+		}
+	}
+	return nil
+}
+
 type isHostCommand_Kind interface {
 	isHostCommand_Kind()
 }
@@ -1262,6 +1314,14 @@ type HostCommand_PermissionAnswer struct {
 	PermissionAnswer *PermissionAnswer `protobuf:"bytes,5,opt,name=permission_answer,json=permissionAnswer,proto3,oneof"`
 }
 
+type HostCommand_GatewayAccepted struct {
+	GatewayAccepted *GatewayAccepted `protobuf:"bytes,6,opt,name=gateway_accepted,json=gatewayAccepted,proto3,oneof"`
+}
+
+type HostCommand_GatewayTurnEnded struct {
+	GatewayTurnEnded *GatewayTurnEnded `protobuf:"bytes,7,opt,name=gateway_turn_ended,json=gatewayTurnEnded,proto3,oneof"`
+}
+
 func (*HostCommand_Prompt) isHostCommand_Kind() {}
 
 func (*HostCommand_Cancel) isHostCommand_Kind() {}
@@ -1269,6 +1329,10 @@ func (*HostCommand_Cancel) isHostCommand_Kind() {}
 func (*HostCommand_Close) isHostCommand_Kind() {}
 
 func (*HostCommand_PermissionAnswer) isHostCommand_Kind() {}
+
+func (*HostCommand_GatewayAccepted) isHostCommand_Kind() {}
+
+func (*HostCommand_GatewayTurnEnded) isHostCommand_Kind() {}
 
 // Prompt runs a turn.
 type Prompt struct {
@@ -1278,6 +1342,11 @@ type Prompt struct {
 	Message string `protobuf:"bytes,2,opt,name=message,proto3" json:"message,omitempty"`
 	// Bounds a kandev agent's {accepted: true}.
 	AcceptTimeout *durationpb.Duration `protobuf:"bytes,3,opt,name=accept_timeout,json=acceptTimeout,proto3" json:"accept_timeout,omitempty"`
+	// The turn's trace context (W3C traceparent) in the runner, such as a
+	// gateway client's: agent-host's span of the turn, and so the agent's
+	// prompt, its updates and permission requests, continue it. Empty: the
+	// turn is in agent-host's own trace.
+	Traceparent   string `protobuf:"bytes,4,opt,name=traceparent,proto3" json:"traceparent,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1331,6 +1400,13 @@ func (x *Prompt) GetAcceptTimeout() *durationpb.Duration {
 		return x.AcceptTimeout
 	}
 	return nil
+}
+
+func (x *Prompt) GetTraceparent() string {
+	if x != nil {
+		return x.Traceparent
+	}
+	return ""
 }
 
 // Cancel ends a turn, if it is still queued or running.
@@ -1583,6 +1659,251 @@ func (x *PermissionAnswer) GetMeta() []byte {
 	return nil
 }
 
+// GatewayMessage is a coven SendMessage that reached the agent at the
+// gateway, where agent-host registered it (docs/runner.md, "On the
+// gateway"): the runner stores it as a turn of the instance, answers with
+// a GatewayAccepted, then prompts the turn as any other.
+type GatewayMessage struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The gateway's request_id, which the GatewayAccepted names.
+	RequestId string `protobuf:"bytes,1,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	Content   string `protobuf:"bytes,2,opt,name=content,proto3" json:"content,omitempty"`
+	// The client's trace context (W3C traceparent), which the turn continues.
+	Traceparent   string `protobuf:"bytes,3,opt,name=traceparent,proto3" json:"traceparent,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GatewayMessage) Reset() {
+	*x = GatewayMessage{}
+	mi := &file_conclave_runner_v1_agenthost_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GatewayMessage) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GatewayMessage) ProtoMessage() {}
+
+func (x *GatewayMessage) ProtoReflect() protoreflect.Message {
+	mi := &file_conclave_runner_v1_agenthost_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GatewayMessage.ProtoReflect.Descriptor instead.
+func (*GatewayMessage) Descriptor() ([]byte, []int) {
+	return file_conclave_runner_v1_agenthost_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *GatewayMessage) GetRequestId() string {
+	if x != nil {
+		return x.RequestId
+	}
+	return ""
+}
+
+func (x *GatewayMessage) GetContent() string {
+	if x != nil {
+		return x.Content
+	}
+	return ""
+}
+
+func (x *GatewayMessage) GetTraceparent() string {
+	if x != nil {
+		return x.Traceparent
+	}
+	return ""
+}
+
+// GatewayCancel is the gateway's CancelRequest of the turn in progress.
+type GatewayCancel struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	RequestId     string                 `protobuf:"bytes,1,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	Reason        string                 `protobuf:"bytes,2,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GatewayCancel) Reset() {
+	*x = GatewayCancel{}
+	mi := &file_conclave_runner_v1_agenthost_proto_msgTypes[20]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GatewayCancel) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GatewayCancel) ProtoMessage() {}
+
+func (x *GatewayCancel) ProtoReflect() protoreflect.Message {
+	mi := &file_conclave_runner_v1_agenthost_proto_msgTypes[20]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GatewayCancel.ProtoReflect.Descriptor instead.
+func (*GatewayCancel) Descriptor() ([]byte, []int) {
+	return file_conclave_runner_v1_agenthost_proto_rawDescGZIP(), []int{20}
+}
+
+func (x *GatewayCancel) GetRequestId() string {
+	if x != nil {
+		return x.RequestId
+	}
+	return ""
+}
+
+func (x *GatewayCancel) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+// GatewayAccepted answers a GatewayMessage: the turn it was stored as, or
+// why it was not (the agent is busy or ending).
+type GatewayAccepted struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	RequestId string                 `protobuf:"bytes,1,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	// The turn's durable number; 0 when refused.
+	Turn          int64  `protobuf:"varint,2,opt,name=turn,proto3" json:"turn,omitempty"`
+	Error         string `protobuf:"bytes,3,opt,name=error,proto3" json:"error,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GatewayAccepted) Reset() {
+	*x = GatewayAccepted{}
+	mi := &file_conclave_runner_v1_agenthost_proto_msgTypes[21]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GatewayAccepted) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GatewayAccepted) ProtoMessage() {}
+
+func (x *GatewayAccepted) ProtoReflect() protoreflect.Message {
+	mi := &file_conclave_runner_v1_agenthost_proto_msgTypes[21]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GatewayAccepted.ProtoReflect.Descriptor instead.
+func (*GatewayAccepted) Descriptor() ([]byte, []int) {
+	return file_conclave_runner_v1_agenthost_proto_rawDescGZIP(), []int{21}
+}
+
+func (x *GatewayAccepted) GetRequestId() string {
+	if x != nil {
+		return x.RequestId
+	}
+	return ""
+}
+
+func (x *GatewayAccepted) GetTurn() int64 {
+	if x != nil {
+		return x.Turn
+	}
+	return 0
+}
+
+func (x *GatewayAccepted) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
+// GatewayTurnEnded is how the runner recorded a turn's end, for the
+// gateway request whose turn it was.
+type GatewayTurnEnded struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Turn  int64                  `protobuf:"varint,1,opt,name=turn,proto3" json:"turn,omitempty"`
+	// completed, stopped or failed.
+	End           string `protobuf:"bytes,2,opt,name=end,proto3" json:"end,omitempty"`
+	Error         string `protobuf:"bytes,3,opt,name=error,proto3" json:"error,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GatewayTurnEnded) Reset() {
+	*x = GatewayTurnEnded{}
+	mi := &file_conclave_runner_v1_agenthost_proto_msgTypes[22]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GatewayTurnEnded) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GatewayTurnEnded) ProtoMessage() {}
+
+func (x *GatewayTurnEnded) ProtoReflect() protoreflect.Message {
+	mi := &file_conclave_runner_v1_agenthost_proto_msgTypes[22]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GatewayTurnEnded.ProtoReflect.Descriptor instead.
+func (*GatewayTurnEnded) Descriptor() ([]byte, []int) {
+	return file_conclave_runner_v1_agenthost_proto_rawDescGZIP(), []int{22}
+}
+
+func (x *GatewayTurnEnded) GetTurn() int64 {
+	if x != nil {
+		return x.Turn
+	}
+	return 0
+}
+
+func (x *GatewayTurnEnded) GetEnd() string {
+	if x != nil {
+		return x.End
+	}
+	return ""
+}
+
+func (x *GatewayTurnEnded) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
 var File_conclave_runner_v1_agenthost_proto protoreflect.FileDescriptor
 
 const file_conclave_runner_v1_agenthost_proto_rawDesc = "" +
@@ -1617,7 +1938,7 @@ const file_conclave_runner_v1_agenthost_proto_rawDesc = "" +
 	"\x03seq\x18\x01 \x01(\x03R\x03seq\"\x1e\n" +
 	"\n" +
 	"CommandAck\x12\x10\n" +
-	"\x03seq\x18\x01 \x01(\x03R\x03seq\"\x93\x03\n" +
+	"\x03seq\x18\x01 \x01(\x03R\x03seq\"\xae\x04\n" +
 	"\tHostEvent\x12\x10\n" +
 	"\x03seq\x18\x01 \x01(\x03R\x03seq\x121\n" +
 	"\x05ready\x18\x02 \x01(\v2\x19.conclave.runner.v1.ReadyH\x00R\x05ready\x129\n" +
@@ -1626,7 +1947,9 @@ const file_conclave_runner_v1_agenthost_proto_rawDesc = "" +
 	"\n" +
 	"turn_ended\x18\x05 \x01(\v2\x1d.conclave.runner.v1.TurnEndedH\x00R\tturnEnded\x124\n" +
 	"\x06exited\x18\x06 \x01(\v2\x1a.conclave.runner.v1.ExitedH\x00R\x06exited\x12V\n" +
-	"\x12permission_request\x18\a \x01(\v2%.conclave.runner.v1.PermissionRequestH\x00R\x11permissionRequestB\x06\n" +
+	"\x12permission_request\x18\a \x01(\v2%.conclave.runner.v1.PermissionRequestH\x00R\x11permissionRequest\x12M\n" +
+	"\x0fgateway_message\x18\b \x01(\v2\".conclave.runner.v1.GatewayMessageH\x00R\x0egatewayMessage\x12J\n" +
+	"\x0egateway_cancel\x18\t \x01(\v2!.conclave.runner.v1.GatewayCancelH\x00R\rgatewayCancelB\x06\n" +
 	"\x04kind\"\x9a\x01\n" +
 	"\x05Ready\x12\x1d\n" +
 	"\n" +
@@ -1664,18 +1987,21 @@ const file_conclave_runner_v1_agenthost_proto_rawDesc = "" +
 	"\x06Exited\x12\x1b\n" +
 	"\texit_code\x18\x01 \x01(\x05R\bexitCode\x12\x16\n" +
 	"\x06signal\x18\x02 \x01(\tR\x06signal\x12\x16\n" +
-	"\x06reason\x18\x03 \x01(\tR\x06reason\"\x9b\x02\n" +
+	"\x06reason\x18\x03 \x01(\tR\x06reason\"\xc3\x03\n" +
 	"\vHostCommand\x12\x10\n" +
 	"\x03seq\x18\x01 \x01(\x03R\x03seq\x124\n" +
 	"\x06prompt\x18\x02 \x01(\v2\x1a.conclave.runner.v1.PromptH\x00R\x06prompt\x124\n" +
 	"\x06cancel\x18\x03 \x01(\v2\x1a.conclave.runner.v1.CancelH\x00R\x06cancel\x121\n" +
 	"\x05close\x18\x04 \x01(\v2\x19.conclave.runner.v1.CloseH\x00R\x05close\x12S\n" +
-	"\x11permission_answer\x18\x05 \x01(\v2$.conclave.runner.v1.PermissionAnswerH\x00R\x10permissionAnswerB\x06\n" +
-	"\x04kind\"x\n" +
+	"\x11permission_answer\x18\x05 \x01(\v2$.conclave.runner.v1.PermissionAnswerH\x00R\x10permissionAnswer\x12P\n" +
+	"\x10gateway_accepted\x18\x06 \x01(\v2#.conclave.runner.v1.GatewayAcceptedH\x00R\x0fgatewayAccepted\x12T\n" +
+	"\x12gateway_turn_ended\x18\a \x01(\v2$.conclave.runner.v1.GatewayTurnEndedH\x00R\x10gatewayTurnEndedB\x06\n" +
+	"\x04kind\"\x9a\x01\n" +
 	"\x06Prompt\x12\x12\n" +
 	"\x04turn\x18\x01 \x01(\x03R\x04turn\x12\x18\n" +
 	"\amessage\x18\x02 \x01(\tR\amessage\x12@\n" +
-	"\x0eaccept_timeout\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\racceptTimeout\"4\n" +
+	"\x0eaccept_timeout\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\racceptTimeout\x12 \n" +
+	"\vtraceparent\x18\x04 \x01(\tR\vtraceparent\"4\n" +
 	"\x06Cancel\x12\x12\n" +
 	"\x04turn\x18\x01 \x01(\x03R\x04turn\x12\x16\n" +
 	"\x06reason\x18\x02 \x01(\tR\x06reason\"\a\n" +
@@ -1690,7 +2016,25 @@ const file_conclave_runner_v1_agenthost_proto_rawDesc = "" +
 	"\x02id\x18\x01 \x01(\x03R\x02id\x12\x17\n" +
 	"\ahost_id\x18\x02 \x01(\tR\x06hostId\x12\x14\n" +
 	"\x05allow\x18\x03 \x01(\bR\x05allow\x12\x12\n" +
-	"\x04meta\x18\x04 \x01(\fR\x04meta*\x81\x01\n" +
+	"\x04meta\x18\x04 \x01(\fR\x04meta\"k\n" +
+	"\x0eGatewayMessage\x12\x1d\n" +
+	"\n" +
+	"request_id\x18\x01 \x01(\tR\trequestId\x12\x18\n" +
+	"\acontent\x18\x02 \x01(\tR\acontent\x12 \n" +
+	"\vtraceparent\x18\x03 \x01(\tR\vtraceparent\"F\n" +
+	"\rGatewayCancel\x12\x1d\n" +
+	"\n" +
+	"request_id\x18\x01 \x01(\tR\trequestId\x12\x16\n" +
+	"\x06reason\x18\x02 \x01(\tR\x06reason\"Z\n" +
+	"\x0fGatewayAccepted\x12\x1d\n" +
+	"\n" +
+	"request_id\x18\x01 \x01(\tR\trequestId\x12\x12\n" +
+	"\x04turn\x18\x02 \x01(\x03R\x04turn\x12\x14\n" +
+	"\x05error\x18\x03 \x01(\tR\x05error\"N\n" +
+	"\x10GatewayTurnEnded\x12\x12\n" +
+	"\x04turn\x18\x01 \x01(\x03R\x04turn\x12\x10\n" +
+	"\x03end\x18\x02 \x01(\tR\x03end\x12\x14\n" +
+	"\x05error\x18\x03 \x01(\tR\x05error*\x81\x01\n" +
 	"\vTurnFailure\x12\x1c\n" +
 	"\x18TURN_FAILURE_UNSPECIFIED\x10\x00\x12\x1b\n" +
 	"\x17TURN_FAILURE_AGENT_GONE\x10\x01\x12\x1f\n" +
@@ -1712,7 +2056,7 @@ func file_conclave_runner_v1_agenthost_proto_rawDescGZIP() []byte {
 }
 
 var file_conclave_runner_v1_agenthost_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_conclave_runner_v1_agenthost_proto_msgTypes = make([]protoimpl.MessageInfo, 19)
+var file_conclave_runner_v1_agenthost_proto_msgTypes = make([]protoimpl.MessageInfo, 23)
 var file_conclave_runner_v1_agenthost_proto_goTypes = []any{
 	(TurnFailure)(0),            // 0: conclave.runner.v1.TurnFailure
 	(*ConnectRequest)(nil),      // 1: conclave.runner.v1.ConnectRequest
@@ -1734,7 +2078,11 @@ var file_conclave_runner_v1_agenthost_proto_goTypes = []any{
 	(*Close)(nil),               // 17: conclave.runner.v1.Close
 	(*PermissionRequest)(nil),   // 18: conclave.runner.v1.PermissionRequest
 	(*PermissionAnswer)(nil),    // 19: conclave.runner.v1.PermissionAnswer
-	(*durationpb.Duration)(nil), // 20: google.protobuf.Duration
+	(*GatewayMessage)(nil),      // 20: conclave.runner.v1.GatewayMessage
+	(*GatewayCancel)(nil),       // 21: conclave.runner.v1.GatewayCancel
+	(*GatewayAccepted)(nil),     // 22: conclave.runner.v1.GatewayAccepted
+	(*GatewayTurnEnded)(nil),    // 23: conclave.runner.v1.GatewayTurnEnded
+	(*durationpb.Duration)(nil), // 24: google.protobuf.Duration
 }
 var file_conclave_runner_v1_agenthost_proto_depIdxs = []int32{
 	3,  // 0: conclave.runner.v1.ConnectRequest.hello:type_name -> conclave.runner.v1.Hello
@@ -1745,26 +2093,30 @@ var file_conclave_runner_v1_agenthost_proto_depIdxs = []int32{
 	6,  // 5: conclave.runner.v1.ConnectResponse.event_ack:type_name -> conclave.runner.v1.EventAck
 	14, // 6: conclave.runner.v1.ConnectResponse.command:type_name -> conclave.runner.v1.HostCommand
 	5,  // 7: conclave.runner.v1.ConnectResponse.heartbeat:type_name -> conclave.runner.v1.Heartbeat
-	20, // 8: conclave.runner.v1.Hello.heartbeat_interval:type_name -> google.protobuf.Duration
+	24, // 8: conclave.runner.v1.Hello.heartbeat_interval:type_name -> google.protobuf.Duration
 	9,  // 9: conclave.runner.v1.HostEvent.ready:type_name -> conclave.runner.v1.Ready
 	10, // 10: conclave.runner.v1.HostEvent.update:type_name -> conclave.runner.v1.AgentUpdate
 	11, // 11: conclave.runner.v1.HostEvent.log:type_name -> conclave.runner.v1.AgentLog
 	12, // 12: conclave.runner.v1.HostEvent.turn_ended:type_name -> conclave.runner.v1.TurnEnded
 	13, // 13: conclave.runner.v1.HostEvent.exited:type_name -> conclave.runner.v1.Exited
 	18, // 14: conclave.runner.v1.HostEvent.permission_request:type_name -> conclave.runner.v1.PermissionRequest
-	0,  // 15: conclave.runner.v1.TurnEnded.failure:type_name -> conclave.runner.v1.TurnFailure
-	15, // 16: conclave.runner.v1.HostCommand.prompt:type_name -> conclave.runner.v1.Prompt
-	16, // 17: conclave.runner.v1.HostCommand.cancel:type_name -> conclave.runner.v1.Cancel
-	17, // 18: conclave.runner.v1.HostCommand.close:type_name -> conclave.runner.v1.Close
-	19, // 19: conclave.runner.v1.HostCommand.permission_answer:type_name -> conclave.runner.v1.PermissionAnswer
-	20, // 20: conclave.runner.v1.Prompt.accept_timeout:type_name -> google.protobuf.Duration
-	1,  // 21: conclave.runner.v1.AgentHostService.Connect:input_type -> conclave.runner.v1.ConnectRequest
-	2,  // 22: conclave.runner.v1.AgentHostService.Connect:output_type -> conclave.runner.v1.ConnectResponse
-	22, // [22:23] is the sub-list for method output_type
-	21, // [21:22] is the sub-list for method input_type
-	21, // [21:21] is the sub-list for extension type_name
-	21, // [21:21] is the sub-list for extension extendee
-	0,  // [0:21] is the sub-list for field type_name
+	20, // 15: conclave.runner.v1.HostEvent.gateway_message:type_name -> conclave.runner.v1.GatewayMessage
+	21, // 16: conclave.runner.v1.HostEvent.gateway_cancel:type_name -> conclave.runner.v1.GatewayCancel
+	0,  // 17: conclave.runner.v1.TurnEnded.failure:type_name -> conclave.runner.v1.TurnFailure
+	15, // 18: conclave.runner.v1.HostCommand.prompt:type_name -> conclave.runner.v1.Prompt
+	16, // 19: conclave.runner.v1.HostCommand.cancel:type_name -> conclave.runner.v1.Cancel
+	17, // 20: conclave.runner.v1.HostCommand.close:type_name -> conclave.runner.v1.Close
+	19, // 21: conclave.runner.v1.HostCommand.permission_answer:type_name -> conclave.runner.v1.PermissionAnswer
+	22, // 22: conclave.runner.v1.HostCommand.gateway_accepted:type_name -> conclave.runner.v1.GatewayAccepted
+	23, // 23: conclave.runner.v1.HostCommand.gateway_turn_ended:type_name -> conclave.runner.v1.GatewayTurnEnded
+	24, // 24: conclave.runner.v1.Prompt.accept_timeout:type_name -> google.protobuf.Duration
+	1,  // 25: conclave.runner.v1.AgentHostService.Connect:input_type -> conclave.runner.v1.ConnectRequest
+	2,  // 26: conclave.runner.v1.AgentHostService.Connect:output_type -> conclave.runner.v1.ConnectResponse
+	26, // [26:27] is the sub-list for method output_type
+	25, // [25:26] is the sub-list for method input_type
+	25, // [25:25] is the sub-list for extension type_name
+	25, // [25:25] is the sub-list for extension extendee
+	0,  // [0:25] is the sub-list for field type_name
 }
 
 func init() { file_conclave_runner_v1_agenthost_proto_init() }
@@ -1791,12 +2143,16 @@ func file_conclave_runner_v1_agenthost_proto_init() {
 		(*HostEvent_TurnEnded)(nil),
 		(*HostEvent_Exited)(nil),
 		(*HostEvent_PermissionRequest)(nil),
+		(*HostEvent_GatewayMessage)(nil),
+		(*HostEvent_GatewayCancel)(nil),
 	}
 	file_conclave_runner_v1_agenthost_proto_msgTypes[13].OneofWrappers = []any{
 		(*HostCommand_Prompt)(nil),
 		(*HostCommand_Cancel)(nil),
 		(*HostCommand_Close)(nil),
 		(*HostCommand_PermissionAnswer)(nil),
+		(*HostCommand_GatewayAccepted)(nil),
+		(*HostCommand_GatewayTurnEnded)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -1804,7 +2160,7 @@ func file_conclave_runner_v1_agenthost_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_conclave_runner_v1_agenthost_proto_rawDesc), len(file_conclave_runner_v1_agenthost_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   19,
+			NumMessages:   23,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -81,7 +81,10 @@ func run(ctx context.Context, args []string) (int, error) {
 		return 2, err
 	}
 	defer stopTelemetry()
+	// Where the agent runs, as the gateway lists it: the pod's name.
+	hostname, _ := os.Hostname()
 	return hostlink.RunHost(ctx, hostlink.HostOptions{
+		Hostname:    hostname,
 		Settings:    cfg.Host,
 		Command:     command,
 		AgentEnv:    hostlink.AgentEnv(os.Environ()),

@@ -34,7 +34,12 @@ type KubeConfig struct {
 	WorkspaceMount  string        `env:"CONCLAVE_RUNNER_KUBE_WORKSPACE_MOUNT" default:"/workspace" help:"where the workspace is mounted in the agent's container, and its working directory (an agent type's working_dir overrides it)"`
 	TTLAfterFinish  time.Duration `env:"CONCLAVE_RUNNER_KUBE_TTL_AFTER_FINISHED" default:"10m" help:"how long a finished agent Job, its pod and Secret are kept (ttlSecondsAfterFinished) before Kubernetes deletes them"`
 	StartGrace      time.Duration `env:"CONCLAVE_RUNNER_KUBE_START_GRACE" default:"2m" help:"how long an agent's pod may fail to start its image (ErrImagePull, ImagePullBackOff, CreateContainerConfigError...) before the launch fails"`
-	SecretEnv       []string      `env:"CONCLAVE_RUNNER_KUBE_SECRET_ENV" default:"*_AUTH,*_TOKEN,*_KEY" help:"comma-separated glob patterns of env names whose values go in the launch's Secret, never in the Job spec"`
+	// GatewayTokenSecret is the operator's Secret, in the agents'
+	// namespace, that agent-host takes its gateway token from: the runner
+	// never reads it, and a launch cannot name another.
+	GatewayTokenSecret string   `env:"CONCLAVE_RUNNER_KUBE_GATEWAY_TOKEN_SECRET" help:"Secret in CONCLAVE_RUNNER_KUBE_NAMESPACE holding the bearer token agent-host presents to the gateway when it registers an agent there (CONCLAVE_RUNNER_HOST_GATEWAY_ADDR); empty: none is presented"`
+	GatewayTokenKey    string   `env:"CONCLAVE_RUNNER_KUBE_GATEWAY_TOKEN_KEY" default:"gateway-token" help:"the key of CONCLAVE_RUNNER_KUBE_GATEWAY_TOKEN_SECRET holding the token"`
+	SecretEnv          []string `env:"CONCLAVE_RUNNER_KUBE_SECRET_ENV" default:"*_AUTH,*_TOKEN,*_KEY" help:"comma-separated glob patterns of env names whose values go in the launch's Secret, never in the Job spec"`
 }
 
 // Validate implements config.Validator.
@@ -52,6 +57,14 @@ func (c KubeConfig) Validate() error {
 	if c.ServiceAccount != "" {
 		if errs := validation.IsDNS1123Subdomain(c.ServiceAccount); len(errs) > 0 {
 			return fmt.Errorf("CONCLAVE_RUNNER_KUBE_SERVICE_ACCOUNT: %q: %s", c.ServiceAccount, strings.Join(errs, "; "))
+		}
+	}
+	if c.GatewayTokenSecret != "" {
+		if errs := validation.IsDNS1123Subdomain(c.GatewayTokenSecret); len(errs) > 0 {
+			return fmt.Errorf("CONCLAVE_RUNNER_KUBE_GATEWAY_TOKEN_SECRET: %q: %s", c.GatewayTokenSecret, strings.Join(errs, "; "))
+		}
+		if errs := validation.IsConfigMapKey(c.GatewayTokenKey); len(errs) > 0 {
+			return fmt.Errorf("CONCLAVE_RUNNER_KUBE_GATEWAY_TOKEN_KEY: %q: %s", c.GatewayTokenKey, strings.Join(errs, "; "))
 		}
 	}
 	if c.WorkspaceClaim != "" {
@@ -98,6 +111,9 @@ func (c KubeConfig) withDefaults() KubeConfig {
 	}
 	if c.WorkspaceMount == "" {
 		c.WorkspaceMount = "/workspace"
+	}
+	if c.GatewayTokenKey == "" {
+		c.GatewayTokenKey = "gateway-token"
 	}
 	return c
 }

@@ -33,13 +33,18 @@ const (
 
 // Containers and volumes of an agent's pod.
 const (
-	AgentContainer     = "agent"
-	HostInitContainer  = "agent-host-install"
-	hostBinVolume      = "agent-host-bin"
-	workspaceVolume    = "workspace"
-	hostBinDir         = "/conclave/bin"
-	hostBinPath        = hostBinDir + "/agent-host"
-	hostTokenEnv       = "CONCLAVE_AGENT_HOST_TOKEN"
+	AgentContainer    = "agent"
+	HostInitContainer = "agent-host-install"
+	hostBinVolume     = "agent-host-bin"
+	workspaceVolume   = "workspace"
+	hostBinDir        = "/conclave/bin"
+	hostBinPath       = hostBinDir + "/agent-host"
+	hostTokenEnv      = "CONCLAVE_AGENT_HOST_TOKEN"
+	hostGatewayEnv    = "CONCLAVE_AGENT_HOST_GATEWAY_ADDR"
+	hostGatewayToken  = "CONCLAVE_AGENT_HOST_GATEWAY_TOKEN"
+	// hostEnvPrefix starts agent-host's settings, which come from the
+	// runner alone.
+	hostEnvPrefix      = "CONCLAVE_AGENT_HOST_"
 	hostWorkspaceEnv   = "CONCLAVE_AGENT_HOST_WORKSPACE"
 	hostLaunchEnv      = "CONCLAVE_AGENT_HOST_LAUNCH_ENV"
 	hostLaunchAllowed  = "CONCLAVE_AGENT_HOST_LAUNCH_ENV_ALLOWED"
@@ -202,6 +207,11 @@ func (k *Kubernetes) workspaceVolume(workspace string) (corev1.VolumeSource, str
 func (k *Kubernetes) splitEnv(spec Spec, secretName, mount string) ([]corev1.EnvVar, map[string][]byte) {
 	all := make(map[string]string, len(spec.Env)+len(spec.Host.Env)+2)
 	for n, v := range spec.Env {
+		if strings.HasPrefix(n, hostEnvPrefix) {
+			// agent-host's settings (where it dials, with which token)
+			// are the runner's alone, never the agent's env's.
+			continue
+		}
 		all[n] = v
 	}
 	// The agent's fs/* requests are confined to its workspace, wherever
@@ -237,6 +247,14 @@ func (k *Kubernetes) splitEnv(spec Spec, secretName, mount string) ([]corev1.Env
 			continue
 		}
 		env = append(env, corev1.EnvVar{Name: n, Value: all[n]})
+	}
+	if all[hostGatewayEnv] != "" && k.cfg.GatewayTokenSecret != "" {
+		// The operator's Secret, by reference: the runner never holds the
+		// token, and it is in no spec or log.
+		env = append(env, corev1.EnvVar{Name: hostGatewayToken, ValueFrom: &corev1.EnvVarSource{SecretKeyRef: &corev1.SecretKeySelector{
+			LocalObjectReference: corev1.LocalObjectReference{Name: k.cfg.GatewayTokenSecret}, Key: k.cfg.GatewayTokenKey,
+		}}})
+		slices.SortFunc(env, func(a, b corev1.EnvVar) int { return strings.Compare(a.Name, b.Name) })
 	}
 	return env, data
 }

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"strings"
 	"testing"
@@ -193,6 +194,9 @@ func TestKubeJobSpec(t *testing.T) {
 	cfg.WorkspaceClaim, cfg.WorkspaceRoot = "workspaces", "/srv/workspaces"
 	kt := newKubeTest(t, cfg)
 	emptyDir := kt.runExecutor(t, testKubeConfig())
+	gwCfg := testKubeConfig()
+	gwCfg.GatewayTokenSecret, gwCfg.GatewayTokenKey = "operator-gateway", "agent-token"
+	withGateway := kt.runExecutor(t, gwCfg)
 
 	longID := strings.Repeat("Instance/ID with spaces and UPPER case ", 4)
 	for _, tt := range []struct {
@@ -307,6 +311,43 @@ func TestKubeJobSpec(t *testing.T) {
 				}
 				if job.Annotations[AnnotationInstance] != longID || job.Annotations[AnnotationTask] != "task:"+longID {
 					t.Errorf("annotations %v", job.Annotations)
+				}
+			},
+		},
+		{
+			// agent-host registers the agent at the gateway with the
+			// operator's Secret's token, referenced, never copied; the
+			// agent's env (only a type's can hold such names) cannot
+			// point agent-host elsewhere or give it another token.
+			name: "gateway token from the operator's Secret",
+			exec: withGateway,
+			spec: func(s Spec) Spec {
+				s.Host.Env["CONCLAVE_AGENT_HOST_GATEWAY_ADDR"] = "conclave-gateway:50051"
+				s.Type.Env = map[string]string{"CONCLAVE_AGENT_HOST_GATEWAY_TOKEN": "a type's own token", "CONCLAVE_AGENT_HOST_RUNNER": "elsewhere:1"}
+				maps.Copy(s.Env, s.Type.Env)
+				return s
+			},
+			check: func(t *testing.T, job *batchv1.Job, secret *corev1.Secret) {
+				var ref *corev1.SecretKeySelector
+				n := 0
+				for _, e := range job.Spec.Template.Spec.Containers[0].Env {
+					switch e.Name {
+					case "CONCLAVE_AGENT_HOST_GATEWAY_TOKEN":
+						n++
+						if e.ValueFrom != nil {
+							ref = e.ValueFrom.SecretKeyRef
+						}
+					case "CONCLAVE_AGENT_HOST_RUNNER":
+						if e.Value != "runner:50052" {
+							t.Errorf("CONCLAVE_AGENT_HOST_RUNNER = %q, want the runner's", e.Value)
+						}
+					}
+				}
+				if n != 1 || ref == nil || ref.Name != "operator-gateway" || ref.Key != "agent-token" {
+					t.Errorf("CONCLAVE_AGENT_HOST_GATEWAY_TOKEN: %d of it, ref %+v; want one secretKeyRef to operator-gateway/agent-token", n, ref)
+				}
+				if _, ok := secret.Data["CONCLAVE_AGENT_HOST_GATEWAY_TOKEN"]; ok {
+					t.Error("the launch's Secret holds a gateway token")
 				}
 			},
 		},

@@ -63,6 +63,9 @@ type agentRun struct {
 	// trace context of their own.
 	turnSpan trace.SpanContext
 	rootSpan trace.SpanContext
+	// curTurn is the durable number of the turn running, 0 between turns:
+	// its updates go to the gateway request whose turn it is.
+	curTurn int64
 	// ready is the session as reported, once up.
 	ready *runnerv1.Ready
 }
@@ -358,6 +361,9 @@ func (h *host) runAgent(ctx context.Context) (int, error) {
 	default:
 		reason = "the agent exited"
 	}
+	if h.gateway != nil {
+		h.gateway.close(reason)
+	}
 	exit(code, signal, reason)
 	if signal != "" {
 		if ws, ok := ee.Sys().(syscall.WaitStatus); ok {
@@ -432,6 +438,9 @@ func (h *host) pushReady(ctx context.Context, ready *runnerv1.Ready) {
 	h.agent.ready = ready
 	h.agent.mu.Unlock()
 	_ = h.buf.push(ctx, &runnerv1.HostEvent{Kind: &runnerv1.HostEvent_Ready{Ready: ready}})
+	if h.gateway != nil {
+		h.gateway.open(ctx)
+	}
 }
 
 // awaitPrompt waits for the first prompt: a legacy agent is sent nothing,
@@ -499,11 +508,14 @@ func (a *agentRun) runTurns(ctx context.Context, client *acp.Client) {
 
 // runTurn sends one prompt and waits for its turn to end.
 func (a *agentRun) runTurn(ctx context.Context, client *acp.Client, t *hostTurn) *runnerv1.TurnEnded {
+	// The runner's turn's trace (a gateway client's), when it sent one:
+	// the agent's prompt, updates and permission requests follow it.
+	ctx = traceContext(ctx, t.p.GetTraceparent())
 	ctx, span := a.h.tracer.Start(ctx, "acp session/prompt", trace.WithSpanKind(trace.SpanKindClient),
 		trace.WithAttributes(attribute.Int64("conclave.turn", t.p.GetTurn())))
 	defer span.End()
 	a.mu.Lock()
-	a.turnSpan = span.SpanContext()
+	a.turnSpan, a.curTurn = span.SpanContext(), t.p.GetTurn()
 	a.mu.Unlock()
 	accept := t.p.GetAcceptTimeout().AsDuration()
 	if accept <= 0 {
@@ -511,7 +523,7 @@ func (a *agentRun) runTurn(ctx context.Context, client *acp.Client, t *hostTurn)
 	}
 	turn, err := client.Prompt(ctx, t.p.GetMessage(), accept)
 	a.mu.Lock()
-	a.turnSpan = trace.SpanContext{}
+	a.turnSpan, a.curTurn = trace.SpanContext{}, 0
 	a.mu.Unlock()
 	ended := &runnerv1.TurnEnded{Turn: t.p.GetTurn(), StopReason: turn.StopReason, Message: turn.Message}
 	switch {
@@ -537,13 +549,18 @@ func (a *agentRun) runTurn(ctx context.Context, client *acp.Client, t *hostTurn)
 // full buffer stops the agent's stdout from being read.
 func (a *agentRun) onUpdate(ctx context.Context, u acp.Update) {
 	sc := trace.SpanContextFromContext(ctx)
+	a.mu.Lock()
 	if !sc.IsValid() {
-		a.mu.Lock()
 		sc = a.turnSpan
 		if !sc.IsValid() {
 			sc = a.rootSpan
 		}
-		a.mu.Unlock()
+	}
+	turn := a.curTurn
+	a.mu.Unlock()
+	if g := a.h.gateway; g != nil {
+		// To the gateway as it happens, not through the runner.
+		g.update(turn, u)
 	}
 	_ = a.h.buf.push(ctx, &runnerv1.HostEvent{Kind: &runnerv1.HostEvent_Update{Update: &runnerv1.AgentUpdate{
 		Kind: u.Kind, Text: u.Text, ToolCallId: u.ToolCallID, ToolName: u.ToolName, ToolStatus: u.ToolStatus,

@@ -45,10 +45,14 @@ type HostOptions struct {
 	Command []string
 	// AgentEnv is the agent's environment (AgentEnv of agent-host's);
 	// TRACEPARENT is set in it from the span agent-host runs under.
-	AgentEnv    []string
-	Logger      *slog.Logger
-	Tracer      trace.Tracer
+	AgentEnv []string
+	Logger   *slog.Logger
+	Tracer   trace.Tracer
+	// DialOptions are added to the dials of the runner and the gateway.
 	DialOptions []grpc.DialOption
+	// Hostname is where the agent runs (its pod), as registered at the
+	// gateway.
+	Hostname string
 }
 
 // host is one agent-host run.
@@ -85,6 +89,11 @@ type host struct {
 	// answered yet (the librarian policy), by id; permSeq numbers them.
 	permissions map[int64]*pendingPermission
 	permSeq     int64
+
+	// gateway is the agent's registration at the coven gateway, when the
+	// launch asks for it (CONCLAVE_AGENT_HOST_GATEWAY_ADDR); set before
+	// the link starts and never changed.
+	gateway *hostGateway
 }
 
 // RunHost runs agent-host: it links to the runner, then runs the agent and
@@ -121,6 +130,16 @@ func RunHost(ctx context.Context, o HostOptions) (int, error) {
 	}
 	defer conn.Close()
 	h.client = runnerv1.NewAgentHostServiceClient(conn)
+	if o.Settings.GatewayAddr != "" {
+		gw, err := grpc.NewClient(o.Settings.GatewayAddr, append([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}, o.DialOptions...)...)
+		if err != nil {
+			return 2, fmt.Errorf("CONCLAVE_AGENT_HOST_GATEWAY_ADDR: %w", err)
+		}
+		defer gw.Close()
+		h.gateway = newHostGateway(h, gw)
+		// However the agent ended, its registration ends with it.
+		defer h.gateway.close("agent-host stopped")
+	}
 
 	// The link outlives a signal by a bounded drain, to report the exit.
 	linkCtx, stopLink := context.WithCancel(context.WithoutCancel(ctx))
@@ -407,6 +426,14 @@ func (h *host) command(ctx context.Context, linkID string, c *runnerv1.HostComma
 		a.close(ctx)
 	case *runnerv1.HostCommand_PermissionAnswer:
 		h.answered(k.PermissionAnswer)
+	case *runnerv1.HostCommand_GatewayAccepted:
+		if h.gateway != nil {
+			h.gateway.accepted(k.GatewayAccepted)
+		}
+	case *runnerv1.HostCommand_GatewayTurnEnded:
+		if h.gateway != nil {
+			h.gateway.turnEnded(k.GatewayTurnEnded)
+		}
 	}
 	select {
 	case h.cmdKick <- struct{}{}:

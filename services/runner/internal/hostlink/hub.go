@@ -103,6 +103,14 @@ type LinkOptions struct {
 	// librarian policy; it may take as long as a person does (it runs on
 	// a goroutine of its own, once per request). Nil refuses them.
 	OnPermission func(ctx context.Context, req PermissionRequest) acp.PermissionAnswer
+	// OnGatewayMessage stores a message that reached the agent at the
+	// coven gateway, where agent-host registered it, as a turn of the
+	// instance, calling accepted with the turn's number once stored and
+	// before the turn's prompt is sent. It runs on a goroutine of its own.
+	// Nil refuses such messages.
+	OnGatewayMessage func(ctx context.Context, content string, accepted func(turn int)) error
+	// OnGatewayCancel cancels the turn in progress, as the gateway asked.
+	OnGatewayCancel func(reason string)
 }
 
 // PermissionRequest is a permission request agent-host relayed: the

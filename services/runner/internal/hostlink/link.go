@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/protobuf/types/known/durationpb"
 
@@ -225,7 +226,8 @@ func (l *Link) PromptTurn(ctx context.Context, turn int64, message string, accep
 	if !l.prompted[turn] {
 		l.prompted[turn] = true
 		seq = l.queue(&runnerv1.HostCommand{Kind: &runnerv1.HostCommand_Prompt{Prompt: &runnerv1.Prompt{
-			Turn: turn, Message: message, AcceptTimeout: durationpb.New(acceptTimeout)}}})
+			Turn: turn, Message: message, AcceptTimeout: durationpb.New(acceptTimeout),
+			Traceparent: traceparent(trace.SpanContextFromContext(ctx))}}})
 	}
 	l.mu.Unlock()
 	defer func() {
@@ -539,6 +541,12 @@ func (l *Link) event(ctx context.Context, e *runnerv1.HostEvent) {
 		l.mu.Unlock()
 	case *runnerv1.HostEvent_PermissionRequest:
 		l.permission(ctx, k.PermissionRequest)
+	case *runnerv1.HostEvent_GatewayMessage:
+		l.gatewayMessage(ctx, k.GatewayMessage)
+	case *runnerv1.HostEvent_GatewayCancel:
+		if l.opts.OnGatewayCancel != nil {
+			l.opts.OnGatewayCancel(k.GatewayCancel.GetReason())
+		}
 	case *runnerv1.HostEvent_Exited:
 		x := k.Exited
 		l.mu.Lock()

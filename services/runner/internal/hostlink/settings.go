@@ -33,6 +33,18 @@ type Settings struct {
 	LaunchEnv        []string `env:"CONCLAVE_AGENT_HOST_LAUNCH_ENV" help:"comma-separated names of the variables of this environment that the launch set (the others are the agent type's and the image's); the agent is not started if one is not allowed"`
 	LaunchEnvAllowed []string `env:"CONCLAVE_AGENT_HOST_LAUNCH_ENV_ALLOWED" help:"comma-separated names and PREFIX* patterns a launch may set (the agent type's); a variable that hooks a loader, shell or interpreter is refused whatever this says"`
 
+	// The coven gateway, when the launch asks for it: agent-host registers
+	// the agent there itself (docs/runner.md, "On the gateway").
+	GatewayAddr string `env:"CONCLAVE_AGENT_HOST_GATEWAY_ADDR" help:"the coven gateway's AgentStream address (its Service, the load-balanced endpoint) to register the agent at; empty: the agent is not registered"`
+	// GatewayToken is a secret: it is never logged, and the agent is not
+	// started with it.
+	GatewayToken        string        `env:"CONCLAVE_AGENT_HOST_GATEWAY_TOKEN" help:"bearer token presented to the gateway (secret; from the operator's Secret)"`
+	GatewayAgentID      string        `env:"CONCLAVE_AGENT_HOST_GATEWAY_AGENT_ID" help:"the coven agent_id to register under (default: the instance id)"`
+	GatewayName         string        `env:"CONCLAVE_AGENT_HOST_GATEWAY_NAME" help:"the agent's display name at the gateway (default: the agent_id)"`
+	GatewayCapabilities []string      `env:"CONCLAVE_AGENT_HOST_GATEWAY_CAPABILITIES" default:"chat" help:"comma-separated capabilities registered at the gateway (the agent type's)"`
+	GatewayHeartbeat    time.Duration `env:"CONCLAVE_AGENT_HOST_GATEWAY_HEARTBEAT" default:"10s" help:"how often the agent's gateway stream sends a Heartbeat (0: never)"`
+	AgentType           string        `env:"CONCLAVE_AGENT_HOST_AGENT_TYPE" help:"the instance's agent type, a tag of its registration at the gateway"`
+
 	BufferBytes int `env:"CONCLAVE_AGENT_HOST_BUFFER_BYTES" default:"8388608" help:"bound on the bytes of events not yet acknowledged by the runner; when full, the agent's stdout is not read"`
 	MaxLine     int `env:"CONCLAVE_AGENT_HOST_MAX_LINE" default:"4194304" help:"bound on a line from the agent (stdout and stderr)"`
 
@@ -74,6 +86,7 @@ func (s Settings) Validate() error {
 	if s.Workspace != "" && !strings.HasPrefix(s.Workspace, "/") {
 		errs = append(errs, fmt.Errorf("CONCLAVE_AGENT_HOST_WORKSPACE: %q is not an absolute path", s.Workspace))
 	}
+	errs = append(errs, s.validateGateway()...)
 	if s.BufferBytes < 1<<10 {
 		errs = append(errs, fmt.Errorf("CONCLAVE_AGENT_HOST_BUFFER_BYTES: must be at least 1024, not %d", s.BufferBytes))
 	}
@@ -99,8 +112,9 @@ func (s Settings) Validate() error {
 }
 
 // Env renders the settings as agent-host's environment, for an executor
-// that starts it: every setting but the token, which is a secret and goes
-// in CONCLAVE_AGENT_HOST_TOKEN by a secret reference. Zero values are left
+// that starts it: every setting but the tokens, which are secrets and go
+// in CONCLAVE_AGENT_HOST_TOKEN and CONCLAVE_AGENT_HOST_GATEWAY_TOKEN by
+// secret references. Zero values are left
 // out (agent-host's defaults apply).
 func (s Settings) Env() map[string]string {
 	env := map[string]string{}
@@ -117,6 +131,12 @@ func (s Settings) Env() map[string]string {
 	set("CONCLAVE_AGENT_HOST_PERMISSION", s.Permission)
 	set("CONCLAVE_AGENT_HOST_AUTH_METHOD", s.AuthMethod)
 	set("CONCLAVE_AGENT_HOST_WORKSPACE", s.Workspace)
+	set("CONCLAVE_AGENT_HOST_GATEWAY_ADDR", s.GatewayAddr)
+	set("CONCLAVE_AGENT_HOST_GATEWAY_AGENT_ID", s.GatewayAgentID)
+	set("CONCLAVE_AGENT_HOST_GATEWAY_NAME", s.GatewayName)
+	set("CONCLAVE_AGENT_HOST_GATEWAY_CAPABILITIES", strings.Join(s.GatewayCapabilities, ","))
+	set("CONCLAVE_AGENT_HOST_GATEWAY_HEARTBEAT", s.GatewayHeartbeat.String())
+	set("CONCLAVE_AGENT_HOST_AGENT_TYPE", s.AgentType)
 	set("CONCLAVE_AGENT_HOST_BUFFER_BYTES", strconv.Itoa(s.BufferBytes))
 	set("CONCLAVE_AGENT_HOST_MAX_LINE", strconv.Itoa(s.MaxLine))
 	set("CONCLAVE_AGENT_HOST_BACKOFF_MIN", s.BackoffMin.String())
@@ -150,4 +170,45 @@ func AgentEnv(environ []string) []string {
 		}
 	}
 	return out
+}
+
+// Bounds on what agent-host registers at the gateway.
+const (
+	maxGatewayName         = 256
+	maxGatewayCapabilities = 32
+	maxCapability          = 64
+)
+
+// validateGateway checks the gateway settings, when there is a gateway.
+func (s Settings) validateGateway() []error {
+	if s.GatewayAddr == "" {
+		return nil
+	}
+	var errs []error
+	if s.GatewayAgentID != "" && !validID(s.GatewayAgentID, maxInstanceID) {
+		errs = append(errs, errors.New("CONCLAVE_AGENT_HOST_GATEWAY_AGENT_ID: 1-128 printable ASCII characters without spaces"))
+	}
+	if len(s.GatewayName) > maxGatewayName {
+		errs = append(errs, fmt.Errorf("CONCLAVE_AGENT_HOST_GATEWAY_NAME: at most %d bytes", maxGatewayName))
+	}
+	if len(s.GatewayCapabilities) > maxGatewayCapabilities {
+		errs = append(errs, fmt.Errorf("CONCLAVE_AGENT_HOST_GATEWAY_CAPABILITIES: at most %d", maxGatewayCapabilities))
+	}
+	for _, c := range s.GatewayCapabilities {
+		if !validID(c, maxCapability) {
+			errs = append(errs, fmt.Errorf("CONCLAVE_AGENT_HOST_GATEWAY_CAPABILITIES: %q is not 1-64 printable ASCII characters without spaces", c))
+		}
+	}
+	if s.GatewayHeartbeat < 0 {
+		errs = append(errs, fmt.Errorf("CONCLAVE_AGENT_HOST_GATEWAY_HEARTBEAT: must not be negative, not %s", s.GatewayHeartbeat))
+	}
+	return errs
+}
+
+// gatewayAgentID is the agent_id the agent registers under.
+func (s Settings) gatewayAgentID() string {
+	if s.GatewayAgentID != "" {
+		return s.GatewayAgentID
+	}
+	return s.InstanceID
 }

@@ -43,19 +43,43 @@ func TestTrace(t *testing.T) {
 	if _, err := link.PromptTurn(t.Context(), 1, "trace me", acceptTimeout); err != nil {
 		t.Fatal(err)
 	}
+	mu.Lock()
+	firstTurn := len(updateTraces)
+	mu.Unlock()
+	// A turn the runner prompts in a trace of its own (a gateway client's)
+	// continues it in agent-host, and its updates come back in it.
+	const clientTrace, clientSpan = "5cf92f3577b34da6a3ce929d0e0e4737", "10f067aa0ba902b8"
+	tid, _ := trace.TraceIDFromHex(clientTrace)
+	sid, _ := trace.SpanIDFromHex(clientSpan)
+	clientCtx := trace.ContextWithRemoteSpanContext(t.Context(), trace.NewSpanContext(trace.SpanContextConfig{
+		TraceID: tid, SpanID: sid, TraceFlags: trace.FlagsSampled, Remote: true}))
+	if _, err := link.PromptTurn(clientCtx, 2, "the client's turn", acceptTimeout); err != nil {
+		t.Fatal(err)
+	}
 	_ = link.Close()
 	if code := p.wait(t); code != 0 {
 		t.Fatalf("agent-host exited %d", code)
 	}
 	mu.Lock()
 	defer mu.Unlock()
-	if len(updateTraces) == 0 {
-		t.Fatal("no update reached the runner")
+	if firstTurn == 0 || len(updateTraces) == firstTurn {
+		t.Fatalf("updates of the two turns: %d, %d", firstTurn, len(updateTraces)-firstTurn)
 	}
 	for i, id := range updateTraces {
-		if id != traceID {
-			t.Fatalf("update %d is in trace %s, want %s", i, id, traceID)
+		want := traceID
+		if i >= firstTurn {
+			want = clientTrace
 		}
+		if id != want {
+			t.Fatalf("update %d is in trace %s, want %s", i, id, want)
+		}
+	}
+	ct, err := j.WaitTrace(t.Context(), clientTrace, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s := ct.Span("acp session/prompt"); s == nil || s.ParentSpanID != clientSpan {
+		t.Errorf("the client's turn's acp session/prompt does not continue its trace: %+v", s)
 	}
 	tr, err := j.WaitTrace(t.Context(), traceID, 4)
 	if err != nil {

@@ -107,6 +107,13 @@ func checkEvent(e *runnerv1.HostEvent) error {
 			return fmt.Errorf("event %d: permission_request.turn must not be negative", e.GetSeq())
 		}
 		return nil
+	case *runnerv1.HostEvent_GatewayMessage:
+		if !validID(k.GatewayMessage.GetRequestId(), maxLinkID) {
+			return fmt.Errorf("event %d: gateway_message.request_id must be 1-64 printable ASCII characters without spaces", e.GetSeq())
+		}
+		return nil
+	case *runnerv1.HostEvent_GatewayCancel:
+		return nil
 	default:
 		return fmt.Errorf("event %d: no kind", e.GetSeq())
 	}

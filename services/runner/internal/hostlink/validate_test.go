@@ -75,6 +75,9 @@ func FuzzConnectRequest(f *testing.F) {
 		{Message: &runnerv1.ConnectRequest_CommandAck{CommandAck: &runnerv1.CommandAck{Seq: 4}}},
 		{Message: &runnerv1.ConnectRequest_Event{Event: &runnerv1.HostEvent{Seq: 5, Kind: &runnerv1.HostEvent_PermissionRequest{PermissionRequest: &runnerv1.PermissionRequest{
 			Id: 1, Params: []byte(`{"sessionId":"s","toolCall":{"toolCallId":"c"},"options":[]}`), Workspace: "/workspace"}}}}},
+		{Message: &runnerv1.ConnectRequest_Event{Event: &runnerv1.HostEvent{Seq: 6, Kind: &runnerv1.HostEvent_GatewayMessage{GatewayMessage: &runnerv1.GatewayMessage{
+			RequestId: "1", Content: "hello", Traceparent: "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}}}}},
+		{Message: &runnerv1.ConnectRequest_Event{Event: &runnerv1.HostEvent{Seq: 7, Kind: &runnerv1.HostEvent_GatewayCancel{GatewayCancel: &runnerv1.GatewayCancel{Reason: "gave up"}}}}},
 	} {
 		b, err := proto.Marshal(m)
 		if err != nil {
@@ -108,6 +111,9 @@ func FuzzConnectRequest(f *testing.F) {
 					p.GetWorkspace() != "" && !filepath.IsAbs(p.GetWorkspace())) {
 					t.Fatalf("accepted a bad permission request: %v", p)
 				}
+				if g := e.GetGatewayMessage(); g != nil && !validID(g.GetRequestId(), maxLinkID) {
+					t.Fatalf("accepted a bad gateway message: %v", g)
+				}
 			}
 		}
 	})
@@ -136,5 +142,59 @@ func TestFitEvent(t *testing.T) {
 	small := &runnerv1.HostEvent{Seq: 4, Kind: &runnerv1.HostEvent_Log{Log: &runnerv1.AgentLog{Text: "short"}}}
 	if fitEvent(small) || small.GetLog().GetText() != "short" {
 		t.Fatal("a small event was cut")
+	}
+}
+
+// The gateway settings are checked only when there is a gateway, and go
+// into an executor's environment without the token, which a Secret holds.
+func TestGatewaySettings(t *testing.T) {
+	t.Parallel()
+	base := Settings{RunnerAddr: "runner:50052", Token: "t", InstanceID: "inst-1", Launch: 1, Permission: "deny",
+		BufferBytes: 1 << 20, MaxLine: 1 << 20, BackoffMin: time.Millisecond, BackoffMax: time.Second, GiveUp: time.Minute,
+		Heartbeat: time.Second, ProtocolTimeout: time.Second, KillGrace: time.Second}
+	for _, tt := range []struct {
+		name string
+		set  func(*Settings)
+		want string // in the error; "" for none
+	}{
+		{"no gateway: nothing checked", func(s *Settings) { s.GatewayAgentID = "bad id" }, ""},
+		{"a gateway with defaults", func(s *Settings) { s.GatewayAddr = "gw:50051" }, ""},
+		{"an agent id with a space", func(s *Settings) { s.GatewayAddr, s.GatewayAgentID = "gw:50051", "bad id" }, "CONCLAVE_AGENT_HOST_GATEWAY_AGENT_ID"},
+		{"a long name", func(s *Settings) { s.GatewayAddr, s.GatewayName = "gw:50051", strings.Repeat("n", 257) }, "CONCLAVE_AGENT_HOST_GATEWAY_NAME"},
+		{"a bad capability", func(s *Settings) { s.GatewayAddr, s.GatewayCapabilities = "gw:50051", []string{"chat", ""} }, "CONCLAVE_AGENT_HOST_GATEWAY_CAPABILITIES"},
+		{"too many capabilities", func(s *Settings) {
+			s.GatewayAddr = "gw:50051"
+			for range 33 {
+				s.GatewayCapabilities = append(s.GatewayCapabilities, "c")
+			}
+		}, "at most 32"},
+		{"a negative heartbeat", func(s *Settings) { s.GatewayAddr, s.GatewayHeartbeat = "gw:50051", -time.Second }, "CONCLAVE_AGENT_HOST_GATEWAY_HEARTBEAT"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			s := base
+			tt.set(&s)
+			err := s.Validate()
+			switch {
+			case tt.want == "" && err != nil:
+				t.Fatalf("Validate: %v", err)
+			case tt.want != "" && (err == nil || !strings.Contains(err.Error(), tt.want)):
+				t.Fatalf("Validate: %v, want an error naming %s", err, tt.want)
+			}
+		})
+	}
+	s := base
+	s.GatewayAddr, s.GatewayToken, s.GatewayAgentID, s.GatewayCapabilities = "gw:50051", "the-secret", "front", []string{"chat", "code"}
+	env := s.Env()
+	if env["CONCLAVE_AGENT_HOST_GATEWAY_ADDR"] != "gw:50051" || env["CONCLAVE_AGENT_HOST_GATEWAY_AGENT_ID"] != "front" ||
+		env["CONCLAVE_AGENT_HOST_GATEWAY_CAPABILITIES"] != "chat,code" {
+		t.Fatalf("Env: %v", env)
+	}
+	for k, v := range env {
+		if v == "the-secret" || k == "CONCLAVE_AGENT_HOST_GATEWAY_TOKEN" {
+			t.Fatalf("Env holds the gateway token as %s", k)
+		}
+	}
+	if s.gatewayAgentID() != "front" || base.gatewayAgentID() != "inst-1" {
+		t.Fatal("gatewayAgentID: the setting, else the instance id")
 	}
 }

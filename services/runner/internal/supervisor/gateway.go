@@ -33,13 +33,46 @@ func GatewayAgentID(typ agenttype.Type, instanceID string, md map[string]any) (s
 	return instanceID, true
 }
 
+// gatewayCaps are a type's capabilities at the gateway.
+func gatewayCaps(typ agenttype.Type) []string {
+	if len(typ.Capabilities) == 0 {
+		return []string{"chat"}
+	}
+	return typ.Capabilities
+}
+
+// hostGateway is what the launch's agent-host registers at the gateway:
+// none unless agent-host registers agents (HostGateway) and the instance
+// asks for it.
+func (ss *session) hostGateway(typ agenttype.Type) GatewayAgent {
+	if !ss.s.o.HostGateway {
+		return GatewayAgent{}
+	}
+	id, ok := GatewayAgentID(typ, ss.launch.ID, ss.launch.Metadata)
+	if !ok {
+		return GatewayAgent{}
+	}
+	return GatewayAgent{AgentID: id, Name: firstNonEmpty(typ.Name, typ.ID), AgentType: ss.launch.AgentType, Capabilities: gatewayCaps(typ)}
+}
+
 // openGateway registers the session's agent at the gateway, when the
 // runner has one and the instance asks for it: once its session is up, so
-// that a message never waits on the agent's start.
+// that a message never waits on the agent's start. An agent behind
+// agent-host that registers it is left to agent-host.
 func (ss *session) openGateway() {
 	typ, _ := ss.s.o.Registry.Get(ss.launch.AgentType)
 	id, ok := GatewayAgentID(typ, ss.launch.ID, ss.launch.Metadata)
 	if !ok {
+		return
+	}
+	ss.mu.Lock()
+	hosted := ss.link != nil
+	ss.mu.Unlock()
+	if hosted {
+		// Its agent-host registers it, from where it runs.
+		if !ss.s.o.HostGateway {
+			ss.log.Add(StreamRunner, "not registered at the gateway: this runner has no CONCLAVE_RUNNER_HOST_GATEWAY_ADDR or CONCLAVE_RUNNER_GATEWAY_ADDR")
+		}
 		return
 	}
 	g := ss.s.o.Gateway
@@ -47,17 +80,8 @@ func (ss *session) openGateway() {
 		ss.log.Add(StreamRunner, "not registered at the gateway: this runner has no CONCLAVE_RUNNER_GATEWAY_ADDR")
 		return
 	}
-	caps := typ.Capabilities
-	if len(caps) == 0 {
-		caps = []string{"chat"}
-	}
-	ss.mu.Lock()
+	caps := gatewayCaps(typ)
 	where := ss.s.o.GatewayHost
-	if ss.link != nil && ss.proc != nil {
-		// A Job's agent: where it runs is its Job.
-		where = ss.proc.ID()
-	}
-	ss.mu.Unlock()
 	l := g.Open(covenlink.Agent{
 		ID: id, Name: firstNonEmpty(typ.Name, typ.ID), Capabilities: caps,
 		Metadata: &covenpb.AgentMetadata{
@@ -124,5 +148,18 @@ func (ss *session) gatewayToolState(turn int, id string, state covenpb.ToolState
 func (ss *session) gatewayTurnEnded(turn int, status, errText string) {
 	if l := ss.gateway(); l != nil {
 		l.TurnEnded(turn, status, errText)
+		return
+	}
+	ss.mu.Lock()
+	link := ss.link
+	ss.mu.Unlock()
+	if link != nil && ss.s.o.HostGateway {
+		// Its agent-host holds the registration, if the instance is on
+		// the gateway; a turn that no gateway request asked for is
+		// ignored there.
+		typ, _ := ss.s.o.Registry.Get(ss.launch.AgentType)
+		if _, ok := GatewayAgentID(typ, ss.launch.ID, ss.launch.Metadata); ok {
+			link.GatewayTurnEnded(turn, status, errText)
+		}
 	}
 }

@@ -17,16 +17,35 @@ import (
 // agent-host speaks ACP to the agent where it runs and dials back to the
 // runner, which converses with it over that link instead of over stdio.
 type HostLinks interface {
-	// Expect registers a launch whose agent-host will dial in. Updates and
-	// log lines reach onUpdate and onLog in order, once each.
-	// onPermission, when not nil, decides the agent's permission requests
-	// (the librarian policy): their params as the agent sent them, its
-	// workspace in the pod, and the durable turn that asks.
-	Expect(instanceID string, launch int64, onUpdate func(context.Context, acp.Update), onLog func(stream, text string),
-		onPermission func(ctx context.Context, params json.RawMessage, workspace string, turn int) acp.PermissionAnswer) HostLink
+	// Expect registers a launch whose agent-host will dial in; h takes
+	// what it relays.
+	Expect(instanceID string, launch int64, h HostHandlers) HostLink
 	// Spec is agent-host's settings and token for a launch; sessionID is
-	// a session to load, or empty.
-	Spec(instanceID string, launch int64, typ agenttype.Type, sessionID string) executor.HostSpec
+	// a session to load, or empty; gw, when its AgentID is set, has
+	// agent-host register the agent at the gateway.
+	Spec(instanceID string, launch int64, typ agenttype.Type, sessionID string, gw GatewayAgent) executor.HostSpec
+}
+
+// HostHandlers take what a launch's agent-host relays. Updates and log
+// lines reach OnUpdate and OnLog in order, once each. OnPermission, when
+// not nil, decides the agent's permission requests (the librarian
+// policy): their params as the agent sent them, its workspace in the pod,
+// and the durable turn that asks. OnGatewayMessage and OnGatewayCancel,
+// when not nil, take what reaches the agent at the gateway, where
+// agent-host registered it.
+type HostHandlers struct {
+	OnUpdate         func(context.Context, acp.Update)
+	OnLog            func(stream, text string)
+	OnPermission     func(ctx context.Context, params json.RawMessage, workspace string, turn int) acp.PermissionAnswer
+	OnGatewayMessage func(ctx context.Context, content string, accepted func(turn int)) error
+	OnGatewayCancel  func(reason string)
+}
+
+// GatewayAgent is what agent-host registers at the gateway; none when
+// AgentID is empty.
+type GatewayAgent struct {
+	AgentID, Name, AgentType string
+	Capabilities             []string
 }
 
 // HostLink is one launch's link to its agent-host.
@@ -44,6 +63,9 @@ type HostLink interface {
 	// Detach lets go of the link and leaves the agent running, for the
 	// runner that claims the launch next to adopt.
 	Detach()
+	// GatewayTurnEnded tells agent-host how a turn ended, as recorded,
+	// for the gateway request whose turn it was.
+	GatewayTurnEnded(turn int, end, errText string)
 }
 
 // durableTurns is a conversation that takes the durable turn number.

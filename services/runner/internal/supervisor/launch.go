@@ -229,7 +229,16 @@ func (ss *session) expectHost(typ agenttype.Type) HostLink {
 	if ss.s.o.Hosts == nil {
 		return nil
 	}
-	return ss.s.o.Hosts.Expect(ss.launch.ID, int64(ss.seq), ss.onUpdate, ss.log.Add, ss.hostedGovernor(typ))
+	h := HostHandlers{OnUpdate: ss.onUpdate, OnLog: ss.log.Add, OnPermission: ss.hostedGovernor(typ)}
+	if ss.hostGateway(typ).AgentID != "" {
+		h.OnGatewayMessage = func(ctx context.Context, content string, accepted func(int)) error {
+			// The turn continues the gateway client's trace, which ctx
+			// carries.
+			return ss.promptAccepted(ctx, content, trace.SpanContextFromContext(ctx), accepted)
+		}
+		h.OnGatewayCancel = ss.cancel
+	}
+	return ss.s.o.Hosts.Expect(ss.launch.ID, int64(ss.seq), h)
 }
 
 // releaseLink lets go of a launch's agent-host link unless the session
@@ -250,7 +259,7 @@ func (ss *session) spec(typ agenttype.Type, env map[string]string) executor.Spec
 	o := ss.s.o
 	spec := executor.Spec{InstanceID: ss.launch.ID, TaskID: ss.launch.TaskID, Type: typ, Workspace: ss.launch.Workspace, Env: env, Launch: int64(ss.seq)}
 	if o.Hosts != nil {
-		spec.Host = o.Hosts.Spec(ss.launch.ID, int64(ss.seq), typ, ss.launch.SessionID)
+		spec.Host = o.Hosts.Spec(ss.launch.ID, int64(ss.seq), typ, ss.launch.SessionID, ss.hostGateway(typ))
 	}
 	return spec
 }

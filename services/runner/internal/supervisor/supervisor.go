@@ -70,8 +70,12 @@ type Options struct {
 	// Gateway, when set, registers the agents whose type or launch asks
 	// for it at the coven gateway; GatewayHost is where they run, as the
 	// gateway lists them (this replica's name).
-	Gateway          *covenlink.Registrar
-	GatewayHost      string
+	Gateway     *covenlink.Registrar
+	GatewayHost string
+	// HostGateway: agent-host registers the agents behind it that are on
+	// the gateway itself, from where they run (the runner gives it the
+	// gateway's address and token); the runner registers none of them.
+	HostGateway      bool
 	HostStartTimeout time.Duration
 	HostExitGrace    time.Duration
 	Source           string
