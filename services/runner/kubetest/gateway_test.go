@@ -84,10 +84,10 @@ func TestAgentHostOnGateway(t *testing.T) {
 	gwAddr := startGateway(t)
 	r := newRunnerState(t, freeLoopbackAddr(t), gatewayForPods(t, gwAddr)).run(t, nil)
 	gw := gatewayClient(t, gwAddr)
-	in := r.launch(t, "on-gateway", workspace(t), nil)
+	in := r.Launch(t, "on-gateway", workspace(t), nil)
 	t.Cleanup(func() {
 		// t.Context() has ended by now.
-		if code := r.do(t, context.Background(), "DELETE", "/api/v1/agents/"+in.ID, nil, nil); code != http.StatusOK {
+		if code := r.Do(t, "DELETE", "/api/v1/agents/"+in.ID, nil, nil); code != http.StatusOK {
 			t.Errorf("delete %s: HTTP %d", in.ID, code)
 		}
 	})
@@ -103,7 +103,7 @@ func TestAgentHostOnGateway(t *testing.T) {
 		agent = a.GetAgent()
 		return nil
 	})
-	job := r.status(t, in.ID).ContainerID
+	job := r.Status(t, in.ID).ContainerID
 	// Its pod's name is its Job's, and a suffix.
 	if host := agent.GetMetadata().GetHostname(); !strings.HasPrefix(host, job+"-") {
 		t.Errorf("the agent runs on %q, want a pod of its Job %s", host, job)
@@ -113,7 +113,7 @@ func TestAgentHostOnGateway(t *testing.T) {
 	}
 	// agent-host registered it, and said so in the instance's log; the
 	// runner did not register it too.
-	for _, l := range r.waitLog(t, in.ID, "agent-host: registered at the gateway as coven agent "+in.ID) {
+	for _, l := range r.WaitLog(t, in.ID, "agent-host: registered at the gateway as coven agent "+in.ID) {
 		if strings.HasPrefix(l.Text, "registered at the gateway") {
 			t.Errorf("the runner registered the Job's agent itself: %q", l.Text)
 		}
@@ -151,8 +151,8 @@ func TestAgentHostOnGateway(t *testing.T) {
 		t.Errorf("events %v, want text and tool_use before done", kinds)
 	}
 	// The runner stored the message as the instance's turn.
-	r.waitStatus(t, in.ID, "completed")
-	r.waitLog(t, in.ID, "gateway request")
+	r.WaitStatus(t, in.ID, "completed")
+	r.WaitLog(t, in.ID, "gateway request")
 }
 
 func gatewayClient(t *testing.T, gwAddr string) gatewayv1.GatewayServiceClient {
