@@ -230,7 +230,9 @@ func startHTTP(t testing.TB, mutate func(*service.Config)) *httpBridge {
 	go func() { done <- b.Run(ctx) }()
 	stop := sync.OnceValue(func() error {
 		// Spare client connections would otherwise hold the drain.
-		http.DefaultTransport.(*http.Transport).CloseIdleConnections()
+		if tr, ok := http.DefaultTransport.(*http.Transport); ok {
+			tr.CloseIdleConnections()
+		}
 		cancel()
 		return <-done
 	})

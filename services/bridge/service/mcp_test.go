@@ -41,7 +41,7 @@ func resultJSON(t testing.TB, res *mcp.CallToolResult) map[string]any {
 		t.Fatalf("content has %d items, want 1", len(res.Content))
 	}
 	var text map[string]any
-	if err := json.Unmarshal([]byte(res.Content[0].(*mcp.TextContent).Text), &text); err != nil {
+	if err := json.Unmarshal([]byte(testenv.As[*mcp.TextContent](t, res.Content[0], "the text content").Text), &text); err != nil {
 		t.Fatalf("text content is not the JSON response: %v", err)
 	}
 	return m

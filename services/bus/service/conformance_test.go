@@ -8,10 +8,10 @@ import (
 	"github.com/conclave-ai/conclave/services/bus/internal/broker"
 )
 
-// TestSeedConformance walks every example of the bub protocol's text, message by message,
+// TestBubConformance walks every example of the bub protocol's text, message by message,
 // against the real bus over a real WebSocket, with frames written as the
 // protocol's text writes them.
-func TestSeedConformance(t *testing.T) {
+func TestBubConformance(t *testing.T) {
 	if testing.Short() {
 		t.Skip("integration test: starts a bus")
 	}

@@ -45,17 +45,17 @@ func twoReplicasWithLaunchers(t *testing.T, env map[string]string) (a, b *testBu
 	t.Helper()
 	launches = &atomic.Int32{}
 	agents = make(chan launched, 4)
-	var aURL, bURL atomic.Value
-	la := &elsewhereLauncher{t: t, target: func() string { return bURL.Load().(string) }, launches: launches, agents: agents}
-	lb := &elsewhereLauncher{t: t, target: func() string { return aURL.Load().(string) }, launches: launches, agents: agents}
+	var aURL, bURL atomic.Pointer[string]
+	la := &elsewhereLauncher{t: t, target: func() string { return *bURL.Load() }, launches: launches, agents: agents}
+	lb := &elsewhereLauncher{t: t, target: func() string { return *aURL.Load() }, launches: launches, agents: agents}
 	cfg := map[string]string{"CONCLAVE_BUS_PEER_TOKEN": "peer-token-0123456789", "CONCLAVE_BUS_SPAWN_TIMEOUT": "20s"}
 	for k, v := range env {
 		cfg[k] = v
 	}
 	a = startBus(t, withID(defaultConfig(t, cfg), "bus-a"), busOption{launcher: la})
 	b = startBus(t, withID(defaultConfig(t, cfg), "bus-b"), busOption{st: a.st, q: a.queue, launcher: lb})
-	aURL.Store(a.url)
-	bURL.Store(b.url)
+	aURL.Store(&a.url)
+	bURL.Store(&b.url)
 	for {
 		page, err := a.st.Query(context.Background(), service.ReplicaTable.Name, store.Query{PK: "replica"})
 		if err != nil {
