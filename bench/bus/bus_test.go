@@ -62,7 +62,7 @@ func startBus(b *testing.B) string {
 	if err := store.EnsureTables(ctx, st, service.Tables...); err != nil {
 		b.Fatal(err)
 	}
-	if err := queue.EnsureAll(ctx, q, service.Queues...); err != nil {
+	if err := queue.EnsureAll(ctx, q, service.Queues(service.Config{})...); err != nil {
 		b.Fatal(err)
 	}
 	tel, err := telemetry.New(ctx, telemetry.Config{ServiceName: "bench"})

@@ -83,7 +83,7 @@ func BenchmarkWarm(b *testing.B) {
 			b.Fatal(err)
 		}
 		b.Cleanup(func() { _ = q.Close() })
-		if err := q.Ensure(ctx, service.Queues[0]); err != nil {
+		if err := q.Ensure(ctx, service.EventsQueue); err != nil {
 			b.Fatal(err)
 		}
 		lib, err := service.NewHandler(service.Config{ConfigDir: benchConfig(b), APIRate: "100000000/minute", ReadRate: "100000000/minute", ShutdownTimeout: time.Second, AgentTokens: []string{"claude-3=" + token}},

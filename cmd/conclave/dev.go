@@ -113,7 +113,7 @@ func runDev(ctx context.Context, args []string, lookup config.Lookup, stdout, st
 	backends, err := startup.Open(ctx, startup.Options{Name: "conclave", TelemetryName: "conclave", Version: versionString(),
 		Common: cfg.Common, Storage: cfg.Storage, Logs: stderr,
 		Tables: slices.Concat(gateway.Tables, librarian.Tables, bus.Tables, runner.Tables),
-		Queue:  true, Queues: slices.Concat(bus.Queues, librarian.Queues, runner.Queues(cfg.Runner))})
+		Queue:  true, Queues: slices.Concat(bus.Queues(cfg.Bus), librarian.Queues(cfg.Librarian), runner.Queues(cfg.Runner))})
 	if err != nil {
 		return err
 	}

@@ -199,7 +199,7 @@ func startGoverned(t *testing.T, o governedOptions) *governedEnv {
 	if err := store.EnsureTables(ctx, st, append(librarian.Tables, bus.Tables...)...); err != nil {
 		t.Fatal(err)
 	}
-	if err := queue.EnsureAll(ctx, q, slices.Concat(bus.Queues, librarian.Queues)...); err != nil {
+	if err := queue.EnsureAll(ctx, q, slices.Concat(bus.Queues(bus.Config{}), librarian.Queues(librarian.Config{}))...); err != nil {
 		t.Fatal(err)
 	}
 	tel, err := telemetry.New(ctx, telemetry.Config{ServiceName: "governed-test"})

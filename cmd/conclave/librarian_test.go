@@ -151,7 +151,7 @@ func startLibrarian(t *testing.T, dataDir string, allowUnauthenticated bool) str
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = q.Close() })
-	for _, d := range librarian.Queues {
+	for _, d := range librarian.Queues(librarian.Config{}) {
 		if err := q.Ensure(t.Context(), d); err != nil {
 			t.Fatal(err)
 		}

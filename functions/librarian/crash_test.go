@@ -262,7 +262,7 @@ func receiveEvents(ctx context.Context, t *testing.T, q queue.Queue, want int) [
 	seen := map[string]bool{}
 	var got []string
 	for extraPolls := 0; extraPolls < 2; {
-		msgs, err := q.Receive(ctx, service.Queues[0].Name, queue.ReceiveOptions{Max: 10, Wait: time.Second})
+		msgs, err := q.Receive(ctx, service.EventsQueue.Name, queue.ReceiveOptions{Max: 10, Wait: time.Second})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -281,7 +281,7 @@ func receiveEvents(ctx context.Context, t *testing.T, q queue.Queue, want int) [
 				seen[env.Id] = true
 				got = append(got, env.GetSubjectIds()["request_id"]+" "+env.Type)
 			}
-			_ = q.Delete(ctx, service.Queues[0].Name, m.ReceiptHandle)
+			_ = q.Delete(ctx, service.EventsQueue.Name, m.ReceiptHandle)
 		}
 	}
 	slices.Sort(got) // a standard queue does not keep order

@@ -93,7 +93,7 @@ func deployment(t *testing.T) ([]string, store.Store, queue.Queue, string) {
 		}
 	}
 	q := queue.NewSQS(testenv.AWSConfig(), fauxqs.Endpoint)
-	for _, d := range service.Queues {
+	for _, d := range service.Queues(service.Config{}) {
 		if err := q.Ensure(ctx, d); err != nil {
 			t.Fatal(err)
 		}
@@ -190,7 +190,7 @@ func TestBootstrapUnderTheRuntimeAPI(t *testing.T) {
 	var got []*eventsv1.Envelope
 	deadline := time.Now().Add(30 * time.Second)
 	for len(got) < 2 && time.Now().Before(deadline) {
-		msgs, err := q.Receive(ctx, service.Queues[0].Name, queue.ReceiveOptions{Max: 10, Wait: time.Second})
+		msgs, err := q.Receive(ctx, service.EventsQueue.Name, queue.ReceiveOptions{Max: 10, Wait: time.Second})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -202,7 +202,7 @@ func TestBootstrapUnderTheRuntimeAPI(t *testing.T) {
 			if env.GetSubjectIds()["request_id"] == resp.RequestId {
 				got = append(got, env)
 			}
-			_ = q.Delete(ctx, service.Queues[0].Name, m.ReceiptHandle)
+			_ = q.Delete(ctx, service.EventsQueue.Name, m.ReceiptHandle)
 		}
 	}
 	types := []string{}

@@ -73,7 +73,7 @@ func TestScheduledSweep(t *testing.T) {
 
 	var got []string
 	for len(got) == 0 {
-		msgs, err := q.Receive(ctx, service.Queues[0].Name, queue.ReceiveOptions{Max: 10, Wait: time.Second})
+		msgs, err := q.Receive(ctx, service.EventsQueue.Name, queue.ReceiveOptions{Max: 10, Wait: time.Second})
 		if err != nil {
 			t.Fatalf("%v; events so far %v", err, got)
 		}
@@ -88,7 +88,7 @@ func TestScheduledSweep(t *testing.T) {
 			case waiting:
 				t.Errorf("an event about the request still waiting: %s", env.Type)
 			}
-			_ = q.Delete(ctx, service.Queues[0].Name, m.ReceiptHandle)
+			_ = q.Delete(ctx, service.EventsQueue.Name, m.ReceiptHandle)
 		}
 	}
 	if !slices.Equal(got, []string{"librarian.request.rejected"}) {

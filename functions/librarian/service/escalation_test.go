@@ -183,7 +183,7 @@ func TestSweepLoop(t *testing.T) {
 	if err := store.EnsureTables(ctx, st, service.Tables...); err != nil {
 		t.Fatal(err)
 	}
-	if err := q.Ensure(ctx, service.Queues[0]); err != nil {
+	if err := q.Ensure(ctx, service.EventsQueue); err != nil {
 		t.Fatal(err)
 	}
 	svc, err := service.New(service.Config{HTTPAddr: "127.0.0.1:0", APIRate: "60/minute", ReadRate: "600/minute", ShutdownTimeout: time.Second,
@@ -265,7 +265,7 @@ func TestDecisionEventInTheRequestsTrace(t *testing.T) {
 		map[string]any{"decision": "approve", "comment": "fine"}); r.status != 200 {
 		t.Fatalf("decision: %d %s", r.status, r.body)
 	}
-	msgs, err := e.queue.Receive(context.Background(), service.Queues[0].Name, queue.ReceiveOptions{Max: 10})
+	msgs, err := e.queue.Receive(context.Background(), service.EventsQueue.Name, queue.ReceiveOptions{Max: 10})
 	if err != nil || len(msgs) != 1 {
 		t.Fatalf("messages %v, %v", msgs, err)
 	}

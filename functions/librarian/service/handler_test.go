@@ -53,7 +53,7 @@ func newEnv(t testing.TB, mod func(*service.Config)) *env {
 func newEnvAt(t testing.TB, mod func(*service.Config), now func() time.Time) *env {
 	t.Helper()
 	st := testenv.EmbeddedStore(t, service.Tables...)
-	q := testenv.EmbeddedQueue(t, service.Queues...)
+	q := testenv.EmbeddedQueue(t, service.Queues(service.Config{})...)
 	ctx := context.Background()
 	cfg := service.Config{APIRate: "60/minute", ReadRate: "600/minute", ShutdownTimeout: time.Second,
 		AgentTokens:    []string{"claude-3=" + claudeToken, "copilot-2=" + copilotToken, "gemini-pro=" + geminiToken},
@@ -164,7 +164,7 @@ func (e *env) events(t *testing.T) []*eventsv1.Envelope {
 	t.Helper()
 	var out []*eventsv1.Envelope
 	for {
-		msgs, err := e.queue.Receive(context.Background(), service.Queues[0].Name, queue.ReceiveOptions{Max: 10})
+		msgs, err := e.queue.Receive(context.Background(), service.EventsQueue.Name, queue.ReceiveOptions{Max: 10})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -180,7 +180,7 @@ func (e *env) events(t *testing.T) []*eventsv1.Envelope {
 				t.Fatalf("attributes %v do not match the envelope %v", m.Attributes, env)
 			}
 			out = append(out, env)
-			_ = e.queue.Delete(context.Background(), service.Queues[0].Name, m.ReceiptHandle)
+			_ = e.queue.Delete(context.Background(), service.EventsQueue.Name, m.ReceiptHandle)
 		}
 	}
 }

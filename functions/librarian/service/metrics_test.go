@@ -43,7 +43,7 @@ func TestMetrics(t *testing.T) {
 	if err := store.EnsureTables(ctx, st, service.Tables...); err != nil {
 		t.Fatal(err)
 	}
-	if err := q.Ensure(ctx, service.Queues[0]); err != nil {
+	if err := q.Ensure(ctx, service.EventsQueue); err != nil {
 		t.Fatal(err)
 	}
 	lib, err := service.NewHandler(service.Config{APIRate: "100000/minute", ReadRate: "600/minute", ShutdownTimeout: time.Second, AgentTokens: []string{"copilot-2=" + copilotToken},

@@ -51,7 +51,7 @@ func TestEventsSurviveAQueueOutage(t *testing.T) {
 	if err := store.EnsureTables(ctx, st, service.Tables...); err != nil {
 		t.Fatal(err)
 	}
-	if err := real.Ensure(ctx, service.Queues[0]); err != nil {
+	if err := real.Ensure(ctx, service.EventsQueue); err != nil {
 		t.Fatal(err)
 	}
 	q := &flakyQueue{Queue: real}
@@ -128,7 +128,7 @@ func TestEventsOnceWhileTheClearIsInFlight(t *testing.T) {
 	if err := store.EnsureTables(ctx, bolt, service.Tables...); err != nil {
 		t.Fatal(err)
 	}
-	if err := q.Ensure(ctx, service.Queues[0]); err != nil {
+	if err := q.Ensure(ctx, service.EventsQueue); err != nil {
 		t.Fatal(err)
 	}
 	st := &heldClearStore{Store: bolt, release: make(chan struct{}), read: make(chan struct{})}

@@ -27,8 +27,13 @@ type Config = handler.Config
 // Tables lists the tables the Librarian keeps its state in.
 var Tables = handler.Tables
 
-// Queues lists the queues it sends to.
-var Queues = handler.Queues
+// Queues lists the queues it sends to. Every service declares its queues
+// this way, as a function of its config, whether or not their names
+// depend on it (the runner's do).
+func Queues(Config) []queue.Definition { return handler.Queues }
+
+// EventsQueue is the queue the Librarian publishes its events to.
+var EventsQueue = handler.Queues[0]
 
 // Librarian is the handler and the parts other surfaces reach into.
 type Librarian = handler.Librarian

@@ -96,7 +96,7 @@ func startBus(t testing.TB, cfg service.Config, o busOption) *testBus {
 	if err := store.EnsureTables(ctx, o.st, service.Tables...); err != nil {
 		t.Fatal(err)
 	}
-	if err := queue.EnsureAll(ctx, o.q, service.Queues...); err != nil {
+	if err := queue.EnsureAll(ctx, o.q, service.Queues(service.Config{})...); err != nil {
 		t.Fatal(err)
 	}
 	if o.tel == nil {

@@ -23,7 +23,7 @@ func Serve(ctx context.Context, name string, args []string, lookup config.Lookup
 		return err
 	}
 	b, err := startup.Open(ctx, startup.Options{Name: "bus", Common: cfg.Common, Storage: cfg.Storage, Logs: stderr,
-		Tables: Tables, Queue: true, Queues: Queues})
+		Tables: Tables, Queue: true, Queues: Queues(cfg.Bus)})
 	if err != nil {
 		return err
 	}

@@ -137,8 +137,12 @@ var Tables = []store.Table{broker.DeadLetterTable, ReplicaTable, broker.LaunchTa
 // ReplicaTable lists the live replicas (internal/cluster).
 var ReplicaTable = cluster.Table
 
-// Queues lists the queues the bus owns.
-var Queues = []queue.Definition{broker.RetryQueue, broker.EventsQueue}
+// Queues lists the queues the bus owns. Every service declares its queues
+// this way, as a function of its config, whether or not their names
+// depend on it (the runner's do).
+func Queues(Config) []queue.Definition {
+	return []queue.Definition{broker.RetryQueue, broker.EventsQueue}
+}
 
 // Launcher starts agents for the default handler (the runner's launch API).
 type Launcher = broker.Launcher

@@ -26,7 +26,7 @@ func run(ctx context.Context, args []string) error {
 		return err
 	}
 	b, err := startup.Open(ctx, startup.Options{Name: "librarian", Common: cfg.Common, Storage: cfg.Storage, Logs: os.Stderr,
-		Tables: service.Tables, Queue: true, Queues: service.Queues})
+		Tables: service.Tables, Queue: true, Queues: service.Queues(cfg.Librarian)})
 	if err != nil {
 		return err
 	}

@@ -152,7 +152,7 @@ func startBus(t *testing.T, ctx context.Context) string {
 	if err := store.EnsureTables(ctx, st, service.Tables...); err != nil {
 		t.Fatal(err)
 	}
-	if err := queue.EnsureAll(ctx, q, service.Queues...); err != nil {
+	if err := queue.EnsureAll(ctx, q, service.Queues(service.Config{})...); err != nil {
 		t.Fatal(err)
 	}
 	tel, err := telemetry.New(ctx, telemetry.Config{ServiceName: "bus-test"})
