@@ -62,8 +62,8 @@ type deployable struct {
 // others).
 var deployables = []deployable{
 	{name: "gateway", role: "GatewayRole", tables: gateway.Tables},
-	{name: "bus", role: "BusRole", tables: bus.Tables, queues: bus.Queues},
-	{name: "librarian", role: "LibrarianRole", tables: librarian.Tables, queues: librarian.Queues},
+	{name: "bus", role: "BusRole", tables: bus.Tables, queues: bus.Queues(bus.Config{})},
+	{name: "librarian", role: "LibrarianRole", tables: librarian.Tables, queues: librarian.Queues(librarian.Config{})},
 	{name: "runner", role: "RunnerRole", tables: runner.Tables, queues: runner.Queues(runnerDefaults())},
 }
 
