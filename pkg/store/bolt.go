@@ -152,6 +152,13 @@ func (b *Bolt) update(ctx context.Context, table string, key Key, fn func(bk *bo
 		}
 		return err
 	})
+	return b.groupResult(err, result)
+}
+
+// groupResult is the outcome of a call run through the group writer: the
+// commit's error (saying so when the store is closed), else the call's own
+// result, such as a failed condition.
+func (b *Bolt) groupResult(err, result error) error {
 	if errors.Is(err, boltgroup.ErrClosed) {
 		return fmt.Errorf("store: %s is closed: %w", b.path, err)
 	}
@@ -463,14 +470,8 @@ func (b *Bolt) Write(ctx context.Context, ops ...Op) ([]Item, error) {
 		}
 		return nil
 	})
-	if errors.Is(err, boltgroup.ErrClosed) {
-		return nil, fmt.Errorf("store: %s is closed: %w", b.path, err)
-	}
-	if err != nil {
+	if err := b.groupResult(err, result); err != nil {
 		return nil, err
-	}
-	if result != nil {
-		return nil, result
 	}
 	return out, nil
 }
@@ -503,14 +504,8 @@ func (b *Bolt) AddMany(ctx context.Context, table string, counters []Counter) ([
 		}
 		return nil
 	})
-	if errors.Is(err, boltgroup.ErrClosed) {
-		return nil, fmt.Errorf("store: %s is closed: %w", b.path, err)
-	}
-	if err != nil {
+	if err := b.groupResult(err, result); err != nil {
 		return nil, err
-	}
-	if result != nil {
-		return nil, result
 	}
 	return values, nil
 }
