@@ -68,9 +68,7 @@ func stepA2A(r *stepRun) {
 			got.Status.State, answerText(got), got.ContextID, got.History, answerText(task), task.ContextID)
 	}
 	r.expectTrace(root, in(gateway))
-	if sh.frontDoor {
-		a2aRunnerAgent(r, httpClient)
-	}
+	a2aRunnerAgent(r, httpClient)
 }
 
 // answerText is the text of a task's artifacts (the agent's answer).

@@ -128,7 +128,7 @@ func TestKubernetes(t *testing.T) {
 	// Service with the runner's Secret's gateway token, which a pattern
 	// entry of the gateway's agent tokens opens (docs/runner.md).
 	runnerGatewayToken := token("gateway-runner")
-	sh.frontDoor, sh.agentsRemote = true, true
+	sh.agentsRemote = true
 
 	rel, err := kubeenv.NewRelease(ctx, node, kubeRelease, kubeNamespace, dir)
 	if err != nil {

@@ -49,9 +49,6 @@ type shape struct {
 	// needed: conclave dev opens both the API and the review page).
 	librarianURL, librarianAgentToken, reviewerToken string
 
-	// frontDoor: the runner's front-door agent type (step 8) is set up, its
-	// instances registered at this shape's gateway.
-	frontDoor bool
 	// agentsRemote: the runner's ACP agents run elsewhere (Jobs' pods),
 	// their workspaces out of this host's reach.
 	agentsRemote bool
