@@ -415,11 +415,26 @@ func idleAgents(addr string, k, perConn int) error {
 	return nil
 }
 
-var idleOnce struct {
+// idleRun is one measurement of idle agents on the floor and then on the
+// gateway, made once however often the framework calls its benchmark.
+type idleRun struct {
 	sync.Once
 	gw, floor idleResult
 	k         int
 }
+
+// measure runs it the first time: the env variable's count of agents (def
+// without it), perConn agents per connection.
+func (r *idleRun) measure(b *testing.B, env string, def, perConn int) (gw, floor idleResult, k int) {
+	r.Do(func() {
+		r.k = envInt(env, def)
+		r.floor = idleCost(b, startRelay, r.k, perConn)
+		r.gw = idleCost(b, startGateway, r.k, perConn)
+	})
+	return r.gw, r.floor, r.k
+}
+
+var idleShared, idleConnEach idleRun
 
 // BenchmarkIdleAgentMemory connects BENCH_IDLE_AGENTS idle agents (default
 // 10,000) from a child process, 100 streams per client connection, first to
@@ -427,25 +442,14 @@ var idleOnce struct {
 // per agent (heap in use plus goroutine stacks, after GC). The measurement is
 // made once, however often the framework calls the function.
 func BenchmarkIdleAgentMemory(b *testing.B) {
-	idleOnce.Do(func() {
-		idleOnce.k = envInt("BENCH_IDLE_AGENTS", 10000)
-		idleOnce.floor = idleCost(b, startRelay, idleOnce.k, 100)
-		idleOnce.gw = idleCost(b, startGateway, idleOnce.k, 100)
-	})
-	gw, fl := idleOnce.gw, idleOnce.floor
+	gw, fl, k := idleShared.measure(b, "BENCH_IDLE_AGENTS", 10000, 100)
 	b.ReportMetric(gw.heap+gw.stack, "bytes/agent")
 	b.ReportMetric(gw.heap, "heap-bytes/agent")
 	b.ReportMetric(gw.stack, "stack-bytes/agent")
 	b.ReportMetric(gw.goroutines, "goroutines/agent")
 	b.ReportMetric(fl.heap+fl.stack, "floor-bytes/agent")
-	b.ReportMetric(float64(idleOnce.k), "agents")
+	b.ReportMetric(float64(k), "agents")
 	b.ReportMetric(gw.writesPerSecond, "store-writes/s")
-}
-
-var connEachOnce struct {
-	sync.Once
-	gw, floor idleResult
-	k         int
 }
 
 // BenchmarkIdleAgentMemoryConnEach is BenchmarkIdleAgentMemory with one
@@ -456,19 +460,14 @@ var connEachOnce struct {
 // gateway. It reports the server's heap and stacks per agent, its
 // resident set per agent, and the gateway's ratio to the floor.
 func BenchmarkIdleAgentMemoryConnEach(b *testing.B) {
-	connEachOnce.Do(func() {
-		connEachOnce.k = envInt("BENCH_IDLE_CONN_AGENTS", 5000)
-		connEachOnce.floor = idleCost(b, startRelay, connEachOnce.k, 1)
-		connEachOnce.gw = idleCost(b, startGateway, connEachOnce.k, 1)
-	})
-	gw, fl := connEachOnce.gw, connEachOnce.floor
+	gw, fl, k := idleConnEach.measure(b, "BENCH_IDLE_CONN_AGENTS", 5000, 1)
 	b.ReportMetric(gw.heap+gw.stack, "bytes/agent")
 	b.ReportMetric(gw.rss, "rss-bytes/agent")
 	b.ReportMetric(gw.goroutines, "goroutines/agent")
 	b.ReportMetric(fl.heap+fl.stack, "floor-bytes/agent")
 	b.ReportMetric(fl.rss, "floor-rss-bytes/agent")
 	b.ReportMetric((gw.heap+gw.stack)/(fl.heap+fl.stack), "ratio")
-	b.ReportMetric(float64(connEachOnce.k), "agents")
+	b.ReportMetric(float64(k), "agents")
 }
 
 // BenchmarkReconnect holds BENCH_RECONNECT_AGENTS agents (default 10,000)
