@@ -2,6 +2,8 @@ package store
 
 import (
 	"bytes"
+	"regexp"
+	"strings"
 	"testing"
 	"time"
 )
@@ -62,6 +64,20 @@ func FuzzSplitBoltKey(f *testing.F) {
 		}
 		if !bytes.Equal(boltKey(k.PK, k.SK), b) {
 			t.Fatalf("key %x splits to %+v which does not rebuild it", b, k)
+		}
+	})
+}
+
+// validAttrName must accept exactly what the counted form of its pattern
+// matched.
+func FuzzValidAttrName(f *testing.F) {
+	counted := regexp.MustCompile(`^[A-Za-z][A-Za-z0-9_]{0,63}$`)
+	for _, s := range []string{"", "a", "subject", "a_1", "_a", "1a", "a-b", "é", "a\n", strings.Repeat("a", 64), strings.Repeat("a", 65)} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, name string) {
+		if got, want := validAttrName(name), counted.MatchString(name); got != want {
+			t.Fatalf("validAttrName(%q) = %v, the counted pattern says %v", name, got, want)
 		}
 	})
 }

@@ -54,10 +54,29 @@ type record struct {
 	RevokedAt time.Time `json:"revoked_at,omitzero"`
 }
 
-var tokenPattern = regexp.MustCompile(`^lib_([0-9a-f]{16})_([A-Za-z0-9_-]{43})$`)
+// The patterns leave lengths to the code: a counted repetition such as
+// [A-Za-z0-9._@-]{0,63} compiles to that many copies of its class, and
+// compiling these at package initialization took a measurable part of the
+// Lambda's cold start (bench/librarian).
+var (
+	tokenPattern   = regexp.MustCompile(`^lib_([0-9a-f]+)_([A-Za-z0-9_-]+)$`)
+	subjectPattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._@-]*$`)
+)
 
-// SubjectPattern is what agent ids and reviewer names look like.
-var SubjectPattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._@-]{0,63}$`)
+// parseToken splits a token, lib_<16 hex digits>_<43 base64url
+// characters>, into its id and its secret.
+func parseToken(token string) (id, secret string, ok bool) {
+	m := tokenPattern.FindStringSubmatch(token)
+	if m == nil || len(m[1]) != 16 || len(m[2]) != 43 {
+		return "", "", false
+	}
+	return m[1], m[2], true
+}
+
+// ValidSubject reports whether s looks like an agent id or a reviewer
+// name: 1 to 64 letters, digits, '.', '_', '@' or '-', starting with a
+// letter or digit.
+func ValidSubject(s string) bool { return len(s) <= 64 && subjectPattern.MatchString(s) }
 
 // Tokens keeps tokens in a store.
 type Tokens struct {
@@ -73,7 +92,7 @@ func key(id string) store.Key { return store.Key{PK: "tokens", SK: id} }
 // Create issues a token for subject in role and returns it; it is shown
 // this once and never stored.
 func (t *Tokens) Create(ctx context.Context, subject, role string) (token, id string, err error) {
-	if !SubjectPattern.MatchString(subject) {
+	if !ValidSubject(subject) {
 		return "", "", fmt.Errorf("access: %q is not a valid agent id or reviewer name", subject)
 	}
 	if role != RoleAgent && role != RoleReviewer {
@@ -122,11 +141,11 @@ func (t *Tokens) Revoke(ctx context.Context, id string) error {
 
 // Verify returns the holder of token.
 func (t *Tokens) Verify(ctx context.Context, token string) (Principal, error) {
-	m := tokenPattern.FindStringSubmatch(token)
-	if m == nil {
+	id, secret, ok := parseToken(token)
+	if !ok {
 		return Principal{}, fmt.Errorf("%w: malformed token", ErrUnauthenticated)
 	}
-	it, err := t.st.Get(ctx, Table.Name, key(m[1]))
+	it, err := t.st.Get(ctx, Table.Name, key(id))
 	if errors.Is(err, store.ErrNotFound) {
 		return Principal{}, fmt.Errorf("%w: unknown token", ErrUnauthenticated)
 	}
@@ -135,26 +154,24 @@ func (t *Tokens) Verify(ctx context.Context, token string) (Principal, error) {
 	}
 	var r record
 	if err := json.Unmarshal(it.Data, &r); err != nil {
-		return Principal{}, fmt.Errorf("access: token %s is corrupt: %w", m[1], err)
+		return Principal{}, fmt.Errorf("access: token %s is corrupt: %w", id, err)
 	}
 	want, _ := hex.DecodeString(r.Digest)
-	got := sha256.Sum256([]byte(m[2]))
+	got := sha256.Sum256([]byte(secret))
 	if subtle.ConstantTimeCompare(got[:], want) != 1 {
 		return Principal{}, fmt.Errorf("%w: unknown token", ErrUnauthenticated)
 	}
 	if !r.RevokedAt.IsZero() {
 		return Principal{}, fmt.Errorf("%w: token revoked", ErrUnauthenticated)
 	}
-	return Principal{Subject: r.Subject, Role: r.Role, TokenID: m[1]}, nil
+	return Principal{Subject: r.Subject, Role: r.Role, TokenID: id}, nil
 }
 
 // TokenID returns the id part of a token, or "" when it is not one; it is
 // what revoke takes.
 func TokenID(token string) string {
-	if m := tokenPattern.FindStringSubmatch(token); m != nil {
-		return m[1]
-	}
-	return ""
+	id, _, _ := parseToken(token)
+	return id
 }
 
 // Static are tokens given in the configuration (subject=token pairs), for a
@@ -174,7 +191,7 @@ func ParseStatic(pairs []string, role string, into *Static) error {
 	for i, p := range pairs {
 		subject, tok, ok := strings.Cut(p, "=")
 		subject, tok = strings.TrimSpace(subject), strings.TrimSpace(tok)
-		if !ok || !SubjectPattern.MatchString(subject) || len(tok) < auth.MinTokenLength {
+		if !ok || !ValidSubject(subject) || len(tok) < auth.MinTokenLength {
 			return fmt.Errorf("entry %d is not name=token with a token of %d characters or more", i+1, auth.MinTokenLength)
 		}
 		into.entries = append(into.entries, staticEntry{subject: subject, role: role, digest: sha256.Sum256([]byte(tok))})
