@@ -17,6 +17,7 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
+	"sync"
 
 	"github.com/conclave-ai/conclave/functions/librarian/internal/access"
 	"github.com/conclave-ai/conclave/functions/librarian/internal/api"
@@ -46,17 +47,15 @@ const CookieName = "librarian_review"
 const maxFormBytes = 16 << 10
 
 type pages struct {
-	b    Backend
-	o    Options
-	tmpl *template.Template
+	b Backend
+	o Options
 	// devKey signs CSRF tokens when there is no session (development).
 	devKey []byte
 }
 
 // Register adds the review pages to mux.
 func Register(mux *http.ServeMux, b Backend, o Options) {
-	p := &pages{b: b, o: o, tmpl: template.Must(template.New("").Funcs(template.FuncMap{"status": func(s governance.State) string { return s.Status() }}).Parse(pageTemplates)),
-		devKey: make([]byte, 32)}
+	p := &pages{b: b, o: o, devKey: make([]byte, 32)}
 	_, _ = rand.Read(p.devKey)
 	mux.HandleFunc("GET /review", p.list)
 	mux.HandleFunc("GET /review/signin", p.signinForm)
@@ -96,8 +95,16 @@ func (p *pages) render(w http.ResponseWriter, status int, name string, data any)
 	w.Header().Set("X-Frame-Options", "DENY")
 	w.Header().Set("Cache-Control", "no-store")
 	w.WriteHeader(status)
-	_ = p.tmpl.ExecuteTemplate(w, name, data)
+	_ = pageSet().ExecuteTemplate(w, name, data)
 }
+
+// pageSet parses the pages on first use rather than at Register: the
+// Lambda's cold start does not wait for templates that only a reviewer's
+// visit needs (bench/librarian). They are constants, so the parse cannot
+// fail at run time unless it fails every test that renders a page.
+var pageSet = sync.OnceValue(func() *template.Template {
+	return template.Must(template.New("").Funcs(template.FuncMap{"status": func(s governance.State) string { return s.Status() }}).Parse(pageTemplates))
+})
 
 func (p *pages) problem(w http.ResponseWriter, status int, msg string) {
 	p.render(w, status, "problem", map[string]any{"Status": status, "Text": http.StatusText(status), "Message": msg})
