@@ -1,7 +1,6 @@
 package hostlink
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"flag"
@@ -173,28 +172,10 @@ func hasUpdate(text string) func([]acp.Update, []string) bool {
 	}
 }
 
-// syncBuffer is a bytes.Buffer safe for a process's output and a test.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // hostProc is agent-host running as a subprocess.
 type hostProc struct {
 	cmd    *exec.Cmd
-	stderr *syncBuffer
+	stderr *testenv.LockedBuffer
 	done   chan struct{}
 	code   int
 }
@@ -240,7 +221,7 @@ func startHost(t *testing.T, s hostSpec) *hostProc {
 	for k, v := range env {
 		cmd.Env = append(cmd.Env, k+"="+v)
 	}
-	p := &hostProc{cmd: cmd, stderr: &syncBuffer{}, done: make(chan struct{})}
+	p := &hostProc{cmd: cmd, stderr: &testenv.LockedBuffer{}, done: make(chan struct{})}
 	cmd.Stdout, cmd.Stderr = io.Discard, p.stderr
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
