@@ -244,6 +244,16 @@ func startHost(t *testing.T, s hostSpec) *hostProc {
 	return p
 }
 
+// launchHost has rig's hub expect the first launch of s.instance, with a
+// new recorder, and starts its agent-host on rig's address.
+func launchHost(t *testing.T, rig *hubRig, s hostSpec) (*recorder, *Link, *hostProc) {
+	t.Helper()
+	rec := newRecorder()
+	link := rig.hub.Expect(s.instance, 1, rec.options())
+	s.addr = rig.addr
+	return rec, link, startHost(t, s)
+}
+
 // wait returns agent-host's exit code once it has exited.
 func (p *hostProc) wait(t *testing.T) int {
 	t.Helper()
