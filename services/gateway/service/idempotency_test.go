@@ -64,12 +64,12 @@ func TestIdempotencyKey(t *testing.T) {
 		agent := startAgent(t, ctx, conn, "idem-once", false)
 		req := &gatewayv1.SendMessageRequest{AgentId: "idem-once", Content: "pay 10", IdempotencyKey: "order-1"}
 		first := send(as(ctx, token), client, req)
-		if first.err != nil || first.events() != "working: pay 10|done" {
+		if first.err != nil || strings.Join(first.events, "|") != "working: pay 10|done" {
 			t.Fatalf("first send: %+v", first)
 		}
 		for range 2 {
-			if id := heldBy(t, send(as(ctx, token), client, req).err); id != first.requestID() {
-				t.Fatalf("the repeat names request %s, want the first, %s", id, first.requestID())
+			if id := heldBy(t, send(as(ctx, token), client, req).err); id != first.requestID {
+				t.Fatalf("the repeat names request %s, want the first, %s", id, first.requestID)
 			}
 		}
 		// Over REST: 409 with the same message, as a google.rpc.Status.
@@ -88,8 +88,8 @@ func TestIdempotencyKey(t *testing.T) {
 		err = json.NewDecoder(resp.Body).Decode(&body)
 		resp.Body.Close()
 		if resp.StatusCode != http.StatusConflict || err != nil || body.Code != codes.AlreadyExists ||
-			!strings.Contains(body.Message, first.requestID()) {
-			t.Fatalf("REST repeat: HTTP %d, %+v (%v); want 409 naming %s", resp.StatusCode, body, err, first.requestID())
+			!strings.Contains(body.Message, first.requestID) {
+			t.Fatalf("REST repeat: HTTP %d, %+v (%v); want 409 naming %s", resp.StatusCode, body, err, first.requestID)
 		}
 		settle(t, ctx, client, "idem-once")
 		if got := agent.got(); !slices.Equal(got, []string{"pay 10", "settle"}) {
@@ -130,10 +130,10 @@ func TestIdempotencyKey(t *testing.T) {
 	// startBusy starts an agent that holds its messages and keeps it busy
 	// with one, so that what is sent next waits in its queue; busy delivers
 	// that first message's reply.
-	startBusy := func(t *testing.T, id string) (*testAgent, chan call) {
+	startBusy := func(t *testing.T, id string) (*testAgent, chan reply) {
 		t.Helper()
 		agent := startAgent(t, ctx, conn, id, true)
-		busy := make(chan call, 1)
+		busy := make(chan reply, 1)
 		go func() {
 			busy <- send(as(ctx, token), client, &gatewayv1.SendMessageRequest{AgentId: id, Content: "busy"})
 		}()
@@ -146,7 +146,7 @@ func TestIdempotencyKey(t *testing.T) {
 		agent, busy := startBusy(t, "idem-queue")
 
 		req := &gatewayv1.SendMessageRequest{AgentId: "idem-queue", Content: "queued", IdempotencyKey: "q-1"}
-		queued := make(chan call, 1)
+		queued := make(chan reply, 1)
 		go func() { queued <- send(as(ctx, token), client, req) }()
 		// Once it waits in the queue, a repeat names it.
 		testenv.Eventually(t, time.Minute, "the message is queued", func() bool {
@@ -159,7 +159,7 @@ func TestIdempotencyKey(t *testing.T) {
 		if err != nil || !c.GetCancelled() {
 			t.Fatalf("cancel the queued message: %v %v", c, err)
 		}
-		if r := await(t, queued, "the cancelled message's reply"); r.err != nil || r.events() != "cancelled" {
+		if r := await(t, queued, "the cancelled message's reply"); r.err != nil || !slices.Equal(r.events, []string{"cancelled"}) {
 			t.Fatalf("the cancelled message's reply: %+v", r)
 		}
 		// The agent never saw it, so the key was given back before the
@@ -168,7 +168,7 @@ func TestIdempotencyKey(t *testing.T) {
 		if r := await(t, busy, "busy's reply"); r.err != nil {
 			t.Fatalf("busy: %+v", r)
 		}
-		retry := make(chan call, 1)
+		retry := make(chan reply, 1)
 		go func() { retry <- send(as(ctx, token), client, req) }()
 		select {
 		case r := <-retry:
@@ -179,11 +179,11 @@ func TestIdempotencyKey(t *testing.T) {
 		}
 		agent.done(t)
 		r := await(t, retry, "the retry's reply")
-		if r.err != nil || r.events() != "working: queued|done" || r.requestID() == queuedID {
+		if r.err != nil || strings.Join(r.events, "|") != "working: queued|done" || r.requestID == queuedID {
 			t.Fatalf("the retry: %+v (the cancelled one was %s)", r, queuedID)
 		}
-		if id := heldBy(t, send(as(ctx, token), client, req).err); id != r.requestID() {
-			t.Fatalf("after the retry the key names %s, want the retry %s", id, r.requestID())
+		if id := heldBy(t, send(as(ctx, token), client, req).err); id != r.requestID {
+			t.Fatalf("after the retry the key names %s, want the retry %s", id, r.requestID)
 		}
 		if got := agent.got(); !slices.Equal(got, []string{"busy", "queued"}) {
 			t.Fatalf("the agent received %q", got)
@@ -196,7 +196,7 @@ func TestIdempotencyKey(t *testing.T) {
 
 		req := &gatewayv1.SendMessageRequest{AgentId: "idem-left", Content: "abandoned", IdempotencyKey: "left-1"}
 		leaving, leave := context.WithCancel(as(ctx, token))
-		left := make(chan call, 1)
+		left := make(chan reply, 1)
 		go func() { left <- send(leaving, client, req) }()
 		claimed := func() bool {
 			page, err := st.Query(ctx, clientapi.IdempotencyTable.Name, store.Query{PK: auth.TokenID(token), Limit: 1000})
@@ -221,7 +221,7 @@ func TestIdempotencyKey(t *testing.T) {
 		if r := await(t, busy, "busy's reply"); r.err != nil {
 			t.Fatalf("busy: %+v", r)
 		}
-		retry := make(chan call, 1)
+		retry := make(chan reply, 1)
 		go func() { retry <- send(as(ctx, token), client, req) }()
 		select {
 		case r := <-retry:
@@ -231,7 +231,7 @@ func TestIdempotencyKey(t *testing.T) {
 			t.Fatal("the retry neither reached the agent nor ended within a minute")
 		}
 		agent.done(t)
-		if r := await(t, retry, "the retry's reply"); r.err != nil || r.events() != "working: abandoned|done" {
+		if r := await(t, retry, "the retry's reply"); r.err != nil || strings.Join(r.events, "|") != "working: abandoned|done" {
 			t.Fatalf("the retry: %+v", r)
 		}
 		if got := agent.got(); !slices.Equal(got, []string{"busy", "abandoned"}) {
@@ -279,15 +279,15 @@ func TestIdempotencyAcrossReplicas(t *testing.T) {
 
 	req := &gatewayv1.SendMessageRequest{AgentId: "idem-far", Content: "once", IdempotencyKey: "far-1"}
 	first := send(as(ctx, token), clientB, req)
-	if first.err != nil || !strings.HasPrefix(first.requestID(), "gw-idem-a.") {
+	if first.err != nil || !strings.HasPrefix(first.requestID, "gw-idem-a.") {
 		t.Fatalf("via B: %+v, want a request A assigned", first)
 	}
 	for _, via := range []struct {
 		name   string
 		client gatewayv1.GatewayServiceClient
 	}{{"A", clientA}, {"B", clientB}} {
-		if id := heldBy(t, send(as(ctx, token), via.client, req).err); id != first.requestID() {
-			t.Fatalf("repeat via %s names %s, want %s", via.name, id, first.requestID())
+		if id := heldBy(t, send(as(ctx, token), via.client, req).err); id != first.requestID {
+			t.Fatalf("repeat via %s names %s, want %s", via.name, id, first.requestID)
 		}
 	}
 	// Another client's key is its own, on either replica.

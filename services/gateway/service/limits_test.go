@@ -3,6 +3,7 @@ package service_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -135,17 +136,43 @@ func (a *testAgent) got() []string {
 	return append([]string(nil), a.received...)
 }
 
-// send makes one SendMessage and reads it to its end.
-func send(ctx context.Context, client gatewayv1.GatewayServiceClient, req *gatewayv1.SendMessageRequest) call {
-	return sendCall(ctx, client, req, nil)
+// reply is what a SendMessage call returned: its events' texts ("done" for
+// done, "cancelled" for cancelled), its request ID and the error that ended
+// it (nil for a clean end).
+type reply struct {
+	events    []string
+	requestID string
+	err       error
 }
 
-// requestID is the request ID the call's responses carry.
-func (c call) requestID() string {
-	if len(c.responses) == 0 {
-		return ""
+func send(ctx context.Context, client gatewayv1.GatewayServiceClient, req *gatewayv1.SendMessageRequest) reply {
+	var r reply
+	stream, err := client.SendMessage(ctx, req)
+	if err != nil {
+		r.err = err
+		return r
 	}
-	return c.responses[len(c.responses)-1].GetRequestId()
+	for {
+		m, err := stream.Recv()
+		if errors.Is(err, io.EOF) {
+			return r
+		}
+		if err != nil {
+			r.err = err
+			return r
+		}
+		r.requestID = m.GetRequestId()
+		switch ev := m.GetEvent(); {
+		case ev == nil:
+			// The first response: only the request_id, at once.
+		case ev.GetDone() != nil:
+			r.events = append(r.events, "done")
+		case ev.GetCancelled() != nil:
+			r.events = append(r.events, "cancelled")
+		default:
+			r.events = append(r.events, ev.GetText())
+		}
+	}
 }
 
 // TestClientRateLimitOverGRPCAndREST spends a client's burst over gRPC and
@@ -322,12 +349,12 @@ func TestClientStreamCap(t *testing.T) {
 		if r.err != nil && status.Code(r.err) != codes.ResourceExhausted {
 			t.Fatalf("a stream after one ended: %v", r.err)
 		}
-		return r.err == nil && r.events() == "working: again|done"
+		return r.err == nil && strings.Join(r.events, "|") == "working: again|done"
 	})
 }
 
-func (c call) String() string {
-	return fmt.Sprintf("events %q, request %q, error %v", c.events(), c.requestID(), c.err)
+func (r reply) String() string {
+	return fmt.Sprintf("events %q, request %q, error %v", r.events, r.requestID, r.err)
 }
 
 // restGet sends GET url with token through client and returns the status

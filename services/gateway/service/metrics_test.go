@@ -156,7 +156,7 @@ func TestGatewayMetrics(t *testing.T) {
 
 	// A request waits behind one in flight; one more finds the queue full.
 	holder := startAgent(t, ctx, connA, "holder", true)
-	replies := make(chan call, 2)
+	replies := make(chan reply, 2)
 	go func() {
 		replies <- send(authed(ctx), clientA, &gatewayv1.SendMessageRequest{AgentId: "holder", Content: "first"})
 	}()
