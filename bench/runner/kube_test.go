@@ -7,8 +7,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
-	"log/slog"
 	"net"
 	"net/http"
 	"os"
@@ -25,13 +23,8 @@ import (
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes"
 
-	"github.com/conclave-ai/conclave/pkg/config"
-	"github.com/conclave-ai/conclave/pkg/queue"
-	"github.com/conclave-ai/conclave/pkg/store"
-	"github.com/conclave-ai/conclave/pkg/telemetry"
 	"github.com/conclave-ai/conclave/pkg/testenv"
 	"github.com/conclave-ai/conclave/pkg/testenv/kubeenv"
-	"github.com/conclave-ai/conclave/services/runner/service"
 )
 
 const (
@@ -268,56 +261,13 @@ func startKubeRunner(b *testing.B, node *kubeenv.KubeNodeEnv) string {
 	if err := os.WriteFile(types, []byte(fmt.Sprintf("agent_types:\n  - id: normal\n    image: %s\n    command: [%s, -mode, slow-tool]\n    protocol: acp\n    permission: allow\n    enabled: true\n", kubeAgentImage, kubeAgentBin)), 0o644); err != nil {
 		b.Fatal(err)
 	}
-	env := map[string]string{
-		"CONCLAVE_RUNNER_GRPC_ADDR": grpcAddr, "CONCLAVE_RUNNER_HTTP_ADDR": "127.0.0.1:0",
-		"CONCLAVE_RUNNER_ALLOW_UNAUTHENTICATED": "true", "CONCLAVE_RUNNER_WORKSPACE_ROOTS": "/workspace",
-		"CONCLAVE_RUNNER_AGENT_TYPES": types, "CONCLAVE_RUNNER_SERVER_ID": "bench",
-		"CONCLAVE_RUNNER_CLIENT_RATE": "1000000", "CONCLAVE_RUNNER_CLIENT_BURST": "1000000",
-		"CONCLAVE_RUNNER_EXECUTOR": "kubernetes", "CONCLAVE_RUNNER_HOST_KEY": "bench-host-key-of-at-least-32-bytes!",
-		"CONCLAVE_RUNNER_HOST_ADDR": fwd.Addr().String(), "CONCLAVE_RUNNER_KUBE_NAMESPACE": kubeNamespace,
-		"CONCLAVE_RUNNER_KUBE_HOST_IMAGE": kubeHostImage, "CONCLAVE_RUNNER_KUBE_IMAGE_PULL_POLICY": "Never",
-	}
-	var cfg struct{ Runner service.Config }
-	if err := config.Load(context.Background(), &cfg, "runner", nil, func(k string) (string, bool) { v, ok := env[k]; return v, ok }, io.Discard); err != nil {
-		b.Fatal(err)
-	}
-	ctx := context.Background()
-	st, err := store.OpenBolt(filepath.Join(dir, "state.db"), store.BoltOptions{})
-	if err != nil {
-		b.Fatal(err)
-	}
-	q, err := queue.OpenEmbedded(filepath.Join(dir, "queues.db"))
-	if err != nil {
-		b.Fatal(err)
-	}
-	if err := store.EnsureTables(ctx, st, service.Tables...); err != nil {
-		b.Fatal(err)
-	}
-	for _, d := range service.Queues(cfg.Runner) {
-		if err := q.Ensure(ctx, d); err != nil {
-			b.Fatal(err)
-		}
-	}
-	tel, err := telemetry.New(ctx, telemetry.Config{ServiceName: "runner-bench"})
-	if err != nil {
-		b.Fatal(err)
-	}
-	r, err := service.New(cfg.Runner, service.Deps{Store: st, Queue: q, Logger: slog.New(slog.DiscardHandler), Telemetry: tel, Kube: node.Config})
-	if err != nil {
-		b.Fatal(err)
-	}
-	runCtx, cancel := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- r.Run(runCtx) }()
-	b.Cleanup(func() { cancel(); <-done; q.Close(); st.Close() })
-	<-r.Ready()
-	for _, e := range r.Endpoints() {
-		if strings.HasPrefix(e.Protocol, "HTTP") {
-			return "http://" + e.Address
-		}
-	}
-	b.Fatal("the runner has no HTTP endpoint")
-	return ""
+	return startBenchRunner(b, map[string]string{
+		"CONCLAVE_RUNNER_GRPC_ADDR": grpcAddr, "CONCLAVE_RUNNER_WORKSPACE_ROOTS": "/workspace",
+		"CONCLAVE_RUNNER_AGENT_TYPES": types, "CONCLAVE_RUNNER_EXECUTOR": "kubernetes",
+		"CONCLAVE_RUNNER_HOST_KEY": "bench-host-key-of-at-least-32-bytes!", "CONCLAVE_RUNNER_HOST_ADDR": fwd.Addr().String(),
+		"CONCLAVE_RUNNER_KUBE_NAMESPACE": kubeNamespace, "CONCLAVE_RUNNER_KUBE_HOST_IMAGE": kubeHostImage,
+		"CONCLAVE_RUNNER_KUBE_IMAGE_PULL_POLICY": "Never",
+	}, node.Config)
 }
 
 type timedLine struct {

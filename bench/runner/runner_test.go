@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net/http"
 	"os"
 	"os/exec"
@@ -21,11 +22,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/conclave-ai/conclave/pkg/config"
-	"github.com/conclave-ai/conclave/pkg/queue"
-	"github.com/conclave-ai/conclave/pkg/store"
+	"k8s.io/client-go/rest"
+
 	"github.com/conclave-ai/conclave/pkg/telemetry"
 	"github.com/conclave-ai/conclave/pkg/testenv"
+	"github.com/conclave-ai/conclave/services/runner/runnertest"
 	"github.com/conclave-ai/conclave/services/runner/service"
 )
 
@@ -119,50 +120,30 @@ func startRunner(b *testing.B, agent string) (base, root string) {
 	if err := os.WriteFile(types, []byte(fmt.Sprintf("agent_types:\n  - id: example\n    command: [%q, -dialect, acp, -mode, slow-tool]\n    permission: allow\n    enabled: true\n", agent)), 0o644); err != nil {
 		b.Fatal(err)
 	}
-	env := map[string]string{
-		"CONCLAVE_RUNNER_GRPC_ADDR": "127.0.0.1:0", "CONCLAVE_RUNNER_HTTP_ADDR": "127.0.0.1:0",
-		"CONCLAVE_RUNNER_ALLOW_UNAUTHENTICATED": "true", "CONCLAVE_RUNNER_WORKSPACE_ROOTS": dir,
-		"CONCLAVE_RUNNER_AGENT_TYPES": types, "CONCLAVE_RUNNER_SERVER_ID": "bench",
+	return startBenchRunner(b, map[string]string{"CONCLAVE_RUNNER_GRPC_ADDR": "127.0.0.1:0",
+		"CONCLAVE_RUNNER_WORKSPACE_ROOTS": dir, "CONCLAVE_RUNNER_AGENT_TYPES": types}, nil), dir
+}
+
+// startBenchRunner runs a runner with the settings env adds to those both
+// benchmarks share (an open API on loopback, no client rate limit), on an
+// embedded store and queue, until the benchmark ends; it returns the
+// URL of its REST API.
+func startBenchRunner(b *testing.B, env map[string]string, kube *rest.Config) string {
+	vars := map[string]string{
+		"CONCLAVE_RUNNER_HTTP_ADDR": "127.0.0.1:0", "CONCLAVE_RUNNER_ALLOW_UNAUTHENTICATED": "true",
+		"CONCLAVE_RUNNER_SERVER_ID":   "bench",
 		"CONCLAVE_RUNNER_CLIENT_RATE": "1000000", "CONCLAVE_RUNNER_CLIENT_BURST": "1000000",
 	}
-	var cfg struct{ Runner service.Config }
-	if err := config.Load(context.Background(), &cfg, "runner", nil, func(k string) (string, bool) { v, ok := env[k]; return v, ok }, io.Discard); err != nil {
-		b.Fatal(err)
-	}
-	ctx := context.Background()
-	st, err := store.OpenBolt(filepath.Join(dir, "state.db"), store.BoltOptions{})
+	maps.Copy(vars, env)
+	cfg := runnertest.Config(b, vars)
+	st, q := runnertest.State(b, cfg)
+	tel, err := telemetry.New(context.Background(), telemetry.Config{ServiceName: "runner-bench"})
 	if err != nil {
 		b.Fatal(err)
 	}
-	q, err := queue.OpenEmbedded(filepath.Join(dir, "queues.db"))
-	if err != nil {
-		b.Fatal(err)
+	_, api, _ := runnertest.Start(b, cfg, service.Deps{Store: st, Queue: q, Logger: slog.New(slog.DiscardHandler), Telemetry: tel, Kube: kube})
+	if api.Base == "" {
+		b.Fatal("the runner has no HTTP endpoint")
 	}
-	if err := store.EnsureTables(ctx, st, service.Tables...); err != nil {
-		b.Fatal(err)
-	}
-	for _, d := range service.Queues(cfg.Runner) {
-		if err := q.Ensure(ctx, d); err != nil {
-			b.Fatal(err)
-		}
-	}
-	tel, err := telemetry.New(ctx, telemetry.Config{ServiceName: "runner-bench"})
-	if err != nil {
-		b.Fatal(err)
-	}
-	r, err := service.New(cfg.Runner, service.Deps{Store: st, Queue: q, Logger: slog.New(slog.DiscardHandler), Telemetry: tel})
-	if err != nil {
-		b.Fatal(err)
-	}
-	runCtx, cancel := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- r.Run(runCtx) }()
-	b.Cleanup(func() { cancel(); <-done; q.Close(); st.Close() })
-	<-r.Ready()
-	for _, e := range r.Endpoints() {
-		if strings.HasPrefix(e.Protocol, "HTTP") {
-			base = "http://" + e.Address
-		}
-	}
-	return base, dir
+	return api.Base
 }

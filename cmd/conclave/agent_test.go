@@ -11,7 +11,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -315,34 +314,16 @@ func TestRPCFailureIsOneClearLine(t *testing.T) {
 	}
 }
 
-// syncBuffer is a bytes.Buffer that a child process and a test may share.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
 // cancelOn is a writer that cancels a context once what was written to it
 // contains a marker: a user pressing Ctrl-C halfway through a reply.
 type cancelOn struct {
-	syncBuffer
+	testenv.LockedBuffer
 	marker string
 	cancel context.CancelFunc
 }
 
 func (c *cancelOn) Write(p []byte) (int, error) {
-	n, err := c.syncBuffer.Write(p)
+	n, err := c.LockedBuffer.Write(p)
 	if strings.Contains(c.String(), c.marker) {
 		c.cancel()
 	}
@@ -362,7 +343,7 @@ func TestAgentCommandsAgainstConclaveDev(t *testing.T) {
 	addr := addrs["gateway gRPC"]
 
 	const id = "e2e-agent"
-	var agentLog syncBuffer
+	var agentLog testenv.LockedBuffer
 	ag := exec.Command(agentBin, "--addr", addr, "--agent-id", id, "--name", "e2e", "--capabilities", "chat,echo",
 		"--step-delay", "50ms")
 	ag.Stderr = &agentLog

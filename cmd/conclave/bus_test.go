@@ -25,29 +25,17 @@ func TestBusCommands(t *testing.T) {
 		t.Skip("runs the conclave binary")
 	}
 	t.Parallel()
-	port, err := testenv.FreePort()
-	if err != nil {
-		t.Fatal(err)
-	}
 	serve := exec.Command(conclaveBin, "bus", "serve")
-	serve.Env = append(os.Environ(), "CONCLAVE_DATA_DIR="+t.TempDir(), fmt.Sprintf("CONCLAVE_BUS_ADDR=127.0.0.1:%d", port),
-		"CONCLAVE_BUS_ALLOW_UNAUTHENTICATED=true", "CONCLAVE_LOG_FORMAT=text", "OTEL_EXPORTER_OTLP_ENDPOINT=")
-	stderr, err := serve.StderrPipe()
+	serve.Env = append(os.Environ(), "CONCLAVE_DATA_DIR="+t.TempDir(), "CONCLAVE_BUS_ADDR=127.0.0.1:0",
+		"CONCLAVE_BUS_ALLOW_UNAUTHENTICATED=true", "OTEL_EXPORTER_OTLP_ENDPOINT=")
+	starting, cancelStart := context.WithTimeout(t.Context(), time.Minute)
+	defer cancelStart()
+	server, err := testenv.StartCommand(starting, "conclave bus serve", serve)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := serve.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = serve.Process.Kill(); _ = serve.Wait() })
-	logs := bufio.NewScanner(stderr)
-	for logs.Scan() && !strings.Contains(logs.Text(), "msg=serving") {
-	}
-	go func() {
-		for logs.Scan() {
-		}
-	}()
-	url := fmt.Sprintf("ws://127.0.0.1:%d", port)
+	t.Cleanup(server.Kill)
+	url := "ws://" + server.HTTPAddr
 	bus := func(args ...string) *exec.Cmd {
 		cmd := exec.Command(conclaveBin, append([]string{"bus"}, args...)...)
 		cmd.Env = append(os.Environ(), "BUB_BUS_URL="+url, "BUB_AGENT_ID=conclave-bus-test")

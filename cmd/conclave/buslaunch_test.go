@@ -124,6 +124,36 @@ func runBusAgent() int {
 	}
 }
 
+// devWithBusAgent runs conclave dev with the bus launching agents of type
+// bus-agent through its runner: this test binary, with each of agentEnv
+// set to "1", in a workspace of its own; args are further flags. It
+// returns its endpoints (as testenv.Dev.Addrs names them), the workspace
+// and its logs.
+func devWithBusAgent(t *testing.T, agentEnv []string, args ...string) (addrs map[string]string, ws string, stderr *testenv.LockedBuffer) {
+	t.Helper()
+	dir := t.TempDir()
+	ws = filepath.Join(dir, "ws")
+	if err := os.Mkdir(ws, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	env := make([]string, len(agentEnv))
+	for i, k := range agentEnv {
+		env[i] = k + `: "1"`
+	}
+	types := filepath.Join(dir, "types.yaml")
+	if err := os.WriteFile(types, []byte(fmt.Sprintf("agent_types:\n  - id: bus-agent\n    command: [%q]\n    env: {%s}\n    launch_env: [BUB_*]\n    protocol: legacy\n    enabled: true\n",
+		self, strings.Join(env, ", "))), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	_, addrs, stderr = devProcess(t, filepath.Join(dir, "data"), append([]string{"--runner-agent-types=" + types, "--runner-workspace-roots=" + dir,
+		"--bus-workspace=" + ws, "--bus-runner-agent-type=bus-agent"}, args...)...)
+	return addrs, ws, stderr
+}
+
 // TestDevDefaultHandlerLaunchesThroughRunner runs conclave dev with a bus
 // agent type: a message on a topic nobody subscribes to makes the bus ask
 // conclave dev's own runner for an agent, which gets the four BUB_*
@@ -134,21 +164,7 @@ func TestDevDefaultHandlerLaunchesThroughRunner(t *testing.T) {
 		t.Skip("starts the conclave binary and an agent")
 	}
 	t.Parallel()
-	dir := t.TempDir()
-	ws := filepath.Join(dir, "ws")
-	if err := os.Mkdir(ws, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	self, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
-	types := filepath.Join(dir, "types.yaml")
-	if err := os.WriteFile(types, []byte(fmt.Sprintf("agent_types:\n  - id: bus-agent\n    command: [%q]\n    env: {%s: \"1\"}\n    launch_env: [BUB_*]\n    protocol: legacy\n    enabled: true\n", self, busAgentEnv)), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	_, addrs, stderr := devProcess(t, filepath.Join(dir, "data"), "--runner-agent-types="+types, "--runner-workspace-roots="+dir,
-		"--bus-workspace="+ws, "--bus-runner-agent-type=bus-agent")
+	addrs, ws, stderr := devWithBusAgent(t, []string{busAgentEnv})
 	busURL := "ws://" + addrs["bus WebSocket"]
 
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
@@ -256,23 +272,8 @@ func TestDevLaunchedAgentIsConfinedByItsToken(t *testing.T) {
 		t.Skip("starts the conclave binary and an agent")
 	}
 	t.Parallel()
-	dir := t.TempDir()
-	ws := filepath.Join(dir, "ws")
-	if err := os.Mkdir(ws, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	self, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
-	types := filepath.Join(dir, "types.yaml")
-	if err := os.WriteFile(types, []byte(fmt.Sprintf("agent_types:\n  - id: bus-agent\n    command: [%q]\n    env: {%s: \"1\", %s: \"1\"}\n    launch_env: [BUB_*]\n    protocol: legacy\n    enabled: true\n",
-		self, busAgentEnv, busAgentProbeEnv)), 0o644); err != nil {
-		t.Fatal(err)
-	}
 	const bridgeToken = "bridge-token-0123456789"
-	_, addrs, stderr := devProcess(t, filepath.Join(dir, "data"), "--runner-agent-types="+types, "--runner-workspace-roots="+dir,
-		"--bus-workspace="+ws, "--bus-runner-agent-type=bus-agent", "--bus-allow-unauthenticated=false",
+	addrs, _, stderr := devWithBusAgent(t, []string{busAgentEnv, busAgentProbeEnv}, "--bus-allow-unauthenticated=false",
 		`--bus-grants=[{"token":"`+bridgeToken+`","client_id":"bridge","publish":["tg:*"],"subscribe":[]}]`)
 	busURL := "ws://" + addrs["bus WebSocket"]
 

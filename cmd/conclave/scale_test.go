@@ -169,7 +169,7 @@ func TestReplicasOnDynamoDBHoldIdleAgents(t *testing.T) {
 	}
 	const count, token = 1000, "client-secret-0123456789"
 	replicas := map[string]string{} // server ID → gRPC address
-	var logs []*syncBuffer
+	var logs []*testenv.LockedBuffer
 	for i := range 3 {
 		id := fmt.Sprintf("gw-%d", i)
 		addr, log := startGatewayProcess(t, gatewayBin, id, dynalite.Endpoint, token)
@@ -196,7 +196,7 @@ func TestReplicasOnDynamoDBHoldIdleAgents(t *testing.T) {
 // DynamoDB at endpoint, on default settings but for addresses and tokens.
 // It listens on a port of its own choosing, read from its "serving" log
 // line, so that no other process can take the port in between.
-func startGatewayProcess(t *testing.T, bin, id, endpoint, token string) (string, *syncBuffer) {
+func startGatewayProcess(t *testing.T, bin, id, endpoint, token string) (string, *testenv.LockedBuffer) {
 	t.Helper()
 	cmd := exec.Command(bin)
 	cmd.Env = append(os.Environ(),
@@ -206,7 +206,7 @@ func startGatewayProcess(t *testing.T, bin, id, endpoint, token string) (string,
 		"CONCLAVE_GATEWAY_SERVER_ID="+id, "CONCLAVE_GATEWAY_CLIENT_TOKENS="+token,
 		"CONCLAVE_GATEWAY_ALLOW_AGENTS_WITHOUT_TOKENS=true",
 	)
-	out := &syncBuffer{}
+	out := &testenv.LockedBuffer{}
 	cmd.Stdout, cmd.Stderr = out, out
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)

@@ -7,12 +7,9 @@
 package govern
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net/http"
 	"net/url"
 	"strconv"
@@ -22,6 +19,7 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/conclave-ai/conclave/pkg/httpclient"
 	librarianv1 "github.com/conclave-ai/conclave/proto/conclave/librarian/v1"
 )
 
@@ -52,6 +50,8 @@ type Client struct {
 	base   func() string
 	tokens func(agentID string) string
 	http   *http.Client
+	// timeout is the per-call timeout, http's own when it has one.
+	timeout time.Duration
 	// Attempts bounds the tries of one call that the Librarian answers
 	// with a transport error, a 5xx or a 429 (default 3); Backoff is the
 	// first pause between them, doubling (default 200ms). A submission is
@@ -64,8 +64,8 @@ type Client struct {
 // and any path prefix, e.g. an API Gateway stage), presenting the token
 // tokens gives for the agent a call is for, when there is one (nil: none,
 // for a Librarian that takes none in development). hc carries the
-// transport (tracing) and the per-call timeout; nil is a client with a
-// 15 s timeout.
+// transport (tracing) and the per-call timeout (none is httpclient's
+// default); nil is a client with a 15 s timeout.
 func NewClient(base func() string, tokens func(agentID string) string, hc *http.Client) *Client {
 	if hc == nil {
 		hc = &http.Client{Timeout: 15 * time.Second}
@@ -73,7 +73,7 @@ func NewClient(base func() string, tokens func(agentID string) string, hc *http.
 	if tokens == nil {
 		tokens = func(string) string { return "" }
 	}
-	return &Client{base: base, tokens: tokens, http: hc, Attempts: 3, Backoff: 200 * time.Millisecond}
+	return &Client{base: base, tokens: tokens, http: hc, timeout: hc.Timeout, Attempts: 3, Backoff: 200 * time.Millisecond}
 }
 
 var (
@@ -113,10 +113,18 @@ func (c *Client) do(ctx context.Context, method, path string, body []byte, key, 
 	if base == "" {
 		return fmt.Errorf("%w: its address is not known", ErrUnavailable)
 	}
+	hc := &httpclient.Client{Base: base, Timeout: c.timeout, MaxResponse: maxAnswerBytes, HTTP: c.http}
+	req := httpclient.Request{Method: method, Path: path, Token: token}
+	if body != nil {
+		req.Body = body
+	}
+	if key != "" {
+		req.Header = http.Header{"Idempotency-Key": {key}}
+	}
 	pause := c.Backoff
 	var last error
 	for attempt := 1; ; attempt++ {
-		retryAfter, err := c.once(ctx, method, base+path, body, key, token, out)
+		retryAfter, err := c.once(ctx, hc, req, out)
 		if err == nil {
 			return nil
 		}
@@ -139,73 +147,25 @@ func (c *Client) do(ctx context.Context, method, path string, body []byte, key, 
 
 // once makes one call; a retryable failure wraps ErrUnavailable and may
 // say how long the Librarian asked to wait.
-func (c *Client) once(ctx context.Context, method, u string, body []byte, key, token string, out proto.Message) (time.Duration, error) {
-	var rd io.Reader
-	if body != nil {
-		rd = bytes.NewReader(body)
-	}
-	req, err := http.NewRequestWithContext(ctx, method, u, rd)
-	if err != nil {
-		return 0, fmt.Errorf("%w: %v", ErrUnavailable, err)
-	}
-	req.Header.Set("Accept", "application/json")
-	if body != nil {
-		req.Header.Set("Content-Type", "application/json")
-	}
-	if key != "" {
-		req.Header.Set("Idempotency-Key", key)
-	}
-	if token != "" {
-		req.Header.Set("Authorization", "Bearer "+token)
-	}
-	resp, err := c.http.Do(req)
-	if err != nil {
+func (c *Client) once(ctx context.Context, hc *httpclient.Client, req httpclient.Request, out proto.Message) (time.Duration, error) {
+	data, err := hc.Send(ctx, req)
+	var he *httpclient.Error
+	switch {
+	case errors.As(err, &he) && (he.StatusCode == http.StatusTooManyRequests || he.StatusCode >= 500):
+		secs, _ := strconv.Atoi(he.Header.Get("Retry-After"))
+		return time.Duration(min(max(secs, 0), 30)) * time.Second,
+			fmt.Errorf("%w: HTTP %d: %s", ErrUnavailable, he.StatusCode, clip(he.Message, 300))
+	case he != nil:
+		return 0, &Error{Status: he.StatusCode, Code: he.Code, Message: clip(he.Message, 300)}
+	case errors.Is(err, httpclient.ErrTooLarge):
+		return 0, fmt.Errorf("%w: its answer is over %d bytes", ErrUnavailable, maxAnswerBytes)
+	case err != nil:
 		return 0, fmt.Errorf("%w: %s", ErrUnavailable, cleanError(err))
 	}
-	defer resp.Body.Close()
-	data, err := io.ReadAll(io.LimitReader(resp.Body, maxAnswerBytes+1))
-	if err != nil {
-		return 0, fmt.Errorf("%w: reading its answer: %v", ErrUnavailable, err)
+	if err := unmarshal.Unmarshal(data, out); err != nil {
+		return 0, fmt.Errorf("%w: its answer is not what the API says: %v", ErrUnavailable, err)
 	}
-	if len(data) > maxAnswerBytes {
-		return 0, fmt.Errorf("%w: its answer is over %d bytes", ErrUnavailable, maxAnswerBytes)
-	}
-	switch {
-	case resp.StatusCode == http.StatusOK:
-		if err := unmarshal.Unmarshal(data, out); err != nil {
-			return 0, fmt.Errorf("%w: its answer is not what the API says: %v", ErrUnavailable, err)
-		}
-		return 0, nil
-	case resp.StatusCode == http.StatusTooManyRequests || resp.StatusCode >= 500:
-		secs, _ := strconv.Atoi(resp.Header.Get("Retry-After"))
-		return time.Duration(min(max(secs, 0), 30)) * time.Second,
-			fmt.Errorf("%w: HTTP %d: %s", ErrUnavailable, resp.StatusCode, errorMessage(data))
-	default:
-		e := &Error{Status: resp.StatusCode, Message: errorMessage(data)}
-		var body struct {
-			Error struct {
-				Status string `json:"status"`
-			} `json:"error"`
-		}
-		if json.Unmarshal(data, &body) == nil {
-			e.Code = body.Error.Status
-		}
-		return 0, e
-	}
-}
-
-// errorMessage is the message of the Librarian's error body, or the start
-// of whatever else came.
-func errorMessage(data []byte) string {
-	var body struct {
-		Error struct {
-			Message string `json:"message"`
-		} `json:"error"`
-	}
-	if json.Unmarshal(data, &body) == nil && body.Error.Message != "" {
-		return clip(body.Error.Message, 300)
-	}
-	return clip(strings.TrimSpace(string(data)), 200)
+	return 0, nil
 }
 
 // cleanError drops the URL from a transport error: it is known, and a

@@ -1,11 +1,13 @@
-// Package httpclient is the command-line clients' one JSON-over-HTTP
-// client: a base URL, a bearer token, JSON request bodies, answers read
-// up to a limit, a deadline on every call, and every service's JSON error
-// shape (docs/architecture.md, "Error shapes") turned into one *Error.
+// Package httpclient is the one JSON-over-HTTP client, of the command
+// line and of pkg/govern's calls to the Librarian: a base URL, a bearer
+// token, JSON request bodies, answers read up to a limit, a deadline on
+// every call, and every service's JSON error shape (docs/architecture.md,
+// "Error shapes") turned into one *Error.
 package httpclient
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -59,6 +61,8 @@ type Error struct {
 	Field string
 	// Details is the runner's further explanation.
 	Details string
+	// Header is the answer's headers (a Retry-After, say).
+	Header http.Header
 }
 
 func (e *Error) Error() string {
@@ -85,19 +89,38 @@ func (e *Error) Error() string {
 // body), a []byte or json.RawMessage sent as it is, or a value sent as its
 // JSON. An answer of status 400 or more is an *Error.
 func (c *Client) Do(ctx context.Context, method, path string, body any) ([]byte, error) {
+	return c.Send(ctx, Request{Method: method, Path: path, Body: body})
+}
+
+// Request is one call, with what Do's arguments do not say.
+type Request struct {
+	Method, Path string
+	// Body is as Do's.
+	Body any
+	// Token, when set, is sent instead of the client's: for a client that
+	// acts for several callers, each with a token of its own.
+	Token string
+	// Header is further headers, e.g. an Idempotency-Key.
+	Header http.Header
+}
+
+// Send is Do with the whole of a Request.
+func (c *Client) Send(ctx context.Context, r Request) ([]byte, error) {
 	ctx, cancel := context.WithTimeout(ctx, c.timeout())
 	defer cancel()
-	resp, err := c.send(ctx, method, path, body)
+	resp, err := c.send(ctx, r)
 	if err != nil {
 		return nil, err
 	}
 	defer resp.Body.Close()
 	data, err := c.read(resp.Body)
 	if err != nil {
-		return nil, fmt.Errorf("%s %s: reading the answer: %w", method, path, err)
+		return nil, fmt.Errorf("%s %s: reading the answer: %w", r.Method, r.Path, err)
 	}
 	if resp.StatusCode >= 400 {
-		return nil, decodeError(method, path, resp.StatusCode, data)
+		e := decodeError(r.Method, r.Path, resp.StatusCode, data)
+		e.Header = resp.Header
+		return nil, e
 	}
 	return data, nil
 }
@@ -120,7 +143,7 @@ func (c *Client) JSON(ctx context.Context, method, path string, body, out any) e
 func (c *Client) Stream(ctx context.Context, method, path string, body any) (io.ReadCloser, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	timer := time.AfterFunc(c.timeout(), cancel)
-	resp, err := c.send(ctx, method, path, body)
+	resp, err := c.send(ctx, Request{Method: method, Path: path, Body: body})
 	if !timer.Stop() {
 		cancel()
 		if err == nil {
@@ -139,7 +162,9 @@ func (c *Client) Stream(ctx context.Context, method, path string, body any) (io.
 		if err != nil {
 			return nil, fmt.Errorf("%s %s: reading the answer: %w", method, path, err)
 		}
-		return nil, decodeError(method, path, resp.StatusCode, data)
+		e := decodeError(method, path, resp.StatusCode, data)
+		e.Header = resp.Header
+		return nil, e
 	}
 	return cancelOnClose{resp.Body, cancel}, nil
 }
@@ -162,9 +187,10 @@ func (c *Client) timeout() time.Duration {
 	return DefaultTimeout
 }
 
-func (c *Client) send(ctx context.Context, method, path string, body any) (*http.Response, error) {
+func (c *Client) send(ctx context.Context, r Request) (*http.Response, error) {
+	method, path := r.Method, r.Path
 	var rd io.Reader
-	switch b := body.(type) {
+	switch b := r.Body.(type) {
 	case nil:
 	case []byte:
 		rd = bytes.NewReader(b)
@@ -181,6 +207,9 @@ func (c *Client) send(ctx context.Context, method, path string, body any) (*http
 	if err != nil {
 		return nil, err
 	}
+	for k, v := range r.Header {
+		req.Header[http.CanonicalHeaderKey(k)] = v
+	}
 	if method != http.MethodGet && method != http.MethodHead {
 		// Declared even without a body: the services refuse a
 		// state-changing request that a web page could send without
@@ -188,8 +217,8 @@ func (c *Client) send(ctx context.Context, method, path string, body any) (*http
 		req.Header.Set("Content-Type", "application/json")
 	}
 	req.Header.Set("Accept", "application/json")
-	if c.Token != "" {
-		req.Header.Set("Authorization", "Bearer "+c.Token)
+	if token := cmp.Or(r.Token, c.Token); token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
 	}
 	hc := c.HTTP
 	if hc == nil {
@@ -202,8 +231,9 @@ func (c *Client) send(ctx context.Context, method, path string, body any) (*http
 	return resp, nil
 }
 
-// errTooLarge is an answer past the client's MaxResponse.
-var errTooLarge = errors.New("the answer is larger than the client's limit")
+// ErrTooLarge is wrapped by the error of an answer past the client's
+// MaxResponse.
+var ErrTooLarge = errors.New("the answer is larger than the client's limit")
 
 func (c *Client) read(r io.Reader) ([]byte, error) {
 	limit := c.MaxResponse
@@ -215,7 +245,7 @@ func (c *Client) read(r io.Reader) ([]byte, error) {
 		return nil, err
 	}
 	if int64(len(data)) > limit {
-		return nil, fmt.Errorf("%w (%d bytes)", errTooLarge, limit)
+		return nil, fmt.Errorf("%w (%d bytes)", ErrTooLarge, limit)
 	}
 	return data, nil
 }

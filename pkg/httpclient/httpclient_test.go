@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -109,8 +110,45 @@ func TestDo(t *testing.T) {
 				t.Fatalf("Do: error %T, want *Error", err)
 			}
 			tt.wantErr.Method, tt.wantErr.Path = tt.method, "/x"
-			if *e != *tt.wantErr {
-				t.Fatalf("Do: error %#v, want %#v", *e, *tt.wantErr)
+			gotErr := *e
+			gotErr.Header = nil // TestSend checks it
+			if !reflect.DeepEqual(gotErr, *tt.wantErr) {
+				t.Fatalf("Do: error %#v, want %#v", gotErr, *tt.wantErr)
+			}
+		})
+	}
+}
+
+// TestSend: a Request's token replaces the client's, its headers are
+// sent, and an error answer's headers come back on the *Error.
+func TestSend(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name, clientToken, token, wantAuth string
+	}{
+		{"the request's token", "client", "caller", "Bearer caller"},
+		{"the client's token", "client", "", "Bearer client"},
+		{"no token", "", "", ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				if got := r.Header.Get("Authorization"); got != tt.wantAuth {
+					t.Errorf("Authorization %q, want %q", got, tt.wantAuth)
+				}
+				if got := r.Header.Get("Idempotency-Key"); got != "k1" {
+					t.Errorf("Idempotency-Key %q, want k1", got)
+				}
+				w.Header().Set("Retry-After", "7")
+				w.WriteHeader(http.StatusServiceUnavailable)
+			}))
+			defer srv.Close()
+			_, err := New(srv.URL, tt.clientToken).Send(t.Context(), Request{Method: "POST", Path: "/x", Body: []byte(`{}`),
+				Token: tt.token, Header: http.Header{"idempotency-key": {"k1"}}})
+			var e *Error
+			if !errors.As(err, &e) || e.StatusCode != http.StatusServiceUnavailable || e.Header.Get("Retry-After") != "7" {
+				t.Fatalf("Send: error %#v, want a 503 with Retry-After 7", err)
 			}
 		})
 	}

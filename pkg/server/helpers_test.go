@@ -1,13 +1,11 @@
 package server
 
 import (
-	"bytes"
 	"context"
 	"io"
 	"log/slog"
 	"net"
 	"net/http"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -24,7 +22,7 @@ import (
 // testServer is a Server running in the background for one test.
 type testServer struct {
 	*Server
-	logs   *syncBuffer
+	logs   *testenv.LockedBuffer
 	cancel context.CancelFunc
 	done   chan error
 
@@ -39,7 +37,7 @@ func startServer(t *testing.T, cfg Config, setup func(*Server), opts ...Option) 
 	if cfg.Name == "" {
 		cfg.Name = "test"
 	}
-	logs := &syncBuffer{}
+	logs := &testenv.LockedBuffer{}
 	logger := slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	s, err := New(cfg, logger, opts...)
 	if err != nil {
@@ -127,25 +125,6 @@ func readResponse(resp *http.Response) httpResult {
 	b, err := io.ReadAll(resp.Body)
 	return httpResult{status: resp.StatusCode, body: string(b), err: err}
 }
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.String()
-}
-
-func (b *syncBuffer) contains(s string) bool { return strings.Contains(b.String(), s) }
 
 // A hand-written gRPC service, so the tests need no generated code: one
 // unary and one bidirectional streaming method on wrapperspb.StringValue.

@@ -225,7 +225,7 @@ func TestReadiness(t *testing.T) {
 				t.Errorf("failed checks = %v, want %v", body.Failed, tt.wantFailed)
 			}
 			for _, name := range tt.wantFailed {
-				if !ts.logs.contains("check=" + name) {
+				if !strings.Contains(ts.logs.String(), "check="+name) {
 					t.Errorf("failing check %q not logged; logs:\n%s", name, ts.logs)
 				}
 			}

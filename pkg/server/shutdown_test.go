@@ -260,7 +260,7 @@ func TestShutdownHooks(t *testing.T) {
 	if want := []string{"first", "last, with deadline"}; !slices.Equal(ran, want) {
 		t.Errorf("hooks ran %v, want %v", ran, want)
 	}
-	if !ts.logs.contains("hook boom") {
+	if !strings.Contains(ts.logs.String(), "hook boom") {
 		t.Errorf("hook panic not logged; logs:\n%s", ts.logs)
 	}
 }

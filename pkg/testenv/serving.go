@@ -54,6 +54,13 @@ type Deployable struct {
 func StartDeployable(ctx context.Context, name, bin string, env ...string) (*Deployable, error) {
 	cmd := exec.Command(bin)
 	cmd.Env = append(os.Environ(), env...)
+	return StartCommand(ctx, name, cmd)
+}
+
+// StartCommand is StartDeployable for a command the caller made: a
+// deployable run with arguments (`bub serve`, `conclave bus serve`), its
+// environment set on cmd. Its output must not be set.
+func StartCommand(ctx context.Context, name string, cmd *exec.Cmd) (*Deployable, error) {
 	d := &Deployable{Name: name, process: newProcess(cmd)}
 	pr, pw := io.Pipe()
 	out := io.MultiWriter(d.log, pw)

@@ -1,8 +1,6 @@
 package agent_test
 
 import (
-	"bufio"
-	"bytes"
 	"context"
 	"errors"
 	"flag"
@@ -10,11 +8,8 @@ import (
 	"io"
 	"log/slog"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"regexp"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -56,73 +51,35 @@ func testMain(m *testing.M) int {
 	return m.Run()
 }
 
-// gateway is a running `conclave dev`.
+// gateway is a running `conclave dev`; addr is its gateway's gRPC address.
 type gateway struct {
-	cmd    *exec.Cmd
-	addr   string // its gRPC address
-	stderr *bytes.Buffer
+	*testenv.Dev
+	addr string
 }
 
 // startGateway runs `conclave dev` with its gRPC listener on addr (port 0
-// for a free one) and returns once it prints where it listens.
+// for a free one), every other service on a free port too so that tests
+// can run side by side, and returns once it prints where it listens.
 func startGateway(t *testing.T, addr string, env ...string) *gateway {
 	t.Helper()
-	// Every other service on a free port too, so that tests can run side by
-	// side.
-	cmd := exec.Command(conclaveBin, "dev", "--gateway-grpc-addr="+addr, "--gateway-http-addr=127.0.0.1:0",
-		"--librarian-http-addr=127.0.0.1:0", "--bus-addr=127.0.0.1:0", "--bridge-http-addr=127.0.0.1:0",
-		"--runner-grpc-addr=127.0.0.1:0", "--runner-http-addr=127.0.0.1:0", "--console-http-addr=127.0.0.1:0",
-		"--data-dir", t.TempDir())
-	cmd.Env = append(os.Environ(), env...)
-	stdout, err := cmd.StdoutPipe()
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
+	defer cancel()
+	d, err := testenv.StartDev(ctx, conclaveBin, "", []string{"--gateway-grpc-addr=" + addr, "--data-dir", t.TempDir()}, env)
 	if err != nil {
 		t.Fatal(err)
 	}
-	g := &gateway{cmd: cmd, stderr: &bytes.Buffer{}}
-	cmd.Stderr = g.stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
-	row := regexp.MustCompile(`^gateway\s+(\S+)\s+gRPC`)
-	sc := bufio.NewScanner(stdout)
-	for g.addr == "" && sc.Scan() {
-		if m := row.FindStringSubmatch(sc.Text()); m != nil {
-			g.addr = m[1]
-		}
-	}
-	go func() { _, _ = io.Copy(io.Discard, stdout) }()
+	t.Cleanup(d.Kill)
+	g := &gateway{Dev: d, addr: d.Addr("gateway gRPC")}
 	if g.addr == "" {
-		_ = cmd.Process.Kill()
-		_ = cmd.Wait()
-		t.Fatalf("conclave dev printed no gRPC address\nstderr:\n%s", g.stderr)
+		t.Fatalf("conclave dev printed no gRPC address: %v\nstderr:\n%s", d.Addrs(), d.Log())
 	}
 	return g
 }
 
 // logs collects an agent's log lines for the test to wait on.
-type logs struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
+type logs struct{ testenv.LockedBuffer }
 
-func (l *logs) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.Write(p)
-}
-
-func (l *logs) count(s string) int {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return strings.Count(l.buf.String(), s)
-}
-
-func (l *logs) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.String()
-}
+func (l *logs) count(s string) int { return strings.Count(l.String(), s) }
 
 // until makes cond a condition for testenv.EventuallyNoError whose
 // error, when the wait fails, is the agent's log so far.
@@ -341,10 +298,7 @@ func TestAgentReconnectsAfterTheGatewayDies(t *testing.T) {
 	l := startAgent(t, first.addr, id)
 	testenv.EventuallyNoError(t, time.Minute, "the agent registers", l.until(func() bool { return l.count(registered) == 1 }))
 
-	if err := first.cmd.Process.Kill(); err != nil {
-		t.Fatal(err)
-	}
-	_ = first.cmd.Wait()
+	first.Kill()
 	testenv.EventuallyNoError(t, time.Minute, "the agent notices", l.until(func() bool { return l.count("reconnecting") > 0 }))
 
 	second := startGateway(t, first.addr)
@@ -364,11 +318,11 @@ func TestAgentMovesOnWhenTheGatewayShutsDown(t *testing.T) {
 
 	// SIGTERM drains the gateway: it sends Shutdown and waits for its agents
 	// to leave. The agent closes its side, so the drain ends cleanly.
-	if err := first.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+	if err := first.Cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
-	if err := first.cmd.Wait(); err != nil {
-		t.Fatalf("gateway did not drain cleanly: %v\n%s", err, first.stderr)
+	if err := first.Wait(); err != nil {
+		t.Fatalf("gateway did not drain cleanly: %v\n%s", err, first.Log())
 	}
 	const left = `error="gateway asked the agent to leave: gateway dev is shutting down"`
 	testenv.EventuallyNoError(t, time.Minute, "the agent leaves on Shutdown", l.until(func() bool { return l.count(left) == 1 }))

@@ -3,7 +3,6 @@ package service_test
 import (
 	"bufio"
 	"encoding/json"
-	"fmt"
 	"os"
 	"os/exec"
 	"strings"
@@ -23,12 +22,7 @@ func TestBubBinary(t *testing.T) {
 		t.Skip("integration test: runs bub as processes")
 	}
 	t.Parallel()
-	port, err := testenv.FreePort()
-	if err != nil {
-		t.Fatal(err)
-	}
-	serveProcess(t, exec.Command(bubBinary, "serve"), t.TempDir(), port)
-	url := fmt.Sprintf("ws://127.0.0.1:%d", port)
+	url := "ws://" + serveProcess(t, exec.Command(bubBinary, "serve"), t.TempDir(), "127.0.0.1:0").HTTPAddr
 	bub := func(args ...string) *exec.Cmd {
 		cmd := exec.Command(bubBinary, args...)
 		cmd.Env = append(os.Environ(), "BUB_BUS_URL="+url, "BUB_AGENT_ID=bub-test", "BUB_DEFAULT_TOPIC=bub:default")

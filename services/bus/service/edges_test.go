@@ -10,10 +10,10 @@ import (
 	"net/http"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 
 	"github.com/conclave-ai/conclave/pkg/store"
+	"github.com/conclave-ai/conclave/pkg/testenv"
 )
 
 // busError is the bus's one HTTP error shape; decodeBusError refuses
@@ -109,23 +109,6 @@ func (s failingDeadLetters) Get(ctx context.Context, table string, key store.Key
 	return s.Store.Get(ctx, table, key)
 }
 
-type syncLog struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *syncLog) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *syncLog) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
 // TestDeadLetterStoreErrorIsLogged: a failing store is a 503 without the
 // store's error or the id; the log has it.
 func TestDeadLetterStoreErrorIsLogged(t *testing.T) {
@@ -135,7 +118,7 @@ func TestDeadLetterStoreErrorIsLogged(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = st.Close() })
-	var logs syncLog
+	var logs testenv.LockedBuffer
 	b := startBus(t, defaultConfig(t, nil), busOption{st: failingDeadLetters{st}, logger: slog.New(slog.NewTextHandler(&logs, nil))})
 	for _, tt := range []struct{ method, path string }{
 		{"GET", "/v1/dead-letters/dl-1"},

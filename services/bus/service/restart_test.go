@@ -1,14 +1,11 @@
 package service_test
 
 import (
-	"bufio"
 	"context"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strings"
-	"syscall"
 	"testing"
 
 	"github.com/conclave-ai/conclave/pkg/testenv"
@@ -39,45 +36,27 @@ func run(m *testing.M) int {
 	return m.Run()
 }
 
-// busProcess runs cmd/bus on dataDir and port, and returns it once it
+// busProcess runs cmd/bus on dataDir and addr, and returns it once it
 // serves.
-func busProcess(t *testing.T, dataDir string, port int) *exec.Cmd {
+func busProcess(t *testing.T, dataDir, addr string) *testenv.Deployable {
 	t.Helper()
-	return serveProcess(t, exec.Command(busBinary), dataDir, port)
+	return serveProcess(t, exec.Command(busBinary), dataDir, addr)
 }
 
 // serveProcess runs cmd, a bus (cmd/bus, or bub serve), on dataDir and
-// port, and returns it once it serves.
-func serveProcess(t *testing.T, cmd *exec.Cmd, dataDir string, port int) *exec.Cmd {
+// addr ("127.0.0.1:0": any port), and returns it once it serves.
+func serveProcess(t *testing.T, cmd *exec.Cmd, dataDir, addr string) *testenv.Deployable {
 	t.Helper()
-	cmd.Env = append(os.Environ(),
-		"CONCLAVE_DATA_DIR="+dataDir,
-		fmt.Sprintf("CONCLAVE_BUS_ADDR=127.0.0.1:%d", port),
-		"CONCLAVE_BUS_ALLOW_UNAUTHENTICATED=true",
-		"CONCLAVE_LOG_FORMAT=text",
-		"OTEL_EXPORTER_OTLP_ENDPOINT=",
-	)
-	stderr, err := cmd.StderrPipe()
+	cmd.Env = append(os.Environ(), "CONCLAVE_DATA_DIR="+dataDir, "CONCLAVE_BUS_ADDR="+addr,
+		"CONCLAVE_BUS_ALLOW_UNAUTHENTICATED=true", "OTEL_EXPORTER_OTLP_ENDPOINT=")
+	ctx, cancel := context.WithTimeout(t.Context(), guard)
+	defer cancel()
+	d, err := testenv.StartCommand(ctx, "the bus", cmd)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
-	// It logs "serving" once the listener is bound.
-	lines := bufio.NewScanner(stderr)
-	for lines.Scan() {
-		if strings.Contains(lines.Text(), "msg=serving") {
-			go func() {
-				for lines.Scan() {
-				}
-			}()
-			return cmd
-		}
-	}
-	t.Fatalf("the bus exited before serving: %v", lines.Err())
-	return nil
+	t.Cleanup(d.Kill)
+	return d
 }
 
 // TestRestartLosesNoRetry kills the bus process (SIGKILL, no drain) while a
@@ -93,8 +72,9 @@ func TestRestartLosesNoRetry(t *testing.T) {
 		t.Fatal(err)
 	}
 	dataDir := t.TempDir()
-	url := fmt.Sprintf("ws://127.0.0.1:%d", port)
-	first := busProcess(t, dataDir, port)
+	addr := fmt.Sprintf("127.0.0.1:%d", port)
+	url := "ws://" + addr
+	first := busProcess(t, dataDir, addr)
 
 	agent := dial(t, url, nil)
 	agent.initialize("agent-durable", agentCaps)
@@ -110,12 +90,9 @@ func TestRestartLosesNoRetry(t *testing.T) {
 	}
 
 	// The retry was accepted: kill the bus before it is due.
-	if err := first.Process.Signal(syscall.SIGKILL); err != nil {
-		t.Fatal(err)
-	}
-	_ = first.Wait()
+	first.Kill()
 
-	busProcess(t, dataDir, port)
+	busProcess(t, dataDir, addr)
 	again := dial(t, url, nil)
 	again.initialize("agent-durable", agentCaps)
 	again.subscribe(2, "agent:durable", "")

@@ -11,16 +11,13 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"sync"
 	"time"
 
-	"github.com/coder/websocket"
 	"golang.org/x/sync/errgroup"
 
 	"github.com/conclave-ai/conclave/pkg/auth"
 	"github.com/conclave-ai/conclave/pkg/config"
 	"github.com/conclave-ai/conclave/pkg/httpguard"
-	"github.com/conclave-ai/conclave/pkg/jsonrpc"
 	"github.com/conclave-ai/conclave/pkg/queue"
 	"github.com/conclave-ai/conclave/pkg/server"
 	"github.com/conclave-ai/conclave/pkg/store"
@@ -28,7 +25,7 @@ import (
 	"github.com/conclave-ai/conclave/services/bus/internal/broker"
 	"github.com/conclave-ai/conclave/services/bus/internal/cluster"
 	"github.com/conclave-ai/conclave/services/bus/internal/deadletters"
-	"github.com/conclave-ai/conclave/services/bus/internal/wsconn"
+	"github.com/conclave-ai/conclave/services/bus/internal/wsserve"
 )
 
 // Config is the bus's configuration.
@@ -157,18 +154,8 @@ type Bus struct {
 	retries *broker.Retries
 	events  *broker.Events
 	cluster *cluster.Cluster
-	access  *broker.Access
-	// throttle counts wrong tokens per address, the peers' included.
-	throttle *auth.Throttle
-	cfg      Config
-	tls      bool
-	log      *slog.Logger
-
-	// conns are the open client connections, closed with 1001 when the
-	// server drains: no goroutine per connection waits for that.
-	connsMu  sync.Mutex
-	conns    map[*jsonrpc.Conn]*wsconn.Stream
-	draining bool
+	cfg     Config
+	tls     bool
 }
 
 // Deps are what the bus runs on.
@@ -205,8 +192,9 @@ func New(cfg Config, deps Deps, opts ...server.Option) (*Bus, error) {
 	if err != nil {
 		return nil, fmt.Errorf("bus metrics: %w", err)
 	}
-	b := &Bus{cfg: cfg, access: access, log: logger, tls: cfg.TLSCert != "", conns: map[*jsonrpc.Conn]*wsconn.Stream{},
-		throttle: auth.NewThrottle(cfg.AuthThrottle.Options(telemetry.AuthThrottled(tel.Meter("bus"), "bus")))}
+	// throttle counts wrong tokens per address, the peers' included.
+	throttle := auth.NewThrottle(cfg.AuthThrottle.Options(telemetry.AuthThrottled(tel.Meter("bus"), "bus")))
+	b := &Bus{cfg: cfg, tls: cfg.TLSCert != ""}
 	b.retries = broker.NewRetries(q, st, broker.RetryPolicy{MaxAttempts: cfg.RetryAttempts,
 		BaseDelay: cfg.RetryBaseDelay, MaxDelay: cfg.RetryMaxDelay}, tel.TracerProvider(), logger)
 	var forwarder broker.Forwarder
@@ -216,7 +204,7 @@ func New(cfg Config, deps Deps, opts ...server.Option) (*Bus, error) {
 			scheme = "https"
 		}
 		b.cluster = cluster.New(cluster.Options{Store: st, ServerID: serverID, Token: cfg.PeerToken, Scheme: scheme,
-			Lease: cfg.Lease, Logger: logger, Throttle: b.throttle,
+			Lease: cfg.Lease, Logger: logger, Throttle: throttle,
 			Client: &http.Client{Transport: tel.HTTPTransport(http.DefaultTransport), Timeout: cfg.DeliveryTimeout + 10*time.Second},
 			Addr: func() string {
 				if cfg.AdvertiseAddr != "" {
@@ -274,153 +262,18 @@ func New(cfg Config, deps Deps, opts ...server.Option) (*Bus, error) {
 	if err != nil {
 		return nil, fmt.Errorf("bus server: %w", err)
 	}
-	srv.HandleStream("GET /{$}", http.HandlerFunc(b.serveWebSocket))
-	srv.OnShutdown(b.closeConnections)
-	deadletters.New(b.retries, logger).Routes(srv.Handle, b.admin)
+	clients := &wsserve.Auth{Open: cfg.AllowUnauthenticated, Access: access, Broker: b.broker, Throttle: throttle, Logger: logger}
+	ws := wsserve.NewHandler(clients, b.broker, wsserve.Limits{MaxFrameBytes: cfg.MaxFrameBytes,
+		OutboundBuffer: cfg.OutboundBuffer, WriteTimeout: cfg.WriteTimeout, MaxInflight: cfg.MaxInflight}, logger)
+	srv.HandleStream("GET /{$}", ws)
+	srv.OnShutdown(ws.CloseConnections)
+	deadletters.New(b.retries, logger).Routes(srv.Handle, clients.Admin)
 	if b.cluster != nil {
 		b.cluster.Attach(b.broker)
 		b.cluster.Routes(srv.Handle, srv.HandleStream)
 	}
 	b.srv = srv
 	return b, nil
-}
-
-// authenticate resolves the bearer token of a request, if it has one.
-// present is false without an Authorization header. A wrong token counts
-// against the caller's address; once it presented too many, err is
-// errThrottled (and Retry-After is set) whatever the token.
-func (b *Bus) authenticate(w http.ResponseWriter, r *http.Request) (grant *broker.Grant, present bool, err error) {
-	h := r.Header.Get("Authorization")
-	if h == "" {
-		return nil, false, nil
-	}
-	if !b.throttle.HTTP(w, r) {
-		return nil, true, errThrottled
-	}
-	token, ok := auth.Bearer(h)
-	if !ok {
-		b.throttle.FailHTTP(r)
-		return nil, true, errors.New("the Authorization header is not a bearer token")
-	}
-	g, err := b.access.Lookup(token)
-	if errors.Is(err, broker.ErrUnknownToken) {
-		// A token the default handler minted for an agent it launched.
-		g, err = b.broker.LaunchGrant(r.Context(), token)
-		if err != nil && !errors.Is(err, broker.ErrUnknownToken) {
-			b.log.WarnContext(r.Context(), "bus: checking a launched agent's token", "error", err)
-			return nil, true, errTokenUncheckable
-		}
-	}
-	if err != nil {
-		if !errors.Is(err, errTokenUncheckable) {
-			b.throttle.FailHTTP(r)
-		}
-		return nil, true, err
-	}
-	return &g, true, nil
-}
-
-// admin lets through only requests with an admin's token (any request,
-// without authentication).
-func (b *Bus) admin(h http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if !b.cfg.AllowUnauthenticated {
-			grant, present, err := b.authenticate(w, r)
-			switch {
-			case !present:
-				server.WriteError(w, http.StatusUnauthorized, "bus: a bearer token is required")
-				return
-			case err != nil:
-				writeAuthError(w, err)
-				return
-			case !grant.Admin:
-				server.WriteError(w, http.StatusForbidden, "bus: this token is not an admin's")
-				return
-			}
-		}
-		h.ServeHTTP(w, r)
-	})
-}
-
-// errThrottled: the caller's address presented too many wrong tokens.
-var errThrottled = errors.New(auth.ThrottledMessage)
-
-// errTokenUncheckable: the store that holds launched agents' tokens did
-// not answer; the client should retry, not treat its token as refused.
-var errTokenUncheckable = errors.New("the token cannot be checked now; retry")
-
-// writeAuthError answers a failed authentication: 503 when the token could
-// not be checked, 429 when its address is throttled, 401 when it was
-// refused.
-func writeAuthError(w http.ResponseWriter, err error) {
-	if errors.Is(err, errThrottled) {
-		server.WriteError(w, http.StatusTooManyRequests, "bus: "+err.Error())
-		return
-	}
-	if errors.Is(err, errTokenUncheckable) {
-		w.Header().Set("Retry-After", "1")
-		server.WriteError(w, http.StatusServiceUnavailable, "bus: "+err.Error())
-		return
-	}
-	server.WriteError(w, http.StatusUnauthorized, "bus: "+err.Error())
-}
-
-func (b *Bus) serveWebSocket(w http.ResponseWriter, r *http.Request) {
-	sessionAuth := broker.SessionAuth{Open: b.cfg.AllowUnauthenticated, Access: b.access, Throttle: b.throttle, Remote: r.RemoteAddr}
-	if !b.cfg.AllowUnauthenticated {
-		grant, _, err := b.authenticate(w, r)
-		if err != nil {
-			writeAuthError(w, err)
-			return
-		}
-		sessionAuth.Grant = grant
-	}
-	session := b.broker.NewSession(sessionAuth)
-	var conn *jsonrpc.Conn
-	stream, err := wsconn.Accept(w, r, wsconn.Options{MaxFrame: b.cfg.MaxFrameBytes, Buffered: b.cfg.OutboundBuffer,
-		WriteTimeout: b.cfg.WriteTimeout, OnClose: func() {
-			session.Close()
-			b.connsMu.Lock()
-			delete(b.conns, conn)
-			b.connsMu.Unlock()
-		}})
-	if err != nil {
-		session.Close()
-		return // Accept has answered the request
-	}
-	// The handler returns once the connection is set up, which ends the
-	// HTTP request and frees what net/http held for it: the connection
-	// lives on in its JSON-RPC read loop alone.
-	b.connsMu.Lock()
-	conn = jsonrpc.NewConn(stream, session, jsonrpc.WithMaxInflight(b.cfg.MaxInflight), jsonrpc.WithLogger(b.log))
-	session.Attach(conn)
-	draining := b.draining
-	if !draining {
-		b.conns[conn] = stream
-	}
-	b.connsMu.Unlock()
-	if draining {
-		goAway(conn, stream)
-	}
-}
-
-// goAway tells a client the bus is shutting down, so that it reconnects
-// elsewhere.
-func goAway(conn *jsonrpc.Conn, stream *wsconn.Stream) {
-	stream.CloseWith(websocket.StatusGoingAway, "the bus is shutting down")
-	_ = conn.Close()
-}
-
-// closeConnections closes every client connection as the server drains.
-func (b *Bus) closeConnections(context.Context) {
-	b.connsMu.Lock()
-	b.draining = true
-	conns := b.conns
-	b.conns = map[*jsonrpc.Conn]*wsconn.Stream{}
-	b.connsMu.Unlock()
-	for conn, stream := range conns {
-		goAway(conn, stream)
-	}
 }
 
 // Run serves until ctx is cancelled, then drains.

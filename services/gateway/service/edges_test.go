@@ -10,7 +10,6 @@ import (
 	"log/slog"
 	"net/http"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -19,6 +18,7 @@ import (
 
 	"github.com/conclave-ai/conclave/pkg/store"
 	"github.com/conclave-ai/conclave/pkg/telemetry"
+	"github.com/conclave-ai/conclave/pkg/testenv"
 	gatewayv1 "github.com/conclave-ai/conclave/proto/conclave/gateway/v1"
 	"github.com/conclave-ai/conclave/services/gateway/service"
 )
@@ -193,23 +193,6 @@ func (s failingStore) Get(ctx context.Context, table string, key store.Key) (sto
 	return s.Store.Get(ctx, table, key)
 }
 
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
 // TestStoreErrorIsLoggedNotSent: a failing store is a 503 that tells the
 // client to retry, without the store's error or the id; the log has both.
 func TestStoreErrorIsLoggedNotSent(t *testing.T) {
@@ -218,7 +201,7 @@ func TestStoreErrorIsLoggedNotSent(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var logs lockedBuffer
+	var logs testenv.LockedBuffer
 	gw, err := service.New(testConfig("gw-fail"), service.Deps{Store: failingStore{openStore(t)}, Logger: slog.New(slog.NewTextHandler(&logs, nil)), Telemetry: tel})
 	if err != nil {
 		t.Fatal(err)

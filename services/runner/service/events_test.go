@@ -21,6 +21,7 @@ import (
 	"github.com/conclave-ai/conclave/pkg/queue"
 	"github.com/conclave-ai/conclave/pkg/telemetry"
 	"github.com/conclave-ai/conclave/pkg/testenv"
+	eventsv1 "github.com/conclave-ai/conclave/proto/conclave/events/v1"
 )
 
 // statusEvent is a runner.task.status_changed envelope as the bus reads it.
@@ -34,8 +35,23 @@ type statusEvent struct {
 // instance for ""), in the order they were sent.
 func drainStatusEvents(t *testing.T, q queue.Queue, eventsQueue, instanceID string) []statusEvent {
 	t.Helper()
+	return drainEvents(t, q, eventsQueue, "runner.task.status_changed", instanceID, func(env *eventsv1.Envelope, f map[string]*structpb.Value) statusEvent {
+		carrier := propagation.MapCarrier{"traceparent": env.GetTraceContext().GetTraceparent()}
+		sc := trace.SpanContextFromContext(propagation.TraceContext{}.Extract(context.Background(), carrier))
+		return statusEvent{ID: env.GetId(), Status: f["status"].GetStringValue(),
+			TaskID: env.GetSubjectIds()["task_id"], InstanceID: env.GetSubjectIds()["instance_id"],
+			PayloadTaskID: f["task_id"].GetStringValue(), Error: f["error"].GetStringValue(), Trace: sc}
+	})
+}
+
+// drainEvents receives every message waiting on the events queue
+// (deleting them) and returns the envelopes of type typ about instanceID
+// (every instance for ""), in the order they were sent, each as event
+// reads it with its payload's fields.
+func drainEvents[T any](t *testing.T, q queue.Queue, eventsQueue, typ, instanceID string, event func(*eventsv1.Envelope, map[string]*structpb.Value) T) []T {
+	t.Helper()
 	ctx := context.Background()
-	var out []statusEvent
+	var out []T
 	for {
 		msgs, err := q.Receive(ctx, eventsQueue, queue.ReceiveOptions{Max: queue.MaxBatch})
 		if err != nil {
@@ -52,18 +68,14 @@ func drainStatusEvents(t *testing.T, q queue.Queue, eventsQueue, instanceID stri
 			if err != nil {
 				t.Fatal(err)
 			}
-			if env.GetType() != "runner.task.status_changed" || (instanceID != "" && env.GetSubjectIds()["instance_id"] != instanceID) {
+			if env.GetType() != typ || (instanceID != "" && env.GetSubjectIds()["instance_id"] != instanceID) {
 				continue
 			}
 			var payload structpb.Struct
 			if err := env.GetPayload().UnmarshalTo(&payload); err != nil {
 				t.Fatal(err)
 			}
-			carrier := propagation.MapCarrier{"traceparent": env.GetTraceContext().GetTraceparent()}
-			sc := trace.SpanContextFromContext(propagation.TraceContext{}.Extract(ctx, carrier))
-			out = append(out, statusEvent{ID: env.GetId(), Status: payload.GetFields()["status"].GetStringValue(),
-				TaskID: env.GetSubjectIds()["task_id"], InstanceID: env.GetSubjectIds()["instance_id"],
-				PayloadTaskID: payload.GetFields()["task_id"].GetStringValue(), Error: payload.GetFields()["error"].GetStringValue(), Trace: sc})
+			out = append(out, event(env, payload.GetFields()))
 		}
 	}
 }
@@ -261,35 +273,9 @@ type updateEvent struct {
 // order they were sent.
 func drainUpdateEvents(t *testing.T, q queue.Queue, eventsQueue, instanceID string) []updateEvent {
 	t.Helper()
-	ctx := context.Background()
-	var out []updateEvent
-	for {
-		msgs, err := q.Receive(ctx, eventsQueue, queue.ReceiveOptions{Max: queue.MaxBatch})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if len(msgs) == 0 {
-			return out
-		}
-		for _, m := range msgs {
-			if err := q.Delete(ctx, eventsQueue, m.ReceiptHandle); err != nil {
-				t.Fatal(err)
-			}
-			env, err := queue.DecodeEnvelope(m.Body)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if env.GetType() != "runner.session.update" || env.GetSubjectIds()["instance_id"] != instanceID {
-				continue
-			}
-			var payload structpb.Struct
-			if err := env.GetPayload().UnmarshalTo(&payload); err != nil {
-				t.Fatal(err)
-			}
-			f := payload.GetFields()
-			out = append(out, updateEvent{Kind: f["kind"].GetStringValue(), Text: f["text"].GetStringValue(), Update: f["update"].GetStringValue()})
-		}
-	}
+	return drainEvents(t, q, eventsQueue, "runner.session.update", instanceID, func(_ *eventsv1.Envelope, f map[string]*structpb.Value) updateEvent {
+		return updateEvent{Kind: f["kind"].GetStringValue(), Text: f["text"].GetStringValue(), Update: f["update"].GetStringValue()}
+	})
 }
 
 // waitUpdateEvents drains the events queue until the updates of

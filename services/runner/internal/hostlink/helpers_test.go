@@ -1,7 +1,6 @@
 package hostlink
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"flag"
@@ -173,28 +172,10 @@ func hasUpdate(text string) func([]acp.Update, []string) bool {
 	}
 }
 
-// syncBuffer is a bytes.Buffer safe for a process's output and a test.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // hostProc is agent-host running as a subprocess.
 type hostProc struct {
 	cmd    *exec.Cmd
-	stderr *syncBuffer
+	stderr *testenv.LockedBuffer
 	done   chan struct{}
 	code   int
 }
@@ -240,7 +221,7 @@ func startHost(t *testing.T, s hostSpec) *hostProc {
 	for k, v := range env {
 		cmd.Env = append(cmd.Env, k+"="+v)
 	}
-	p := &hostProc{cmd: cmd, stderr: &syncBuffer{}, done: make(chan struct{})}
+	p := &hostProc{cmd: cmd, stderr: &testenv.LockedBuffer{}, done: make(chan struct{})}
 	cmd.Stdout, cmd.Stderr = io.Discard, p.stderr
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -261,6 +242,16 @@ func startHost(t *testing.T, s hostSpec) *hostProc {
 		}
 	})
 	return p
+}
+
+// launchHost has rig's hub expect the first launch of s.instance, with a
+// new recorder, and starts its agent-host on rig's address.
+func launchHost(t *testing.T, rig *hubRig, s hostSpec) (*recorder, *Link, *hostProc) {
+	t.Helper()
+	rec := newRecorder()
+	link := rig.hub.Expect(s.instance, 1, rec.options())
+	s.addr = rig.addr
+	return rec, link, startHost(t, s)
 }
 
 // wait returns agent-host's exit code once it has exited.

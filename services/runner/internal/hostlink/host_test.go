@@ -126,10 +126,8 @@ func TestCancel(t *testing.T) {
 	skipShort(t)
 	t.Parallel()
 	rig := startHub(t, "")
-	rec := newRecorder()
-	link := rig.hub.Expect("inst-cancel", 1, rec.options())
 	ws := t.TempDir()
-	p := startHost(t, hostSpec{addr: rig.addr, instance: "inst-cancel", workspace: ws, agent: []string{acpAgentBin, "-mode", "slow-tool"}})
+	rec, link, p := launchHost(t, rig, hostSpec{instance: "inst-cancel", workspace: ws, agent: []string{acpAgentBin, "-mode", "slow-tool"}})
 	ctx := t.Context()
 	if _, err := link.Ready(ctx); err != nil {
 		t.Fatal(err)
@@ -211,9 +209,7 @@ func TestCrash(t *testing.T) {
 	skipShort(t)
 	t.Parallel()
 	rig := startHub(t, "")
-	rec := newRecorder()
-	link := rig.hub.Expect("inst-crash", 1, rec.options())
-	p := startHost(t, hostSpec{addr: rig.addr, instance: "inst-crash", workspace: t.TempDir(), agent: []string{acpAgentBin, "-mode", "crash"}})
+	_, link, p := launchHost(t, rig, hostSpec{instance: "inst-crash", workspace: t.TempDir(), agent: []string{acpAgentBin, "-mode", "crash"}})
 	tr, err := link.PromptTurn(t.Context(), 1, "crash", acceptTimeout)
 	if !errors.Is(err, acp.ErrAgentGone) || tr.StopReason != acp.StopError {
 		t.Fatalf("turn = %+v, %v; want an error wrapping acp.ErrAgentGone", tr, err)
@@ -284,10 +280,8 @@ func TestRunnerRestart(t *testing.T) {
 	skipShort(t)
 	t.Parallel()
 	rig1 := startHub(t, "")
-	rec1 := newRecorder()
-	link1 := rig1.hub.Expect("inst-restart", 1, rec1.options())
 	ws := t.TempDir()
-	p := startHost(t, hostSpec{addr: rig1.addr, instance: "inst-restart", workspace: ws, agent: []string{acpAgentBin, "-mode", "gated", "-chunks", "300"}})
+	rec1, link1, p := launchHost(t, rig1, hostSpec{instance: "inst-restart", workspace: ws, agent: []string{acpAgentBin, "-mode", "gated", "-chunks", "300"}})
 	ready1, err := link1.Ready(t.Context())
 	if err != nil {
 		t.Fatal(err)
@@ -459,9 +453,7 @@ func TestKandevDialect(t *testing.T) {
 	skipShort(t)
 	t.Parallel()
 	rig := startHub(t, "")
-	rec := newRecorder()
-	link := rig.hub.Expect("inst-kandev", 1, rec.options())
-	p := startHost(t, hostSpec{addr: rig.addr, instance: "inst-kandev", workspace: t.TempDir(),
+	rec, link, p := launchHost(t, rig, hostSpec{instance: "inst-kandev", workspace: t.TempDir(),
 		env:   map[string]string{"CONCLAVE_AGENT_HOST_PROTOCOL": "kandev"},
 		agent: []string{acpAgentBin, "-dialect", "kandev"}})
 	ready, err := link.Ready(t.Context())
@@ -510,9 +502,7 @@ func TestLegacyDialect(t *testing.T) {
 	skipShort(t)
 	t.Parallel()
 	rig := startHub(t, "")
-	rec := newRecorder()
-	link := rig.hub.Expect("inst-legacy", 1, rec.options())
-	p := startHost(t, hostSpec{addr: rig.addr, instance: "inst-legacy", workspace: t.TempDir(),
+	rec, link, p := launchHost(t, rig, hostSpec{instance: "inst-legacy", workspace: t.TempDir(),
 		env:   map[string]string{"CONCLAVE_AGENT_HOST_PROTOCOL": "legacy"},
 		agent: []string{acpAgentBin, "-dialect", "legacy"}})
 	// Ready before the prompt, as with any agent: the supervisor waits for
@@ -545,9 +535,7 @@ func TestPromptAgainAfterRestart(t *testing.T) {
 	skipShort(t)
 	t.Parallel()
 	rig1 := startHub(t, "")
-	rec1 := newRecorder()
-	link1 := rig1.hub.Expect("inst-again", 1, rec1.options())
-	p := startHost(t, hostSpec{addr: rig1.addr, instance: "inst-again", workspace: t.TempDir(), agent: []string{acpAgentBin}})
+	_, link1, p := launchHost(t, rig1, hostSpec{instance: "inst-again", workspace: t.TempDir(), agent: []string{acpAgentBin}})
 	tr, err := link1.PromptTurn(t.Context(), 1, "once", acceptTimeout)
 	if err != nil || tr.StopReason != acp.StopEndTurn {
 		t.Fatalf("turn = %+v, %v", tr, err)
@@ -587,10 +575,8 @@ func TestDetach(t *testing.T) {
 	skipShort(t)
 	t.Parallel()
 	rig := startHub(t, "")
-	rec1 := newRecorder()
-	link1 := rig.hub.Expect("inst-detach", 1, rec1.options())
 	ws := t.TempDir()
-	p := startHost(t, hostSpec{addr: rig.addr, instance: "inst-detach", workspace: ws, agent: []string{acpAgentBin, "-mode", "gated", "-chunks", "50"}})
+	rec1, link1, p := launchHost(t, rig, hostSpec{instance: "inst-detach", workspace: ws, agent: []string{acpAgentBin, "-mode", "gated", "-chunks", "50"}})
 	if _, err := link1.Ready(t.Context()); err != nil {
 		t.Fatal(err)
 	}
@@ -653,10 +639,8 @@ func TestLaunchEnvCheckedAgain(t *testing.T) {
 				t.Fatal(err)
 			}
 			rig := startHub(t, "")
-			rec := newRecorder()
 			instance := "inst-env-" + strconv.Itoa(len(tt.launchEnv))
-			link := rig.hub.Expect(instance, 1, rec.options())
-			p := startHost(t, hostSpec{addr: rig.addr, instance: instance, workspace: ws,
+			rec, link, p := launchHost(t, rig, hostSpec{instance: instance, workspace: ws,
 				env: map[string]string{
 					"CONCLAVE_AGENT_HOST_LAUNCH_ENV":         tt.launchEnv,
 					"CONCLAVE_AGENT_HOST_LAUNCH_ENV_ALLOWED": "TASK_DESCRIPTION,B*,CALLER_*",
@@ -711,10 +695,8 @@ func TestAuthenticate(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
 			rig := startHub(t, "")
-			rec := newRecorder()
 			instance := "inst-auth-" + strconv.FormatBool(tt.up)
-			link := rig.hub.Expect(instance, 1, rec.options())
-			startHost(t, hostSpec{addr: rig.addr, instance: instance, workspace: t.TempDir(),
+			rec, link, _ := launchHost(t, rig, hostSpec{instance: instance, workspace: t.TempDir(),
 				env:   map[string]string{"CONCLAVE_AGENT_HOST_AUTH_METHOD": tt.method},
 				agent: []string{acpAgentBin, "-dialect", "acp", "-auth", "test-key"}})
 			ready, err := link.Ready(t.Context())
