@@ -109,7 +109,9 @@ func startBus(t testing.TB, cfg service.Config, o busOption) *testBus {
 	logger := slog.New(slog.DiscardHandler)
 	if o.logger != nil {
 		logger = o.logger
-	} else if testing.Verbose() {
+	} else if _, fuzz := t.(*testing.F); testing.Verbose() && !fuzz {
+		// Not a fuzz test's: its bus outlives each input, and testing
+		// panics when F.Log is called while an input runs.
 		logger = slog.New(slog.NewTextHandler(tWriter{t}, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	}
 	b, err := service.New(cfg, service.Deps{Store: o.st, Queue: o.q, Logger: logger, Telemetry: o.tel, Launcher: o.launcher})

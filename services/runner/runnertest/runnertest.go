@@ -104,9 +104,10 @@ func Start(t testing.TB, cfg service.Config, deps service.Deps) (r *service.Runn
 }
 
 // Logger is a runner's logger in a test: silent, or into the test's log
-// under -v at level.
+// under -v at level. A fuzz test's is silent: its runner outlives each
+// input, and testing panics when F.Log is called while an input runs.
 func Logger(t testing.TB, level slog.Level) *slog.Logger {
-	if !testing.Verbose() {
+	if _, fuzz := t.(*testing.F); fuzz || !testing.Verbose() {
 		return slog.New(slog.DiscardHandler)
 	}
 	return slog.New(slog.NewTextHandler(TWriter{t}, &slog.HandlerOptions{Level: level}))
