@@ -50,6 +50,28 @@ func settle(t *testing.T, ctx context.Context, client gatewayv1.GatewayServiceCl
 	}
 }
 
+// retryAfterBusy lets the holding agent end its "busy" message, then sends
+// req again and checks the retry reaches the agent rather than ending
+// first; it returns the retry's reply once the agent has ended it too.
+func retryAfterBusy(t *testing.T, ctx context.Context, client gatewayv1.GatewayServiceClient, agent *testAgent, busy <-chan reply, req *gatewayv1.SendMessageRequest) reply {
+	t.Helper()
+	agent.done(t)
+	if r := await(t, busy, "busy's reply"); r.err != nil {
+		t.Fatalf("busy: %+v", r)
+	}
+	retry := make(chan reply, 1)
+	go func() { retry <- send(as(ctx, token), client, req) }()
+	select {
+	case r := <-retry:
+		t.Fatalf("the retry ended before it reached the agent: %+v", r)
+	case <-agent.gotOne:
+	case <-time.After(time.Minute):
+		t.Fatal("the retry neither reached the agent nor ended within a minute")
+	}
+	agent.done(t)
+	return await(t, retry, "the retry's reply")
+}
+
 func TestIdempotencyKey(t *testing.T) {
 	t.Parallel()
 	st := openStore(t)
@@ -164,21 +186,7 @@ func TestIdempotencyKey(t *testing.T) {
 		}
 		// The agent never saw it, so the key was given back before the
 		// reply ended: the retry is sent.
-		agent.done(t) // "busy"; the cancelled message is skipped
-		if r := await(t, busy, "busy's reply"); r.err != nil {
-			t.Fatalf("busy: %+v", r)
-		}
-		retry := make(chan reply, 1)
-		go func() { retry <- send(as(ctx, token), client, req) }()
-		select {
-		case r := <-retry:
-			t.Fatalf("the retry ended before it reached the agent: %+v", r)
-		case <-agent.gotOne:
-		case <-time.After(time.Minute):
-			t.Fatal("the retry neither reached the agent nor ended within a minute")
-		}
-		agent.done(t)
-		r := await(t, retry, "the retry's reply")
+		r := retryAfterBusy(t, ctx, client, agent, busy, req) // the cancelled message is skipped
 		if r.err != nil || strings.Join(r.events, "|") != "working: queued|done" || r.requestID == queuedID {
 			t.Fatalf("the retry: %+v (the cancelled one was %s)", r, queuedID)
 		}
@@ -217,21 +225,8 @@ func TestIdempotencyKey(t *testing.T) {
 		// which the client is not told of.
 		testenv.Eventually(t, time.Minute, "the key is given back", func() bool { return !claimed() })
 
-		agent.done(t) // "busy"; the abandoned message is skipped
-		if r := await(t, busy, "busy's reply"); r.err != nil {
-			t.Fatalf("busy: %+v", r)
-		}
-		retry := make(chan reply, 1)
-		go func() { retry <- send(as(ctx, token), client, req) }()
-		select {
-		case r := <-retry:
-			t.Fatalf("the retry ended before it reached the agent: %+v", r)
-		case <-agent.gotOne:
-		case <-time.After(time.Minute):
-			t.Fatal("the retry neither reached the agent nor ended within a minute")
-		}
-		agent.done(t)
-		if r := await(t, retry, "the retry's reply"); r.err != nil || strings.Join(r.events, "|") != "working: abandoned|done" {
+		// The abandoned message is skipped.
+		if r := retryAfterBusy(t, ctx, client, agent, busy, req); r.err != nil || strings.Join(r.events, "|") != "working: abandoned|done" {
 			t.Fatalf("the retry: %+v", r)
 		}
 		if got := agent.got(); !slices.Equal(got, []string{"busy", "abandoned"}) {
