@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"io"
 	"log/slog"
 	"net/http"
 	"path/filepath"
@@ -46,13 +45,7 @@ func busHTTP(t *testing.T, method, url string) (*http.Response, []byte) {
 		// State-changing requests declare JSON (docs/security.md).
 		req.Header.Set("Content-Type", "application/json")
 	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	return resp, b
+	return testenv.Do(t, req)
 }
 
 // TestDeadLetterAPIEdges: a dead-letter id its rule refuses is a 400

@@ -2,7 +2,6 @@ package service_test
 
 import (
 	"encoding/json"
-	"io"
 	"net/http"
 	"testing"
 
@@ -22,12 +21,7 @@ func getJSON(t *testing.T, method, url string, v any) int {
 		// An open bus wants even an empty POST declared JSON.
 		req.Header.Set("Content-Type", "application/json")
 	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	body, _ := io.ReadAll(resp.Body)
+	resp, body := testenv.Do(t, req)
 	if v != nil {
 		if err := json.Unmarshal(body, v); err != nil {
 			t.Fatalf("%s %s: %s: %v", method, url, body, err)

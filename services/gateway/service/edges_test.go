@@ -61,13 +61,7 @@ func restCall(t *testing.T, method, url, body string, header ...string) (*http.R
 	for i := 0; i+1 < len(header); i += 2 {
 		req.Header.Set(header[i], header[i+1])
 	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	return resp, b
+	return testenv.Do(t, req)
 }
 
 // TestRESTRefusesBadIDs: an id its rule refuses is a 400 naming the field,

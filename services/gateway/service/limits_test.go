@@ -325,12 +325,7 @@ func TestClientStreamCap(t *testing.T) {
 	req, _ := http.NewRequestWithContext(ctx, "POST", base+"/v1/agents/quick/messages", strings.NewReader(`{"content":"third"}`))
 	req.Header.Set("Authorization", "Bearer "+token)
 	req.Header.Set("Content-Type", "application/json")
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	body, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
+	resp, body := testenv.Do(t, req)
 	if resp.StatusCode != http.StatusTooManyRequests || !strings.Contains(string(body), capMsg) || resp.Header.Get("Retry-After") == "" {
 		t.Fatalf("a third stream over REST: %d %s", resp.StatusCode, body)
 	}

@@ -3,7 +3,6 @@ package service_test
 import (
 	"context"
 	"fmt"
-	"io"
 	"net/http"
 	"path/filepath"
 	"slices"
@@ -236,12 +235,7 @@ func TestGatewayMapping(t *testing.T) {
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("Accept", "text/event-stream")
 	req.Header.Set("Authorization", "Bearer "+gwClientToken)
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	body, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
+	resp, body := testenv.Do(t, req)
 	if resp.StatusCode != http.StatusOK || !strings.Contains(string(body), `"full_response"`) || !strings.Contains(string(body), "event: end") {
 		t.Errorf("SSE: HTTP %d\n%s", resp.StatusCode, body)
 	}

@@ -58,12 +58,7 @@ func (r *testRunner) rawJSON(t *testing.T, method, path string, body any) (int, 
 	}
 	req, _ := http.NewRequest(method, r.Base+path, rd)
 	req.Header.Set("Content-Type", "application/json")
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	data, _ := io.ReadAll(resp.Body)
+	resp, data := testenv.Do(t, req)
 	var out map[string]json.RawMessage
 	if err := json.Unmarshal(data, &out); err != nil {
 		t.Fatalf("%s %s: %d %s: %v", method, path, resp.StatusCode, data, err)
