@@ -189,10 +189,7 @@ func TestEventsSurviveACrash(t *testing.T) {
 	if st := r.Status(t, in.ID); st.Status != "completed" {
 		t.Fatalf("at the crash point: %+v", st)
 	}
-	if err := first.Process.Signal(syscall.SIGKILL); err != nil {
-		t.Fatal(err)
-	}
-	_ = first.Wait()
+	killRunner(t, first)
 
 	second, r := ps.start(t, 1)
 	// The launch comes back after CONCLAVE_RUNNER_LAUNCH_RETRY (2s), and its

@@ -87,6 +87,22 @@ func freePort(t *testing.T) string {
 	return fmt.Sprint(testenv.As[*net.TCPAddr](t, l.Addr(), "the listener's address").Port)
 }
 
+// killRunner ends a runner process with SIGKILL, as a crash would, and waits
+// for it to have exited.
+func killRunner(t *testing.T, cmd *exec.Cmd) {
+	t.Helper()
+	if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(exited) }()
+	select {
+	case <-exited:
+	case <-time.After(time.Minute):
+		t.Fatalf("the runner process %d has not exited a minute after SIGKILL", cmd.Process.Pid)
+	}
+}
+
 func countLogs(lines []logLine, want string) int {
 	n := 0
 	for _, l := range lines {
@@ -113,10 +129,7 @@ func TestKilledRunner(t *testing.T) {
 	if st := r.Status(t, queued.ID); st.Status != "starting" {
 		t.Fatalf("the second launch should wait for the only worker: %+v", st)
 	}
-	if err := first.Process.Signal(syscall.SIGKILL); err != nil {
-		t.Fatal(err)
-	}
-	_ = first.Wait()
+	killRunner(t, first)
 
 	_, r = ps.start(t, 2)
 	if done := r.WaitStatus(t, queued.ID, "completed", "failed"); done.Status != "completed" {
@@ -126,8 +139,7 @@ func TestKilledRunner(t *testing.T) {
 	if n := countLogs(r.Logs(t, running.ID), "started kandev-slow-tool"); n != 2 {
 		t.Errorf("the crashed worker's launch started %d times, want 2", n)
 	}
-	r.Do(t, "POST", "/api/v1/agents/"+running.ID+"/cancel", map[string]string{"reason": "done"}, nil)
-	if st := r.WaitStatus(t, running.ID, "stopped", "failed", "completed"); st.Status != "stopped" {
+	if st := r.cancelToEnd(t, running.ID, "done"); st.Status != "stopped" {
 		t.Errorf("after cancel: %+v", st)
 	}
 }
@@ -192,10 +204,7 @@ func TestAgentsDieWithTheRunner(t *testing.T) {
 	t.Cleanup(func() { _ = syscall.Kill(child, syscall.SIGKILL) })
 	os.Remove(filepath.Join(ws, "child.pid"))
 
-	if err := first.Process.Signal(syscall.SIGKILL); err != nil {
-		t.Fatal(err)
-	}
-	_ = first.Wait()
+	killRunner(t, first)
 	testenv.WaitExited(t, agent, "the agent of the killed runner")
 	if testenv.Exited(child) {
 		t.Fatal("the agent's child died with the runner: this test no longer shows the restart's cleanup")

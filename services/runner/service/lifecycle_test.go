@@ -28,6 +28,14 @@ func (r *testRunner) prompt(t *testing.T, id, message string) {
 	}
 }
 
+// cancelToEnd cancels instance id and returns its status once it has ended
+// (within WaitStatus's deadline).
+func (r *testRunner) cancelToEnd(t *testing.T, id, reason string) runnertest.Instance {
+	t.Helper()
+	r.Do(t, "POST", "/api/v1/agents/"+id+"/cancel", map[string]string{"reason": reason}, nil)
+	return r.WaitStatus(t, id, "stopped", "failed", "completed")
+}
+
 // waitLogCount polls the logs until want appears n times.
 func (r *testRunner) waitLogCount(t *testing.T, id, want string, n int) {
 	t.Helper()
@@ -57,16 +65,12 @@ func TestRunnerKilledMidConversation(t *testing.T) {
 	}
 	talking := r.Launch(t, "acp-slow-tool", r.workspace(t), map[string]string{"TASK_DESCRIPTION": "turn one"})
 	r.WaitLog(t, talking.ID, "tool_call write notes.txt")
-	r.Do(t, "POST", "/api/v1/agents/"+talking.ID+"/cancel", map[string]string{"reason": "next"}, nil)
-	if st := r.WaitStatus(t, talking.ID, "stopped", "failed", "completed"); st.Status != "stopped" {
+	if st := r.cancelToEnd(t, talking.ID, "next"); st.Status != "stopped" {
 		t.Fatalf("turn one after cancel: %+v", st)
 	}
 	r.prompt(t, talking.ID, "turn two")
 	r.waitLogCount(t, talking.ID, "tool_call write notes.txt", 2)
-	if err := first.Process.Signal(syscall.SIGKILL); err != nil {
-		t.Fatal(err)
-	}
-	_ = first.Wait()
+	killRunner(t, first)
 
 	_, r = ps.start(t, 2)
 	r.WaitLog(t, idle.ID, "launch 1 ended: delivered again with no prompt pending")
@@ -80,8 +84,7 @@ func TestRunnerKilledMidConversation(t *testing.T) {
 	if n := countLogs(r.Logs(t, talking.ID), "Working on: turn one"); n != 1 {
 		t.Errorf("the finished first turn ran %d times, want 1", n)
 	}
-	r.Do(t, "POST", "/api/v1/agents/"+talking.ID+"/cancel", map[string]string{"reason": "done"}, nil)
-	if st := r.WaitStatus(t, talking.ID, "stopped", "failed", "completed"); st.Status != "stopped" {
+	if st := r.cancelToEnd(t, talking.ID, "done"); st.Status != "stopped" {
 		t.Errorf("turn two after cancel: %+v", st)
 	}
 }
@@ -125,7 +128,11 @@ func TestStopWhileStarting(t *testing.T) {
 			gate := &gatedExecutor{Executor: &executor.Local{Roots: cfg.WorkspaceRoots}, starting: make(chan struct{}, 1), release: make(chan struct{})}
 			r, _ := runOnWith(t, cfg, st, q, nil, gate)
 			in := r.Launch(t, "acp-normal", r.workspace(t), map[string]string{"TASK_DESCRIPTION": "never"})
-			<-gate.starting
+			select {
+			case <-gate.starting:
+			case <-time.After(time.Minute):
+				t.Fatal("the agent's start did not begin within a minute")
+			}
 			if code := r.Do(t, tt.method, "/api/v1/agents/"+in.ID+tt.path, map[string]string{"reason": "changed my mind"}, nil); code != http.StatusOK {
 				t.Fatalf("%s: HTTP %d", tt.name, code)
 			}
