@@ -9,7 +9,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strings"
 	"testing"
 	"time"
 
@@ -158,11 +157,7 @@ func TestReplicasOnDynamoDBHoldIdleAgents(t *testing.T) {
 	}
 	t.Parallel()
 	ctx := context.Background()
-	dynalite, err := testenv.Dynalite(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(dynalite.Stop)
+	dynalite := testenv.DynaliteFor(t)
 	gatewayBin := filepath.Join(t.TempDir(), "gateway")
 	if err := testenv.GoBuild(ctx, gatewayBin, "./services/gateway/cmd/gateway"); err != nil {
 		t.Fatal(err)
@@ -198,36 +193,18 @@ func TestReplicasOnDynamoDBHoldIdleAgents(t *testing.T) {
 // line, so that no other process can take the port in between.
 func startGatewayProcess(t *testing.T, bin, id, endpoint, token string) (string, *testenv.LockedBuffer) {
 	t.Helper()
-	cmd := exec.Command(bin)
-	cmd.Env = append(os.Environ(),
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	gw, err := testenv.StartDeployable(ctx, "gateway replica "+id, bin,
 		"CONCLAVE_BACKEND=aws", "CONCLAVE_AWS_ENDPOINT="+endpoint, "CONCLAVE_TABLE_PREFIX=scale-",
 		"AWS_ACCESS_KEY_ID=test", "AWS_SECRET_ACCESS_KEY=test", "AWS_REGION=us-east-1",
 		"CONCLAVE_GATEWAY_GRPC_ADDR=127.0.0.1:0", "CONCLAVE_GATEWAY_HTTP_ADDR=",
 		"CONCLAVE_GATEWAY_SERVER_ID="+id, "CONCLAVE_GATEWAY_CLIENT_TOKENS="+token,
 		"CONCLAVE_GATEWAY_ALLOW_AGENTS_WITHOUT_TOKENS=true",
 	)
-	out := &testenv.LockedBuffer{}
-	cmd.Stdout, cmd.Stderr = out, out
-	if err := cmd.Start(); err != nil {
+	if err != nil {
 		t.Fatal(err)
 	}
-	done := make(chan struct{})
-	go func() { _ = cmd.Wait(); close(done) }()
-	t.Cleanup(func() { _ = cmd.Process.Kill(); <-done })
-	deadline := time.Now().Add(time.Minute)
-	for {
-		for _, line := range strings.Split(out.String(), "\n") {
-			if addr := testenv.ServingGRPCAddr([]byte(line)); addr != "" {
-				return addr, out
-			}
-		}
-		select {
-		case <-done:
-			t.Fatalf("replica %s exited:\n%s", id, out.String())
-		case <-time.After(50 * time.Millisecond):
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("replica %s never served:\n%s", id, out.String())
-		}
-	}
+	t.Cleanup(gw.Kill)
+	return gw.GRPCAddr, gw.LogBuffer()
 }

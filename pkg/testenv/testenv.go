@@ -130,6 +130,20 @@ func Dynalite(ctx context.Context) (*Component, error) {
 	})
 }
 
+// DynaliteFor is Dynalite for one test: it fails the test when dynalite
+// cannot start, and stops it when the test ends. It does not end with the
+// test's context, so that what a test started on it can still reach it
+// while it is cleaned up.
+func DynaliteFor(t testing.TB) *Component {
+	t.Helper()
+	c, err := Dynalite(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Stop)
+	return c
+}
+
 // Fauxqs starts fauxqs, in memory, on a free port. fauxqs always binds all
 // interfaces; tests only ever address it on loopback.
 func Fauxqs(ctx context.Context) (*Component, error) {

@@ -111,11 +111,7 @@ func TestDynaliteServesOnAfterAnAbort(t *testing.T) {
 		t.Skip("starts dynalite")
 	}
 	t.Parallel()
-	c, err := testenv.Dynalite(context.Background())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(c.Stop)
+	c := testenv.DynaliteFor(t)
 	conn, err := net.Dial("tcp", c.Addr)
 	if err != nil {
 		t.Fatal(err)

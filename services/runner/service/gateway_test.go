@@ -334,11 +334,7 @@ func TestGatewayReplicas(t *testing.T) {
 	}
 	t.Parallel()
 	ctx := context.Background()
-	dyn, err := testenv.Dynalite(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(dyn.Stop)
+	dyn := testenv.DynaliteFor(t)
 	for _, tt := range []struct {
 		name   string
 		signal syscall.Signal
