@@ -9,8 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"go.opentelemetry.io/otel/propagation"
-
 	"github.com/conclave-ai/conclave/pkg/telemetry"
 	"github.com/conclave-ai/conclave/pkg/testenv"
 )
@@ -29,29 +27,19 @@ func TestGovernedTurnIsOneTrace(t *testing.T) {
 	defer cancel()
 	j := testenv.JaegerFor(t)
 	e := startGoverned(t, governedOptions{protocol: escalateDeviation, telemetry: func(s string) *telemetry.Provider { return j.Provider(t, s) }})
-	client := j.Provider(t, "client")
-	callCtx, span := client.TracerProvider().Tracer("client").Start(ctx, "launch a governed agent")
-	traceID := span.SpanContext().TraceID().String()
 	ws := e.root
 	body := fmt.Sprintf(`{"task_id":"task-governed-trace","agent_type":%q,"workspace_path":%q,"env":{"TASK_DESCRIPTION":"trace me"}}`, governedType, ws)
-	req, _ := http.NewRequestWithContext(callCtx, "POST", e.runnerURL+"/api/v1/agents/launch", strings.NewReader(body))
-	req.Header.Set("Content-Type", "application/json")
-	propagation.TraceContext{}.Inject(callCtx, propagation.HeaderCarrier(req.Header))
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	resp.Body.Close()
-	span.End()
+	resp, out, traceID := j.PostTraced(t, ctx, "launch a governed agent", e.runnerURL+"/api/v1/agents/launch", body)
 	if resp.StatusCode != http.StatusOK {
-		t.Fatalf("launch: HTTP %d", resp.StatusCode)
+		t.Fatalf("launch: HTTP %d %s", resp.StatusCode, out)
 	}
 	var task struct {
 		InstanceIDs []string `json:"instance_ids"`
 	}
-	for len(task.InstanceIDs) == 0 {
+	testenv.Eventually(t, time.Minute, "the task to name its instance", func() bool {
 		call(t, "GET", e.runnerURL+"/api/v1/tasks/task-governed-trace", "", nil, &task)
-	}
+		return len(task.InstanceIDs) > 0
+	})
 	id := task.InstanceIDs[0]
 	waiting := e.waitStatus(t, id, 3*time.Minute, "awaiting_approval", "completed", "failed")
 	if waiting.Status != "awaiting_approval" {
@@ -62,7 +50,7 @@ func TestGovernedTurnIsOneTrace(t *testing.T) {
 		t.Fatalf("status %+v; log:\n%s", done, e.logText(t, id))
 	}
 
-	_, err = j.WaitTraceFunc(ctx, traceID, func(tr *testenv.JaegerTrace) string {
+	_, err := j.WaitTraceFunc(ctx, traceID, func(tr *testenv.JaegerTrace) string {
 		var approval, decision *testenv.JaegerSpan
 		librarianSpans, decisionPublished, delivered, resumed := 0, false, false, false
 		for i, s := range tr.Spans {

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracegrpc"
+	"go.opentelemetry.io/otel/propagation"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 
 	"github.com/conclave-ai/conclave/pkg/telemetry"
@@ -58,6 +59,25 @@ func (j *Jaeger) Provider(t testing.TB, service string) *telemetry.Provider {
 	}
 	t.Cleanup(func() { _ = p.Shutdown(context.Background()) })
 	return p
+}
+
+// PostTraced POSTs the JSON body to url from a span, name, of a "client"
+// service exporting to j, the span's context in the request's traceparent
+// header: the start of a trace a test then follows through the services.
+// It ends the span once the response is read, and returns the response,
+// its body and the trace's id.
+func (j *Jaeger) PostTraced(t testing.TB, ctx context.Context, name, url, body string) (*http.Response, []byte, string) {
+	t.Helper()
+	ctx, span := j.Provider(t, "client").TracerProvider().Tracer("client").Start(ctx, name)
+	defer span.End()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	propagation.TraceContext{}.Inject(ctx, propagation.HeaderCarrier(req.Header))
+	resp, respBody := Do(t, req)
+	return resp, respBody, span.SpanContext().TraceID().String()
 }
 
 // Output is what Jaeger has printed so far, for diagnosing failures.

@@ -7,8 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"go.opentelemetry.io/otel/propagation"
-
 	"github.com/conclave-ai/conclave/pkg/queue"
 	"github.com/conclave-ai/conclave/pkg/telemetry"
 	"github.com/conclave-ai/conclave/pkg/testenv"
@@ -29,34 +27,20 @@ func TestLaunchIsOneTrace(t *testing.T) {
 	r := startRunnerWith(t, map[string]string{"CONCLAVE_RUNNER_EVENTS_QUEUE": "traced-events",
 		// The worker's span ends with its launch: at once after the turn.
 		"CONCLAVE_RUNNER_IDLE_TIMEOUT": "1ms"}, provider("runner"))
-	client := provider("client")
-	callCtx, span := client.TracerProvider().Tracer("client").Start(ctx, "launch an agent")
-	traceID := span.SpanContext().TraceID().String()
-
 	body := `{"task_id":"traced","agent_type":"acp-normal","workspace_path":"` + r.workspace(t) + `","env":{"TASK_DESCRIPTION":"trace me"}}`
-	req, _ := http.NewRequestWithContext(callCtx, "POST", r.Base+"/api/v1/agents/launch", strings.NewReader(body))
-	req.Header.Set("Content-Type", "application/json")
-	propagation.TraceContext{}.Inject(callCtx, propagation.HeaderCarrier(req.Header))
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	resp.Body.Close()
-	span.End()
+	resp, out, traceID := j.PostTraced(t, ctx, "launch an agent", r.Base+"/api/v1/agents/launch", body)
 	if resp.StatusCode != http.StatusOK {
-		t.Fatalf("launch: HTTP %d", resp.StatusCode)
+		t.Fatalf("launch: HTTP %d %s", resp.StatusCode, out)
 	}
 
-	var instanceID string
-	for instanceID == "" {
-		var task struct {
-			InstanceIDs []string `json:"instance_ids"`
-		}
-		r.Do(t, "GET", "/api/v1/tasks/traced", nil, &task)
-		if len(task.InstanceIDs) > 0 {
-			instanceID = task.InstanceIDs[0]
-		}
+	var task struct {
+		InstanceIDs []string `json:"instance_ids"`
 	}
+	testenv.Eventually(t, time.Minute, "the task to name its instance", func() bool {
+		r.Do(t, "GET", "/api/v1/tasks/traced", nil, &task)
+		return len(task.InstanceIDs) > 0
+	})
+	instanceID := task.InstanceIDs[0]
 	r.WaitLog(t, instanceID, "acp-agent: TRACEPARENT 00-"+traceID+"-")
 	// The span the agent's TRACEPARENT names: its parent.
 	var agentParent string
