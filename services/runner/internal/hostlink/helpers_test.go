@@ -254,15 +254,25 @@ func launchHost(t *testing.T, rig *hubRig, s hostSpec) (*recorder, *Link, *hostP
 	return rec, link, startHost(t, s)
 }
 
-// wait returns agent-host's exit code once it has exited.
+// wait returns agent-host's exit code once it has exited, within a minute.
 func (p *hostProc) wait(t *testing.T) int {
 	t.Helper()
 	select {
 	case <-p.done:
 		return p.code
-	case <-t.Context().Done():
-		t.Fatalf("agent-host did not exit: %v", t.Context().Err())
+	case <-time.After(time.Minute):
+		t.Fatalf("agent-host (pid %d) has not exited within a minute", p.cmd.Process.Pid)
 		return 0
+	}
+}
+
+// awaitDone waits a minute at most for link, named what, to be done.
+func awaitDone(t *testing.T, link *Link, what string) {
+	t.Helper()
+	select {
+	case <-link.Done():
+	case <-time.After(time.Minute):
+		t.Fatalf("%s is not done within a minute", what)
 	}
 }
 

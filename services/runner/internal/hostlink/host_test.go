@@ -80,7 +80,7 @@ func TestConversation(t *testing.T) {
 	if err := link.Close(); err != nil {
 		t.Fatal(err)
 	}
-	<-link.Done()
+	awaitDone(t, link, "the closed link")
 	if code := p.wait(t); code != 0 {
 		t.Fatalf("agent-host exited %d", code)
 	}
@@ -214,7 +214,7 @@ func TestCrash(t *testing.T) {
 	if !errors.Is(err, acp.ErrAgentGone) || tr.StopReason != acp.StopError {
 		t.Fatalf("turn = %+v, %v; want an error wrapping acp.ErrAgentGone", tr, err)
 	}
-	<-link.Done()
+	awaitDone(t, link, "the link of the agent that exited 3")
 	if x := link.Exit(); x == nil || x.Code != 3 {
 		t.Fatalf("exit = %+v, want code 3", x)
 	}
@@ -486,7 +486,7 @@ func TestSIGTERM(t *testing.T) {
 	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
-	<-link.Done()
+	awaitDone(t, link, "the link of agent-host after SIGTERM")
 	x := link.Exit()
 	if x == nil || x.Signal != "terminated" {
 		t.Fatalf("exit = %+v, want the agent terminated", x)
@@ -522,7 +522,7 @@ func TestLegacyDialect(t *testing.T) {
 	if want := []string{"status", "progress", "log", "heartbeat", "complete"}; !slices.Equal(kinds, want) {
 		t.Fatalf("update kinds = %q, want %q", kinds, want)
 	}
-	<-link.Done() // a legacy agent exits after its run
+	awaitDone(t, link, "the link of the legacy agent, which exits after its run")
 	if code := p.wait(t); code != 0 {
 		t.Fatalf("agent-host exited %d", code)
 	}
@@ -657,7 +657,7 @@ func TestLaunchEnvCheckedAgain(t *testing.T) {
 					return slices.Contains(logs, "stderr: acp-agent: env CALLER_GREETING=hello")
 				})
 				_ = link.Close()
-				<-link.Done()
+				awaitDone(t, link, "the closed link")
 				return
 			}
 			select {
