@@ -266,6 +266,16 @@ func (p *hostProc) wait(t *testing.T) int {
 	}
 }
 
+// closeAndExit closes link, which ends its agent, and checks that
+// agent-host then exits 0.
+func closeAndExit(t *testing.T, link *Link, p *hostProc) {
+	t.Helper()
+	_ = link.Close()
+	if code := p.wait(t); code != 0 {
+		t.Fatalf("agent-host exited %d", code)
+	}
+}
+
 // awaitDone waits a minute at most for link, named what, to be done.
 func awaitDone(t *testing.T, link *Link, what string) {
 	t.Helper()

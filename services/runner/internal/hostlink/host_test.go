@@ -170,10 +170,7 @@ func TestCancel(t *testing.T) {
 	if err != nil || tr.StopReason != acp.StopCancelled {
 		t.Fatalf("turn 3 = %+v, %v", tr, err)
 	}
-	_ = link.Close()
-	if code := p.wait(t); code != 0 {
-		t.Fatalf("agent-host exited %d", code)
-	}
+	closeAndExit(t, link, p)
 	if after := len(rec.texts()); after != before {
 		t.Fatalf("the unsent turn reached the agent: %q", rec.texts()[before:])
 	}
@@ -266,10 +263,7 @@ func TestDroppedConnection(t *testing.T) {
 	if px.connections() < 4 {
 		t.Fatalf("agent-host connected %d times, want at least 4 (3 drops)", px.connections())
 	}
-	_ = link.Close()
-	if code := p.wait(t); code != 0 {
-		t.Fatalf("agent-host exited %d", code)
-	}
+	closeAndExit(t, link, p)
 }
 
 // A runner restart mid-prompt: the runner stops while the agent streams;
@@ -318,10 +312,7 @@ func TestRunnerRestart(t *testing.T) {
 	if n := strings.Count(strings.Join(rec2.allLogs(), "\n"), "started the agent"); n != 0 {
 		t.Fatalf("the agent was started again")
 	}
-	_ = link2.Close()
-	if code := p.wait(t); code != 0 {
-		t.Fatalf("agent-host exited %d", code)
-	}
+	closeAndExit(t, link2, p)
 }
 
 // A full buffer stops agent-host reading the agent's stdout: the agent
@@ -374,10 +365,7 @@ func TestBackpressure(t *testing.T) {
 	if got := onlyChunks(rec.texts()); !slices.Equal(got, chunks(n)) {
 		t.Fatalf("took %d chunks, want %d once each, in order", len(got), n)
 	}
-	_ = link.Close()
-	if code := p.wait(t); code != 0 {
-		t.Fatalf("agent-host exited %d", code)
-	}
+	closeAndExit(t, link, p)
 }
 
 // blockedInPipeWrite reports whether a thread of pid sleeps in a pipe
@@ -467,10 +455,7 @@ func TestKandevDialect(t *testing.T) {
 	rec.waitFor(t, "the complete update", func(us []acp.Update, _ []string) bool {
 		return len(us) > 0 && us[len(us)-1].Kind == acp.KindComplete
 	})
-	_ = link.Close()
-	if code := p.wait(t); code != 0 {
-		t.Fatalf("agent-host exited %d", code)
-	}
+	closeAndExit(t, link, p)
 }
 
 // SIGTERM to agent-host (its pod deleted) ends the agent and reports how.
@@ -562,10 +547,7 @@ func TestPromptAgainAfterRestart(t *testing.T) {
 	if !slices.Contains(rec2.texts(), "content: Working on: twice") {
 		t.Fatalf("turn 2's updates are missing: %q", rec2.texts())
 	}
-	_ = link2.Close()
-	if code := p.wait(t); code != 0 {
-		t.Fatalf("agent-host exited %d", code)
-	}
+	closeAndExit(t, link2, p)
 }
 
 // A detached link leaves the agent running: its host reconnects once the
@@ -608,10 +590,7 @@ func TestDetach(t *testing.T) {
 	if got := rec2.texts(); !slices.Equal(got, chunks(50)) {
 		t.Fatalf("the link after the detach took %d updates, want chunks 1-50 once each, in order: %q", len(got), got)
 	}
-	_ = link2.Close()
-	if code := p.wait(t); code != 0 {
-		t.Fatalf("agent-host exited %d", code)
-	}
+	closeAndExit(t, link2, p)
 }
 
 // agent-host applies the runner's rule on a launch's env again before it

@@ -79,10 +79,7 @@ func TestGovernedPermissions(t *testing.T) {
 			if got := fileExists(ws, "notes.txt"); got != tt.written {
 				t.Fatalf("notes.txt written: %v, want %v; updates %q", got, tt.written, rec.texts())
 			}
-			_ = link.Close()
-			if code := p.wait(t); code != 0 {
-				t.Fatalf("agent-host exited %d", code)
-			}
+			closeAndExit(t, link, p)
 		})
 	}
 
@@ -125,9 +122,6 @@ func TestGovernedPermissions(t *testing.T) {
 		if n := strings.Count(strings.Join(rec2.allLogs(), "\n"), "started the agent"); n != 0 {
 			t.Fatal("the agent was started again")
 		}
-		_ = link2.Close()
-		if code := p.wait(t); code != 0 {
-			t.Fatalf("agent-host exited %d", code)
-		}
+		closeAndExit(t, link2, p)
 	})
 }
