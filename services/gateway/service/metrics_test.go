@@ -110,7 +110,9 @@ func TestGatewayMetrics(t *testing.T) {
 	a.moved("conclave_gateway_lease_write_duration_seconds", 2)
 
 	// Registrations, by outcome, and the connected-agents gauge.
-	echoAgent(t, ctx, connA, "echo")
+	// The agent timeout here is 5s, and the scrapes between two requests
+	// to echo can take longer on a busy machine.
+	echoAgentBeating(t, ctx, connA, "echo", time.Second)
 	a.moved("conclave_gateway_registrations_total", 1, "outcome", "welcome")
 	a.moved("conclave_gateway_agents_connected", 1, "replica", "gw-metrics")
 	if err := refusedWith(connA, register("echo")); status.Code(err) != codes.AlreadyExists {

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -128,7 +129,38 @@ func registerAgent(t *testing.T, ctx context.Context, conn *grpc.ClientConn, id 
 // followed by done, until ctx ends.
 func echoAgent(t *testing.T, ctx context.Context, conn *grpc.ClientConn, id string) {
 	t.Helper()
+	echoAgentBeating(t, ctx, conn, id, 0)
+}
+
+// echoAgentBeating is echoAgent that also sends a heartbeat every beat
+// (when positive): on a replica with an agent timeout, an echo agent that
+// answers only when asked is evicted as silent whenever the test takes
+// longer than that timeout between two requests.
+func echoAgentBeating(t *testing.T, ctx context.Context, conn *grpc.ClientConn, id string, beat time.Duration) {
+	t.Helper()
 	stream := registerAgent(t, ctx, conn, id)
+	var sending sync.Mutex // a gRPC stream takes one Send at a time
+	send := func(m *covenpb.AgentMessage) error {
+		sending.Lock()
+		defer sending.Unlock()
+		return stream.Send(m)
+	}
+	if beat > 0 {
+		go func() {
+			tick := time.NewTicker(beat)
+			defer tick.Stop()
+			for {
+				select {
+				case <-ctx.Done():
+					return
+				case <-tick.C:
+				}
+				if send(&covenpb.AgentMessage{Payload: &covenpb.AgentMessage_Heartbeat{Heartbeat: &covenpb.Heartbeat{}}}) != nil {
+					return
+				}
+			}
+		}()
+	}
 	go func() {
 		for {
 			m, err := stream.Recv()
@@ -143,7 +175,7 @@ func echoAgent(t *testing.T, ctx context.Context, conn *grpc.ClientConn, id stri
 				{RequestId: req.RequestId, Event: &covenpb.MessageResponse_Text{Text: "echo: " + req.Content}},
 				{RequestId: req.RequestId, Event: &covenpb.MessageResponse_Done{Done: &covenpb.Done{FullResponse: req.Content}}},
 			} {
-				if stream.Send(&covenpb.AgentMessage{Payload: &covenpb.AgentMessage_Response{Response: r}}) != nil {
+				if send(&covenpb.AgentMessage{Payload: &covenpb.AgentMessage_Response{Response: r}}) != nil {
 					return
 				}
 			}
