@@ -3,11 +3,12 @@ package main
 import (
 	"bytes"
 	"encoding/json"
-	"io"
 	"net/http"
 	"os/exec"
 	"strings"
 	"testing"
+
+	"github.com/conclave-ai/conclave/pkg/testenv"
 )
 
 func TestDevServesBridge(t *testing.T) {
@@ -25,12 +26,7 @@ func TestDevServesBridge(t *testing.T) {
 		`{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"t","version":"1"}}}`))
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("Accept", "application/json, text/event-stream")
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	body, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
+	resp, body := testenv.Do(t, req)
 	if resp.StatusCode != http.StatusOK || !strings.Contains(string(body), `"conclave-bridge"`) {
 		t.Fatalf("initialize: %d %s", resp.StatusCode, body)
 	}

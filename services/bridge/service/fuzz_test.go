@@ -2,10 +2,11 @@ package service_test
 
 import (
 	"encoding/json"
-	"io"
 	"net/http"
 	"strings"
 	"testing"
+
+	"github.com/conclave-ai/conclave/pkg/testenv"
 )
 
 // FuzzRESTBodies: the bridge takes JSON over HTTP only as MCP messages;
@@ -29,12 +30,7 @@ func FuzzRESTBodies(f *testing.F) {
 		req.Header.Set("Authorization", "Bearer "+testToken)
 		req.Header.Set("Content-Type", "application/json")
 		req.Header.Set("Accept", "application/json, text/event-stream")
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		data, _ := io.ReadAll(resp.Body)
+		resp, data := testenv.Do(t, req)
 		if resp.StatusCode >= 500 {
 			t.Fatalf("POST %q: %d %s", body, resp.StatusCode, data)
 		}

@@ -271,12 +271,7 @@ func TestHTTPAuthentication(t *testing.T) {
 		if tt.auth != "" {
 			req.Header.Set("Authorization", tt.auth)
 		}
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		body, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
+		resp, body := testenv.Do(t, req)
 		if resp.StatusCode != tt.want {
 			t.Errorf("%s: status %d, want %d: %s", tt.name, resp.StatusCode, tt.want, body)
 		}
@@ -377,12 +372,7 @@ func TestHTTPBadRequests(t *testing.T) {
 			for k, v := range tt.header {
 				req.Header.Set(k, v)
 			}
-			resp, err := http.DefaultClient.Do(req)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer resp.Body.Close()
-			out, _ := io.ReadAll(resp.Body)
+			resp, out := testenv.Do(t, req)
 			if resp.StatusCode != tt.status {
 				t.Fatalf("status %d, want %d: %.300s", resp.StatusCode, tt.status, out)
 			}

@@ -1,10 +1,11 @@
 package service_test
 
 import (
-	"io"
 	"net/http"
 	"strings"
 	"testing"
+
+	"github.com/conclave-ai/conclave/pkg/testenv"
 )
 
 // FuzzRESTBodies: whatever body reaches the bus's HTTP routes that take
@@ -32,12 +33,7 @@ func FuzzRESTBodies(f *testing.F) {
 		}
 		req.Header.Set("Content-Type", "application/json")
 		req.Header.Set("Authorization", "Bearer "+peer)
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		data, _ := io.ReadAll(resp.Body)
+		resp, data := testenv.Do(t, req)
 		if resp.StatusCode >= 500 {
 			t.Fatalf("POST %s %q: %d %s", path, body, resp.StatusCode, data)
 		}

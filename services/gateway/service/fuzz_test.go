@@ -4,13 +4,14 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"io"
 	"net/http"
 	"strings"
 	"testing"
 
 	"github.com/conclave-ai/conclave/pkg/telemetry"
 	covenpb "github.com/conclave-ai/conclave/proto/coven"
+
+	"github.com/conclave-ai/conclave/pkg/testenv"
 )
 
 // FuzzRESTBodies: whatever body a client sends to the REST API's routes
@@ -48,12 +49,7 @@ func FuzzRESTBodies(f *testing.F) {
 		req.Header.Set("Authorization", "Bearer "+token)
 		req.Header.Set("Content-Type", "application/json")
 		req.Header.Set("Accept", r.accept)
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		data, _ := io.ReadAll(resp.Body)
+		resp, data := testenv.Do(t, req)
 		if resp.StatusCode >= 500 {
 			t.Fatalf("%s %s %q: %d %s", r.method, r.path, body, resp.StatusCode, data)
 		}
@@ -128,12 +124,7 @@ func FuzzA2ARequests(f *testing.F) {
 		}
 		req.Header.Set("Authorization", "Bearer "+token)
 		req.Header.Set("Content-Type", "application/json")
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		data, _ := io.ReadAll(resp.Body)
+		resp, data := testenv.Do(t, req)
 		if resp.StatusCode != http.StatusOK {
 			t.Fatalf("%q: HTTP %d %s", body, resp.StatusCode, data)
 		}

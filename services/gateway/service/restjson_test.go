@@ -3,7 +3,6 @@ package service_test
 import (
 	"bufio"
 	"context"
-	"io"
 	"net/http"
 	"strings"
 	"testing"
@@ -197,12 +196,7 @@ func TestRESTJSONTypes(t *testing.T) {
 		if accept != "" {
 			req.Header.Set("Accept", accept)
 		}
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
+		resp, b := testenv.Do(t, req)
 		if resp.StatusCode != http.StatusOK {
 			t.Fatalf("%s %s: %d %s", method, path, resp.StatusCode, b)
 		}
@@ -281,12 +275,7 @@ func TestRESTJSONTypes(t *testing.T) {
 		req.Header.Set("Authorization", "Bearer "+token)
 		req.Header.Set("Accept", "text/event-stream")
 		req.Header.Set("Last-Event-ID", h.Entries[3].EntryID)
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		b, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
+		resp, b := testenv.Do(t, req)
 		var ids []string
 		for line := range strings.Lines(string(b)) {
 			if id, ok := strings.CutPrefix(strings.TrimSuffix(line, "\n"), "id: "); ok {

@@ -8,6 +8,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/conclave-ai/conclave/pkg/testenv"
 )
 
 // TestBadLaunches: each gets 400 validation_error in the REST error body,
@@ -211,12 +213,7 @@ func TestBadRequests(t *testing.T) {
 			if tt.contentType != "" {
 				req.Header.Set("Content-Type", tt.contentType)
 			}
-			resp, err := http.DefaultClient.Do(req)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer resp.Body.Close()
-			data, _ := io.ReadAll(resp.Body)
+			resp, data := testenv.Do(t, req)
 			var e errorBody
 			dec := json.NewDecoder(strings.NewReader(string(data)))
 			dec.DisallowUnknownFields()

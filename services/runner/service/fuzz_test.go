@@ -3,10 +3,11 @@ package service_test
 import (
 	"bytes"
 	"encoding/json"
-	"io"
 	"net/http"
 	"strings"
 	"testing"
+
+	"github.com/conclave-ai/conclave/pkg/testenv"
 )
 
 // FuzzRESTBodies: whatever body a client sends to the REST routes that
@@ -32,12 +33,7 @@ func FuzzRESTBodies(f *testing.F) {
 			t.Fatal(err)
 		}
 		req.Header.Set("Content-Type", "application/json")
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		data, _ := io.ReadAll(resp.Body)
+		resp, data := testenv.Do(t, req)
 		if resp.StatusCode >= 500 {
 			t.Fatalf("POST %s %q: %d %s", path, body, resp.StatusCode, data)
 		}
