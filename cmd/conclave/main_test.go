@@ -40,17 +40,13 @@ func testMain(m *testing.M) int {
 	os.Setenv("AWS_SECRET_ACCESS_KEY", "test")
 	os.Unsetenv("AWS_PROFILE")
 	os.Unsetenv("AWS_SESSION_TOKEN")
-	dir, err := os.MkdirTemp("", "conclave-test")
+	dir, remove, err := testenv.GoBuildTemp(context.Background(), "conclave-test", "./cmd/conclave")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
-	defer os.RemoveAll(dir)
+	defer remove()
 	conclaveBin = filepath.Join(dir, "conclave")
-	if err := testenv.GoBuild(context.Background(), conclaveBin, "./cmd/conclave"); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
 	if !testing.Short() {
 		// The example agent beside conclave, as `make build` leaves it, so
 		// that conclave dev has its example-agent type.

@@ -25,6 +25,22 @@ func GoBuild(ctx context.Context, out string, pkgs ...string) error {
 	return GoBuildTags(ctx, nil, out, pkgs...)
 }
 
+// GoBuildTemp is GoBuild into a new temporary directory named for pattern
+// (as os.MkdirTemp names it), for a package's TestMain: each package's
+// binary is dir/<its last path element>. remove deletes the directory.
+func GoBuildTemp(ctx context.Context, pattern string, pkgs ...string) (dir string, remove func(), err error) {
+	dir, err = os.MkdirTemp("", pattern)
+	if err != nil {
+		return "", nil, err
+	}
+	remove = func() { _ = os.RemoveAll(dir) }
+	if err := GoBuild(ctx, dir+string(filepath.Separator), pkgs...); err != nil {
+		remove()
+		return "", nil, err
+	}
+	return dir, remove, nil
+}
+
 // GoBuildTags is GoBuild with build tags, such as the Librarian's
 // lambda.norpc.
 func GoBuildTags(ctx context.Context, tags []string, out string, pkgs ...string) error {

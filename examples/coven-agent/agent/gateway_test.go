@@ -37,17 +37,13 @@ func testMain(m *testing.M) int {
 	if testing.Short() {
 		return m.Run()
 	}
-	dir, err := os.MkdirTemp("", "coven-agent-test")
+	dir, remove, err := testenv.GoBuildTemp(context.Background(), "coven-agent-test", "./cmd/conclave")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
-	defer os.RemoveAll(dir)
+	defer remove()
 	conclaveBin = filepath.Join(dir, "conclave")
-	if err := testenv.GoBuild(context.Background(), conclaveBin, "./cmd/conclave"); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
 	return m.Run()
 }
 

@@ -30,17 +30,13 @@ var bridgeBin string
 
 func TestMain(m *testing.M) {
 	os.Exit(func() int {
-		dir, err := os.MkdirTemp("", "bridge-bin")
+		dir, remove, err := testenv.GoBuildTemp(context.Background(), "bridge-bin", "./services/bridge/cmd/bridge")
 		if err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			return 1
 		}
-		defer os.RemoveAll(dir)
+		defer remove()
 		bridgeBin = filepath.Join(dir, "bridge")
-		if err := testenv.GoBuild(context.Background(), bridgeBin, "./services/bridge/cmd/bridge"); err != nil {
-			fmt.Fprintln(os.Stderr, err)
-			return 1
-		}
 		return m.Run()
 	}())
 }

@@ -53,16 +53,12 @@ func testMain(m *testing.M) int {
 	if testing.Short() {
 		return m.Run()
 	}
-	dir, err := os.MkdirTemp("", "console-test")
+	dir, remove, err := testenv.GoBuildTemp(context.Background(), "console-test", "./cmd/conclave", "./examples/coven-agent", "./examples/acp-agent")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
-	defer os.RemoveAll(dir)
-	if err := testenv.GoBuild(context.Background(), dir+string(filepath.Separator), "./cmd/conclave", "./examples/coven-agent", "./examples/acp-agent"); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
+	defer remove()
 	dev.conclave, dev.covenAgent = filepath.Join(dir, "conclave"), filepath.Join(dir, "coven-agent")
 	// A gated turn streams "Working on", then waits for a file named
 	// release in its workspace before it streams its chunks: the test

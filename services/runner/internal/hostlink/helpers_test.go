@@ -32,17 +32,14 @@ func TestMain(m *testing.M) {
 	if testing.Short() {
 		os.Exit(m.Run())
 	}
-	dir, err := os.MkdirTemp("", "hostlink-test-")
+	dir, remove, err := testenv.GoBuildTemp(context.Background(), "hostlink-test-", "./services/runner/cmd/agent-host", "./examples/acp-agent")
 	if err != nil {
-		panic(err)
-	}
-	agentHostBin, acpAgentBin = filepath.Join(dir, "agent-host"), filepath.Join(dir, "acp-agent")
-	if err := testenv.GoBuild(context.Background(), dir+string(filepath.Separator), "./services/runner/cmd/agent-host", "./examples/acp-agent"); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
+	agentHostBin, acpAgentBin = filepath.Join(dir, "agent-host"), filepath.Join(dir, "acp-agent")
 	code := m.Run()
-	os.RemoveAll(dir)
+	remove()
 	os.Exit(code)
 }
 
