@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -44,15 +43,7 @@ func TestBusCommands(t *testing.T) {
 
 	sub := bus("subscribe", "cb:*")
 	sub.Env = append(sub.Env, "BUB_AGENT_ID=conclave-bus-subscriber")
-	stdout, err := sub.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := sub.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = sub.Process.Kill(); _ = sub.Wait() })
-	lines := bufio.NewScanner(stdout)
+	lines := testenv.StartLines(t, sub)
 
 	// send-message until the subscription is in place (its ack appears).
 	testenv.EventuallyNoError(t, time.Minute, "the subscriber's ack", func() error {
@@ -74,8 +65,8 @@ func TestBusCommands(t *testing.T) {
 		}
 		return nil
 	})
-	if !lines.Scan() || !strings.Contains(lines.Text(), `"topic":"cb:1"`) {
-		t.Fatalf("conclave bus subscribe printed %q (%v)", lines.Text(), lines.Err())
+	if line := lines.Next(t, time.Minute, "the subscriber's message"); !strings.Contains(line, `"topic":"cb:1"`) {
+		t.Fatalf("conclave bus subscribe printed %q", line)
 	}
 
 	// A dead letter to list and show: an agent that asks for a retry at
@@ -139,12 +130,7 @@ func TestBusCommands(t *testing.T) {
 	}
 
 	// Interrupted, subscribe ends cleanly.
-	if err := sub.Process.Signal(syscall.SIGINT); err != nil {
-		t.Fatal(err)
-	}
-	for lines.Scan() {
-	}
-	if err := sub.Wait(); err != nil {
+	if err := lines.Exit(t, time.Minute, syscall.SIGINT); err != nil {
 		t.Errorf("conclave bus subscribe after SIGINT: %v", err)
 	}
 }

@@ -1,7 +1,6 @@
 package service_test
 
 import (
-	"bufio"
 	"encoding/json"
 	"os"
 	"os/exec"
@@ -31,15 +30,7 @@ func TestBubBinary(t *testing.T) {
 
 	sub := bub("subscribe", "bub:*")
 	sub.Env = append(sub.Env, "BUB_AGENT_ID=bub-subscriber")
-	stdout, err := sub.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := sub.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = sub.Process.Kill(); _ = sub.Wait() })
-	lines := bufio.NewScanner(stdout)
+	lines := testenv.StartLines(t, sub)
 
 	// Wait for its subscription: a probe reaches it once it exists. The
 	// probes are spaced out, to stay under the bus's rate limit (200 a
@@ -52,8 +43,8 @@ func TestBubBinary(t *testing.T) {
 		res := probe.result(i, "sendMessage", `{"topic":"bub:probe","payload":{"type":"probe"}}`)
 		return len(testenv.At[[]any](t, res, "acks")) > 0
 	})
-	if !lines.Scan() || !strings.Contains(lines.Text(), `"topic":"bub:probe"`) {
-		t.Fatalf("bub subscribe printed %q (%v)", lines.Text(), lines.Err())
+	if line := lines.Next(t, time.Minute, "the subscriber's probe"); !strings.Contains(line, `"topic":"bub:probe"`) {
+		t.Fatalf("bub subscribe printed %q", line)
 	}
 
 	// send-message to the default topic, the payload on stdin.
@@ -74,8 +65,8 @@ func TestBubBinary(t *testing.T) {
 		res.Acks[0].ClientID != "bub-subscriber" || !res.Acks[0].Processed || strings.Count(string(out), "\n") != 1 {
 		t.Errorf("bub send-message printed %q (%v)", out, err)
 	}
-	if !lines.Scan() || !strings.Contains(lines.Text(), `"topic":"bub:default"`) || !strings.Contains(lines.Text(), "from a process") {
-		t.Errorf("bub subscribe printed %q", lines.Text())
+	if line := lines.Next(t, time.Minute, "the message from a process"); !strings.Contains(line, `"topic":"bub:default"`) || !strings.Contains(line, "from a process") {
+		t.Errorf("bub subscribe printed %q", line)
 	}
 
 	if out, err := bub("dlq", "list").Output(); err != nil || len(out) != 0 {
@@ -86,12 +77,7 @@ func TestBubBinary(t *testing.T) {
 	}
 
 	// Interrupted, subscribe ends cleanly.
-	if err := sub.Process.Signal(syscall.SIGINT); err != nil {
-		t.Fatal(err)
-	}
-	for lines.Scan() {
-	}
-	if err := sub.Wait(); err != nil {
+	if err := lines.Exit(t, time.Minute, syscall.SIGINT); err != nil {
 		t.Errorf("bub subscribe after SIGINT: %v", err)
 	}
 }
