@@ -187,16 +187,15 @@ type recorder struct {
 func (rc *recorder) attached(ctx context.Context, stream grpc.ServerStreamingServer[gatewayv1.SendMessageResponse], header *gatewayv1.SendMessageResponse) error {
 	s, rec := rc.s, rc.rec
 	rec.SetAttached(true)
-	var held []*gatewayv1.ThreadEntry
+	var unsent []*gatewayv1.ThreadEntry // recorded, not sent yet
 	for {
 		var (
-			got    []*gatewayv1.ThreadEntry
 			ended  bool
 			endErr error
 		)
 		select {
 		case ev, ok := <-rc.r.Events:
-			got, ended, endErr = rc.event(ev, ok)
+			unsent, ended, endErr = rc.event(ev, ok, unsent)
 		case <-rc.flush.C:
 			rc.flushDue()
 		case <-ctx.Done():
@@ -208,7 +207,6 @@ func (rc *recorder) attached(ctx context.Context, stream grpc.ServerStreamingSer
 				// The end, and so the message, could not be stored.
 				return historyError(endErr, rec.ThreadID())
 			}
-			held = append(held, got...)
 			continue
 		}
 		if header != nil {
@@ -217,17 +215,16 @@ func (rc *recorder) attached(ctx context.Context, stream grpc.ServerStreamingSer
 			}
 			header = nil
 		}
-		for _, es := range [][]*gatewayv1.ThreadEntry{held, got} {
-			for _, e := range es {
-				if _, err := s.sendEntry(stream, e, false); err != nil {
-					if _, isOutcome := e.GetEntry().(*gatewayv1.ThreadEntry_Outcome); isOutcome {
-						return err // the request's own ending
-					}
-					return rc.left(ended, err)
+		for _, e := range unsent {
+			if _, err := s.sendEntry(stream, e, false); err != nil {
+				if _, isOutcome := e.GetEntry().(*gatewayv1.ThreadEntry_Outcome); isOutcome {
+					return err // the request's own ending
 				}
+				return rc.left(ended, err)
 			}
 		}
-		held = held[:0]
+		clear(unsent)
+		unsent = unsent[:0]
 		if ended {
 			if endErr != nil {
 				return historyError(endErr, rec.ThreadID())
@@ -256,10 +253,12 @@ func (rc *recorder) detach() {
 
 // run records the rest of the answer.
 func (rc *recorder) run() {
+	var recorded []*gatewayv1.ThreadEntry
 	for {
 		select {
 		case ev, ok := <-rc.r.Events:
-			if _, ended, _ := rc.event(ev, ok); ended {
+			var ended bool
+			if recorded, ended, _ = rc.event(ev, ok, recorded[:0]); ended {
 				return
 			}
 		case <-rc.flush.C:
@@ -269,33 +268,40 @@ func (rc *recorder) run() {
 }
 
 // event records what came from the agent (ok false: the events ended),
-// and returns the entries recorded. ended reports that the request ended,
-// endErr that its end could not be stored.
-func (rc *recorder) event(ev agentstream.Event, ok bool) (got []*gatewayv1.ThreadEntry, ended bool, endErr error) {
+// and appends the entries recorded to recorded. ended reports that the
+// request ended, endErr that its end could not be stored.
+func (rc *recorder) event(ev agentstream.Event, ok bool, recorded []*gatewayv1.ThreadEntry) (_ []*gatewayv1.ThreadEntry, ended bool, endErr error) {
 	s, rec, r := rc.s, rc.rec, rc.r
-	if !ok || ev.Err != nil {
+	var (
+		terminal *covenpb.MessageResponse
+		outcome  *gatewayv1.Outcome
+		metric   string
+	)
+	switch {
+	case !ok || ev.Err != nil:
 		err := ev.Err
 		if err == nil {
 			err = status.Error(codes.Unavailable, "the request ended without an answer")
 		}
 		st := status.Convert(err)
-		got, endErr = rc.end(nil, &gatewayv1.Outcome{Ending: gatewayv1.Ending_ENDING_AGENT_GONE, Code: int32(st.Code()), Message: st.Message()}, metrics.AgentGone)
-		return got, true, endErr
+		outcome, metric = &gatewayv1.Outcome{Ending: gatewayv1.Ending_ENDING_AGENT_GONE, Code: int32(st.Code()), Message: st.Message()}, metrics.AgentGone
+	default:
+		if rc.first {
+			rc.first = false
+			s.metrics.FirstEvent(time.Since(rc.start))
+		}
+		switch ev.Response.GetEvent().(type) {
+		case *covenpb.MessageResponse_Done:
+			terminal, outcome, metric = ev.Response, &gatewayv1.Outcome{Ending: gatewayv1.Ending_ENDING_DONE}, metrics.Done
+		case *covenpb.MessageResponse_Error:
+			terminal, outcome, metric = ev.Response, &gatewayv1.Outcome{Ending: gatewayv1.Ending_ENDING_ERROR}, metrics.AgentError
+		case *covenpb.MessageResponse_Cancelled:
+			terminal, outcome, metric = ev.Response, &gatewayv1.Outcome{Ending: gatewayv1.Ending_ENDING_CANCELLED}, metrics.Cancelled
+		}
 	}
-	if rc.first {
-		rc.first = false
-		s.metrics.FirstEvent(time.Since(rc.start))
-	}
-	switch ev.Response.GetEvent().(type) {
-	case *covenpb.MessageResponse_Done:
-		got, endErr = rc.end(ev.Response, &gatewayv1.Outcome{Ending: gatewayv1.Ending_ENDING_DONE}, metrics.Done)
-		return got, true, endErr
-	case *covenpb.MessageResponse_Error:
-		got, endErr = rc.end(ev.Response, &gatewayv1.Outcome{Ending: gatewayv1.Ending_ENDING_ERROR}, metrics.AgentError)
-		return got, true, endErr
-	case *covenpb.MessageResponse_Cancelled:
-		got, endErr = rc.end(ev.Response, &gatewayv1.Outcome{Ending: gatewayv1.Ending_ENDING_CANCELLED}, metrics.Cancelled)
-		return got, true, endErr
+	if outcome != nil {
+		got, err := rc.end(terminal, outcome, metric)
+		return append(recorded, got...), true, err
 	}
 	e, err := rec.Append(context.Background(), ev.Response, len(r.Events) > 0)
 	if err != nil {
@@ -305,7 +311,7 @@ func (rc *recorder) event(ev agentstream.Event, ok bool) (got []*gatewayv1.Threa
 			s.agents.Cancel(context.Background(), r.ID, "the gateway cannot record the answer")
 		}
 	}
-	return []*gatewayv1.ThreadEntry{e}, false, nil
+	return append(recorded, e), false, nil
 }
 
 // flushDue writes what waits in memory, and sets the next flush.

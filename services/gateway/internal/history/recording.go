@@ -157,10 +157,22 @@ func (r *Recording) record(e *gatewayv1.ThreadEntry) int {
 	return len(r.pending) - n + len(e.GetEvent().GetFile().GetData())
 }
 
+// eventParts are an event entry's parts, allocated together: one
+// allocation per event relayed instead of three.
+type eventParts struct {
+	e    gatewayv1.ThreadEntry
+	ev   gatewayv1.ThreadEntry_Event
+	time timestamppb.Timestamp
+}
+
 // eventEntry is ev as an entry, whole: for subscribers (the store keeps a
 // file without its data, see appendEntry).
 func eventEntry(ev *covenpb.MessageResponse, at time.Time) *gatewayv1.ThreadEntry {
-	e := &gatewayv1.ThreadEntry{Time: timestamppb.New(at), Entry: &gatewayv1.ThreadEntry_Event{Event: ev}}
+	p := &eventParts{}
+	p.time.Seconds, p.time.Nanos = at.Unix(), int32(at.Nanosecond())
+	p.ev.Event = ev
+	e := &p.e
+	e.Time, e.Entry = &p.time, &p.ev
 	if f := ev.GetFile(); f != nil {
 		e.File = fileRef(f.GetFilename(), f.GetMimeType(), f.GetData())
 	}
