@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"sync"
 	"time"
 
 	"google.golang.org/grpc"
@@ -27,8 +28,10 @@ const (
 	// DefaultDetachedTimeout is how long a request goes on once no client
 	// follows it.
 	DefaultDetachedTimeout = 10 * time.Minute
-	// endTimeout bounds the retries of a request's last write.
+	// endTimeout bounds the retries of a request's last write: they end
+	// between endTimeout-endSlack and endTimeout after the first.
 	endTimeout = 10 * time.Second
+	endSlack   = time.Second
 	// maxPendingBytes bounds what a request keeps in memory while the
 	// store refuses its writes; past it the request is cancelled.
 	maxPendingBytes    = 8 << 20
@@ -327,9 +330,7 @@ func (rc *recorder) end(terminal *covenpb.MessageResponse, outcome *gatewayv1.Ou
 	s, r := rc.s, rc.r
 	defer s.recorders.Done()
 	rc.flush.Stop()
-	ctx, cancel := context.WithTimeout(context.Background(), endTimeout)
-	defer cancel()
-	got, err := rc.rec.End(ctx, terminal, outcome)
+	got, err := rc.rec.End(s.ends.get(time.Now()), terminal, outcome)
 	if err != nil {
 		s.log.Error("could not record the end of a request; its callers are told it failed", "request_id", r.ID, "thread_id", rc.rec.ThreadID(), "error", err)
 	}
@@ -339,6 +340,30 @@ func (rc *recorder) end(terminal *covenpb.MessageResponse, outcome *gatewayv1.Ou
 		s.release(rc.c)
 	}
 	return got, err
+}
+
+// endContexts hands out the contexts that bound the last write of the
+// requests that end: one a second, shared by every request that ends in
+// that second, since a context with a deadline costs a timer.
+type endContexts struct {
+	mu    sync.Mutex
+	ctx   context.Context
+	until time.Time // when ctx stops being handed out
+	// cancel is the latest context's; none is cancelled before its
+	// deadline, as requests still use it.
+	cancel context.CancelFunc
+}
+
+// get returns a context that ends between endTimeout-endSlack and
+// endTimeout from now.
+func (c *endContexts) get(now time.Time) context.Context {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.ctx == nil || !now.Before(c.until) {
+		c.ctx, c.cancel = context.WithDeadline(context.Background(), now.Add(endTimeout))
+		c.until = now.Add(endSlack)
+	}
+	return c.ctx
 }
 
 // detach cancels rec's request if no client follows it for the detached
