@@ -271,6 +271,55 @@ func TestThreadsAndHistory(t *testing.T) {
 	})
 }
 
+// TestMessageIsStoredBeforeItsFirstResponse: the client's message is
+// written with the answer's first events, and its client is told nothing
+// before: whatever it is told of the request, the message can be read
+// back. A holding agent's client still gets its first response before
+// the answer ends.
+func TestMessageIsStoredBeforeItsFirstResponse(t *testing.T) {
+	eachHistoryStore(t, func(t *testing.T, st store.Store) {
+		conn, _ := startTuned(t, "gw-first", st, withHistory(nil))
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		client := gatewayv1.NewGatewayServiceClient(conn)
+		startAgent(t, ctx, conn, "quick", false)
+		holding := startAgent(t, ctx, conn, "holding", true)
+		for _, agent := range []string{"quick", "holding"} {
+			t.Run(agent, func(t *testing.T) {
+				thread := "th-first-" + agent
+				stream, err := client.SendMessage(as(ctx, token), &gatewayv1.SendMessageRequest{AgentId: agent, ThreadId: thread, Content: "hi"})
+				if err != nil {
+					t.Fatal(err)
+				}
+				first, err := stream.Recv()
+				if err != nil {
+					t.Fatal(err)
+				}
+				h, err := client.History(as(ctx, token), &gatewayv1.HistoryRequest{ThreadId: thread})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if es := h.GetEntries(); len(es) == 0 || es[0].GetEntryId() != first.GetEntryId() || es[0].GetMessage().GetContent() != "hi" {
+					t.Fatalf("when the first response (entry %s) came, the history held %s", first.GetEntryId(), describeEntries(es))
+				}
+				if agent == "holding" {
+					holding.done(t)
+				}
+				for {
+					if _, err := stream.Recv(); errors.Is(err, io.EOF) {
+						break
+					} else if err != nil {
+						t.Fatal(err)
+					}
+				}
+				if got := describeEntries(readHistory(t, as(ctx, token), client, thread, 0)); got != "message:hi|working: hi|done|outcome:DONE" {
+					t.Fatalf("history: %s", got)
+				}
+			})
+		}
+	})
+}
+
 func TestReplayAndReconnect(t *testing.T) {
 	eachHistoryStore(t, func(t *testing.T, st store.Store) {
 		conn, _ := startTuned(t, "gw-replay", st, withHistory(nil))

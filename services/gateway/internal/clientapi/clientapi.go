@@ -70,6 +70,7 @@ type Server struct {
 	detached  time.Duration
 	admins    map[string]bool
 	recorders sync.WaitGroup
+	ends      endContexts
 }
 
 var _ gatewayv1.GatewayServiceServer = (*Server)(nil)

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"sync"
 	"time"
 
 	"google.golang.org/grpc"
@@ -27,8 +28,10 @@ const (
 	// DefaultDetachedTimeout is how long a request goes on once no client
 	// follows it.
 	DefaultDetachedTimeout = 10 * time.Minute
-	// endTimeout bounds the retries of a request's last write.
+	// endTimeout bounds the retries of a request's last write: they end
+	// between endTimeout-endSlack and endTimeout after the first.
 	endTimeout = 10 * time.Second
+	endSlack   = time.Second
 	// maxPendingBytes bounds what a request keeps in memory while the
 	// store refuses its writes; past it the request is cancelled.
 	maxPendingBytes    = 8 << 20
@@ -82,10 +85,12 @@ func historyError(err error, threadID string) error {
 
 // sendRecorded is SendMessage with history. A repeated idempotency key is
 // answered from the history of the request that first carried it. A new
-// message is recorded (and its key claimed) by the replica holding the
-// agent, then sent; its answer is recorded by a goroutine of its own, and
-// streamed to the caller from the recording, so that the request goes on
-// when the caller leaves, for a reconnecting client to follow.
+// message is sent to the agent by the replica holding it, and recorded
+// with its answer by the request's own handler, which relays the answer
+// to its caller: nothing before the message is stored (the first write,
+// with the answer's first events), then each event as it comes. When the
+// caller leaves, a goroutine records the rest, for a reconnecting client
+// to follow.
 func (s *Server) sendRecorded(req *gatewayv1.SendMessageRequest, stream grpc.ServerStreamingServer[gatewayv1.SendMessageResponse]) error {
 	ctx, agentID, key := stream.Context(), req.GetAgentId(), req.GetIdempotencyKey()
 	if key != "" {
@@ -125,7 +130,7 @@ func (s *Server) sendRecorded(req *gatewayv1.SendMessageRequest, stream grpc.Ser
 			return err
 		}
 	}
-	rec, err := s.hist.Begin(ctx, history.Exchange{
+	rec, err := s.hist.Begin(history.Exchange{
 		ThreadID: threadID, RequestID: requestID, AgentID: agentID, ClientID: client,
 		Sender: req.GetSender(), Content: req.GetContent(), Attachments: req.GetAttachments(), Start: start,
 	})
@@ -134,7 +139,7 @@ func (s *Server) sendRecorded(req *gatewayv1.SendMessageRequest, stream grpc.Ser
 			s.release(c)
 		}
 		s.metrics.Request(metrics.Refused)
-		return historyError(err, threadID)
+		return status.Error(codes.InvalidArgument, err.Error())
 	}
 	msg := &covenpb.SendMessage{
 		RequestId: requestID, ThreadId: threadID, Sender: req.GetSender(), Content: req.GetContent(), Attachments: req.GetAttachments(),
@@ -142,7 +147,7 @@ func (s *Server) sendRecorded(req *gatewayv1.SendMessageRequest, stream grpc.Ser
 	// The request outlives its caller: only its recorder ends it.
 	r, err := s.agents.Send(context.WithoutCancel(ctx), agentID, msg)
 	if err != nil {
-		s.discard(rec)
+		rec.Discard()
 		if c != nil {
 			s.release(c)
 		}
@@ -156,87 +161,209 @@ func (s *Server) sendRecorded(req *gatewayv1.SendMessageRequest, stream grpc.Ser
 		}
 		return err
 	}
-	sub := rec.Subscribe(1)
 	s.recorders.Add(1)
-	go s.record(rec, r, start, c)
-	if err := stream.Send(&gatewayv1.SendMessageResponse{RequestId: requestID, ThreadId: threadID, EntryId: ref.String()}); err != nil {
-		sub.Close()
-		s.detach(rec)
-		return fmt.Errorf("streaming to client: %w", err)
-	}
-	return s.relayRecording(ctx, rec, sub, stream, false)
+	rc := &recorder{s: s, rec: rec, r: r, start: start, c: c, flush: time.NewTimer(s.hist.FirstFlush()), first: true}
+	return rc.attached(ctx, stream, &gatewayv1.SendMessageResponse{RequestId: requestID, ThreadId: threadID, EntryId: ref.String()})
 }
 
-// discard removes the message of a request that was never sent.
-func (s *Server) discard(rec *history.Recording) {
-	ctx, cancel := context.WithTimeout(context.Background(), releaseTimeout)
-	defer cancel()
-	if err := rec.Discard(ctx); err != nil {
-		s.log.Warn("could not remove the history entry of a message that was not sent", "thread_id", rec.ThreadID(), "error", err)
+// recorder records a request's answer as it comes, until the request
+// ends: first as the request's handler, relaying it to the caller, then,
+// once the caller left, on a goroutine of its own. It counts the
+// request's outcome and times it from start. A key claimed for a request
+// that ended before it reached the agent is given back.
+type recorder struct {
+	s     *Server
+	rec   *history.Recording
+	r     *agentstream.Request
+	start time.Time
+	c     *claim
+	// flush fires when what waits in memory is due to be written: the
+	// client's message with the answer's first events, then each batch.
+	flush            *time.Timer
+	first, cancelled bool
+}
+
+// attached records the answer and relays it to the caller, header first:
+// each entry once the client's message is stored (so a caller is never
+// told of a message a dying replica would lose), the end once it is
+// stored too. When the caller leaves, the recording goes on without it.
+func (rc *recorder) attached(ctx context.Context, stream grpc.ServerStreamingServer[gatewayv1.SendMessageResponse], header *gatewayv1.SendMessageResponse) error {
+	s, rec := rc.s, rc.rec
+	rec.SetAttached(true)
+	var unsent []*gatewayv1.ThreadEntry // recorded, not sent yet
+	for {
+		var (
+			ended  bool
+			endErr error
+		)
+		select {
+		case ev, ok := <-rc.r.Events:
+			unsent, ended, endErr = rc.event(ev, ok, unsent)
+		case <-rc.flush.C:
+			rc.flushDue()
+		case <-ctx.Done():
+			rc.detach()
+			return status.FromContextError(ctx.Err()).Err()
+		}
+		if !rec.Stored() {
+			if ended {
+				// The end, and so the message, could not be stored.
+				return historyError(endErr, rec.ThreadID())
+			}
+			continue
+		}
+		if header != nil {
+			if err := stream.Send(header); err != nil {
+				return rc.left(ended, fmt.Errorf("streaming to client: %w", err))
+			}
+			header = nil
+		}
+		for _, e := range unsent {
+			if _, err := s.sendEntry(stream, e, false); err != nil {
+				if _, isOutcome := e.GetEntry().(*gatewayv1.ThreadEntry_Outcome); isOutcome {
+					return err // the request's own ending
+				}
+				return rc.left(ended, err)
+			}
+		}
+		clear(unsent)
+		unsent = unsent[:0]
+		if ended {
+			if endErr != nil {
+				return historyError(endErr, rec.ThreadID())
+			}
+			return nil
+		}
 	}
 }
 
-// record writes a request's answer as it comes, until the request ends.
-// It counts the request's outcome and times it from start. A key claimed
-// for a request that ended before it reached the agent is given back.
-func (s *Server) record(rec *history.Recording, r *agentstream.Request, start time.Time, c *claim) {
-	defer s.recorders.Done()
-	ctx := context.Background()
-	tick := time.NewTicker(s.hist.FlushInterval())
-	defer tick.Stop()
-	first, cancelled := true, false
-	end := func(terminal *covenpb.MessageResponse, outcome *gatewayv1.Outcome, metric string) {
-		ectx, cancel := context.WithTimeout(ctx, endTimeout)
-		defer cancel()
-		if err := rec.End(ectx, terminal, outcome); err != nil {
-			s.log.Error("could not record the end of a request; its callers are told it failed", "request_id", r.ID, "thread_id", rec.ThreadID(), "error", err)
-		}
-		s.metrics.Request(metric)
-		s.metrics.Finished(time.Since(start))
-		if c != nil && r.Abandon() {
-			s.release(c)
-		}
+// left hands the recording over to a goroutine when the caller is gone
+// before the request ended, and returns err.
+func (rc *recorder) left(ended bool, err error) error {
+	if !ended {
+		rc.detach()
 	}
+	return err
+}
+
+// detach goes on recording without the caller, on a goroutine, until the
+// request ends or no client followed it for the detached timeout.
+func (rc *recorder) detach() {
+	rc.rec.SetAttached(false)
+	rc.s.detach(rc.rec)
+	go rc.run()
+}
+
+// run records the rest of the answer.
+func (rc *recorder) run() {
+	var recorded []*gatewayv1.ThreadEntry
 	for {
 		select {
-		case ev, ok := <-r.Events:
-			if !ok || ev.Err != nil {
-				err := ev.Err
-				if err == nil {
-					err = status.Error(codes.Unavailable, "the request ended without an answer")
-				}
-				st := status.Convert(err)
-				end(nil, &gatewayv1.Outcome{Ending: gatewayv1.Ending_ENDING_AGENT_GONE, Code: int32(st.Code()), Message: st.Message()}, metrics.AgentGone)
+		case ev, ok := <-rc.r.Events:
+			var ended bool
+			if recorded, ended, _ = rc.event(ev, ok, recorded[:0]); ended {
 				return
 			}
-			if first {
-				first = false
-				s.metrics.FirstEvent(time.Since(start))
-			}
-			switch ev.Response.GetEvent().(type) {
-			case *covenpb.MessageResponse_Done:
-				end(ev.Response, &gatewayv1.Outcome{Ending: gatewayv1.Ending_ENDING_DONE}, metrics.Done)
-				return
-			case *covenpb.MessageResponse_Error:
-				end(ev.Response, &gatewayv1.Outcome{Ending: gatewayv1.Ending_ENDING_ERROR}, metrics.AgentError)
-				return
-			case *covenpb.MessageResponse_Cancelled:
-				end(ev.Response, &gatewayv1.Outcome{Ending: gatewayv1.Ending_ENDING_CANCELLED}, metrics.Cancelled)
-				return
-			}
-			if err := rec.Append(ctx, ev.Response, len(r.Events) > 0); err != nil {
-				s.log.Warn("could not record events of a request; retrying with the next ones", "request_id", r.ID, "error", err)
-				if rec.Pending() > maxPendingBytes && !cancelled {
-					cancelled = true
-					s.agents.Cancel(ctx, r.ID, "the gateway cannot record the answer")
-				}
-			}
-		case <-tick.C:
-			if err := rec.Flush(ctx); err != nil {
-				s.log.Warn("could not record events of a request; retrying", "request_id", r.ID, "error", err)
-			}
+		case <-rc.flush.C:
+			rc.flushDue()
 		}
 	}
+}
+
+// event records what came from the agent (ok false: the events ended),
+// and appends the entries recorded to recorded. ended reports that the
+// request ended, endErr that its end could not be stored.
+func (rc *recorder) event(ev agentstream.Event, ok bool, recorded []*gatewayv1.ThreadEntry) (_ []*gatewayv1.ThreadEntry, ended bool, endErr error) {
+	s, rec, r := rc.s, rc.rec, rc.r
+	var (
+		terminal *covenpb.MessageResponse
+		outcome  *gatewayv1.Outcome
+		metric   string
+	)
+	switch {
+	case !ok || ev.Err != nil:
+		err := ev.Err
+		if err == nil {
+			err = status.Error(codes.Unavailable, "the request ended without an answer")
+		}
+		st := status.Convert(err)
+		outcome, metric = &gatewayv1.Outcome{Ending: gatewayv1.Ending_ENDING_AGENT_GONE, Code: int32(st.Code()), Message: st.Message()}, metrics.AgentGone
+	default:
+		if rc.first {
+			rc.first = false
+			s.metrics.FirstEvent(time.Since(rc.start))
+		}
+		switch ev.Response.GetEvent().(type) {
+		case *covenpb.MessageResponse_Done:
+			terminal, outcome, metric = ev.Response, &gatewayv1.Outcome{Ending: gatewayv1.Ending_ENDING_DONE}, metrics.Done
+		case *covenpb.MessageResponse_Error:
+			terminal, outcome, metric = ev.Response, &gatewayv1.Outcome{Ending: gatewayv1.Ending_ENDING_ERROR}, metrics.AgentError
+		case *covenpb.MessageResponse_Cancelled:
+			terminal, outcome, metric = ev.Response, &gatewayv1.Outcome{Ending: gatewayv1.Ending_ENDING_CANCELLED}, metrics.Cancelled
+		}
+	}
+	if outcome != nil {
+		got, err := rc.end(terminal, outcome, metric)
+		return append(recorded, got...), true, err
+	}
+	e, err := rec.Append(context.Background(), ev.Response, len(r.Events) > 0)
+	if err != nil {
+		s.log.Warn("could not record events of a request; retrying with the next ones", "request_id", r.ID, "error", err)
+		if rec.Pending() > maxPendingBytes && !rc.cancelled {
+			rc.cancelled = true
+			s.agents.Cancel(context.Background(), r.ID, "the gateway cannot record the answer")
+		}
+	}
+	return append(recorded, e), false, nil
+}
+
+// flushDue writes what waits in memory, and sets the next flush.
+func (rc *recorder) flushDue() {
+	if err := rc.rec.Flush(context.Background()); err != nil {
+		rc.s.log.Warn("could not record events of a request; retrying", "request_id", rc.r.ID, "error", err)
+	}
+	rc.flush.Reset(rc.s.hist.FlushInterval())
+}
+
+// end records the request's end and counts it.
+func (rc *recorder) end(terminal *covenpb.MessageResponse, outcome *gatewayv1.Outcome, metric string) ([]*gatewayv1.ThreadEntry, error) {
+	s, r := rc.s, rc.r
+	defer s.recorders.Done()
+	rc.flush.Stop()
+	got, err := rc.rec.End(s.ends.get(time.Now()), terminal, outcome)
+	if err != nil {
+		s.log.Error("could not record the end of a request; its callers are told it failed", "request_id", r.ID, "thread_id", rc.rec.ThreadID(), "error", err)
+	}
+	s.metrics.Request(metric)
+	s.metrics.Finished(time.Since(rc.start))
+	if rc.c != nil && r.Abandon() {
+		s.release(rc.c)
+	}
+	return got, err
+}
+
+// endContexts hands out the contexts that bound the last write of the
+// requests that end: one a second, shared by every request that ends in
+// that second, since a context with a deadline costs a timer.
+type endContexts struct {
+	mu    sync.Mutex
+	ctx   context.Context
+	until time.Time // when ctx stops being handed out
+	// cancel is the latest context's; none is cancelled before its
+	// deadline, as requests still use it.
+	cancel context.CancelFunc
+}
+
+// get returns a context that ends between endTimeout-endSlack and
+// endTimeout from now.
+func (c *endContexts) get(now time.Time) context.Context {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.ctx == nil || !now.Before(c.until) {
+		c.ctx, c.cancel = context.WithDeadline(context.Background(), now.Add(endTimeout))
+		c.until = now.Add(endSlack)
+	}
+	return c.ctx
 }
 
 // detach cancels rec's request if no client follows it for the detached
@@ -244,7 +371,7 @@ func (s *Server) record(rec *history.Recording, r *agentstream.Request, start ti
 func (s *Server) detach(rec *history.Recording) {
 	id := rec.Message().RequestID()
 	time.AfterFunc(s.detached, func() {
-		if s.hist.Live(id) == rec && rec.Subscribers() == 0 {
+		if s.hist.Live(id) == rec && rec.Followers() == 0 {
 			s.agents.Cancel(context.Background(), id, fmt.Sprintf("no client followed the request for %s", s.detached))
 		}
 	})
@@ -260,9 +387,11 @@ func (s *Server) Drain(ctx context.Context) {
 	}
 }
 
-// relayRecording streams sub's entries to a SendMessage caller, until the
-// request ends or the caller leaves.
-func (s *Server) relayRecording(ctx context.Context, rec *history.Recording, sub *history.Subscription, stream grpc.ServerStreamingServer[gatewayv1.SendMessageResponse], replayed bool) error {
+// relayRecording replays a request this replica is answering to a
+// caller that repeated its idempotency key: first (the stream's first
+// response), once the request's message is stored, then sub's entries,
+// until the request ends or the caller leaves.
+func (s *Server) relayRecording(ctx context.Context, rec *history.Recording, sub *history.Subscription, stream grpc.ServerStreamingServer[gatewayv1.SendMessageResponse], first *gatewayv1.SendMessageResponse) error {
 	defer sub.Close()
 	for {
 		entries, err := sub.Next(ctx)
@@ -276,8 +405,14 @@ func (s *Server) relayRecording(ctx context.Context, rec *history.Recording, sub
 			}
 			return historyError(err, rec.ThreadID())
 		}
+		if first != nil {
+			if err := stream.Send(first); err != nil {
+				return fmt.Errorf("streaming to client: %w", err)
+			}
+			first = nil
+		}
 		for _, e := range entries {
-			if _, err := s.sendEntry(stream, e, replayed); err != nil {
+			if _, err := s.sendEntry(stream, e, true); err != nil {
 				if ctx.Err() != nil {
 					s.detach(rec)
 				}
@@ -322,12 +457,7 @@ func (s *Server) replay(req *gatewayv1.SendMessageRequest, prev *sent, stream gr
 	s.metrics.Request(metrics.Replayed)
 	first := &gatewayv1.SendMessageResponse{RequestId: prev.requestID, ThreadId: prev.threadID, EntryId: prev.entry, Replayed: true}
 	if rec := s.hist.Live(prev.requestID); rec != nil {
-		sub := rec.Subscribe(1)
-		if err := stream.Send(first); err != nil {
-			sub.Close()
-			return fmt.Errorf("streaming to client: %w", err)
-		}
-		return s.relayRecording(ctx, rec, sub, stream, true)
+		return s.relayRecording(ctx, rec, rec.Subscribe(1), stream, first)
 	}
 	from, sentFirst := uint32(1), false
 	if owner := requestReplica(prev.requestID); s.cluster != nil && owner != "" && owner != s.serverID && !forwarded(ctx) {
@@ -339,12 +469,10 @@ func (s *Server) replay(req *gatewayv1.SendMessageRequest, prev *sent, stream gr
 		s.log.InfoContext(ctx, "replaying from the store: the replica that answered the request is unreachable", "request_id", prev.requestID, "error", err)
 		from, sentFirst = max(next, 1), relayed
 	}
-	if !sentFirst {
-		if err := stream.Send(first); err != nil {
-			return fmt.Errorf("streaming to client: %w", err)
-		}
+	if sentFirst {
+		first = nil
 	}
-	return s.replayStored(ctx, prev, ref, from, stream)
+	return s.replayStored(ctx, prev, ref, from, first, stream)
 }
 
 // forwardReplay relays the replay of the replica that answered the request
@@ -379,24 +507,41 @@ func (s *Server) forwardReplay(ctx context.Context, owner string, req *gatewayv1
 	}
 }
 
-// replayStored sends a request's stored entries from seq from on. A
-// request whose outcome is not stored was cut off: its replica stopped
-// before the request ended.
-func (s *Server) replayStored(ctx context.Context, prev *sent, ref history.EntryRef, from uint32, stream grpc.ServerStreamingServer[gatewayv1.SendMessageResponse]) error {
+// replayStored sends a request's stored entries from seq from on, after
+// first (unless nil), which is sent only if the request's message is
+// stored. A request whose outcome is not stored was cut off: its replica
+// stopped before the request ended.
+func (s *Server) replayStored(ctx context.Context, prev *sent, ref history.EntryRef, from uint32, first *gatewayv1.SendMessageResponse, stream grpc.ServerStreamingServer[gatewayv1.SendMessageResponse]) error {
+	read := from
+	if first != nil {
+		read = 0 // the message: whether it is stored
+	}
 	for {
-		entries, more, err := s.hist.RequestEntries(ctx, prev.threadID, ref, from, defaultEntriesPage)
+		entries, more, err := s.hist.RequestEntries(ctx, prev.threadID, ref, read, defaultEntriesPage)
 		if err != nil {
 			return historyError(err, prev.threadID)
 		}
 		for _, e := range entries {
+			if first != nil {
+				if err := stream.Send(first); err != nil {
+					return fmt.Errorf("streaming to client: %w", err)
+				}
+				first = nil
+			}
+			seq, _, _ := history.Seq(e.GetEntryId())
+			read = seq + 1
+			if seq < from {
+				continue
+			}
 			ended, err := s.sendEntry(stream, e, true)
 			if ended || err != nil {
 				return err
 			}
-			seq, _, _ := history.Seq(e.GetEntryId())
-			from = seq + 1
 		}
 		if !more {
+			if first != nil {
+				return status.Errorf(codes.Unavailable, "request %s was cut off: the gateway replica answering it stopped before it recorded the message; the message is not sent to the agent again", prev.requestID)
+			}
 			return status.Errorf(codes.Unavailable, "the answer to request %s is incomplete: the gateway replica answering it stopped before it ended; the message is not sent to the agent again", prev.requestID)
 		}
 	}

@@ -3,12 +3,13 @@
 // message (sender, content, and what names its attachments, never their
 // data), every event of the agent's answer, and how the request ended.
 //
-// Writes are batched per request: the client's message is written when the
-// request is accepted, the answer's events are buffered and written in
-// batches (one item per batch, at most FlushBytes or FlushInterval old),
-// and the last batch, with the terminal event and the outcome, is written
-// before the terminal event reaches anyone. A short answer so costs two
-// writes, whatever its number of events.
+// Writes are batched per request: the client's message and the answer's
+// events are buffered and written in batches (one item per batch, at most
+// FlushBytes or FlushInterval old; the first, which holds the message, at
+// most FirstFlush old), and the last batch, with the terminal event and
+// the outcome, is written before the terminal event reaches anyone. A
+// short answer so costs one write, whatever its number of events. Nothing
+// of a request is shown before its message is stored.
 //
 // While a request is answered, its Recording also serves the live side:
 // subscribers (the caller, a client replaying it or watching its thread)
@@ -53,6 +54,7 @@ var (
 const (
 	DefaultFlushInterval = time.Second
 	DefaultFlushBytes    = 64 << 10
+	DefaultFirstFlush    = 50 * time.Millisecond
 )
 
 // Options tune a Store.
@@ -66,6 +68,10 @@ type Options struct {
 	// FlushBytes bounds how many bytes of events wait in memory before
 	// they are written; 0 means DefaultFlushBytes.
 	FlushBytes int
+	// FirstFlush bounds how long the client's message waits in memory
+	// for the answer, to be written with it; 0 means DefaultFirstFlush.
+	// Its client is shown nothing before, so it is kept short.
+	FirstFlush time.Duration
 	// Now is the clock; time.Now when nil.
 	Now func() time.Time
 	// Logger receives what no caller can be told.
@@ -95,6 +101,9 @@ func New(st store.Store, opts Options) *Store {
 	if opts.FlushBytes <= 0 {
 		opts.FlushBytes = DefaultFlushBytes
 	}
+	if opts.FirstFlush <= 0 {
+		opts.FirstFlush = min(DefaultFirstFlush, opts.FlushInterval)
+	}
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}
@@ -107,6 +116,10 @@ func New(st store.Store, opts Options) *Store {
 // FlushInterval is how long an event may wait in memory before it is
 // written; a recorder flushes at least this often.
 func (s *Store) FlushInterval() time.Duration { return s.opts.FlushInterval }
+
+// FirstFlush is how long a request's client message may wait in memory
+// for the answer: a recorder flushes that long after Begin.
+func (s *Store) FirstFlush() time.Duration { return s.opts.FirstFlush }
 
 func (s *Store) now() time.Time { return s.opts.Now() }
 

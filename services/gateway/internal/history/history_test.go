@@ -100,22 +100,22 @@ func exchange(t *testing.T, h *history.Store, thread, requestID, content string,
 	if err := h.Join(ctx, thread, "client-a", "agent-1"); err != nil {
 		t.Fatal(err)
 	}
-	rec, err := h.Begin(ctx, history.Exchange{ThreadID: thread, RequestID: requestID, AgentID: "agent-1", ClientID: "client-a", Sender: "ann", Content: content})
+	rec, err := h.Begin(history.Exchange{ThreadID: thread, RequestID: requestID, AgentID: "agent-1", ClientID: "client-a", Sender: "ann", Content: content})
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, s := range texts {
-		if err := rec.Append(ctx, text(s), false); err != nil {
+		if _, err := rec.Append(ctx, text(s), false); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if err := rec.End(ctx, done(content), doneOutcome); err != nil {
+	if _, err := rec.End(ctx, done(content), doneOutcome); err != nil {
 		t.Fatal(err)
 	}
 	return rec
 }
 
-func TestExchangeIsStoredInTwoWrites(t *testing.T) {
+func TestExchangeIsStoredInOneWrite(t *testing.T) {
 	eachStore(t, func(t *testing.T, st *countingStore) {
 		h := history.New(st, history.Options{TTL: time.Hour})
 		ctx := context.Background()
@@ -123,27 +123,27 @@ func TestExchangeIsStoredInTwoWrites(t *testing.T) {
 			t.Fatal(err)
 		}
 		before := st.writes.Load()
-		rec, err := h.Begin(ctx, history.Exchange{ThreadID: "th-1", RequestID: "gw.1", AgentID: "agent-1", ClientID: "client-a",
+		rec, err := h.Begin(history.Exchange{ThreadID: "th-1", RequestID: "gw.1", AgentID: "agent-1", ClientID: "client-a",
 			Sender: "ann", Content: "hello", Attachments: []*covenpb.FileAttachment{{Filename: "a.txt", MimeType: "text/plain", Data: []byte("abc")}}})
 		if err != nil {
 			t.Fatal(err)
 		}
-		if n := st.writes.Load() - before; n != 1 {
-			t.Fatalf("the client's message took %d writes, want 1", n)
-		}
 		for i := range 100 {
-			if err := rec.Append(ctx, text(fmt.Sprint("t", i)), false); err != nil {
+			if _, err := rec.Append(ctx, text(fmt.Sprint("t", i)), false); err != nil {
 				t.Fatal(err)
 			}
 		}
-		if err := rec.Append(ctx, &covenpb.MessageResponse{Event: &covenpb.MessageResponse_File{File: &covenpb.FileData{Filename: "out.bin", MimeType: "application/octet-stream", Data: make([]byte, 1000)}}}, false); err != nil {
+		if _, err := rec.Append(ctx, &covenpb.MessageResponse{Event: &covenpb.MessageResponse_File{File: &covenpb.FileData{Filename: "out.bin", MimeType: "application/octet-stream", Data: make([]byte, 1000)}}}, false); err != nil {
 			t.Fatal(err)
 		}
-		if err := rec.End(ctx, done("hello"), doneOutcome); err != nil {
+		if n := st.writes.Load() - before; n != 0 || rec.Stored() {
+			t.Fatalf("before the end: %d writes, message stored %v; want none", n, rec.Stored())
+		}
+		if _, err := rec.End(ctx, done("hello"), doneOutcome); err != nil {
 			t.Fatal(err)
 		}
-		if n := st.writes.Load() - before; n != 2 {
-			t.Fatalf("a message and 103 entries of its answer took %d writes, want 2", n)
+		if n := st.writes.Load() - before; n != 1 {
+			t.Fatalf("a message and 103 entries of its answer took %d writes, want 1", n)
 		}
 		if h.Live("gw.1") != nil {
 			t.Fatal("an ended recording is still live")
@@ -277,6 +277,38 @@ func indexOf(es []*gatewayv1.ThreadEntry, e *gatewayv1.ThreadEntry) int {
 	return -1
 }
 
+func TestLargeBatchIsSplitIntoItems(t *testing.T) {
+	eachStore(t, func(t *testing.T, st *countingStore) {
+		// Nothing is written before the end: one batch of 1 MB, which
+		// takes items of at most 380 KB, whole entries each.
+		h := history.New(st, history.Options{FlushBytes: 4 << 20})
+		var texts []string
+		for i := range 10 {
+			texts = append(texts, fmt.Sprint(i)+strings.Repeat("x", 100_000))
+		}
+		if err := h.Join(context.Background(), "th-batch", "client-a", "agent-1"); err != nil {
+			t.Fatal(err)
+		}
+		before := st.writes.Load()
+		exchange(t, h, "th-batch", "gw.batch", "q", texts...)
+		if n := st.writes.Load() - before; n != 4 {
+			t.Fatalf("1 MB of entries took %d writes, want 4 items", n)
+		}
+		entries, _, err := h.Entries(context.Background(), "th-batch", "", 100)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := []string{"message:q"}
+		for _, s := range texts {
+			want = append(want, "text:"+s)
+		}
+		want = append(want, "done:q", "outcome:ENDING_DONE")
+		if got := describeAll(entries); got != strings.Join(want, "|") {
+			t.Fatalf("%d entries, want %d", len(entries), len(want))
+		}
+	})
+}
+
 func TestSubscribersGetMissedEntriesThenLive(t *testing.T) {
 	eachStore(t, func(t *testing.T, st *countingStore) {
 		// Every entry is written at once, and memory keeps none that every
@@ -286,7 +318,7 @@ func TestSubscribersGetMissedEntriesThenLive(t *testing.T) {
 		if err := h.Join(ctx, "th-live", "client-a", "agent-1"); err != nil {
 			t.Fatal(err)
 		}
-		rec, err := h.Begin(ctx, history.Exchange{ThreadID: "th-live", RequestID: "gw.live", AgentID: "agent-1", ClientID: "client-a", Content: "q"})
+		rec, err := h.Begin(history.Exchange{ThreadID: "th-live", RequestID: "gw.live", AgentID: "agent-1", ClientID: "client-a", Content: "q"})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -295,7 +327,7 @@ func TestSubscribersGetMissedEntriesThenLive(t *testing.T) {
 		}
 		first := rec.Subscribe(0)
 		for i := range 5 {
-			if err := rec.Append(ctx, text(fmt.Sprint("early", i)), false); err != nil {
+			if _, err := rec.Append(ctx, text(fmt.Sprint("early", i)), false); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -313,8 +345,8 @@ func TestSubscribersGetMissedEntriesThenLive(t *testing.T) {
 			t.Fatalf("late subscriber, missed part: %s %v", describeAll(got), err)
 		}
 		go func() {
-			_ = rec.Append(ctx, text("live"), false)
-			_ = rec.End(ctx, done("q"), doneOutcome)
+			_, _ = rec.Append(ctx, text("live"), false)
+			_, _ = rec.End(ctx, done("q"), doneOutcome)
 		}()
 		var rest []*gatewayv1.ThreadEntry
 		for {
@@ -354,18 +386,21 @@ func TestEndIsShownOnlyOnceStored(t *testing.T) {
 		if err := h.Join(ctx, "th-fail", "client-a", "agent-1"); err != nil {
 			t.Fatal(err)
 		}
-		rec, err := h.Begin(ctx, history.Exchange{ThreadID: "th-fail", RequestID: "gw.fail", AgentID: "agent-1", ClientID: "client-a", Content: "q"})
+		rec, err := h.Begin(history.Exchange{ThreadID: "th-fail", RequestID: "gw.fail", AgentID: "agent-1", ClientID: "client-a", Content: "q"})
 		if err != nil {
 			t.Fatal(err)
 		}
 		sub := rec.Subscribe(1)
-		if err := rec.Append(ctx, text("a"), false); err != nil {
+		if _, err := rec.Append(ctx, text("a"), false); err != nil {
+			t.Fatal(err)
+		}
+		if err := rec.Flush(ctx); err != nil {
 			t.Fatal(err)
 		}
 		fs.failing.Store(true)
 		endCtx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
 		defer cancel()
-		if err := rec.End(endCtx, done("q"), doneOutcome); err == nil {
+		if _, err := rec.End(endCtx, done("q"), doneOutcome); err == nil {
 			t.Fatal("End succeeded on a failing store")
 		}
 		var got []*gatewayv1.ThreadEntry
@@ -381,6 +416,81 @@ func TestEndIsShownOnlyOnceStored(t *testing.T) {
 		}
 		if describeAll(got) != "text:a" {
 			t.Fatalf("the subscriber saw %s before the error; the end was never stored", describeAll(got))
+		}
+	})
+}
+
+func TestNothingIsShownBeforeTheMessageIsStored(t *testing.T) {
+	eachStore(t, func(t *testing.T, st *countingStore) {
+		fs := &failingStore{Store: st}
+		h := history.New(fs, history.Options{})
+		ctx := context.Background()
+		for _, tc := range []struct {
+			name      string
+			recovers  bool // the store comes back before the end
+			wantShown string
+		}{
+			{"the store comes back", true, "message:q|text:a|text:b|done:q|outcome:ENDING_DONE"},
+			{"the store stays down", false, ""},
+		} {
+			t.Run(tc.name, func(t *testing.T) {
+				thread := "th-held-" + fmt.Sprint(tc.recovers)
+				fs.failing.Store(false)
+				if err := h.Join(ctx, thread, "client-a", "agent-1"); err != nil {
+					t.Fatal(err)
+				}
+				fs.failing.Store(true)
+				rec, err := h.Begin(history.Exchange{ThreadID: thread, RequestID: "gw.held", AgentID: "agent-1", ClientID: "client-a", Content: "q"})
+				if err != nil {
+					t.Fatal(err)
+				}
+				sub := rec.Subscribe(0)
+				defer sub.Close()
+				if _, err := rec.Append(ctx, text("a"), false); err != nil {
+					t.Fatal(err)
+				}
+				if err := rec.Flush(ctx); err == nil || rec.Stored() {
+					t.Fatalf("the first write succeeded on a failing store: %v", err)
+				}
+				// Nothing is shown while the message is not stored.
+				waitCtx, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+				got, err := sub.Next(waitCtx)
+				cancel()
+				if !errors.Is(err, context.DeadlineExceeded) {
+					t.Fatalf("before the message is stored, a subscriber got %s, %v; want to wait for it", describeAll(got), err)
+				}
+				if _, err := rec.Append(ctx, text("b"), false); err != nil {
+					t.Fatal(err)
+				}
+				fs.failing.Store(!tc.recovers)
+				endCtx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+				defer cancel()
+				if _, err := rec.End(endCtx, done("q"), doneOutcome); (err == nil) != tc.recovers {
+					t.Fatalf("End: %v", err)
+				}
+				var shown []*gatewayv1.ThreadEntry
+				for {
+					es, err := sub.Next(ctx)
+					if errors.Is(err, io.EOF) {
+						break
+					}
+					if err != nil {
+						if tc.recovers {
+							t.Fatal(err)
+						}
+						break
+					}
+					shown = append(shown, es...)
+				}
+				if describeAll(shown) != tc.wantShown {
+					t.Fatalf("shown %q, want %q", describeAll(shown), tc.wantShown)
+				}
+				fs.failing.Store(false)
+				stored, _, err := h.Entries(ctx, thread, "", 100)
+				if err != nil || describeAll(stored) != tc.wantShown {
+					t.Fatalf("stored %q (%v), want %q", describeAll(stored), err, tc.wantShown)
+				}
+			})
 		}
 	})
 }

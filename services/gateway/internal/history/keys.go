@@ -52,15 +52,27 @@ type entryKey struct {
 }
 
 // String is the entry id. It is made for every event a gateway relays
-// with history on, so it is built in one allocation, without fmt.
+// with history on, so it is built in one allocation (the string's), on
+// the stack, without fmt.
 func (k entryKey) String() string {
-	b := make([]byte, 0, 13+1+len(k.requestID)+1+8)
-	b = appendRequestPrefix(b, k.ms, k.requestID)
-	return string(appendSeq(b, k.seq))
+	var buf [96]byte
+	return string(k.appendTo(buf[:0]))
+}
+
+// appendTo appends the entry id.
+func (k entryKey) appendTo(b []byte) []byte {
+	return appendSeq(appendRequestPrefix(b, k.ms, k.requestID), k.seq)
+}
+
+// entrySK is the sort key of the item whose (first) entry is at k.
+func entrySK(k entryKey) string {
+	var buf [96]byte
+	return string(k.appendTo(append(buf[:0], entryPrefix...)))
 }
 
 func requestPrefix(ms int64, requestID string) string {
-	return string(appendRequestPrefix(make([]byte, 0, 13+1+len(requestID)+1), ms, requestID))
+	var buf [96]byte
+	return string(appendRequestPrefix(buf[:0], ms, requestID))
 }
 
 // appendRequestPrefix appends "<13-digit ms>.<request_id>/".
@@ -164,21 +176,16 @@ func parseIndexSK(sk string) (int64, string, bool) {
 }
 
 // appendEntry appends one stored entry: its length, then the ThreadEntry
-// with only what the key does not say (time, payload, file). It sizes the
-// entry once and marshals it in place.
+// as e holds it, which is only what the key does not say (time, payload,
+// file: its ids are set once it is encoded). It sizes the entry once and
+// marshals it in place. An event's file is stored without its data.
 func appendEntry(b []byte, e *gatewayv1.ThreadEntry) []byte {
-	stored := &gatewayv1.ThreadEntry{Time: e.GetTime(), File: e.GetFile()}
-	switch x := e.GetEntry().(type) {
-	case *gatewayv1.ThreadEntry_Message:
-		stored.Entry = x
-	case *gatewayv1.ThreadEntry_Event:
-		stored.Entry = &gatewayv1.ThreadEntry_Event{Event: withoutFileData(x.Event)}
-	case *gatewayv1.ThreadEntry_Outcome:
-		stored.Entry = x
+	if ev := e.GetEvent(); len(ev.GetFile().GetData()) > 0 {
+		e = &gatewayv1.ThreadEntry{Time: e.GetTime(), File: e.GetFile(), Entry: &gatewayv1.ThreadEntry_Event{Event: withoutFileData(ev)}}
 	}
-	n := proto.Size(stored)
+	n := proto.Size(e)
 	b = binary.AppendUvarint(slices.Grow(b, binary.MaxVarintLen32+n), uint64(n))
-	b, _ = proto.MarshalOptions{UseCachedSize: true}.MarshalAppend(b, stored)
+	b, _ = proto.MarshalOptions{UseCachedSize: true}.MarshalAppend(b, e)
 	return b
 }
 

@@ -3,6 +3,7 @@ package history
 import (
 	"fmt"
 	"math"
+	"strings"
 	"testing"
 )
 
@@ -18,10 +19,14 @@ func TestKeysAsFmtWouldPrintThem(t *testing.T) {
 		{1767225600000, "gw-1.0123456789abcdef01234567", 7},
 		{9999999999999, "x", math.MaxUint32},
 		{12345678901234, "longer-than-13-digits", 0xabc},
+		{1, strings.Repeat("r", 120), 1}, // longer than the stack buffer
 	} {
 		k := entryKey{ms: tc.ms, requestID: tc.req, seq: tc.seq}
 		if got, want := k.String(), fmt.Sprintf("%013d.%s/%08x", tc.ms, tc.req, tc.seq); got != want {
 			t.Errorf("entryKey%+v.String() = %q, want %q", tc, got, want)
+		}
+		if got, want := entrySK(k), fmt.Sprintf("e/%013d.%s/%08x", tc.ms, tc.req, tc.seq); got != want {
+			t.Errorf("entrySK(%+v) = %q, want %q", tc, got, want)
 		}
 		if got, want := requestPrefix(tc.ms, tc.req), fmt.Sprintf("%013d.%s/", tc.ms, tc.req); got != want {
 			t.Errorf("requestPrefix(%d, %q) = %q, want %q", tc.ms, tc.req, got, want)

@@ -2,6 +2,7 @@ package history
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -47,54 +48,68 @@ const maxWindowBytes = 1 << 20
 // Recording is one request's exchange while this replica answers it: it
 // batches the entries' writes, and serves them to subscribers.
 //
-// Append, Flush and End are called by one goroutine, the request's
-// recorder; subscribers call Subscribe and their Subscription's methods.
+// Append, Flush, End, Stored, Pending and SetAttached are called by one
+// goroutine at a time, the request's recorder; subscribers call Subscribe
+// and their Subscription's methods.
 type Recording struct {
 	s                                   *Store
 	threadID, requestID, agentID, owner string
 	ms                                  int64
 
-	// pending and pendingBytes are the recorder's own.
-	pending      [][]byte // encoded entries from seq flushedTo on
-	pendingBytes int
+	// next, pending, pendingN and stored are the recorder's own;
+	// flushedTo is written by the recorder only.
+	next     uint32 // seq of the next entry
+	pending  []byte // the encoded entries from seq flushedTo on, in a row
+	pendingN uint32 // how many pending holds
+	stored   bool   // the client's message is stored
 
 	mu          sync.Mutex
-	next        uint32 // seq of the next entry
 	flushedTo   uint32 // entries before it are stored
-	window      []*gatewayv1.ThreadEntry
-	windowSizes []int  // memSize of each entry of window
+	window      []windowEntry
 	windowStart uint32 // seq of window[0]
 	windowBytes int
-	subs        map[*Subscription]struct{}
+	subs        map[*Subscription]struct{} // made by the first Subscribe
+	attached    bool                       // the recorder relays the answer to its own client
 	ended       bool
 	endErr      error
 }
 
-// Begin records ex's client message, before the request is sent to the
-// agent, and returns the recording of the answer. The message is stored
-// when Begin returns.
-func (s *Store) Begin(ctx context.Context, ex Exchange) (*Recording, error) {
+// windowEntry is an entry kept in memory, and about what it takes there.
+type windowEntry struct {
+	e    *gatewayv1.ThreadEntry
+	size int
+}
+
+const (
+	// pendingCap is what a recording's batch buffer starts with: a short
+	// exchange's entries, so that they are encoded into it without it
+	// growing.
+	pendingCap = 2 << 10
+	// windowCap is how many entries a window starts with room for.
+	windowCap = 16
+)
+
+// Begin starts the recording of ex: its client message, and then the
+// answer. Nothing is written yet: the message is written with the first
+// batch of the answer (by Flush or End), and until it is stored no
+// subscriber is shown anything of the request, nor should its client be
+// (Stored says when): a client is never told of a message that a replica
+// dying at that moment would lose.
+func (s *Store) Begin(ex Exchange) (*Recording, error) {
 	now := ex.Start
 	if now.IsZero() {
 		now = s.now()
 	}
-	r := &Recording{s: s, threadID: ex.ThreadID, requestID: ex.RequestID, agentID: ex.AgentID, owner: ex.ClientID,
-		ms: now.UnixMilli(), subs: map[*Subscription]struct{}{}}
-	msg := r.entry(0, now)
-	msg.Entry = &gatewayv1.ThreadEntry_Message{Message: &gatewayv1.ClientMessage{
+	r := &Recording{s: s, threadID: ex.ThreadID, requestID: ex.RequestID, agentID: ex.AgentID, owner: ex.ClientID, ms: now.UnixMilli()}
+	msg := &gatewayv1.ThreadEntry{Time: timestamppb.New(now), Entry: &gatewayv1.ThreadEntry_Message{Message: &gatewayv1.ClientMessage{
 		Sender: ex.Sender, Content: ex.Content, Attachments: AttachmentRefs(ex.Attachments), ClientId: ex.ClientID,
-	}}
-	enc := appendEntry(nil, msg)
-	items, err := r.items(0, [][]byte{enc}, now)
-	if err != nil {
-		return nil, err
+	}}}
+	size := r.record(msg)
+	if len(r.pending) > maxParts*dataCap {
+		return nil, fmt.Errorf("history: a message of %d bytes is larger than the history keeps", len(r.pending))
 	}
-	if err := s.write(ctx, items); err != nil {
-		return nil, err
-	}
-	r.next, r.flushedTo = 1, 1
-	size := memSize(msg, enc)
-	r.window, r.windowSizes, r.windowBytes = []*gatewayv1.ThreadEntry{msg}, []int{size}, size
+	r.window = append(make([]windowEntry, 0, windowCap), windowEntry{msg, size})
+	r.windowBytes = size
 	s.mu.Lock()
 	s.live[ex.RequestID] = r
 	s.mu.Unlock()
@@ -125,18 +140,39 @@ func (r *Recording) Message() EntryRef {
 // ThreadID is the request's thread.
 func (r *Recording) ThreadID() string { return r.threadID }
 
-func (r *Recording) entry(seq uint32, at time.Time) *gatewayv1.ThreadEntry {
-	return &gatewayv1.ThreadEntry{
-		EntryId: entryKey{ms: r.ms, requestID: r.requestID, seq: seq}.String(), ThreadId: r.threadID,
-		RequestId: r.requestID, AgentId: r.agentID, Time: timestamppb.New(at),
+// record makes e, which holds only what is stored (time, payload, file),
+// the next entry: it encodes it onto pending, then sets its ids. It
+// returns about what e takes in memory: its encoding, and an event's file
+// data, which the encoding leaves out.
+func (r *Recording) record(e *gatewayv1.ThreadEntry) int {
+	if r.pending == nil {
+		r.pending = make([]byte, 0, pendingCap)
 	}
+	n := len(r.pending)
+	r.pending = appendEntry(r.pending, e)
+	r.pendingN++
+	e.EntryId = entryKey{ms: r.ms, requestID: r.requestID, seq: r.next}.String()
+	e.ThreadId, e.RequestId, e.AgentId = r.threadID, r.requestID, r.agentID
+	r.next++
+	return len(r.pending) - n + len(e.GetEvent().GetFile().GetData())
 }
 
-// eventEntry is ev as an entry: whole, for subscribers (the store keeps a
+// eventParts are an event entry's parts, allocated together: one
+// allocation per event relayed instead of three.
+type eventParts struct {
+	e    gatewayv1.ThreadEntry
+	ev   gatewayv1.ThreadEntry_Event
+	time timestamppb.Timestamp
+}
+
+// eventEntry is ev as an entry, whole: for subscribers (the store keeps a
 // file without its data, see appendEntry).
-func (r *Recording) eventEntry(seq uint32, ev *covenpb.MessageResponse, at time.Time) *gatewayv1.ThreadEntry {
-	e := r.entry(seq, at)
-	e.Entry = &gatewayv1.ThreadEntry_Event{Event: ev}
+func eventEntry(ev *covenpb.MessageResponse, at time.Time) *gatewayv1.ThreadEntry {
+	p := &eventParts{}
+	p.time.Seconds, p.time.Nanos = at.Unix(), int32(at.Nanosecond())
+	p.ev.Event = ev
+	e := &p.e
+	e.Time, e.Entry = &p.time, &p.ev
 	if f := ev.GetFile(); f != nil {
 		e.File = fileRef(f.GetFilename(), f.GetMimeType(), f.GetData())
 	}
@@ -154,39 +190,33 @@ func withoutFileData(ev *covenpb.MessageResponse) *covenpb.MessageResponse {
 	return c
 }
 
-// Append records one event of the answer that does not end it. It is
-// written with the next batch: once FlushBytes wait, Append writes them.
-// more says that another event follows at once: subscribers are woken
-// with that one, so that a burst of events wakes them once, not per event.
-func (r *Recording) Append(ctx context.Context, ev *covenpb.MessageResponse, more bool) error {
-	// The recorder is the only writer of r.next: it may read it unlocked,
-	// and build and encode the entry before taking the lock.
-	e := r.eventEntry(r.next, ev, r.s.now())
-	enc := appendEntry(nil, e)
+// Append records one event of the answer that does not end it, and
+// returns its entry. It is written with the next batch: once FlushBytes
+// wait, Append writes them. more says that another event follows at once:
+// subscribers are woken with that one, so that a burst of events wakes
+// them once, not per event.
+func (r *Recording) Append(ctx context.Context, ev *covenpb.MessageResponse, more bool) (*gatewayv1.ThreadEntry, error) {
+	e := eventEntry(ev, r.s.now())
+	size := r.record(e)
 	r.mu.Lock()
-	r.next++
-	r.push(e, memSize(e, enc))
+	r.push(e, size)
 	if !more {
 		r.signal()
 	}
 	r.mu.Unlock()
-	r.pending = append(r.pending, enc)
-	r.pendingBytes += len(enc)
-	if r.pendingBytes >= r.s.opts.FlushBytes {
-		return r.Flush(ctx)
+	if len(r.pending) >= r.s.opts.FlushBytes {
+		return e, r.Flush(ctx)
 	}
-	return nil
+	return e, nil
 }
 
 // Flush writes the entries that wait in memory, in one item (or a few,
 // past dataCap).
 func (r *Recording) Flush(ctx context.Context) error {
-	if len(r.pending) == 0 {
+	if r.pendingN == 0 {
 		return nil
 	}
-	r.mu.Lock()
-	first := r.flushedTo
-	r.mu.Unlock()
+	first := r.flushedTo // written by the recorder only
 	items, err := r.items(first, r.pending, r.s.now())
 	if err != nil {
 		return err
@@ -194,53 +224,62 @@ func (r *Recording) Flush(ctx context.Context) error {
 	if err := r.s.write(ctx, items); err != nil {
 		return err
 	}
-	n := uint32(len(r.pending))
-	r.pending, r.pendingBytes = nil, 0
+	n := r.pendingN
+	r.pending, r.pendingN, r.stored = nil, 0, true
 	r.mu.Lock()
 	r.flushedTo = first + n
 	r.trim()
+	if first == 0 {
+		// The message is stored: subscribers may be shown what waited.
+		r.signal()
+	}
 	r.mu.Unlock()
 	return nil
 }
 
+// Stored reports whether the client's message is stored: before, the
+// request's own client is shown nothing of it either.
+func (r *Recording) Stored() bool { return r.stored }
+
+// SetAttached says whether the recorder relays the answer to its own
+// client, which so follows the request without a subscription.
+func (r *Recording) SetAttached(attached bool) {
+	r.mu.Lock()
+	r.attached = attached
+	r.mu.Unlock()
+}
+
 // End records how the request ended: the agent's terminal event, when it
-// sent one, and the outcome. They are written with everything still
-// waiting, retried until ctx ends, and shown to subscribers only once
+// sent one, and the outcome, and returns their entries. They are written
+// with everything still waiting (the client's message too, for a short
+// answer), retried until ctx ends, and shown to subscribers only once
 // stored: a client told the request ended can read it back, on any
 // replica. When they cannot be stored, subscribers get the error instead.
-func (r *Recording) End(ctx context.Context, terminal *covenpb.MessageResponse, outcome *gatewayv1.Outcome) error {
+func (r *Recording) End(ctx context.Context, terminal *covenpb.MessageResponse, outcome *gatewayv1.Outcome) ([]*gatewayv1.ThreadEntry, error) {
 	defer r.s.forget(r)
 	now := r.s.now()
-	r.mu.Lock()
-	var last []*gatewayv1.ThreadEntry
+	var last []windowEntry
 	if terminal != nil {
-		last = append(last, r.eventEntry(r.next, terminal, now))
-		r.next++
+		e := eventEntry(terminal, now)
+		last = append(make([]windowEntry, 0, 2), windowEntry{e, r.record(e)})
 	}
-	o := r.entry(r.next, now)
-	o.Entry = &gatewayv1.ThreadEntry_Outcome{Outcome: outcome}
-	last = append(last, o)
-	r.next++
-	r.mu.Unlock()
-	encs := make([][]byte, len(last))
-	for i, e := range last {
-		encs[i] = appendEntry(nil, e)
-		r.pending = append(r.pending, encs[i])
-		r.pendingBytes += len(encs[i])
-	}
+	o := &gatewayv1.ThreadEntry{Time: timestamppb.New(now), Entry: &gatewayv1.ThreadEntry_Outcome{Outcome: outcome}}
+	last = append(last, windowEntry{o, r.record(o)})
 	err := r.flushRetrying(ctx)
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if err == nil {
-		for i, e := range last {
-			r.push(e, memSize(e, encs[i]))
-		}
-	} else {
-		r.endErr = err
-	}
 	r.ended = true
 	r.signal()
-	return err
+	if err != nil {
+		r.endErr = err
+		return nil, err
+	}
+	entries := make([]*gatewayv1.ThreadEntry, len(last))
+	for i, w := range last {
+		r.push(w.e, w.size)
+		entries[i] = w.e
+	}
+	return entries, nil
 }
 
 // flushRetrying flushes, retrying with backoff until ctx ends.
@@ -260,61 +299,61 @@ func (r *Recording) flushRetrying(ctx context.Context) error {
 	}
 }
 
-// Discard removes the client message of a request that was never sent,
-// best effort, and forgets the recording.
-func (r *Recording) Discard(ctx context.Context) error {
-	r.s.forget(r)
-	return r.s.st.Delete(ctx, Table.Name, store.Key{PK: threadPK(r.threadID), SK: entryPrefix + r.Message().String()})
-}
+// Discard forgets the recording of a request that was never sent: none of
+// it was written.
+func (r *Recording) Discard() { r.s.forget(r) }
 
-// items packs encoded entries, the first with sequence number first, into
-// items of at most dataCap bytes; an entry larger than that takes items of
-// its own (a head and continuation parts).
-func (r *Recording) items(first uint32, encoded [][]byte, now time.Time) ([]store.Item, error) {
-	var items []store.Item
+// items packs the encoded entries in buf, the first with sequence number
+// first, into items of at most dataCap bytes, each a part of buf; an
+// entry larger than that takes items of its own (a head and continuation
+// parts).
+func (r *Recording) items(first uint32, buf []byte, now time.Time) ([]store.Item, error) {
 	item := func(seq uint32, data []byte) store.Item {
 		return store.Item{
-			Key:       store.Key{PK: threadPK(r.threadID), SK: entryPrefix + entryKey{ms: r.ms, requestID: r.requestID, seq: seq}.String()},
+			Key:       store.Key{PK: threadPK(r.threadID), SK: entrySK(entryKey{ms: r.ms, requestID: r.requestID, seq: seq})},
 			Data:      data,
 			Attrs:     map[string]string{"client": r.owner, "agent": r.agentID},
 			ExpiresAt: r.s.expiry(now),
 		}
 	}
-	var cur []byte
-	var curFirst uint32
-	closeCur := func() {
-		if len(cur) > 0 {
-			items = append(items, item(curFirst, cur))
-			cur = nil
-		}
+	if len(buf) <= dataCap {
+		return []store.Item{item(first, buf)}, nil
 	}
-	for i, enc := range encoded {
-		seq := first + uint32(i)
-		if len(enc) > dataCap {
-			closeCur()
-			n := (len(enc) + dataCap - 1) / dataCap
-			if n > maxParts {
-				return nil, fmt.Errorf("history: an entry of %d bytes is larger than the history keeps", len(enc))
+	var items []store.Item
+	start, startSeq := 0, first // the entries of the next item: buf[start:off]
+	for off, seq := 0, first; off < len(buf); seq++ {
+		n, w := binary.Uvarint(buf[off:])
+		if w <= 0 || n > uint64(len(buf)-off-w) {
+			return nil, errors.New("history: corrupt pending entries")
+		}
+		end := off + w + int(n)
+		switch {
+		case end-off > dataCap:
+			if off > start {
+				items = append(items, item(startSeq, buf[start:off]))
 			}
-			head := item(seq, enc[:dataCap])
-			head.Attrs["parts"] = strconv.Itoa(n)
+			parts := (end - off + dataCap - 1) / dataCap
+			if parts > maxParts {
+				return nil, fmt.Errorf("history: an entry of %d bytes is larger than the history keeps", end-off)
+			}
+			head := item(seq, buf[off:off+dataCap])
+			head.Attrs["parts"] = strconv.Itoa(parts)
 			items = append(items, head)
-			for p := 1; p < n; p++ {
-				part := item(seq, enc[p*dataCap:min((p+1)*dataCap, len(enc))])
+			for p := 1; p < parts; p++ {
+				part := item(seq, buf[off+p*dataCap:min(off+(p+1)*dataCap, end)])
 				part.SK = partSK(head.SK, p)
 				items = append(items, part)
 			}
-			continue
+			start, startSeq = end, seq+1
+		case end-start > dataCap:
+			items = append(items, item(startSeq, buf[start:off]))
+			start, startSeq = off, seq
 		}
-		if len(cur)+len(enc) > dataCap {
-			closeCur()
-		}
-		if len(cur) == 0 {
-			curFirst = seq
-		}
-		cur = append(cur, enc...)
+		off = end
 	}
-	closeCur()
+	if start < len(buf) {
+		items = append(items, item(startSeq, buf[start:]))
+	}
 	return items, nil
 }
 
@@ -356,24 +395,17 @@ func (r *Recording) trim() {
 		}
 	}
 	for r.windowStart < upTo && len(r.window) > 0 {
-		r.windowBytes -= r.windowSizes[0]
-		r.window[0] = nil
-		r.window, r.windowSizes = r.window[1:], r.windowSizes[1:]
+		r.windowBytes -= r.window[0].size
+		r.window[0] = windowEntry{}
+		r.window = r.window[1:]
 		r.windowStart++
 	}
 }
 
 // push adds an entry of size bytes to the window; r.mu is held.
 func (r *Recording) push(e *gatewayv1.ThreadEntry, size int) {
-	r.window = append(r.window, e)
-	r.windowSizes = append(r.windowSizes, size)
+	r.window = append(r.window, windowEntry{e, size})
 	r.windowBytes += size
-}
-
-// memSize is about what e holds in memory: its encoding enc, and an
-// event's file data, which enc leaves out.
-func memSize(e *gatewayv1.ThreadEntry, enc []byte) int {
-	return len(enc) + len(e.GetEvent().GetFile().GetData())
 }
 
 // Subscription reads a recording's entries in order.
@@ -387,20 +419,28 @@ type Subscription struct {
 func (r *Recording) Subscribe(from uint32) *Subscription {
 	sub := &Subscription{r: r, next: from, signal: make(chan struct{}, 1)}
 	r.mu.Lock()
+	if r.subs == nil {
+		r.subs = map[*Subscription]struct{}{}
+	}
 	r.subs[sub] = struct{}{}
 	r.mu.Unlock()
 	return sub
 }
 
-// Subscribers is how many subscriptions are open.
-func (r *Recording) Subscribers() int {
+// Followers is how many clients follow the request: its subscriptions,
+// and the recorder's own client while it is attached.
+func (r *Recording) Followers() int {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return len(r.subs)
+	n := len(r.subs)
+	if r.attached {
+		n++
+	}
+	return n
 }
 
 // Pending is how many bytes of entries wait to be written.
-func (r *Recording) Pending() int { return r.pendingBytes }
+func (r *Recording) Pending() int { return len(r.pending) }
 
 // Close ends the subscription.
 func (sub *Subscription) Close() {
@@ -416,13 +456,17 @@ func (sub *Subscription) Close() {
 var ErrLost = errors.New("history: entries of the request are missing from the store")
 
 // Next returns the entries after those it returned before, waiting for
-// some; io.EOF once the request ended and all were returned, or the error
-// the recording ended with when its end could not be stored.
+// some, and for the client's message to be stored; io.EOF once the
+// request ended and all were returned, or the error the recording ended
+// with when its end could not be stored.
 func (sub *Subscription) Next(ctx context.Context) ([]*gatewayv1.ThreadEntry, error) {
 	r := sub.r
 	for {
 		r.mu.Lock()
 		from, end := sub.next, r.windowStart+uint32(len(r.window))
+		if r.flushedTo == 0 {
+			end = from // nothing is shown before the message is stored
+		}
 		switch {
 		case from < r.windowStart:
 			// Stored, and no longer in memory.
@@ -445,7 +489,10 @@ func (sub *Subscription) Next(ctx context.Context) ([]*gatewayv1.ThreadEntry, er
 			r.mu.Unlock()
 			return entries, nil
 		case from < end:
-			out := append([]*gatewayv1.ThreadEntry(nil), r.window[from-r.windowStart:]...)
+			out := make([]*gatewayv1.ThreadEntry, 0, end-from)
+			for _, w := range r.window[from-r.windowStart:] {
+				out = append(out, w.e)
+			}
 			sub.next = end
 			r.trim()
 			r.mu.Unlock()
