@@ -52,16 +52,7 @@ func envInt(name string, def int) int {
 func BenchmarkRoundTrip(b *testing.B) {
 	for _, start := range []func(*testing.B) *target{startGateway, startRelay} {
 		tg := start(b)
-		b.Cleanup(tg.stop)
-		ctx, cancel := context.WithCancel(context.Background())
-		b.Cleanup(cancel)
-		agentConn := dial(b, tg.addr)
-		b.Cleanup(func() { _ = agentConn.Close() })
-		startAgent(b, ctx, agentConn, "echo")
-		clientConn := dial(b, tg.addr)
-		b.Cleanup(func() { _ = clientConn.Close() })
-		client := gatewayv1.NewGatewayServiceClient(clientConn)
-		callCtx := authed(ctx)
+		callCtx, client := echoClient(b, tg)
 		// Warm both connections before timing.
 		for range 100 {
 			if _, err := send(callCtx, client, "echo", "1"); err != nil {

@@ -2,9 +2,7 @@ package gateway_test
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net"
 	"os"
@@ -242,28 +240,25 @@ func startAgent(b *testing.B, ctx context.Context, conn *grpc.ClientConn, id str
 	}()
 }
 
+// echoClient starts tg's echo agent on a connection of its own and
+// returns a client of tg on another, with the context its calls carry
+// (authorized); all of it, tg too, ends with the benchmark.
+func echoClient(b *testing.B, tg *target) (context.Context, gatewayv1.GatewayServiceClient) {
+	b.Cleanup(tg.stop)
+	ctx, cancel := context.WithCancel(context.Background())
+	b.Cleanup(cancel)
+	agentConn := dial(b, tg.addr)
+	b.Cleanup(func() { _ = agentConn.Close() })
+	startAgent(b, ctx, agentConn, "echo")
+	clientConn := dial(b, tg.addr)
+	b.Cleanup(func() { _ = clientConn.Close() })
+	return authed(ctx), gatewayv1.NewGatewayServiceClient(clientConn)
+}
+
 // send makes one SendMessage call and reads its stream to the end; it
 // returns the number of the agent's events received.
 func send(ctx context.Context, client gatewayv1.GatewayServiceClient, agent, content string) (int, error) {
-	stream, err := client.SendMessage(ctx, &gatewayv1.SendMessageRequest{AgentId: agent, Content: content})
-	if err != nil {
-		return 0, err
-	}
-	n := 0
-	for {
-		m, err := stream.Recv()
-		if errors.Is(err, io.EOF) {
-			return n, nil
-		}
-		if err != nil {
-			return n, err
-		}
-		// The gateway's first response carries only the request_id; the
-		// relay floor sends none, and neither is an agent's event.
-		if m.GetEvent() != nil {
-			n++
-		}
-	}
+	return sendInThread(ctx, client, agent, "", content)
 }
 
 // relay is the floor: the least code that serves GatewayService.SendMessage

@@ -25,7 +25,9 @@ func withHistory(c *service.Config) {
 	c.History, c.HistoryTTL, c.HistoryFlush, c.DetachedTimeout = true, 720*time.Hour, time.Second, 10*time.Minute
 }
 
-// sendInThread is send with a thread_id.
+// sendInThread makes one SendMessage call in thread (none: a new one)
+// and reads its stream to the end; it returns the number of the agent's
+// events received.
 func sendInThread(ctx context.Context, client gatewayv1.GatewayServiceClient, agent, thread, content string) (int, error) {
 	stream, err := client.SendMessage(ctx, &gatewayv1.SendMessageRequest{AgentId: agent, ThreadId: thread, Content: content})
 	if err != nil {
@@ -40,6 +42,8 @@ func sendInThread(ctx context.Context, client gatewayv1.GatewayServiceClient, ag
 		if err != nil {
 			return n, err
 		}
+		// The gateway's first response carries only the request_id; the
+		// relay floor sends none, and neither is an agent's event.
 		if m.GetEvent() != nil {
 			n++
 		}
@@ -158,22 +162,13 @@ func cmpOr(a, b error) error {
 // off as in BenchmarkRoundTrip. It reports each path's p50 and p99.
 func BenchmarkRESTRoundTrip(b *testing.B) {
 	tg := startGateway(b)
-	b.Cleanup(tg.stop)
-	ctx, cancel := context.WithCancel(context.Background())
-	b.Cleanup(cancel)
-	agentConn := dial(b, tg.addr)
-	b.Cleanup(func() { _ = agentConn.Close() })
-	startAgent(b, ctx, agentConn, "echo")
-	clientConn := dial(b, tg.addr)
-	b.Cleanup(func() { _ = clientConn.Close() })
-	client := gatewayv1.NewGatewayServiceClient(clientConn)
-	callCtx := authed(ctx)
+	callCtx, client := echoClient(b, tg)
 
 	hc := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 1}}
 	b.Cleanup(hc.CloseIdleConnections)
 	url := "http://" + tg.http + "/v1/agents/echo/messages"
 	rest := func() (int, error) {
-		req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, strings.NewReader(`{"content":"1"}`))
+		req, err := http.NewRequestWithContext(callCtx, http.MethodPost, url, strings.NewReader(`{"content":"1"}`))
 		if err != nil {
 			return 0, err
 		}

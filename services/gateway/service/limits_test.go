@@ -3,7 +3,6 @@ package service_test
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -146,21 +145,9 @@ type reply struct {
 }
 
 func send(ctx context.Context, client gatewayv1.GatewayServiceClient, req *gatewayv1.SendMessageRequest) reply {
-	var r reply
-	stream, err := client.SendMessage(ctx, req)
-	if err != nil {
-		r.err = err
-		return r
-	}
-	for {
-		m, err := stream.Recv()
-		if errors.Is(err, io.EOF) {
-			return r
-		}
-		if err != nil {
-			r.err = err
-			return r
-		}
+	c := sendCall(ctx, client, req, nil)
+	r := reply{err: c.err}
+	for _, m := range c.responses {
 		r.requestID = m.GetRequestId()
 		switch ev := m.GetEvent(); {
 		case ev == nil:
@@ -173,6 +160,7 @@ func send(ctx context.Context, client gatewayv1.GatewayServiceClient, req *gatew
 			r.events = append(r.events, ev.GetText())
 		}
 	}
+	return r
 }
 
 // TestClientRateLimitOverGRPCAndREST spends a client's burst over gRPC and
