@@ -4,11 +4,9 @@ import (
 	"context"
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
 	"sync"
 	"testing"
-	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -89,20 +87,6 @@ func (ts *testServer) dial(t *testing.T) *grpc.ClientConn {
 	}
 	t.Cleanup(func() { _ = conn.Close() })
 	return conn
-}
-
-// waitClosed returns once addr refuses connections, i.e. the server has
-// started closing its listeners. There is no event to wait on from outside.
-func waitClosed(t *testing.T, addr string) {
-	t.Helper()
-	testenv.Eventually(t, time.Minute, addr+" to refuse connections", func() bool {
-		c, err := net.Dial("tcp", addr)
-		if err != nil {
-			return true
-		}
-		_ = c.Close()
-		return false
-	})
 }
 
 type httpResult struct {

@@ -16,6 +16,8 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"github.com/conclave-ai/conclave/pkg/testenv"
 )
 
 // stopAsync starts the drain and returns Run's eventual result.
@@ -52,7 +54,7 @@ func TestGracefulShutdownDrainsInFlightUnaryHTTP(t *testing.T) {
 
 	<-started
 	stopped := stopAsync(ts)
-	waitClosed(t, ts.HTTPAddr()) // the drain is under way and takes no new connections
+	testenv.AwaitRefused(t, ts.HTTPAddr()) // the drain is under way and takes no new connections
 	close(release)
 
 	if res := <-result; res.err != nil || res.status != http.StatusOK || res.body != "done" {
@@ -90,7 +92,7 @@ func TestGracefulShutdownDrainsInFlightGRPCStream(t *testing.T) {
 
 	<-started
 	stopped := stopAsync(ts)
-	waitClosed(t, ts.GRPCAddr()) // GracefulStop has begun
+	testenv.AwaitRefused(t, ts.GRPCAddr()) // GracefulStop has begun
 	close(release)
 
 	var out wrapperspb.StringValue
@@ -348,7 +350,7 @@ func TestShutdownDrainsDrainedRoutes(t *testing.T) {
 			res.status, res.body, late.Header.Get("Retry-After"))
 	}
 	close(hookDone)
-	waitClosed(t, ts.HTTPAddr()) // the listeners are closed; the drained request still runs
+	testenv.AwaitRefused(t, ts.HTTPAddr()) // the listeners are closed; the drained request still runs
 	close(release)
 
 	if res := <-result; res.err != nil || res.status != http.StatusOK || res.body != "result" {

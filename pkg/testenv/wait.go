@@ -2,6 +2,7 @@ package testenv
 
 import (
 	"fmt"
+	"net"
 	"testing"
 	"time"
 )
@@ -49,4 +50,19 @@ func poll(timeout time.Duration, cond func() error) error {
 		time.Sleep(min(pause, time.Until(deadline)))
 		pause = min(2*pause, 250*time.Millisecond)
 	}
+}
+
+// AwaitRefused returns once addr refuses TCP connections: a server has
+// closed its listeners (a drain is under way, or it stopped). There is no
+// event to wait on from outside the server.
+func AwaitRefused(t testing.TB, addr string) {
+	t.Helper()
+	Eventually(t, time.Minute, addr+" to refuse connections", func() bool {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			return true
+		}
+		_ = c.Close()
+		return false
+	})
 }

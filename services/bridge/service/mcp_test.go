@@ -10,7 +10,6 @@ import (
 	"github.com/conclave-ai/conclave/pkg/testenv"
 	"github.com/conclave-ai/conclave/services/bridge/service"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -700,7 +699,7 @@ func TestShutdownDrainsToolCalls(t *testing.T) {
 
 	stopped := make(chan error, 1)
 	go func() { stopped <- b.shutdown() }()
-	waitRefused(t, strings.TrimPrefix(b.base, "http://"))
+	testenv.AwaitRefused(t, strings.TrimPrefix(b.base, "http://"))
 	if res, err := latecomer.CallTool(context.Background(), &mcp.CallToolParams{Name: "echo", Arguments: map[string]any{}}); err == nil {
 		t.Errorf("a call made during the drain ran: %+v", res)
 	}
@@ -744,19 +743,5 @@ func waitFile(t *testing.T, path string) {
 	testenv.EventuallyNoError(t, time.Minute, path+" to appear", func() error {
 		_, err := os.Stat(path)
 		return err
-	})
-}
-
-// waitRefused returns once addr refuses connections: the drain is under
-// way. There is no event to wait on from outside.
-func waitRefused(t *testing.T, addr string) {
-	t.Helper()
-	testenv.Eventually(t, time.Minute, addr+" to refuse connections", func() bool {
-		c, err := net.Dial("tcp", addr)
-		if err != nil {
-			return true
-		}
-		_ = c.Close()
-		return false
 	})
 }
