@@ -173,12 +173,18 @@ func readHistory(t *testing.T, ctx context.Context, client gatewayv1.GatewayServ
 	}
 }
 
+// historyGateway starts a gateway with history on st, and returns a
+// client of it and the two minutes its test may take.
+func historyGateway(t *testing.T, id string, st store.Store) (context.Context, *grpc.ClientConn, gatewayv1.GatewayServiceClient) {
+	conn, _ := startTuned(t, id, st, withHistory(nil))
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	t.Cleanup(cancel)
+	return ctx, conn, gatewayv1.NewGatewayServiceClient(conn)
+}
+
 func TestThreadsAndHistory(t *testing.T) {
 	eachHistoryStore(t, func(t *testing.T, st store.Store) {
-		conn, _ := startTuned(t, "gw-hist", st, withHistory(nil))
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-		defer cancel()
-		client := gatewayv1.NewGatewayServiceClient(conn)
+		ctx, conn, client := historyGateway(t, "gw-hist", st)
 		startAgent(t, ctx, conn, "hist-agent", false)
 
 		// A message without a thread gets a new one.
@@ -278,10 +284,7 @@ func TestThreadsAndHistory(t *testing.T) {
 // the answer ends.
 func TestMessageIsStoredBeforeItsFirstResponse(t *testing.T) {
 	eachHistoryStore(t, func(t *testing.T, st store.Store) {
-		conn, _ := startTuned(t, "gw-first", st, withHistory(nil))
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-		defer cancel()
-		client := gatewayv1.NewGatewayServiceClient(conn)
+		ctx, conn, client := historyGateway(t, "gw-first", st)
 		startAgent(t, ctx, conn, "quick", false)
 		holding := startAgent(t, ctx, conn, "holding", true)
 		for _, agent := range []string{"quick", "holding"} {
@@ -322,10 +325,7 @@ func TestMessageIsStoredBeforeItsFirstResponse(t *testing.T) {
 
 func TestReplayAndReconnect(t *testing.T) {
 	eachHistoryStore(t, func(t *testing.T, st store.Store) {
-		conn, _ := startTuned(t, "gw-replay", st, withHistory(nil))
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-		defer cancel()
-		client := gatewayv1.NewGatewayServiceClient(conn)
+		ctx, conn, client := historyGateway(t, "gw-replay", st)
 		agent := startAgent(t, ctx, conn, "slow", true)
 
 		// The client leaves mid-answer; the request goes on.
