@@ -25,9 +25,6 @@ import (
 // (a2aRunnerAgent).
 func stepA2A(r *stepRun) {
 	sh := r.sh
-	if !sh.a2a {
-		r.t.Skip("not yet run on this shape")
-	}
 	r.startCovenAgent()
 
 	ctx, root := r.root("step 9: an A2A client asks the coven agent")

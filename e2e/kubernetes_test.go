@@ -129,10 +129,6 @@ func TestKubernetes(t *testing.T) {
 	// entry of the gateway's agent tokens opens (docs/runner.md).
 	runnerGatewayToken := token("gateway-runner")
 	sh.agentsRemote = true
-	// Step 9's A2A client reaches the gateway's HTTP Service through the
-	// same relay as the REST client; the agent cards name that relay's
-	// address, the request's Host (no gateway.settings.publicUrl).
-	sh.a2a = true
 
 	rel, err := kubeenv.NewRelease(ctx, node, kubeRelease, kubeNamespace, dir)
 	if err != nil {
