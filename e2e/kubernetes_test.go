@@ -220,6 +220,11 @@ func TestKubernetes(t *testing.T) {
 // the bus reaches the runner, and its launched agents and the runner the
 // bus, by the addresses the kubelet gives every pod of the namespace
 // (their Services exist before the Deployments: helm creates them first).
+// Each ACP agent type asks a tenth of a core (its Job's request and
+// limit): the node has two, the release's six pods ask 0.8 of them, and
+// the scenario's agents keep their sessions after their steps (five Jobs
+// by step 9's runner agent), so at a quarter each the fifth would stay
+// Pending, Insufficient cpu. The example agent idles between prompts.
 func kubeValues(awsEndpoint, otlpEndpoint, version, librarianURL, bridgeMCP, bridgeToken string) string {
 	return fmt.Sprintf(`backend: aws
 tablePrefix: %[1]s
@@ -264,7 +269,7 @@ runner:
         protocol: acp
         permission: allow
         memory_mb: 128
-        cpu_cores: 0.25
+        cpu_cores: 0.1
         enabled: true
       - id: %[5]s
         image: conclave/acp-agent:%[9]s
@@ -273,7 +278,7 @@ runner:
         permission: allow
         launch_env: [BUB_*]
         memory_mb: 128
-        cpu_cores: 0.25
+        cpu_cores: 0.1
         enabled: true
       - id: %[6]s
         command: [/usr/bin/python3, %[10]s/agents/stdin_agent.py]
@@ -287,7 +292,7 @@ runner:
         protocol: acp
         permission: librarian
         memory_mb: 128
-        cpu_cores: 0.25
+        cpu_cores: 0.1
         enabled: true
       - id: %[13]s
         image: conclave/acp-agent:%[9]s
@@ -297,7 +302,7 @@ runner:
         gateway: true
         env: {ACP_AGENT_MCP_TOKEN: %[17]q}
         memory_mb: 128
-        cpu_cores: 0.25
+        cpu_cores: 0.1
         enabled: true
 console:
   enabled: false

@@ -183,7 +183,6 @@ func TestOneProcess(t *testing.T) {
 		workspace:    project,
 		bridgeMCP:    "http://" + dev.Addr("bridge HTTP") + "/mcp",
 		librarianURL: "http://" + dev.Addr("librarian HTTP"),
-		a2a:          true,
 	}
 	ports := map[string]string{}
 	for row, addr := range dev.Addrs() {

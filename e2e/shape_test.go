@@ -52,8 +52,6 @@ type shape struct {
 	// agentsRemote: the runner's ACP agents run elsewhere (Jobs' pods),
 	// their workspaces out of this host's reach.
 	agentsRemote bool
-	// a2a: step 9 (an A2A client) runs on this shape.
-	a2a bool
 
 	// console is the console's base URL, pointed at the test's Jaeger, and
 	// consoleToken a token to sign in with ("" when the shape runs none).

@@ -82,7 +82,6 @@ func TestSplitProcesses(t *testing.T) {
 		"CONCLAVE_RUNNER_LIBRARIAN_TOKENS="+governedAgentType+"="+runnerLibToken+","+frontDoorAgentType+"="+frontDoorLibToken,
 		fmt.Sprintf("CONCLAVE_RUNNER_BUS_URL=ws://127.0.0.1:%d", busPort), "CONCLAVE_RUNNER_BUS_TOKEN="+runnerBusToken,
 		"CONCLAVE_RUNNER_GATEWAY_ADDR="+sh.gatewayGRPC, "CONCLAVE_RUNNER_GATEWAY_TOKEN="+runnerGatewayToken)
-	sh.a2a = true
 	sh.runnerHTTP = "http://" + rn.HTTPAddr
 	grants, _ := json.Marshal([]map[string]any{{"token": sh.busToken, "publish": []string{"*"}, "subscribe": []string{"*"}, "admin": true},
 		{"token": runnerBusToken, "subscribe": []string{"system:librarian.request.*"}}})
