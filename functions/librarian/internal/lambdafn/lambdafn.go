@@ -38,6 +38,7 @@ type Settings struct {
 	// QueueEndpoint overrides SQS alone, for a local SQS beside a local
 	// DynamoDB on another port.
 	QueueEndpoint string `env:"CONCLAVE_LIBRARIAN_QUEUE_ENDPOINT" help:"override the SQS endpoint only (default: CONCLAVE_AWS_ENDPOINT)"`
+	OTLP          OTLPSettings
 }
 
 // Validate implements config.Validator.
@@ -80,7 +81,7 @@ func Init(ctx context.Context, lookup config.Lookup, stderr io.Writer) (lambdaHa
 		return nil, nil, err
 	}
 	logger := s.Logger(stderr, "librarian")
-	tel, err := newLambdaTelemetry(ctx, s.Common, "conclave-librarian")
+	tel, err := newLambdaTelemetry(ctx, s.Common, s.OTLP, "conclave-librarian")
 	if err != nil {
 		return nil, nil, err
 	}
