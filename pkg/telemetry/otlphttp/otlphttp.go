@@ -10,7 +10,7 @@
 // and writes the field tags itself with protowire.
 //
 // It keeps the SDK exporters' behaviour where it matters: the same request
-// headers, gzip on demand, one deadline per export, retries of 429, 502, 503
+// headers, gzip on demand, one deadline per attempt, retries of 429, 502, 503
 // and 504 (and of temporary network errors) with the SDK's exponential
 // backoff, waiting at least as long as Retry-After asks, for at most a
 // minute, and a bound on the request's size. It reads no environment: the
@@ -229,11 +229,14 @@ func (s *sender) post(ctx context.Context, body []byte) (time.Duration, error) {
 	resp, err := s.client.Do(req)
 	if err != nil {
 		// The client's errors name the URL without its password, never
-		// the headers.
-		if ctx.Err() == nil {
-			return 0, retryable{fmt.Errorf("otlphttp: %w", err)}
+		// the headers. Only a temporary failure is retried, as the SDK
+		// does: a collector that refuses connections fails the export at
+		// once instead of holding a Lambda's flush for a minute.
+		err = fmt.Errorf("otlphttp: %w", err)
+		if ue := (*url.Error)(nil); errors.As(err, &ue) && ue.Temporary() && ctx.Err() == nil {
+			return 0, retryable{err}
 		}
-		return 0, fmt.Errorf("otlphttp: %w", err)
+		return 0, err
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode >= 200 && resp.StatusCode <= 299 {

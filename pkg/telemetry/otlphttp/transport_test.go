@@ -2,8 +2,10 @@ package otlphttp_test
 
 import (
 	"context"
+	"net"
 	"net/http"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -183,5 +185,39 @@ func TestSettings(t *testing.T) {
 	}
 	if err := c.EnvDecode("zstd"); err == nil {
 		t.Error("compression zstd accepted")
+	}
+}
+
+// TestClosedConnectionIsNotRetried: a collector that drops the connection
+// (or is not there) fails the export at once, as with the SDK, rather than
+// retrying until the budget runs out.
+func TestClosedConnectionIsNotRetried(t *testing.T) {
+	t.Parallel()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	var accepted atomic.Int32
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			accepted.Add(1)
+			_ = c.Close()
+		}
+	}()
+	err = export(t, otlphttp.Config{Endpoint: "http://" + l.Addr().String(),
+		Retry: otlphttp.Retry{Initial: time.Millisecond, Max: time.Millisecond, MaxElapsed: 2 * time.Second}})
+	if err == nil {
+		t.Fatal("the export succeeded")
+	}
+	// net/http itself retries an idempotent-looking request once on a
+	// fresh connection it lost before any response; more than that is a
+	// retry of ours.
+	if n := accepted.Load(); n > 2 {
+		t.Errorf("%d connections for one export; want it not retried", n)
 	}
 }
