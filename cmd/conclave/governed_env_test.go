@@ -24,6 +24,7 @@ import (
 	"github.com/conclave-ai/conclave/pkg/config"
 	"github.com/conclave-ai/conclave/pkg/jsonrpc"
 	"github.com/conclave-ai/conclave/pkg/queue"
+	"github.com/conclave-ai/conclave/pkg/storage"
 	"github.com/conclave-ai/conclave/pkg/store"
 	"github.com/conclave-ai/conclave/pkg/telemetry"
 	"github.com/conclave-ai/conclave/pkg/testenv"
@@ -186,12 +187,12 @@ func startGoverned(t *testing.T, o governedOptions) *governedEnv {
 		t.Cleanup(srv.Close)
 		e.storage = config.Storage{Backend: config.BackendAWS, AWSEndpoint: srv.URL, AWSRegion: "us-east-1"}
 	}
-	st, err := store.Open(ctx, e.storage)
+	st, err := storage.OpenStore(ctx, e.storage)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = st.Close() })
-	q, err := queue.Open(ctx, e.storage)
+	q, err := storage.OpenQueue(ctx, e.storage)
 	if err != nil {
 		t.Fatal(err)
 	}

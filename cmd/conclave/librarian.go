@@ -15,6 +15,7 @@ import (
 	librarian "github.com/conclave-ai/conclave/functions/librarian/service"
 	"github.com/conclave-ai/conclave/pkg/config"
 	"github.com/conclave-ai/conclave/pkg/httpclient"
+	"github.com/conclave-ai/conclave/pkg/storage"
 	"github.com/conclave-ai/conclave/pkg/store"
 )
 
@@ -171,7 +172,7 @@ func librarianAdmin(ctx context.Context, cmd string, args []string, lookup confi
 	if err := config.Load(ctx, &cfg, "conclave librarian "+cmd, nil, lookup, stderr); err != nil {
 		return err
 	}
-	st, err := store.Open(ctx, cfg.Storage)
+	st, err := storage.OpenStore(ctx, cfg.Storage)
 	if err != nil {
 		return err
 	}

@@ -1,6 +1,7 @@
 package main_test
 
 import (
+	"compress/gzip"
 	"context"
 	"io"
 	"net/http"
@@ -21,15 +22,33 @@ import (
 
 // otlpReceiver is an OTLP/HTTP endpoint collecting the names of the
 // metrics it is sent, standing in for the collector extension a Lambda
-// exports to.
+// exports to. It refuses a request without its token, and takes gzip.
 type otlpReceiver struct {
 	mu      sync.Mutex
 	metrics map[string]bool
 	changed chan struct{}
+	token   string
+	gzipped bool
 }
 
 func (r *otlpReceiver) ServeHTTP(w http.ResponseWriter, req *http.Request) {
-	body, err := io.ReadAll(req.Body)
+	if req.Header.Get("Authorization") != "Bearer "+r.token {
+		http.Error(w, "no token", http.StatusUnauthorized)
+		return
+	}
+	var in io.Reader = req.Body
+	if req.Header.Get("Content-Encoding") == "gzip" {
+		zr, err := gzip.NewReader(req.Body)
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		in = zr
+		r.mu.Lock()
+		r.gzipped = true
+		r.mu.Unlock()
+	}
+	body, err := io.ReadAll(in)
 	if err != nil {
 		http.Error(w, err.Error(), http.StatusBadRequest)
 		return
@@ -60,6 +79,9 @@ func (r *otlpReceiver) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 func (r *otlpReceiver) has(names []string) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	if !r.gzipped {
+		return false
+	}
 	for _, n := range names {
 		if !r.metrics[n] {
 			return false
@@ -70,7 +92,9 @@ func (r *otlpReceiver) has(names []string) bool {
 
 // TestMetricsOverOTLP: the Lambda has no /metrics to scrape; it pushes
 // every documented librarian metric over OTLP/HTTP (flushed at the end of
-// each invocation, before Lambda could freeze the environment).
+// each invocation, before Lambda could freeze the environment), with the
+// headers and compression of OTEL_EXPORTER_OTLP_HEADERS and
+// OTEL_EXPORTER_OTLP_COMPRESSION.
 func TestMetricsOverOTLP(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs the bootstrap binary against dynalite and fauxqs")
@@ -78,11 +102,12 @@ func TestMetricsOverOTLP(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	recv := &otlpReceiver{metrics: map[string]bool{}, changed: make(chan struct{}, 1)}
+	recv := &otlpReceiver{metrics: map[string]bool{}, changed: make(chan struct{}, 1), token: "otlp token/0123"}
 	collector := httptest.NewServer(recv)
 	defer collector.Close()
 	env, _, _, _ := deployment(t)
 	rt := startFunction(t, append(env, "OTEL_EXPORTER_OTLP_ENDPOINT="+collector.URL,
+		"OTEL_EXPORTER_OTLP_HEADERS=authorization=Bearer%20otlp%20token%2F0123", "OTEL_EXPORTER_OTLP_COMPRESSION=gzip",
 		// No regrowth within the test, however loaded the machine.
 		"CONCLAVE_LIBRARIAN_AUTH_THROTTLE="+strconv.Itoa(auth.ThrottleBurst)+"/1h"))
 	if err := rt.Ready(ctx); err != nil {
@@ -116,7 +141,10 @@ func TestMetricsOverOTLP(t *testing.T) {
 		case <-ctx.Done():
 			recv.mu.Lock()
 			defer recv.mu.Unlock()
-			t.Fatalf("received %v, want %v\n%s", recv.metrics, want, rt.Output())
+			t.Fatalf("received %v (gzipped: %v), want %v\n%s", recv.metrics, recv.gzipped, want, rt.Output())
 		}
+	}
+	if strings.Contains(rt.Output(), recv.token) {
+		t.Errorf("the Lambda's output shows the OTLP token:\n%s", rt.Output())
 	}
 }

@@ -13,6 +13,7 @@ import (
 
 	"github.com/conclave-ai/conclave/pkg/config"
 	"github.com/conclave-ai/conclave/pkg/queue"
+	"github.com/conclave-ai/conclave/pkg/storage"
 	"github.com/conclave-ai/conclave/pkg/store"
 	"github.com/conclave-ai/conclave/pkg/telemetry"
 )
@@ -70,7 +71,7 @@ func Open(ctx context.Context, o Options) (_ *Backends, err error) {
 	}
 	b.Telemetry = tel
 	b.closers = append(b.closers, stopTelemetry)
-	st, err := store.Open(ctx, o.Storage)
+	st, err := storage.OpenStore(ctx, o.Storage)
 	if err != nil {
 		return nil, err
 	}
@@ -85,7 +86,7 @@ func Open(ctx context.Context, o Options) (_ *Backends, err error) {
 		}
 		return b, nil
 	}
-	q, err := queue.Open(ctx, o.Storage)
+	q, err := storage.OpenQueue(ctx, o.Storage)
 	if err != nil {
 		return nil, err
 	}

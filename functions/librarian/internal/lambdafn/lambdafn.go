@@ -10,12 +10,12 @@ package lambdafn
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
-	awsconfig "github.com/aws/aws-sdk-go-v2/config"
 	"github.com/aws/aws-sdk-go-v2/credentials"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"go.opentelemetry.io/contrib/instrumentation/github.com/aws/aws-lambda-go/otellambda"
@@ -38,6 +38,7 @@ type Settings struct {
 	// QueueEndpoint overrides SQS alone, for a local SQS beside a local
 	// DynamoDB on another port.
 	QueueEndpoint string `env:"CONCLAVE_LIBRARIAN_QUEUE_ENDPOINT" help:"override the SQS endpoint only (default: CONCLAVE_AWS_ENDPOINT)"`
+	OTLP          OTLPSettings
 }
 
 // Validate implements config.Validator.
@@ -53,19 +54,20 @@ func (s Settings) Validate() error {
 	return nil
 }
 
-// awsConfig builds the AWS clients' configuration. Lambda hands a function
-// its execution role's credentials in the environment (AWS_ACCESS_KEY_ID,
-// AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN), valid for the execution
-// environment's life, so with those present the configuration is built
-// from them directly: config.LoadDefaultConfig's shared config and
-// credentials files, profiles and provider chain were a third of the cold
-// start, and none of them applies in Lambda. Without them (a local run with
-// a profile) it falls back to LoadDefaultConfig.
-func awsConfig(ctx context.Context, lookup config.Lookup, region string) (aws.Config, error) {
+// awsConfig builds the AWS clients' configuration from the credentials
+// Lambda hands a function in its environment (its execution role's:
+// AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN, valid for
+// the execution environment's life). It does not fall back to
+// aws-sdk-go-v2/config's default chain (shared files, profiles, SSO): none
+// of it applies in Lambda, and linking that package alone costs every cold
+// start the initialization of the SSO, SSO-OIDC, STS and sign-in clients.
+// A local run uses functions/librarian/cmd/local, which keeps the chain.
+func awsConfig(lookup config.Lookup, region string) (aws.Config, error) {
 	id, _ := lookup("AWS_ACCESS_KEY_ID")
 	secret, _ := lookup("AWS_SECRET_ACCESS_KEY")
 	if id == "" || secret == "" {
-		return awsconfig.LoadDefaultConfig(ctx, awsconfig.WithRegion(region))
+		return aws.Config{}, errors.New("AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY are not set: Lambda sets them from the execution role " +
+			"(run the Librarian elsewhere with functions/librarian/cmd/local, which reads the SDK's default credential chain)")
 	}
 	token, _ := lookup("AWS_SESSION_TOKEN")
 	return aws.Config{Region: region, Credentials: credentials.NewStaticCredentialsProvider(id, secret, token)}, nil
@@ -79,11 +81,11 @@ func Init(ctx context.Context, lookup config.Lookup, stderr io.Writer) (lambdaHa
 		return nil, nil, err
 	}
 	logger := s.Logger(stderr, "librarian")
-	tel, err := newLambdaTelemetry(ctx, s.Common, "conclave-librarian")
+	tel, err := newLambdaTelemetry(ctx, s.Common, s.OTLP, "conclave-librarian")
 	if err != nil {
 		return nil, nil, err
 	}
-	awsCfg, err := awsConfig(ctx, lookup, s.Storage.AWSRegion)
+	awsCfg, err := awsConfig(lookup, s.Storage.AWSRegion)
 	if err != nil {
 		tel.stop()
 		return nil, nil, fmt.Errorf("AWS configuration: %w", err)

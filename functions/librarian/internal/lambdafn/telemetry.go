@@ -9,8 +9,6 @@ import (
 	"time"
 
 	"go.opentelemetry.io/otel"
-	"go.opentelemetry.io/otel/exporters/otlp/otlpmetric/otlpmetrichttp"
-	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp"
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/propagation"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
@@ -21,6 +19,7 @@ import (
 	"go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/conclave-ai/conclave/pkg/config"
+	"github.com/conclave-ai/conclave/pkg/telemetry/otlphttp"
 )
 
 // lambdaTelemetry is the Lambda's tracing and metrics. It is not
@@ -40,7 +39,16 @@ type lambdaTelemetry struct {
 	shutdowns     []func(context.Context) error
 }
 
-func newLambdaTelemetry(ctx context.Context, common config.Common, service string) (*lambdaTelemetry, error) {
+// OTLPSettings are the OTLP/HTTP exporters' settings beyond the endpoint
+// (config.Common's), with the OpenTelemetry specification's names.
+type OTLPSettings struct {
+	// Headers often hold a credential: they reach the requests only.
+	Headers     otlphttp.Headers       `env:"OTEL_EXPORTER_OTLP_HEADERS" help:"headers of every OTLP request: key=value pairs, comma-separated, values percent-encoded"`
+	Timeout     otlphttp.TimeoutMillis `env:"OTEL_EXPORTER_OTLP_TIMEOUT" help:"milliseconds each OTLP request may take (default 10000)"`
+	Compression otlphttp.Compression   `env:"OTEL_EXPORTER_OTLP_COMPRESSION" help:"gzip or none"`
+}
+
+func newLambdaTelemetry(ctx context.Context, common config.Common, otlp OTLPSettings, service string) (*lambdaTelemetry, error) {
 	t := &lambdaTelemetry{tracerProvider: noop.NewTracerProvider(),
 		propagator: propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{})}
 	if common.OTLPEndpoint != "" {
@@ -49,13 +57,14 @@ func newLambdaTelemetry(ctx context.Context, common config.Common, service strin
 			return nil, err
 		}
 		res := resource.NewWithAttributes(semconv.SchemaURL, semconv.ServiceName(service))
-		spans, err := otlptracehttp.New(ctx, otlptracehttp.WithEndpointURL(base+"/v1/traces"))
+		cfg := otlphttp.Config{Endpoint: base, Headers: otlp.Headers, Gzip: otlp.Compression.Gzip(), Timeout: time.Duration(otlp.Timeout)}
+		spans, err := otlphttp.NewTraceExporter(ctx, cfg)
 		if err != nil {
 			return nil, fmt.Errorf("OTEL_EXPORTER_OTLP_ENDPOINT: trace exporter: %w", err)
 		}
 		tp := sdktrace.NewTracerProvider(sdktrace.WithResource(res), sdktrace.WithBatcher(spans),
 			sdktrace.WithSampler(sdktrace.ParentBased(sdktrace.AlwaysSample())))
-		points, err := otlpmetrichttp.New(ctx, otlpmetrichttp.WithEndpointURL(base+"/v1/metrics"))
+		points, err := otlphttp.NewMetricExporter(cfg)
 		if err != nil {
 			return nil, fmt.Errorf("OTEL_EXPORTER_OTLP_ENDPOINT: metric exporter: %w", err)
 		}

@@ -1,4 +1,4 @@
-package queue_test
+package storage_test
 
 import (
 	"context"
@@ -7,12 +7,13 @@ import (
 
 	"github.com/conclave-ai/conclave/pkg/config"
 	"github.com/conclave-ai/conclave/pkg/queue"
+	"github.com/conclave-ai/conclave/pkg/storage"
 )
 
-func TestOpenEmbeddedCreatesItsDirectory(t *testing.T) {
+func TestOpenQueueEmbeddedCreatesItsDirectory(t *testing.T) {
 	t.Parallel()
 	dir := filepath.Join(t.TempDir(), "not", "yet")
-	q, err := queue.Open(context.Background(), config.Storage{Backend: config.BackendEmbedded, DataDir: dir})
+	q, err := storage.OpenQueue(context.Background(), config.Storage{Backend: config.BackendEmbedded, DataDir: dir})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -20,7 +21,7 @@ func TestOpenEmbeddedCreatesItsDirectory(t *testing.T) {
 	if err := q.Ensure(context.Background(), queue.Definition{Name: "opened"}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := queue.Open(context.Background(), config.Storage{Backend: "carrier-pigeon"}); err == nil {
+	if _, err := storage.OpenQueue(context.Background(), config.Storage{Backend: "carrier-pigeon"}); err == nil {
 		t.Error("an unknown backend opened")
 	}
 }
