@@ -95,7 +95,7 @@ func boltAt(path string) storeOpener {
 }
 
 // dynamoAt opens DynamoDB at endpoint (dynalite) with the HTTP client
-// store.Open gives a deployed gateway.
+// storage.Open gives a deployed gateway.
 func dynamoAt(endpoint string) storeOpener {
 	return func() (store.Store, error) {
 		cfg := testenv.AWSConfig()
