@@ -577,6 +577,9 @@ func (b *Broker) call(ctx context.Context, s *Session, msg *message, attempt int
 var (
 	spanKindClient = trace.WithSpanKind(trace.SpanKindClient)
 	spanKindServer = trace.WithSpanKind(trace.SpanKindServer)
+
+	spanDeliverSend    = "bus deliver " + MethodSendMessage
+	spanDeliverProcess = "bus deliver " + MethodProcessMessage
 )
 
 // delivery is one request to a subscriber on its way.
@@ -591,9 +594,26 @@ type delivery struct {
 }
 
 // deliveryParamsCache holds a message's delivery params, the same for
-// every subscriber of a group.
+// every subscriber of a group, encoded and checked once.
 type deliveryParamsCache struct {
-	base, process json.RawMessage
+	base, process *jsonrpc.Params
+	err           error
+}
+
+// get returns the params of method, encoding them on first use.
+func (c *deliveryParamsCache) get(method string, msg *message, attempt int) (*jsonrpc.Params, error) {
+	p := &c.base
+	if method == MethodProcessMessage {
+		p = &c.process
+	}
+	if *p == nil && c.err == nil {
+		if method == MethodProcessMessage {
+			*p, c.err = jsonrpc.EncodeParams(processParams(msg, attempt))
+		} else {
+			*p, c.err = jsonrpc.EncodeParams(deliveryParams(msg))
+		}
+	}
+	return *p, c.err
 }
 
 // startDelivery sends the request of a delivery, or with deferred queues it
@@ -607,28 +627,26 @@ func (b *Broker) startDelivery(ctx context.Context, d *delivery, s *Session, msg
 	}
 	d.session = s
 	d.method = MethodSendMessage
+	spanName := spanDeliverSend
 	if s.isAgent() {
 		d.method = MethodProcessMessage
-		if params.process == nil {
-			params.process = processParams(msg, attempt)
-		}
-	} else if params.base == nil {
-		params.base = deliveryParams(msg)
+		spanName = spanDeliverProcess
 	}
-	raw := params.base
-	if d.method == MethodProcessMessage {
-		raw = params.process
+	// Everything onDone reads is set before the request goes: the answer
+	// can come before start returns.
+	d.msgAccepted = msg.accepted
+	ctx, d.span = b.opts.Tracer.Start(ctx, spanName, spanKindClient)
+	raw, err := params.get(d.method, msg, attempt)
+	if err != nil {
+		d.err = err
+		return
 	}
-	ctx, d.span = b.opts.Tracer.Start(ctx, "bus deliver "+d.method, spanKindClient)
 	if d.span.IsRecording() {
 		d.span.SetAttributes(attribute.String("messaging.destination.name", msg.topic),
 			attribute.String("messaging.message.id", msg.id),
 			attribute.String("bus.client_id", s.ClientID()),
 			attribute.Int("bus.attempt", attempt))
 	}
-	// Everything onDone reads is set before the request goes: the answer
-	// can come before start returns.
-	d.msgAccepted = msg.accepted
 	d.pending, d.err = s.start(ctx, d.method, raw, deferred, onDone)
 }
 

@@ -120,7 +120,7 @@ func (s *Session) mayReceive(t string) bool {
 // start sends a request to the client; the answer goes to onDone, or when
 // that is nil is awaited on the returned call. Deferred (with onDone), the
 // request is only queued, for flush.
-func (s *Session) start(ctx context.Context, method string, params json.RawMessage, deferred bool, onDone func(json.RawMessage, error)) (*jsonrpc.PendingCall, error) {
+func (s *Session) start(ctx context.Context, method string, params *jsonrpc.Params, deferred bool, onDone func(json.RawMessage, error)) (*jsonrpc.PendingCall, error) {
 	s.mu.Lock()
 	c := s.conn
 	s.mu.Unlock()
