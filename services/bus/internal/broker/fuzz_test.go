@@ -78,3 +78,23 @@ func FuzzDecodeEnvelope(f *testing.F) {
 		}
 	})
 }
+
+// FuzzPayloadType checks that the payload's type read by walking its
+// members is what encoding/json reads, for every valid payload.
+func FuzzPayloadType(f *testing.F) {
+	for _, seed := range []string{
+		`{"type":"task_request","task_id":"t"}`, `{"type":1}`, `{"type":null}`, `{"Type":"a","type":"b"}`,
+		`{"type":"a","TYPE":"b"}`, `{"\u0074ype":"esc"}`, `{"ſype":"s"}`, `{"type":"a\"b\u00e9"}`, `{}`, `[]`,
+		`"x"`, `null`, `{"a":{"type":"nested"}}`, ` { "type" : "spaced" } `, `{"typ":"x","types":"y"}`,
+	} {
+		f.Add([]byte(seed))
+	}
+	f.Fuzz(func(t *testing.T, payload []byte) {
+		if !json.Valid(payload) {
+			return // payloads are checked when read
+		}
+		if got, want := payloadType(payload), payloadTypeDecoded(payload); got != want {
+			t.Errorf("payloadType(%s) = %q, encoding/json reads %q", payload, got, want)
+		}
+	})
+}

@@ -5,10 +5,13 @@
 package broker
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
+	"unicode/utf8"
 
 	"github.com/conclave-ai/conclave/pkg/jsonrpc"
+	"github.com/conclave-ai/conclave/pkg/jsonscan"
 )
 
 // Error codes. The first four after the standard ones are the protocol's table;
@@ -147,8 +150,46 @@ func deliveryParams(msg *message) json.RawMessage {
 }
 
 // payloadType returns the payload's string "type" member, or "" when the
-// payload has none (or it is not a string).
+// payload has none (or it is not a string). The payload is valid JSON
+// (a request's params, checked when read); its type is read as
+// encoding/json would read
+// it into a struct: the last member whose name folds to "type" counts. It
+// runs on every publish, so a payload's members are walked without
+// decoding them; a name with escapes or other than ASCII, rare, is left
+// to encoding/json.
 func payloadType(payload json.RawMessage) string {
+	var typ []byte
+	slow := false
+	err := jsonscan.EachMember(payload, func(key, val []byte) bool {
+		for _, c := range key {
+			if c == '\\' || c >= utf8.RuneSelf {
+				slow = true
+				return false
+			}
+		}
+		if bytes.EqualFold(key, []byte("type")) {
+			typ = val
+		}
+		return true
+	})
+	if slow {
+		return payloadTypeDecoded(payload)
+	}
+	if err != nil || len(typ) < 2 || typ[0] != '"' {
+		return ""
+	}
+	if utf8.Valid(typ) {
+		return jsonscan.String(typ)
+	}
+	var t string // encoding/json reads invalid UTF-8 as U+FFFD
+	if json.Unmarshal(typ, &t) != nil {
+		return ""
+	}
+	return t
+}
+
+// payloadTypeDecoded is payloadType through encoding/json.
+func payloadTypeDecoded(payload json.RawMessage) string {
 	var typed struct {
 		Type json.RawMessage `json:"type"`
 	}
