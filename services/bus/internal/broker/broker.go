@@ -146,7 +146,11 @@ func (b *Broker) snapshot() []*subscription {
 func (b *Broker) route(t string) []*subscription {
 	subs := b.snapshot()
 	var (
-		out  []*subscription
+		out []*subscription
+		// The sessions matched so far: scanned while few (a publish
+		// usually matches one or two), a map past that.
+		few  [8]*Session
+		nfew int
 		seen map[*Session]struct{}
 	)
 	for i := len(subs) - 1; i >= 0; i-- {
@@ -154,13 +158,24 @@ func (b *Broker) route(t string) []*subscription {
 		if !s.pattern.Match(t) {
 			continue
 		}
-		if seen == nil {
-			seen = map[*Session]struct{}{}
-		}
-		if _, dup := seen[s.session]; dup {
+		if seen == nil && slices.Contains(few[:nfew], s.session) {
 			continue
 		}
-		seen[s.session] = struct{}{}
+		if seen == nil && nfew == len(few) {
+			seen = make(map[*Session]struct{}, 2*len(few))
+			for _, f := range few {
+				seen[f] = struct{}{}
+			}
+		}
+		if seen != nil {
+			if _, dup := seen[s.session]; dup {
+				continue
+			}
+			seen[s.session] = struct{}{}
+		} else {
+			few[nfew] = s.session
+			nfew++
+		}
 		if s.session.mayReceive(t) {
 			out = append(out, s)
 		}
