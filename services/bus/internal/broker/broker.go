@@ -732,13 +732,14 @@ func outcomeLabel(o outcome) string {
 }
 
 func processParams(msg *message, attempt int) json.RawMessage {
-	p := deliveryParams(msg)
 	extra, _ := json.Marshal(struct {
 		MessageID string `json:"message_id"`
 		Attempt   int    `json:"attempt"`
 	}{msg.id, attempt})
-	// Splice the extra members into the object.
-	return append(append(p[:len(p)-1:len(p)-1], ','), extra[1:]...)
+	// The extra members go into the object, encoded once in a buffer
+	// made to hold them.
+	p := deliveryMembers(msg, len(extra))
+	return append(append(p, ','), extra[1:]...)
 }
 
 // anyAgentFor returns the agent session a message on t would go to first.

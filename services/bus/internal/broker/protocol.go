@@ -136,17 +136,22 @@ type subscriberAnswer struct {
 // bub clients read a message. The payload is already JSON, so the object is
 // put together by hand.
 func deliveryParams(msg *message) json.RawMessage {
+	return append(deliveryMembers(msg, 1), '}')
+}
+
+// deliveryMembers encodes deliveryParams without its closing brace, in a
+// buffer with room for extra more bytes.
+func deliveryMembers(msg *message, extra int) []byte {
 	head, _ := json.Marshal(struct { // strings only: Marshal cannot fail
 		Topic     string `json:"topic"`
 		To        string `json:"to"`
 		From      string `json:"from,omitempty"`
 		MessageID string `json:"messageId"`
 	}{msg.topic, msg.topic, msg.from(), msg.messageID()})
-	out := make([]byte, 0, len(head)+len(msg.payload)+12)
+	out := make([]byte, 0, len(head)+len(msg.payload)+11+extra)
 	out = append(out, head[:len(head)-1]...) // without its closing brace
 	out = append(out, `,"payload":`...)
-	out = append(out, msg.payload...)
-	return append(out, '}')
+	return append(out, msg.payload...)
 }
 
 // payloadType returns the payload's string "type" member, or "" when the
