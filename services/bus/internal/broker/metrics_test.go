@@ -13,10 +13,11 @@ import (
 // its frame (its metrics, its span, the span lookups of the tracer and the
 // trace propagation) stays off the allocator.
 func TestDeliveryPathAllocations(t *testing.T) {
+	type key struct{}
 	m := nopMetrics()
 	since := time.Now()
 	tracer := noop.NewTracerProvider().Tracer("")
-	ctx, span := tracer.Start(context.WithValue(context.Background(), struct{}{}, 1), "bus publish")
+	ctx, span := tracer.Start(context.WithValue(context.Background(), key{}, 1), "bus publish")
 	ctx = detach(ctx, span)
 	tests := []struct {
 		name string
