@@ -680,7 +680,7 @@ func (b *Broker) finishDelivery(ctx context.Context, d *delivery, answer json.Ra
 	out := outcome{ack: Ack{ClientID: d.session.ClientID()}}
 	var ans subscriberAnswer
 	if err == nil {
-		if uerr := json.Unmarshal(answer, &ans); uerr != nil {
+		if uerr := decodeAnswer(answer, &ans); uerr != nil {
 			err = fmt.Errorf("decoding the answer to %s: %w", d.method, uerr)
 		}
 	}

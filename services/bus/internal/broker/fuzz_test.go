@@ -98,3 +98,38 @@ func FuzzPayloadType(f *testing.F) {
 		}
 	})
 }
+
+// FuzzDecodeAnswer checks that a subscriber's answer read by walking its
+// members is what encoding/json reads, error or not, for every valid
+// answer.
+func FuzzDecodeAnswer(f *testing.F) {
+	for _, seed := range []string{
+		`{"success":true}`, `{"processed":false,"message":"m"}`, `{"processed":true,"stopPropagation":true}`,
+		`{"should_retry":true,"retry_seconds":1.5,"message":"later"}`, `{"Success":true,"success":false}`,
+		`{"success":null}`, `{"success":1}`, `{"retry_seconds":"1"}`, `{"retry_seconds":1e400}`,
+		`{"message":"a\"b"}`, `{"message":"\u00e9"}`, `{"message":"é"}`, `{"messaGe":null}`, `{"x":[1,{"success":true}]}`,
+		`{}`, `null`, `[]`, `true`, `{"\u0073uccess":true}`, ` { "success" : true } `, `{"stopPropagation":"yes"}`,
+	} {
+		f.Add([]byte(seed))
+	}
+	f.Fuzz(func(t *testing.T, answer []byte) {
+		if !json.Valid(answer) {
+			return // answers come in frames already checked
+		}
+		var got, want subscriberAnswer
+		gotErr, wantErr := decodeAnswer(answer, &got), json.Unmarshal(answer, &want)
+		if (gotErr == nil) != (wantErr == nil) {
+			t.Fatalf("decodeAnswer(%s): error %v, encoding/json %v", answer, gotErr, wantErr)
+		}
+		if gotErr == nil && !sameAnswer(got, want) {
+			t.Errorf("decodeAnswer(%s) = %+v, encoding/json reads %+v", answer, got, want)
+		}
+	})
+}
+
+func sameAnswer(a, b subscriberAnswer) bool {
+	sameOpt := func(x, y *bool) bool { return (x == nil) == (y == nil) && (x == nil || *x == *y) }
+	return sameOpt(a.Success, b.Success) && sameOpt(a.Processed, b.Processed) &&
+		a.StopPropagation == b.StopPropagation && a.ShouldRetry == b.ShouldRetry &&
+		a.RetrySeconds == b.RetrySeconds && a.Message == b.Message
+}

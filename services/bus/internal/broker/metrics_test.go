@@ -19,12 +19,15 @@ func TestDeliveryPathAllocations(t *testing.T) {
 	tracer := noop.NewTracerProvider().Tracer("")
 	ctx, span := tracer.Start(context.WithValue(context.Background(), key{}, 1), "bus publish")
 	ctx = detach(ctx, span)
+	var ans subscriberAnswer
+	answer := []byte(`{"success":true,"processed":false}`) // a message would be a string to allocate
 	tests := []struct {
 		name string
 		f    func()
 	}{
 		{"delivered", func() { m.delivered(ctx, MethodSendMessage, "answered") }},
 		{"answered", func() { m.answered(ctx, MethodProcessMessage, since) }},
+		{"decoding an answer", func() { _ = decodeAnswer(answer, &ans) }},
 		{"span lookup under the detached context", func() { _ = trace.SpanContextFromContext(ctx) }},
 	}
 	for _, tt := range tests {

@@ -8,6 +8,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"strconv"
 	"unicode/utf8"
 
 	"github.com/conclave-ai/conclave/pkg/jsonrpc"
@@ -129,6 +130,91 @@ type subscriberAnswer struct {
 	ShouldRetry     bool    `json:"should_retry"`
 	RetrySeconds    float64 `json:"retry_seconds"`
 	Message         string  `json:"message"`
+}
+
+// decodeAnswer reads a subscriber's answer as json.Unmarshal into a
+// subscriberAnswer does. It runs once per delivery, so the answer's
+// members are walked instead (the answer is valid JSON: its frame was
+// checked); anything but plain ASCII names and values of the expected
+// kinds is left to encoding/json, with its errors.
+func decodeAnswer(answer []byte, ans *subscriberAnswer) error {
+	if fastAnswer(answer, ans) {
+		return nil
+	}
+	*ans = subscriberAnswer{}
+	return json.Unmarshal(answer, ans)
+}
+
+// The values an answer's optional booleans point to: shared, as
+// subscriberAnswer is only read, so reading one does not allocate.
+var answerTrue, answerFalse = true, false
+
+func fastAnswer(b []byte, ans *subscriberAnswer) bool {
+	ok := true
+	err := jsonscan.EachMember(b, func(key, val []byte) bool {
+		for _, c := range key {
+			if c == '\\' || c >= utf8.RuneSelf {
+				ok = false
+				return false
+			}
+		}
+		switch {
+		case bytes.EqualFold(key, []byte("success")):
+			ok = optBool(&ans.Success, val)
+		case bytes.EqualFold(key, []byte("processed")):
+			ok = optBool(&ans.Processed, val)
+		case bytes.EqualFold(key, []byte("stopPropagation")):
+			ok = plainBool(&ans.StopPropagation, val)
+		case bytes.EqualFold(key, []byte("should_retry")):
+			ok = plainBool(&ans.ShouldRetry, val)
+		case bytes.EqualFold(key, []byte("retry_seconds")):
+			switch {
+			case string(val) == "null":
+			case val[0] == '-' || (val[0] >= '0' && val[0] <= '9'):
+				f, err := strconv.ParseFloat(string(val), 64)
+				ans.RetrySeconds, ok = f, err == nil
+			default:
+				ok = false
+			}
+		case bytes.EqualFold(key, []byte("message")):
+			switch {
+			case string(val) == "null":
+			case val[0] == '"' && bytes.IndexByte(val, '\\') < 0 && utf8.Valid(val):
+				ans.Message = string(val[1 : len(val)-1])
+			default:
+				ok = false
+			}
+		}
+		return ok
+	})
+	return err == nil && ok
+}
+
+func optBool(p **bool, val []byte) bool {
+	switch string(val) {
+	case "true":
+		*p = &answerTrue
+	case "false":
+		*p = &answerFalse
+	case "null":
+		*p = nil
+	default:
+		return false
+	}
+	return true
+}
+
+func plainBool(p *bool, val []byte) bool {
+	switch string(val) {
+	case "true":
+		*p = true
+	case "false":
+		*p = false
+	case "null":
+	default:
+		return false
+	}
+	return true
 }
 
 // deliveryParams encodes a delivery's params: the protocol's {topic,
