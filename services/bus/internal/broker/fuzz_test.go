@@ -133,3 +133,39 @@ func sameAnswer(a, b subscriberAnswer) bool {
 		a.StopPropagation == b.StopPropagation && a.ShouldRetry == b.ShouldRetry &&
 		a.RetrySeconds == b.RetrySeconds && a.Message == b.Message
 }
+
+// FuzzObjectParams checks that params walked into their members are what
+// encoding/json decodes into the map, error or not, for all valid params.
+func FuzzObjectParams(f *testing.F) {
+	for _, seed := range []string{
+		`{"topic":"a:1","payload":{"type":"t"}}`, `{"a":1,"a":2}`, `{"\u0074opic":"esc"}`, `{"é":1}`,
+		`{"x":null}`, `{}`, `null`, `[]`, `1`, ` { "a" : [ 1 , 2 ] } `, `{"a":"\u00e9\"}"}`,
+	} {
+		f.Add([]byte(seed))
+	}
+	f.Fuzz(func(t *testing.T, params []byte) {
+		if !json.Valid(params) {
+			return // frames are checked before their params are read
+		}
+		got, gotErr := objectParams(&jsonrpc.Request{Params: params})
+		want := map[string]json.RawMessage{}
+		wantErr := json.Unmarshal(params, &want)
+		if wantErr == nil && want == nil {
+			wantErr = errors.New("null")
+		}
+		if (gotErr == nil) != (wantErr == nil) {
+			t.Fatalf("objectParams(%s): error %v, encoding/json %v", params, gotErr, wantErr)
+		}
+		if gotErr != nil {
+			return
+		}
+		if len(got) != len(want) {
+			t.Fatalf("objectParams(%s) = %d members, encoding/json %d", params, len(got), len(want))
+		}
+		for k, v := range want {
+			if string(got[k]) != string(v) {
+				t.Errorf("objectParams(%s)[%q] = %s, encoding/json %s", params, k, got[k], v)
+			}
+		}
+	})
+}
