@@ -287,11 +287,31 @@ func (c *Conn) encodeRequest(ctx context.Context, id ID, method string, params a
 	return appendRequest(make([]byte, 0, 64+len(method)+len(raw)), &Request{ID: id, Method: method, Params: raw}), nil
 }
 
+// Params are request params encoded and checked once (EncodeParams), for
+// a request sent to many peers: a fan-out's requests then copy them
+// instead of validating the same bytes once per peer.
+type Params struct{ raw json.RawMessage }
+
+// EncodeParams encodes params as Call and Go would, checking them once.
+// Pass the result as the params of each request.
+func EncodeParams(params any) (*Params, error) {
+	raw, err := encodeParams(params)
+	if err != nil {
+		return nil, err
+	}
+	return &Params{raw: raw}, nil
+}
+
 func encodeParams(params any) (json.RawMessage, error) {
 	var raw []byte
 	switch p := params.(type) {
 	case nil:
 		return nil, nil
+	case *Params:
+		if p == nil {
+			return nil, nil
+		}
+		return p.raw, nil
 	case json.RawMessage:
 		if len(p) == 0 {
 			return nil, nil

@@ -378,3 +378,68 @@ func TestGo(t *testing.T) {
 		})
 	}
 }
+
+func TestEncodeParams(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name      string
+		params    any
+		wantFrame string // the request as sent, with id 1
+		wantErr   string
+	}{
+		{name: "object", params: map[string]int{"a": 1}, wantFrame: `{"jsonrpc":"2.0","id":1,"method":"m","params":{"a":1}}`},
+		{name: "raw array", params: json.RawMessage(`[1,2]`), wantFrame: `{"jsonrpc":"2.0","id":1,"method":"m","params":[1,2]}`},
+		{name: "null", params: json.RawMessage(`null`), wantFrame: `{"jsonrpc":"2.0","id":1,"method":"m"}`},
+		{name: "invalid raw", params: json.RawMessage(`{"a":`), wantErr: "not valid JSON"},
+		{name: "scalar", params: 5, wantErr: "must be a JSON object or array"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			p, err := EncodeParams(tt.params)
+			if tt.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+					t.Fatalf("EncodeParams = %v, want an error containing %q", err, tt.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("EncodeParams: %v", err)
+			}
+			c, peer := rawPair(t, nil)
+			// The same encoded params serve several requests.
+			for i := range 2 {
+				sent := goSend(t, c, p)
+				want := strings.Replace(tt.wantFrame, `"id":1`, fmt.Sprintf(`"id":%d`, i+1), 1)
+				if got := peer.recv(); got != want {
+					t.Errorf("request %d = %s, want %s", i+1, got, want)
+				}
+				if err := <-sent; err != nil {
+					t.Fatalf("Go: %v", err)
+				}
+			}
+		})
+	}
+	t.Run("nil", func(t *testing.T) {
+		t.Parallel()
+		c, peer := rawPair(t, nil)
+		sent := goSend(t, c, (*Params)(nil))
+		if got, want := peer.recv(), `{"jsonrpc":"2.0","id":1,"method":"m"}`; got != want {
+			t.Errorf("request = %s, want %s", got, want)
+		}
+		if err := <-sent; err != nil {
+			t.Fatalf("Go: %v", err)
+		}
+	})
+}
+
+// goSend sends method m with params on its own goroutine, as the raw
+// peer's pipe takes a write only while it reads, and returns Go's error.
+func goSend(t *testing.T, c *Conn, params *Params) <-chan error {
+	sent := make(chan error, 1)
+	go func() {
+		_, err := c.Go(t.Context(), "m", params, func(json.RawMessage, error) {})
+		sent <- err
+	}()
+	return sent
+}

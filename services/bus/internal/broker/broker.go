@@ -146,7 +146,11 @@ func (b *Broker) snapshot() []*subscription {
 func (b *Broker) route(t string) []*subscription {
 	subs := b.snapshot()
 	var (
-		out  []*subscription
+		out []*subscription
+		// The sessions matched so far: scanned while few (a publish
+		// usually matches one or two), a map past that.
+		few  [8]*Session
+		nfew int
 		seen map[*Session]struct{}
 	)
 	for i := len(subs) - 1; i >= 0; i-- {
@@ -154,13 +158,24 @@ func (b *Broker) route(t string) []*subscription {
 		if !s.pattern.Match(t) {
 			continue
 		}
-		if seen == nil {
-			seen = map[*Session]struct{}{}
-		}
-		if _, dup := seen[s.session]; dup {
+		if seen == nil && slices.Contains(few[:nfew], s.session) {
 			continue
 		}
-		seen[s.session] = struct{}{}
+		if seen == nil && nfew == len(few) {
+			seen = make(map[*Session]struct{}, 2*len(few))
+			for _, f := range few {
+				seen[f] = struct{}{}
+			}
+		}
+		if seen != nil {
+			if _, dup := seen[s.session]; dup {
+				continue
+			}
+			seen[s.session] = struct{}{}
+		} else {
+			few[nfew] = s.session
+			nfew++
+		}
 		if s.session.mayReceive(t) {
 			out = append(out, s)
 		}
@@ -339,7 +354,7 @@ func (b *Broker) publishMessage(ctx context.Context, msg *message, done func(*Se
 			attribute.String("messaging.message.id", msg.id))
 	}
 	// The publisher leaving does not take back an accepted message.
-	ctx = context.WithoutCancel(ctx)
+	ctx = detach(ctx, span)
 
 	routes := b.route(t)
 	if err := b.checkTyped(routes, payload); err != nil {
@@ -363,6 +378,14 @@ func (b *Broker) publishMessage(ctx context.Context, msg *message, done func(*Se
 		}
 	}
 	r.deliverNext()
+}
+
+// detach returns ctx without its cancellation, with span on top again: a
+// lookup that reaches WithoutCancel's context allocates (its Value boxes
+// it), and the tracer and the trace propagation look the span up several
+// times per delivery.
+func detach(ctx context.Context, span trace.Span) context.Context {
+	return trace.ContextWithSpan(context.WithoutCancel(ctx), span)
 }
 
 // completePublish takes a message on from its delivery to this replica's
@@ -577,6 +600,9 @@ func (b *Broker) call(ctx context.Context, s *Session, msg *message, attempt int
 var (
 	spanKindClient = trace.WithSpanKind(trace.SpanKindClient)
 	spanKindServer = trace.WithSpanKind(trace.SpanKindServer)
+
+	spanDeliverSend    = "bus deliver " + MethodSendMessage
+	spanDeliverProcess = "bus deliver " + MethodProcessMessage
 )
 
 // delivery is one request to a subscriber on its way.
@@ -591,9 +617,26 @@ type delivery struct {
 }
 
 // deliveryParamsCache holds a message's delivery params, the same for
-// every subscriber of a group.
+// every subscriber of a group, encoded and checked once.
 type deliveryParamsCache struct {
-	base, process json.RawMessage
+	base, process *jsonrpc.Params
+	err           error
+}
+
+// get returns the params of method, encoding them on first use.
+func (c *deliveryParamsCache) get(method string, msg *message, attempt int) (*jsonrpc.Params, error) {
+	p := &c.base
+	if method == MethodProcessMessage {
+		p = &c.process
+	}
+	if *p == nil && c.err == nil {
+		if method == MethodProcessMessage {
+			*p, c.err = jsonrpc.EncodeParams(processParams(msg, attempt))
+		} else {
+			*p, c.err = jsonrpc.EncodeParams(deliveryParams(msg))
+		}
+	}
+	return *p, c.err
 }
 
 // startDelivery sends the request of a delivery, or with deferred queues it
@@ -607,28 +650,26 @@ func (b *Broker) startDelivery(ctx context.Context, d *delivery, s *Session, msg
 	}
 	d.session = s
 	d.method = MethodSendMessage
+	spanName := spanDeliverSend
 	if s.isAgent() {
 		d.method = MethodProcessMessage
-		if params.process == nil {
-			params.process = processParams(msg, attempt)
-		}
-	} else if params.base == nil {
-		params.base = deliveryParams(msg)
+		spanName = spanDeliverProcess
 	}
-	raw := params.base
-	if d.method == MethodProcessMessage {
-		raw = params.process
+	// Everything onDone reads is set before the request goes: the answer
+	// can come before start returns.
+	d.msgAccepted = msg.accepted
+	ctx, d.span = b.opts.Tracer.Start(ctx, spanName, spanKindClient)
+	raw, err := params.get(d.method, msg, attempt)
+	if err != nil {
+		d.err = err
+		return
 	}
-	ctx, d.span = b.opts.Tracer.Start(ctx, "bus deliver "+d.method, spanKindClient)
 	if d.span.IsRecording() {
 		d.span.SetAttributes(attribute.String("messaging.destination.name", msg.topic),
 			attribute.String("messaging.message.id", msg.id),
 			attribute.String("bus.client_id", s.ClientID()),
 			attribute.Int("bus.attempt", attempt))
 	}
-	// Everything onDone reads is set before the request goes: the answer
-	// can come before start returns.
-	d.msgAccepted = msg.accepted
 	d.pending, d.err = s.start(ctx, d.method, raw, deferred, onDone)
 }
 
@@ -639,7 +680,7 @@ func (b *Broker) finishDelivery(ctx context.Context, d *delivery, answer json.Ra
 	out := outcome{ack: Ack{ClientID: d.session.ClientID()}}
 	var ans subscriberAnswer
 	if err == nil {
-		if uerr := json.Unmarshal(answer, &ans); uerr != nil {
+		if uerr := decodeAnswer(answer, &ans); uerr != nil {
 			err = fmt.Errorf("decoding the answer to %s: %w", d.method, uerr)
 		}
 	}
@@ -691,13 +732,14 @@ func outcomeLabel(o outcome) string {
 }
 
 func processParams(msg *message, attempt int) json.RawMessage {
-	p := deliveryParams(msg)
 	extra, _ := json.Marshal(struct {
 		MessageID string `json:"message_id"`
 		Attempt   int    `json:"attempt"`
 	}{msg.id, attempt})
-	// Splice the extra members into the object.
-	return append(append(p[:len(p)-1:len(p)-1], ','), extra[1:]...)
+	// The extra members go into the object, encoded once in a buffer
+	// made to hold them.
+	p := deliveryMembers(msg, len(extra))
+	return append(append(p, ','), extra[1:]...)
 }
 
 // anyAgentFor returns the agent session a message on t would go to first.

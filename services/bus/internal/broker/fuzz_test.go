@@ -78,3 +78,94 @@ func FuzzDecodeEnvelope(f *testing.F) {
 		}
 	})
 }
+
+// FuzzPayloadType checks that the payload's type read by walking its
+// members is what encoding/json reads, for every valid payload.
+func FuzzPayloadType(f *testing.F) {
+	for _, seed := range []string{
+		`{"type":"task_request","task_id":"t"}`, `{"type":1}`, `{"type":null}`, `{"Type":"a","type":"b"}`,
+		`{"type":"a","TYPE":"b"}`, `{"\u0074ype":"esc"}`, `{"ſype":"s"}`, `{"type":"a\"b\u00e9"}`, `{}`, `[]`,
+		`"x"`, `null`, `{"a":{"type":"nested"}}`, ` { "type" : "spaced" } `, `{"typ":"x","types":"y"}`,
+	} {
+		f.Add([]byte(seed))
+	}
+	f.Fuzz(func(t *testing.T, payload []byte) {
+		if !json.Valid(payload) {
+			return // payloads are checked when read
+		}
+		if got, want := payloadType(payload), payloadTypeDecoded(payload); got != want {
+			t.Errorf("payloadType(%s) = %q, encoding/json reads %q", payload, got, want)
+		}
+	})
+}
+
+// FuzzDecodeAnswer checks that a subscriber's answer read by walking its
+// members is what encoding/json reads, error or not, for every valid
+// answer.
+func FuzzDecodeAnswer(f *testing.F) {
+	for _, seed := range []string{
+		`{"success":true}`, `{"processed":false,"message":"m"}`, `{"processed":true,"stopPropagation":true}`,
+		`{"should_retry":true,"retry_seconds":1.5,"message":"later"}`, `{"Success":true,"success":false}`,
+		`{"success":null}`, `{"success":1}`, `{"retry_seconds":"1"}`, `{"retry_seconds":1e400}`,
+		`{"message":"a\"b"}`, `{"message":"\u00e9"}`, `{"message":"é"}`, `{"messaGe":null}`, `{"x":[1,{"success":true}]}`,
+		`{}`, `null`, `[]`, `true`, `{"\u0073uccess":true}`, ` { "success" : true } `, `{"stopPropagation":"yes"}`,
+	} {
+		f.Add([]byte(seed))
+	}
+	f.Fuzz(func(t *testing.T, answer []byte) {
+		if !json.Valid(answer) {
+			return // answers come in frames already checked
+		}
+		var got, want subscriberAnswer
+		gotErr, wantErr := decodeAnswer(answer, &got), json.Unmarshal(answer, &want)
+		if (gotErr == nil) != (wantErr == nil) {
+			t.Fatalf("decodeAnswer(%s): error %v, encoding/json %v", answer, gotErr, wantErr)
+		}
+		if gotErr == nil && !sameAnswer(got, want) {
+			t.Errorf("decodeAnswer(%s) = %+v, encoding/json reads %+v", answer, got, want)
+		}
+	})
+}
+
+func sameAnswer(a, b subscriberAnswer) bool {
+	sameOpt := func(x, y *bool) bool { return (x == nil) == (y == nil) && (x == nil || *x == *y) }
+	return sameOpt(a.Success, b.Success) && sameOpt(a.Processed, b.Processed) &&
+		a.StopPropagation == b.StopPropagation && a.ShouldRetry == b.ShouldRetry &&
+		a.RetrySeconds == b.RetrySeconds && a.Message == b.Message
+}
+
+// FuzzObjectParams checks that params walked into their members are what
+// encoding/json decodes into the map, error or not, for all valid params.
+func FuzzObjectParams(f *testing.F) {
+	for _, seed := range []string{
+		`{"topic":"a:1","payload":{"type":"t"}}`, `{"a":1,"a":2}`, `{"\u0074opic":"esc"}`, `{"é":1}`,
+		`{"x":null}`, `{}`, `null`, `[]`, `1`, ` { "a" : [ 1 , 2 ] } `, `{"a":"\u00e9\"}"}`,
+	} {
+		f.Add([]byte(seed))
+	}
+	f.Fuzz(func(t *testing.T, params []byte) {
+		if !json.Valid(params) {
+			return // frames are checked before their params are read
+		}
+		got, gotErr := objectParams(&jsonrpc.Request{Params: params})
+		want := map[string]json.RawMessage{}
+		wantErr := json.Unmarshal(params, &want)
+		if wantErr == nil && want == nil {
+			wantErr = errors.New("null")
+		}
+		if (gotErr == nil) != (wantErr == nil) {
+			t.Fatalf("objectParams(%s): error %v, encoding/json %v", params, gotErr, wantErr)
+		}
+		if gotErr != nil {
+			return
+		}
+		if len(got) != len(want) {
+			t.Fatalf("objectParams(%s) = %d members, encoding/json %d", params, len(got), len(want))
+		}
+		for k, v := range want {
+			if string(got[k]) != string(v) {
+				t.Errorf("objectParams(%s)[%q] = %s, encoding/json %s", params, k, got[k], v)
+			}
+		}
+	})
+}

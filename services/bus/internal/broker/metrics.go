@@ -79,26 +79,27 @@ func (m *Metrics) subscribed(delta int64) { m.subsGauge.Add(context.Background()
 
 // answered records how long a subscriber's answer took from the publish.
 func (m *Metrics) answered(ctx context.Context, method string, since time.Time) {
-	opt := deliveryLatencyProcess
+	opts := deliveryLatencyProcess
 	if method == MethodSendMessage {
-		opt = deliveryLatencySend
+		opts = deliveryLatencySend
 	}
-	m.deliveryLatency.Record(ctx, time.Since(since).Seconds(), opt)
+	m.deliveryLatency.Record(ctx, time.Since(since).Seconds(), opts...)
 }
 
 // The label sets of the hot paths, made once: WithAttributes would
-// allocate on every call.
+// allocate on every call. They are kept as the option slices the
+// instruments take, as passing one option alone makes a slice per call.
 var (
-	deliveryLatencySend    = metric.WithAttributeSet(attribute.NewSet(attribute.String("method", MethodSendMessage)))
-	deliveryLatencyProcess = metric.WithAttributeSet(attribute.NewSet(attribute.String("method", MethodProcessMessage)))
+	deliveryLatencySend    = []metric.RecordOption{metric.WithAttributeSet(attribute.NewSet(attribute.String("method", MethodSendMessage)))}
+	deliveryLatencyProcess = []metric.RecordOption{metric.WithAttributeSet(attribute.NewSet(attribute.String("method", MethodProcessMessage)))}
 )
 
 func (m *Metrics) published(ctx context.Context, outcome string) {
-	m.publishedTotal.Add(ctx, 1, labelSet("outcome", outcome))
+	m.publishedTotal.Add(ctx, 1, labelSet("outcome", outcome)...)
 }
 
 func (m *Metrics) delivered(ctx context.Context, method, outcome string) {
-	m.deliveriesTotal.Add(ctx, 1, labelSet("method", method, "outcome", outcome))
+	m.deliveriesTotal.Add(ctx, 1, labelSet("method", method, "outcome", outcome)...)
 }
 
 // labelSets holds the label sets of the metrics recorded per message, made
@@ -106,11 +107,12 @@ func (m *Metrics) delivered(ctx context.Context, method, outcome string) {
 // come from fixed sets, so it stays small.
 var labelSets struct {
 	sync.RWMutex
-	m map[[4]string]metric.MeasurementOption
+	m map[[4]string][]metric.AddOption
 }
 
-// labelSet returns the set of up to two name, value pairs.
-func labelSet(kv ...string) metric.MeasurementOption {
+// labelSet returns the set of up to two name, value pairs, as the options
+// of a counter's Add. The slice is shared: it must not be changed.
+func labelSet(kv ...string) []metric.AddOption {
 	var key [4]string
 	copy(key[:], kv)
 	labelSets.RLock()
@@ -123,10 +125,10 @@ func labelSet(kv ...string) metric.MeasurementOption {
 	for i := 0; i+1 < len(kv); i += 2 {
 		attrs = append(attrs, attribute.String(kv[i], kv[i+1]))
 	}
-	o = metric.WithAttributeSet(attribute.NewSet(attrs...))
+	o = []metric.AddOption{metric.WithAttributeSet(attribute.NewSet(attrs...))}
 	labelSets.Lock()
 	if labelSets.m == nil {
-		labelSets.m = map[[4]string]metric.MeasurementOption{}
+		labelSets.m = map[[4]string][]metric.AddOption{}
 	}
 	labelSets.m[key] = o
 	labelSets.Unlock()

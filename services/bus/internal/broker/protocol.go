@@ -5,10 +5,14 @@
 package broker
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
+	"strconv"
+	"unicode/utf8"
 
 	"github.com/conclave-ai/conclave/pkg/jsonrpc"
+	"github.com/conclave-ai/conclave/pkg/jsonscan"
 )
 
 // Error codes. The first four after the standard ones are the protocol's table;
@@ -128,27 +132,155 @@ type subscriberAnswer struct {
 	Message         string  `json:"message"`
 }
 
+// decodeAnswer reads a subscriber's answer as json.Unmarshal into a
+// subscriberAnswer does. It runs once per delivery, so the answer's
+// members are walked instead (the answer is valid JSON: its frame was
+// checked); anything but plain ASCII names and values of the expected
+// kinds is left to encoding/json, with its errors.
+func decodeAnswer(answer []byte, ans *subscriberAnswer) error {
+	if fastAnswer(answer, ans) {
+		return nil
+	}
+	*ans = subscriberAnswer{}
+	return json.Unmarshal(answer, ans)
+}
+
+// The values an answer's optional booleans point to: shared, as
+// subscriberAnswer is only read, so reading one does not allocate.
+var answerTrue, answerFalse = true, false
+
+func fastAnswer(b []byte, ans *subscriberAnswer) bool {
+	ok := true
+	err := jsonscan.EachMember(b, func(key, val []byte) bool {
+		for _, c := range key {
+			if c == '\\' || c >= utf8.RuneSelf {
+				ok = false
+				return false
+			}
+		}
+		switch {
+		case bytes.EqualFold(key, []byte("success")):
+			ok = optBool(&ans.Success, val)
+		case bytes.EqualFold(key, []byte("processed")):
+			ok = optBool(&ans.Processed, val)
+		case bytes.EqualFold(key, []byte("stopPropagation")):
+			ok = plainBool(&ans.StopPropagation, val)
+		case bytes.EqualFold(key, []byte("should_retry")):
+			ok = plainBool(&ans.ShouldRetry, val)
+		case bytes.EqualFold(key, []byte("retry_seconds")):
+			switch {
+			case string(val) == "null":
+			case val[0] == '-' || (val[0] >= '0' && val[0] <= '9'):
+				f, err := strconv.ParseFloat(string(val), 64)
+				ans.RetrySeconds, ok = f, err == nil
+			default:
+				ok = false
+			}
+		case bytes.EqualFold(key, []byte("message")):
+			switch {
+			case string(val) == "null":
+			case val[0] == '"' && bytes.IndexByte(val, '\\') < 0 && utf8.Valid(val):
+				ans.Message = string(val[1 : len(val)-1])
+			default:
+				ok = false
+			}
+		}
+		return ok
+	})
+	return err == nil && ok
+}
+
+func optBool(p **bool, val []byte) bool {
+	switch string(val) {
+	case "true":
+		*p = &answerTrue
+	case "false":
+		*p = &answerFalse
+	case "null":
+		*p = nil
+	default:
+		return false
+	}
+	return true
+}
+
+func plainBool(p *bool, val []byte) bool {
+	switch string(val) {
+	case "true":
+		*p = true
+	case "false":
+		*p = false
+	case "null":
+	default:
+		return false
+	}
+	return true
+}
+
 // deliveryParams encodes a delivery's params: the protocol's {topic,
 // payload}, and the same topic as to, with from and messageId, as current
 // bub clients read a message. The payload is already JSON, so the object is
 // put together by hand.
 func deliveryParams(msg *message) json.RawMessage {
+	return append(deliveryMembers(msg, 1), '}')
+}
+
+// deliveryMembers encodes deliveryParams without its closing brace, in a
+// buffer with room for extra more bytes.
+func deliveryMembers(msg *message, extra int) []byte {
 	head, _ := json.Marshal(struct { // strings only: Marshal cannot fail
 		Topic     string `json:"topic"`
 		To        string `json:"to"`
 		From      string `json:"from,omitempty"`
 		MessageID string `json:"messageId"`
 	}{msg.topic, msg.topic, msg.from(), msg.messageID()})
-	out := make([]byte, 0, len(head)+len(msg.payload)+12)
+	out := make([]byte, 0, len(head)+len(msg.payload)+11+extra)
 	out = append(out, head[:len(head)-1]...) // without its closing brace
 	out = append(out, `,"payload":`...)
-	out = append(out, msg.payload...)
-	return append(out, '}')
+	return append(out, msg.payload...)
 }
 
 // payloadType returns the payload's string "type" member, or "" when the
-// payload has none (or it is not a string).
+// payload has none (or it is not a string). The payload is valid JSON
+// (a request's params, checked when read); its type is read as
+// encoding/json would read
+// it into a struct: the last member whose name folds to "type" counts. It
+// runs on every publish, so a payload's members are walked without
+// decoding them; a name with escapes or other than ASCII, rare, is left
+// to encoding/json.
 func payloadType(payload json.RawMessage) string {
+	var typ []byte
+	slow := false
+	err := jsonscan.EachMember(payload, func(key, val []byte) bool {
+		for _, c := range key {
+			if c == '\\' || c >= utf8.RuneSelf {
+				slow = true
+				return false
+			}
+		}
+		if bytes.EqualFold(key, []byte("type")) {
+			typ = val
+		}
+		return true
+	})
+	if slow {
+		return payloadTypeDecoded(payload)
+	}
+	if err != nil || len(typ) < 2 || typ[0] != '"' {
+		return ""
+	}
+	if utf8.Valid(typ) {
+		return jsonscan.String(typ)
+	}
+	var t string // encoding/json reads invalid UTF-8 as U+FFFD
+	if json.Unmarshal(typ, &t) != nil {
+		return ""
+	}
+	return t
+}
+
+// payloadTypeDecoded is payloadType through encoding/json.
+func payloadTypeDecoded(payload json.RawMessage) string {
 	var typed struct {
 		Type json.RawMessage `json:"type"`
 	}

@@ -1,6 +1,7 @@
 package broker
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -15,6 +16,7 @@ import (
 
 	"github.com/conclave-ai/conclave/pkg/auth"
 	"github.com/conclave-ai/conclave/pkg/jsonrpc"
+	"github.com/conclave-ai/conclave/pkg/jsonscan"
 	"github.com/conclave-ai/conclave/services/bus/internal/topic"
 )
 
@@ -120,7 +122,7 @@ func (s *Session) mayReceive(t string) bool {
 // start sends a request to the client; the answer goes to onDone, or when
 // that is nil is awaited on the returned call. Deferred (with onDone), the
 // request is only queued, for flush.
-func (s *Session) start(ctx context.Context, method string, params json.RawMessage, deferred bool, onDone func(json.RawMessage, error)) (*jsonrpc.PendingCall, error) {
+func (s *Session) start(ctx context.Context, method string, params *jsonrpc.Params, deferred bool, onDone func(json.RawMessage, error)) (*jsonrpc.PendingCall, error) {
 	s.mu.Lock()
 	c := s.conn
 	s.mu.Unlock()
@@ -202,13 +204,29 @@ func (s *Session) requireInitialized() error {
 }
 
 // objectParams decodes params that must be a JSON object (or absent) into
-// its members.
+// its members, as encoding/json would into the map. Every request takes
+// this path, so the members are walked (the frame was checked as JSON)
+// and their values kept where they are, not copied; a name with escapes
+// or invalid UTF-8 is left to encoding/json.
 func objectParams(req *jsonrpc.Request) (map[string]json.RawMessage, *jsonrpc.Error) {
-	members := map[string]json.RawMessage{}
+	members := make(map[string]json.RawMessage, 4)
 	if len(req.Params) == 0 {
 		return members, nil
 	}
-	if err := json.Unmarshal(req.Params, &members); err != nil || members == nil {
+	plain := true
+	err := jsonscan.EachMember(req.Params, func(key, val []byte) bool {
+		if bytes.IndexByte(key, '\\') >= 0 || !utf8.Valid(key) {
+			plain = false
+			return false
+		}
+		members[string(key)] = json.RawMessage(val[:len(val):len(val)])
+		return true
+	})
+	if !plain {
+		members = map[string]json.RawMessage{}
+		err = json.Unmarshal(req.Params, &members)
+	}
+	if err != nil || members == nil {
 		return nil, invalidParams("params must be a JSON object")
 	}
 	return members, nil
