@@ -311,10 +311,10 @@ func TestOneTrace(t *testing.T) {
 		"runner":              {"start agent"},
 		"conclave-agent-host": {"agent-host", "acp initialize", "acp session/prompt"},
 	}
-	deadline := time.Now().Add(5 * time.Minute)
-	for {
-		tr, err := env.jaeger.WaitTrace(t.Context(), traceID, 6)
-		if err != nil {
+	var tr *testenv.JaegerTrace
+	testenv.EventuallyNoError(t, waitTimeout, "trace "+traceID+"'s spans from the client, the runner and agent-host", func() error {
+		var err error
+		if tr, err = env.jaeger.WaitTrace(t.Context(), traceID, 6); err != nil {
 			t.Fatal(err)
 		}
 		have := map[string]map[string]bool{}
@@ -324,27 +324,21 @@ func TestOneTrace(t *testing.T) {
 			}
 			have[s.ServiceName][s.OperationName] = true
 		}
-		missing := false
 		for service, ops := range want {
 			for _, op := range ops {
-				missing = missing || !have[service][op]
+				if !have[service][op] {
+					return fmt.Errorf("the trace has %v, want %v", have, want)
+				}
 			}
 		}
-		if !missing {
-			start, host := tr.Span("start agent"), tr.Span("agent-host")
-			if start.Tags["conclave.executor"] != "kubernetes" || start.Tags["conclave.container_id"] != r.Status(t, in.ID).ContainerID {
-				t.Errorf("the runner's start agent span: %+v", start)
-			}
-			// agent-host, in the Job's pod, continues the span that
-			// created the Job.
-			if host.ParentSpanID != start.SpanID {
-				t.Errorf("agent-host's span's parent is %s, want the runner's start agent span %s", host.ParentSpanID, start.SpanID)
-			}
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("trace %s lacks spans after 5 minutes: has %v, want %v", traceID, have, want)
-		}
-		time.Sleep(500 * time.Millisecond)
+		return nil
+	})
+	start, host := tr.Span("start agent"), tr.Span("agent-host")
+	if start.Tags["conclave.executor"] != "kubernetes" || start.Tags["conclave.container_id"] != r.Status(t, in.ID).ContainerID {
+		t.Errorf("the runner's start agent span: %+v", start)
+	}
+	// agent-host, in the Job's pod, continues the span that created the Job.
+	if host.ParentSpanID != start.SpanID {
+		t.Errorf("agent-host's span's parent is %s, want the runner's start agent span %s", host.ParentSpanID, start.SpanID)
 	}
 }
