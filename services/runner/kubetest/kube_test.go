@@ -43,14 +43,14 @@ func TestKubernetesExecutor(t *testing.T) {
 		lines := r.Follow(t, in.ID, 1000)
 		// The first turn's updates stream to the API client as the agent
 		// in its pod makes them.
-		runnertest.AwaitLine(t, lines, "content: Working on: first")
-		runnertest.AwaitLine(t, lines, "tool_call write notes.txt")
+		runnertest.AwaitLine(t, lines, "content: Working on: first", waitTimeout)
+		runnertest.AwaitLine(t, lines, "tool_call write notes.txt", waitTimeout)
 		in = r.WaitStatus(t, in.ID, "completed")
 		if _, err := os.Stat(filepath.Join(ws, "notes.txt")); err != nil {
 			t.Errorf("the agent's tool call wrote no notes.txt in the workspace claim: %v", err)
 		}
 		r.prompt(t, in.ID, "second")
-		runnertest.AwaitLine(t, lines, "content: Working on: second")
+		runnertest.AwaitLine(t, lines, "content: Working on: second", waitTimeout)
 		r.WaitStatus(t, in.ID, "completed")
 
 		// The pod's phase reaches the log as the kubelet reports it, which
@@ -106,7 +106,7 @@ func TestKubernetesExecutor(t *testing.T) {
 		t.Parallel()
 		in := r.Launch(t, "slow-tool", workspace(t), map[string]string{"TASK_DESCRIPTION": "long work"})
 		lines := r.Follow(t, in.ID, 1000)
-		runnertest.AwaitLine(t, lines, "tool_call write notes.txt")
+		runnertest.AwaitLine(t, lines, "tool_call write notes.txt", waitTimeout)
 		in = r.Status(t, in.ID)
 		if code := r.Do(t, "POST", "/api/v1/agents/"+in.ID+"/cancel", map[string]any{"reason": "changed my mind"}, nil); code != http.StatusOK {
 			t.Fatalf("cancel: HTTP %d", code)
@@ -114,7 +114,7 @@ func TestKubernetesExecutor(t *testing.T) {
 		r.WaitStatus(t, in.ID, "stopped")
 		// The same pod takes the next prompt.
 		r.prompt(t, in.ID, "more work")
-		runnertest.AwaitLine(t, lines, "content: Working on: more work")
+		runnertest.AwaitLine(t, lines, "content: Working on: more work", waitTimeout)
 		if st := r.Status(t, in.ID); st.ContainerID != in.ContainerID || st.Status != "running" {
 			t.Errorf("after the second prompt: %+v, want running in %s", st, in.ContainerID)
 		}
