@@ -53,6 +53,16 @@ type gateway struct {
 	addr string
 }
 
+// integration opens a test that runs `conclave dev`: skipped under
+// -short, run in parallel with the other tests.
+func integration(t *testing.T) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("runs conclave dev")
+	}
+	t.Parallel()
+}
+
 // startGateway runs `conclave dev` with its gRPC listener on addr (port 0
 // for a free one), every other service on a free port too so that tests
 // can run side by side, and returns once it prints where it listens.
@@ -178,10 +188,7 @@ func assertHeld(t *testing.T, addr, id string) {
 }
 
 func TestAgentRegistersAndLeavesCleanly(t *testing.T) {
-	if testing.Short() {
-		t.Skip("runs conclave dev")
-	}
-	t.Parallel()
+	integration(t)
 	gw := startGateway(t, "127.0.0.1:0")
 	id := agent.NewID()
 	l := &logs{}
@@ -207,10 +214,7 @@ func TestAgentRegistersAndLeavesCleanly(t *testing.T) {
 }
 
 func TestAgentPresentsItsToken(t *testing.T) {
-	if testing.Short() {
-		t.Skip("runs conclave dev")
-	}
-	t.Parallel()
+	integration(t)
 	id := agent.NewID()
 	gw := startGateway(t, "127.0.0.1:0", "CONCLAVE_GATEWAY_AGENT_TOKENS="+id+"=right-token-0123456789")
 	tests := []struct {
@@ -242,10 +246,7 @@ func TestAgentPresentsItsToken(t *testing.T) {
 }
 
 func TestAgentRetriesWhileItsIDIsTaken(t *testing.T) {
-	if testing.Short() {
-		t.Skip("runs conclave dev")
-	}
-	t.Parallel()
+	integration(t)
 	gw := startGateway(t, "127.0.0.1:0")
 	id := agent.NewID()
 	squatter, err := register(t, gw.addr, id)
@@ -261,10 +262,7 @@ func TestAgentRetriesWhileItsIDIsTaken(t *testing.T) {
 }
 
 func TestAgentHeartbeatsKeepItRegistered(t *testing.T) {
-	if testing.Short() {
-		t.Skip("runs conclave dev")
-	}
-	t.Parallel()
+	integration(t)
 	gw := startGateway(t, "127.0.0.1:0", "CONCLAVE_GATEWAY_AGENT_TIMEOUT=1s")
 	id := agent.NewID()
 	l := startAgent(t, gw.addr, id)
@@ -287,10 +285,7 @@ func TestAgentHeartbeatsKeepItRegistered(t *testing.T) {
 }
 
 func TestAgentReconnectsAfterTheGatewayDies(t *testing.T) {
-	if testing.Short() {
-		t.Skip("runs conclave dev")
-	}
-	t.Parallel()
+	integration(t)
 	first := startGateway(t, "127.0.0.1:0")
 	id := agent.NewID()
 	l := startAgent(t, first.addr, id)
@@ -305,10 +300,7 @@ func TestAgentReconnectsAfterTheGatewayDies(t *testing.T) {
 }
 
 func TestAgentMovesOnWhenTheGatewayShutsDown(t *testing.T) {
-	if testing.Short() {
-		t.Skip("runs conclave dev")
-	}
-	t.Parallel()
+	integration(t)
 	first := startGateway(t, "127.0.0.1:0")
 	id := agent.NewID()
 	l := startAgent(t, first.addr, id)
