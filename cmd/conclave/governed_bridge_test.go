@@ -124,13 +124,9 @@ func TestGovernedBridgeTools(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs the Librarian, the bus, the bridge and python3")
 	}
-	t.Parallel()
-	for _, b := range backends {
-		t.Run(b.name, func(t *testing.T) {
-			t.Parallel()
-			governedBridgeTools(t, b.aws)
-		})
-	}
+	eachBackend(t, func(t *testing.T, b backend) {
+		governedBridgeTools(t, b.aws)
+	})
 }
 
 // governedBridgeTools is TestGovernedBridgeTools on one backend (aws:
