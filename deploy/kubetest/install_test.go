@@ -232,11 +232,7 @@ func (e *chartEnv) registered(ctx context.Context, client gatewayv1.GatewayServi
 	if err != nil {
 		return err
 	}
-	dep, err := e.admin.AppsV1().Deployments(namespace).Get(ctx, release+"-gateway", metav1.GetOptions{})
-	if err != nil {
-		return err
-	}
-	pods, err := e.rel.Pods(ctx, dep)
+	_, pods, err := e.deploymentPods(ctx, release+"-gateway")
 	if err != nil {
 		return err
 	}
@@ -248,6 +244,16 @@ func (e *chartEnv) registered(ctx context.Context, client gatewayv1.GatewayServi
 		return fmt.Errorf("agent listed at %q, the gateway's pods are %v", resp.GetAgent().GetServerId(), names)
 	}
 	return nil
+}
+
+// deploymentPods is the release's Deployment name and its pods.
+func (e *chartEnv) deploymentPods(ctx context.Context, name string) (*appsv1.Deployment, []corev1.Pod, error) {
+	dep, err := e.admin.AppsV1().Deployments(namespace).Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		return nil, nil, err
+	}
+	pods, err := e.rel.Pods(ctx, dep)
+	return dep, pods, err
 }
 
 // testRunnerRBAC holds the release's runner ServiceAccount to what the
@@ -566,11 +572,7 @@ func testUpgrade(t *testing.T, e *chartEnv) {
 		if err != nil {
 			t.Fatalf("%s before the upgrade: %v", name, err)
 		}
-		dep, err := e.admin.AppsV1().Deployments(namespace).Get(ctx, name, metav1.GetOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		pods, err := e.rel.Pods(ctx, dep)
+		_, pods, err := e.deploymentPods(ctx, name)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -592,11 +594,7 @@ func testUpgrade(t *testing.T, e *chartEnv) {
 		name := release + "-" + d
 		old := beforeUpgrade[name]
 		hash := e.waitRolledOut(t, name, old.hash)
-		dep, err := e.admin.AppsV1().Deployments(namespace).Get(ctx, name, metav1.GetOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		pods, err := e.rel.Pods(ctx, dep)
+		dep, pods, err := e.deploymentPods(ctx, name)
 		if err != nil {
 			t.Fatal(err)
 		}
