@@ -92,7 +92,7 @@ run: build ## Build and run `conclave dev`: every service in one process on embe
 # main package as testenv.GoBuild builds the processes the tests start
 # (static, -trimpath): test binaries that build them at once would each
 # compile the same packages. The standalone modules' tests run beside the
-# workspace's (docs/testing.md, ".ci/run on a fresh machine").
+# workspace's (bench/ci.md, ".ci/run on a fresh machine").
 .PHONY: test
 test: tools test-tools test-deps ## Install what the tests need, then run every module's tests with -race.
 	@echo "==> go build (the processes the tests start)"
@@ -123,7 +123,7 @@ test-short: ## Run every module's unit tests only (-short), without real compone
 # Lint type-checks the race build, the configuration `make test` compiles:
 # after the tests, go vet and staticcheck reuse those compiled dependencies
 # instead of compiling client-go, the AWS SDK and gRPC a second time
-# (docs/testing.md, ".ci/run on a fresh machine"). No file in the repository
+# (bench/ci.md, ".ci/run on a fresh machine"). No file in the repository
 # has a race build tag, so nothing goes unchecked. Added to the GOFLAGS in
 # effect (the environment's or go env's), not in place of them. The
 # workspace's modules are linted by one go vet and one staticcheck, which

@@ -6,10 +6,6 @@ package bridge
 import (
 	"context"
 	"encoding/json"
-	"io"
-	"log/slog"
-	"net"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -20,8 +16,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/conclave-ai/conclave/pkg/hybrid"
-	"github.com/conclave-ai/conclave/pkg/server"
-	"github.com/conclave-ai/conclave/pkg/telemetry"
+	"github.com/conclave-ai/conclave/services/bridge/bridgetest"
 	"github.com/conclave-ai/conclave/services/bridge/service"
 )
 
@@ -148,14 +143,6 @@ func BenchmarkOverheadInterleaved(b *testing.B) {
 	b.ReportMetric(float64(full)/float64(shell), "mcp/shell")
 }
 
-type bearer struct{ next http.RoundTripper }
-
-func (t bearer) RoundTrip(r *http.Request) (*http.Response, error) {
-	r = r.Clone(r.Context())
-	r.Header.Set("Authorization", "Bearer bench-token-0123456789")
-	return t.next.RoundTrip(r)
-}
-
 func startBridge(b *testing.B, py, script string) *mcp.ClientSession {
 	b.Helper()
 	dir := b.TempDir()
@@ -166,35 +153,8 @@ func startBridge(b *testing.B, py, script string) *mcp.ClientSession {
 	if err := os.WriteFile(cfg, []byte(body), 0o644); err != nil {
 		b.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	tel, err := telemetry.New(ctx, telemetry.Config{ServiceName: "bridge-bench"})
-	if err != nil {
-		b.Fatal(err)
-	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		b.Fatal(err)
-	}
-	br, err := service.New(service.Config{ConfigFile: cfg, HTTPAddr: "127.0.0.1:0", Tokens: []string{"bench-token-0123456789"},
+	br := bridgetest.Serve(b, service.Config{ConfigFile: cfg, HTTPAddr: "127.0.0.1:0", Tokens: []string{"bench-token-0123456789"},
 		ShutdownTimeout: 5 * time.Second, ProgressInterval: time.Minute, MaxRequestBytes: 4 << 20, Rate: 1e6, Burst: 1e6,
-		MaxRunning: 16, Env: os.LookupEnv}, service.Deps{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Telemetry: tel}, server.WithHTTPListener(l))
-	if err != nil {
-		b.Fatal(err)
-	}
-	done := make(chan error, 1)
-	go func() { done <- br.Run(ctx) }()
-	<-br.Ready()
-	client := mcp.NewClient(&mcp.Implementation{Name: "bench", Version: "1"}, nil)
-	cs, err := client.Connect(ctx, &mcp.StreamableClientTransport{Endpoint: "http://" + l.Addr().String() + service.MCPPath,
-		HTTPClient: &http.Client{Transport: bearer{http.DefaultTransport}}, MaxRetries: -1}, nil)
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() {
-		_ = cs.Close()
-		cancel()
-		<-done
-		_ = tel.Shutdown(context.Background())
-	})
-	return cs
+		MaxRunning: 16, Env: os.LookupEnv}, "bridge-bench")
+	return bridgetest.Connect(b, br.MCP(), "bench-token-0123456789", "bench", nil)
 }

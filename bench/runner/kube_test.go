@@ -3,7 +3,6 @@
 package runner_test
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -25,6 +24,7 @@ import (
 
 	"github.com/conclave-ai/conclave/pkg/testenv"
 	"github.com/conclave-ai/conclave/pkg/testenv/kubeenv"
+	"github.com/conclave-ai/conclave/services/runner/runnertest"
 )
 
 const (
@@ -94,8 +94,8 @@ func BenchmarkKubeFirstUpdate(b *testing.B) {
 			ws := "/workspace/" + fmt.Sprint(time.Now().UnixNano())
 			start := time.Now()
 			id := postLaunch(b, base, ws)
-			lines := followLines(b, base, id)
-			for l := range lines {
+			api := &runnertest.API{Base: base}
+			for l := range api.Follow(b, id, 0) {
 				if l.Stream == "acp" {
 					break
 				}
@@ -105,7 +105,7 @@ func BenchmarkKubeFirstUpdate(b *testing.B) {
 			// Where the time went: the first time each step's line was
 			// logged, from the launch.
 			seen := map[string]bool{}
-			for _, l := range logLines(b, base, id) {
+			for _, l := range api.Logs(b, id) {
 				var step *[]time.Duration
 				switch {
 				case strings.HasPrefix(l.Text, "started normal as kubernetes"):
@@ -270,12 +270,6 @@ func startKubeRunner(b *testing.B, node *kubeenv.KubeNodeEnv) string {
 	}, node.Config)
 }
 
-type timedLine struct {
-	Time   time.Time `json:"time"`
-	Stream string    `json:"stream"`
-	Text   string    `json:"text"`
-}
-
 func postLaunch(b *testing.B, base, ws string) string {
 	body := `{"task_id":"bench","agent_type":"normal","workspace_path":"` + ws + `","env":{"TASK_DESCRIPTION":"go"}}`
 	resp, err := http.Post(base+"/api/v1/agents/launch", "application/json", strings.NewReader(body))
@@ -290,51 +284,6 @@ func postLaunch(b *testing.B, base, ws string) string {
 		b.Fatalf("launch: HTTP %d: %v", resp.StatusCode, err)
 	}
 	return in.ID
-}
-
-// followLines streams the instance's log until the caller stops reading
-// (the stream is closed when the benchmark ends).
-func followLines(b *testing.B, base, id string) <-chan timedLine {
-	ctx, cancel := context.WithCancel(context.Background())
-	b.Cleanup(cancel)
-	req, _ := http.NewRequestWithContext(ctx, "GET", base+"/api/v1/agents/"+id+"/logs?follow=true", nil)
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		b.Fatal(err)
-	}
-	out := make(chan timedLine, 256)
-	go func() {
-		defer close(out)
-		defer resp.Body.Close()
-		sc := bufio.NewScanner(resp.Body)
-		sc.Buffer(nil, 1<<20)
-		for sc.Scan() {
-			var l timedLine
-			if json.Unmarshal(sc.Bytes(), &l) == nil && l.Text != "" {
-				select {
-				case out <- l:
-				case <-ctx.Done():
-					return
-				}
-			}
-		}
-	}()
-	return out
-}
-
-func logLines(b *testing.B, base, id string) []timedLine {
-	resp, err := http.Get(base + "/api/v1/agents/" + id + "/logs?tail=100")
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer resp.Body.Close()
-	var out struct {
-		Lines []timedLine `json:"lines"`
-	}
-	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil {
-		b.Fatal(err)
-	}
-	return out.Lines
 }
 
 func request(b *testing.B, method, url, body string) int {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"flag"
+	"fmt"
 	"io"
 
 	"github.com/conclave-ai/conclave/pkg/config"
@@ -47,5 +48,16 @@ func parseInterleaved(fs *flag.FlagSet, args []string) ([]string, error) {
 			return append(rest, left...), nil
 		}
 		rest, args = append(rest, left[0]), left[1:]
+	}
+}
+
+// argCount is a command's check of its positional arguments: need(n, what)
+// fails, naming the command and what it expected, unless there are n.
+func argCount(command string, positional []string) func(n int, what string) error {
+	return func(n int, what string) error {
+		if len(positional) != n {
+			return fmt.Errorf("%s: expected %s", command, what)
+		}
+		return nil
 	}
 }

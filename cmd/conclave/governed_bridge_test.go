@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -16,6 +15,7 @@ import (
 
 	"github.com/conclave-ai/conclave/pkg/telemetry"
 	"github.com/conclave-ai/conclave/pkg/testenv"
+	"github.com/conclave-ai/conclave/services/bridge/bridgetest"
 	bridge "github.com/conclave-ai/conclave/services/bridge/service"
 )
 
@@ -68,27 +68,8 @@ func startGovernedBridge(t *testing.T, e *governedEnv, librarianURL string) (*mc
 	go func() { defer wg.Done(); _ = b.Run(ctx) }()
 	t.Cleanup(func() { cancel(); wg.Wait() })
 	<-b.Ready()
-	client := mcp.NewClient(&mcp.Implementation{Name: "governed-test", Version: "1"}, nil)
-	cs, err := client.Connect(context.Background(), &mcp.StreamableClientTransport{
-		Endpoint: readyURL(b, "http://", "HTTP") + bridge.MCPPath, MaxRetries: -1,
-		HTTPClient: &http.Client{Transport: bearerTransport{bridgeToken, http.DefaultTransport}},
-	}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = cs.Close() })
+	cs := bridgetest.Connect(t, readyURL(b, "http://", "HTTP")+bridge.MCPPath, bridgeToken, "governed-test", nil)
 	return cs, ws, tel
-}
-
-type bearerTransport struct {
-	token string
-	next  http.RoundTripper
-}
-
-func (b bearerTransport) RoundTrip(r *http.Request) (*http.Response, error) {
-	r = r.Clone(r.Context())
-	r.Header.Set("Authorization", "Bearer "+b.token)
-	return b.next.RoundTrip(r)
 }
 
 // escalatedOf waits for an escalated request of agent to wait for review
@@ -124,13 +105,9 @@ func TestGovernedBridgeTools(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs the Librarian, the bus, the bridge and python3")
 	}
-	t.Parallel()
-	for _, b := range backends {
-		t.Run(b.name, func(t *testing.T) {
-			t.Parallel()
-			governedBridgeTools(t, b.aws)
-		})
-	}
+	eachBackend(t, func(t *testing.T, b backend) {
+		governedBridgeTools(t, b.aws)
+	})
 }
 
 // governedBridgeTools is TestGovernedBridgeTools on one backend (aws:

@@ -15,10 +15,26 @@ import (
 )
 
 // backends are the storage backends every governed test runs on.
-var backends = []struct {
+// backend is a store and queue the governed tests run on: the embedded
+// ones, or DynamoDB and SQS (dynalite and fauxqs).
+type backend struct {
 	name string
 	aws  bool
-}{{"embedded", false}, {"dynalite-fauxqs", true}}
+}
+
+var backends = []backend{{"embedded", false}, {"dynalite-fauxqs", true}}
+
+// eachBackend runs test on every backend, each a parallel subtest named
+// for it, in parallel with the other tests.
+func eachBackend(t *testing.T, test func(t *testing.T, b backend)) {
+	t.Parallel()
+	for _, b := range backends {
+		t.Run(b.name, func(t *testing.T) {
+			t.Parallel()
+			test(t, b)
+		})
+	}
+}
 
 // unwrapStruct is an event's data as its producer wrote it: the runner's
 // payloads are google.protobuf.Struct, which the bus renders as
@@ -97,43 +113,39 @@ func TestGovernedEscalationDecidedInChromium(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs the Librarian, the bus, the runner, node and Chromium")
 	}
-	t.Parallel()
-	for _, b := range backends {
-		t.Run(b.name, func(t *testing.T) {
-			t.Parallel()
-			e := startGoverned(t, governedOptions{aws: b.aws, protocol: escalateDeviation})
-			task := "task-governed-escalated-" + b.name
-			msgs := e.busMessages(t, "task:"+task)
-			in := e.launch(t, task)
-			waiting := e.waitStatus(t, in.ID, 3*time.Minute, "awaiting_approval", "completed", "failed")
-			if waiting.Status != "awaiting_approval" || !strings.HasPrefix(waiting.ReviewURL, e.librarianURL+"/review/") {
-				t.Fatalf("status %+v; log:\n%s", waiting, e.logText(t, in.ID))
+	eachBackend(t, func(t *testing.T, b backend) {
+		e := startGoverned(t, governedOptions{aws: b.aws, protocol: escalateDeviation})
+		task := "task-governed-escalated-" + b.name
+		msgs := e.busMessages(t, "task:"+task)
+		in := e.launch(t, task)
+		waiting := e.waitStatus(t, in.ID, 3*time.Minute, "awaiting_approval", "completed", "failed")
+		if waiting.Status != "awaiting_approval" || !strings.HasPrefix(waiting.ReviewURL, e.librarianURL+"/review/") {
+			t.Fatalf("status %+v; log:\n%s", waiting, e.logText(t, in.ID))
+		}
+		ev := unwrapStruct(waitEvent(t, msgs, "runner.task.status_changed", time.Minute, func(d map[string]any) bool {
+			return unwrapStruct(d)["status"] == "awaiting_approval"
+		}))
+		if ev["review_url"] != waiting.ReviewURL || ev["approval_request_id"] == "" {
+			t.Errorf("the awaiting_approval event %v", ev)
+		}
+		reviewInChromium(t, waiting.ReviewURL, "approve", "The config change is fine.", b.name)
+		done := e.waitStatus(t, in.ID, 2*time.Minute, "completed", "failed", "stopped")
+		log := e.logText(t, in.ID)
+		if done.Status != "completed" || done.ReviewURL != "" || !strings.Contains(log, agentAllowed) {
+			t.Fatalf("status %+v; log:\n%s", done, log)
+		}
+		for _, want := range []string{"escalated to a person", "review: " + waiting.ReviewURL, "the decision came by the bus", "status: running"} {
+			if !strings.Contains(log, want) {
+				t.Errorf("the log lacks %q:\n%s", want, log)
 			}
-			ev := unwrapStruct(waitEvent(t, msgs, "runner.task.status_changed", time.Minute, func(d map[string]any) bool {
-				return unwrapStruct(d)["status"] == "awaiting_approval"
-			}))
-			if ev["review_url"] != waiting.ReviewURL || ev["approval_request_id"] == "" {
-				t.Errorf("the awaiting_approval event %v", ev)
-			}
-			reviewInChromium(t, waiting.ReviewURL, "approve", "The config change is fine.", b.name)
-			done := e.waitStatus(t, in.ID, 2*time.Minute, "completed", "failed", "stopped")
-			log := e.logText(t, in.ID)
-			if done.Status != "completed" || done.ReviewURL != "" || !strings.Contains(log, agentAllowed) {
-				t.Fatalf("status %+v; log:\n%s", done, log)
-			}
-			for _, want := range []string{"escalated to a person", "review: " + waiting.ReviewURL, "the decision came by the bus", "status: running"} {
-				if !strings.Contains(log, want) {
-					t.Errorf("the log lacks %q:\n%s", want, log)
-				}
-			}
-			if d := decided(t, msgs); d["decision"] != "approved" || d["escalated"] != true || !strings.Contains(fmt.Sprint(d["reason"]), "alice") {
-				t.Errorf("runner.permission.decided %v", d)
-			}
-			if m := e.metrics(t); !strings.Contains(m, `conclave_runner_approval_wait_seconds_count{`) {
-				t.Errorf("approval_wait_seconds not recorded:\n%s", grepLines(m, "approval"))
-			}
-		})
-	}
+		}
+		if d := decided(t, msgs); d["decision"] != "approved" || d["escalated"] != true || !strings.Contains(fmt.Sprint(d["reason"]), "alice") {
+			t.Errorf("runner.permission.decided %v", d)
+		}
+		if m := e.metrics(t); !strings.Contains(m, `conclave_runner_approval_wait_seconds_count{`) {
+			t.Errorf("approval_wait_seconds not recorded:\n%s", grepLines(m, "approval"))
+		}
+	})
 }
 
 // reviewInChromium signs in on the review page as the reviewer and
@@ -228,29 +240,25 @@ func TestGovernedLibrarianDown(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs the bus, the runner and node")
 	}
-	t.Parallel()
-	for _, b := range backends {
-		t.Run(b.name, func(t *testing.T) {
-			t.Parallel()
-			e := startGoverned(t, governedOptions{aws: b.aws, librarianURL: "http://127.0.0.1:1"})
-			task := "task-governed-down-" + b.name
-			msgs := e.busMessages(t, "task:"+task)
-			in := e.launch(t, task)
-			done := e.waitStatus(t, in.ID, 3*time.Minute, "completed", "failed", "stopped")
-			log := e.logText(t, in.ID)
-			if done.Status != "completed" || !strings.Contains(log, agentRefused) || !strings.Contains(log, "unavailable (failing closed: refused)") ||
-				!strings.Contains(log, "the Librarian is unavailable") {
-				t.Fatalf("status %+v; log:\n%s", done, log)
-			}
-			if d := decided(t, msgs); d["decision"] != "unavailable" || d["failed_closed"] != true || !strings.Contains(fmt.Sprint(d["reason"]), "connection refused") {
-				t.Errorf("runner.permission.decided %v", d)
-			}
-			metrics := e.metrics(t)
-			if !strings.Contains(metrics, `conclave_runner_permission_fail_closed_total{`) || !strings.Contains(metrics, `reason="unavailable"`) {
-				t.Errorf("no fail-closed denial counted:\n%s", grepLines(metrics, "permission"))
-			}
-		})
-	}
+	eachBackend(t, func(t *testing.T, b backend) {
+		e := startGoverned(t, governedOptions{aws: b.aws, librarianURL: "http://127.0.0.1:1"})
+		task := "task-governed-down-" + b.name
+		msgs := e.busMessages(t, "task:"+task)
+		in := e.launch(t, task)
+		done := e.waitStatus(t, in.ID, 3*time.Minute, "completed", "failed", "stopped")
+		log := e.logText(t, in.ID)
+		if done.Status != "completed" || !strings.Contains(log, agentRefused) || !strings.Contains(log, "unavailable (failing closed: refused)") ||
+			!strings.Contains(log, "the Librarian is unavailable") {
+			t.Fatalf("status %+v; log:\n%s", done, log)
+		}
+		if d := decided(t, msgs); d["decision"] != "unavailable" || d["failed_closed"] != true || !strings.Contains(fmt.Sprint(d["reason"]), "connection refused") {
+			t.Errorf("runner.permission.decided %v", d)
+		}
+		metrics := e.metrics(t)
+		if !strings.Contains(metrics, `conclave_runner_permission_fail_closed_total{`) || !strings.Contains(metrics, `reason="unavailable"`) {
+			t.Errorf("no fail-closed denial counted:\n%s", grepLines(metrics, "permission"))
+		}
+	})
 }
 
 func grepLines(text, word string) string {

@@ -95,12 +95,7 @@ func runLibrarian(ctx context.Context, args []string, lookup config.Lookup, stdo
 		}
 		return printJSON(stdout, answer)
 	}
-	need := func(n int, what string) error {
-		if len(positional) != n {
-			return fmt.Errorf("librarian %s: expected %s", cmd, what)
-		}
-		return nil
-	}
+	need := argCount("librarian "+cmd, positional)
 	switch cmd {
 	case "request":
 		if err := need(1, "a file name, or - for standard input"); err != nil {

@@ -72,12 +72,7 @@ func runRunner(ctx context.Context, args []string, lookup config.Lookup, stdout,
 		return err
 	}
 	c := &runnerClient{httpclient.New(*baseURL, *token)}
-	need := func(n int, what string) error {
-		if len(positional) != n {
-			return fmt.Errorf("runner %s: expected %s", cmd, what)
-		}
-		return nil
-	}
+	need := argCount("runner "+cmd, positional)
 	switch cmd {
 	case "launch":
 		if err := need(0, "no arguments, only flags"); err != nil {

@@ -263,7 +263,7 @@ func WriteTarball(path string, ref name.Tag, image v1.Image) error {
 const LibrarianPackage = "./functions/librarian"
 
 // BuildLibrarianZip builds the Librarian for Lambda's provided.al2023
-// runtime on arm64 (static, -tags lambda.norpc, as docs/deploy.md says) and
+// runtime on arm64 (static, -tags lambda.norpc, as docs/infra.md says) and
 // writes it to path as a zip holding one executable file, bootstrap.
 func (b *Builder) BuildLibrarianZip(ctx context.Context, path, workDir string) error {
 	bin := filepath.Join(workDir, "bootstrap")

@@ -15,9 +15,10 @@ import (
 	"regexp"
 	"strings"
 	"testing"
-	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/conclave-ai/conclave/pkg/testenv"
 )
 
 // consoleSession is a browser's side of the console: its Service's base
@@ -243,26 +244,21 @@ func testConsoleAfterUpgrade(t *testing.T, e *chartEnv) {
 	// The agent reconnects through the gateway's Service after its
 	// replica drained (GatewayAfterUpgrade waited for that): the
 	// overview lists it again once the console's next read sees it.
-	var last string
-	for {
-		status, path, body, err := console.get(ctx, "/")
+	var body string
+	testenv.EventuallyNoError(t, waitLimit, "the overview to list agent "+agentID+" after the upgrade", func() error {
+		status, path, b, err := console.get(ctx, "/")
 		if err != nil {
 			t.Fatal(err)
 		}
 		if path != "/" || status != http.StatusOK {
-			t.Fatalf("the session from before the upgrade: %d at %s, want the overview (the new pods cannot open its cookie?):\n%.2000s", status, path, body)
+			t.Fatalf("the session from before the upgrade: %d at %s, want the overview (the new pods cannot open its cookie?):\n%.2000s", status, path, b)
 		}
-		if strings.Contains(body, "<code>"+agentID+"</code>") {
-			checkOverview(t, body)
-			return
+		if body = b; !strings.Contains(body, "<code>"+agentID+"</code>") {
+			return fmt.Errorf("the overview:\n%.4000s", body)
 		}
-		last = body
-		select {
-		case <-ctx.Done():
-			t.Fatalf("the overview never listed agent %s after the upgrade:\n%.4000s", agentID, last)
-		case <-time.After(500 * time.Millisecond):
-		}
-	}
+		return nil
+	})
+	checkOverview(t, body)
 }
 
 // consoleURLs are the console's service URLs in the install's values: the

@@ -36,6 +36,7 @@ import (
 	"k8s.io/client-go/restmapper"
 	"sigs.k8s.io/yaml"
 
+	"github.com/conclave-ai/conclave/pkg/testenv"
 	"github.com/conclave-ai/conclave/pkg/testenv/kubeenv"
 	gatewayv1 "github.com/conclave-ai/conclave/proto/conclave/gateway/v1"
 )
@@ -189,16 +190,8 @@ func (e *chartEnv) checkGateway(t *testing.T, content string) {
 	// Registered with one of the gateway's current pods (a replica names
 	// itself by its host name, the pod's): after an upgrade, not with one
 	// that has gone.
-	for {
-		err := e.registered(ctx, client)
-		if err == nil {
-			break
-		}
-		select {
-		case <-ctx.Done():
-			t.Fatalf("the gateway never listed agent %s at a current replica: %v\nthe agent's log:\n%s", agentID, err, e.rel.PodLog("coven-agent", "agent"))
-		case <-time.After(500 * time.Millisecond):
-		}
+	if err := testenv.Poll(waitLimit, func() error { return e.registered(ctx, client) }); err != nil {
+		t.Fatalf("the gateway never listed agent %s at a current replica: %v\nthe agent's log:\n%s", agentID, err, e.rel.PodLog("coven-agent", "agent"))
 	}
 
 	stream, err := client.SendMessage(ctx, &gatewayv1.SendMessageRequest{AgentId: agentID, Sender: "kubetest", Content: content})
@@ -239,11 +232,7 @@ func (e *chartEnv) registered(ctx context.Context, client gatewayv1.GatewayServi
 	if err != nil {
 		return err
 	}
-	dep, err := e.admin.AppsV1().Deployments(namespace).Get(ctx, release+"-gateway", metav1.GetOptions{})
-	if err != nil {
-		return err
-	}
-	pods, err := e.rel.Pods(ctx, dep)
+	_, pods, err := e.deploymentPods(ctx, release+"-gateway")
 	if err != nil {
 		return err
 	}
@@ -255,6 +244,16 @@ func (e *chartEnv) registered(ctx context.Context, client gatewayv1.GatewayServi
 		return fmt.Errorf("agent listed at %q, the gateway's pods are %v", resp.GetAgent().GetServerId(), names)
 	}
 	return nil
+}
+
+// deploymentPods is the release's Deployment name and its pods.
+func (e *chartEnv) deploymentPods(ctx context.Context, name string) (*appsv1.Deployment, []corev1.Pod, error) {
+	dep, err := e.admin.AppsV1().Deployments(namespace).Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		return nil, nil, err
+	}
+	pods, err := e.rel.Pods(ctx, dep)
+	return dep, pods, err
 }
 
 // testRunnerRBAC holds the release's runner ServiceAccount to what the
@@ -505,22 +504,17 @@ func (e *chartEnv) launchExampleAgent(t *testing.T, ns, token string) {
 			Text string `json:"text"`
 		} `json:"lines"`
 	}
-	for seen := false; !seen; {
+	testenv.EventuallyNoError(t, waitLimit, fmt.Sprintf("the agent's turn to reach the log (%q)", want), func() error {
 		if _, err := do("GET", "/api/v1/agents/"+in.ID+"/logs?tail=1000", nil, &lines); err != nil {
 			t.Fatal(err)
 		}
 		for _, l := range lines.Lines {
-			seen = seen || l.Text == want
+			if l.Text == want {
+				return nil
+			}
 		}
-		if seen {
-			break
-		}
-		select {
-		case <-ctx.Done():
-			t.Fatalf("the agent's turn never reached the log (%q); the log: %+v", want, lines.Lines)
-		case <-time.After(500 * time.Millisecond):
-		}
-	}
+		return fmt.Errorf("the log: %+v", lines.Lines)
+	})
 	if _, err := do("GET", "/api/v1/agents/"+in.ID+"/status", nil, &in); err != nil {
 		t.Fatal(err)
 	}
@@ -578,11 +572,7 @@ func testUpgrade(t *testing.T, e *chartEnv) {
 		if err != nil {
 			t.Fatalf("%s before the upgrade: %v", name, err)
 		}
-		dep, err := e.admin.AppsV1().Deployments(namespace).Get(ctx, name, metav1.GetOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		pods, err := e.rel.Pods(ctx, dep)
+		_, pods, err := e.deploymentPods(ctx, name)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -604,11 +594,7 @@ func testUpgrade(t *testing.T, e *chartEnv) {
 		name := release + "-" + d
 		old := beforeUpgrade[name]
 		hash := e.waitRolledOut(t, name, old.hash)
-		dep, err := e.admin.AppsV1().Deployments(namespace).Get(ctx, name, metav1.GetOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		pods, err := e.rel.Pods(ctx, dep)
+		dep, pods, err := e.deploymentPods(ctx, name)
 		if err != nil {
 			t.Fatal(err)
 		}

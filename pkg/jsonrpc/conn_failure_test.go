@@ -137,37 +137,33 @@ func TestCancelledRequestIsAnswered(t *testing.T) {
 }
 
 func TestMaxInflight(t *testing.T) {
-	t.Parallel()
-	for _, tr := range transports {
-		t.Run(tr.name, func(t *testing.T) {
-			t.Parallel()
-			blk := newBlocker()
-			client, _ := connPair(t, tr, nil, Methods{
-				"block": blk.Handle,
-				"quick": func(context.Context, *Request) (any, error) {
-					select {
-					case <-blk.release:
-						return nil, nil
-					default:
-						return nil, errors.New("ran while the only slot was taken")
-					}
-				},
-			}, WithMaxInflight(1))
-			blocked := make(chan error, 1)
-			go func() { blocked <- client.Call(t.Context(), "block", nil, nil) }()
-			<-blk.started
-			quick := make(chan error, 1)
-			go func() { quick <- client.Call(t.Context(), "quick", nil, nil) }()
-			close(blk.release)
-			if err := <-blocked; err != nil {
-				t.Errorf("blocking call: %v", err)
-			}
-			// It waited for the slot instead of failing.
-			if err := <-quick; err != nil {
-				t.Errorf("call over the limit: %v", err)
-			}
-		})
-	}
+	eachTransport(t, func(t *testing.T, tr transport) {
+		blk := newBlocker()
+		client, _ := connPair(t, tr, nil, Methods{
+			"block": blk.Handle,
+			"quick": func(context.Context, *Request) (any, error) {
+				select {
+				case <-blk.release:
+					return nil, nil
+				default:
+					return nil, errors.New("ran while the only slot was taken")
+				}
+			},
+		}, WithMaxInflight(1))
+		blocked := make(chan error, 1)
+		go func() { blocked <- client.Call(t.Context(), "block", nil, nil) }()
+		<-blk.started
+		quick := make(chan error, 1)
+		go func() { quick <- client.Call(t.Context(), "quick", nil, nil) }()
+		close(blk.release)
+		if err := <-blocked; err != nil {
+			t.Errorf("blocking call: %v", err)
+		}
+		// It waited for the slot instead of failing.
+		if err := <-quick; err != nil {
+			t.Errorf("call over the limit: %v", err)
+		}
+	})
 }
 
 func TestPeerNotReading(t *testing.T) {
@@ -187,90 +183,78 @@ func TestPeerNotReading(t *testing.T) {
 }
 
 func TestPeerDisconnect(t *testing.T) {
-	t.Parallel()
-	for _, tr := range transports {
-		t.Run(tr.name, func(t *testing.T) {
-			t.Parallel()
-			blk := newBlocker()
-			client, server := connPair(t, tr, nil, Methods{"block": blk.Handle})
-			const calls = 5
-			errc := make(chan error, calls)
-			for range calls {
-				go func() { errc <- client.Call(t.Context(), "block", nil, nil) }()
+	eachTransport(t, func(t *testing.T, tr transport) {
+		blk := newBlocker()
+		client, server := connPair(t, tr, nil, Methods{"block": blk.Handle})
+		const calls = 5
+		errc := make(chan error, calls)
+		for range calls {
+			go func() { errc <- client.Call(t.Context(), "block", nil, nil) }()
+		}
+		<-blk.started // at least one is in the handler; the rest may be anywhere
+		server.Close()
+		for range calls {
+			if err := <-errc; !errors.Is(err, ErrClosed) {
+				t.Errorf("pending call = %v, want ErrClosed", err)
 			}
-			<-blk.started // at least one is in the handler; the rest may be anywhere
-			server.Close()
-			for range calls {
-				if err := <-errc; !errors.Is(err, ErrClosed) {
-					t.Errorf("pending call = %v, want ErrClosed", err)
-				}
-			}
-			<-client.Done()
-			if err := client.Err(); !errors.Is(err, ErrClosed) {
-				t.Errorf("Err = %v, want ErrClosed", err)
-			}
-			if err := client.Call(t.Context(), "block", nil, nil); !errors.Is(err, ErrClosed) {
-				t.Errorf("call after close = %v, want ErrClosed", err)
-			}
-			if err := client.Notify(t.Context(), "x", nil); !errors.Is(err, ErrClosed) {
-				t.Errorf("notify after close = %v, want ErrClosed", err)
-			}
-			// The server's handler saw its context end with the connection.
-			if cause := <-blk.ended; cause == nil {
-				t.Error("server handler was not cancelled by the close")
-			}
-		})
-	}
+		}
+		<-client.Done()
+		if err := client.Err(); !errors.Is(err, ErrClosed) {
+			t.Errorf("Err = %v, want ErrClosed", err)
+		}
+		if err := client.Call(t.Context(), "block", nil, nil); !errors.Is(err, ErrClosed) {
+			t.Errorf("call after close = %v, want ErrClosed", err)
+		}
+		if err := client.Notify(t.Context(), "x", nil); !errors.Is(err, ErrClosed) {
+			t.Errorf("notify after close = %v, want ErrClosed", err)
+		}
+		// The server's handler saw its context end with the connection.
+		if cause := <-blk.ended; cause == nil {
+			t.Error("server handler was not cancelled by the close")
+		}
+	})
 }
 
 func TestClose(t *testing.T) {
-	t.Parallel()
-	for _, tr := range transports {
-		t.Run(tr.name, func(t *testing.T) {
-			t.Parallel()
-			client, server := connPair(t, tr, nil, nil)
-			if client.Err() != nil {
-				t.Fatalf("Err before Close = %v", client.Err())
-			}
-			if err := client.Close(); err != nil {
-				t.Errorf("Close = %v", err)
-			}
-			client.Close()
-			<-client.Done()
-			if err := client.Err(); err != ErrClosed {
-				t.Errorf("Err after Close = %v, want exactly ErrClosed", err)
-			}
-			// The peer sees the end too.
-			<-server.Done()
-			if err := server.Err(); !errors.Is(err, ErrClosed) {
-				t.Errorf("peer Err = %v, want ErrClosed", err)
-			}
-		})
-	}
+	eachTransport(t, func(t *testing.T, tr transport) {
+		client, server := connPair(t, tr, nil, nil)
+		if client.Err() != nil {
+			t.Fatalf("Err before Close = %v", client.Err())
+		}
+		if err := client.Close(); err != nil {
+			t.Errorf("Close = %v", err)
+		}
+		client.Close()
+		<-client.Done()
+		if err := client.Err(); err != ErrClosed {
+			t.Errorf("Err after Close = %v, want exactly ErrClosed", err)
+		}
+		// The peer sees the end too.
+		<-server.Done()
+		if err := server.Err(); !errors.Is(err, ErrClosed) {
+			t.Errorf("peer Err = %v, want ErrClosed", err)
+		}
+	})
 }
 
 func TestOversizedFrame(t *testing.T) {
-	t.Parallel()
 	const limit = 1024
-	for _, tr := range transports {
-		t.Run(tr.name, func(t *testing.T) {
-			t.Parallel()
-			// Only the server has the small limit, so the client can send.
-			sa, sb := tr.pair(t, 0, limit)
-			client, server := NewConn(sa, nil, quiet), NewConn(sb, echo, quiet)
-			t.Cleanup(func() { client.Close(); server.Close() })
+	eachTransport(t, func(t *testing.T, tr transport) {
+		// Only the server has the small limit, so the client can send.
+		sa, sb := tr.pair(t, 0, limit)
+		client, server := NewConn(sa, nil, quiet), NewConn(sb, echo, quiet)
+		t.Cleanup(func() { client.Close(); server.Close() })
 
-			if err := client.Call(t.Context(), "echo", []string{strings.Repeat("x", limit/2)}, nil); err != nil {
-				t.Fatalf("call under the limit: %v", err)
-			}
-			err := client.Call(t.Context(), "echo", []string{strings.Repeat("x", 2*limit)}, nil)
-			if !errors.Is(err, ErrClosed) {
-				t.Errorf("call over the limit = %v, want ErrClosed", err)
-			}
-			<-server.Done()
-			if err := server.Err(); !errors.Is(err, ErrFrameTooLarge) {
-				t.Errorf("server Err = %v, want ErrFrameTooLarge", err)
-			}
-		})
-	}
+		if err := client.Call(t.Context(), "echo", []string{strings.Repeat("x", limit/2)}, nil); err != nil {
+			t.Fatalf("call under the limit: %v", err)
+		}
+		err := client.Call(t.Context(), "echo", []string{strings.Repeat("x", 2*limit)}, nil)
+		if !errors.Is(err, ErrClosed) {
+			t.Errorf("call over the limit = %v, want ErrClosed", err)
+		}
+		<-server.Done()
+		if err := server.Err(); !errors.Is(err, ErrFrameTooLarge) {
+			t.Errorf("server Err = %v, want ErrFrameTooLarge", err)
+		}
+	})
 }

@@ -351,56 +351,52 @@ func (h asyncHandler) HandleAsync(_ context.Context, req *Request, reply func(an
 // replies, from any goroutine, once, each holding its in-flight slot until
 // then; calls it declines go to Handle; a panic is an InternalError.
 func TestAsyncHandler(t *testing.T) {
-	t.Parallel()
-	for _, tr := range transports {
-		t.Run(tr.name, func(t *testing.T) {
-			t.Parallel()
-			later := make(chan func(any, error), 2)
-			h := asyncHandler{replies: map[string]chan func(any, error){"later": later}}
-			client, _ := connPair(t, tr, nil, h, WithMaxInflight(2))
+	eachTransport(t, func(t *testing.T, tr transport) {
+		later := make(chan func(any, error), 2)
+		h := asyncHandler{replies: map[string]chan func(any, error){"later": later}}
+		client, _ := connPair(t, tr, nil, h, WithMaxInflight(2))
 
-			var got string
-			if err := client.Call(t.Context(), "now", nil, &got); err != nil || got != "answered at once" {
-				t.Errorf("now: %q, %v", got, err)
-			}
-			var echoed []int
-			if err := client.Call(t.Context(), "declined", []int{1}, &echoed); err != nil || !slices.Equal(echoed, []int{1}) {
-				t.Errorf("declined: %v, %v", echoed, err)
-			}
-			err := client.Call(t.Context(), "panic", nil, nil)
-			var e *Error
-			if !errors.As(err, &e) || e.Code != InternalError {
-				t.Errorf("panic: %v, want InternalError", err)
-			}
+		var got string
+		if err := client.Call(t.Context(), "now", nil, &got); err != nil || got != "answered at once" {
+			t.Errorf("now: %q, %v", got, err)
+		}
+		var echoed []int
+		if err := client.Call(t.Context(), "declined", []int{1}, &echoed); err != nil || !slices.Equal(echoed, []int{1}) {
+			t.Errorf("declined: %v, %v", echoed, err)
+		}
+		err := client.Call(t.Context(), "panic", nil, nil)
+		var e *Error
+		if !errors.As(err, &e) || e.Code != InternalError {
+			t.Errorf("panic: %v, want InternalError", err)
+		}
 
-			// Two calls taken and not answered hold both slots: the
-			// connection stops reading until one is answered.
-			_, out1 := goCall(t, client, "later", nil)
-			_, out2 := goCall(t, client, "later", nil)
-			reply1, reply2 := <-later, <-later
-			_, blocked := goCall(t, client, "now", nil)
-			select {
-			case o := <-blocked:
-				t.Fatalf("a third call was handled with both slots held: %+v", o)
-			default:
-			}
-			go reply1("one", nil)
-			if o := once(t, out1); o.err != nil || string(o.result) != `"one"` {
-				t.Errorf("first: %s, %v", o.result, o.err)
-			}
-			if o := once(t, blocked); o.err != nil {
-				t.Errorf("third call, once a slot was free: %v", o.err)
-			}
-			reply2(nil, &Error{Code: 7, Message: "no"})
-			reply2("again", nil) // ignored
-			if o := once(t, out2); !errors.As(o.err, &e) || e.Code != 7 {
-				t.Errorf("second: %v, want error 7", o.err)
-			}
-			if err := client.Call(t.Context(), "now", nil, nil); err != nil {
-				t.Errorf("after a double reply: %v", err)
-			}
-		})
-	}
+		// Two calls taken and not answered hold both slots: the
+		// connection stops reading until one is answered.
+		_, out1 := goCall(t, client, "later", nil)
+		_, out2 := goCall(t, client, "later", nil)
+		reply1, reply2 := <-later, <-later
+		_, blocked := goCall(t, client, "now", nil)
+		select {
+		case o := <-blocked:
+			t.Fatalf("a third call was handled with both slots held: %+v", o)
+		default:
+		}
+		go reply1("one", nil)
+		if o := once(t, out1); o.err != nil || string(o.result) != `"one"` {
+			t.Errorf("first: %s, %v", o.result, o.err)
+		}
+		if o := once(t, blocked); o.err != nil {
+			t.Errorf("third call, once a slot was free: %v", o.err)
+		}
+		reply2(nil, &Error{Code: 7, Message: "no"})
+		reply2("again", nil) // ignored
+		if o := once(t, out2); !errors.As(o.err, &e) || e.Code != 7 {
+			t.Errorf("second: %v, want error 7", o.err)
+		}
+		if err := client.Call(t.Context(), "now", nil, nil); err != nil {
+			t.Errorf("after a double reply: %v", err)
+		}
+	})
 }
 
 // TestInline: an Inline handler answers each call from the read loop, in

@@ -16,79 +16,71 @@ type echoParams struct {
 }
 
 func TestConcurrentCalls(t *testing.T) {
-	t.Parallel()
-	for _, tr := range transports {
-		t.Run(tr.name, func(t *testing.T) {
-			t.Parallel()
-			client, _ := connPair(t, tr, nil, echo)
-			const calls = 200
-			var wg sync.WaitGroup
-			errs := make(chan error, calls)
-			for i := range calls {
-				wg.Go(func() {
-					want := echoParams{N: i, Text: strings.Repeat("x", i)}
-					var got echoParams
-					if err := client.Call(t.Context(), "echo", want, &got); err != nil {
-						errs <- fmt.Errorf("call %d: %w", i, err)
-						return
-					}
-					if got != want {
-						errs <- fmt.Errorf("call %d: got %+v, want %+v", i, got, want)
-					}
-				})
-			}
-			wg.Wait()
-			close(errs)
-			for err := range errs {
-				t.Error(err)
-			}
-		})
-	}
+	eachTransport(t, func(t *testing.T, tr transport) {
+		client, _ := connPair(t, tr, nil, echo)
+		const calls = 200
+		var wg sync.WaitGroup
+		errs := make(chan error, calls)
+		for i := range calls {
+			wg.Go(func() {
+				want := echoParams{N: i, Text: strings.Repeat("x", i)}
+				var got echoParams
+				if err := client.Call(t.Context(), "echo", want, &got); err != nil {
+					errs <- fmt.Errorf("call %d: %w", i, err)
+					return
+				}
+				if got != want {
+					errs <- fmt.Errorf("call %d: got %+v, want %+v", i, got, want)
+				}
+			})
+		}
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			t.Error(err)
+		}
+	})
 }
 
 // TestStartThenWait sends many calls before waiting for any, then waits
 // for them in reverse order: each gets its own answer, and a Wait whose
 // context ends cancels its call at the peer.
 func TestStartThenWait(t *testing.T) {
-	t.Parallel()
-	for _, tr := range transports {
-		t.Run(tr.name, func(t *testing.T) {
-			t.Parallel()
-			blk := newBlocker()
-			client, _ := connPair(t, tr, nil, Methods{"echo": echo.Handle, "block": blk.Handle})
-			const calls = 50
-			pending := make([]*PendingCall, calls)
-			for i := range calls {
-				p, err := client.Start(t.Context(), "echo", echoParams{N: i, Text: strings.Repeat("y", i)})
-				if err != nil {
-					t.Fatalf("start %d: %v", i, err)
-				}
-				pending[i] = p
-			}
-			for i := calls - 1; i >= 0; i-- {
-				var got echoParams
-				if err := pending[i].Wait(t.Context(), &got); err != nil {
-					t.Fatalf("wait %d: %v", i, err)
-				}
-				if want := (echoParams{N: i, Text: strings.Repeat("y", i)}); got != want {
-					t.Errorf("call %d: got %+v, want %+v", i, got, want)
-				}
-			}
-			p, err := client.Start(t.Context(), "block", nil)
+	eachTransport(t, func(t *testing.T, tr transport) {
+		blk := newBlocker()
+		client, _ := connPair(t, tr, nil, Methods{"echo": echo.Handle, "block": blk.Handle})
+		const calls = 50
+		pending := make([]*PendingCall, calls)
+		for i := range calls {
+			p, err := client.Start(t.Context(), "echo", echoParams{N: i, Text: strings.Repeat("y", i)})
 			if err != nil {
-				t.Fatal(err)
+				t.Fatalf("start %d: %v", i, err)
 			}
-			<-blk.started
-			ctx, cancel := context.WithCancel(t.Context())
-			cancel()
-			if err := p.Wait(ctx, nil); !errors.Is(err, context.Canceled) {
-				t.Fatalf("Wait = %v, want context.Canceled", err)
+			pending[i] = p
+		}
+		for i := calls - 1; i >= 0; i-- {
+			var got echoParams
+			if err := pending[i].Wait(t.Context(), &got); err != nil {
+				t.Fatalf("wait %d: %v", i, err)
 			}
-			if cause := <-blk.ended; !errors.Is(cause, errCancelledByPeer) {
-				t.Errorf("handler's context ended with %v, want the peer's cancellation", cause)
+			if want := (echoParams{N: i, Text: strings.Repeat("y", i)}); got != want {
+				t.Errorf("call %d: got %+v, want %+v", i, got, want)
 			}
-		})
-	}
+		}
+		p, err := client.Start(t.Context(), "block", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		<-blk.started
+		ctx, cancel := context.WithCancel(t.Context())
+		cancel()
+		if err := p.Wait(ctx, nil); !errors.Is(err, context.Canceled) {
+			t.Fatalf("Wait = %v, want context.Canceled", err)
+		}
+		if cause := <-blk.ended; !errors.Is(cause, errCancelledByPeer) {
+			t.Errorf("handler's context ended with %v, want the peer's cancellation", cause)
+		}
+	})
 }
 
 // queueingStream is a QueueingStream over a stream that writes only: it
@@ -184,71 +176,67 @@ func TestGoDeferred(t *testing.T) {
 // call back into their caller before answering, as an ACP agent asks for
 // permission while our session/prompt is in flight.
 func TestBidirectional(t *testing.T) {
-	t.Parallel()
-	for _, tr := range transports {
-		t.Run(tr.name, func(t *testing.T) {
-			t.Parallel()
-			handler := func(side string) Handler {
-				return Methods{
-					"whoami": func(context.Context, *Request) (any, error) { return side, nil },
-					// prompt asks its caller for permission before answering.
-					"prompt": func(ctx context.Context, req *Request) (any, error) {
-						conn, ok := ConnFromContext(ctx)
-						if !ok {
-							return nil, errors.New("no connection in context")
-						}
-						var granted bool
-						if err := conn.Call(ctx, "permission", req.Params, &granted); err != nil {
-							return nil, err
-						}
-						return map[string]bool{"granted": granted}, nil
-					},
-					"permission": func(ctx context.Context, req *Request) (any, error) {
-						var p echoParams
-						if err := req.DecodeParams(&p); err != nil {
-							return nil, err
-						}
-						return p.N%2 == 0, nil
-					},
-				}
+	eachTransport(t, func(t *testing.T, tr transport) {
+		handler := func(side string) Handler {
+			return Methods{
+				"whoami": func(context.Context, *Request) (any, error) { return side, nil },
+				// prompt asks its caller for permission before answering.
+				"prompt": func(ctx context.Context, req *Request) (any, error) {
+					conn, ok := ConnFromContext(ctx)
+					if !ok {
+						return nil, errors.New("no connection in context")
+					}
+					var granted bool
+					if err := conn.Call(ctx, "permission", req.Params, &granted); err != nil {
+						return nil, err
+					}
+					return map[string]bool{"granted": granted}, nil
+				},
+				"permission": func(ctx context.Context, req *Request) (any, error) {
+					var p echoParams
+					if err := req.DecodeParams(&p); err != nil {
+						return nil, err
+					}
+					return p.N%2 == 0, nil
+				},
 			}
-			// Each end has at most rounds prompt handlers waiting on the
-			// other at once; rounds must stay under the in-flight limit, or
-			// they would hold every slot and stop the connections reading
-			// the answers they wait for (see WithMaxInflight).
-			a, b := connPair(t, tr, handler("a"), handler("b"))
+		}
+		// Each end has at most rounds prompt handlers waiting on the
+		// other at once; rounds must stay under the in-flight limit, or
+		// they would hold every slot and stop the connections reading
+		// the answers they wait for (see WithMaxInflight).
+		a, b := connPair(t, tr, handler("a"), handler("b"))
 
-			const rounds = 50
-			var wg sync.WaitGroup
-			errs := make(chan error, 4*rounds)
-			for i := range rounds {
-				for _, pair := range []struct {
-					from      *Conn
-					peer      string
-					fromLabel string
-				}{{a, "b", "a"}, {b, "a", "b"}} {
-					wg.Go(func() {
-						var who string
-						if err := pair.from.Call(t.Context(), "whoami", nil, &who); err != nil || who != pair.peer {
-							errs <- fmt.Errorf("%s: whoami = %q, %v; want %q", pair.fromLabel, who, err, pair.peer)
-						}
-					})
-					wg.Go(func() {
-						var got map[string]bool
-						err := pair.from.Call(t.Context(), "prompt", echoParams{N: i}, &got)
-						if err != nil || got["granted"] != (i%2 == 0) {
-							errs <- fmt.Errorf("%s: prompt %d = %v, %v", pair.fromLabel, i, got, err)
-						}
-					})
-				}
+		const rounds = 50
+		var wg sync.WaitGroup
+		errs := make(chan error, 4*rounds)
+		for i := range rounds {
+			for _, pair := range []struct {
+				from      *Conn
+				peer      string
+				fromLabel string
+			}{{a, "b", "a"}, {b, "a", "b"}} {
+				wg.Go(func() {
+					var who string
+					if err := pair.from.Call(t.Context(), "whoami", nil, &who); err != nil || who != pair.peer {
+						errs <- fmt.Errorf("%s: whoami = %q, %v; want %q", pair.fromLabel, who, err, pair.peer)
+					}
+				})
+				wg.Go(func() {
+					var got map[string]bool
+					err := pair.from.Call(t.Context(), "prompt", echoParams{N: i}, &got)
+					if err != nil || got["granted"] != (i%2 == 0) {
+						errs <- fmt.Errorf("%s: prompt %d = %v, %v", pair.fromLabel, i, got, err)
+					}
+				})
 			}
-			wg.Wait()
-			close(errs)
-			for err := range errs {
-				t.Error(err)
-			}
-		})
-	}
+		}
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			t.Error(err)
+		}
+	})
 }
 
 func TestCallArguments(t *testing.T) {
@@ -343,40 +331,36 @@ func once(t *testing.T, out <-chan callOutcome) callOutcome {
 // callback once: the response, the abandonment (which cancels the peer's
 // handler), or the end of the connection.
 func TestGo(t *testing.T) {
-	t.Parallel()
-	for _, tr := range transports {
-		t.Run(tr.name, func(t *testing.T) {
-			t.Parallel()
-			blk := newBlocker()
-			client, _ := connPair(t, tr, nil, Methods{"echo": echo.Handle, "block": blk.Handle})
+	eachTransport(t, func(t *testing.T, tr transport) {
+		blk := newBlocker()
+		client, _ := connPair(t, tr, nil, Methods{"echo": echo.Handle, "block": blk.Handle})
 
-			_, out := goCall(t, client, "echo", echoParams{N: 7})
-			if o := once(t, out); o.err != nil || string(o.result) != `{"n":7,"text":""}` {
-				t.Errorf("echo: %s, %v", o.result, o.err)
-			}
+		_, out := goCall(t, client, "echo", echoParams{N: 7})
+		if o := once(t, out); o.err != nil || string(o.result) != `{"n":7,"text":""}` {
+			t.Errorf("echo: %s, %v", o.result, o.err)
+		}
 
-			p, out := goCall(t, client, "block", nil)
-			<-blk.started
-			abandoned := errors.New("gave up")
-			p.Abandon(abandoned)
-			if o := once(t, out); !errors.Is(o.err, abandoned) {
-				t.Errorf("abandoned call: %v, want %v", o.err, abandoned)
-			}
-			if cause := <-blk.ended; !errors.Is(cause, errCancelledByPeer) {
-				t.Errorf("handler's context ended with %v, want the peer's cancellation", cause)
-			}
-			p.Abandon(abandoned) // a second time: nothing more
+		p, out := goCall(t, client, "block", nil)
+		<-blk.started
+		abandoned := errors.New("gave up")
+		p.Abandon(abandoned)
+		if o := once(t, out); !errors.Is(o.err, abandoned) {
+			t.Errorf("abandoned call: %v, want %v", o.err, abandoned)
+		}
+		if cause := <-blk.ended; !errors.Is(cause, errCancelledByPeer) {
+			t.Errorf("handler's context ended with %v, want the peer's cancellation", cause)
+		}
+		p.Abandon(abandoned) // a second time: nothing more
 
-			_, out = goCall(t, client, "block", nil)
-			client.Close()
-			if o := once(t, out); !errors.Is(o.err, ErrClosed) {
-				t.Errorf("call pending at Close: %v, want ErrClosed", o.err)
-			}
-			if _, err := client.Go(t.Context(), "echo", nil, func(json.RawMessage, error) { t.Error("done of a call that was not made") }); !errors.Is(err, ErrClosed) {
-				t.Errorf("Go after Close = %v, want ErrClosed", err)
-			}
-		})
-	}
+		_, out = goCall(t, client, "block", nil)
+		client.Close()
+		if o := once(t, out); !errors.Is(o.err, ErrClosed) {
+			t.Errorf("call pending at Close: %v, want ErrClosed", o.err)
+		}
+		if _, err := client.Go(t.Context(), "echo", nil, func(json.RawMessage, error) { t.Error("done of a call that was not made") }); !errors.Is(err, ErrClosed) {
+			t.Errorf("Go after Close = %v, want ErrClosed", err)
+		}
+	})
 }
 
 func TestEncodeParams(t *testing.T) {

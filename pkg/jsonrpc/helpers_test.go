@@ -130,3 +130,15 @@ func (p *rawPeer) recvBatch() []wireResponse {
 var echo = HandlerFunc(func(_ context.Context, req *Request) (any, error) {
 	return req.Params, nil
 })
+
+// eachTransport runs test on every transport, each a parallel subtest
+// named for it, in parallel with the other tests.
+func eachTransport(t *testing.T, test func(t *testing.T, tr transport)) {
+	t.Parallel()
+	for _, tr := range transports {
+		t.Run(tr.name, func(t *testing.T) {
+			t.Parallel()
+			test(t, tr)
+		})
+	}
+}

@@ -26,17 +26,19 @@ func Eventually(t testing.TB, timeout time.Duration, what string, cond func() bo
 // error.
 func EventuallyNoError(t testing.TB, timeout time.Duration, what string, cond func() error) {
 	t.Helper()
-	if err := poll(timeout, cond); err != nil {
+	if err := Poll(timeout, cond); err != nil {
 		t.Fatalf("waiting for %s: %v", what, err)
 	}
 }
 
 var errNotYet = fmt.Errorf("not yet")
 
-// poll calls cond until it returns nil or timeout passes, starting at
+// Poll calls cond until it returns nil or timeout passes, starting at
 // 10 ms between calls and backing off to 250 ms, and returns cond's last
-// error (wrapped with the time waited) if it never returned nil.
-func poll(timeout time.Duration, cond func() error) error {
+// error (wrapped with the time waited) if it never returned nil. It is the
+// wait under EventuallyNoError, for a caller with no test to fail (a
+// TestMain) or one that adds what it only reads on failure.
+func Poll(timeout time.Duration, cond func() error) error {
 	deadline := time.Now().Add(timeout)
 	pause := 10 * time.Millisecond
 	for {

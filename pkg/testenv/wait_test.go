@@ -27,7 +27,7 @@ func TestPoll(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
 			calls := 0
-			err := poll(tt.timeout, func() error {
+			err := Poll(tt.timeout, func() error {
 				calls++
 				if tt.okAfter != 0 && calls >= tt.okAfter {
 					return nil

@@ -53,6 +53,16 @@ type gateway struct {
 	addr string
 }
 
+// integration opens a test that runs `conclave dev`: skipped under
+// -short, run in parallel with the other tests.
+func integration(t *testing.T) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("runs conclave dev")
+	}
+	t.Parallel()
+}
+
 // startGateway runs `conclave dev` with its gRPC listener on addr (port 0
 // for a free one), every other service on a free port too so that tests
 // can run side by side, and returns once it prints where it listens.
@@ -77,15 +87,17 @@ type logs struct{ testenv.LockedBuffer }
 
 func (l *logs) count(s string) int { return strings.Count(l.String(), s) }
 
-// until makes cond a condition for testenv.EventuallyNoError whose
-// error, when the wait fails, is the agent's log so far.
-func (l *logs) until(cond func() bool) func() error {
-	return func() error {
-		if !cond() {
+// await waits up to a minute for the agent's log to hold s: exactly n
+// times, or at least once when n is 0. A failed wait names what it waited
+// for and shows the log so far.
+func (l *logs) await(t *testing.T, what, s string, n int) {
+	t.Helper()
+	testenv.EventuallyNoError(t, time.Minute, what, func() error {
+		if c := l.count(s); c == 0 || n > 0 && c != n {
 			return fmt.Errorf("agent log:\n%s", l)
 		}
 		return nil
-	}
+	})
 }
 
 const registered = `msg="registered with the gateway"`
@@ -176,10 +188,7 @@ func assertHeld(t *testing.T, addr, id string) {
 }
 
 func TestAgentRegistersAndLeavesCleanly(t *testing.T) {
-	if testing.Short() {
-		t.Skip("runs conclave dev")
-	}
-	t.Parallel()
+	integration(t)
 	gw := startGateway(t, "127.0.0.1:0")
 	id := agent.NewID()
 	l := &logs{}
@@ -189,7 +198,7 @@ func TestAgentRegistersAndLeavesCleanly(t *testing.T) {
 	go func() {
 		done <- agent.Run(ctx, agent.Config{Addr: gw.addr, AgentID: id, Logger: slog.New(slog.NewTextHandler(l, nil))})
 	}()
-	testenv.EventuallyNoError(t, time.Minute, "the agent registers", l.until(func() bool { return l.count(registered) == 1 }))
+	l.await(t, "the agent registers", registered, 1)
 	assertHeld(t, gw.addr, id)
 
 	stop()
@@ -205,10 +214,7 @@ func TestAgentRegistersAndLeavesCleanly(t *testing.T) {
 }
 
 func TestAgentPresentsItsToken(t *testing.T) {
-	if testing.Short() {
-		t.Skip("runs conclave dev")
-	}
-	t.Parallel()
+	integration(t)
 	id := agent.NewID()
 	gw := startGateway(t, "127.0.0.1:0", "CONCLAVE_GATEWAY_AGENT_TOKENS="+id+"=right-token-0123456789")
 	tests := []struct {
@@ -227,7 +233,7 @@ func TestAgentPresentsItsToken(t *testing.T) {
 			done <- agent.Run(ctx, agent.Config{Addr: gw.addr, AgentID: id, Token: tt.token, Logger: slog.New(slog.NewTextHandler(l, nil))})
 		}()
 		if tt.want == codes.OK {
-			testenv.EventuallyNoError(t, time.Minute, "the agent registers", l.until(func() bool { return l.count(registered) == 1 }))
+			l.await(t, "the agent registers", registered, 1)
 			stop()
 		}
 		// A refused token is not retried: Run returns the gateway's status.
@@ -240,10 +246,7 @@ func TestAgentPresentsItsToken(t *testing.T) {
 }
 
 func TestAgentRetriesWhileItsIDIsTaken(t *testing.T) {
-	if testing.Short() {
-		t.Skip("runs conclave dev")
-	}
-	t.Parallel()
+	integration(t)
 	gw := startGateway(t, "127.0.0.1:0")
 	id := agent.NewID()
 	squatter, err := register(t, gw.addr, id)
@@ -251,22 +254,19 @@ func TestAgentRetriesWhileItsIDIsTaken(t *testing.T) {
 		t.Fatal(err)
 	}
 	l := startAgent(t, gw.addr, id)
-	testenv.EventuallyNoError(t, time.Minute, "the agent is refused", l.until(func() bool { return l.count("AlreadyExists") > 0 }))
+	l.await(t, "the agent is refused", "AlreadyExists", 0)
 
 	squatter.leave(t)
-	testenv.EventuallyNoError(t, time.Minute, "the agent registers once the ID is free", l.until(func() bool { return l.count(registered) == 1 }))
+	l.await(t, "the agent registers once the ID is free", registered, 1)
 	assertHeld(t, gw.addr, id)
 }
 
 func TestAgentHeartbeatsKeepItRegistered(t *testing.T) {
-	if testing.Short() {
-		t.Skip("runs conclave dev")
-	}
-	t.Parallel()
+	integration(t)
 	gw := startGateway(t, "127.0.0.1:0", "CONCLAVE_GATEWAY_AGENT_TIMEOUT=1s")
 	id := agent.NewID()
 	l := startAgent(t, gw.addr, id)
-	testenv.EventuallyNoError(t, time.Minute, "the agent registers", l.until(func() bool { return l.count(registered) == 1 }))
+	l.await(t, "the agent registers", registered, 1)
 
 	// A silent agent registered after ours is dropped once the agent timeout
 	// has passed; by then ours has lived longer than that on heartbeats.
@@ -285,32 +285,26 @@ func TestAgentHeartbeatsKeepItRegistered(t *testing.T) {
 }
 
 func TestAgentReconnectsAfterTheGatewayDies(t *testing.T) {
-	if testing.Short() {
-		t.Skip("runs conclave dev")
-	}
-	t.Parallel()
+	integration(t)
 	first := startGateway(t, "127.0.0.1:0")
 	id := agent.NewID()
 	l := startAgent(t, first.addr, id)
-	testenv.EventuallyNoError(t, time.Minute, "the agent registers", l.until(func() bool { return l.count(registered) == 1 }))
+	l.await(t, "the agent registers", registered, 1)
 
 	first.Kill()
-	testenv.EventuallyNoError(t, time.Minute, "the agent notices", l.until(func() bool { return l.count("reconnecting") > 0 }))
+	l.await(t, "the agent notices", "reconnecting", 0)
 
 	second := startGateway(t, first.addr)
-	testenv.EventuallyNoError(t, time.Minute, "the agent registers again", l.until(func() bool { return l.count(registered) == 2 }))
+	l.await(t, "the agent registers again", registered, 2)
 	assertHeld(t, second.addr, id)
 }
 
 func TestAgentMovesOnWhenTheGatewayShutsDown(t *testing.T) {
-	if testing.Short() {
-		t.Skip("runs conclave dev")
-	}
-	t.Parallel()
+	integration(t)
 	first := startGateway(t, "127.0.0.1:0")
 	id := agent.NewID()
 	l := startAgent(t, first.addr, id)
-	testenv.EventuallyNoError(t, time.Minute, "the agent registers", l.until(func() bool { return l.count(registered) == 1 }))
+	l.await(t, "the agent registers", registered, 1)
 
 	// SIGTERM drains the gateway: it sends Shutdown and waits for its agents
 	// to leave. The agent closes its side, so the drain ends cleanly.
@@ -321,11 +315,11 @@ func TestAgentMovesOnWhenTheGatewayShutsDown(t *testing.T) {
 		t.Fatalf("gateway did not drain cleanly: %v\n%s", err, first.Log())
 	}
 	const left = `error="gateway asked the agent to leave: gateway dev is shutting down"`
-	testenv.EventuallyNoError(t, time.Minute, "the agent leaves on Shutdown", l.until(func() bool { return l.count(left) == 1 }))
+	l.await(t, "the agent leaves on Shutdown", left, 1)
 
 	// Behind a load balancer the agent would now reach another replica; here
 	// another gateway takes the address.
 	second := startGateway(t, first.addr)
-	testenv.EventuallyNoError(t, time.Minute, "the agent registers with the new gateway", l.until(func() bool { return l.count(registered) == 2 }))
+	l.await(t, "the agent registers with the new gateway", registered, 2)
 	assertHeld(t, second.addr, id)
 }

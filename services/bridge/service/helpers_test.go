@@ -3,24 +3,18 @@ package service_test
 import (
 	"context"
 	"fmt"
-	"io"
-	"log/slog"
-	"net"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
-	"github.com/conclave-ai/conclave/pkg/server"
-	"github.com/conclave-ai/conclave/pkg/telemetry"
 	"github.com/conclave-ai/conclave/pkg/testenv"
+	"github.com/conclave-ai/conclave/services/bridge/bridgetest"
 	"github.com/conclave-ai/conclave/services/bridge/service"
 )
 
@@ -209,71 +203,13 @@ func startHTTP(t testing.TB, mutate func(*service.Config)) *httpBridge {
 	if mutate != nil {
 		mutate(&cfg)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	tel, err := telemetry.New(ctx, telemetry.Config{ServiceName: "bridge-test"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, err := service.New(cfg, service.Deps{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Telemetry: tel}, server.WithHTTPListener(l))
-	if err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan error, 1)
-	go func() { done <- b.Run(ctx) }()
-	stop := sync.OnceValue(func() error {
-		// Spare client connections would otherwise hold the drain.
-		if tr, ok := http.DefaultTransport.(*http.Transport); ok {
-			tr.CloseIdleConnections()
-		}
-		cancel()
-		return <-done
-	})
-	var stoppedByTest atomic.Bool
-	shutdown := func() error {
-		stoppedByTest.Store(true)
-		return stop()
-	}
-	t.Cleanup(func() {
-		// A test that stops the bridge itself checks Run's result.
-		if err := stop(); err != nil && !stoppedByTest.Load() {
-			t.Errorf("bridge Run: %v", err)
-		}
-		_ = tel.Shutdown(context.Background())
-	})
-	<-b.Ready()
-	base := "http://" + l.Addr().String()
-	return &httpBridge{url: base + service.MCPPath, base: base, metrics: base + "/metrics", dir: filepath.Dir(cfgPath), shutdown: shutdown}
-}
-
-// bearer adds the test token to every request.
-type bearer struct {
-	token string
-	next  http.RoundTripper
-}
-
-func (b bearer) RoundTrip(r *http.Request) (*http.Response, error) {
-	r = r.Clone(r.Context())
-	r.Header.Set("Authorization", "Bearer "+b.token)
-	return b.next.RoundTrip(r)
+	b := bridgetest.Serve(t, cfg, "bridge-test")
+	return &httpBridge{url: b.MCP(), base: b.Base, metrics: b.Base + "/metrics", dir: filepath.Dir(cfgPath), shutdown: b.Shutdown}
 }
 
 // connectHTTP opens an MCP client session with the Go SDK's streamable HTTP
 // client.
 func connectHTTP(t testing.TB, b *httpBridge, opts *mcp.ClientOptions) *mcp.ClientSession {
 	t.Helper()
-	client := mcp.NewClient(&mcp.Implementation{Name: "bridge-test", Version: "1"}, opts)
-	cs, err := client.Connect(context.Background(), &mcp.StreamableClientTransport{
-		Endpoint:   b.url,
-		HTTPClient: &http.Client{Transport: bearer{testToken, http.DefaultTransport}},
-		MaxRetries: -1,
-	}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = cs.Close() })
-	return cs
+	return bridgetest.Connect(t, b.url, testToken, "bridge-test", opts)
 }

@@ -405,7 +405,7 @@ func TestClusterBehindNginx(t *testing.T) {
 		// begun (its first response carries the request_id at once), nginx
 		// can only reset the stream: INTERNAL, "RST_STREAM". Either way the
 		// client gets an error, not a hang, and may retry with its
-		// idempotency_key (docs/gateway.md).
+		// idempotency_key (docs/gateway-clients.md).
 		st := status.Convert(err)
 		cutByProxy := st.Code() == codes.Internal && strings.Contains(st.Message(), "RST_STREAM")
 		if (st.Code() != codes.Unavailable || st.Message() == "") && !cutByProxy {

@@ -11,11 +11,11 @@ import (
 	"testing"
 )
 
-// docExamples are the blocks of docs/gateway.md marked
+// docExamples are the blocks of docs/gateway-clients.md marked
 // "<!-- exact: NAME -->", by name: the bytes the REST API writes.
 func docExamples(t *testing.T) map[string]string {
 	t.Helper()
-	doc, err := os.ReadFile("../../../docs/gateway.md")
+	doc, err := os.ReadFile("../../../docs/gateway-clients.md")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -46,7 +46,7 @@ var (
 )
 
 // normalized replaces what differs from run to run (the request id, the
-// request's start in ms) with the values docs/gateway.md's examples use.
+// request's start in ms) with the values docs/gateway-clients.md's examples use.
 func normalized(body string) string {
 	if m := requestIDPattern.FindStringSubmatch(body); m != nil {
 		body = strings.ReplaceAll(body, m[1], "gw-1.00112233445566778899aabb")
@@ -58,7 +58,7 @@ func normalized(body string) string {
 }
 
 // TestRESTStreamBytes checks the REST streams' bytes against the examples
-// in docs/gateway.md, and that no response carries gRPC metadata headers.
+// in docs/gateway-clients.md, and that no response carries gRPC metadata headers.
 func TestRESTStreamBytes(t *testing.T) {
 	t.Parallel()
 	examples := docExamples(t)
@@ -78,14 +78,14 @@ func TestRESTStreamBytes(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			want, ok := examples[tt.name]
 			if !ok {
-				t.Fatalf("docs/gateway.md has no example %q", tt.name)
+				t.Fatalf("docs/gateway-clients.md has no example %q", tt.name)
 			}
 			resp, body := restCall(t, tt.method, base+tt.path, tt.body, "Accept", tt.accept)
 			if resp.StatusCode != tt.status || resp.Header.Get("Content-Type") != tt.contentType {
 				t.Fatalf("status %d, Content-Type %q: %s", resp.StatusCode, resp.Header.Get("Content-Type"), body)
 			}
 			if got := normalized(string(body)); got != want {
-				t.Errorf("bytes differ from docs/gateway.md:\n got %q\nwant %q", got, want)
+				t.Errorf("bytes differ from docs/gateway-clients.md:\n got %q\nwant %q", got, want)
 			}
 			noGRPCHeaders(t, resp.Header)
 		})

@@ -14,7 +14,7 @@ import (
 	covenpb "github.com/conclave-ai/conclave/proto/coven"
 )
 
-// The REST JSON as docs/gateway.md ("The client API") writes it, for
+// The REST JSON as docs/gateway-clients.md ("The client API") writes it, for
 // clients written from that text rather than from our protos.
 type (
 	restAgent struct {

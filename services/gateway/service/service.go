@@ -54,7 +54,7 @@ type Config struct {
 	ClientBurst      int           `env:"CONCLAVE_GATEWAY_CLIENT_BURST" default:"100" validate:"positive" help:"client API requests each client may make at once, above its rate"`
 	ClientStreams    int           `env:"CONCLAVE_GATEWAY_CLIENT_STREAMS" default:"64" validate:"positive" help:"streams (SendMessage, WatchThread) each client may hold open on one replica"`
 	IdempotencyTTL   time.Duration `env:"CONCLAVE_GATEWAY_IDEMPOTENCY_TTL" default:"24h" validate:"positive" help:"how long a SendMessage idempotency_key is remembered"`
-	// History keeps every conversation per thread_id (docs/gateway.md,
+	// History keeps every conversation per thread_id (docs/gateway-clients.md,
 	// "Threads and history"); its privacy consequences are there too.
 	History      bool          `env:"CONCLAVE_GATEWAY_HISTORY" default:"true" help:"keep every conversation per thread_id in the store; false keeps none (and a repeated idempotency_key is refused rather than replayed)"`
 	HistoryTTL   time.Duration `env:"CONCLAVE_GATEWAY_HISTORY_TTL" default:"720h" help:"how long each stored message and event is kept after it was written (DynamoDB TTL; swept on the embedded store); 0 keeps them until deleted by hand"`

@@ -210,9 +210,8 @@ func TestHundredGatewayAgents(t *testing.T) {
 	})
 
 	// All 100 registered: their pods up, their sessions open.
-	deadline := time.Now().Add(10 * time.Minute)
 	var listed map[string]*gatewayv1.Agent
-	for {
+	testenv.EventuallyNoError(t, 10*time.Minute, fmt.Sprintf("the gateway to list all %d agents", n), func() error {
 		listed = map[string]*gatewayv1.Agent{}
 		ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
 		resp, err := gw.ListAgents(authed(ctx), &gatewayv1.ListAgentsRequest{PageSize: 500})
@@ -228,14 +227,11 @@ func TestHundredGatewayAgents(t *testing.T) {
 				missing++
 			}
 		}
-		if missing == 0 {
-			break
+		if missing > 0 {
+			return fmt.Errorf("the gateway lists %d of the %d agents (%v)", n-missing, n, err)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("after 10 minutes the gateway lists %d of the %d agents (%v)", n-missing, n, err)
-		}
-		time.Sleep(time.Second)
-	}
+		return nil
+	})
 	for _, id := range ids {
 		// Where it runs is its pod, not the runner replica.
 		if host := listed[id].GetMetadata().GetHostname(); host == "" || host == "kubetest" {

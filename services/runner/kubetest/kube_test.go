@@ -43,14 +43,14 @@ func TestKubernetesExecutor(t *testing.T) {
 		lines := r.Follow(t, in.ID, 1000)
 		// The first turn's updates stream to the API client as the agent
 		// in its pod makes them.
-		runnertest.AwaitLine(t, lines, "content: Working on: first")
-		runnertest.AwaitLine(t, lines, "tool_call write notes.txt")
+		runnertest.AwaitLine(t, lines, "content: Working on: first", waitTimeout)
+		runnertest.AwaitLine(t, lines, "tool_call write notes.txt", waitTimeout)
 		in = r.WaitStatus(t, in.ID, "completed")
 		if _, err := os.Stat(filepath.Join(ws, "notes.txt")); err != nil {
 			t.Errorf("the agent's tool call wrote no notes.txt in the workspace claim: %v", err)
 		}
 		r.prompt(t, in.ID, "second")
-		runnertest.AwaitLine(t, lines, "content: Working on: second")
+		runnertest.AwaitLine(t, lines, "content: Working on: second", waitTimeout)
 		r.WaitStatus(t, in.ID, "completed")
 
 		// The pod's phase reaches the log as the kubelet reports it, which
@@ -106,7 +106,7 @@ func TestKubernetesExecutor(t *testing.T) {
 		t.Parallel()
 		in := r.Launch(t, "slow-tool", workspace(t), map[string]string{"TASK_DESCRIPTION": "long work"})
 		lines := r.Follow(t, in.ID, 1000)
-		runnertest.AwaitLine(t, lines, "tool_call write notes.txt")
+		runnertest.AwaitLine(t, lines, "tool_call write notes.txt", waitTimeout)
 		in = r.Status(t, in.ID)
 		if code := r.Do(t, "POST", "/api/v1/agents/"+in.ID+"/cancel", map[string]any{"reason": "changed my mind"}, nil); code != http.StatusOK {
 			t.Fatalf("cancel: HTTP %d", code)
@@ -114,7 +114,7 @@ func TestKubernetesExecutor(t *testing.T) {
 		r.WaitStatus(t, in.ID, "stopped")
 		// The same pod takes the next prompt.
 		r.prompt(t, in.ID, "more work")
-		runnertest.AwaitLine(t, lines, "content: Working on: more work")
+		runnertest.AwaitLine(t, lines, "content: Working on: more work", waitTimeout)
 		if st := r.Status(t, in.ID); st.ContainerID != in.ContainerID || st.Status != "running" {
 			t.Errorf("after the second prompt: %+v, want running in %s", st, in.ContainerID)
 		}
@@ -311,10 +311,10 @@ func TestOneTrace(t *testing.T) {
 		"runner":              {"start agent"},
 		"conclave-agent-host": {"agent-host", "acp initialize", "acp session/prompt"},
 	}
-	deadline := time.Now().Add(5 * time.Minute)
-	for {
-		tr, err := env.jaeger.WaitTrace(t.Context(), traceID, 6)
-		if err != nil {
+	var tr *testenv.JaegerTrace
+	testenv.EventuallyNoError(t, waitTimeout, "trace "+traceID+"'s spans from the client, the runner and agent-host", func() error {
+		var err error
+		if tr, err = env.jaeger.WaitTrace(t.Context(), traceID, 6); err != nil {
 			t.Fatal(err)
 		}
 		have := map[string]map[string]bool{}
@@ -324,27 +324,21 @@ func TestOneTrace(t *testing.T) {
 			}
 			have[s.ServiceName][s.OperationName] = true
 		}
-		missing := false
 		for service, ops := range want {
 			for _, op := range ops {
-				missing = missing || !have[service][op]
+				if !have[service][op] {
+					return fmt.Errorf("the trace has %v, want %v", have, want)
+				}
 			}
 		}
-		if !missing {
-			start, host := tr.Span("start agent"), tr.Span("agent-host")
-			if start.Tags["conclave.executor"] != "kubernetes" || start.Tags["conclave.container_id"] != r.Status(t, in.ID).ContainerID {
-				t.Errorf("the runner's start agent span: %+v", start)
-			}
-			// agent-host, in the Job's pod, continues the span that
-			// created the Job.
-			if host.ParentSpanID != start.SpanID {
-				t.Errorf("agent-host's span's parent is %s, want the runner's start agent span %s", host.ParentSpanID, start.SpanID)
-			}
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("trace %s lacks spans after 5 minutes: has %v, want %v", traceID, have, want)
-		}
-		time.Sleep(500 * time.Millisecond)
+		return nil
+	})
+	start, host := tr.Span("start agent"), tr.Span("agent-host")
+	if start.Tags["conclave.executor"] != "kubernetes" || start.Tags["conclave.container_id"] != r.Status(t, in.ID).ContainerID {
+		t.Errorf("the runner's start agent span: %+v", start)
+	}
+	// agent-host, in the Job's pod, continues the span that created the Job.
+	if host.ParentSpanID != start.SpanID {
+		t.Errorf("agent-host's span's parent is %s, want the runner's start agent span %s", host.ParentSpanID, start.SpanID)
 	}
 }

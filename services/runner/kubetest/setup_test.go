@@ -170,25 +170,22 @@ func setUpNamespace(ctx context.Context) error {
 	env.runnerConfig = rest.CopyConfig(env.node.Config)
 	env.runnerConfig.Impersonate = rest.ImpersonationConfig{UserName: serviceAccountUser(env.runnerSA)}
 	// The authorizer learns of the binding through its own watch.
-	for {
-		if allowed, err := canI(ctx, env.runnerSA, "create", "batch", "jobs", "", namespace); err != nil {
-			return err
-		} else if allowed {
-			break
+	if err := testenv.Poll(waitTimeout, func() error {
+		allowed, err := canI(ctx, env.runnerSA, "create", "batch", "jobs", "", namespace)
+		if err == nil && !allowed {
+			err = errors.New("not allowed yet")
 		}
-		if err := sleep(ctx, 100*time.Millisecond); err != nil {
-			return errors.New("the runner's RoleBinding never took effect")
-		}
+		return err
+	}); err != nil {
+		return fmt.Errorf("waiting for the runner's RoleBinding to take effect: %w", err)
 	}
 	// Pods need their namespace's default ServiceAccount, which the
 	// controller-manager makes.
-	for {
-		if _, err := env.admin.CoreV1().ServiceAccounts(namespace).Get(ctx, "default", metav1.GetOptions{}); err == nil {
-			break
-		}
-		if err := sleep(ctx, 100*time.Millisecond); err != nil {
-			return errors.New("the namespace's default ServiceAccount never appeared")
-		}
+	if err := testenv.Poll(waitTimeout, func() error {
+		_, err := env.admin.CoreV1().ServiceAccounts(namespace).Get(ctx, "default", metav1.GetOptions{})
+		return err
+	}); err != nil {
+		return fmt.Errorf("waiting for the namespace's default ServiceAccount: %w", err)
 	}
 
 	if err := os.Chmod(env.workspaces, 0o777); err != nil {
@@ -271,15 +268,6 @@ func chartRBAC(ctx context.Context) (*rbacv1.Role, *rbacv1.RoleBinding, error) {
 
 func serviceAccountUser(name string) string {
 	return "system:serviceaccount:" + namespace + ":" + name
-}
-
-func sleep(ctx context.Context, d time.Duration) error {
-	select {
-	case <-time.After(d):
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
 }
 
 // freeLoopbackAddr is a loopback address nothing listens on, for a runner

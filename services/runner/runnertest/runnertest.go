@@ -147,8 +147,9 @@ type Instance struct {
 
 // LogLine is a line of an instance's log.
 type LogLine struct {
-	Stream string `json:"stream"`
-	Text   string `json:"text"`
+	Time   time.Time `json:"time"`
+	Stream string    `json:"stream"`
+	Text   string    `json:"text"`
 }
 
 func (a *API) waitTimeout() time.Duration {
@@ -272,7 +273,8 @@ func HasLog(lines []LogLine, want string) bool {
 }
 
 // Follow streams GET .../logs?follow=true from the last tail lines, as an
-// API client watches an agent; the channel closes when the stream ends.
+// API client watches an agent; the channel closes when the stream ends,
+// and the stream ends with the test, read to its end or not.
 func (a *API) Follow(t testing.TB, id string, tail int) <-chan LogLine {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
@@ -301,20 +303,33 @@ func (a *API) Follow(t testing.TB, id string, tail int) <-chan LogLine {
 		for sc.Scan() {
 			var l LogLine
 			if json.Unmarshal(sc.Bytes(), &l) == nil && l.Text != "" {
-				out <- l
+				select {
+				case out <- l:
+				case <-ctx.Done():
+					return
+				}
 			}
 		}
 	}()
 	return out
 }
 
-// AwaitLine reads followed lines until one contains want.
-func AwaitLine(t testing.TB, lines <-chan LogLine, want string) {
+// AwaitLine reads followed lines until one contains want, failing t when
+// the log ends first or none comes within d.
+func AwaitLine(t testing.TB, lines <-chan LogLine, want string, d time.Duration) {
 	t.Helper()
-	for l := range lines {
-		if strings.Contains(l.Text, want) {
-			return
+	deadline := time.After(d)
+	for {
+		select {
+		case l, ok := <-lines:
+			if !ok {
+				t.Fatalf("the followed log ended without a line containing %q", want)
+			}
+			if strings.Contains(l.Text, want) {
+				return
+			}
+		case <-deadline:
+			t.Fatalf("no followed log line containing %q within %s", want, d)
 		}
 	}
-	t.Fatalf("the followed log ended without a line containing %q", want)
 }

@@ -173,10 +173,6 @@ func (w *signalWriter) Write(p []byte) (int, error) {
 // instance's outbox, and the launch's message was not deleted: the next
 // runner sends it, under its own id.
 func TestEventsSurviveACrash(t *testing.T) {
-	if testing.Short() {
-		t.Skip("runs the runner as a process")
-	}
-	t.Parallel()
 	ps := newProcessState(t)
 	crash := &signalWriter{want: "crashpoint before-terminal-event reached", reached: make(chan struct{})}
 	first, r := ps.startWith(t, 1, []string{"CONCLAVE_RUNNER_TEST_CRASHPOINT=before-terminal-event"}, crash)

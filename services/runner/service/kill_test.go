@@ -24,8 +24,14 @@ import (
 // types and the HTTP port.
 type processState struct{ data, root, types, port string }
 
+// newProcessState opens a test that runs the runner as a process: skipped
+// under -short, run in parallel with the other tests.
 func newProcessState(t *testing.T) processState {
 	t.Helper()
+	if testing.Short() {
+		t.Skip("runs the runner as a process")
+	}
+	t.Parallel()
 	dir := t.TempDir()
 	root := filepath.Join(dir, "workspaces")
 	if err := os.MkdirAll(root, 0o755); err != nil {
@@ -117,10 +123,6 @@ func countLogs(lines []logLine, want string) int {
 // running and one still in the queue behind it. The next runner on the same
 // state runs both: the queued one, and the crashed worker's one again.
 func TestKilledRunner(t *testing.T) {
-	if testing.Short() {
-		t.Skip("runs the runner as a process")
-	}
-	t.Parallel()
 	ps := newProcessState(t)
 	first, r := ps.start(t, 1)
 	running := r.Launch(t, "kandev-slow-tool", r.workspace(t), map[string]string{"TASK_DESCRIPTION": "long"})
@@ -185,10 +187,6 @@ func TestGracefulRestart(t *testing.T) {
 // before it serves or runs anything. A runner stopped gracefully ends its
 // agents' groups itself.
 func TestAgentsDieWithTheRunner(t *testing.T) {
-	if testing.Short() {
-		t.Skip("runs the runner as a process")
-	}
-	t.Parallel()
 	ps := newProcessState(t)
 	first, r := ps.start(t, 1)
 	ws := r.workspace(t)

@@ -52,10 +52,6 @@ func (r *testRunner) waitLogCount(t *testing.T, id, want string, n int) {
 // turn. The next runner runs only what was pending: the second turn again,
 // not the first; and for the idle one, nothing.
 func TestRunnerKilledMidConversation(t *testing.T) {
-	if testing.Short() {
-		t.Skip("runs the runner as a process")
-	}
-	t.Parallel()
 	ps := newProcessState(t)
 	first, r := ps.start(t, 2)
 

@@ -125,7 +125,7 @@ func TestReplicasForward(t *testing.T) {
 
 	lines := b.Follow(t, slow.ID, 5)
 	t.Run("follow and cancel", func(t *testing.T) {
-		runnertest.AwaitLine(t, lines, "tool_call write notes.txt")
+		runnertest.AwaitLine(t, lines, "tool_call write notes.txt", runnertest.DefaultWaitTimeout)
 		before := forwardedCancels()
 		var out struct{ ID, Status string }
 		if code := b.Do(t, "POST", "/api/v1/agents/"+slow.ID+"/cancel", map[string]string{"reason": "asked of b"}, &out); code != http.StatusOK || out.ID != slow.ID {
@@ -134,16 +134,16 @@ func TestReplicasForward(t *testing.T) {
 		if after := forwardedCancels(); after != before+1 {
 			t.Errorf("forwarded cancels %v → %v, want one more", before, after)
 		}
-		runnertest.AwaitLine(t, lines, "cancel requested: asked of b")
-		runnertest.AwaitLine(t, lines, "status: stopped")
+		runnertest.AwaitLine(t, lines, "cancel requested: asked of b", runnertest.DefaultWaitTimeout)
+		runnertest.AwaitLine(t, lines, "status: stopped", runnertest.DefaultWaitTimeout)
 		if st := b.WaitStatus(t, slow.ID, "stopped", "failed", "completed"); st.Status != "stopped" || st.ContainerID != slowOnA.ContainerID {
 			t.Fatalf("after the cancel: %+v, want stopped in container %s", st, slowOnA.ContainerID)
 		}
 		// The agent goes on taking prompts, and the follower sees the new
 		// turn as the agent works on it.
 		b.prompt(t, slow.ID, "again")
-		runnertest.AwaitLine(t, lines, "Working on: again")
-		runnertest.AwaitLine(t, lines, "tool_call write notes.txt")
+		runnertest.AwaitLine(t, lines, "Working on: again", runnertest.DefaultWaitTimeout)
+		runnertest.AwaitLine(t, lines, "tool_call write notes.txt", runnertest.DefaultWaitTimeout)
 		if n := countLogs(b.Logs(t, slow.ID), "started acp-slow-tool"); n != 1 {
 			t.Errorf("the agent started %d times, want 1", n)
 		}

@@ -42,6 +42,18 @@ func stores(t *testing.T) map[string]store.Store {
 	return testenv.Stores(t, dynalite, registry.Table)
 }
 
+// eachStore runs test on every store, each a parallel subtest named for
+// it, in parallel with the other tests.
+func eachStore(t *testing.T, test func(t *testing.T, st store.Store)) {
+	t.Parallel()
+	for name, st := range stores(t) {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			test(t, st)
+		})
+	}
+}
+
 // faultyStore is a real store that one replica reaches through a path
 // which can be made slow or cut; it counts the writes that get through.
 type faultyStore struct {
@@ -226,111 +238,99 @@ func drain(s agentStream) error {
 }
 
 func TestDuplicateRefusedAcrossReplicas(t *testing.T) {
-	t.Parallel()
-	for name, st := range stores(t) {
-		t.Run(name, func(t *testing.T) {
-			t.Parallel()
-			reg := registry.New(st)
-			a, b := replica(t, "gw-a", st, 15*time.Second), replica(t, "gw-b", st, 15*time.Second)
-			first := registerEventually(t, a.client, "agent-1")
-			_, err := register(t, b.client, "agent-1")
-			if status.Code(err) != codes.AlreadyExists || !strings.Contains(err.Error(), "gw-a") {
-				t.Fatalf("duplicate on another replica: %v, want ALREADY_EXISTS naming gw-a", err)
-			}
-			got, err := reg.Get(context.Background(), "agent-1")
-			if err != nil || got.GetServerId() != "gw-a" {
-				t.Fatalf("registry entry: %v %v", got, err)
-			}
-			// Disconnecting releases the registration at once: the agent can
-			// come back through another replica without waiting for expiry.
-			_ = first.CloseSend()
-			if err := drain(first); err != nil {
-				t.Fatal(err)
-			}
-			registerEventually(t, b.client, "agent-1")
-			if got := listed(t, reg); len(got) != 1 || got["agent-1"] != "gw-b" {
-				t.Fatalf("list = %v", got)
-			}
-			if addr, err := reg.ReplicaAddr(context.Background(), "gw-b"); err != nil || addr != "addr-gw-b" {
-				t.Fatalf("ReplicaAddr = %q, %v", addr, err)
-			}
-		})
-	}
+	eachStore(t, func(t *testing.T, st store.Store) {
+		reg := registry.New(st)
+		a, b := replica(t, "gw-a", st, 15*time.Second), replica(t, "gw-b", st, 15*time.Second)
+		first := registerEventually(t, a.client, "agent-1")
+		_, err := register(t, b.client, "agent-1")
+		if status.Code(err) != codes.AlreadyExists || !strings.Contains(err.Error(), "gw-a") {
+			t.Fatalf("duplicate on another replica: %v, want ALREADY_EXISTS naming gw-a", err)
+		}
+		got, err := reg.Get(context.Background(), "agent-1")
+		if err != nil || got.GetServerId() != "gw-a" {
+			t.Fatalf("registry entry: %v %v", got, err)
+		}
+		// Disconnecting releases the registration at once: the agent can
+		// come back through another replica without waiting for expiry.
+		_ = first.CloseSend()
+		if err := drain(first); err != nil {
+			t.Fatal(err)
+		}
+		registerEventually(t, b.client, "agent-1")
+		if got := listed(t, reg); len(got) != 1 || got["agent-1"] != "gw-b" {
+			t.Fatalf("list = %v", got)
+		}
+		if addr, err := reg.ReplicaAddr(context.Background(), "gw-b"); err != nil || addr != "addr-gw-b" {
+			t.Fatalf("ReplicaAddr = %q, %v", addr, err)
+		}
+	})
 }
 
 // TestCrashedReplicaFreesAgents stops a replica's lease without a word, as
 // a crash would: its agents stay registered until the lease expires, and
 // are then free, together, for another replica.
 func TestCrashedReplicaFreesAgents(t *testing.T) {
-	t.Parallel()
-	for name, st := range stores(t) {
-		t.Run(name, func(t *testing.T) {
-			t.Parallel()
-			reg := registry.New(st)
-			dead := replica(t, "gw-dead", st, 600*time.Millisecond)
-			for _, id := range []string{"orphan-1", "orphan-2"} {
-				registerEventually(t, dead.client, id)
-			}
-			dead.stop()
-			b := replica(t, "gw-b", st, 15*time.Second)
-			registerEventually(t, b.client, "orphan-1", codes.AlreadyExists)
-			registerEventually(t, b.client, "orphan-2", codes.AlreadyExists)
-			if got := listed(t, reg); got["orphan-1"] != "gw-b" || got["orphan-2"] != "gw-b" {
-				t.Fatalf("after the crash: %v", got)
-			}
-			if _, err := reg.ReplicaAddr(context.Background(), "gw-dead"); status.Code(err) != codes.Unavailable {
-				t.Fatalf("a dead replica's address: %v, want UNAVAILABLE", err)
-			}
-		})
-	}
+	eachStore(t, func(t *testing.T, st store.Store) {
+		reg := registry.New(st)
+		dead := replica(t, "gw-dead", st, 600*time.Millisecond)
+		for _, id := range []string{"orphan-1", "orphan-2"} {
+			registerEventually(t, dead.client, id)
+		}
+		dead.stop()
+		b := replica(t, "gw-b", st, 15*time.Second)
+		registerEventually(t, b.client, "orphan-1", codes.AlreadyExists)
+		registerEventually(t, b.client, "orphan-2", codes.AlreadyExists)
+		if got := listed(t, reg); got["orphan-1"] != "gw-b" || got["orphan-2"] != "gw-b" {
+			t.Fatalf("after the crash: %v", got)
+		}
+		if _, err := reg.ReplicaAddr(context.Background(), "gw-dead"); status.Code(err) != codes.Unavailable {
+			t.Fatalf("a dead replica's address: %v, want UNAVAILABLE", err)
+		}
+	})
 }
 
 // TestWithdrawFreesAgentsInOneWrite: a replica shutting down gives up its
 // lease (one write), which frees all its agents at once for another
 // replica; their disconnections then write nothing.
 func TestWithdrawFreesAgentsInOneWrite(t *testing.T) {
-	t.Parallel()
-	for name, st := range stores(t) {
-		t.Run(name, func(t *testing.T) {
-			t.Parallel()
-			reg := registry.New(st)
-			leaving := replica(t, "gw-leaving", st, 15*time.Second)
-			streams := map[string]agentStream{}
-			for _, id := range []string{"mover-1", "mover-2", "mover-3"} {
-				streams[id] = registerEventually(t, leaving.client, id)
-			}
-			agentWrites := leaving.store.agentWrites.Load()
-			if err := leaving.replica.Withdraw(context.Background()); err != nil {
+	eachStore(t, func(t *testing.T, st store.Store) {
+		reg := registry.New(st)
+		leaving := replica(t, "gw-leaving", st, 15*time.Second)
+		streams := map[string]agentStream{}
+		for _, id := range []string{"mover-1", "mover-2", "mover-3"} {
+			streams[id] = registerEventually(t, leaving.client, id)
+		}
+		agentWrites := leaving.store.agentWrites.Load()
+		if err := leaving.replica.Withdraw(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		if got := listed(t, reg); len(got) != 0 {
+			t.Fatalf("after Withdraw the cluster still lists %v", got)
+		}
+		// Another replica takes them while they are still connected here,
+		// as agents told to leave reconnect elsewhere.
+		other := replica(t, "gw-other", st, 15*time.Second)
+		for id := range streams {
+			registerEventually(t, other.client, id)
+		}
+		for id, s := range streams {
+			if err := s.CloseSend(); err != nil {
 				t.Fatal(err)
 			}
-			if got := listed(t, reg); len(got) != 0 {
-				t.Fatalf("after Withdraw the cluster still lists %v", got)
+			if err := drain(s); err != nil && status.Code(err) != codes.Canceled {
+				t.Fatalf("%s: %v", id, err)
 			}
-			// Another replica takes them while they are still connected here,
-			// as agents told to leave reconnect elsewhere.
-			other := replica(t, "gw-other", st, 15*time.Second)
-			for id := range streams {
-				registerEventually(t, other.client, id)
-			}
-			for id, s := range streams {
-				if err := s.CloseSend(); err != nil {
-					t.Fatal(err)
-				}
-				if err := drain(s); err != nil && status.Code(err) != codes.Canceled {
-					t.Fatalf("%s: %v", id, err)
-				}
-			}
-			if got := listed(t, reg); len(got) != 3 || got["mover-1"] != "gw-other" || got["mover-2"] != "gw-other" || got["mover-3"] != "gw-other" {
-				t.Fatalf("after the moves: %v", got)
-			}
-			if n := leaving.store.agentWrites.Load() - agentWrites; n != 0 {
-				t.Fatalf("the withdrawn replica wrote %d agent records; want none", n)
-			}
-			if _, err := reg.ReplicaAddr(context.Background(), "gw-leaving"); status.Code(err) != codes.Unavailable {
-				t.Fatalf("the withdrawn replica's address: %v, want UNAVAILABLE", err)
-			}
-		})
-	}
+		}
+		if got := listed(t, reg); len(got) != 3 || got["mover-1"] != "gw-other" || got["mover-2"] != "gw-other" || got["mover-3"] != "gw-other" {
+			t.Fatalf("after the moves: %v", got)
+		}
+		if n := leaving.store.agentWrites.Load() - agentWrites; n != 0 {
+			t.Fatalf("the withdrawn replica wrote %d agent records; want none", n)
+		}
+		if _, err := reg.ReplicaAddr(context.Background(), "gw-leaving"); status.Code(err) != codes.Unavailable {
+			t.Fatalf("the withdrawn replica's address: %v, want UNAVAILABLE", err)
+		}
+	})
 }
 
 // TestBurstOfRegistrationsIsMetered: a burst of registrations over a slow
@@ -371,61 +371,53 @@ func TestBurstOfRegistrationsIsMetered(t *testing.T) {
 // re-register elsewhere, each replacing its stale record; the dead lease is
 // read once for all of them, not once per agent.
 func TestDeadReplicaLeaseReadOnce(t *testing.T) {
-	t.Parallel()
-	for name, st := range stores(t) {
-		t.Run(name, func(t *testing.T) {
-			t.Parallel()
-			old := replica(t, "gw-old", st, 15*time.Second)
-			const n = 20
-			for i := range n {
-				registerEventually(t, old.client, fmt.Sprintf("agent-%d", i))
-			}
-			if err := old.replica.Withdraw(context.Background()); err != nil {
-				t.Fatal(err)
-			}
-			next := replica(t, "gw-next", st, 15*time.Second)
-			registerEventually(t, next.client, "warm-up") // the lease is taken
-			before := next.store.leaseReads.Load()
-			for i := range n {
-				registerEventually(t, next.client, fmt.Sprintf("agent-%d", i))
-			}
-			if got := next.store.leaseReads.Load() - before; got != 1 {
-				t.Fatalf("%d reads of leases for %d agents of one dead replica; want 1", got, n)
-			}
-			if got := listed(t, registry.New(st)); len(got) != n+1 {
-				t.Fatalf("cluster lists %d agents, want %d", len(got), n+1)
-			}
-		})
-	}
+	eachStore(t, func(t *testing.T, st store.Store) {
+		old := replica(t, "gw-old", st, 15*time.Second)
+		const n = 20
+		for i := range n {
+			registerEventually(t, old.client, fmt.Sprintf("agent-%d", i))
+		}
+		if err := old.replica.Withdraw(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		next := replica(t, "gw-next", st, 15*time.Second)
+		registerEventually(t, next.client, "warm-up") // the lease is taken
+		before := next.store.leaseReads.Load()
+		for i := range n {
+			registerEventually(t, next.client, fmt.Sprintf("agent-%d", i))
+		}
+		if got := next.store.leaseReads.Load() - before; got != 1 {
+			t.Fatalf("%d reads of leases for %d agents of one dead replica; want 1", got, n)
+		}
+		if got := listed(t, registry.New(st)); len(got) != n+1 {
+			t.Fatalf("cluster lists %d agents, want %d", len(got), n+1)
+		}
+	})
 }
 
 // TestStaleRecordsAreSwept: registrations whose replica is gone are
 // invisible at once and deleted by a sweep; live ones stay.
 func TestStaleRecordsAreSwept(t *testing.T) {
-	t.Parallel()
-	for name, st := range stores(t) {
-		t.Run(name, func(t *testing.T) {
-			t.Parallel()
-			reg := registry.New(st)
-			dead, live := replica(t, "gw-dead", st, 400*time.Millisecond), replica(t, "gw-live", st, 15*time.Second)
-			registerEventually(t, dead.client, "gone")
-			registerEventually(t, live.client, "here")
-			dead.stop()
-			testenv.Eventually(t, time.Minute, "the dead replica's agent unlisted", func() bool {
-				return len(listed(t, reg)) == 1
-			})
-			n, err := reg.Sweep(context.Background())
-			if err != nil || n != 1 {
-				t.Fatalf("Sweep = %d, %v; want 1 record swept", n, err)
-			}
-			if _, err := st.Get(context.Background(), registry.Table.Name, store.Key{PK: "agents", SK: "gone"}); !errors.Is(err, store.ErrNotFound) {
-				t.Fatalf("stale record still stored: %v", err)
-			}
-			if got := listed(t, reg); got["here"] != "gw-live" {
-				t.Fatalf("the live agent was swept: %v", got)
-			}
+	eachStore(t, func(t *testing.T, st store.Store) {
+		reg := registry.New(st)
+		dead, live := replica(t, "gw-dead", st, 400*time.Millisecond), replica(t, "gw-live", st, 15*time.Second)
+		registerEventually(t, dead.client, "gone")
+		registerEventually(t, live.client, "here")
+		dead.stop()
+		testenv.Eventually(t, time.Minute, "the dead replica's agent unlisted", func() bool {
+			return len(listed(t, reg)) == 1
 		})
-	}
+		n, err := reg.Sweep(context.Background())
+		if err != nil || n != 1 {
+			t.Fatalf("Sweep = %d, %v; want 1 record swept", n, err)
+		}
+		if _, err := st.Get(context.Background(), registry.Table.Name, store.Key{PK: "agents", SK: "gone"}); !errors.Is(err, store.ErrNotFound) {
+			t.Fatalf("stale record still stored: %v", err)
+		}
+		if got := listed(t, reg); got["here"] != "gw-live" {
+			t.Fatalf("the live agent was swept: %v", got)
+		}
+	})
 }
 
 // TestRegistrationWhoseAnswerWasLost: the store applies a registration's
@@ -537,45 +529,41 @@ func assertNothingReceived(t *testing.T, streams []agentStream) {
 // a new lease, its agents are registered again, and the one taken is told
 // to reconnect.
 func TestStoreOutage(t *testing.T) {
-	t.Parallel()
-	for name, st := range stores(t) {
-		t.Run(name, func(t *testing.T) {
-			t.Parallel()
-			reg := registry.New(st)
-			const lease = 900 * time.Millisecond
-			a, b := replica(t, "gw-a", st, lease), replica(t, "gw-b", st, 15*time.Second)
-			kept := registerEventually(t, a.client, "kept")
-			taken := registerEventually(t, a.client, "taken")
+	eachStore(t, func(t *testing.T, st store.Store) {
+		reg := registry.New(st)
+		const lease = 900 * time.Millisecond
+		a, b := replica(t, "gw-a", st, lease), replica(t, "gw-b", st, 15*time.Second)
+		kept := registerEventually(t, a.client, "kept")
+		taken := registerEventually(t, a.client, "taken")
 
-			a.store.down.Store(true)
-			testenv.Eventually(t, time.Minute, "the replica to notice the outage", func() bool {
-				return a.replica.Healthy() != nil
-			})
-			_, err := register(t, a.client, "newcomer")
-			if status.Code(err) != codes.Unavailable || !strings.Contains(err.Error(), "gw-a") {
-				t.Fatalf("registration while cut off: %v, want UNAVAILABLE naming the replica", err)
-			}
-			// Once a's lease has expired, its agents are free elsewhere.
-			registerEventually(t, b.client, "taken", codes.AlreadyExists)
-
-			a.store.down.Store(false)
-			m, err := taken.Recv()
-			if err != nil || !strings.Contains(m.GetShutdown().GetReason(), "another connection") {
-				t.Fatalf("the agent taken elsewhere: %v, %v; want Shutdown", m, err)
-			}
-			if err := drain(taken); status.Code(err) != codes.Canceled {
-				t.Fatalf("its stream ended with %v, want CANCELLED", err)
-			}
-			testenv.EventuallyNoError(t, time.Minute, "kept on gw-a and taken on gw-b in the cluster view", func() error {
-				if got := listed(t, reg); got["kept"] != "gw-a" || got["taken"] != "gw-b" || len(got) != 2 {
-					return fmt.Errorf("cluster view %v", got)
-				}
-				return nil
-			})
-			registerEventually(t, a.client, "newcomer")
-			assertNothingReceived(t, []agentStream{kept})
+		a.store.down.Store(true)
+		testenv.Eventually(t, time.Minute, "the replica to notice the outage", func() bool {
+			return a.replica.Healthy() != nil
 		})
-	}
+		_, err := register(t, a.client, "newcomer")
+		if status.Code(err) != codes.Unavailable || !strings.Contains(err.Error(), "gw-a") {
+			t.Fatalf("registration while cut off: %v, want UNAVAILABLE naming the replica", err)
+		}
+		// Once a's lease has expired, its agents are free elsewhere.
+		registerEventually(t, b.client, "taken", codes.AlreadyExists)
+
+		a.store.down.Store(false)
+		m, err := taken.Recv()
+		if err != nil || !strings.Contains(m.GetShutdown().GetReason(), "another connection") {
+			t.Fatalf("the agent taken elsewhere: %v, %v; want Shutdown", m, err)
+		}
+		if err := drain(taken); status.Code(err) != codes.Canceled {
+			t.Fatalf("its stream ended with %v, want CANCELLED", err)
+		}
+		testenv.EventuallyNoError(t, time.Minute, "kept on gw-a and taken on gw-b in the cluster view", func() error {
+			if got := listed(t, reg); got["kept"] != "gw-a" || got["taken"] != "gw-b" || len(got) != 2 {
+				return fmt.Errorf("cluster view %v", got)
+			}
+			return nil
+		})
+		registerEventually(t, a.client, "newcomer")
+		assertNothingReceived(t, []agentStream{kept})
+	})
 }
 
 // TestSameServerIDRefused: a second replica under a server ID already

@@ -1,7 +1,7 @@
 // Command agent-host is the entrypoint of an agent's Kubernetes pod: it runs
 // the agent command, speaks ACP to it over its stdio (with the runner's own
 // client), and dials back to the runner over gRPC to take prompts and
-// cancels and to stream the agent's updates and logs (docs/runner.md,
+// cancels and to stream the agent's updates and logs (docs/runner-kubernetes.md,
 // "agent-host").
 //
 //	agent-host [flags] -- <agent command> [args...]

@@ -2,7 +2,7 @@
 // dialect and the Agent Client Protocol of agentclientprotocol.com, detected
 // from initialize or fixed per agent type, plus Kandev's legacy line
 // format. It is built on pkg/jsonrpc; the ACP dialect's requests use the
-// types of github.com/coder/acp-go-sdk (see docs/runner.md for why not its
+// types of github.com/coder/acp-go-sdk (see docs/runner-agents.md for why not its
 // connection).
 package acp
 

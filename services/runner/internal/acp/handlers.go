@@ -73,7 +73,7 @@ func (c *Client) handleUpdate(ctx context.Context, req *jsonrpc.Request) (any, e
 // decodeACP reads an ACP session/update with the walker of scan.go rather
 // than encoding/json or the SDK's SessionUpdate (whose union decoding parses
 // every notification three times): this is the runner's hot path (see
-// docs/runner.md and bench_test.go).
+// docs/runner-agents.md and bench_test.go).
 func decodeACP(params []byte) (Update, error) {
 	u := Update{Progress: -1}
 	var (

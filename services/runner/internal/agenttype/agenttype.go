@@ -78,7 +78,7 @@ type Type struct {
 	// Env is set for every instance of the type, under the launch's env.
 	Env map[string]string `yaml:"env"`
 	// Gateway registers each instance at the coven gateway as a coven
-	// agent (docs/runner.md, "On the gateway"); a launch may also ask for
+	// agent (docs/runner-agents.md, "On the gateway"); a launch may also ask for
 	// it in its metadata.
 	Gateway bool `yaml:"gateway"`
 	// Permission answers session/request_permission (ACP): allow, deny,

@@ -16,7 +16,7 @@ var RunnerLaunchEnv = []string{"TASK_DESCRIPTION", "AUGGIE_SESSION_ID"}
 // files of the setter's choosing, or redirect whom it trusts and where its
 // traffic (and the secrets in it) goes, and the platform's own. Compared
 // without regard to case: some tools read them so (npm), and refusing a
-// lower-case twin costs nothing. docs/runner.md lists them with reasons.
+// lower-case twin costs nothing. docs/runner-agents.md lists them with reasons.
 var (
 	hookNames = []string{
 		// the C library and loader
@@ -209,7 +209,7 @@ func (t Type) validateEnvNames() error {
 		case !ValidEnvName(name):
 			return fmt.Errorf("agent type %s: required_env %q is not a variable name", t.ID, name)
 		case HookVariable(name):
-			return fmt.Errorf("agent type %s: required_env %s can make the agent's loader, shell, interpreter or tools run code (docs/runner.md), so a launch may never set it: set it in the type's env", t.ID, name)
+			return fmt.Errorf("agent type %s: required_env %s can make the agent's loader, shell, interpreter or tools run code (docs/runner-agents.md), so a launch may never set it: set it in the type's env", t.ID, name)
 		}
 	}
 	for _, p := range t.LaunchEnv {
@@ -217,7 +217,7 @@ func (t Type) validateEnvNames() error {
 		case !validEnvPattern(p):
 			return fmt.Errorf("agent type %s: launch_env %q is not a variable name or a name's prefix followed by '*'", t.ID, p)
 		case HookVariable(strings.TrimSuffix(p, "*")):
-			return fmt.Errorf("agent type %s: launch_env %s names variables that can make the agent's loader, shell, interpreter or tools run code (docs/runner.md), which a launch may never set: set them in the type's env", t.ID, p)
+			return fmt.Errorf("agent type %s: launch_env %s names variables that can make the agent's loader, shell, interpreter or tools run code (docs/runner-agents.md), which a launch may never set: set them in the type's env", t.ID, p)
 		}
 	}
 	for name := range t.Env {

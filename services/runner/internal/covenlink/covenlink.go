@@ -2,7 +2,7 @@
 // gateway, each as a coven agent over its own AgentStream, and maps the
 // two protocols: a coven SendMessage becomes an ACP prompt turn, the
 // turn's session/update notifications become MessageResponse events, and a
-// CancelRequest becomes session/cancel (docs/runner.md, "On the gateway").
+// CancelRequest becomes session/cancel (docs/runner-agents.md, "On the gateway").
 package covenlink
 
 import (
@@ -302,7 +302,7 @@ func (l *Link) send(st covenpb.CovenControl_AgentStreamClient, m *covenpb.SendMe
 	// whose history the agent keeps.
 	l.agent.Note(fmt.Sprintf("gateway request %s (thread %q, from %q): a prompt turn", req.id, req.thread, m.GetSender()))
 	// The client's trace, in Conclave's trace_context extension of
-	// SendMessage (docs/runner.md): the AgentStream's own gRPC metadata is
+	// SendMessage (docs/runner-agents.md): the AgentStream's own gRPC metadata is
 	// the stream's, not the message's.
 	ctx := traceContext.Extract(l.ctx, propagation.MapCarrier(m.GetTraceContext()))
 	err := l.agent.Prompt(ctx, m.GetContent(), func(turn int) {

@@ -227,8 +227,7 @@ func kinds(events []*covenpb.MessageResponse) []string {
 // retried; a message the runner does not take ends with error; a cancel
 // from the gateway ends the turn cancelled.
 func TestGatewayRegistration(t *testing.T) {
-	skipShort(t)
-	t.Parallel()
+	integration(t)
 	const token = "gateway-token-of-the-operator"
 	for _, tt := range []struct {
 		name string
@@ -300,9 +299,7 @@ func TestGatewayRegistration(t *testing.T) {
 					"CONCLAVE_AGENT_HOST_AGENT_TYPE":           "acp-example",
 				},
 				agent: []string{acpAgentBin, "-dialect", "acp", "-mode", tt.mode}})
-			if _, err := r.link.Ready(t.Context()); err != nil {
-				t.Fatal(err)
-			}
+			awaitReady(t, r.link)
 			fs := gw.next(t, "the agent's registration")
 			reg := fs.reg
 			if reg.GetAgentId() != "front-"+instance || reg.GetName() != "Front door" || !slices.Equal(reg.GetCapabilities(), []string{"chat", "code"}) || fs.token != token {
@@ -326,8 +323,7 @@ func TestGatewayRegistration(t *testing.T) {
 // A gateway that refuses the agent's token is not asked again: the
 // instance's log says so, and the agent goes on for the runner.
 func TestGatewayRefused(t *testing.T) {
-	skipShort(t)
-	t.Parallel()
+	integration(t)
 	gw := startFakeGateway(t, codes.Unauthenticated)
 	rig := startHub(t, "")
 	rec := newRecorder()

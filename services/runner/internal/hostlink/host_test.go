@@ -1,6 +1,7 @@
 package hostlink
 
 import (
+	"context"
 	"errors"
 	"os"
 	"path/filepath"
@@ -18,11 +19,31 @@ import (
 
 const acceptTimeout = 30 * time.Second
 
-func skipShort(t *testing.T) {
+// integration opens a test that starts agent-host and the example agent:
+// skipped under -short, run in parallel with the other tests.
+func integration(t *testing.T) {
 	t.Helper()
 	if testing.Short() {
 		t.Skip("starts agent-host and the example agent")
 	}
+	t.Parallel()
+}
+
+// readyTimeout bounds the wait for agent-host to start, connect and open
+// its agent's session.
+const readyTimeout = time.Minute
+
+// awaitReady waits up to readyTimeout for the launch's agent-host to
+// connect and its agent's session to be up.
+func awaitReady(t *testing.T, link *Link) Ready {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), readyTimeout)
+	defer cancel()
+	ready, err := link.Ready(ctx)
+	if err != nil {
+		t.Fatalf("waiting for agent-host to connect and its agent's session: %v", err)
+	}
+	return ready
 }
 
 // A prompt streams the agent's updates in order and ends its turn; a
@@ -30,8 +51,7 @@ func skipShort(t *testing.T) {
 // without the agent; Close ends the agent and agent-host with status 0.
 // The agent sees none of agent-host's settings, and continues its trace.
 func TestConversation(t *testing.T) {
-	skipShort(t)
-	t.Parallel()
+	integration(t)
 	rig := startHub(t, "")
 	rec := newRecorder()
 	link := rig.hub.Expect("inst-conv", 1, rec.options())
@@ -123,8 +143,7 @@ func TestConversation(t *testing.T) {
 // A cancel ends the turn in progress without ending the agent; a cancel
 // before the prompt is sent keeps it from the agent.
 func TestCancel(t *testing.T) {
-	skipShort(t)
-	t.Parallel()
+	integration(t)
 	rig := startHub(t, "")
 	ws := t.TempDir()
 	rec, link, p := launchHost(t, rig, hostSpec{instance: "inst-cancel", workspace: ws, agent: []string{acpAgentBin, "-mode", "slow-tool"}})
@@ -178,8 +197,7 @@ func TestCancel(t *testing.T) {
 
 // A wrong token is refused (Unauthenticated) before the agent is started.
 func TestWrongToken(t *testing.T) {
-	skipShort(t)
-	t.Parallel()
+	integration(t)
 	rig := startHub(t, "")
 	rec := newRecorder()
 	rig.hub.Expect("inst-token", 1, rec.options())
@@ -203,8 +221,7 @@ func TestWrongToken(t *testing.T) {
 // An agent that crashes mid-turn fails the turn with acp.ErrAgentGone and
 // ends the link with its exit code, which agent-host exits with too.
 func TestCrash(t *testing.T) {
-	skipShort(t)
-	t.Parallel()
+	integration(t)
 	rig := startHub(t, "")
 	_, link, p := launchHost(t, rig, hostSpec{instance: "inst-crash", workspace: t.TempDir(), agent: []string{acpAgentBin, "-mode", "crash"}})
 	tr, err := link.PromptTurn(t.Context(), 1, "crash", acceptTimeout)
@@ -224,8 +241,7 @@ func TestCrash(t *testing.T) {
 // update: agent-host re-sends what was not acknowledged, the hub drops
 // what it already took.
 func TestDroppedConnection(t *testing.T) {
-	skipShort(t)
-	t.Parallel()
+	integration(t)
 	rig := startHub(t, "")
 	px := startProxy(t, rig.addr)
 	rec := newRecorder()
@@ -271,15 +287,11 @@ func TestDroppedConnection(t *testing.T) {
 // expects the same launch and re-sends the pending prompt by its turn; the
 // buffered updates arrive, the turn ends once, nothing is duplicated.
 func TestRunnerRestart(t *testing.T) {
-	skipShort(t)
-	t.Parallel()
+	integration(t)
 	rig1 := startHub(t, "")
 	ws := t.TempDir()
 	rec1, link1, p := launchHost(t, rig1, hostSpec{instance: "inst-restart", workspace: ws, agent: []string{acpAgentBin, "-mode", "gated", "-chunks", "300"}})
-	ready1, err := link1.Ready(t.Context())
-	if err != nil {
-		t.Fatal(err)
-	}
+	ready1 := awaitReady(t, link1)
 	go func() { _, _ = link1.PromptTurn(t.Context(), 1, "go", acceptTimeout) }()
 	rec1.waitFor(t, "the turn's first update", hasUpdate("Working on: go"))
 	rig1.stop()
@@ -298,9 +310,8 @@ func TestRunnerRestart(t *testing.T) {
 	if err != nil || tr.StopReason != acp.StopEndTurn {
 		t.Fatalf("turn = %+v, %v", tr, err)
 	}
-	ready2, err := link2.Ready(t.Context())
-	if err != nil || ready2.SessionID != ready1.SessionID {
-		t.Fatalf("ready after the restart = %+v, %v; want session %s", ready2, err, ready1.SessionID)
+	if ready2 := awaitReady(t, link2); ready2.SessionID != ready1.SessionID {
+		t.Fatalf("ready after the restart = %+v; want session %s", ready2, ready1.SessionID)
 	}
 	if got := rec1.texts(); !slices.Equal(got, []string{"content: Working on: go"}) {
 		t.Fatalf("the first runner took %q", got)
@@ -319,8 +330,7 @@ func TestRunnerRestart(t *testing.T) {
 // blocks in its write, nothing is dropped, and everything arrives once the
 // runner takes it again.
 func TestBackpressure(t *testing.T) {
-	skipShort(t)
-	t.Parallel()
+	integration(t)
 	// Fixed flow-control windows, so that what gRPC buffers is small.
 	rig := startHub(t, "", grpcWindows()...)
 	rec := newRecorder()
@@ -390,8 +400,7 @@ func blockedInPipeWrite(pid int) bool {
 // A runner unreachable past the give-up time: agent-host kills the agent
 // and exits 69.
 func TestGiveUp(t *testing.T) {
-	skipShort(t)
-	t.Parallel()
+	integration(t)
 	rig := startHub(t, "")
 	link := rig.hub.Expect("inst-giveup", 1, newRecorder().options())
 	ws := t.TempDir()
@@ -417,16 +426,13 @@ func TestGiveUp(t *testing.T) {
 // agent-host started before its launch is expected (a runner that has
 // not claimed it yet) retries until it is.
 func TestConnectBeforeExpect(t *testing.T) {
-	skipShort(t)
-	t.Parallel()
+	integration(t)
 	rig := startHub(t, "")
 	p := startHost(t, hostSpec{addr: rig.addr, instance: "inst-early", workspace: t.TempDir(), launch: 2, agent: []string{acpAgentBin}})
 	testenv.Eventually(t, time.Minute, "agent-host to be refused with NotFound", func() bool { return strings.Contains(p.stderr.String(), "NotFound") })
 	rig.hub.Expect("inst-early", 1, LinkOptions{}).Close() // an older launch: still not this one
 	link := rig.hub.Expect("inst-early", 2, newRecorder().options())
-	if _, err := link.Ready(t.Context()); err != nil {
-		t.Fatal(err)
-	}
+	awaitReady(t, link)
 	// A newer launch supersedes it: its host is told to stop.
 	rig.hub.Expect("inst-early", 3, LinkOptions{})
 	if code := p.wait(t); code != ExitRefused {
@@ -438,15 +444,13 @@ func TestConnectBeforeExpect(t *testing.T) {
 // agent accepts the prompt at once and ends the turn with a complete
 // update.
 func TestKandevDialect(t *testing.T) {
-	skipShort(t)
-	t.Parallel()
+	integration(t)
 	rig := startHub(t, "")
 	rec, link, p := launchHost(t, rig, hostSpec{instance: "inst-kandev", workspace: t.TempDir(),
 		env:   map[string]string{"CONCLAVE_AGENT_HOST_PROTOCOL": "kandev"},
 		agent: []string{acpAgentBin, "-dialect", "kandev"}})
-	ready, err := link.Ready(t.Context())
-	if err != nil || ready.Dialect != acp.DialectKandev {
-		t.Fatalf("ready = %+v, %v", ready, err)
+	if ready := awaitReady(t, link); ready.Dialect != acp.DialectKandev {
+		t.Fatalf("ready = %+v", ready)
 	}
 	tr, err := link.PromptTurn(t.Context(), 1, "hi", acceptTimeout)
 	if err != nil || tr.StopReason != acp.StopEndTurn {
@@ -460,14 +464,11 @@ func TestKandevDialect(t *testing.T) {
 
 // SIGTERM to agent-host (its pod deleted) ends the agent and reports how.
 func TestSIGTERM(t *testing.T) {
-	skipShort(t)
-	t.Parallel()
+	integration(t)
 	rig := startHub(t, "")
 	link := rig.hub.Expect("inst-term", 1, newRecorder().options())
 	p := startHost(t, hostSpec{addr: rig.addr, instance: "inst-term", workspace: t.TempDir(), agent: []string{acpAgentBin, "-mode", "linger"}})
-	if _, err := link.Ready(t.Context()); err != nil {
-		t.Fatal(err)
-	}
+	awaitReady(t, link)
 	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
@@ -484,17 +485,15 @@ func TestSIGTERM(t *testing.T) {
 // A legacy agent's run is its turn: agent-host starts it when the turn is
 // asked for, and its result line ends the turn.
 func TestLegacyDialect(t *testing.T) {
-	skipShort(t)
-	t.Parallel()
+	integration(t)
 	rig := startHub(t, "")
 	rec, link, p := launchHost(t, rig, hostSpec{instance: "inst-legacy", workspace: t.TempDir(),
 		env:   map[string]string{"CONCLAVE_AGENT_HOST_PROTOCOL": "legacy"},
 		agent: []string{acpAgentBin, "-dialect", "legacy"}})
 	// Ready before the prompt, as with any agent: the supervisor waits for
 	// it first.
-	ready, err := link.Ready(t.Context())
-	if err != nil || ready.Dialect != acp.DialectLegacy || ready.SessionID != "" {
-		t.Fatalf("ready = %+v, %v", ready, err)
+	if ready := awaitReady(t, link); ready.Dialect != acp.DialectLegacy || ready.SessionID != "" {
+		t.Fatalf("ready = %+v", ready)
 	}
 	tr, err := link.PromptTurn(t.Context(), 1, "run", acceptTimeout)
 	if err != nil || tr.StopReason != acp.StopEndTurn {
@@ -517,8 +516,7 @@ func TestLegacyDialect(t *testing.T) {
 // taking the turn's end) re-sends its prompt after a restart: agent-host
 // answers with the turn's end again, and the agent does not run it twice.
 func TestPromptAgainAfterRestart(t *testing.T) {
-	skipShort(t)
-	t.Parallel()
+	integration(t)
 	rig1 := startHub(t, "")
 	_, link1, p := launchHost(t, rig1, hostSpec{instance: "inst-again", workspace: t.TempDir(), agent: []string{acpAgentBin}})
 	tr, err := link1.PromptTurn(t.Context(), 1, "once", acceptTimeout)
@@ -554,14 +552,11 @@ func TestPromptAgainAfterRestart(t *testing.T) {
 // launch is expected again, and the turn it was in is answered, not run
 // again, with every update once.
 func TestDetach(t *testing.T) {
-	skipShort(t)
-	t.Parallel()
+	integration(t)
 	rig := startHub(t, "")
 	ws := t.TempDir()
 	rec1, link1, p := launchHost(t, rig, hostSpec{instance: "inst-detach", workspace: ws, agent: []string{acpAgentBin, "-mode", "gated", "-chunks", "50"}})
-	if _, err := link1.Ready(t.Context()); err != nil {
-		t.Fatal(err)
-	}
+	awaitReady(t, link1)
 	turn1 := make(chan error, 1)
 	go func() {
 		_, err := link1.PromptTurn(t.Context(), 1, "go", acceptTimeout)
@@ -598,8 +593,7 @@ func TestDetach(t *testing.T) {
 // set that hooks the agent's shell, or that the type does not allow, and
 // the agent is never started; what is allowed reaches it.
 func TestLaunchEnvCheckedAgain(t *testing.T) {
-	skipShort(t)
-	t.Parallel()
+	integration(t)
 	for _, tt := range []struct {
 		name      string
 		launchEnv string
@@ -662,8 +656,7 @@ func TestLaunchEnvCheckedAgain(t *testing.T) {
 // offers it; without one, the agent's refusal of session/new ends the
 // agent, saying it is the agent's error and which methods it offers.
 func TestAuthenticate(t *testing.T) {
-	skipShort(t)
-	t.Parallel()
+	integration(t)
 	for _, tt := range []struct {
 		name, method string
 		up           bool

@@ -3,7 +3,7 @@
 // gRPC service conclave.runner.v1.AgentHostService, and a Link per launch
 // that the supervisor converses through), RunHost agent-host's (it runs the
 // agent, speaks ACP to it with the runner's own client, and dials back).
-// See docs/runner.md, "agent-host".
+// See docs/runner-kubernetes.md, "agent-host".
 package hostlink
 
 import (

@@ -37,8 +37,7 @@ func (p *permissions) count() int {
 // gets (allowed: it writes its file; refused: it does not); a runner that
 // restarts while the request waits is sent it again and its answer counts.
 func TestGovernedPermissions(t *testing.T) {
-	skipShort(t)
-	t.Parallel()
+	integration(t)
 	allow := func(context.Context) acp.PermissionAnswer {
 		return acp.PermissionAnswer{Allow: true, Meta: map[string]any{"decision": "approved"}}
 	}

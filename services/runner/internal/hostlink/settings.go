@@ -34,7 +34,7 @@ type Settings struct {
 	LaunchEnvAllowed []string `env:"CONCLAVE_AGENT_HOST_LAUNCH_ENV_ALLOWED" help:"comma-separated names and PREFIX* patterns a launch may set (the agent type's); a variable that hooks a loader, shell or interpreter is refused whatever this says"`
 
 	// The coven gateway, when the launch asks for it: agent-host registers
-	// the agent there itself (docs/runner.md, "On the gateway").
+	// the agent there itself (docs/runner-agents.md, "On the gateway").
 	GatewayAddr string `env:"CONCLAVE_AGENT_HOST_GATEWAY_ADDR" help:"the coven gateway's AgentStream address (its Service, the load-balanced endpoint) to register the agent at; empty: the agent is not registered"`
 	// GatewayToken is a secret: it is never logged, and the agent is not
 	// started with it.

@@ -17,8 +17,7 @@ import (
 // agent's updates carry it to the runner, and the agent's TRACEPARENT is
 // agent-host's span.
 func TestTrace(t *testing.T) {
-	skipShort(t)
-	t.Parallel()
+	integration(t)
 	j := testenv.JaegerFor(t)
 	rig := startHub(t, "")
 	const traceID = "4bf92f3577b34da6a3ce929d0e0e4736"
