@@ -126,7 +126,7 @@ func TestKubernetes(t *testing.T) {
 	}
 	// The front-door agent's agent-host registers it at the gateway's
 	// Service with the runner's Secret's gateway token, which a pattern
-	// entry of the gateway's agent tokens opens (docs/runner.md).
+	// entry of the gateway's agent tokens opens (docs/runner-agents.md).
 	runnerGatewayToken := token("gateway-runner")
 	sh.agentsRemote = true
 
@@ -316,7 +316,7 @@ console:
 // the libraries it loads and its standard library, and the bridge's
 // example tool agents under toolAgentsDir. It is how an operator gives
 // oneshot agent types their interpreter: a oneshot agent runs in the
-// runner's container, as a process per call (docs/runner.md).
+// runner's container, as a process per call (docs/runner-agents.md).
 func runnerPython(ctx context.Context, dir, bin string) (string, error) {
 	const python = "/usr/bin/python3"
 	real, err := filepath.EvalSymlinks(python)
