@@ -89,8 +89,9 @@ func answerText(task *a2a.Task) string {
 // approves through the Librarian's review API, and the task goes back to
 // working and completes, on the stream and for the subscriber. A blocking
 // SendMessage returns at the next wait, input-required, and CancelTask
-// cancels it there. An agent in a Job's pod gets a2aJobAgent's checks
-// instead, after its card.
+// cancels it there. An agent in a Job's pod gets the same checks: its
+// agent-host holds its registration at the gateway, and the runner tells
+// the wait to it over their link.
 func a2aRunnerAgent(r *stepRun, httpClient *http.Client) {
 	sh := r.sh
 	ctx := r.ctx
@@ -130,10 +131,6 @@ func a2aRunnerAgent(r *stepRun, httpClient *http.Client) {
 	const question = "write the notes over A2A"
 	next, stop := iter.Pull2(client.SendStreamingMessage(ctx, &a2a.SendMessageRequest{Message: a2a.NewMessage(a2a.MessageRoleUser, a2a.NewTextPart(question))}))
 	defer stop()
-	if sh.agentsRemote {
-		a2aJobAgent(r, client, inst.ID, question, next)
-		return
-	}
 	var taskID a2a.TaskID
 	var states []a2a.TaskState
 	var waiting *a2a.TaskStatusUpdateEvent
@@ -252,60 +249,6 @@ func a2aRunnerAgent(r *stepRun, httpClient *http.Client) {
 		}
 		return ""
 	})
-}
-
-// a2aJobAgent is a2aRunnerAgent's streamed task for an agent in a Job's
-// pod (the Kubernetes shape), from the stream's start (next). There the
-// gateway never hears of a person's wait, so no task turns input-required,
-// and what depends on it is not checked (GetTask and a subscriber during
-// the wait, the refused message naming the review, the blocking
-// SendMessage returning at the wait, CancelTask there): the agent's
-// agent-host holds its registration at the gateway and maps the agent's
-// own updates, but the runner sends the wait's tool_state
-// (AWAITING_APPROVAL, then the decision's) only over a gateway stream of
-// its own (session.gatewayToolState in
-// services/runner/internal/supervisor/gateway.go), and its link to
-// agent-host has no command that carries one (HostCommand in
-// proto/conclave/runner/v1/agenthost.proto). What holds is checked: the
-// task works while the runner's instance awaits the person, and completes
-// with the agent's answer once the person approves.
-func a2aJobAgent(r *stepRun, client *a2aclient.Client, id, question string, next func() (a2a.Event, error, bool)) {
-	var taskID a2a.TaskID
-	var states []a2a.TaskState
-	for len(states) == 0 {
-		ev, err, ok := next()
-		if !ok || err != nil {
-			r.t.Fatalf("the stream ended before the task worked: %v", err)
-		}
-		switch e := ev.(type) {
-		case *a2a.Task:
-			taskID = e.ID
-		case *a2a.TaskStatusUpdateEvent:
-			states = append(states, e.Status.State)
-		}
-	}
-	// The stream is quiet while the person decides: it is read again
-	// once the decision is made.
-	r.decideEscalation(id, "approve")
-	for {
-		ev, err, ok := next()
-		if !ok {
-			break
-		}
-		if err != nil {
-			r.t.Fatalf("the stream after the decision: %v (states %v)", err, states)
-		}
-		if e, isStatus := ev.(*a2a.TaskStatusUpdateEvent); isStatus {
-			states = append(states, e.Status.State)
-		}
-	}
-	if states[0] != a2a.TaskStateWorking || states[len(states)-1] != a2a.TaskStateCompleted {
-		r.t.Errorf("the stream's states %v: want working, then completed", states)
-	}
-	got, err := client.GetTask(r.ctx, &a2a.GetTaskRequest{ID: taskID})
-	if err != nil || got.Status.State != a2a.TaskStateCompleted || !strings.Contains(answerText(got), "Working on: "+question) {
-		r.t.Errorf("GetTask after the decision: %v %+v", err, got)
-	}
 }
 
 // afterWait reports whether states has input-required, then working, and

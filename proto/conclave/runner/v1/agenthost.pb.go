@@ -12,6 +12,7 @@
 package runnerv1
 
 import (
+	coven "github.com/conclave-ai/conclave/proto/coven"
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
 	durationpb "google.golang.org/protobuf/types/known/durationpb"
@@ -1191,6 +1192,7 @@ type HostCommand struct {
 	//	*HostCommand_PermissionAnswer
 	//	*HostCommand_GatewayAccepted
 	//	*HostCommand_GatewayTurnEnded
+	//	*HostCommand_GatewayToolState
 	Kind          isHostCommand_Kind `protobuf_oneof:"kind"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -1294,6 +1296,15 @@ func (x *HostCommand) GetGatewayTurnEnded() *GatewayTurnEnded {
 	return nil
 }
 
+func (x *HostCommand) GetGatewayToolState() *GatewayToolState {
+	if x != nil {
+		if x, ok := x.Kind.(*HostCommand_GatewayToolState); ok {
+			return x.GatewayToolState
+		}
+	}
+	return nil
+}
+
 type isHostCommand_Kind interface {
 	isHostCommand_Kind()
 }
@@ -1322,6 +1333,10 @@ type HostCommand_GatewayTurnEnded struct {
 	GatewayTurnEnded *GatewayTurnEnded `protobuf:"bytes,7,opt,name=gateway_turn_ended,json=gatewayTurnEnded,proto3,oneof"`
 }
 
+type HostCommand_GatewayToolState struct {
+	GatewayToolState *GatewayToolState `protobuf:"bytes,8,opt,name=gateway_tool_state,json=gatewayToolState,proto3,oneof"`
+}
+
 func (*HostCommand_Prompt) isHostCommand_Kind() {}
 
 func (*HostCommand_Cancel) isHostCommand_Kind() {}
@@ -1333,6 +1348,8 @@ func (*HostCommand_PermissionAnswer) isHostCommand_Kind() {}
 func (*HostCommand_GatewayAccepted) isHostCommand_Kind() {}
 
 func (*HostCommand_GatewayTurnEnded) isHostCommand_Kind() {}
+
+func (*HostCommand_GatewayToolState) isHostCommand_Kind() {}
 
 // Prompt runs a turn.
 type Prompt struct {
@@ -1904,11 +1921,87 @@ func (x *GatewayTurnEnded) GetError() string {
 	return ""
 }
 
+// GatewayToolState is the runner's own word on a tool call of a turn, for
+// the gateway request whose turn it is: a permission request waiting for a
+// person (the Librarian's review), then how that wait ended. agent-host
+// sends it as a coven tool_state; one for a turn no gateway request asked
+// for is ignored. An agent-host older than this message ignores it (an
+// unknown command is acknowledged and not applied).
+type GatewayToolState struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Turn  int64                  `protobuf:"varint,1,opt,name=turn,proto3" json:"turn,omitempty"`
+	// The agent's tool call id.
+	ToolCallId string          `protobuf:"bytes,2,opt,name=tool_call_id,json=toolCallId,proto3" json:"tool_call_id,omitempty"`
+	State      coven.ToolState `protobuf:"varint,3,opt,name=state,proto3,enum=coven.ToolState" json:"state,omitempty"`
+	// Why, for the client (never the review's URL).
+	Detail        string `protobuf:"bytes,4,opt,name=detail,proto3" json:"detail,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GatewayToolState) Reset() {
+	*x = GatewayToolState{}
+	mi := &file_conclave_runner_v1_agenthost_proto_msgTypes[23]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GatewayToolState) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GatewayToolState) ProtoMessage() {}
+
+func (x *GatewayToolState) ProtoReflect() protoreflect.Message {
+	mi := &file_conclave_runner_v1_agenthost_proto_msgTypes[23]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GatewayToolState.ProtoReflect.Descriptor instead.
+func (*GatewayToolState) Descriptor() ([]byte, []int) {
+	return file_conclave_runner_v1_agenthost_proto_rawDescGZIP(), []int{23}
+}
+
+func (x *GatewayToolState) GetTurn() int64 {
+	if x != nil {
+		return x.Turn
+	}
+	return 0
+}
+
+func (x *GatewayToolState) GetToolCallId() string {
+	if x != nil {
+		return x.ToolCallId
+	}
+	return ""
+}
+
+func (x *GatewayToolState) GetState() coven.ToolState {
+	if x != nil {
+		return x.State
+	}
+	return coven.ToolState(0)
+}
+
+func (x *GatewayToolState) GetDetail() string {
+	if x != nil {
+		return x.Detail
+	}
+	return ""
+}
+
 var File_conclave_runner_v1_agenthost_proto protoreflect.FileDescriptor
 
 const file_conclave_runner_v1_agenthost_proto_rawDesc = "" +
 	"\n" +
-	"\"conclave/runner/v1/agenthost.proto\x12\x12conclave.runner.v1\x1a\x1egoogle/protobuf/duration.proto\"\x87\x02\n" +
+	"\"conclave/runner/v1/agenthost.proto\x12\x12conclave.runner.v1\x1a\x11coven/coven.proto\x1a\x1egoogle/protobuf/duration.proto\"\x87\x02\n" +
 	"\x0eConnectRequest\x121\n" +
 	"\x05hello\x18\x01 \x01(\v2\x19.conclave.runner.v1.HelloH\x00R\x05hello\x125\n" +
 	"\x05event\x18\x02 \x01(\v2\x1d.conclave.runner.v1.HostEventH\x00R\x05event\x12A\n" +
@@ -1987,7 +2080,7 @@ const file_conclave_runner_v1_agenthost_proto_rawDesc = "" +
 	"\x06Exited\x12\x1b\n" +
 	"\texit_code\x18\x01 \x01(\x05R\bexitCode\x12\x16\n" +
 	"\x06signal\x18\x02 \x01(\tR\x06signal\x12\x16\n" +
-	"\x06reason\x18\x03 \x01(\tR\x06reason\"\xc3\x03\n" +
+	"\x06reason\x18\x03 \x01(\tR\x06reason\"\x99\x04\n" +
 	"\vHostCommand\x12\x10\n" +
 	"\x03seq\x18\x01 \x01(\x03R\x03seq\x124\n" +
 	"\x06prompt\x18\x02 \x01(\v2\x1a.conclave.runner.v1.PromptH\x00R\x06prompt\x124\n" +
@@ -1995,7 +2088,8 @@ const file_conclave_runner_v1_agenthost_proto_rawDesc = "" +
 	"\x05close\x18\x04 \x01(\v2\x19.conclave.runner.v1.CloseH\x00R\x05close\x12S\n" +
 	"\x11permission_answer\x18\x05 \x01(\v2$.conclave.runner.v1.PermissionAnswerH\x00R\x10permissionAnswer\x12P\n" +
 	"\x10gateway_accepted\x18\x06 \x01(\v2#.conclave.runner.v1.GatewayAcceptedH\x00R\x0fgatewayAccepted\x12T\n" +
-	"\x12gateway_turn_ended\x18\a \x01(\v2$.conclave.runner.v1.GatewayTurnEndedH\x00R\x10gatewayTurnEndedB\x06\n" +
+	"\x12gateway_turn_ended\x18\a \x01(\v2$.conclave.runner.v1.GatewayTurnEndedH\x00R\x10gatewayTurnEnded\x12T\n" +
+	"\x12gateway_tool_state\x18\b \x01(\v2$.conclave.runner.v1.GatewayToolStateH\x00R\x10gatewayToolStateB\x06\n" +
 	"\x04kind\"\x9a\x01\n" +
 	"\x06Prompt\x12\x12\n" +
 	"\x04turn\x18\x01 \x01(\x03R\x04turn\x12\x18\n" +
@@ -2034,7 +2128,13 @@ const file_conclave_runner_v1_agenthost_proto_rawDesc = "" +
 	"\x10GatewayTurnEnded\x12\x12\n" +
 	"\x04turn\x18\x01 \x01(\x03R\x04turn\x12\x10\n" +
 	"\x03end\x18\x02 \x01(\tR\x03end\x12\x14\n" +
-	"\x05error\x18\x03 \x01(\tR\x05error*\x81\x01\n" +
+	"\x05error\x18\x03 \x01(\tR\x05error\"\x88\x01\n" +
+	"\x10GatewayToolState\x12\x12\n" +
+	"\x04turn\x18\x01 \x01(\x03R\x04turn\x12 \n" +
+	"\ftool_call_id\x18\x02 \x01(\tR\n" +
+	"toolCallId\x12&\n" +
+	"\x05state\x18\x03 \x01(\x0e2\x10.coven.ToolStateR\x05state\x12\x16\n" +
+	"\x06detail\x18\x04 \x01(\tR\x06detail*\x81\x01\n" +
 	"\vTurnFailure\x12\x1c\n" +
 	"\x18TURN_FAILURE_UNSPECIFIED\x10\x00\x12\x1b\n" +
 	"\x17TURN_FAILURE_AGENT_GONE\x10\x01\x12\x1f\n" +
@@ -2056,7 +2156,7 @@ func file_conclave_runner_v1_agenthost_proto_rawDescGZIP() []byte {
 }
 
 var file_conclave_runner_v1_agenthost_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_conclave_runner_v1_agenthost_proto_msgTypes = make([]protoimpl.MessageInfo, 23)
+var file_conclave_runner_v1_agenthost_proto_msgTypes = make([]protoimpl.MessageInfo, 24)
 var file_conclave_runner_v1_agenthost_proto_goTypes = []any{
 	(TurnFailure)(0),            // 0: conclave.runner.v1.TurnFailure
 	(*ConnectRequest)(nil),      // 1: conclave.runner.v1.ConnectRequest
@@ -2082,7 +2182,9 @@ var file_conclave_runner_v1_agenthost_proto_goTypes = []any{
 	(*GatewayCancel)(nil),       // 21: conclave.runner.v1.GatewayCancel
 	(*GatewayAccepted)(nil),     // 22: conclave.runner.v1.GatewayAccepted
 	(*GatewayTurnEnded)(nil),    // 23: conclave.runner.v1.GatewayTurnEnded
-	(*durationpb.Duration)(nil), // 24: google.protobuf.Duration
+	(*GatewayToolState)(nil),    // 24: conclave.runner.v1.GatewayToolState
+	(*durationpb.Duration)(nil), // 25: google.protobuf.Duration
+	(coven.ToolState)(0),        // 26: coven.ToolState
 }
 var file_conclave_runner_v1_agenthost_proto_depIdxs = []int32{
 	3,  // 0: conclave.runner.v1.ConnectRequest.hello:type_name -> conclave.runner.v1.Hello
@@ -2093,7 +2195,7 @@ var file_conclave_runner_v1_agenthost_proto_depIdxs = []int32{
 	6,  // 5: conclave.runner.v1.ConnectResponse.event_ack:type_name -> conclave.runner.v1.EventAck
 	14, // 6: conclave.runner.v1.ConnectResponse.command:type_name -> conclave.runner.v1.HostCommand
 	5,  // 7: conclave.runner.v1.ConnectResponse.heartbeat:type_name -> conclave.runner.v1.Heartbeat
-	24, // 8: conclave.runner.v1.Hello.heartbeat_interval:type_name -> google.protobuf.Duration
+	25, // 8: conclave.runner.v1.Hello.heartbeat_interval:type_name -> google.protobuf.Duration
 	9,  // 9: conclave.runner.v1.HostEvent.ready:type_name -> conclave.runner.v1.Ready
 	10, // 10: conclave.runner.v1.HostEvent.update:type_name -> conclave.runner.v1.AgentUpdate
 	11, // 11: conclave.runner.v1.HostEvent.log:type_name -> conclave.runner.v1.AgentLog
@@ -2109,14 +2211,16 @@ var file_conclave_runner_v1_agenthost_proto_depIdxs = []int32{
 	19, // 21: conclave.runner.v1.HostCommand.permission_answer:type_name -> conclave.runner.v1.PermissionAnswer
 	22, // 22: conclave.runner.v1.HostCommand.gateway_accepted:type_name -> conclave.runner.v1.GatewayAccepted
 	23, // 23: conclave.runner.v1.HostCommand.gateway_turn_ended:type_name -> conclave.runner.v1.GatewayTurnEnded
-	24, // 24: conclave.runner.v1.Prompt.accept_timeout:type_name -> google.protobuf.Duration
-	1,  // 25: conclave.runner.v1.AgentHostService.Connect:input_type -> conclave.runner.v1.ConnectRequest
-	2,  // 26: conclave.runner.v1.AgentHostService.Connect:output_type -> conclave.runner.v1.ConnectResponse
-	26, // [26:27] is the sub-list for method output_type
-	25, // [25:26] is the sub-list for method input_type
-	25, // [25:25] is the sub-list for extension type_name
-	25, // [25:25] is the sub-list for extension extendee
-	0,  // [0:25] is the sub-list for field type_name
+	24, // 24: conclave.runner.v1.HostCommand.gateway_tool_state:type_name -> conclave.runner.v1.GatewayToolState
+	25, // 25: conclave.runner.v1.Prompt.accept_timeout:type_name -> google.protobuf.Duration
+	26, // 26: conclave.runner.v1.GatewayToolState.state:type_name -> coven.ToolState
+	1,  // 27: conclave.runner.v1.AgentHostService.Connect:input_type -> conclave.runner.v1.ConnectRequest
+	2,  // 28: conclave.runner.v1.AgentHostService.Connect:output_type -> conclave.runner.v1.ConnectResponse
+	28, // [28:29] is the sub-list for method output_type
+	27, // [27:28] is the sub-list for method input_type
+	27, // [27:27] is the sub-list for extension type_name
+	27, // [27:27] is the sub-list for extension extendee
+	0,  // [0:27] is the sub-list for field type_name
 }
 
 func init() { file_conclave_runner_v1_agenthost_proto_init() }
@@ -2153,6 +2257,7 @@ func file_conclave_runner_v1_agenthost_proto_init() {
 		(*HostCommand_PermissionAnswer)(nil),
 		(*HostCommand_GatewayAccepted)(nil),
 		(*HostCommand_GatewayTurnEnded)(nil),
+		(*HostCommand_GatewayToolState)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -2160,7 +2265,7 @@ func file_conclave_runner_v1_agenthost_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_conclave_runner_v1_agenthost_proto_rawDesc), len(file_conclave_runner_v1_agenthost_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   23,
+			NumMessages:   24,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -27,7 +27,9 @@ import (
 // its trace) and answers with GatewayAccepted, then prompts the turn as
 // any other; agent-host maps the turn's updates to the gateway as they
 // happen, with covenlink's mapping, and ends the gateway request when the
-// runner says how the turn ended (GatewayTurnEnded).
+// runner says how the turn ended (GatewayTurnEnded). What the runner
+// itself knows of a tool call (a permission waiting for a person, then
+// the decision) reaches the gateway the same way (GatewayToolState).
 
 // maxGatewayContent bounds a gateway message relayed to the runner: it
 // must fit in one event.
@@ -176,6 +178,14 @@ func (g *hostGateway) turnEnded(e *runnerv1.GatewayTurnEnded) {
 	}
 }
 
+// toolState sends the gateway request whose turn it is the runner's word
+// on one of its tool calls.
+func (g *hostGateway) toolState(t *runnerv1.GatewayToolState) {
+	if l := g.current(); l != nil {
+		l.ToolState(int(t.GetTurn()), t.GetToolCallId(), t.GetState(), t.GetDetail())
+	}
+}
+
 func (g *hostGateway) current() *covenlink.Link {
 	g.mu.Lock()
 	defer g.mu.Unlock()
@@ -237,6 +247,19 @@ func (l *Link) GatewayTurnEnded(turn int, end, errText string) {
 	}
 	l.queue(&runnerv1.HostCommand{Kind: &runnerv1.HostCommand_GatewayTurnEnded{GatewayTurnEnded: &runnerv1.GatewayTurnEnded{
 		Turn: int64(turn), End: end, Error: errText}}})
+}
+
+// GatewayToolState tells agent-host the state of a tool call of turn that
+// the runner itself knows (a permission wait for a person, and its end),
+// for the gateway request whose turn it is.
+func (l *Link) GatewayToolState(turn int, toolCallID string, state covenpb.ToolState, detail string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.gone() != nil {
+		return
+	}
+	l.queue(&runnerv1.HostCommand{Kind: &runnerv1.HostCommand_GatewayToolState{GatewayToolState: &runnerv1.GatewayToolState{
+		Turn: int64(turn), ToolCallId: toolCallID, State: state, Detail: detail}}})
 }
 
 func firstNonEmpty(s ...string) string {

@@ -2,6 +2,7 @@ package hostlink
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"net"
 	"slices"
@@ -342,5 +343,89 @@ func TestGatewayRefused(t *testing.T) {
 	}
 	if n := gw.registrations(); n != 1 {
 		t.Fatalf("%d registrations, want the one refused", n)
+	}
+}
+
+// A permission request that waits for a person reaches the gateway
+// through agent-host's registration, as the runner tells it: the gateway
+// request sees its tool call awaiting approval while the person decides,
+// then the decision's state, then the turn's end. This is the runner's own
+// word on the tool call, which only the runner knows (it asks the
+// Librarian), so it travels over the link as a command.
+func TestGatewayToolState(t *testing.T) {
+	skipShort(t)
+	t.Parallel()
+	for _, tt := range []struct {
+		name     string
+		allow    bool
+		decision string
+		state    covenpb.ToolState
+		// after is the agent's own last word on its tool call.
+		after covenpb.ToolState
+	}{
+		{"approved", true, "approved", covenpb.ToolState_TOOL_STATE_RUNNING, covenpb.ToolState_TOOL_STATE_COMPLETED},
+		{"rejected", false, "rejected", covenpb.ToolState_TOOL_STATE_DENIED, covenpb.ToolState_TOOL_STATE_FAILED},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			gw := startFakeGateway(t, codes.OK)
+			rig := startHub(t, "")
+			r := &gatewayRunner{}
+			opts := r.options(newRecorder())
+			// The person decides once the gateway has seen the wait.
+			seen := make(chan struct{})
+			opts.OnPermission = func(ctx context.Context, req PermissionRequest) acp.PermissionAnswer {
+				var params struct {
+					ToolCall struct {
+						ToolCallID string `json:"toolCallId"`
+					} `json:"toolCall"`
+				}
+				_ = json.Unmarshal(req.Params, &params)
+				id := params.ToolCall.ToolCallID
+				r.link.GatewayToolState(int(req.Turn), id, covenpb.ToolState_TOOL_STATE_AWAITING_APPROVAL, "waiting for a person")
+				select {
+				case <-seen:
+				case <-ctx.Done():
+					return acp.PermissionAnswer{Meta: map[string]any{"decision": "cancelled"}}
+				}
+				r.link.GatewayToolState(int(req.Turn), id, tt.state, "permission "+tt.decision)
+				return acp.PermissionAnswer{Allow: tt.allow, Meta: map[string]any{"decision": tt.decision}}
+			}
+			instance := "inst-gw-tool-state-" + tt.name
+			r.link = rig.hub.Expect(instance, 1, opts)
+			startHost(t, hostSpec{addr: rig.addr, instance: instance, workspace: t.TempDir(),
+				env: map[string]string{
+					"CONCLAVE_AGENT_HOST_GATEWAY_ADDR":  gw.addr,
+					"CONCLAVE_AGENT_HOST_GATEWAY_TOKEN": "gateway-token",
+					"CONCLAVE_AGENT_HOST_PERMISSION":    "librarian",
+				},
+				agent: []string{acpAgentBin, "-dialect", "acp"}})
+			if _, err := r.link.Ready(t.Context()); err != nil {
+				t.Fatal(err)
+			}
+			fs := gw.next(t, "the agent's registration")
+			var states []string
+			events := fs.message(t, "req-perm", "write the notes", func(e *covenpb.MessageResponse) {
+				ts := e.GetToolState()
+				if ts == nil {
+					return
+				}
+				states = append(states, ts.GetId()+" "+ts.GetState().String()+": "+ts.GetDetail())
+				if ts.GetState() == covenpb.ToolState_TOOL_STATE_AWAITING_APPROVAL {
+					close(seen)
+				}
+			})
+			want := []string{
+				"call_1 TOOL_STATE_AWAITING_APPROVAL: waiting for a person",
+				"call_1 " + tt.state.String() + ": permission " + tt.decision,
+				"call_1 " + tt.after.String() + ": ",
+			}
+			if !slices.Equal(states, want) {
+				t.Fatalf("tool states %q, want %q (events %v)", states, want, kinds(events))
+			}
+			if k := kinds(events); k[len(k)-1] != "done" {
+				t.Fatalf("events %v, want done last", k)
+			}
+		})
 	}
 }

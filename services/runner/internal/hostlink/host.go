@@ -434,6 +434,10 @@ func (h *host) command(ctx context.Context, linkID string, c *runnerv1.HostComma
 		if h.gateway != nil {
 			h.gateway.turnEnded(k.GatewayTurnEnded)
 		}
+	case *runnerv1.HostCommand_GatewayToolState:
+		if h.gateway != nil {
+			h.gateway.toolState(k.GatewayToolState)
+		}
 	}
 	select {
 	case h.cmdKick <- struct{}{}:

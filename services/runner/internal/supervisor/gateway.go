@@ -137,10 +137,15 @@ func (ss *session) gatewayUpdate(u acp.Update) {
 }
 
 // gatewayToolState tells the gateway, for turn's request, the state of a
-// tool call that the runner itself knows (a permission wait for a person).
+// tool call that the runner itself knows (a permission wait for a person):
+// over the runner's own registration, or the agent-host's that holds it.
 func (ss *session) gatewayToolState(turn int, id string, state covenpb.ToolState, detail string) {
 	if l := ss.gateway(); l != nil {
 		l.ToolState(turn, id, state, detail)
+		return
+	}
+	if link := ss.hostGatewayLink(); link != nil {
+		link.GatewayToolState(turn, id, state, detail)
 	}
 }
 
@@ -150,16 +155,25 @@ func (ss *session) gatewayTurnEnded(turn int, status, errText string) {
 		l.TurnEnded(turn, status, errText)
 		return
 	}
+	if link := ss.hostGatewayLink(); link != nil {
+		link.GatewayTurnEnded(turn, status, errText)
+	}
+}
+
+// hostGatewayLink is the link to the session's agent-host when that holds
+// the agent's registration at the gateway (the instance is on it), else
+// nil. What it is told of a turn that no gateway request asked for is
+// ignored there.
+func (ss *session) hostGatewayLink() HostLink {
 	ss.mu.Lock()
 	link := ss.link
 	ss.mu.Unlock()
-	if link != nil && ss.s.o.HostGateway {
-		// Its agent-host holds the registration, if the instance is on
-		// the gateway; a turn that no gateway request asked for is
-		// ignored there.
-		typ, _ := ss.s.o.Registry.Get(ss.launch.AgentType)
-		if _, ok := GatewayAgentID(typ, ss.launch.ID, ss.launch.Metadata); ok {
-			link.GatewayTurnEnded(turn, status, errText)
-		}
+	if link == nil || !ss.s.o.HostGateway {
+		return nil
 	}
+	typ, _ := ss.s.o.Registry.Get(ss.launch.AgentType)
+	if _, ok := GatewayAgentID(typ, ss.launch.ID, ss.launch.Metadata); !ok {
+		return nil
+	}
+	return link
 }

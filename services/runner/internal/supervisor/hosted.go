@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"time"
 
+	covenpb "github.com/conclave-ai/conclave/proto/coven"
 	"github.com/conclave-ai/conclave/services/runner/internal/acp"
 	"github.com/conclave-ai/conclave/services/runner/internal/agenttype"
 	"github.com/conclave-ai/conclave/services/runner/internal/executor"
@@ -66,6 +67,10 @@ type HostLink interface {
 	// GatewayTurnEnded tells agent-host how a turn ended, as recorded,
 	// for the gateway request whose turn it was.
 	GatewayTurnEnded(turn int, end, errText string)
+	// GatewayToolState tells agent-host the runner's own word on a tool
+	// call of turn (a permission waiting for a person, then the
+	// decision), for the gateway request whose turn it is.
+	GatewayToolState(turn int, toolCallID string, state covenpb.ToolState, detail string)
 }
 
 // durableTurns is a conversation that takes the durable turn number.
