@@ -353,8 +353,7 @@ func TestGatewayRefused(t *testing.T) {
 // word on the tool call, which only the runner knows (it asks the
 // Librarian), so it travels over the link as a command.
 func TestGatewayToolState(t *testing.T) {
-	skipShort(t)
-	t.Parallel()
+	integration(t)
 	for _, tt := range []struct {
 		name     string
 		allow    bool
