@@ -413,7 +413,9 @@ func testTenThousand(t *testing.T, e env) {
 	)
 	const visibility = 2 * time.Second
 	acks := newAckLog(e.q, visibility)
-	c, cancel := context.WithCancel(ctx(t))
+	// Longer than ctx's two minutes: with -race on a loaded machine the
+	// consumer alone has taken more than that.
+	c, cancel := context.WithTimeout(t.Context(), 5*time.Minute)
 	defer cancel()
 	err := queue.Consume(c, acks, def.Name, func(_ context.Context, m queue.Message) error {
 		mu.Lock()
