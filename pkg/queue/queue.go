@@ -41,9 +41,12 @@ type Queue interface {
 	// Receive returns up to opts.Max messages, waiting up to opts.Wait for
 	// the first one. It returns no messages and no error when none arrived.
 	Receive(ctx context.Context, queue string, opts ReceiveOptions) ([]Message, error)
-	// Delete acknowledges a received message. Deleting with a receipt handle
-	// that is no longer current (the message was deleted, or received again)
-	// is not an error, as in SQS: the later receiver owns it now.
+	// Delete acknowledges a received message: deleted while in flight under
+	// receiptHandle, it is never delivered again. Deleting with a receipt
+	// handle that is no longer current (the message was deleted, received
+	// again, or, on SQS, its visibility ran out) is not an error and
+	// deletes nothing, as in SQS: the message is back in the queue or the
+	// later receiver owns it now.
 	Delete(ctx context.Context, queue, receiptHandle string) error
 	// ChangeVisibility makes an in-flight message invisible for d from now
 	// (0 makes it visible at once). It fails with ErrInvalidReceipt when the
