@@ -292,8 +292,16 @@ func (c *consumer) heartbeat(ctx context.Context, msgs []Message) *heartbeat {
 			}
 			hb.mu.Lock()
 			for h, m := range hb.pending {
-				if err := c.q.ChangeVisibility(ctx, c.queue, h, c.visibility); err != nil {
-					c.log.WarnContext(ctx, "queue: extending visibility failed, message may be delivered twice", "message_id", m.ID, "error", err)
+				err := c.q.ChangeVisibility(ctx, c.queue, h, c.visibility)
+				if err == nil {
+					continue
+				}
+				c.log.WarnContext(ctx, "queue: extending visibility failed, message may be delivered twice", "message_id", m.ID, "error", err)
+				if errors.Is(err, ErrInvalidReceipt) {
+					// The handle left flight (its visibility ran out before
+					// an extension landed): no later extension can succeed,
+					// and asking again only adds load to a loaded queue.
+					delete(hb.pending, h)
 				}
 			}
 			hb.mu.Unlock()
