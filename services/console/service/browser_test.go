@@ -289,11 +289,12 @@ func onlyConsoleRequests(t *testing.T, ctx context.Context, base string) {
 	}
 }
 
-// startCovenAgent connects the example coven agent to the gateway.
-func startCovenAgent(t *testing.T, id, name string) {
+// startCovenAgent connects the example coven agent to the gateway, pausing
+// stepDelay between a reply's events.
+func startCovenAgent(t *testing.T, id, name string, stepDelay time.Duration) {
 	t.Helper()
 	cmd := exec.Command(dev.covenAgent, "--addr", dev.addrs["gateway gRPC"], "--agent-id", id, "--name", name,
-		"--capabilities", "chat,echo", "--step-delay", "100ms")
+		"--capabilities", "chat,echo", "--step-delay", stepDelay.String())
 	var out testenv.LockedBuffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	if err := cmd.Start(); err != nil {
@@ -311,7 +312,7 @@ func startCovenAgent(t *testing.T, id, name string) {
 func TestAgentAppearsAndChatStreams(t *testing.T) {
 	ctx := tab(t)
 	do(t, ctx, chromedp.Navigate(dev.console+"/agents"), chromedp.WaitVisible(chromedp.ID("agents-table")))
-	startCovenAgent(t, "console-e2e", "console e2e agent")
+	startCovenAgent(t, "console-e2e", "console e2e agent", 100*time.Millisecond)
 	// The table refreshes itself: the agent appears without a reload.
 	eval[chromedp.Void](t, ctx, `window.__sameDocument = true`)
 	waitFor(t, ctx, "the agent is listed", `!!document.querySelector('tr[data-agent="console-e2e"]')`)
@@ -348,9 +349,16 @@ func TestAgentAppearsAndChatStreams(t *testing.T) {
 	}
 	screenshot(t, ctx, "agents")
 
-	// Cancel: a long message replies in many chunks; cancelling after the
-	// first ends it with cancelled, not done.
-	do(t, ctx, chromedp.SetValue(chromedp.ID("content"), strings.Repeat("word ", 300)), chromedp.Click(chromedp.ID("send")))
+	// Cancel: cancelling a reply after its first chunk ends it with
+	// cancelled, not done. The reply is that of an agent that pauses 3 s
+	// between events, so that the cancel (a click, the console, the
+	// gateway, the agent) lands before the reply ends on a loaded machine
+	// too: with 100 ms pauses the whole reply took a second, and a busy
+	// machine's cancel came after its end.
+	startCovenAgent(t, "console-slow", "console slow agent", 3*time.Second)
+	waitFor(t, ctx, "the slow agent is listed", `!!document.querySelector('tr[data-agent="console-slow"]')`)
+	do(t, ctx, chromedp.SetValue(chromedp.ID("agent_id"), "console-slow"),
+		chromedp.SetValue(chromedp.ID("content"), "a reply to cancel"), chromedp.Click(chromedp.ID("send")))
 	waitFor(t, ctx, "the reply starts", `!!document.querySelector('#chat-log li.text')`)
 	do(t, ctx, chromedp.Click(chromedp.ID("cancel-chat")))
 	waitFor(t, ctx, "the cancelled reply has ended", `document.getElementById('chat-log').dataset.state === 'ended'`)

@@ -5,6 +5,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/chromedp/cdproto/cdp"
 	"github.com/chromedp/cdproto/network"
@@ -100,7 +101,7 @@ func TestKeyboardOnly(t *testing.T) {
 	if _, err := chromedp.Call(ctx, network.ClearBrowserCookies, cdp.Empty{}); err != nil {
 		t.Fatal(err)
 	}
-	startCovenAgent(t, "keyboard-agent", "keyboard agent")
+	startCovenAgent(t, "keyboard-agent", "keyboard agent", 100*time.Millisecond)
 	do(t, ctx, chromedp.Navigate(dev.console+"/agents"))
 	waitFor(t, ctx, "the agent is listed", `!!document.querySelector('tr[data-agent="keyboard-agent"]')`)
 
@@ -153,7 +154,7 @@ func TestKeyboardOnly(t *testing.T) {
 	chatLink := "a /agents?agent=keyboard-agent#chat"
 	do(t, ctx, chromedp.Navigate(dev.console+"/agents"), chromedp.WaitReady("main"))
 	tabTo(t, ctx, chatLink)
-	startCovenAgent(t, "keyboard-agent-2", "second keyboard agent")
+	startCovenAgent(t, "keyboard-agent-2", "second keyboard agent", 100*time.Millisecond)
 	waitFor(t, ctx, "the table is refreshed with the second agent", `!!document.querySelector('tr[data-agent="keyboard-agent-2"]')`)
 	if f := eval[string](t, ctx, focusJS); !strings.HasPrefix(f, chatLink) {
 		t.Errorf("after the table refreshed, focus is on %q, not %q", f, chatLink)
