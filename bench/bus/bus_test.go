@@ -17,6 +17,7 @@ import (
 	"net/http"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -315,8 +316,9 @@ func startRelay(b *testing.B) string {
 // BenchmarkFanOut1000 publishes to 1,000 subscribers, each on its own
 // connection and answering every message, and reports deliveries per
 // second: through the bus (continueAll, so they are delivered to at once),
-// and through NATS (a request whose 1,000 replies the publisher waits
-// for). The publisher has one message in flight, or eight.
+// through the least WebSocket fan-out (startPlainFanOut, the same
+// subscribers), and through NATS (a request whose 1,000 replies the
+// publisher waits for). The publisher has one message in flight, or eight.
 func BenchmarkFanOut1000(b *testing.B) {
 	const subscribers = 1000
 	for _, inflight := range []int{1, 8} {
@@ -340,6 +342,15 @@ func BenchmarkFanOut1000(b *testing.B) {
 				return nil
 			}
 			fanOut(b, inflight, publish, &delivered)
+		})
+		b.Run(fmt.Sprintf("plainws/inflight=%d", inflight), func(b *testing.B) {
+			url := startPlainFanOut(b)
+			var delivered atomic.Int64
+			for i := range subscribers {
+				rawSubscriber(b, url+"?role=sub", fmt.Sprintf("sub-%d", i), "fan:*", "", "", []byte(`{"success":true}`), &delivered)
+			}
+			pub := newPlainPublisher(b, url)
+			fanOut(b, inflight, func() error { return pub.publish(subscribers) }, &delivered)
 		})
 		b.Run(fmt.Sprintf("nats/inflight=%d", inflight), func(b *testing.B) {
 			ns := startNATS(b)
@@ -386,6 +397,169 @@ func BenchmarkFanOut1000(b *testing.B) {
 			}
 			fanOut(b, inflight, publish, &delivered)
 		})
+	}
+}
+
+// startPlainFanOut is the least WebSocket fan-out, a reference beside the
+// bus and NATS: a server that writes each publisher frame, as it came, to
+// every subscriber, one write(2) each, and answers the publisher once
+// every subscriber has answered, with nothing else (no JSON-RPC beyond
+// finding a frame's id, no routing, no policies, nothing kept, and no
+// coalescing of a subscriber's frames into one write, which the bus and
+// nats-server do: so it is not a floor the bus cannot pass). Subscribers
+// connect with ?role=sub; their first two frames (the bus's initialize
+// and subscribe) get an empty result.
+func startPlainFanOut(b *testing.B) string {
+	b.Helper()
+	type waiting struct {
+		left atomic.Int32
+		pub  *websocket.Conn
+	}
+	var (
+		mu      sync.Mutex
+		subs    []*websocket.Conn
+		pending = map[string]*waiting{}
+	)
+	answer := func(c *websocket.Conn, id []byte) error {
+		return c.Write(context.Background(), websocket.MessageText, slices.Concat([]byte(`{"jsonrpc":"2.0","id":`), id, []byte(`,"result":{}}`)))
+	}
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		c, err := websocket.Accept(w, r, nil)
+		if err != nil {
+			return
+		}
+		defer func() { _ = c.CloseNow() }()
+		if r.URL.Query().Get("role") == "sub" {
+			for i := range 2 {
+				_, data, err := c.Read(context.Background())
+				if err != nil {
+					return
+				}
+				if i == 1 {
+					// Subscribed before the answer says so, as the bus does.
+					mu.Lock()
+					subs = append(subs, c)
+					mu.Unlock()
+				}
+				if answer(c, frameID(data)) != nil {
+					return
+				}
+			}
+			for {
+				_, data, err := c.Read(context.Background())
+				if err != nil {
+					return
+				}
+				id := string(frameID(data))
+				mu.Lock()
+				p := pending[id]
+				mu.Unlock()
+				if p == nil || p.left.Add(-1) != 0 {
+					continue
+				}
+				mu.Lock()
+				delete(pending, id)
+				mu.Unlock()
+				if answer(p.pub, []byte(id)) != nil {
+					return
+				}
+			}
+		}
+		for {
+			_, data, err := c.Read(context.Background())
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			to := subs
+			p := &waiting{pub: c}
+			p.left.Store(int32(len(to)))
+			pending[string(frameID(data))] = p
+			mu.Unlock()
+			for _, s := range to {
+				if s.Write(context.Background(), websocket.MessageText, data) != nil {
+					return
+				}
+			}
+		}
+	})
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	srv := &http.Server{Handler: h}
+	go func() { _ = srv.Serve(l) }()
+	b.Cleanup(func() { _ = srv.Close() })
+	return "ws://" + l.Addr().String()
+}
+
+// frameID is the value of a JSON-RPC frame's "id" member, as it is
+// written (the bench's frames have it before any nested object).
+func frameID(frame []byte) []byte {
+	i := bytes.Index(frame, []byte(`"id":`))
+	if i < 0 {
+		return []byte("null")
+	}
+	id := frame[i+5:]
+	if j := bytes.IndexAny(id, ",}"); j >= 0 {
+		id = id[:j]
+	}
+	return id
+}
+
+// plainPublisher publishes to startPlainFanOut's server on one WebSocket,
+// several messages in flight, each waiting for its own answer.
+type plainPublisher struct {
+	c      *websocket.Conn
+	nextID atomic.Int64
+	mu     sync.Mutex
+	wait   map[string]chan struct{}
+}
+
+func newPlainPublisher(b *testing.B, url string) *plainPublisher {
+	b.Helper()
+	c, _, err := websocket.Dial(context.Background(), url, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = c.CloseNow() })
+	p := &plainPublisher{c: c, wait: map[string]chan struct{}{}}
+	go func() {
+		for {
+			_, data, err := c.Read(context.Background())
+			if err != nil {
+				return
+			}
+			id := string(frameID(data))
+			p.mu.Lock()
+			done := p.wait[id]
+			delete(p.wait, id)
+			p.mu.Unlock()
+			if done != nil {
+				close(done)
+			}
+		}
+	}()
+	return p
+}
+
+// publish sends one message and waits for its answer, which comes once
+// all the server's subscribers (subscribers of them) have answered.
+func (p *plainPublisher) publish(subscribers int) error {
+	id := strconv.FormatInt(p.nextID.Add(1), 10)
+	done := make(chan struct{})
+	p.mu.Lock()
+	p.wait[id] = done
+	p.mu.Unlock()
+	frame := `{"jsonrpc":"2.0","id":` + id + `,"method":"sendMessage","params":{"topic":"fan:1","payload":` + string(payload) + `}}`
+	if err := p.c.Write(context.Background(), websocket.MessageText, []byte(frame)); err != nil {
+		return err
+	}
+	select {
+	case <-done:
+		return nil
+	case <-time.After(30 * time.Second):
+		return fmt.Errorf("no answer from %d subscribers after 30s", subscribers)
 	}
 }
 
