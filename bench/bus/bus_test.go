@@ -303,14 +303,7 @@ func startRelay(b *testing.B) string {
 			}
 		}
 	})
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		b.Fatal(err)
-	}
-	srv := &http.Server{Handler: h}
-	go func() { _ = srv.Serve(l) }()
-	b.Cleanup(func() { _ = srv.Close() })
-	return "ws://" + l.Addr().String()
+	return serveWS(b, h)
 }
 
 // BenchmarkFanOut1000 publishes to 1,000 subscribers, each on its own
@@ -483,6 +476,13 @@ func startPlainFanOut(b *testing.B) string {
 			}
 		}
 	})
+	return serveWS(b, h)
+}
+
+// serveWS serves h on a loopback port until the benchmark ends and
+// returns its ws:// URL.
+func serveWS(b *testing.B, h http.Handler) string {
+	b.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		b.Fatal(err)
