@@ -345,6 +345,15 @@ func BenchmarkFanOut1000(b *testing.B) {
 			pub := newPlainPublisher(b, url)
 			fanOut(b, inflight, func() error { return pub.publish(subscribers) }, &delivered)
 		})
+		b.Run(fmt.Sprintf("floor/inflight=%d", inflight), func(b *testing.B) {
+			url := startCoalescingFanOut(b)
+			var delivered atomic.Int64
+			for i := range subscribers {
+				rawSubscriber(b, url+"?role=sub", fmt.Sprintf("sub-%d", i), "fan:*", "", "", []byte(`{"success":true}`), &delivered)
+			}
+			pub := newPlainPublisher(b, url)
+			fanOut(b, inflight, func() error { return pub.publish(subscribers) }, &delivered)
+		})
 		b.Run(fmt.Sprintf("nats/inflight=%d", inflight), func(b *testing.B) {
 			ns := startNATS(b)
 			var delivered atomic.Int64
