@@ -14,6 +14,8 @@ import (
 	"github.com/a2aproject/a2a-go/v2/a2a"
 	"github.com/a2aproject/a2a-go/v2/a2aclient"
 	"github.com/a2aproject/a2a-go/v2/a2aclient/agentcard"
+
+	"github.com/conclave-ai/conclave/pkg/testenv"
 )
 
 // stepA2A: an Agent2Agent client (a2a-go's own a2aclient, over JSON-RPC)
@@ -28,7 +30,7 @@ func stepA2A(r *stepRun) {
 	r.startCovenAgent()
 
 	ctx, root := r.root("step 9: an A2A client asks the coven agent")
-	httpClient := &http.Client{Transport: bearer{sh.gatewayToken, r.http.Transport}}
+	httpClient := &http.Client{Transport: testenv.Bearer{Token: sh.gatewayToken, Next: r.http.Transport}}
 	card, err := agentcard.NewResolver(httpClient).Resolve(ctx, sh.gatewayHTTP+"/a2a/"+sh.covenAgentID)
 	if err != nil {
 		r.t.Fatalf("the agent's card: %v", err)

@@ -337,7 +337,7 @@ func stepBridgeTool(r *stepRun) {
 
 	client := mcp.NewClient(&mcp.Implementation{Name: "conclave-e2e", Version: "1"}, nil)
 	cs, err := client.Connect(ctx, &mcp.StreamableClientTransport{Endpoint: sh.bridgeMCP, MaxRetries: -1,
-		HTTPClient: &http.Client{Transport: bearer{sh.bridgeToken, r.http.Transport}}}, nil)
+		HTTPClient: &http.Client{Transport: testenv.Bearer{Token: sh.bridgeToken, Next: r.http.Transport}}}, nil)
 	if err != nil {
 		r.t.Fatalf("MCP connect to %s: %v", sh.bridgeMCP, err)
 	}
@@ -441,21 +441,6 @@ func labels(s string) []string {
 		return v.Labels
 	}
 	return v.Data.Labels
-}
-
-// bearer adds a bearer token to each request, when there is one.
-type bearer struct {
-	token string
-	next  http.RoundTripper
-}
-
-func (b bearer) RoundTrip(req *http.Request) (*http.Response, error) {
-	if b.token == "" {
-		return b.next.RoundTrip(req)
-	}
-	req = req.Clone(req.Context())
-	req.Header.Set("Authorization", "Bearer "+b.token)
-	return b.next.RoundTrip(req)
 }
 
 // stepDeadLetter: an agent that fails its deliveries makes the bus retry a

@@ -23,3 +23,22 @@ func Do(t testing.TB, req *http.Request) (*http.Response, []byte) {
 	}
 	return resp, body
 }
+
+// Bearer is an http.RoundTripper that adds an Authorization: Bearer header
+// with Token to every request it passes to Next, and none when Token is
+// empty (a development server that needs none).
+type Bearer struct {
+	Token string
+	Next  http.RoundTripper
+}
+
+// RoundTrip implements http.RoundTripper on a copy of r, which it must not
+// change.
+func (b Bearer) RoundTrip(r *http.Request) (*http.Response, error) {
+	if b.Token == "" {
+		return b.Next.RoundTrip(r)
+	}
+	r = r.Clone(r.Context())
+	r.Header.Set("Authorization", "Bearer "+b.Token)
+	return b.Next.RoundTrip(r)
+}

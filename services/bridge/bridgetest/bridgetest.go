@@ -16,6 +16,7 @@ import (
 
 	"github.com/conclave-ai/conclave/pkg/server"
 	"github.com/conclave-ai/conclave/pkg/telemetry"
+	"github.com/conclave-ai/conclave/pkg/testenv"
 	"github.com/conclave-ai/conclave/services/bridge/service"
 )
 
@@ -82,7 +83,7 @@ func Connect(tb testing.TB, url, token, client string, opts *mcp.ClientOptions) 
 	c := mcp.NewClient(&mcp.Implementation{Name: client, Version: "1"}, opts)
 	cs, err := c.Connect(context.Background(), &mcp.StreamableClientTransport{
 		Endpoint:   url,
-		HTTPClient: &http.Client{Transport: Bearer{Token: token, Next: http.DefaultTransport}},
+		HTTPClient: &http.Client{Transport: testenv.Bearer{Token: token, Next: http.DefaultTransport}},
 		MaxRetries: -1,
 	}, nil)
 	if err != nil {
@@ -90,16 +91,4 @@ func Connect(tb testing.TB, url, token, client string, opts *mcp.ClientOptions) 
 	}
 	tb.Cleanup(func() { _ = cs.Close() })
 	return cs
-}
-
-// Bearer adds a bearer token to every request.
-type Bearer struct {
-	Token string
-	Next  http.RoundTripper
-}
-
-func (b Bearer) RoundTrip(r *http.Request) (*http.Response, error) {
-	r = r.Clone(r.Context())
-	r.Header.Set("Authorization", "Bearer "+b.Token)
-	return b.Next.RoundTrip(r)
 }

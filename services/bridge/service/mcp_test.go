@@ -8,7 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"github.com/conclave-ai/conclave/pkg/testenv"
-	"github.com/conclave-ai/conclave/services/bridge/bridgetest"
 	"github.com/conclave-ai/conclave/services/bridge/service"
 	"io"
 	"net/http"
@@ -680,7 +679,7 @@ func TestShutdownDrainsToolCalls(t *testing.T) {
 	client := mcp.NewClient(&mcp.Implementation{Name: "bridge-test", Version: "1"}, nil)
 	running, err := client.Connect(context.Background(), &mcp.StreamableClientTransport{
 		Endpoint:   b.url,
-		HTTPClient: &http.Client{Transport: bridgetest.Bearer{Token: testToken, Next: http.DefaultTransport}},
+		HTTPClient: &http.Client{Transport: testenv.Bearer{Token: testToken, Next: http.DefaultTransport}},
 	}, nil)
 	if err != nil {
 		t.Fatal(err)

@@ -135,20 +135,8 @@ func startA2AAgent(t *testing.T, ctx context.Context, conn *grpc.ClientConn, id 
 	return a
 }
 
-// bearer adds a client token to every request of an HTTP client.
-type bearer struct {
-	tok  string
-	next http.RoundTripper
-}
-
-func (b bearer) RoundTrip(r *http.Request) (*http.Response, error) {
-	r = r.Clone(r.Context())
-	r.Header.Set("Authorization", "Bearer "+b.tok)
-	return b.next.RoundTrip(r)
-}
-
 func tokenClient(tok string) *http.Client {
-	return &http.Client{Transport: bearer{tok: tok, next: http.DefaultTransport}, Timeout: 2 * time.Minute}
+	return &http.Client{Transport: testenv.Bearer{Token: tok, Next: http.DefaultTransport}, Timeout: 2 * time.Minute}
 }
 
 // a2aClient resolves agentID's card at base and returns a2a-go's client for
