@@ -22,16 +22,13 @@ var (
 	runnerBinErr  error
 )
 
-// runnerBinary builds services/runner/cmd/runner once.
+// runnerBinary builds services/runner/cmd/runner once, beside conclaveBin
+// in the directory TestMain removes at the end (a directory of its own
+// was left behind, 55 MB a run).
 func runnerBinary(t *testing.T) string {
 	t.Helper()
 	runnerBinOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "governed-runner-")
-		if err != nil {
-			runnerBinErr = err
-			return
-		}
-		runnerBin = filepath.Join(dir, "runner")
+		runnerBin = filepath.Join(filepath.Dir(conclaveBin), "runner")
 		runnerBinErr = testenv.GoBuild(t.Context(), runnerBin, "./services/runner/cmd/runner")
 	})
 	if runnerBinErr != nil {
