@@ -39,17 +39,25 @@ func TestMain(m *testing.M) {
 		// This process is a coven agent a test started (liveness_test.go).
 		os.Exit(runSilentAgent(addr))
 	}
-	os.Exit(testenv.RunWith(m, func(ctx context.Context) (*testenv.Component, error) {
-		dir, err := os.MkdirTemp("", "gateway-bin")
-		if err != nil {
-			return nil, err
-		}
+	os.Exit(testMain(m))
+}
+
+func testMain(m *testing.M) int {
+	// The gateway binary's directory goes with the run (it was left
+	// behind, 28 MB a run).
+	dir, err := os.MkdirTemp("", "gateway-bin")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	defer os.RemoveAll(dir)
+	return testenv.RunWith(m, func(ctx context.Context) (*testenv.Component, error) {
 		gatewayBin = filepath.Join(dir, "gateway")
 		if err := testenv.GoBuild(ctx, gatewayBin, "./services/gateway/cmd/gateway"); err != nil {
 			return nil, err
 		}
 		return testenv.Dynalite(ctx)
-	}, &dynalite))
+	}, &dynalite)
 }
 
 type replicaProc struct {
