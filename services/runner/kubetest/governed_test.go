@@ -47,11 +47,9 @@ var (
 func governedBins(t *testing.T) (librarian, bus string) {
 	t.Helper()
 	governedBinsOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "kubetest-governed-")
-		if err != nil {
-			binsErr = err
-			return
-		}
+		// In the run's directory, which setUp removes (a directory of
+		// their own was left behind, every run).
+		dir := filepath.Join(env.dir, "governed-bin")
 		binsErr = testenv.GoBuild(context.Background(), dir+string(filepath.Separator), "./functions/librarian/cmd/local", "./services/bus/cmd/bus")
 		librarianBinPath, busBinPath = filepath.Join(dir, "local"), filepath.Join(dir, "bus")
 	})

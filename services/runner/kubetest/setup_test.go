@@ -55,6 +55,9 @@ var env struct {
 	// otlp is Jaeger's OTLP receiver as pods reach it.
 	otlp       string
 	workspaces string
+	// dir holds the run's files (workspaces, images, binaries); setUp
+	// removes it at the end.
+	dir string
 }
 
 func TestMain(m *testing.M) {
@@ -87,6 +90,7 @@ func setUp(m *testing.M) (int, error) {
 		return 0, err
 	}
 	defer os.RemoveAll(dir)
+	env.dir = dir
 	env.workspaces = filepath.Join(dir, "workspaces")
 	if err := os.Mkdir(env.workspaces, 0o755); err != nil {
 		return 0, err
