@@ -303,13 +303,21 @@ func startRelay(b *testing.B) string {
 			}
 		}
 	})
-	return serveWS(b, h)
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	srv := &http.Server{Handler: h}
+	go func() { _ = srv.Serve(l) }()
+	b.Cleanup(func() { _ = srv.Close() })
+	return "ws://" + l.Addr().String()
 }
 
 // BenchmarkFanOut1000 publishes to 1,000 subscribers, each on its own
 // connection and answering every message, and reports deliveries per
 // second: through the bus (continueAll, so they are delivered to at once),
-// through the least WebSocket fan-out (startPlainFanOut, the same
+// through the least WebSocket fan-out (startFanOut, with and without
+// coalescing each subscriber's writes; the same
 // subscribers), and through NATS (a request whose 1,000 replies the
 // publisher waits for). The publisher has one message in flight, or eight.
 func BenchmarkFanOut1000(b *testing.B) {
@@ -337,7 +345,7 @@ func BenchmarkFanOut1000(b *testing.B) {
 			fanOut(b, inflight, publish, &delivered)
 		})
 		b.Run(fmt.Sprintf("plainws/inflight=%d", inflight), func(b *testing.B) {
-			url := startPlainFanOut(b)
+			url := startFanOut(b, false)
 			var delivered atomic.Int64
 			for i := range subscribers {
 				rawSubscriber(b, url+"?role=sub", fmt.Sprintf("sub-%d", i), "fan:*", "", "", []byte(`{"success":true}`), &delivered)
@@ -346,7 +354,7 @@ func BenchmarkFanOut1000(b *testing.B) {
 			fanOut(b, inflight, func() error { return pub.publish(subscribers) }, &delivered)
 		})
 		b.Run(fmt.Sprintf("floor/inflight=%d", inflight), func(b *testing.B) {
-			url := startCoalescingFanOut(b)
+			url := startFanOut(b, true)
 			var delivered atomic.Int64
 			for i := range subscribers {
 				rawSubscriber(b, url+"?role=sub", fmt.Sprintf("sub-%d", i), "fan:*", "", "", []byte(`{"success":true}`), &delivered)
@@ -402,106 +410,6 @@ func BenchmarkFanOut1000(b *testing.B) {
 	}
 }
 
-// startPlainFanOut is the least WebSocket fan-out, a reference beside the
-// bus and NATS: a server that writes each publisher frame, as it came, to
-// every subscriber, one write(2) each, and answers the publisher once
-// every subscriber has answered, with nothing else (no JSON-RPC beyond
-// finding a frame's id, no routing, no policies, nothing kept, and no
-// coalescing of a subscriber's frames into one write, which the bus and
-// nats-server do: so it is not a floor the bus cannot pass). Subscribers
-// connect with ?role=sub; their first two frames (the bus's initialize
-// and subscribe) get an empty result.
-func startPlainFanOut(b *testing.B) string {
-	b.Helper()
-	type waiting struct {
-		left atomic.Int32
-		pub  *websocket.Conn
-	}
-	var (
-		mu      sync.Mutex
-		subs    []*websocket.Conn
-		pending = map[string]*waiting{}
-	)
-	answer := func(c *websocket.Conn, id []byte) error {
-		return c.Write(context.Background(), websocket.MessageText, slices.Concat([]byte(`{"jsonrpc":"2.0","id":`), id, []byte(`,"result":{}}`)))
-	}
-	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		c, err := websocket.Accept(w, r, nil)
-		if err != nil {
-			return
-		}
-		defer func() { _ = c.CloseNow() }()
-		if r.URL.Query().Get("role") == "sub" {
-			for i := range 2 {
-				_, data, err := c.Read(context.Background())
-				if err != nil {
-					return
-				}
-				if i == 1 {
-					// Subscribed before the answer says so, as the bus does.
-					mu.Lock()
-					subs = append(subs, c)
-					mu.Unlock()
-				}
-				if answer(c, frameID(data)) != nil {
-					return
-				}
-			}
-			for {
-				_, data, err := c.Read(context.Background())
-				if err != nil {
-					return
-				}
-				id := string(frameID(data))
-				mu.Lock()
-				p := pending[id]
-				mu.Unlock()
-				if p == nil || p.left.Add(-1) != 0 {
-					continue
-				}
-				mu.Lock()
-				delete(pending, id)
-				mu.Unlock()
-				if answer(p.pub, []byte(id)) != nil {
-					return
-				}
-			}
-		}
-		for {
-			_, data, err := c.Read(context.Background())
-			if err != nil {
-				return
-			}
-			mu.Lock()
-			to := subs
-			p := &waiting{pub: c}
-			p.left.Store(int32(len(to)))
-			pending[string(frameID(data))] = p
-			mu.Unlock()
-			for _, s := range to {
-				if s.Write(context.Background(), websocket.MessageText, data) != nil {
-					return
-				}
-			}
-		}
-	})
-	return serveWS(b, h)
-}
-
-// serveWS serves h on a loopback port until the benchmark ends and
-// returns its ws:// URL.
-func serveWS(b *testing.B, h http.Handler) string {
-	b.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		b.Fatal(err)
-	}
-	srv := &http.Server{Handler: h}
-	go func() { _ = srv.Serve(l) }()
-	b.Cleanup(func() { _ = srv.Close() })
-	return "ws://" + l.Addr().String()
-}
-
 // frameID is the value of a JSON-RPC frame's "id" member, as it is
 // written (the bench's frames have it before any nested object).
 func frameID(frame []byte) []byte {
@@ -516,7 +424,7 @@ func frameID(frame []byte) []byte {
 	return id
 }
 
-// plainPublisher publishes to startPlainFanOut's server on one WebSocket,
+// plainPublisher publishes to startFanOut's server on one WebSocket,
 // several messages in flight, each waiting for its own answer.
 type plainPublisher struct {
 	c      *websocket.Conn

@@ -14,17 +14,20 @@ import (
 	"testing"
 )
 
-// startCoalescingFanOut is the fan-out's floor: the least WebSocket server
-// that does what a fan-out must and writes as nats-server does. It writes
-// each publisher frame, as it came, to every subscriber, and answers the
-// publisher once every subscriber has answered; each connection has one
-// writer that puts every frame queued for it since its last write into one
-// write(2). Nothing else: no JSON-RPC beyond finding a frame's id, no
-// routing, no policies, no limits, nothing kept. Subscribers connect with
-// ?role=sub; their first two frames (the bus's initialize and subscribe)
-// get an empty result. Only what the bench's clients send is understood:
-// unfragmented, masked text frames, and a close.
-func startCoalescingFanOut(b *testing.B) string {
+// startFanOut is the least WebSocket fan-out, the floor the bus is measured
+// against: a server that writes each publisher frame, as it came, to every
+// subscriber, and answers the publisher once every subscriber has
+// answered. With coalesce, each connection has one writer that puts every
+// frame queued for it since its last write into one write(2), as
+// nats-server's write loop flushes a client: that is the floor. Without,
+// each frame is its own write(2): a reference, not a floor, since the bus
+// and nats-server both coalesce. Nothing else: no JSON-RPC beyond finding
+// a frame's id, no routing, no policies, no limits, nothing kept.
+// Subscribers connect with ?role=sub; their first two frames (the bus's
+// initialize and subscribe) get an empty result. Only what the bench's
+// clients send is understood: unfragmented, masked text frames, and a
+// close.
+func startFanOut(b *testing.B, coalesce bool) string {
 	b.Helper()
 	type waiting struct {
 		left atomic.Int32
@@ -45,7 +48,7 @@ func startCoalescingFanOut(b *testing.B) string {
 		if err != nil {
 			return
 		}
-		w := newFrameWriter(c)
+		w := newFrameWriter(c, coalesce)
 		defer w.close()
 		if sub {
 			for i := range 2 {
@@ -187,25 +190,35 @@ func textFrame(payload []byte) []byte {
 	return append(f, payload...)
 }
 
-// frameWriter writes a connection's frames from one goroutine, all those
-// queued since its last write in one write(2), as nats-server's write loop
-// flushes a client's outbound buffer.
+// frameWriter writes a connection's frames. Coalescing, it writes from one
+// goroutine, all those queued since its last write in one write(2), as
+// nats-server's write loop flushes a client's outbound buffer; otherwise
+// each frame is written at once, one write(2) each.
 type frameWriter struct {
-	c      net.Conn
-	mu     sync.Mutex
-	queued []byte
-	closed bool
-	wake   chan struct{}
+	c        net.Conn
+	coalesce bool
+	mu       sync.Mutex
+	queued   []byte
+	closed   bool
+	wake     chan struct{}
 }
 
-func newFrameWriter(c net.Conn) *frameWriter {
-	w := &frameWriter{c: c, wake: make(chan struct{}, 1)}
-	go w.loop()
+func newFrameWriter(c net.Conn, coalesce bool) *frameWriter {
+	w := &frameWriter{c: c, coalesce: coalesce, wake: make(chan struct{}, 1)}
+	if coalesce {
+		go w.loop()
+	}
 	return w
 }
 
 func (w *frameWriter) enqueue(frame []byte) {
 	w.mu.Lock()
+	if !w.coalesce {
+		// A failed write shows as the connection's end to its reader.
+		_, _ = w.c.Write(frame)
+		w.mu.Unlock()
+		return
+	}
 	w.queued = append(w.queued, frame...)
 	w.mu.Unlock()
 	select {
