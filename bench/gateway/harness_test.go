@@ -23,6 +23,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/conclave-ai/conclave/pkg/config"
+	"github.com/conclave-ai/conclave/pkg/server"
 	"github.com/conclave-ai/conclave/pkg/store"
 	"github.com/conclave-ai/conclave/pkg/telemetry"
 	"github.com/conclave-ai/conclave/pkg/testenv"
@@ -110,6 +111,13 @@ func dynamoAt(endpoint string) storeOpener {
 // off unless tune turns it on.
 func startGatewayAt(b *testing.B, grpcAddr string, open storeOpener, tune ...func(*service.Config)) *target {
 	b.Helper()
+	return startGatewayOpts(b, grpcAddr, open, nil, tune...)
+}
+
+// startGatewayOpts is startGatewayAt with grpcOpts added to the gateway's
+// gRPC server options, after its own, so that they take precedence.
+func startGatewayOpts(b *testing.B, grpcAddr string, open storeOpener, grpcOpts []grpc.ServerOption, tune ...func(*service.Config)) *target {
+	b.Helper()
 	tel, err := telemetry.New(context.Background(), telemetry.Config{ServiceName: "gateway-bench"})
 	if err != nil {
 		b.Fatal(err)
@@ -138,7 +146,8 @@ func startGatewayAt(b *testing.B, grpcAddr string, open storeOpener, tune ...fun
 	for _, f := range tune {
 		f(&cfg)
 	}
-	gw, err := service.New(cfg, service.Deps{Store: st, Logger: slog.New(slog.DiscardHandler), Telemetry: tel})
+	gw, err := service.New(cfg, service.Deps{Store: st, Logger: slog.New(slog.DiscardHandler), Telemetry: tel},
+		server.WithGRPCOptions(grpcOpts...))
 	if err != nil {
 		b.Fatal(err)
 	}
