@@ -15,9 +15,12 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
 	"path/filepath"
+	"runtime/pprof"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -76,7 +79,7 @@ func startBus(b *testing.B) string {
 	}
 	runCtx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
-	go func() { _ = bus.Run(runCtx); close(done) }()
+	asServer(func() { go func() { _ = bus.Run(runCtx); close(done) }() })
 	b.Cleanup(func() { cancel(); <-done })
 	<-bus.Ready()
 	return "ws://" + bus.Endpoints()[0].Address
@@ -492,6 +495,7 @@ func fanOut(b *testing.B, inflight int, publish func() error, delivered *atomic.
 		wg   sync.WaitGroup
 	)
 	total := int64(b.N)
+	stopProfile := profileServer(b)
 	for range inflight {
 		wg.Go(func() {
 			for next.Add(1) <= total {
@@ -503,9 +507,41 @@ func fanOut(b *testing.B, inflight int, publish func() error, delivered *atomic.
 		})
 	}
 	wg.Wait()
+	stopProfile()
 	n := float64(delivered.Load())
 	b.ReportMetric(n/time.Since(start).Seconds(), "deliveries/s")
 	b.ReportMetric(float64((proc.CPUTime()-cpuStart).Nanoseconds())/1e3/n, "cpu-µs/delivery")
+}
+
+// asServer runs start, which starts a server's goroutines, with the
+// profiler label side=server, which every goroutine they start inherits:
+// a CPU profile of a fan-out run then tells the server's samples from
+// the clients' (go tool pprof -tagfocus side=server). The runtime's own
+// (the garbage collector, the scheduler's idle work) carry no label.
+func asServer(start func()) {
+	pprof.Do(context.Background(), pprof.Labels("side", "server"), func(context.Context) { start() })
+}
+
+// profileServer starts a CPU profile of the timed part of a fan-out run
+// when BENCH_CPU_PROFILE_DIR names a directory, into <benchmark>.prof
+// there, and returns what stops it. Its samples labelled side=server
+// (asServer) are the server's own: `go tool pprof -tags` sums them.
+func profileServer(b *testing.B) (stop func()) {
+	dir := os.Getenv("BENCH_CPU_PROFILE_DIR")
+	if dir == "" {
+		return func() {}
+	}
+	f, err := os.Create(filepath.Join(dir, strings.NewReplacer("/", "_", "=", "").Replace(b.Name())+".prof"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		b.Fatal(err)
+	}
+	return func() {
+		pprof.StopCPUProfile()
+		_ = f.Close()
+	}
 }
 
 // reportCPU reports the process's CPU time per operation since start.
@@ -521,7 +557,7 @@ func startNATS(b *testing.B) *natsserver.Server {
 	if err != nil {
 		b.Fatal(err)
 	}
-	go ns.Start()
+	asServer(func() { go ns.Start() })
 	b.Cleanup(ns.Shutdown)
 	if !ns.ReadyForConnections(10 * time.Second) {
 		b.Fatal("nats-server not ready")

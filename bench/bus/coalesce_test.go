@@ -103,15 +103,17 @@ func startFanOut(b *testing.B, coalesce bool) string {
 	if err != nil {
 		b.Fatal(err)
 	}
-	go func() {
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
+	asServer(func() {
+		go func() {
+			for {
+				c, err := l.Accept()
+				if err != nil {
+					return
+				}
+				go serve(c)
 			}
-			go serve(c)
-		}
-	}()
+		}()
+	})
 	b.Cleanup(func() { _ = l.Close() })
 	return "ws://" + l.Addr().String()
 }
