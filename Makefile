@@ -93,8 +93,15 @@ run: build ## Build and run `conclave dev`: every service in one process on embe
 # (static, -trimpath): test binaries that build them at once would each
 # compile the same packages. The standalone modules' tests run beside the
 # workspace's (bench/ci.md, ".ci/run on a fresh machine").
+# What the tests need is installed side by side: the Debian packages and
+# npm's downloads wait on the network, and the Go tools' builds fill the
+# cores meanwhile (bench/ci.md).
+.PHONY: test-setup
+test-setup:
+	@$(MAKE) --no-print-directory -j3 --output-sync=target tools test-tools test-deps
+
 .PHONY: test
-test: tools test-tools test-deps ## Install what the tests need, then run every module's tests with -race.
+test: test-setup ## Install what the tests need, then run every module's tests with -race.
 	@echo "==> go build (the processes the tests start)"
 	CGO_ENABLED=0 go build -trimpath -buildvcs=false $$(go list -f '{{if eq .Name "main"}}{{.ImportPath}}{{end}}' $(WORKSPACE_PKGS))
 	@$(MAKE) --no-print-directory -j2 --output-sync=target test-workspace test-standalone
@@ -112,7 +119,7 @@ test-standalone:
 	done
 
 .PHONY: e2e
-e2e: tools test-tools test-deps ## Run the end-to-end scenario (docs/e2e.md) in every shape: one process, split processes, Kubernetes.
+e2e: test-setup ## Run the end-to-end scenario (docs/e2e.md) in every shape: one process, split processes, Kubernetes.
 	cd e2e && go test $(TEST_FLAGS) ./...
 
 .PHONY: test-short

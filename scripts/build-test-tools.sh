@@ -155,11 +155,27 @@ targets=("$@")
 [[ ${#targets[@]} -gt 0 ]] || targets=(k8s jaeger helm)
 for t in "${targets[@]}"; do
 	case $t in
-	k8s | jaeger | helm) "$t" ;;
+	k8s | jaeger | helm) ;;
 	*)
 		echo "build-test-tools: unknown tool $t (want k8s, jaeger or helm)" >&2
 		exit 2
 		;;
 	esac
 done
+# The modules build side by side: each go build downloads its module's
+# dependencies first and ends linking its binaries, and one core is idle
+# through either unless another build fills it (bench/ci.md).
+pids=()
+for t in "${targets[@]}"; do
+	"$t" &
+	pids+=($!)
+done
+failed=0
+for pid in "${pids[@]}"; do
+	wait "$pid" || failed=1
+done
+[[ $failed -eq 0 ]] || {
+	echo "build-test-tools: a build failed" >&2
+	exit 1
+}
 echo "build-test-tools: all done in $(($(now) - total))s"
