@@ -57,8 +57,16 @@ func agentTypes(t testing.TB) string {
 			if dialect != "legacy" && mode == "normal" {
 				protocol = "" // detected from initialize
 			}
-			fmt.Fprintf(&b, "  - id: %s-%s\n    name: example %s %s\n    command: [%q, -dialect, %s, -mode, %s]\n    protocol: %q\n    permission: allow\n    enabled: true\n    timeout: 20s\n",
-				dialect, mode, dialect, mode, agentBin, dialect, mode, protocol)
+			// A hanging agent is ended by its timeout, which TestFailures
+			// waits for; every other launch gets room for a loaded machine
+			// (on a fresh CI machine a conversation that outlived 20 s
+			// across a runner's restart was failed as timed out).
+			timeout := "2m"
+			if mode == "hang" {
+				timeout = "20s"
+			}
+			fmt.Fprintf(&b, "  - id: %s-%s\n    name: example %s %s\n    command: [%q, -dialect, %s, -mode, %s]\n    protocol: %q\n    permission: allow\n    enabled: true\n    timeout: %s\n",
+				dialect, mode, dialect, mode, agentBin, dialect, mode, protocol, timeout)
 		}
 	}
 	// A hang caught by the silence limit rather than the timeout.
