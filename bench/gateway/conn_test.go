@@ -2,7 +2,6 @@ package gateway_test
 
 import (
 	"path/filepath"
-	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -75,34 +74,9 @@ func BenchmarkConnSettings(b *testing.B) {
 			})
 			tg := startGatewaySetting(s)(b)
 			callCtx, client := echoClient(b, tg)
-			for range 100 {
-				if _, err := send(callCtx, client, "echo", "1"); err != nil {
-					b.Fatalf("%s: warm-up: %v", tg.name, err)
-				}
-			}
-			b.Run("roundtrip", func(b *testing.B) {
-				b.ReportAllocs()
-				lat := make([]time.Duration, 0, 1<<16)
-				for b.Loop() {
-					t0 := time.Now()
-					n, err := send(callCtx, client, "echo", "1")
-					lat = append(lat, time.Since(t0))
-					if err != nil || n != 2 {
-						b.Fatalf("%d events, %v", n, err)
-					}
-				}
-				reportPercentiles(b, lat)
-			})
-			b.Run("stream", func(b *testing.B) {
-				b.ReportAllocs()
-				const n = 1000
-				for b.Loop() {
-					if got, err := send(callCtx, client, "echo", strconv.Itoa(n)); err != nil || got != n+1 {
-						b.Fatalf("%d events, %v", got, err)
-					}
-				}
-				b.ReportMetric(float64(n*b.N)/b.Elapsed().Seconds(), "events/s")
-			})
+			warm(b, tg.name, echoOnce(callCtx, client))
+			b.Run("roundtrip", func(b *testing.B) { roundTrips(b, echoOnce(callCtx, client)) })
+			b.Run("stream", func(b *testing.B) { streams(b, callCtx, client, "echo", 1000) })
 		})
 	}
 }

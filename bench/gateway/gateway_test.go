@@ -53,27 +53,54 @@ func envInt(name string, def int) int {
 func BenchmarkRoundTrip(b *testing.B) {
 	for _, start := range []func(*testing.B) *target{startGateway, startRelay} {
 		tg := start(b)
-		callCtx, client := echoClient(b, tg)
-		// Warm both connections before timing.
-		for range 100 {
-			if _, err := send(callCtx, client, "echo", "1"); err != nil {
-				b.Fatalf("%s: %v", tg.name, err)
-			}
-		}
-		b.Run(tg.name, func(b *testing.B) {
-			b.ReportAllocs()
-			lat := make([]time.Duration, 0, 1<<16)
-			for b.Loop() {
-				t0 := time.Now()
-				n, err := send(callCtx, client, "echo", "1")
-				lat = append(lat, time.Since(t0))
-				if err != nil || n != 2 {
-					b.Fatalf("%d events, %v", n, err)
-				}
-			}
-			reportPercentiles(b, lat)
-		})
+		call := echoOnce(echoClient(b, tg))
+		warm(b, tg.name, call)
+		b.Run(tg.name, func(b *testing.B) { roundTrips(b, call) })
 	}
+}
+
+// echoOnce is one request to the echo agent, answered with one event
+// and done: the round trip the latency benchmarks time.
+func echoOnce(callCtx context.Context, client gatewayv1.GatewayServiceClient) func() (int, error) {
+	return func() (int, error) { return send(callCtx, client, "echo", "1") }
+}
+
+// warm makes 100 calls before timing, so that connections and caches
+// are set up.
+func warm(b *testing.B, name string, call func() (int, error)) {
+	for range 100 {
+		if _, err := call(); err != nil {
+			b.Fatalf("%s: warm-up: %v", name, err)
+		}
+	}
+}
+
+// roundTrips times calls answered with one event and done, one at a
+// time, and reports their percentiles.
+func roundTrips(b *testing.B, call func() (int, error)) {
+	b.ReportAllocs()
+	lat := make([]time.Duration, 0, 1<<16)
+	for b.Loop() {
+		t0 := time.Now()
+		n, err := call()
+		lat = append(lat, time.Since(t0))
+		if err != nil || n != 2 {
+			b.Fatalf("%d events, %v", n, err)
+		}
+	}
+	reportPercentiles(b, lat)
+}
+
+// streams times requests answered with n events each, read to the end,
+// one at a time, and reports the events per second.
+func streams(b *testing.B, callCtx context.Context, client gatewayv1.GatewayServiceClient, agent string, n int) {
+	b.ReportAllocs()
+	for b.Loop() {
+		if got, err := send(callCtx, client, agent, strconv.Itoa(n)); err != nil || got != n+1 {
+			b.Fatalf("%d events, %v", got, err)
+		}
+	}
+	b.ReportMetric(float64(n*b.N)/b.Elapsed().Seconds(), "events/s")
 }
 
 func reportPercentiles(b *testing.B, lat []time.Duration) {
@@ -124,15 +151,7 @@ func BenchmarkEvents(b *testing.B) {
 		}
 
 		b.Run("1x1"+suffix, func(b *testing.B) {
-			b.ReportAllocs()
-			const n = 1000
-			client := gatewayv1.NewGatewayServiceClient(clientConns[0])
-			for b.Loop() {
-				if got, err := send(callCtx, client, "agent-0", strconv.Itoa(n)); err != nil || got != n+1 {
-					b.Fatalf("%d events, %v", got, err)
-				}
-			}
-			b.ReportMetric(float64(n*b.N)/b.Elapsed().Seconds(), "events/s")
+			streams(b, callCtx, gatewayv1.NewGatewayServiceClient(clientConns[0]), "agent-0", 1000)
 		})
 
 		b.Run("many"+suffix, func(b *testing.B) {

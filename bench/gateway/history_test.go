@@ -194,30 +194,13 @@ func BenchmarkRESTRoundTrip(b *testing.B) {
 		name string
 		call func() (int, error)
 	}{
-		{"grpc", func() (int, error) { return send(callCtx, client, "echo", "1") }},
+		{"grpc", echoOnce(callCtx, client)},
 		{"rest", rest},
 	}
-	// Warm both paths before timing.
 	for _, p := range paths {
-		for range 100 {
-			if _, err := p.call(); err != nil {
-				b.Fatalf("%s: %v", p.name, err)
-			}
-		}
+		warm(b, p.name, p.call)
 	}
 	for _, p := range paths {
-		b.Run(p.name, func(b *testing.B) {
-			b.ReportAllocs()
-			lat := make([]time.Duration, 0, 1<<16)
-			for b.Loop() {
-				t0 := time.Now()
-				n, err := p.call()
-				lat = append(lat, time.Since(t0))
-				if err != nil || n != 2 {
-					b.Fatalf("%s: %d events, %v", p.name, n, err)
-				}
-			}
-			reportPercentiles(b, lat)
-		})
+		b.Run(p.name, func(b *testing.B) { roundTrips(b, p.call) })
 	}
 }
