@@ -347,24 +347,22 @@ func BenchmarkFanOut1000(b *testing.B) {
 			}
 			fanOut(b, inflight, publish, &delivered)
 		})
-		b.Run(fmt.Sprintf("plainws/inflight=%d", inflight), func(b *testing.B) {
-			url := startFanOut(b, false)
-			var delivered atomic.Int64
-			for i := range subscribers {
-				rawSubscriber(b, url+"?role=sub", fmt.Sprintf("sub-%d", i), "fan:*", "", "", []byte(`{"success":true}`), &delivered)
-			}
-			pub := newPlainPublisher(b, url)
-			fanOut(b, inflight, func() error { return pub.publish(subscribers) }, &delivered)
-		})
-		b.Run(fmt.Sprintf("floor/inflight=%d", inflight), func(b *testing.B) {
-			url := startFanOut(b, true)
-			var delivered atomic.Int64
-			for i := range subscribers {
-				rawSubscriber(b, url+"?role=sub", fmt.Sprintf("sub-%d", i), "fan:*", "", "", []byte(`{"success":true}`), &delivered)
-			}
-			pub := newPlainPublisher(b, url)
-			fanOut(b, inflight, func() error { return pub.publish(subscribers) }, &delivered)
-		})
+		// The same least server, writing each frame on its own (plainws)
+		// and coalescing them per connection (floor).
+		for _, ws := range []struct {
+			name     string
+			coalesce bool
+		}{{"plainws", false}, {"floor", true}} {
+			b.Run(fmt.Sprintf("%s/inflight=%d", ws.name, inflight), func(b *testing.B) {
+				url := startFanOut(b, ws.coalesce)
+				var delivered atomic.Int64
+				for i := range subscribers {
+					rawSubscriber(b, url+"?role=sub", fmt.Sprintf("sub-%d", i), "fan:*", "", "", []byte(`{"success":true}`), &delivered)
+				}
+				pub := newPlainPublisher(b, url)
+				fanOut(b, inflight, func() error { return pub.publish(subscribers) }, &delivered)
+			})
+		}
 		b.Run(fmt.Sprintf("nats/inflight=%d", inflight), func(b *testing.B) {
 			ns := startNATS(b)
 			var delivered atomic.Int64
