@@ -1,16 +1,20 @@
-// Package wsconn carries JSON-RPC frames over a WebSocket with a bounded
-// outbound buffer, so that one client that stops reading can neither block
-// the publishers delivering to it nor hold memory without bound: when its
-// buffer is full, it is disconnected with a close code and a reason.
+// Package wsconn carries JSON-RPC frames over a WebSocket (RFC 6455, the
+// server's side) with a bounded outbound buffer, so that one client that
+// stops reading can neither block the publishers delivering to it nor hold
+// memory without bound: when its buffer is full, it is disconnected with a
+// close code and a reason.
 //
-// It is built for many mostly idle connections: an idle stream holds no
-// goroutine of its own and no write buffer. A frame is written by the
-// goroutine that sends it when no other write is under way; frames sent
-// meanwhile queue up and are written together, in one system call, by a
-// goroutine started for as long as the queue lasts. A fan-out can also
-// queue a frame without writing (QueueMessage) and Flush once it has gone
-// round its peers, so that what several fan-outs send one peer meanwhile
-// goes out in one write.
+// It is built for many mostly idle connections and for fan-out: an idle
+// stream holds no goroutine of its own and no write buffer. A frame is
+// written by the goroutine that sends it when no other write is under way;
+// frames sent meanwhile queue up and are written together, in one system
+// call, by a goroutine started for as long as the queue lasts. A fan-out
+// can also queue a frame without writing (QueueMessage) and Flush once it
+// has gone round its peers, so that what several fan-outs send one peer
+// meanwhile goes out in one write. The framing is the bus's own, over
+// github.com/gobwas/ws's header checks and unmasking, because a general
+// WebSocket library's per-message reads and writes cost the bus's fan-out
+// twice what nats-server spends per delivery (bench/bus/README.md).
 package wsconn
 
 import (
@@ -23,26 +27,38 @@ import (
 	"net/http"
 	"sync"
 	"time"
+	"unicode/utf8"
 
-	"github.com/coder/websocket"
+	"github.com/gobwas/ws"
 
 	"github.com/conclave-ai/conclave/pkg/jsonrpc"
 )
 
-// StatusSlowReader closes a connection whose outbound buffer filled up:
-// 1008, policy violation, with a reason saying so.
-const StatusSlowReader = websocket.StatusPolicyViolation
+// StatusCode is a WebSocket close code (RFC 6455 section 7.4).
+type StatusCode = ws.StatusCode
+
+const (
+	// StatusSlowReader closes a connection whose outbound buffer filled
+	// up: 1008, policy violation, with a reason saying so.
+	StatusSlowReader = ws.StatusPolicyViolation
+	// StatusGoingAway closes connections when the server shuts down.
+	StatusGoingAway = ws.StatusGoingAway
+)
 
 // ErrSlowReader is returned by writes to a stream whose peer stopped reading.
 var ErrSlowReader = errors.New("wsconn: the peer is not reading; outbound buffer full")
 
 var errClosed = errors.New("wsconn: stream closed")
 
-// readBufferSize is the buffer each connection reads through. Frames
+// readBufferSize is the buffer each connection reads through. Payloads
 // larger than it are read straight into the message, so it only needs to
 // hold a frame header and a typical small frame; it is held for the
 // connection's life, idle or not.
 const readBufferSize = 256
+
+// closeTimeout bounds the wait for the peer's close frame after the bus
+// sent its own; then the connection is dropped.
+const closeTimeout = 5 * time.Second
 
 // Options configures a Stream.
 type Options struct {
@@ -58,15 +74,25 @@ type Options struct {
 	OnClose func()
 }
 
+// outFrame is a frame waiting to be written.
+type outFrame struct {
+	op      ws.OpCode
+	payload []byte
+}
+
 // Stream is a jsonrpc.Stream over a WebSocket.
 type Stream struct {
-	c    *websocket.Conn
-	out  *batchWriter
+	conn net.Conn
+	in   reader
 	opts Options
 
 	mu sync.Mutex
 	// queue holds the frames waiting while another is written.
-	queue [][]byte
+	queue []outFrame
+	// pong answers the latest ping not yet answered (RFC 6455 section
+	// 5.5.3 lets the others go unanswered); written ahead of the queue.
+	pong        []byte
+	pongPending bool
 	// writing: some goroutine owns the connection's write side (writing,
 	// or closing it); others queue.
 	writing bool
@@ -74,50 +100,119 @@ type Stream struct {
 	// senders waiting for room; made only when one waits.
 	room        chan struct{}
 	closed      bool
-	closeStatus websocket.StatusCode
+	closeStatus StatusCode
 	closeReason string
+	// sentClose and gotClose track the close handshake: once both close
+	// frames have passed, the connection is dropped.
+	sentClose, gotClose bool
+	// broken: a write failed, perhaps in the middle of a frame, so the
+	// peer could not read a close frame: the connection is dropped.
+	broken bool
+	// failing: the peer broke the protocol, so nothing more is read from
+	// it; the close frame is followed by the end of the bus's side of the
+	// connection instead of a wait for the peer's close frame.
+	failing bool
 }
 
 var _ jsonrpc.QueueingStream = (*Stream)(nil)
 
-// Accept upgrades the request to a WebSocket stream. It reads through a
-// small buffer and writes through a batching writer instead of the 4 KiB
-// buffers net/http hands over with a hijacked connection, which would
-// otherwise stay allocated for every idle connection.
+// Accept upgrades the request to a WebSocket stream, or answers it with an
+// HTTP error in the bus's JSON shape and returns an error.
 func Accept(w http.ResponseWriter, r *http.Request, opts Options) (*Stream, error) {
-	out := &batchWriter{timeout: opts.WriteTimeout}
-	c, err := websocket.Accept(&smallBuffers{ResponseWriter: w, out: out}, r, nil)
+	conn, br, err := upgrade(w, r)
 	if err != nil {
 		return nil, err
 	}
-	c.SetReadLimit(int64(opts.MaxFrame))
-	return &Stream{c: c, out: out, opts: opts, closeStatus: websocket.StatusNormalClosure}, nil
+	return newStream(conn, br, opts), nil
 }
 
-// readBuffers are what messages are read into before being copied out at
-// their size: the library's own Read starts every message with 512 bytes,
-// ten times a typical answer, which is garbage to collect per frame.
-var readBuffers = sync.Pool{New: func() any { return new(bytes.Buffer) }}
+func newStream(conn net.Conn, br *bufio.Reader, opts Options) *Stream {
+	return &Stream{conn: conn, in: reader{br: br, max: opts.MaxFrame}, opts: opts, closeStatus: ws.StatusNormalClosure}
+}
 
-// ReadMessage implements jsonrpc.Stream.
+// ReadMessage implements jsonrpc.Stream. It answers pings as they come,
+// and ends the connection when the peer closes it or breaks the protocol.
 func (s *Stream) ReadMessage(ctx context.Context) ([]byte, error) {
-	_, r, err := s.c.Reader(ctx)
-	if err == nil {
-		buf := readBuffers.Get().(*bytes.Buffer)
-		buf.Reset()
-		_, err = buf.ReadFrom(r)
-		data := bytes.Clone(buf.Bytes())
-		if buf.Cap() <= maxPooled {
-			readBuffers.Put(buf)
+	if ctx.Done() != nil {
+		stop := context.AfterFunc(ctx, func() { _ = s.conn.SetReadDeadline(time.Unix(1, 0)) })
+		defer stop()
+	}
+	for {
+		kind, p, err := s.in.next()
+		if err != nil {
+			return nil, s.readFailed(err)
 		}
-		if err == nil {
-			return data, nil
+		switch kind {
+		case kindMessage:
+			return p, nil
+		case kindPing:
+			s.answerPing(p)
+		case kindClose:
+			code, reason, err := closeFrameData(p)
+			if err != nil {
+				return nil, s.readFailed(err)
+			}
+			s.peerClosed(code)
+			return nil, &CloseError{Code: code, Reason: reason}
 		}
 	}
-	if errors.Is(err, websocket.ErrMessageTooBig) {
-		return nil, fmt.Errorf("%w: websocket message over %d bytes", jsonrpc.ErrFrameTooLarge, s.opts.MaxFrame)
+}
+
+// readFailed ends the connection after a read error: a breach of the
+// protocol or of the size limit gets a close frame saying so, a broken
+// connection none.
+func (s *Stream) readFailed(err error) error {
+	var perr *protocolError
+	if !errors.As(err, &perr) {
+		s.mu.Lock()
+		s.gotClose = true // nothing more can be read: do not wait for it
+		s.mu.Unlock()
+		_ = s.conn.Close()
+		_ = s.Close()
+		return err
 	}
-	return nil, err
+	s.mu.Lock()
+	s.failing = true
+	s.mu.Unlock()
+	s.fail(perr.code, perr.reason)
+	if perr.code == ws.StatusMessageTooBig {
+		return fmt.Errorf("%w: websocket message over %d bytes", jsonrpc.ErrFrameTooLarge, s.opts.MaxFrame)
+	}
+	return err
+}
+
+// answerPing queues a pong with the ping's payload, replacing one not yet
+// written, and writes it unless a write under way will.
+func (s *Stream) answerPing(p []byte) {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return
+	}
+	s.pong = append(s.pong[:0], p...)
+	s.pongPending = true
+	if s.writing {
+		s.mu.Unlock()
+		return
+	}
+	s.writing = true
+	batch := s.takeQueue()
+	s.mu.Unlock()
+	_ = s.write(batch)
+}
+
+// peerClosed answers the peer's close frame: with the same code (none for
+// 1005), after what is already queued, and then drops the connection.
+func (s *Stream) peerClosed(code StatusCode) {
+	s.mu.Lock()
+	s.gotClose = true
+	sent := s.sentClose
+	s.mu.Unlock()
+	if sent {
+		_ = s.conn.Close()
+		return
+	}
+	s.fail(code, "")
 }
 
 // WriteMessage writes a frame, or queues it while another write is under
@@ -137,7 +232,7 @@ func (s *Stream) WriteMessage(ctx context.Context, data []byte) error {
 			break
 		}
 		if len(s.queue) < s.opts.Buffered {
-			s.queue = append(s.queue, bytes.Clone(data)) // the caller may reuse data
+			s.queue = append(s.queue, outFrame{ws.OpText, bytes.Clone(data)}) // the caller may reuse data
 			s.mu.Unlock()
 			return nil
 		}
@@ -163,15 +258,11 @@ func (s *Stream) WriteMessage(ctx context.Context, data []byte) error {
 	}
 	s.writing = true
 	// Frames queued for a Flush go first, with this one.
-	var one [1][]byte
-	batch := one[:0]
-	if len(s.queue) > 0 {
-		batch = s.takeQueue()
-	}
-	batch = append(batch, data)
+	b := s.takeQueue()
+	b.frames = append(b.frames, outFrame{ws.OpText, data})
 	s.mu.Unlock()
 
-	if err := s.write(batch); err != nil {
+	if err := s.write(b); err != nil {
 		return ErrSlowReader
 	}
 	return nil
@@ -187,7 +278,7 @@ func (s *Stream) QueueMessage(ctx context.Context, data []byte) error {
 		return errClosed
 	}
 	if len(s.queue) < s.opts.Buffered {
-		s.queue = append(s.queue, data)
+		s.queue = append(s.queue, outFrame{ws.OpText, data})
 		s.mu.Unlock()
 		return nil
 	}
@@ -200,37 +291,49 @@ func (s *Stream) QueueMessage(ctx context.Context, data []byte) error {
 // it.
 func (s *Stream) Flush() error {
 	s.mu.Lock()
-	if s.closed || s.writing || len(s.queue) == 0 {
+	if s.closed || s.writing || len(s.queue) == 0 && !s.pongPending {
 		s.mu.Unlock()
 		return nil
 	}
 	s.writing = true
-	batch := s.takeQueue()
+	b := s.takeQueue()
 	s.mu.Unlock()
-	if err := s.write(batch); err != nil {
+	if err := s.write(b); err != nil {
 		return ErrSlowReader
 	}
 	return nil
 }
 
-// takeQueue returns the queued frames and empties the queue, waking
-// senders waiting for room. s.mu is held.
-func (s *Stream) takeQueue() [][]byte {
-	q := s.queue
+// batch is what the write side's owner writes in one go: a pong, then
+// frames in order.
+type batch struct {
+	pong   []byte
+	ping   bool // pong is to be written
+	frames []outFrame
+}
+
+// takeQueue returns the pending pong and queued frames and empties the
+// queue, waking senders waiting for room. s.mu is held.
+func (s *Stream) takeQueue() batch {
+	b := batch{frames: s.queue}
+	if s.pongPending {
+		b.pong, b.ping = bytes.Clone(s.pong), true
+		s.pongPending = false
+	}
 	s.queue = nil
 	if s.room != nil {
 		close(s.room)
 		s.room = nil
 	}
-	return q
+	return b
 }
 
 // write writes a batch as the write side's owner, then leaves what was
 // queued meanwhile to a goroutine, so the sender does not wait for
 // frames others sent.
-func (s *Stream) write(batch [][]byte) error {
-	err := s.writeBatch(batch)
-	if next := s.afterBatch(err); next != nil {
+func (s *Stream) write(b batch) error {
+	err := s.writeBatch(b)
+	if next, more := s.afterBatch(err); more {
 		go s.drain(next)
 	}
 	return err
@@ -238,64 +341,106 @@ func (s *Stream) write(batch [][]byte) error {
 
 // drain writes queued frames until the queue is empty, as the owner of
 // the write side.
-func (s *Stream) drain(batch [][]byte) {
-	for batch != nil {
-		batch = s.afterBatch(s.writeBatch(batch))
+func (s *Stream) drain(b batch) {
+	for more := true; more; {
+		b, more = s.afterBatch(s.writeBatch(b))
 	}
 }
 
-// writeBatch writes frames as WebSocket messages in one system call.
-func (s *Stream) writeBatch(frames [][]byte) error {
-	s.out.cork()
-	for _, f := range frames {
-		// The library's own context handling is not needed: the batch
-		// writer bounds the socket write with a deadline.
-		if err := s.c.Write(context.Background(), websocket.MessageText, f); err != nil {
-			_ = s.out.flush()
-			return err
-		}
+// writeBatch frames a batch and writes it in one system call (a vectored
+// write when it carries large payloads, which are not copied).
+func (s *Stream) writeBatch(b batch) error {
+	w := getFrameBuffer()
+	defer w.release()
+	if b.ping {
+		w.add(ws.OpPong, b.pong)
 	}
-	return s.out.flush()
+	for _, f := range b.frames {
+		w.add(f.op, f.payload)
+	}
+	if err := s.conn.SetWriteDeadline(time.Now().Add(s.opts.WriteTimeout)); err != nil {
+		return err
+	}
+	return w.writeTo(s.conn)
 }
 
 // afterBatch is called by the write side's owner after a batch: it returns
-// the next batch to write, or nil when the owner is done, having released
+// the next batch to write, or false when the owner is done, having released
 // the write side or handed it to the close handshake.
-func (s *Stream) afterBatch(err error) [][]byte {
+func (s *Stream) afterBatch(err error) (batch, bool) {
 	if err != nil {
+		s.mu.Lock()
+		s.broken = true
+		s.mu.Unlock()
 		s.fail(StatusSlowReader, "slow reader: write timed out")
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
 		go s.finish()
-		return nil
+		return batch{}, false
 	}
-	if len(s.queue) == 0 {
+	if len(s.queue) == 0 && !s.pongPending {
 		s.writing = false
-		return nil
+		return batch{}, false
 	}
-	return s.takeQueue()
+	return s.takeQueue(), true
 }
 
 // finish writes what is still queued, unless the peer is the reason for
-// closing, then runs the close handshake. It runs as the write side's
-// owner.
+// closing, then sends the close frame. It runs as the write side's owner.
+// The connection is dropped once the peer's close frame is read as well,
+// or closeTimeout after, or at once if the close frame could not be sent.
 func (s *Stream) finish() {
 	s.mu.Lock()
-	status, reason, rest := s.closeStatus, s.closeReason, s.queue
-	s.queue = nil
+	status, reason, broken := s.closeStatus, s.closeReason, s.broken
+	rest := s.takeQueue()
 	s.mu.Unlock()
-	if status != StatusSlowReader && len(rest) > 0 {
-		_ = s.writeBatch(rest)
+	if broken {
+		_ = s.conn.Close()
+		return
 	}
-	_ = s.c.Close(status, reason)
+	if status == StatusSlowReader {
+		rest.frames = nil
+	}
+	rest.frames = append(rest.frames, outFrame{ws.OpClose, closePayload(status, reason)})
+	err := s.writeBatch(rest)
+	s.mu.Lock()
+	s.sentClose = true
+	got, failing := s.gotClose, s.failing
+	s.mu.Unlock()
+	if err != nil || got {
+		_ = s.conn.Close()
+		return
+	}
+	if hc, ok := s.conn.(interface{ CloseWrite() error }); failing && ok {
+		// Closing outright could reset the connection, with the close
+		// frame unread, if the peer's bytes wait unread: end the bus's
+		// side only, and let the peer close its own.
+		_ = hc.CloseWrite()
+	}
+	time.AfterFunc(closeTimeout, func() { _ = s.conn.Close() })
+}
+
+// closePayload is a close frame's payload: no code for 1005 (RFC 6455
+// section 7.4.1: it is never sent), the reason cut to fit in a control
+// frame at a character boundary.
+func closePayload(status StatusCode, reason string) []byte {
+	if status == ws.StatusNoStatusRcvd {
+		return nil
+	}
+	const room = ws.MaxControlFramePayloadSize - 2
+	for len(reason) > room {
+		_, size := utf8.DecodeLastRuneInString(reason)
+		reason = reason[:len(reason)-size]
+	}
+	return ws.NewCloseFrameBody(status, reason)
 }
 
 // fail records why the connection ends; Close then uses it.
-func (s *Stream) fail(status websocket.StatusCode, reason string) {
+func (s *Stream) fail(status StatusCode, reason string) {
 	s.mu.Lock()
-	if s.closeStatus == websocket.StatusNormalClosure {
+	if s.closeStatus == ws.StatusNormalClosure {
 		s.closeStatus, s.closeReason = status, reason
 	}
 	s.mu.Unlock()
@@ -303,14 +448,13 @@ func (s *Stream) fail(status websocket.StatusCode, reason string) {
 }
 
 // CloseWith closes the connection with a status and reason.
-func (s *Stream) CloseWith(status websocket.StatusCode, reason string) {
+func (s *Stream) CloseWith(status StatusCode, reason string) {
 	s.fail(status, reason)
 }
 
 // Close implements jsonrpc.Stream. It returns at once: what is queued is
 // written and the close handshake run in the background, as a peer that
-// does not read would otherwise hold the caller for the library's
-// handshake timeout.
+// does not read would otherwise hold the caller for the write timeout.
 func (s *Stream) Close() error {
 	s.mu.Lock()
 	if s.closed {
@@ -332,90 +476,4 @@ func (s *Stream) Close() error {
 		s.opts.OnClose()
 	}
 	return nil
-}
-
-// smallBuffers hands the WebSocket library the hijacked connection with a
-// small read buffer and the batching writer.
-type smallBuffers struct {
-	http.ResponseWriter
-	out *batchWriter
-}
-
-func (h *smallBuffers) Hijack() (net.Conn, *bufio.ReadWriter, error) {
-	conn, brw, err := http.NewResponseController(h.ResponseWriter).Hijack()
-	if err != nil {
-		return nil, nil, err
-	}
-	// Bytes the client sent after its upgrade request are already in
-	// net/http's buffer: they must come first in ours.
-	early, _ := brw.Reader.Peek(brw.Reader.Buffered())
-	r := bufio.NewReaderSize(bytes.NewReader(bytes.Clone(early)), max(readBufferSize, len(early)))
-	_, _ = r.Peek(len(early))
-	h.out.conn = conn
-	// The library writes a frame's header and payload, then flushes; the
-	// batch writer collects both, so this buffer only needs a header (at
-	// most 14 bytes).
-	return conn, bufio.NewReadWriter(r, bufio.NewWriterSize(h.out, 16)), nil
-}
-
-func (h *smallBuffers) Unwrap() http.ResponseWriter { return h.ResponseWriter }
-
-// batchWriter is what the WebSocket library's writes go through. Corked,
-// it collects them in a pooled buffer that flush writes in one system
-// call; uncorked (the library answering a ping or closing on its own), it
-// writes through. Every socket write has the write timeout as deadline.
-type batchWriter struct {
-	conn    net.Conn
-	timeout time.Duration
-
-	mu     sync.Mutex
-	corked bool
-	buf    *[]byte
-}
-
-// maxPooled bounds the batch buffers kept for reuse, so that one large
-// frame does not pin its memory.
-const maxPooled = 64 << 10
-
-var batchBuffers = sync.Pool{New: func() any { b := make([]byte, 0, 4096); return &b }}
-
-func (w *batchWriter) Write(p []byte) (int, error) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if w.corked {
-		*w.buf = append(*w.buf, p...)
-		return len(p), nil
-	}
-	return w.writeThrough(p)
-}
-
-func (w *batchWriter) writeThrough(p []byte) (int, error) {
-	if err := w.conn.SetWriteDeadline(time.Now().Add(w.timeout)); err != nil {
-		return 0, err
-	}
-	return w.conn.Write(p)
-}
-
-func (w *batchWriter) cork() {
-	w.mu.Lock()
-	w.corked = true
-	w.buf = batchBuffers.Get().(*[]byte)
-	w.mu.Unlock()
-}
-
-func (w *batchWriter) flush() error {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	w.corked = false
-	buf := w.buf
-	w.buf = nil
-	var err error
-	if len(*buf) > 0 {
-		_, err = w.writeThrough(*buf)
-	}
-	if cap(*buf) <= maxPooled {
-		*buf = (*buf)[:0]
-		batchBuffers.Put(buf)
-	}
-	return err
 }

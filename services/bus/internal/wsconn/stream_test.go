@@ -17,8 +17,21 @@ import (
 )
 
 // serve starts a WebSocket server on loopback whose connections are
-// Streams with opts, handed to the test on the returned channel.
+// Streams with opts, handed to the test on the returned channel. Each is
+// read until it ends, as the bus's JSON-RPC connections are: the read
+// side answers pings and completes the close handshake.
 func serve(t *testing.T, opts Options) (string, <-chan *Stream) {
+	t.Helper()
+	return serveStreams(t, opts, true)
+}
+
+// serveUnread is serve for a test that reads the streams itself.
+func serveUnread(t *testing.T, opts Options) (string, <-chan *Stream) {
+	t.Helper()
+	return serveStreams(t, opts, false)
+}
+
+func serveStreams(t *testing.T, opts Options, read bool) (string, <-chan *Stream) {
 	t.Helper()
 	streams := make(chan *Stream, 1)
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -28,6 +41,16 @@ func serve(t *testing.T, opts Options) (string, <-chan *Stream) {
 			return
 		}
 		streams <- s
+		if !read {
+			return
+		}
+		go func() {
+			for {
+				if _, err := s.ReadMessage(context.Background()); err != nil {
+					return
+				}
+			}
+		}()
 	}))
 	t.Cleanup(srv.Close)
 	return "ws" + strings.TrimPrefix(srv.URL, "http"), streams
@@ -58,8 +81,9 @@ func TestConcurrentWritersKeepFramesWholeAndInOrder(t *testing.T) {
 		wg.Go(func() {
 			for i := range frames {
 				// Sizes vary around the read buffer's, so that frames
-				// straddle it.
-				frame := fmt.Sprintf(`{"writer":%d,"seq":%d,"pad":%q}`, w, i, strings.Repeat("x", (i*37)%700))
+				// straddle it, and around copyLimit, so that batches mix
+				// copied payloads and payloads written in place.
+				frame := fmt.Sprintf(`{"writer":%d,"seq":%d,"pad":%q}`, w, i, strings.Repeat("x", (i*37)%5000))
 				// Half the writers queue their frames as a fan-out does,
 				// flushing after every third.
 				var err error
@@ -88,7 +112,7 @@ func TestConcurrentWritersKeepFramesWholeAndInOrder(t *testing.T) {
 		if _, err := fmt.Sscanf(string(data), `{"writer":%d,"seq":%d,`, &w, &seq); err != nil {
 			t.Fatalf("frame %q: %v", data, err)
 		}
-		if want := fmt.Sprintf(`{"writer":%d,"seq":%d,"pad":%q}`, w, seq, strings.Repeat("x", (seq*37)%700)); string(data) != want {
+		if want := fmt.Sprintf(`{"writer":%d,"seq":%d,"pad":%q}`, w, seq, strings.Repeat("x", (seq*37)%5000)); string(data) != want {
 			t.Fatalf("frame %q, want %q", data, want)
 		}
 		if seq != next[w] {
@@ -118,8 +142,8 @@ func TestQueuedFramesGoOutTogether(t *testing.T) {
 	url, streams := serve(t, Options{MaxFrame: 1 << 20, Buffered: 100, WriteTimeout: time.Minute})
 	client := dial(t, url)
 	s := <-streams
-	counter := &countingConn{Conn: s.out.conn}
-	s.out.conn = counter // no write has happened yet: the upgrade's answer went through net/http
+	counter := &countingConn{Conn: s.conn}
+	s.conn = counter // no write has happened yet: the upgrade's answer went through net/http
 
 	send := []struct {
 		frames  []string
@@ -179,7 +203,7 @@ func TestCloseWritesQueuedFramesThenCloses(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	s.CloseWith(websocket.StatusGoingAway, "bye")
+	s.CloseWith(StatusGoingAway, "bye")
 	<-closed
 	if err := s.WriteMessage(context.Background(), []byte(`{}`)); err == nil {
 		t.Error("a write after Close succeeded")
@@ -221,7 +245,7 @@ func TestSlowReaderIsDisconnected(t *testing.T) {
 		if err == nil {
 			continue // what the socket held before the bus gave up
 		}
-		if got := websocket.CloseStatus(err); got != -1 && got != StatusSlowReader {
+		if got := websocket.CloseStatus(err); got != -1 && got != websocket.StatusCode(StatusSlowReader) {
 			t.Errorf("close status %v (%v), want %v", got, err, StatusSlowReader)
 		}
 		return

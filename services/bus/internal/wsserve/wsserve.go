@@ -12,8 +12,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/coder/websocket"
-
 	"github.com/conclave-ai/conclave/pkg/auth"
 	"github.com/conclave-ai/conclave/pkg/jsonrpc"
 	"github.com/conclave-ai/conclave/pkg/server"
@@ -187,7 +185,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // goAway tells a client the bus is shutting down, so that it reconnects
 // elsewhere.
 func goAway(conn *jsonrpc.Conn, stream *wsconn.Stream) {
-	stream.CloseWith(websocket.StatusGoingAway, "the bus is shutting down")
+	stream.CloseWith(wsconn.StatusGoingAway, "the bus is shutting down")
 	_ = conn.Close()
 }
 
