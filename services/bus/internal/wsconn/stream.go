@@ -259,7 +259,11 @@ func (s *Stream) WriteMessage(ctx context.Context, data []byte) error {
 	s.writing = true
 	// Frames queued for a Flush go first, with this one.
 	b := s.takeQueue()
-	b.frames = append(b.frames, outFrame{ws.OpText, data})
+	var one [1]outFrame // no queue, the usual case: no allocation
+	if b == nil {
+		b = one[:0]
+	}
+	b = append(b, outFrame{ws.OpText, data})
 	s.mu.Unlock()
 
 	if err := s.write(b); err != nil {
@@ -304,20 +308,12 @@ func (s *Stream) Flush() error {
 	return nil
 }
 
-// batch is what the write side's owner writes in one go: a pong, then
-// frames in order.
-type batch struct {
-	pong   []byte
-	ping   bool // pong is to be written
-	frames []outFrame
-}
-
-// takeQueue returns the pending pong and queued frames and empties the
-// queue, waking senders waiting for room. s.mu is held.
-func (s *Stream) takeQueue() batch {
-	b := batch{frames: s.queue}
+// takeQueue returns the frames to write next, the pending pong first, and
+// empties the queue, waking senders waiting for room. s.mu is held.
+func (s *Stream) takeQueue() []outFrame {
+	b := s.queue
 	if s.pongPending {
-		b.pong, b.ping = bytes.Clone(s.pong), true
+		b = append([]outFrame{{ws.OpPong, bytes.Clone(s.pong)}}, b...)
 		s.pongPending = false
 	}
 	s.queue = nil
@@ -331,7 +327,7 @@ func (s *Stream) takeQueue() batch {
 // write writes a batch as the write side's owner, then leaves what was
 // queued meanwhile to a goroutine, so the sender does not wait for
 // frames others sent.
-func (s *Stream) write(b batch) error {
+func (s *Stream) write(b []outFrame) error {
 	err := s.writeBatch(b)
 	if next, more := s.afterBatch(err); more {
 		go s.drain(next)
@@ -341,7 +337,7 @@ func (s *Stream) write(b batch) error {
 
 // drain writes queued frames until the queue is empty, as the owner of
 // the write side.
-func (s *Stream) drain(b batch) {
+func (s *Stream) drain(b []outFrame) {
 	for more := true; more; {
 		b, more = s.afterBatch(s.writeBatch(b))
 	}
@@ -349,13 +345,10 @@ func (s *Stream) drain(b batch) {
 
 // writeBatch frames a batch and writes it in one system call (a vectored
 // write when it carries large payloads, which are not copied).
-func (s *Stream) writeBatch(b batch) error {
+func (s *Stream) writeBatch(b []outFrame) error {
 	w := getFrameBuffer()
 	defer w.release()
-	if b.ping {
-		w.add(ws.OpPong, b.pong)
-	}
-	for _, f := range b.frames {
+	for _, f := range b {
 		w.add(f.op, f.payload)
 	}
 	if err := s.conn.SetWriteDeadline(time.Now().Add(s.opts.WriteTimeout)); err != nil {
@@ -367,7 +360,7 @@ func (s *Stream) writeBatch(b batch) error {
 // afterBatch is called by the write side's owner after a batch: it returns
 // the next batch to write, or false when the owner is done, having released
 // the write side or handed it to the close handshake.
-func (s *Stream) afterBatch(err error) (batch, bool) {
+func (s *Stream) afterBatch(err error) ([]outFrame, bool) {
 	if err != nil {
 		s.mu.Lock()
 		s.broken = true
@@ -378,11 +371,11 @@ func (s *Stream) afterBatch(err error) (batch, bool) {
 	defer s.mu.Unlock()
 	if s.closed {
 		go s.finish()
-		return batch{}, false
+		return nil, false
 	}
 	if len(s.queue) == 0 && !s.pongPending {
 		s.writing = false
-		return batch{}, false
+		return nil, false
 	}
 	return s.takeQueue(), true
 }
@@ -401,9 +394,9 @@ func (s *Stream) finish() {
 		return
 	}
 	if status == StatusSlowReader {
-		rest.frames = nil
+		rest = nil
 	}
-	rest.frames = append(rest.frames, outFrame{ws.OpClose, closePayload(status, reason)})
+	rest = append(rest, outFrame{ws.OpClose, closePayload(status, reason)})
 	err := s.writeBatch(rest)
 	s.mu.Lock()
 	s.sentClose = true
