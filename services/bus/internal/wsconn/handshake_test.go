@@ -253,3 +253,28 @@ func TestPingFromLibraryClient(t *testing.T) {
 		}
 	}
 }
+
+// TestMessagesAfterTheBusClosedAreDropped: once the bus has sent its close
+// frame, what the peer sent before reading it is not handed on; the
+// peer's close frame then ends the read and the connection.
+func TestMessagesAfterTheBusClosedAreDropped(t *testing.T) {
+	t.Parallel()
+	url, streams := serveUnread(t, Options{MaxFrame: 1024, Buffered: 10, WriteTimeout: time.Minute})
+	client := dialRaw(t, url, nil)
+	s := <-streams
+	s.CloseWith(StatusGoingAway, "bye")
+	if op, p := client.frame(t); op != ws.OpClose || string(p) != "\x03\xe9bye" {
+		t.Fatalf("server sent %v %q, want its close frame", op, p)
+	}
+	if _, err := client.c.Write(stream(text(`{"late":1}`), clientFrame{fin: true, op: 0x8, payload: []byte("\x03\xe9")})); err != nil {
+		t.Fatal(err)
+	}
+	data, err := s.ReadMessage(context.Background())
+	var cerr *CloseError
+	if !errors.As(err, &cerr) || cerr.Code != ws.StatusGoingAway {
+		t.Fatalf("ReadMessage: %q, %v; want the peer's close", data, err)
+	}
+	if _, err := client.br.ReadByte(); err != io.EOF {
+		t.Errorf("after both close frames: %v, want the connection dropped", err)
+	}
+}

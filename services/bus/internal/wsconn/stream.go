@@ -127,6 +127,9 @@ func Accept(w http.ResponseWriter, r *http.Request, opts Options) (*Stream, erro
 }
 
 func newStream(conn net.Conn, br *bufio.Reader, opts Options) *Stream {
+	if opts.MaxFrame <= 0 {
+		opts.MaxFrame = jsonrpc.DefaultMaxFrameSize
+	}
 	return &Stream{conn: conn, in: reader{br: br, max: opts.MaxFrame}, opts: opts, closeStatus: ws.StatusNormalClosure}
 }
 
@@ -144,6 +147,14 @@ func (s *Stream) ReadMessage(ctx context.Context) ([]byte, error) {
 		}
 		switch kind {
 		case kindMessage:
+			s.mu.Lock()
+			closing := s.closed
+			s.mu.Unlock()
+			if closing {
+				// The bus has closed the connection: what the peer sent
+				// before it read the close frame is not acted on.
+				continue
+			}
 			return p, nil
 		case kindPing:
 			s.answerPing(p)
