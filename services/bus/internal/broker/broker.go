@@ -446,6 +446,11 @@ type deliveryGroup struct {
 	// go out.
 	left  atomic.Int32
 	timer *time.Timer
+	// oneCall and oneOut are calls and outs of a group of one subscriber
+	// (most groups: every route but a run of continueAll ones), in the
+	// group's own allocation.
+	oneCall [1]delivery
+	oneOut  [1]outcome
 }
 
 // deliverNext starts the next group, or finishes the run.
@@ -462,7 +467,12 @@ func (r *deliveryRun) deliverNext() {
 		j++
 	}
 	routes := r.routes[i:j]
-	g := &deliveryGroup{run: r, end: j, calls: make([]delivery, len(routes)), outs: make([]outcome, len(routes))}
+	g := &deliveryGroup{run: r, end: j}
+	if len(routes) == 1 {
+		g.calls, g.outs = g.oneCall[:], g.oneOut[:]
+	} else {
+		g.calls, g.outs = make([]delivery, len(routes)), make([]outcome, len(routes))
+	}
 	g.left.Store(int32(len(routes)) + 1)
 	// With several subscribers, the requests are queued, then each
 	// subscriber's connection flushed: what other publishes queued for it

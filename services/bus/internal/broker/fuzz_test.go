@@ -169,3 +169,31 @@ func FuzzObjectParams(f *testing.F) {
 		}
 	})
 }
+
+// FuzzStringMember: a member read without json.Unmarshal reads as it
+// would with it, and is refused as it would be.
+func FuzzStringMember(f *testing.F) {
+	for _, seed := range []string{`"plain"`, `""`, `"tab\tescaped"`, `"\u00e9t\u00e9"`, `"é"`, "\"\xff\"", `"a\"b"`, `1`, `null`, `{"a":"b"}`, `["x"]`, `true`} {
+		f.Add([]byte(seed))
+	}
+	f.Fuzz(func(t *testing.T, raw []byte) {
+		if !json.Valid(raw) {
+			return // params reach the handlers only once jsonrpc checked them
+		}
+		got, present, err := stringMember(map[string]json.RawMessage{"m": raw}, "m")
+		var want string
+		werr := json.Unmarshal(raw, &want)
+		switch {
+		case string(raw) == "null":
+			if present || err != nil {
+				t.Fatalf("null: present %v, err %v", present, err)
+			}
+		case werr != nil:
+			if err == nil {
+				t.Fatalf("%q read as %q, json.Unmarshal refuses it: %v", raw, got, werr)
+			}
+		case err != nil || !present || got != want:
+			t.Fatalf("%q read as %q (%v, %v), json.Unmarshal reads %q", raw, got, present, err, want)
+		}
+	})
+}
